@@ -1,0 +1,178 @@
+// model: the Llama family in membill. Config (presets, Hugging Face config.json), parameter
+// shapes in Hugging Face order and names, and safetensors I/O.
+//
+// Every function that can fail returns 0 on success and -1 on error, with one line in *err
+// naming the file, tensor or field at fault and what was expected. Nothing here prints or exits.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+// ================================================================================================
+// Errors
+// ================================================================================================
+
+typedef struct {
+    char msg[512];
+} llama_err;
+
+// printf-style: fill *err (NULL is ignored), truncating to fit.
+void llama_err_set(llama_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// ================================================================================================
+// Config
+// ================================================================================================
+
+#define LLAMA_NAME_MAX 128
+
+// The shape of a LlamaForCausalLM (Llama, Mistral, SmolLM2). Every size is int64_t and, once
+// validated, at most INT32_MAX, so that the product of two of them never overflows.
+typedef struct {
+    char name[LLAMA_NAME_MAX]; // preset name, or the config's "_name_or_path" (else its path)
+    int64_t hidden;            // hidden_size
+    int64_t intermediate;      // intermediate_size (MLP)
+    int64_t layers;            // num_hidden_layers
+    int64_t heads;             // num_attention_heads (query heads)
+    int64_t kv_heads;          // num_key_value_heads (grouped-query attention)
+    int64_t head_dim;          // head_dim, else hidden / heads
+    int64_t vocab;             // vocab_size
+    int64_t max_positions;     // max_position_embeddings
+    double rope_theta;         // rope_theta
+    double rms_eps;            // rms_norm_eps
+    bool tied;                 // tie_word_embeddings: lm_head shares model.embed_tokens.weight
+} llama_config;
+
+// The largest model a config may describe (parameters); past it the config is called absurd.
+#define LLAMA_MAX_PARAMS 10000000000000ULL // 10^13
+
+// Built-in presets: smollm2-135m (the default), smollm2-360m, smollm2-1.7b, llama-2-7b,
+// llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b. Names are
+// matched without regard to case.
+int llama_config_preset(llama_config *out, const char *name, llama_err *err);
+size_t llama_preset_count(void);
+const char *llama_preset_name(size_t i); // NULL past the end
+
+// A Hugging Face config.json of the Llama family (model_type "llama" or "mistral"). Required:
+// model_type, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+// vocab_size. Optional, with the defaults of transformers' LlamaConfig / MistralConfig:
+// num_key_value_heads (= num_attention_heads), head_dim (= hidden_size / num_attention_heads),
+// max_position_embeddings (2048 llama, 131072 mistral), rope_theta (10000), rms_norm_eps
+// (1e-6), tie_word_embeddings (false). attention_bias / mlp_bias true and a hidden_act other
+// than silu are refused: the parameter list below has no biases and the MLP is SwiGLU.
+// The result is validated (llama_config_validate).
+int llama_config_load(llama_config *out, const char *path, llama_err *err);
+
+// Sanity of a config: every size positive and at most INT32_MAX, num_key_value_heads divides
+// num_attention_heads, head_dim even (RoPE rotates pairs), rope_theta > 0, 0 < rms_norm_eps < 1,
+// and at most LLAMA_MAX_PARAMS parameters. Messages use the config.json field names.
+int llama_config_validate(const llama_config *c, llama_err *err);
+
+// ================================================================================================
+// Parameters: Hugging Face names and shapes ([out, in] for linear layers), in this order:
+//   model.embed_tokens.weight                               [vocab, hidden]
+//   per layer i:
+//     model.layers.{i}.input_layernorm.weight               [hidden]
+//     model.layers.{i}.self_attn.q_proj.weight              [heads * head_dim, hidden]
+//     model.layers.{i}.self_attn.k_proj.weight              [kv_heads * head_dim, hidden]
+//     model.layers.{i}.self_attn.v_proj.weight              [kv_heads * head_dim, hidden]
+//     model.layers.{i}.self_attn.o_proj.weight              [hidden, heads * head_dim]
+//     model.layers.{i}.post_attention_layernorm.weight      [hidden]
+//     model.layers.{i}.mlp.gate_proj.weight                 [intermediate, hidden]
+//     model.layers.{i}.mlp.up_proj.weight                   [intermediate, hidden]
+//     model.layers.{i}.mlp.down_proj.weight                 [hidden, intermediate]
+//   model.norm.weight                                       [hidden]
+//   lm_head.weight                                          [vocab, hidden]  (untied only)
+// ================================================================================================
+
+#define LLAMA_PARAM_NAME_MAX 96 // enough for any name above
+
+#define LLAMA_PARAMS_PER_LAYER 9
+
+size_t llama_param_count_tensors(const llama_config *c);
+
+// Name and shape of parameter i. shape[1] is 1 when ndim is 1. Returns -1 when i is out of
+// range or the name does not fit in name_len bytes.
+int llama_param_spec(const llama_config *c, size_t i, char *name, size_t name_len, int *ndim,
+                     int64_t shape[2]);
+
+// Sum of the parameter shapes; 0 if it would overflow (a config that passes
+// llama_config_validate never does).
+uint64_t llama_param_count(const llama_config *c);
+
+// ================================================================================================
+// Safetensors reading
+//
+// The file is mapped (mmap) and its header checked before anything is returned: header length
+// within the file, a JSON object (jansson), known dtypes, shapes of at most LLAMA_ST_MAX_DIMS
+// non-negative integers, offsets inside the data section and not overlapping, and byte size
+// equal to the product of the shape times the dtype size (every product checked for overflow).
+// "__metadata__" is ignored. Tensors are listed in the order of their data in the file.
+// ================================================================================================
+
+#define LLAMA_ST_MAX_DIMS 8
+
+typedef enum {
+    LLAMA_ST_F32,
+    LLAMA_ST_F16,
+    LLAMA_ST_BF16,
+    LLAMA_ST_I64,
+    LLAMA_ST_I32,
+} llama_st_dtype;
+
+typedef struct {
+    const char *name; // owned by the file
+    llama_st_dtype dtype;
+    int ndim;
+    int64_t shape[LLAMA_ST_MAX_DIMS];
+    uint64_t numel;  // product of the shape (1 for a scalar)
+    uint64_t offset; // from the start of the data section
+    uint64_t nbytes;
+} llama_st_tensor;
+
+typedef struct llama_st_file llama_st_file;
+
+int llama_st_open(llama_st_file **out, const char *path, llama_err *err);
+void llama_st_close(llama_st_file *f); // NULL is ignored
+const char *llama_st_path(const llama_st_file *f);
+size_t llama_st_count(const llama_st_file *f);
+const llama_st_tensor *llama_st_get(const llama_st_file *f, size_t i);       // NULL past the end
+const llama_st_tensor *llama_st_find(const llama_st_file *f, const char *name); // NULL if absent
+const char *llama_st_dtype_name(llama_st_dtype d);                            // "F32", "BF16"...
+
+// Copy a floating-point tensor (F32, BF16 or F16) into dst as float32; every conversion is
+// exact. count must equal the tensor's numel. The pages read are released afterwards so that
+// the mapping does not stay in the resident set.
+int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *dst, size_t count,
+                      llama_err *err);
+// The same for an integer tensor (I64 or I32, e.g. token ids), as int64.
+int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t *dst,
+                      size_t count, llama_err *err);
+
+// Every parameter of c is present, floating point, and shaped as the config says. A tied
+// config accepts lm_head.weight when it has the embedding's shape. Any other tensor is an
+// error naming it unless allow_extra. The message names the first tensor at fault and how
+// many more there are.
+int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool allow_extra,
+                          llama_err *err);
+
+// --weights PATH: a .safetensors file, or a folder holding config.json and model.safetensors.
+// For a folder both paths are filled (and must exist); for a file st_path is the file and
+// config_path is "" (the config then comes from --model or --config). Both buffers hold len
+// bytes.
+int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len,
+                          llama_err *err);
+
+// ================================================================================================
+// Safetensors writing
+// ================================================================================================
+
+#define LLAMA_ST_WRITE_MAX_DIMS 4
+
+// Write n float32 tensors (names unique and non-empty, 0 <= ndims[i] <= 4, shapes[i][0..ndim)
+// non-negative, data[i] holding the product of the shape) as an F32 safetensors file. The
+// file is written to a temporary name in the same folder and renamed into place only once
+// complete, so a failure leaves no partial file and never touches what was at path before.
+int llama_st_write_f32(const char *path, size_t n, const char *const *names, const int *ndims,
+                       const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS],
+                       const float *const *data, llama_err *err);

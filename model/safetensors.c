@@ -1,0 +1,595 @@
+// Safetensors reader. Layout: 8 bytes little-endian header length N, N bytes of JSON header,
+// then the data section; each header entry gives dtype, shape and [begin, end) byte offsets
+// into the data. Nothing in the file is trusted: every size and offset is checked before a
+// descriptor is handed out, so reads afterwards cannot leave the mapping.
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "model.h"
+
+// The format's own limit on the header, which also bounds what jansson is asked to parse.
+#define ST_HEADER_MAX 100000000ULL
+
+struct llama_st_file {
+    char *path;
+    const uint8_t *map;
+    size_t map_len;
+    const uint8_t *data; // map + 8 + header length
+    uint64_t data_len;
+    llama_st_tensor *tensors; // in data order
+    size_t n;
+    const llama_st_tensor **by_name; // sorted by name
+};
+
+static const struct {
+    const char *name;
+    llama_st_dtype dtype;
+    unsigned size;
+} dtypes[] = {
+    {"F32", LLAMA_ST_F32, 4}, {"F16", LLAMA_ST_F16, 2}, {"BF16", LLAMA_ST_BF16, 2},
+    {"I64", LLAMA_ST_I64, 8}, {"I32", LLAMA_ST_I32, 4},
+};
+#define NDTYPES (sizeof dtypes / sizeof dtypes[0])
+
+const char *llama_st_dtype_name(llama_st_dtype d) {
+    for (size_t i = 0; i < NDTYPES; i++)
+        if (dtypes[i].dtype == d) return dtypes[i].name;
+    return "?";
+}
+
+static unsigned dtype_size(llama_st_dtype d) {
+    for (size_t i = 0; i < NDTYPES; i++)
+        if (dtypes[i].dtype == d) return dtypes[i].size;
+    return 0;
+}
+
+static void format_shape(char *buf, size_t len, const int64_t *shape, int ndim) {
+    size_t used = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < ndim && used < len; d++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%lld", d ? ", " : "",
+                                 (long long)shape[d]);
+    if (used < len) snprintf(buf + used, len - used, "]");
+}
+
+static uint64_t load_le(const uint8_t *p, unsigned bytes) {
+    uint64_t v = 0;
+    for (unsigned i = 0; i < bytes; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Header parsing
+
+// A non-negative JSON integer, or -1.
+static int64_t json_index(const json_t *v) {
+    if (!json_is_integer(v) || json_integer_value(v) < 0) return -1;
+    return (int64_t)json_integer_value(v);
+}
+
+static int parse_dtype(llama_st_tensor *t, const json_t *entry, const char *path,
+                       llama_err *err) {
+    const json_t *d = json_object_get(entry, "dtype");
+    if (!json_is_string(d)) {
+        llama_err_set(err, "%s: tensor %s: field dtype missing or not a string", path, t->name);
+        return -1;
+    }
+    for (size_t i = 0; i < NDTYPES; i++) {
+        if (strcmp(dtypes[i].name, json_string_value(d)) == 0) {
+            t->dtype = dtypes[i].dtype;
+            return 0;
+        }
+    }
+    llama_err_set(err,
+                  "%s: tensor %s: unsupported dtype \"%s\" (expected F32, BF16, F16, I64 or I32)",
+                  path, t->name, json_string_value(d));
+    return -1;
+}
+
+static int parse_shape(llama_st_tensor *t, const json_t *entry, const char *path,
+                       llama_err *err) {
+    const json_t *s = json_object_get(entry, "shape");
+    if (!json_is_array(s) || json_array_size(s) > LLAMA_ST_MAX_DIMS) {
+        llama_err_set(err, "%s: tensor %s: field shape must be an array of at most %d integers",
+                      path, t->name, LLAMA_ST_MAX_DIMS);
+        return -1;
+    }
+    t->ndim = (int)json_array_size(s);
+    t->numel = 1;
+    bool overflow = false;
+    for (int d = 0; d < t->ndim; d++) {
+        t->shape[d] = json_index(json_array_get(s, (size_t)d));
+        if (t->shape[d] < 0) {
+            llama_err_set(err, "%s: tensor %s: field shape must hold non-negative integers", path,
+                          t->name);
+            return -1;
+        }
+        overflow |= __builtin_mul_overflow(t->numel, (uint64_t)t->shape[d], &t->numel);
+    }
+    unsigned size = dtype_size(t->dtype);
+    if (overflow || __builtin_mul_overflow(t->numel, (uint64_t)size, &t->nbytes)) {
+        char sh[160];
+        format_shape(sh, sizeof sh, t->shape, t->ndim);
+        llama_err_set(err, "%s: tensor %s: shape %s is absurd (its byte size overflows 64 bits)",
+                      path, t->name, sh);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_offsets(llama_st_tensor *t, const json_t *entry, uint64_t data_len,
+                         const char *path, llama_err *err) {
+    const json_t *o = json_object_get(entry, "data_offsets");
+    int64_t begin = json_index(json_array_get(o, 0)), end = json_index(json_array_get(o, 1));
+    if (!json_is_array(o) || json_array_size(o) != 2 || begin < 0 || end < begin) {
+        llama_err_set(err, "%s: tensor %s: field data_offsets must be [begin, end] with "
+                      "0 <= begin <= end", path, t->name);
+        return -1;
+    }
+    if ((uint64_t)end > data_len) {
+        llama_err_set(err, "%s: tensor %s: data_offsets [%lld, %lld] go past the end of the data "
+                      "(%llu bytes; is the file truncated?)", path, t->name, (long long)begin,
+                      (long long)end, (unsigned long long)data_len);
+        return -1;
+    }
+    t->offset = (uint64_t)begin;
+    if ((uint64_t)(end - begin) != t->nbytes) {
+        char sh[160];
+        format_shape(sh, sizeof sh, t->shape, t->ndim);
+        llama_err_set(err, "%s: tensor %s: data_offsets span %llu bytes but shape %s of %s "
+                      "needs %llu", path, t->name, (unsigned long long)(end - begin), sh,
+                      llama_st_dtype_name(t->dtype), (unsigned long long)t->nbytes);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_entry(llama_st_tensor *t, const char *key, const json_t *entry,
+                       uint64_t data_len, const char *path, llama_err *err) {
+    if (key[0] == '\0') {
+        llama_err_set(err, "%s: a tensor has an empty name", path);
+        return -1;
+    }
+    t->name = strdup(key);
+    if (!t->name) {
+        llama_err_set(err, "%s: out of memory", path);
+        return -1;
+    }
+    if (!json_is_object(entry)) {
+        llama_err_set(err, "%s: tensor %s: expected an object with dtype, shape, data_offsets",
+                      path, key);
+        return -1;
+    }
+    if (parse_dtype(t, entry, path, err) != 0 || parse_shape(t, entry, path, err) != 0 ||
+        parse_offsets(t, entry, data_len, path, err) != 0)
+        return -1;
+    return 0;
+}
+
+static int by_offset(const void *a, const void *b) {
+    const llama_st_tensor *x = a, *y = b;
+    if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
+    return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+}
+
+// Tensors sorted by offset: a non-empty tensor may not start before the previous one ends.
+static int check_overlaps(const llama_st_file *f, llama_err *err) {
+    const llama_st_tensor *prev = NULL;
+    for (size_t i = 0; i < f->n; i++) {
+        const llama_st_tensor *t = &f->tensors[i];
+        if (t->nbytes == 0) continue; // occupies no bytes
+        if (prev && t->offset < prev->offset + prev->nbytes) {
+            llama_err_set(err,
+                          "%s: tensors %s and %s overlap (bytes [%llu, %llu) and [%llu, %llu))",
+                          f->path, prev->name, t->name, (unsigned long long)prev->offset,
+                          (unsigned long long)(prev->offset + prev->nbytes),
+                          (unsigned long long)t->offset,
+                          (unsigned long long)(t->offset + t->nbytes));
+            return -1;
+        }
+        prev = t;
+    }
+    return 0;
+}
+
+static int by_name_cmp(const void *a, const void *b) {
+    return strcmp((*(const llama_st_tensor *const *)a)->name,
+                  (*(const llama_st_tensor *const *)b)->name);
+}
+
+static int parse_header(llama_st_file *f, const json_t *root, llama_err *err) {
+    if (!json_is_object(root)) {
+        llama_err_set(err, "%s: header is not a JSON object", f->path);
+        return -1;
+    }
+    size_t n = json_object_size(root) - (json_object_get(root, "__metadata__") ? 1 : 0);
+    f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
+    f->by_name = calloc(n ? n : 1, sizeof *f->by_name);
+    if (!f->tensors || !f->by_name) {
+        llama_err_set(err, "%s: out of memory", f->path);
+        return -1;
+    }
+    const char *key;
+    const json_t *value;
+    json_object_foreach((json_t *)root, key, value) {
+        if (strcmp(key, "__metadata__") == 0) continue;
+        if (parse_entry(&f->tensors[f->n++], key, value, f->data_len, f->path, err) != 0)
+            return -1;
+    }
+    qsort(f->tensors, f->n, sizeof *f->tensors, by_offset);
+    if (check_overlaps(f, err) != 0) return -1;
+    for (size_t i = 0; i < f->n; i++) f->by_name[i] = &f->tensors[i];
+    qsort(f->by_name, f->n, sizeof *f->by_name, by_name_cmp);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Open and close
+
+static int map_file(llama_st_file *f, llama_err *err) {
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        llama_err_set(err, "%s: cannot open: %s", f->path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        llama_err_set(err, "%s: not a regular file", f->path);
+        close(fd);
+        return -1;
+    }
+    if (st.st_size < 8) {
+        llama_err_set(err, "%s: %lld bytes is too short for a safetensors file (8-byte header "
+                      "length first)", f->path, (long long)st.st_size);
+        close(fd);
+        return -1;
+    }
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd); // the mapping keeps the file
+    if (m == MAP_FAILED) {
+        llama_err_set(err, "%s: mmap failed: %s", f->path, strerror(errno));
+        return -1;
+    }
+    f->map = m;
+    f->map_len = (size_t)st.st_size;
+    return 0;
+}
+
+static int open_file(llama_st_file *f, llama_err *err) {
+    if (map_file(f, err) != 0) return -1;
+    uint64_t hlen = load_le(f->map, 8);
+    if (hlen > f->map_len - 8) {
+        llama_err_set(err, "%s: header length %llu goes past the end of the file (%zu bytes)",
+                      f->path, (unsigned long long)hlen, f->map_len);
+        return -1;
+    }
+    if (hlen > ST_HEADER_MAX) {
+        llama_err_set(err, "%s: header length %llu is absurd (at most %llu)", f->path,
+                      (unsigned long long)hlen, ST_HEADER_MAX);
+        return -1;
+    }
+    f->data = f->map + 8 + hlen;
+    f->data_len = f->map_len - 8 - hlen;
+    json_error_t jerr;
+    json_t *root =
+        json_loadb((const char *)f->map + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        llama_err_set(err, "%s: header is not valid JSON (column %d: %s)", f->path, jerr.column,
+                      jerr.text);
+        return -1;
+    }
+    int rc = parse_header(f, root, err);
+    json_decref(root);
+    return rc;
+}
+
+int llama_st_open(llama_st_file **out, const char *path, llama_err *err) {
+    *out = NULL;
+    llama_st_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path))) {
+        free(f);
+        llama_err_set(err, "%s: out of memory", path);
+        return -1;
+    }
+    if (open_file(f, err) != 0) {
+        llama_st_close(f);
+        return -1;
+    }
+    *out = f;
+    return 0;
+}
+
+void llama_st_close(llama_st_file *f) {
+    if (!f) return;
+    if (f->map) munmap((void *)f->map, f->map_len);
+    if (f->tensors)
+        for (size_t i = 0; i < f->n; i++) free((char *)f->tensors[i].name);
+    free(f->tensors);
+    free(f->by_name);
+    free(f->path);
+    free(f);
+}
+
+const char *llama_st_path(const llama_st_file *f) { return f->path; }
+
+size_t llama_st_count(const llama_st_file *f) { return f->n; }
+
+const llama_st_tensor *llama_st_get(const llama_st_file *f, size_t i) {
+    return i < f->n ? &f->tensors[i] : NULL;
+}
+
+const llama_st_tensor *llama_st_find(const llama_st_file *f, const char *name) {
+    size_t lo = 0, hi = f->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const llama_st_tensor *t = f->by_name[mid];
+        int c = strcmp(name, t->name);
+        if (c == 0) return t;
+        if (c < 0) hi = mid;
+        else lo = mid + 1;
+    }
+    return NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+// IEEE half to float: every half is exactly a float.
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); // inf, nan (payload kept)
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13); // rebias 15 -> 127
+    } else if (man == 0) {
+        bits = sign; // +-0
+    } else {
+        // subnormal half: man * 2^-24; normalise it into a float
+        int shift = 0;
+        while (!(man & 0x400)) man <<= 1, shift++;
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static float bits_to_float(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// Drop the pages of a tensor from the resident set once read: the mapping is private and never
+// written, so a later read simply faults them in again from the file.
+static void release_pages(const llama_st_file *f, const llama_st_tensor *t) {
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0 || t->nbytes == 0) return;
+    uintptr_t base = (uintptr_t)f->map, lo = (uintptr_t)(f->data + t->offset);
+    uintptr_t hi = lo + t->nbytes;
+    lo -= (lo - base) % (uintptr_t)page;
+    madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+static int check_read(const llama_st_file *f, const llama_st_tensor *t, size_t count,
+                      llama_err *err) {
+    if (t < f->tensors || t >= f->tensors + f->n) {
+        llama_err_set(err, "%s: tensor descriptor does not belong to this file", f->path);
+        return -1;
+    }
+    if ((uint64_t)count != t->numel) {
+        llama_err_set(err, "%s: tensor %s holds %llu elements, the destination %zu", f->path,
+                      t->name, (unsigned long long)t->numel, count);
+        return -1;
+    }
+    return 0;
+}
+
+int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *dst, size_t count,
+                      llama_err *err) {
+    if (check_read(f, t, count, err) != 0) return -1;
+    const uint8_t *p = f->data + t->offset;
+    switch (t->dtype) {
+    case LLAMA_ST_F32:
+        for (size_t i = 0; i < count; i++) dst[i] = bits_to_float((uint32_t)load_le(p + 4 * i, 4));
+        break;
+    case LLAMA_ST_BF16: // the top half of a float32
+        for (size_t i = 0; i < count; i++)
+            dst[i] = bits_to_float((uint32_t)load_le(p + 2 * i, 2) << 16);
+        break;
+    case LLAMA_ST_F16:
+        for (size_t i = 0; i < count; i++) dst[i] = half_to_float((uint16_t)load_le(p + 2 * i, 2));
+        break;
+    default:
+        llama_err_set(err, "%s: tensor %s has dtype %s, expected F32, BF16 or F16", f->path,
+                      t->name, llama_st_dtype_name(t->dtype));
+        return -1;
+    }
+    release_pages(f, t);
+    return 0;
+}
+
+int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t *dst,
+                      size_t count, llama_err *err) {
+    if (check_read(f, t, count, err) != 0) return -1;
+    const uint8_t *p = f->data + t->offset;
+    switch (t->dtype) {
+    case LLAMA_ST_I64:
+        for (size_t i = 0; i < count; i++) dst[i] = (int64_t)load_le(p + 8 * i, 8);
+        break;
+    case LLAMA_ST_I32:
+        for (size_t i = 0; i < count; i++) dst[i] = (int32_t)(uint32_t)load_le(p + 4 * i, 4);
+        break;
+    default:
+        llama_err_set(err, "%s: tensor %s has dtype %s, expected I64 or I32", f->path, t->name,
+                      llama_st_dtype_name(t->dtype));
+        return -1;
+    }
+    release_pages(f, t);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters against a config
+
+static bool is_float(llama_st_dtype d) {
+    return d == LLAMA_ST_F32 || d == LLAMA_ST_BF16 || d == LLAMA_ST_F16;
+}
+
+// The first fault of one expected tensor, or 0 if it is present and right.
+static int param_fault(const llama_st_file *f, const char *name, int ndim, const int64_t *shape,
+                       char *msg, size_t len) {
+    const llama_st_tensor *t = llama_st_find(f, name);
+    if (!t) {
+        snprintf(msg, len, "%s: tensor %s missing", f->path, name);
+        return 1;
+    }
+    bool same = t->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
+    if (!same) {
+        char got[160], want[160];
+        format_shape(got, sizeof got, t->shape, t->ndim);
+        format_shape(want, sizeof want, shape, ndim);
+        snprintf(msg, len, "%s: tensor %s has shape %s, the config expects %s", f->path, name, got,
+                 want);
+        return 1;
+    }
+    if (!is_float(t->dtype)) {
+        snprintf(msg, len, "%s: tensor %s has dtype %s, expected F32, BF16 or F16", f->path, name,
+                 llama_st_dtype_name(t->dtype));
+        return 1;
+    }
+    return 0;
+}
+
+static int str_cmp(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+// Tensors of the file that are not in the sorted list of expected names.
+static int check_extras(const llama_st_file *f, const char **names, size_t n, llama_err *err) {
+    const char *first = NULL;
+    size_t extra = 0;
+    for (size_t i = 0; i < f->n; i++) {
+        const char *key = f->tensors[i].name;
+        if (bsearch(&key, names, n, sizeof *names, str_cmp)) continue;
+        if (!first) first = key;
+        extra++;
+    }
+    if (!extra) return 0;
+    if (extra == 1)
+        llama_err_set(err, "%s: unexpected tensor %s (not a parameter of this config)", f->path,
+                      first);
+    else
+        llama_err_set(err, "%s: unexpected tensor %s (not a parameter of this config) and %zu "
+                      "more", f->path, first, extra - 1);
+    return -1;
+}
+
+int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool allow_extra,
+                          llama_err *err) {
+    llama_err verr;
+    if (llama_config_validate(c, &verr) != 0) {
+        llama_err_set(err, "%s: cannot check against an invalid config: %s", f->path, verr.msg);
+        return -1;
+    }
+    // a tied config may still carry lm_head.weight (the embedding's shape): expected if present
+    bool tied_head = c->tied && llama_st_find(f, "lm_head.weight");
+    size_t n = llama_param_count_tensors(c), total = n + (tied_head ? 1 : 0);
+    char *store = malloc(total * LLAMA_PARAM_NAME_MAX);
+    const char **names = malloc(total * sizeof *names);
+    if (!store || !names) {
+        free(store);
+        free(names);
+        llama_err_set(err, "%s: out of memory", f->path);
+        return -1;
+    }
+    size_t faults = 0;
+    for (size_t i = 0; i < total; i++) {
+        char *name = store + i * LLAMA_PARAM_NAME_MAX;
+        int ndim = 2;
+        int64_t shape[2] = {c->vocab, c->hidden};
+        if (i < n) llama_param_spec(c, i, name, LLAMA_PARAM_NAME_MAX, &ndim, shape);
+        else snprintf(name, LLAMA_PARAM_NAME_MAX, "lm_head.weight");
+        names[i] = name;
+        char msg[sizeof err->msg];
+        if (param_fault(f, name, ndim, shape, msg, sizeof msg) && faults++ == 0)
+            llama_err_set(err, "%s", msg);
+    }
+    if (faults > 1 && err) {
+        size_t used = strlen(err->msg);
+        snprintf(err->msg + used, sizeof err->msg - used, " (and %zu more tensors at fault)",
+                 faults - 1);
+    }
+    int rc = faults ? -1 : 0;
+    if (rc == 0 && !allow_extra) {
+        qsort(names, total, sizeof *names, str_cmp);
+        rc = check_extras(f, names, total, err);
+    }
+    free(store);
+    free(names);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --weights PATH
+
+static bool is_regular(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int join(char *out, size_t len, const char *dir, const char *file, llama_err *err) {
+    int k = snprintf(out, len, "%s/%s", dir, file);
+    if (k < 0 || (size_t)k >= len) {
+        llama_err_set(err, "%s: path too long", dir);
+        return -1;
+    }
+    return 0;
+}
+
+int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len,
+                          llama_err *err) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        llama_err_set(err, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (S_ISREG(st.st_mode)) {
+        if (strlen(path) >= len) {
+            llama_err_set(err, "%s: path too long", path);
+            return -1;
+        }
+        strcpy(st_path, path);
+        if (len) config_path[0] = '\0';
+        return 0;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        llama_err_set(err, "%s: neither a .safetensors file nor a folder", path);
+        return -1;
+    }
+    if (join(config_path, len, path, "config.json", err) != 0 ||
+        join(st_path, len, path, "model.safetensors", err) != 0)
+        return -1;
+    if (!is_regular(config_path)) {
+        llama_err_set(err, "%s: folder holds no config.json", path);
+        return -1;
+    }
+    if (!is_regular(st_path)) {
+        char index[4096];
+        bool sharded = join(index, sizeof index, path, "model.safetensors.index.json", NULL) == 0 &&
+                       is_regular(index);
+        llama_err_set(err, "%s: folder holds no model.safetensors%s", path,
+                      sharded ? " (sharded checkpoints are not supported: merge the shards into "
+                                "one model.safetensors)" : "");
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,391 @@
+// Allocation through the profiler: one jemalloc arena per category (or, in the sanitizer
+// build, the system allocator with the same accounting), and jemalloc's hooks for "other".
+#include "mp_internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef MEMBILL_SYSTEM_ALLOC
+#include <jemalloc/jemalloc.h>
+#else
+#include <malloc.h>
+#endif
+
+mp_state mp_g;
+
+// Set while the profiler itself allocates, so the hooks do not bill its own bookkeeping.
+// volatile: the compiler knows malloc touches no user variable and would drop the ++/-- around it.
+static _Thread_local volatile int mp_in_profiler;
+
+double mp_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void *mp_raw_malloc(size_t n) {
+    mp_in_profiler++;
+    void *p = malloc(n);
+    mp_in_profiler--;
+    return p;
+}
+
+void *mp_raw_realloc(void *p, size_t n) {
+    mp_in_profiler++;
+    void *q = realloc(p, n);
+    mp_in_profiler--;
+    return q;
+}
+
+void mp_raw_free(void *p) {
+    mp_in_profiler++;
+    free(p);
+    mp_in_profiler--;
+}
+
+#ifndef MEMBILL_SYSTEM_ALLOC
+
+const char *mp_backend(void) { return "jemalloc"; }
+
+// ---- the set of malloc'd pointers billed to "other" (open addressing, linear probing) ----
+
+static size_t ptr_slot(uintptr_t k, size_t cap) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return (size_t)k & (cap - 1);
+}
+
+static bool ptrset_grow(mp_ptrset *s) {
+    size_t ncap = s->cap ? s->cap * 2 : 4096;
+    uintptr_t *keys = mp_raw_malloc(ncap * sizeof *keys);
+    size_t *sizes = mp_raw_malloc(ncap * sizeof *sizes);
+    if (!keys || !sizes) {
+        mp_raw_free(keys);
+        mp_raw_free(sizes);
+        return false;
+    }
+    memset(keys, 0, ncap * sizeof *keys);
+    for (size_t i = 0; i < s->cap; i++) {
+        if (!s->keys[i] || s->keys[i] == 1) continue; // empty or deleted
+        size_t j = ptr_slot(s->keys[i], ncap);
+        while (keys[j]) j = (j + 1) & (ncap - 1);
+        keys[j] = s->keys[i];
+        sizes[j] = s->sizes[i];
+    }
+    mp_raw_free(s->keys);
+    mp_raw_free(s->sizes);
+    s->keys = keys;
+    s->sizes = sizes;
+    s->cap = ncap;
+    return true;
+}
+
+// Deleted slots hold 1 (no real pointer is 1); the table is rebuilt when it fills up.
+static void ptrset_put(mp_ptrset *s, uintptr_t k, size_t usable) {
+    if ((s->count + 1) * 2 > s->cap && !ptrset_grow(s)) return;
+    size_t j = ptr_slot(k, s->cap);
+    while (s->keys[j] && s->keys[j] != 1 && s->keys[j] != k) j = (j + 1) & (s->cap - 1);
+    if (s->keys[j] != k) s->count++;
+    s->keys[j] = k;
+    s->sizes[j] = usable;
+}
+
+static size_t *ptrset_find(mp_ptrset *s, uintptr_t k) {
+    if (!s->cap) return NULL;
+    size_t j = ptr_slot(k, s->cap);
+    for (size_t n = 0; s->keys[j] && n < s->cap; n++, j = (j + 1) & (s->cap - 1))
+        if (s->keys[j] == k) return &s->sizes[j];
+    return NULL;
+}
+
+static void ptrset_remove(mp_ptrset *s, uintptr_t k) {
+    size_t *sz = ptrset_find(s, k);
+    if (!sz) return;
+    s->keys[sz - s->sizes] = 1;
+}
+
+// ---- hooks: plain malloc from anywhere in the process is "other" ----
+
+static uint32_t other_site;
+
+static void hook_alloc(void *extra, int type, void *result, uintptr_t result_raw,
+                       uintptr_t args_raw[3]) {
+    (void)extra, (void)type, (void)result_raw, (void)args_raw;
+    if (mp_in_profiler || !result) return;
+    mp_in_profiler++;
+    size_t u = sallocx(result, 0);
+    pthread_mutex_lock(&mp_g.lock);
+    if (mp_g.active) {
+        ptrset_put(&mp_g.other_ptrs, (uintptr_t)result, u);
+        mp_count_locked(MP_OTHER, (int64_t)u, (int64_t)u, other_site);
+    }
+    pthread_mutex_unlock(&mp_g.lock);
+    mp_in_profiler--;
+}
+
+static void hook_dalloc(void *extra, int type, void *address, uintptr_t args_raw[3]) {
+    (void)extra, (void)type, (void)args_raw;
+    if (mp_in_profiler || !address) return;
+    mp_in_profiler++;
+    pthread_mutex_lock(&mp_g.lock);
+    size_t *sz = mp_g.active ? ptrset_find(&mp_g.other_ptrs, (uintptr_t)address) : NULL;
+    if (sz) {
+        int64_t u = (int64_t)*sz;
+        ptrset_remove(&mp_g.other_ptrs, (uintptr_t)address);
+        mp_count_locked(MP_OTHER, -u, -u, other_site);
+    }
+    pthread_mutex_unlock(&mp_g.lock);
+    mp_in_profiler--;
+}
+
+static void hook_expand(void *extra, int type, void *address, size_t old_usize,
+                        size_t new_usize, uintptr_t result_raw, uintptr_t args_raw[4]) {
+    (void)extra, (void)type, (void)result_raw, (void)args_raw;
+    if (mp_in_profiler || !address) return;
+    mp_in_profiler++;
+    pthread_mutex_lock(&mp_g.lock);
+    size_t *sz = mp_g.active ? ptrset_find(&mp_g.other_ptrs, (uintptr_t)address) : NULL;
+    if (sz) {
+        int64_t d = (int64_t)new_usize - (int64_t)old_usize;
+        *sz = new_usize;
+        mp_count_locked(MP_OTHER, d, d, other_site);
+    }
+    pthread_mutex_unlock(&mp_g.lock);
+    mp_in_profiler--;
+}
+
+// jemalloc 5.3's layout of the experimental hooks (internal/hook.h); newer versions removed
+// the mallctl, which then answers ENOENT and "other" is reported as not tracked.
+typedef struct {
+    void (*alloc_hook)(void *, int, void *, uintptr_t, uintptr_t[3]);
+    void (*dalloc_hook)(void *, int, void *, uintptr_t[3]);
+    void (*expand_hook)(void *, int, void *, size_t, size_t, uintptr_t, uintptr_t[4]);
+    void *extra;
+} mp_je_hooks;
+
+static void hooks_install(void) {
+    static mp_je_hooks hooks = {hook_alloc, hook_dalloc, hook_expand, NULL};
+    void *handle = NULL;
+    size_t sz = sizeof handle;
+    other_site = mp_site_id("malloc");
+    if (mallctl("experimental.hooks.install", &handle, &sz, &hooks, sizeof hooks) == 0 && handle) {
+        mp_g.hooks_handle = handle;
+        mp_g.hooks_installed = true;
+    }
+}
+
+static void hooks_remove(void) {
+    if (!mp_g.hooks_installed) return;
+    void *h = mp_g.hooks_handle;
+    mallctl("experimental.hooks.remove", NULL, NULL, &h, sizeof h);
+    mp_g.hooks_installed = false;
+    mp_raw_free(mp_g.other_ptrs.keys);
+    mp_raw_free(mp_g.other_ptrs.sizes);
+    memset(&mp_g.other_ptrs, 0, sizeof mp_g.other_ptrs);
+}
+
+// Arenas are created once per process and reused: jemalloc cannot destroy an arena that a
+// thread still has bound, and re-initialising the profiler must not leak arenas.
+static unsigned mp_arenas[MP_NCATEGORIES];
+static bool mp_arenas_made;
+
+int mp_backend_init(void) {
+    if (!mp_arenas_made) {
+        for (int c = 0; c < MP_NCATEGORIES; c++) {
+            size_t sz = sizeof(unsigned);
+            if (mallctl("arenas.create", &mp_arenas[c], &sz, NULL, 0) != 0) return -1;
+        }
+        mp_arenas_made = true;
+    }
+    memcpy(mp_g.arena, mp_arenas, sizeof mp_arenas);
+    if (mp_g.opt.track_other) hooks_install();
+    return 0;
+}
+
+void mp_backend_shutdown(void) { hooks_remove(); }
+
+void *mp_backend_alloc(size_t bytes, mp_category cat, size_t *usable) {
+    mp_in_profiler++;
+    void *p = mallocx(bytes ? bytes : 1, MALLOCX_ARENA(mp_g.arena[cat]) | MALLOCX_TCACHE_NONE);
+    *usable = p ? sallocx(p, 0) : 0;
+    mp_in_profiler--;
+    return p;
+}
+
+void mp_backend_free(void *p) {
+    mp_in_profiler++;
+    dallocx(p, MALLOCX_TCACHE_NONE);
+    mp_in_profiler--;
+}
+
+bool mp_other_available(void) { return mp_g.hooks_installed; }
+
+static uint64_t je_u64(const char *name) {
+    uint64_t v = 0;
+    size_t sz = sizeof(size_t);
+    size_t tmp = 0;
+    if (mallctl(name, &tmp, &sz, NULL, 0) == 0) v = tmp;
+    return v;
+}
+
+static void je_refresh(void) {
+    uint64_t epoch = 1;
+    size_t sz = sizeof epoch;
+    mallctl("epoch", &epoch, &sz, &epoch, sz);
+}
+
+mp_crosscheck mp_crosscheck_jemalloc(mp_category planted_cat, int64_t planted) {
+    mp_crosscheck r;
+    memset(&r, 0, sizeof r);
+    if (!mp_g.active || mp_g.opt.meta) return r;
+    bool stats = false;
+    size_t sz = sizeof stats;
+    if (mallctl("config.stats", &stats, &sz, NULL, 0) != 0 || !stats) return r;
+    je_refresh();
+    r.available = true;
+    r.agrees = true;
+    for (int c = 0; c < MP_NCATEGORIES; c++) {
+        if (c == MP_OTHER) continue; // "other" lives in jemalloc's automatic arenas
+        char name[96];
+        snprintf(name, sizeof name, "stats.arenas.%u.small.allocated", mp_g.arena[c]);
+        uint64_t small = je_u64(name);
+        snprintf(name, sizeof name, "stats.arenas.%u.large.allocated", mp_g.arena[c]);
+        uint64_t large = je_u64(name);
+        r.jemalloc_bytes[c] = small + large;
+        int64_t mine = (int64_t)mp_g.counters[c].live_usable + (c == (int)planted_cat ? planted : 0);
+        r.difference[c] = (int64_t)(small + large) - mine;
+        if (r.difference[c] != 0) r.agrees = false;
+    }
+    return r;
+}
+
+void mp_jemalloc_figures(uint64_t *resident, uint64_t *allocated) {
+    je_refresh();
+    *resident = je_u64("stats.resident");
+    *allocated = je_u64("stats.allocated");
+}
+
+#else // MEMBILL_SYSTEM_ALLOC: the sanitizer build
+
+const char *mp_backend(void) { return "system"; }
+int mp_backend_init(void) { return 0; }
+void mp_backend_shutdown(void) {}
+bool mp_other_available(void) { return false; }
+
+void *mp_backend_alloc(size_t bytes, mp_category cat, size_t *usable) {
+    (void)cat;
+    mp_in_profiler++;
+    void *p = malloc(bytes ? bytes : 1);
+    *usable = p ? malloc_usable_size(p) : 0;
+    mp_in_profiler--;
+    return p;
+}
+
+void mp_backend_free(void *p) { mp_raw_free(p); }
+
+mp_crosscheck mp_crosscheck_jemalloc(mp_category planted_cat, int64_t planted) {
+    (void)planted_cat, (void)planted;
+    mp_crosscheck r;
+    memset(&r, 0, sizeof r);
+    return r;
+}
+
+void mp_jemalloc_figures(uint64_t *resident, uint64_t *allocated) {
+    *resident = 0;
+    *allocated = 0;
+}
+
+#endif
+
+// ---- life cycle and the allocation entry points ----
+
+mp_status mp_init(const mp_options *opt) {
+    if (mp_g.active) return MP_ERR_STATE;
+    memset(&mp_g, 0, sizeof mp_g);
+    if (opt) mp_g.opt = *opt;
+    pthread_mutex_init(&mp_g.lock, NULL);
+    mp_g.t0 = mp_now();
+    mp_g.phase = MP_PHASE_SETUP;
+    mp_g.phase_started = mp_g.t0;
+    mp_g.phases[MP_PHASE_SETUP].entries = 1;
+    mp_g.active = true;
+    mp_site_id("(none)"); // id 0
+    if (mp_backend_init() != 0) {
+        mp_g.active = false;
+        return MP_ERR_NOMEM;
+    }
+    mp_checkpoint_process();
+    return MP_OK;
+}
+
+void mp_shutdown(void) {
+    if (!mp_g.active) return;
+    mp_backend_shutdown();
+    pthread_mutex_lock(&mp_g.lock);
+    mp_g.active = false;
+    pthread_mutex_unlock(&mp_g.lock);
+    mp_sites_free(&mp_g.sites);
+    mp_timeline_free(&mp_g.timeline);
+    pthread_mutex_destroy(&mp_g.lock);
+}
+
+bool mp_active(void) { return mp_g.active; }
+bool mp_is_meta(void) { return mp_g.active && mp_g.opt.meta; }
+uint64_t mp_budget(void) { return mp_g.opt.budget; }
+const mp_oom_record *mp_oom(void) { return &mp_g.oom; }
+
+// Tensors above this are not a real request but a bug or a hostile input (2^50 bytes).
+#define MP_MAX_REQUEST ((uint64_t)1 << 50)
+
+mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site) {
+    memset(out, 0, sizeof *out);
+    if (!mp_g.active) return MP_ERR_STATE;
+    if ((unsigned)cat >= MP_OTHER || bytes > MP_MAX_REQUEST) return MP_ERR_INVALID;
+    uint32_t sid = mp_site_id(site ? site : "(none)");
+    pthread_mutex_lock(&mp_g.lock);
+    if (mp_g.opt.budget && mp_g.live_total + bytes > mp_g.opt.budget) {
+        mp_g.oom.happened = true;
+        mp_g.oom.category = cat;
+        mp_g.oom.site = sid;
+        mp_g.oom.requested = bytes;
+        mp_g.oom.budget = mp_g.opt.budget;
+        for (int c = 0; c < MP_NCATEGORIES; c++) mp_g.oom.live.bytes[c] = mp_g.counters[c].live;
+        mp_g.oom.live.total = mp_g.live_total;
+        mp_g.oom.live.phase = mp_g.phase;
+        mp_g.oom.live.site = sid;
+        mp_g.oom.live.seconds = mp_now() - mp_g.t0;
+        pthread_mutex_unlock(&mp_g.lock);
+        return MP_ERR_BUDGET;
+    }
+    pthread_mutex_unlock(&mp_g.lock);
+
+    size_t usable = bytes;
+    void *p = NULL;
+    if (!mp_g.opt.meta) {
+        p = mp_backend_alloc(bytes, cat, &usable);
+        if (!p) return MP_ERR_NOMEM;
+    }
+    pthread_mutex_lock(&mp_g.lock);
+    mp_count_locked(cat, (int64_t)bytes, (int64_t)usable, sid);
+    pthread_mutex_unlock(&mp_g.lock);
+    out->data = p;
+    out->bytes = bytes;
+    out->usable = usable;
+    out->site = sid;
+    out->category = (uint8_t)cat;
+    return MP_OK;
+}
+
+void mp_free(mp_block *b) {
+    if (!b || (!b->data && !b->bytes && !b->usable)) return;
+    if (b->data) mp_backend_free(b->data);
+    if (mp_g.active) {
+        pthread_mutex_lock(&mp_g.lock);
+        mp_count_locked((mp_category)b->category, -(int64_t)b->bytes, -(int64_t)b->usable, b->site);
+        pthread_mutex_unlock(&mp_g.lock);
+    }
+    memset(b, 0, sizeof *b);
+}

@@ -1,0 +1,173 @@
+// profiler: tagged allocation over jemalloc, with counters, peaks, a timeline and reports.
+//
+// Every tensor byte goes through mp_alloc/mp_free with a category and a site label. Each
+// category has its own jemalloc arena, so jemalloc's per-arena statistics are an independent
+// check of the counters kept here. The profiler is one process-wide instance (mp_init ..
+// mp_shutdown); it is meant to be driven from one thread, while plain malloc calls from any
+// thread are billed to "other" through jemalloc's allocation hooks where they exist.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum {
+    MP_WEIGHT,
+    MP_GRADIENT,
+    MP_OPTIMIZER,
+    MP_ACTIVATION,
+    MP_CACHE,
+    MP_OTHER,
+    MP_NCATEGORIES
+} mp_category;
+
+typedef enum {
+    MP_PHASE_SETUP, // before any named phase: parsing arguments, config
+    MP_PHASE_LOAD,
+    MP_PHASE_FORWARD,
+    MP_PHASE_BACKWARD,
+    MP_PHASE_OPTIMIZER,
+    MP_PHASE_PREFILL,
+    MP_PHASE_DECODE,
+    MP_PHASE_TEARDOWN,
+    MP_NPHASES
+} mp_phase;
+
+typedef enum {
+    MP_OK = 0,
+    MP_ERR_BUDGET,  // the allocation would cross the budget: see mp_oom()
+    MP_ERR_NOMEM,   // the allocator itself failed
+    MP_ERR_INVALID, // bad argument (absurd size, unknown category)
+    MP_ERR_STATE,   // not initialised, or initialised twice
+} mp_status;
+
+// One billed allocation. Its owner keeps it and hands it back to mp_free. In meta mode data
+// is NULL: the bytes are counted exactly as in a real run, but no memory is taken.
+typedef struct {
+    void *data;
+    size_t bytes;  // requested
+    size_t usable; // what the allocator gave (size class); equal to bytes in meta mode
+    uint32_t site; // interned site label, see mp_site_name
+    uint8_t category;
+} mp_block;
+
+typedef struct {
+    bool meta;           // count without allocating
+    uint64_t budget;     // 0: none. Compared with the live requested bytes of all categories.
+    bool track_other;    // bill plain malloc to "other" (jemalloc hooks, when available)
+    bool keep_timeline;  // record every event (time, phase, site, category, bytes)
+} mp_options;
+
+typedef struct {
+    uint64_t live, peak;               // requested bytes
+    uint64_t live_usable, peak_usable; // allocator size classes
+    uint64_t allocations, frees;
+} mp_counter;
+
+// A snapshot of what every category held at one instant.
+typedef struct {
+    uint64_t bytes[MP_NCATEGORIES];
+    uint64_t total;
+    mp_phase phase;
+    uint32_t site; // the allocation that made this moment
+    double seconds; // since mp_init
+} mp_moment;
+
+typedef struct {
+    uint64_t peak;       // total live requested bytes, highest while the phase was current
+    double seconds;      // time spent in the phase
+    uint32_t entries;    // times the phase was entered
+    mp_moment at_peak;
+} mp_phase_stats;
+
+// Process figures read at a checkpoint.
+typedef struct {
+    uint64_t rss, hwm;          // VmRSS, VmHWM
+    uint64_t jemalloc_resident; // stats.resident (0 when not available)
+    uint64_t jemalloc_allocated;
+} mp_process;
+
+// A failed allocation past the budget.
+typedef struct {
+    bool happened;
+    mp_category category;
+    uint32_t site;
+    uint64_t requested;
+    uint64_t budget;
+    mp_moment live; // what was live when it was refused
+} mp_oom_record;
+
+// One entry of the timeline.
+typedef struct {
+    double seconds;
+    int64_t bytes; // + allocation, - free (requested bytes)
+    uint32_t site;
+    uint8_t category;
+    uint8_t phase;
+} mp_event;
+
+// The cross-check of the counters against jemalloc's own per-arena statistics.
+typedef struct {
+    bool available;             // false in the sanitizer build or without stats
+    bool agrees;
+    int64_t difference[MP_NCATEGORIES]; // jemalloc minus profiler, usable bytes
+    uint64_t jemalloc_bytes[MP_NCATEGORIES];
+} mp_crosscheck;
+
+// Life cycle. mp_init returns MP_ERR_STATE if already initialised.
+mp_status mp_init(const mp_options *opt);
+void mp_shutdown(void);
+bool mp_active(void);
+bool mp_is_meta(void);
+const char *mp_backend(void); // "jemalloc" or "system"
+
+// Allocation. On failure *out is zeroed and nothing is counted; past the budget, mp_oom()
+// tells what asked and what was live.
+mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site);
+// Frees and zeroes the block; a zeroed block is ignored.
+void mp_free(mp_block *b);
+
+// Site labels are interned: ids are stable until mp_shutdown.
+uint32_t mp_site_id(const char *label);
+const char *mp_site_name(uint32_t id);
+
+// Phases: each has its own peak and time. Switching phase also records process figures.
+void mp_set_phase(mp_phase p);
+mp_phase mp_get_phase(void);
+const char *mp_phase_name(mp_phase p);
+const char *mp_category_name(mp_category c);
+
+// Reading the counters.
+mp_counter mp_get_counter(mp_category c);
+uint64_t mp_live_total(void);
+mp_moment mp_peak(void); // the moment of the total peak, with its composition
+mp_phase_stats mp_get_phase_stats(mp_phase p);
+const mp_oom_record *mp_oom(void);
+uint64_t mp_budget(void);
+// Forget the peaks (total, categories and phases) and start them again from what is live now.
+void mp_reset_peaks(void);
+
+// Process figures now; the highest seen at any checkpoint so far.
+mp_process mp_process_now(void);
+mp_process mp_process_peak(void);
+bool mp_other_available(void); // whether "other" is really tracked (hooks installed)
+
+// Cross-check against jemalloc. `planted` is added to the profiler's own figure of one
+// category before comparing, so a test can prove that a disagreement is seen; pass 0.
+mp_crosscheck mp_crosscheck_jemalloc(mp_category planted_cat, int64_t planted);
+
+// Timeline: events recorded so far (empty unless keep_timeline).
+size_t mp_timeline_count(void);
+const mp_event *mp_timeline_get(size_t i);
+
+// Size parsing for --budget: "16GB", "500MiB", "1e9", "123". Returns false on bad input.
+bool mp_parse_bytes(const char *text, uint64_t *out);
+// "538.06 MB (538,060,032 bytes)" into buf.
+const char *mp_format_bytes(char *buf, size_t n, uint64_t bytes);
+
+// Reports. The JSON report fills the keys "categories", "peak", "phases", "process",
+// "jemalloc" (DESIGN.md) into an existing jansson object; returns 0 or -1.
+struct json_t;
+int mp_report_json(struct json_t *root);
+void mp_report_text(FILE *f);

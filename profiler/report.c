@@ -1,0 +1,210 @@
+// The profiler's report as text and JSON, and the byte sizes that users type and read.
+#include "mp_internal.h"
+
+#include <ctype.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+bool mp_parse_bytes(const char *text, uint64_t *out) {
+    if (!text || !*text) return false;
+    char *end = NULL;
+    double v = strtod(text, &end);
+    if (end == text || !isfinite(v) || v < 0) return false;
+    while (*end == ' ') end++;
+    static const struct { const char *unit; double mult; } units[] = {
+        {"", 1}, {"b", 1}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
+        {"k", 1e3}, {"m", 1e6}, {"g", 1e9}, {"t", 1e12},
+        {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(end, units[i].unit) == 0) {
+            double b = v * units[i].mult;
+            if (b >= 1.8e19) return false;
+            *out = (uint64_t)llround(b);
+            return true;
+        }
+    }
+    return false;
+}
+
+static const char *with_commas(char *buf, size_t n, uint64_t v) {
+    char digits[32];
+    int len = snprintf(digits, sizeof digits, "%llu", (unsigned long long)v);
+    size_t o = 0;
+    for (int i = 0; i < len && o + 2 < n; i++) {
+        if (i && (len - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = digits[i];
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+const char *mp_format_bytes(char *buf, size_t n, uint64_t bytes) {
+    char c[40];
+    snprintf(buf, n, "%.2f MB (%s bytes)", (double)bytes / 1e6, with_commas(c, sizeof c, bytes));
+    return buf;
+}
+
+static json_t *composition_json(const mp_moment *m) {
+    json_t *o = json_object();
+    for (int c = 0; c < MP_NCATEGORIES; c++)
+        json_object_set_new(o, mp_category_name(c), json_integer((json_int_t)m->bytes[c]));
+    return o;
+}
+
+static json_t *categories_json(void) {
+    json_t *cats = json_object();
+    for (int c = 0; c < MP_NCATEGORIES; c++) {
+        mp_counter k = mp_get_counter(c);
+        json_t *o = json_object();
+        json_object_set_new(o, "peak_bytes", json_integer((json_int_t)k.peak));
+        json_object_set_new(o, "live_bytes", json_integer((json_int_t)k.live));
+        json_object_set_new(o, "peak_usable_bytes", json_integer((json_int_t)k.peak_usable));
+        json_object_set_new(o, "live_usable_bytes", json_integer((json_int_t)k.live_usable));
+        json_object_set_new(o, "allocations", json_integer((json_int_t)k.allocations));
+        json_object_set_new(o, "frees", json_integer((json_int_t)k.frees));
+        if (c == MP_OTHER) json_object_set_new(o, "tracked", json_boolean(mp_other_available()));
+        json_object_set_new(cats, mp_category_name(c), o);
+    }
+    return cats;
+}
+
+static json_t *phases_json(void) {
+    json_t *arr = json_array();
+    for (int p = 0; p < MP_NPHASES; p++) {
+        mp_phase_stats s = mp_get_phase_stats(p);
+        if (!s.entries || p == MP_PHASE_SETUP || p == MP_PHASE_TEARDOWN) continue;
+        json_t *o = json_object();
+        json_object_set_new(o, "name", json_string(mp_phase_name(p)));
+        json_object_set_new(o, "peak_bytes", json_integer((json_int_t)s.peak));
+        json_object_set_new(o, "seconds", json_real(s.seconds));
+        json_object_set_new(o, "entries", json_integer(s.entries));
+        json_object_set_new(o, "site", json_string(mp_site_name(s.at_peak.site)));
+        json_object_set_new(o, "composition", composition_json(&s.at_peak));
+        json_array_append_new(arr, o);
+    }
+    return arr;
+}
+
+static uint64_t untracked(const mp_process *p) {
+    return p->hwm > p->jemalloc_resident ? p->hwm - p->jemalloc_resident : 0;
+}
+
+static json_t *process_json(void) {
+    mp_process pk = mp_process_peak();
+    json_t *o = json_object();
+    json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)pk.hwm));
+    json_object_set_new(o, "checkpoint_rss_bytes", json_integer((json_int_t)pk.rss));
+    json_object_set_new(o, "jemalloc_resident_bytes", json_integer((json_int_t)pk.jemalloc_resident));
+    json_object_set_new(o, "untracked_bytes", json_integer((json_int_t)untracked(&pk)));
+    return o;
+}
+
+static json_t *jemalloc_json(void) {
+    mp_crosscheck x = mp_crosscheck_jemalloc(MP_WEIGHT, 0);
+    json_t *o = json_object();
+    json_object_set_new(o, "backend", json_string(mp_backend()));
+    json_object_set_new(o, "available", json_boolean(x.available));
+    json_object_set_new(o, "agrees", x.available ? json_boolean(x.agrees) : json_null());
+    json_object_set_new(o, "other_hooks", json_boolean(mp_other_available()));
+    if (x.available) {
+        json_t *arenas = json_object();
+        for (int c = 0; c < MP_OTHER; c++) {
+            json_t *a = json_object();
+            json_object_set_new(a, "jemalloc_bytes", json_integer((json_int_t)x.jemalloc_bytes[c]));
+            json_object_set_new(a, "difference", json_integer((json_int_t)x.difference[c]));
+            json_object_set_new(arenas, mp_category_name(c), a);
+        }
+        json_object_set_new(o, "arenas", arenas);
+    }
+    return o;
+}
+
+static json_t *oom_json(void) {
+    const mp_oom_record *r = mp_oom();
+    json_t *o = json_object();
+    json_object_set_new(o, "bytes", json_integer((json_int_t)mp_budget()));
+    json_object_set_new(o, "exceeded", json_boolean(r->happened));
+    if (r->happened) {
+        json_object_set_new(o, "category", json_string(mp_category_name(r->category)));
+        json_object_set_new(o, "site", json_string(mp_site_name(r->site)));
+        json_object_set_new(o, "requested_bytes", json_integer((json_int_t)r->requested));
+        json_object_set_new(o, "phase", json_string(mp_phase_name(r->live.phase)));
+        json_object_set_new(o, "live_bytes", json_integer((json_int_t)r->live.total));
+        json_object_set_new(o, "live", composition_json(&r->live));
+    }
+    return o;
+}
+
+int mp_report_json(json_t *root) {
+    if (!mp_g.active || !root) return -1;
+    json_object_set_new(root, "categories", categories_json());
+    mp_moment pk = mp_peak();
+    json_t *peak = json_object();
+    json_object_set_new(peak, "total_bytes", json_integer((json_int_t)pk.total));
+    json_object_set_new(peak, "phase", json_string(mp_phase_name(pk.phase)));
+    json_object_set_new(peak, "site", json_string(mp_site_name(pk.site)));
+    json_object_set_new(peak, "seconds", json_real(pk.seconds));
+    json_object_set_new(peak, "composition", composition_json(&pk));
+    json_object_set_new(root, "peak", peak);
+    json_object_set_new(root, "phases", phases_json());
+    json_object_set_new(root, "process", process_json());
+    json_object_set_new(root, "jemalloc", jemalloc_json());
+    if (mp_budget()) json_object_set_new(root, "budget", oom_json());
+    return 0;
+}
+
+static void text_moment(FILE *f, const mp_moment *m) {
+    char b[80];
+    for (int c = 0; c < MP_NCATEGORIES; c++)
+        if (m->bytes[c]) fprintf(f, "      %-11s %s\n", mp_category_name(c), mp_format_bytes(b, sizeof b, m->bytes[c]));
+}
+
+void mp_report_text(FILE *f) {
+    if (!mp_g.active) return;
+    char b[80], u[80];
+    fprintf(f, "  %-11s %-36s %-36s %s\n", "category", "peak (requested)", "peak (allocator size classes)", "allocations");
+    for (int c = 0; c < MP_NCATEGORIES; c++) {
+        mp_counter k = mp_get_counter(c);
+        if (c == MP_OTHER && !mp_other_available()) {
+            fprintf(f, "  %-11s not tracked (no allocation hooks in this build)\n", "other");
+            continue;
+        }
+        fprintf(f, "  %-11s %-36s %-36s %llu\n", mp_category_name(c), mp_format_bytes(b, sizeof b, k.peak),
+                mp_format_bytes(u, sizeof u, k.peak_usable), (unsigned long long)k.allocations);
+    }
+    mp_moment pk = mp_peak();
+    fprintf(f, "\n  total peak  %s\n    when: phase %s, %.3f s into the run, allocating %s\n    held then:\n",
+            mp_format_bytes(b, sizeof b, pk.total), mp_phase_name(pk.phase), pk.seconds, mp_site_name(pk.site));
+    text_moment(f, &pk);
+    fprintf(f, "\n  %-10s %-36s %s\n", "phase", "peak", "seconds");
+    for (int p = 0; p < MP_NPHASES; p++) {
+        mp_phase_stats s = mp_get_phase_stats(p);
+        if (!s.entries || p == MP_PHASE_SETUP || p == MP_PHASE_TEARDOWN) continue;
+        fprintf(f, "  %-10s %-36s %.4f\n", mp_phase_name(p), mp_format_bytes(b, sizeof b, s.peak), s.seconds);
+    }
+    mp_process pr = mp_process_peak();
+    fprintf(f, "\n  process peak RSS %s; jemalloc resident %s\n  untracked (memory jemalloc never saw, e.g. OpenBLAS buffers, code): %s\n",
+            mp_format_bytes(b, sizeof b, pr.hwm), mp_format_bytes(u, sizeof u, pr.jemalloc_resident),
+            mp_format_bytes(b, sizeof b, untracked(&pr)));
+    mp_crosscheck x = mp_crosscheck_jemalloc(MP_WEIGHT, 0);
+    if (!x.available) {
+        fprintf(f, "  jemalloc cross-check: not available (%s allocator)\n", mp_backend());
+    } else if (x.agrees) {
+        fprintf(f, "  jemalloc cross-check: per-arena statistics agree with the profiler to the byte\n");
+    } else {
+        fprintf(f, "  jemalloc cross-check: DISAGREES:");
+        for (int c = 0; c < MP_OTHER; c++)
+            if (x.difference[c]) fprintf(f, " %s %+lld bytes", mp_category_name(c), (long long)x.difference[c]);
+        fprintf(f, "\n");
+    }
+    const mp_oom_record *r = mp_oom();
+    if (r->happened) {
+        fprintf(f, "\n  OUT OF BUDGET: %s asked for %s at %s in phase %s; budget %s; live then:\n",
+                mp_category_name(r->category), mp_format_bytes(b, sizeof b, r->requested), mp_site_name(r->site),
+                mp_phase_name(r->live.phase), mp_format_bytes(u, sizeof u, r->budget));
+        text_moment(f, &r->live);
+    }
+}

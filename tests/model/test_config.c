@@ -1,0 +1,396 @@
+// Llama config: presets against published parameter counts, parameter names and shapes, and
+// config.json files, good and broken.
+#include <jansson.h>
+#include <math.h>
+
+#include "model.h"
+#include "test_util.h"
+
+// Published parameter counts (model cards / safetensors metadata of each checkpoint).
+static const struct {
+    const char *name;
+    uint64_t params;
+} published[] = {
+    {"smollm2-135m", 134515008ULL},     {"smollm2-360m", 361821120ULL},
+    {"smollm2-1.7b", 1711376384ULL},    {"llama-2-7b", 6738415616ULL},
+    {"llama-2-13b", 13015864320ULL},    {"llama-2-70b", 68976648192ULL},
+    {"llama-3-8b", 8030261248ULL},      {"llama-3-70b", 70553706496ULL},
+    {"llama-3.1-405b", 405853388800ULL}, {"mistral-7b", 7241732096ULL},
+};
+#define NPUBLISHED (sizeof published / sizeof published[0])
+
+static void test_preset_param_counts(void **state) {
+    (void)state;
+    assert_int_equal(llama_preset_count(), NPUBLISHED);
+    for (size_t i = 0; i < NPUBLISHED; i++) {
+        llama_config c;
+        llama_err err = {{0}};
+        assert_int_equal(llama_config_preset(&c, published[i].name, &err), 0);
+        assert_string_equal(c.name, published[i].name);
+        assert_int_equal(llama_config_validate(&c, &err), 0);
+        if (llama_param_count(&c) != published[i].params)
+            fail_msg("%s: %llu parameters, published %llu", published[i].name,
+                     (unsigned long long)llama_param_count(&c),
+                     (unsigned long long)published[i].params);
+    }
+}
+
+// The closed form of llama_param_count against the sum over the listed shapes.
+static void test_count_is_sum_of_specs(void **state) {
+    (void)state;
+    for (size_t p = 0; p < llama_preset_count(); p++) {
+        llama_config c;
+        assert_int_equal(llama_config_preset(&c, llama_preset_name(p), NULL), 0);
+        uint64_t sum = 0;
+        size_t n = llama_param_count_tensors(&c);
+        assert_int_equal(n, 2 + 9 * (size_t)c.layers + (c.tied ? 0 : 1));
+        for (size_t i = 0; i < n; i++) {
+            char name[LLAMA_PARAM_NAME_MAX];
+            int ndim;
+            int64_t shape[2];
+            assert_int_equal(llama_param_spec(&c, i, name, sizeof name, &ndim, shape), 0);
+            sum += (uint64_t)shape[0] * (uint64_t)(ndim == 2 ? shape[1] : 1);
+        }
+        assert_int_equal(sum, llama_param_count(&c));
+    }
+}
+
+static void test_smollm2_135m_fields(void **state) {
+    (void)state;
+    llama_config c;
+    assert_int_equal(llama_config_preset(&c, "smollm2-135m", NULL), 0);
+    assert_int_equal(c.hidden, 576);
+    assert_int_equal(c.intermediate, 1536);
+    assert_int_equal(c.layers, 30);
+    assert_int_equal(c.heads, 9);
+    assert_int_equal(c.kv_heads, 3);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.vocab, 49152);
+    assert_int_equal(c.max_positions, 8192);
+    assert_true(c.rope_theta == 100000.0);
+    assert_true(c.rms_eps == 1e-5);
+    assert_true(c.tied);
+    // W1: float32 weights
+    assert_int_equal(llama_param_count(&c) * 4, 538060032ULL);
+}
+
+static void expect_same_shape(const llama_config *a, const llama_config *b) {
+    assert_int_equal(a->hidden, b->hidden);
+    assert_int_equal(a->intermediate, b->intermediate);
+    assert_int_equal(a->layers, b->layers);
+    assert_int_equal(a->heads, b->heads);
+    assert_int_equal(a->kv_heads, b->kv_heads);
+    assert_int_equal(a->head_dim, b->head_dim);
+    assert_int_equal(a->vocab, b->vocab);
+    assert_int_equal(a->max_positions, b->max_positions);
+    assert_true(a->rope_theta == b->rope_theta);
+    assert_true(a->rms_eps == b->rms_eps);
+    assert_int_equal(a->tied, b->tied);
+}
+
+static void expect_spec(const llama_config *c, size_t i, const char *name, int ndim, int64_t rows,
+                        int64_t cols) {
+    char got[LLAMA_PARAM_NAME_MAX];
+    int nd;
+    int64_t shape[2];
+    assert_int_equal(llama_param_spec(c, i, got, sizeof got, &nd, shape), 0);
+    assert_string_equal(got, name);
+    assert_int_equal(nd, ndim);
+    assert_int_equal(shape[0], rows);
+    assert_int_equal(shape[1], cols);
+}
+
+static void test_spec_order_and_shapes(void **state) {
+    (void)state;
+    llama_config c;
+    assert_int_equal(llama_config_preset(&c, "smollm2-135m", NULL), 0);
+    assert_int_equal(llama_param_count_tensors(&c), 272);
+    expect_spec(&c, 0, "model.embed_tokens.weight", 2, 49152, 576);
+    expect_spec(&c, 1, "model.layers.0.input_layernorm.weight", 1, 576, 1);
+    expect_spec(&c, 2, "model.layers.0.self_attn.q_proj.weight", 2, 576, 576);
+    expect_spec(&c, 3, "model.layers.0.self_attn.k_proj.weight", 2, 192, 576);
+    expect_spec(&c, 4, "model.layers.0.self_attn.v_proj.weight", 2, 192, 576);
+    expect_spec(&c, 5, "model.layers.0.self_attn.o_proj.weight", 2, 576, 576);
+    expect_spec(&c, 6, "model.layers.0.post_attention_layernorm.weight", 1, 576, 1);
+    expect_spec(&c, 7, "model.layers.0.mlp.gate_proj.weight", 2, 1536, 576);
+    expect_spec(&c, 8, "model.layers.0.mlp.up_proj.weight", 2, 1536, 576);
+    expect_spec(&c, 9, "model.layers.0.mlp.down_proj.weight", 2, 576, 1536);
+    expect_spec(&c, 10, "model.layers.1.input_layernorm.weight", 1, 576, 1);
+    expect_spec(&c, 270, "model.layers.29.mlp.down_proj.weight", 2, 576, 1536);
+    expect_spec(&c, 271, "model.norm.weight", 1, 576, 1);
+    char name[LLAMA_PARAM_NAME_MAX];
+    int nd;
+    int64_t shape[2];
+    assert_int_equal(llama_param_spec(&c, 272, name, sizeof name, &nd, shape), -1);
+    assert_int_equal(llama_param_spec(&c, 0, name, 10, &nd, shape), -1); // name does not fit
+
+    assert_int_equal(llama_config_preset(&c, "llama-2-7b", NULL), 0);
+    size_t n = llama_param_count_tensors(&c);
+    assert_int_equal(n, 291);
+    expect_spec(&c, n - 2, "model.norm.weight", 1, 4096, 1);
+    expect_spec(&c, n - 1, "lm_head.weight", 2, 32000, 4096);
+}
+
+static void test_preset_lookup(void **state) {
+    (void)state;
+    llama_config c;
+    llama_err err = {{0}};
+    assert_int_equal(llama_config_preset(&c, "SmolLM2-135M", &err), 0);
+    assert_string_equal(c.name, "smollm2-135m");
+    assert_int_equal(llama_config_preset(&c, "gpt-5", &err), -1);
+    TU_MENTIONS(err.msg, "gpt-5", "smollm2-135m", "mistral-7b", "llama-3.1-405b");
+    assert_null(llama_preset_name(llama_preset_count()));
+    for (size_t i = 0; i < llama_preset_count(); i++) assert_non_null(llama_preset_name(i));
+}
+
+static void test_validate_messages(void **state) {
+    (void)state;
+    llama_config c;
+    llama_err err = {{0}};
+    assert_int_equal(llama_config_preset(&c, "smollm2-135m", NULL), 0);
+    c.kv_heads = 4;
+    assert_int_equal(llama_config_validate(&c, &err), -1);
+    assert_string_equal(err.msg, "field num_key_value_heads (4) must divide num_attention_heads (9)");
+    c.kv_heads = 3;
+    c.vocab = 0;
+    assert_int_equal(llama_config_validate(&c, &err), -1);
+    TU_MENTIONS(err.msg, "vocab_size", "positive");
+    c.vocab = 49152;
+    c.layers = 2000000000; // each size within bounds, the total past 10^13
+    assert_int_equal(llama_config_validate(&c, &err), -1);
+    TU_MENTIONS(err.msg, "parameters");
+    c.layers = 30;
+    c.rms_eps = NAN;
+    assert_int_equal(llama_config_validate(&c, &err), -1);
+    TU_MENTIONS(err.msg, "rms_norm_eps");
+}
+
+// ---------------------------------------------------------------------------------------------
+// config.json
+
+// SmolLM2-135M's config.json, in the hub's layout.
+static const char smollm2_json[] =
+    "{\n"
+    "  \"_name_or_path\": \"HuggingFaceTB/SmolLM2-135M\",\n"
+    "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+    "  \"attention_bias\": false,\n"
+    "  \"attention_dropout\": 0.0,\n"
+    "  \"bos_token_id\": 0,\n"
+    "  \"eos_token_id\": 0,\n"
+    "  \"head_dim\": 64,\n"
+    "  \"hidden_act\": \"silu\",\n"
+    "  \"hidden_size\": 576,\n"
+    "  \"initializer_range\": 0.041666666666666664,\n"
+    "  \"intermediate_size\": 1536,\n"
+    "  \"is_llama_config\": true,\n"
+    "  \"max_position_embeddings\": 8192,\n"
+    "  \"mlp_bias\": false,\n"
+    "  \"model_type\": \"llama\",\n"
+    "  \"num_attention_heads\": 9,\n"
+    "  \"num_hidden_layers\": 30,\n"
+    "  \"num_key_value_heads\": 3,\n"
+    "  \"pretraining_tp\": 1,\n"
+    "  \"rms_norm_eps\": 1e-05,\n"
+    "  \"rope_interleaved\": false,\n"
+    "  \"rope_scaling\": null,\n"
+    "  \"rope_theta\": 100000,\n"
+    "  \"tie_word_embeddings\": true,\n"
+    "  \"torch_dtype\": \"bfloat16\",\n"
+    "  \"transformers_version\": \"4.40.1\",\n"
+    "  \"use_cache\": true,\n"
+    "  \"vocab_size\": 49152\n"
+    "}\n";
+
+// Mistral-7B-v0.1's config.json (head_dim absent, sliding_window present).
+static const char mistral_json[] =
+    "{\"architectures\": [\"MistralForCausalLM\"], \"bos_token_id\": 1, \"eos_token_id\": 2,"
+    " \"hidden_act\": \"silu\", \"hidden_size\": 4096, \"initializer_range\": 0.02,"
+    " \"intermediate_size\": 14336, \"max_position_embeddings\": 32768,"
+    " \"model_type\": \"mistral\", \"num_attention_heads\": 32, \"num_hidden_layers\": 32,"
+    " \"num_key_value_heads\": 8, \"rms_norm_eps\": 1e-05, \"rope_theta\": 10000.0,"
+    " \"sliding_window\": 4096, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
+    " \"transformers_version\": \"4.34.0.dev0\", \"use_cache\": true, \"vocab_size\": 32000}";
+
+static int load_text(const char *text, llama_config *c, llama_err *err, char *dir) {
+    char path[8192];
+    tu_path(path, sizeof path, dir, "config.json");
+    tu_write(path, text, strlen(text));
+    return llama_config_load(c, path, err);
+}
+
+static void test_load_smollm2(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    llama_config c, p;
+    llama_err err = {{0}};
+    assert_int_equal(load_text(smollm2_json, &c, &err, dir), 0);
+    assert_int_equal(llama_config_preset(&p, "smollm2-135m", NULL), 0);
+    assert_string_equal(c.name, "HuggingFaceTB/SmolLM2-135M");
+    expect_same_shape(&c, &p);
+    assert_int_equal(llama_param_count(&c), 134515008ULL);
+    tu_rmtree(dir);
+}
+
+static void test_load_mistral(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    llama_config c, p;
+    llama_err err = {{0}};
+    assert_int_equal(load_text(mistral_json, &c, &err, dir), 0);
+    assert_int_equal(llama_config_preset(&p, "mistral-7b", NULL), 0);
+    assert_int_equal(c.head_dim, 128);
+    assert_int_equal(c.max_positions, 32768);
+    assert_false(c.tied);
+    assert_int_equal(llama_param_count(&c), 7241732096ULL);
+    assert_string_equal(strrchr(c.name, '/') + 1, "config.json"); // no _name_or_path: the path
+    expect_same_shape(&c, &p);
+    tu_rmtree(dir);
+}
+
+// head_dim given and not hidden / heads: q and o take heads * head_dim.
+static void test_load_explicit_head_dim(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    llama_config c;
+    llama_err err = {{0}};
+    const char *text = "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
+                       "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                       "\"head_dim\":32,\"vocab_size\":100}";
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_int_equal(c.head_dim, 32);
+    expect_spec(&c, 2, "model.layers.0.self_attn.q_proj.weight", 2, 128, 64);
+    expect_spec(&c, 3, "model.layers.0.self_attn.k_proj.weight", 2, 64, 64);
+    expect_spec(&c, 5, "model.layers.0.self_attn.o_proj.weight", 2, 64, 128);
+    // embed 6400 + lm_head 6400 + norm 64 + 2 x (2*64 + 128*64*2 + 64*64*2 + 3*96*64)
+    assert_int_equal(llama_param_count(&c), 6400 + 6400 + 64 + 2 * (128 + 16384 + 8192 + 18432));
+    tu_rmtree(dir);
+}
+
+// What transformers' LlamaConfig fills in for absent optional fields.
+static void test_load_defaults(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    llama_config c;
+    llama_err err = {{0}};
+    const char *text = "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
+                       "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100,"
+                       "\"num_key_value_heads\":null}";
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_int_equal(c.kv_heads, 4);
+    assert_int_equal(c.head_dim, 16);
+    assert_int_equal(c.max_positions, 2048);
+    assert_true(c.rope_theta == 10000.0);
+    assert_true(c.rms_eps == 1e-6);
+    assert_false(c.tied);
+    tu_rmtree(dir);
+}
+
+// A small valid config.json that each bad case alters in one field.
+static const char base_json[] =
+    "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
+    "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+    "\"vocab_size\":100,\"max_position_embeddings\":128,\"rope_theta\":10000.0,"
+    "\"rms_norm_eps\":1e-5,\"tie_word_embeddings\":true}";
+
+static const struct {
+    const char *field; // the field to set (NULL: the raw text is the whole file)
+    const char *value; // JSON text of its new value, NULL to remove the field
+    const char *expect1, *expect2;
+} bad_configs[] = {
+    {NULL, "not json at all", "not valid JSON", NULL},
+    {NULL, "", "not valid JSON", NULL},
+    {NULL, "{\"model_type\": \"llama\", \"hidden_size\": 5", "not valid JSON", NULL},
+    {NULL, "[1, 2, 3]", "JSON object", NULL},
+    {NULL, "{\"model_type\":\"llama\",\"hidden_size\":64,\"hidden_size\":64}", "not valid JSON",
+     "duplicate"},
+    {NULL, "{\"model_type\":\"llama\",\"hidden_size\":100000000000000000000000000000}",
+     "not valid JSON", NULL},
+    {"hidden_size", NULL, "hidden_size", "missing"},
+    {"intermediate_size", NULL, "intermediate_size", "missing"},
+    {"num_hidden_layers", NULL, "num_hidden_layers", "missing"},
+    {"num_attention_heads", NULL, "num_attention_heads", "missing"},
+    {"vocab_size", NULL, "vocab_size", "missing"},
+    {"model_type", NULL, "model_type", "missing"},
+    {"model_type", "\"gpt2\"", "model_type", NULL},
+    {"model_type", "7", "model_type", NULL},
+    {"hidden_size", "\"64\"", "hidden_size", "integer"},
+    {"hidden_size", "64.0", "hidden_size", "integer"},
+    {"hidden_size", "0", "hidden_size", "positive"},
+    {"hidden_size", "1099511627776", "hidden_size", "absurd"},
+    {"intermediate_size", "-96", "intermediate_size", "positive"},
+    {"num_hidden_layers", "0", "num_hidden_layers", "positive"},
+    {"num_key_value_heads", "3", "num_key_value_heads (3) must divide num_attention_heads (4)",
+     NULL},
+    {"num_key_value_heads", "0", "num_key_value_heads", "positive"},
+    {"num_attention_heads", "5", "hidden_size (64)", "head_dim"},
+    {"head_dim", "15", "head_dim (15)", "even"},
+    {"head_dim", "-16", "head_dim", "positive"},
+    {"vocab_size", "[100]", "vocab_size", "integer"},
+    {"max_position_embeddings", "0", "max_position_embeddings", NULL},
+    {"rope_theta", "\"big\"", "rope_theta", "number"},
+    {"rope_theta", "-1", "rope_theta", NULL},
+    {"rms_norm_eps", "0", "rms_norm_eps", NULL},
+    {"rms_norm_eps", "2.5", "rms_norm_eps", NULL},
+    {"tie_word_embeddings", "\"yes\"", "tie_word_embeddings", NULL},
+    {"attention_bias", "true", "attention_bias", NULL},
+    {"mlp_bias", "true", "mlp_bias", NULL},
+    {"hidden_act", "\"gelu\"", "hidden_act", NULL},
+    // every size allowed, the whole absurd: 2 x 10^9 layers of 64-wide blocks
+    {"num_hidden_layers", "2000000000", "parameters", NULL},
+};
+
+static char *bad_config_text(size_t i) {
+    if (!bad_configs[i].field) return strdup(bad_configs[i].value);
+    json_t *root = json_loads(base_json, 0, NULL);
+    assert_non_null(root);
+    if (bad_configs[i].value) {
+        json_t *v = json_loads(bad_configs[i].value, JSON_DECODE_ANY, NULL);
+        assert_non_null(v);
+        json_object_set_new(root, bad_configs[i].field, v);
+    } else {
+        json_object_del(root, bad_configs[i].field);
+    }
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    return text;
+}
+
+static void test_bad_configs(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    llama_config c;
+    llama_err err;
+    assert_int_equal(load_text(base_json, &c, &err, dir), 0); // the base itself is good
+    for (size_t i = 0; i < sizeof bad_configs / sizeof bad_configs[0]; i++) {
+        char *text = bad_config_text(i);
+        memset(&err, 0, sizeof err);
+        if (load_text(text, &c, &err, dir) != -1) fail_msg("case %zu accepted: %s", i, text);
+        print_message("%s\n", err.msg);
+        TU_MENTIONS(err.msg, "config.json", bad_configs[i].expect1, bad_configs[i].expect2);
+        free(text);
+    }
+    char path[8192];
+    tu_path(path, sizeof path, dir, "absent.json");
+    assert_int_equal(llama_config_load(&c, path, &err), -1);
+    TU_MENTIONS(err.msg, "absent.json", "cannot open");
+    assert_int_equal(llama_config_load(&c, dir, &err), -1);
+    TU_MENTIONS(err.msg, dir, "not a regular file");
+    tu_rmtree(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_preset_param_counts),
+        cmocka_unit_test(test_count_is_sum_of_specs),
+        cmocka_unit_test(test_smollm2_135m_fields),
+        cmocka_unit_test(test_spec_order_and_shapes),
+        cmocka_unit_test(test_preset_lookup),
+        cmocka_unit_test(test_validate_messages),
+        cmocka_unit_test(test_load_smollm2),
+        cmocka_unit_test(test_load_mistral),
+        cmocka_unit_test(test_load_explicit_head_dim),
+        cmocka_unit_test(test_load_defaults),
+        cmocka_unit_test(test_bad_configs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

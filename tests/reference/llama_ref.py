@@ -1,0 +1,439 @@
+"""Pure-PyTorch reference of Hugging Face LlamaForCausalLM semantics.
+
+Self-contained (torch only): the model is a dict of leaf tensors under HF names and a set of
+functions over it, so that the same code serves training (autograd, torch.optim), float64
+gradcheck, and greedy generation with or without a KV cache, padded batches included.
+Also holds a small safetensors reader and writer (F32, F16, BF16, I64).
+"""
+import json
+import math
+import os
+import struct
+import sys
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------------------------------------
+# Config
+
+
+class LlamaConfig:
+    """The HF config.json fields the model needs; head_dim defaults to hidden / heads."""
+
+    FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "vocab_size", "max_position_embeddings", "rope_theta",
+              "rms_norm_eps", "tie_word_embeddings")
+
+    def __init__(self, d):
+        missing = [k for k in self.FIELDS if k not in d and k != "num_key_value_heads"]
+        if missing:
+            raise ValueError("config: missing field(s) %s" % ", ".join(missing))
+        self.hidden_size = int(d["hidden_size"])
+        self.intermediate_size = int(d["intermediate_size"])
+        self.num_hidden_layers = int(d["num_hidden_layers"])
+        self.num_attention_heads = int(d["num_attention_heads"])
+        self.num_key_value_heads = int(d.get("num_key_value_heads") or self.num_attention_heads)
+        hd = d.get("head_dim")
+        self.head_dim = int(hd) if hd else self.hidden_size // self.num_attention_heads
+        self.vocab_size = int(d["vocab_size"])
+        self.max_position_embeddings = int(d["max_position_embeddings"])
+        self.rope_theta = float(d["rope_theta"])
+        self.rms_norm_eps = float(d["rms_norm_eps"])
+        self.tie_word_embeddings = bool(d["tie_word_embeddings"])
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("config: num_attention_heads must be a multiple of "
+                             "num_key_value_heads")
+
+    @classmethod
+    def from_json(cls, path):
+        with open(path) as f:
+            return cls(json.load(f))
+
+    def to_dict(self):
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "torch_dtype": "float32",
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+
+
+def param_shapes(cfg):
+    """HF parameter names and shapes in HF order; lm_head.weight only when untied."""
+    h, i, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    nq, nkv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    shapes = OrderedDict()
+    shapes["model.embed_tokens.weight"] = (cfg.vocab_size, h)
+    for layer in range(cfg.num_hidden_layers):
+        p = "model.layers.%d." % layer
+        shapes[p + "self_attn.q_proj.weight"] = (nq, h)
+        shapes[p + "self_attn.k_proj.weight"] = (nkv, h)
+        shapes[p + "self_attn.v_proj.weight"] = (nkv, h)
+        shapes[p + "self_attn.o_proj.weight"] = (h, nq)
+        shapes[p + "mlp.gate_proj.weight"] = (i, h)
+        shapes[p + "mlp.up_proj.weight"] = (i, h)
+        shapes[p + "mlp.down_proj.weight"] = (h, i)
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+    shapes["model.norm.weight"] = (h,)
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    return shapes
+
+
+def is_norm(name):
+    return name.endswith("layernorm.weight") or name == "model.norm.weight"
+
+
+def init_params(cfg, seed, std=0.02, norm_noise=0.0, dtype=torch.float32):
+    """Matrices ~ N(0, std); norm weights 1 (+ N(0, norm_noise) when asked).
+
+    Drawn in a fixed order from one seeded generator, so the result depends only on the seed.
+    """
+    g = torch.Generator().manual_seed(seed)
+    params = OrderedDict()
+    for name, shape in param_shapes(cfg).items():
+        if is_norm(name):
+            t = torch.ones(shape, dtype=torch.float32)
+            if norm_noise:
+                t += torch.randn(shape, generator=g) * norm_noise
+        else:
+            t = torch.randn(shape, generator=g) * std
+        params[name] = t.to(dtype).requires_grad_(True)
+    return params
+
+
+def check_params(cfg, params):
+    """Every expected tensor present with its shape, nothing unexpected (lm_head optional
+    when tied, as HF checkpoints of tied models may or may not carry it)."""
+    shapes = param_shapes(cfg)
+    for name, shape in shapes.items():
+        if name not in params:
+            raise ValueError("weights: missing tensor %s" % name)
+        if tuple(params[name].shape) != shape:
+            raise ValueError("weights: tensor %s has shape %s, expected %s"
+                             % (name, tuple(params[name].shape), shape))
+    for name in params:
+        if name not in shapes and not (name == "lm_head.weight" and cfg.tie_word_embeddings):
+            raise ValueError("weights: unexpected tensor %s" % name)
+
+
+def lm_head_weight(cfg, params):
+    if cfg.tie_word_embeddings:
+        return params["model.embed_tokens.weight"]
+    return params["lm_head.weight"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops (module-level functions, so a test can swap one for a broken variant)
+
+
+def rms_norm(x, weight, eps):
+    """HF LlamaRMSNorm: computed in float32 (or wider), weight applied after the cast back."""
+    dt = x.dtype
+    xf = x.float() if dt in (torch.float16, torch.bfloat16) else x
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(dt)
+
+
+def rope_inv_freq(cfg):
+    """HF default rope: 1 / theta^(arange(0, hd, 2) / hd), in float32."""
+    hd = cfg.head_dim
+    return 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+
+
+def rope_cos_sin(cfg, position_ids, dtype):
+    """cos, sin of shape [B, T, hd] for integer positions [B, T] (emb = cat(freqs, freqs))."""
+    inv = rope_inv_freq(cfg)
+    freqs = position_ids[:, :, None].float() * inv[None, None, :]  # [B, T, hd/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x, cos, sin):
+    """x: [B, H, T, hd]; cos, sin: [B, T, hd]."""
+    cos, sin = cos[:, None], sin[:, None]
+    return x * cos + rotate_half(x) * sin
+
+
+def repeat_kv(x, n_rep):
+    """[B, KV, T, hd] -> [B, KV * n_rep, T, hd]; query head h uses kv head h // n_rep."""
+    if n_rep == 1:
+        return x
+    b, kv, t, hd = x.shape
+    return x[:, :, None].expand(b, kv, n_rep, t, hd).reshape(b, kv * n_rep, t, hd)
+
+
+def attention_mask_4d(attention_mask, q_len, kv_len):
+    """Boolean [B, 1, q_len, kv_len], True where attention is allowed.
+
+    Queries are the last q_len positions of the kv_len-long sequence (causal); a 0 in the 2D
+    mask [B, kv_len] hides that key position from every query.
+    """
+    q_pos = torch.arange(kv_len - q_len, kv_len)[:, None]
+    k_pos = torch.arange(kv_len)[None, :]
+    allowed = (k_pos <= q_pos)[None, None]
+    if attention_mask is not None:
+        allowed = allowed & attention_mask[:, None, None, :].bool()
+    return allowed
+
+
+def attention(q, k, v, allowed):
+    """Eager attention. q: [B, H, T, hd], k, v: [B, H, S, hd], allowed: [B|1, 1, T, S].
+
+    Softmax runs in float32 for half inputs (as HF), in the input's dtype otherwise.
+    Masked scores are set to the dtype's min (as HF adds it), so a fully masked row (a left pad
+    query) stays finite instead of NaN; its output is never used.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    wide = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    probs = F.softmax(scores, dim=-1, dtype=wide).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
+def swiglu_mlp(x, gate_w, up_w, down_w):
+    return F.linear(F.silu(F.linear(x, gate_w)) * F.linear(x, up_w), down_w)
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+def attention_block(cfg, params, prefix, x, cos, sin, allowed, cache_kv):
+    """One self_attn block on normed x [B, T, h]. cache_kv: None or a [k, v] list that is
+    extended in place with this call's (post-RoPE) keys and values [B, KV, S, hd]."""
+    b, t, _ = x.shape
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = F.linear(x, params[prefix + "q_proj.weight"]).view(b, t, nh, hd).transpose(1, 2)
+    k = F.linear(x, params[prefix + "k_proj.weight"]).view(b, t, nkv, hd).transpose(1, 2)
+    v = F.linear(x, params[prefix + "v_proj.weight"]).view(b, t, nkv, hd).transpose(1, 2)
+    q = apply_rope(q, cos, sin)
+    k = apply_rope(k, cos, sin)
+    if cache_kv is not None:
+        if cache_kv[0] is not None:
+            k = torch.cat((cache_kv[0], k), dim=2)
+            v = torch.cat((cache_kv[1], v), dim=2)
+        cache_kv[0], cache_kv[1] = k, v
+    n_rep = nh // nkv
+    out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), allowed)
+    out = out.transpose(1, 2).reshape(b, t, nh * hd)
+    return F.linear(out, params[prefix + "o_proj.weight"])
+
+
+def new_cache(cfg):
+    """KV cache: per layer [k, v], each [B, KV, S, hd] after the first call (None before)."""
+    return [[None, None] for _ in range(cfg.num_hidden_layers)]
+
+
+def cache_len(cache):
+    return 0 if cache is None or cache[0][0] is None else cache[0][0].shape[2]
+
+
+def forward(cfg, params, input_ids, attention_mask=None, position_ids=None, cache=None):
+    """Logits [B, T, V] for input_ids [B, T].
+
+    attention_mask: [B, S] of 0/1 over past + current tokens (S = cached + T), or None.
+    position_ids: [B, T]; default cached + arange(T).
+    cache: from new_cache(); extended in place.
+    """
+    b, t = input_ids.shape
+    past = cache_len(cache)
+    if position_ids is None:
+        position_ids = torch.arange(past, past + t)[None].expand(b, t)
+    dtype = params["model.embed_tokens.weight"].dtype
+    x = F.embedding(input_ids, params["model.embed_tokens.weight"])
+    cos, sin = rope_cos_sin(cfg, position_ids, dtype)
+    allowed = attention_mask_4d(attention_mask, t, past + t)
+    eps = cfg.rms_norm_eps
+    for layer in range(cfg.num_hidden_layers):
+        p = "model.layers.%d." % layer
+        hn = rms_norm(x, params[p + "input_layernorm.weight"], eps)
+        x = x + attention_block(cfg, params, p + "self_attn.", hn, cos, sin, allowed,
+                                cache[layer] if cache is not None else None)
+        hn = rms_norm(x, params[p + "post_attention_layernorm.weight"], eps)
+        x = x + swiglu_mlp(hn, params[p + "mlp.gate_proj.weight"],
+                           params[p + "mlp.up_proj.weight"], params[p + "mlp.down_proj.weight"])
+    x = rms_norm(x, params["model.norm.weight"], eps)
+    return F.linear(x, lm_head_weight(cfg, params))
+
+
+def causal_lm_loss(logits, input_ids):
+    """HF labels=input_ids: predict token t+1 from position t, mean over B * (T - 1)."""
+    v = logits.shape[-1]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # HF upcasts half logits; float64 stays float64 (gradcheck)
+    return F.cross_entropy(logits[:, :-1].reshape(-1, v), input_ids[:, 1:].reshape(-1))
+
+
+def loss_fn(cfg, params, input_ids):
+    return causal_lm_loss(forward(cfg, params, input_ids), input_ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy generation (HF generate(do_sample=False) semantics)
+
+
+def padded_positions(attention_mask):
+    """HF: position_ids = cumsum(mask) - 1, with pad positions set to 1 (they are masked)."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.masked_fill(attention_mask == 0, 1)
+
+
+@torch.no_grad()
+def greedy_generate(cfg, params, prompt, n_new, attention_mask=None, use_cache=True,
+                    return_margins=False):
+    """New token ids [B, n_new] after prompt [B, T] (left padded when a mask is given).
+
+    use_cache: prefill then one token per step with the KV cache; otherwise the whole
+    sequence is recomputed at every step. return_margins also gives, per step and row, the
+    gap between the best and the second best logit (how safe the argmax is).
+    """
+    b = prompt.shape[0]
+    mask = attention_mask if attention_mask is not None else torch.ones_like(prompt)
+    seq, out, margins = prompt, [], []
+    cache = new_cache(cfg) if use_cache else None
+    step_ids, step_pos = prompt, padded_positions(mask)
+    for _ in range(n_new):
+        if use_cache:
+            logits = forward(cfg, params, step_ids, mask, step_pos, cache)
+        else:
+            logits = forward(cfg, params, seq, mask, padded_positions(mask), None)
+        last = logits[:, -1].float()
+        nxt = last.argmax(-1)
+        top2 = last.topk(2, dim=-1).values
+        margins.append(top2[:, 0] - top2[:, 1])
+        out.append(nxt)
+        seq = torch.cat((seq, nxt[:, None]), dim=1)
+        step_pos = padded_positions(mask)[:, -1:] + 1
+        mask = torch.cat((mask, torch.ones(b, 1, dtype=mask.dtype)), dim=1)
+        step_ids = nxt[:, None]
+    tokens = torch.stack(out, dim=1)
+    if return_margins:
+        return tokens, torch.stack(margins, dim=1)
+    return tokens
+
+
+def left_pad(prompts, pad_id=0):
+    """List of 1D id tensors -> (ids [B, Tmax], mask [B, Tmax]) padded on the left."""
+    tmax = max(int(p.numel()) for p in prompts)
+    ids = torch.full((len(prompts), tmax), pad_id, dtype=torch.int64)
+    mask = torch.zeros((len(prompts), tmax), dtype=torch.int64)
+    for r, p in enumerate(prompts):
+        n = int(p.numel())
+        ids[r, tmax - n:] = p
+        mask[r, tmax - n:] = 1
+    return ids, mask
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors (format: u64 LE header length, JSON header, raw little-endian data)
+
+if sys.byteorder != "little":
+    raise ImportError("llama_ref: safetensors helpers assume a little-endian host")
+
+_ST_DTYPES = {"F32": (torch.float32, 4), "F16": (torch.float16, 2),
+              "BF16": (torch.bfloat16, 2), "I64": (torch.int64, 8)}
+_ST_NAMES = {v[0]: k for k, v in _ST_DTYPES.items()}
+# Raw bytes move through numpy, which has no bfloat16: reinterpret 2-byte types as int16.
+_ST_CARRIER = {torch.float32: torch.float32, torch.float16: torch.int16,
+               torch.bfloat16: torch.int16, torch.int64: torch.int64}
+
+
+def _tensor_bytes(t):
+    t = t.detach().contiguous().cpu()
+    return t.view(_ST_CARRIER[t.dtype]).numpy().tobytes()
+
+
+def st_write(path, tensors, metadata=None):
+    """Write {name: tensor} (F32, F16, BF16, I64), names sorted, header padded to 8 bytes."""
+    header, blobs, offset = OrderedDict(), [], 0
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    for name in sorted(tensors):
+        t = tensors[name]
+        if t.dtype not in _ST_NAMES:
+            raise ValueError("safetensors: %s has unsupported dtype %s" % (name, t.dtype))
+        data = _tensor_bytes(t)
+        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    hjson = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hjson += b" " * (-len(hjson) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hjson)))
+        f.write(hjson)
+        for data in blobs:
+            f.write(data)
+
+
+def st_read(path, with_metadata=False):
+    """Read a safetensors file into {name: tensor}; checks offsets and sizes."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ValueError("%s: too short for a safetensors header" % path)
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    if 8 + hlen > len(raw):
+        raise ValueError("%s: header length %d past end of file" % (path, hlen))
+    header = json.loads(raw[8:8 + hlen].decode("utf-8"))
+    data = raw[8 + hlen:]
+    metadata = header.pop("__metadata__", {})
+    out = OrderedDict()
+    for name, info in header.items():
+        if info["dtype"] not in _ST_DTYPES:
+            raise ValueError("%s: tensor %s has unsupported dtype %s"
+                             % (path, name, info["dtype"]))
+        dtype, size = _ST_DTYPES[info["dtype"]]
+        shape = [int(s) for s in info["shape"]]
+        begin, end = info["data_offsets"]
+        if end - begin != math.prod(shape) * size or end > len(data) or begin < 0:
+            raise ValueError("%s: tensor %s has bad data_offsets %s for shape %s %s"
+                             % (path, name, info["data_offsets"], shape, info["dtype"]))
+        carrier = _ST_CARRIER[dtype]
+        t = torch.frombuffer(bytearray(data[begin:end]), dtype=carrier) if end > begin \
+            else torch.empty(0, dtype=carrier)
+        out[name] = t.view(dtype).reshape(shape).clone()
+    return (out, metadata) if with_metadata else out
+
+
+def load_model(folder_or_file, config_path=None, dtype=torch.float32):
+    """(cfg, params) from an HF folder (config.json + model.safetensors) or a file + config.
+    Weights of any stored dtype are converted to `dtype`; a tied lm_head.weight is dropped."""
+    if os.path.isdir(folder_or_file):
+        config_path = config_path or os.path.join(folder_or_file, "config.json")
+        folder_or_file = os.path.join(folder_or_file, "model.safetensors")
+    cfg = LlamaConfig.from_json(config_path)
+    raw = st_read(folder_or_file)
+    check_params(cfg, raw)
+    params = OrderedDict()
+    for name in param_shapes(cfg):
+        params[name] = raw[name].to(dtype).requires_grad_(True)
+    return cfg, params

@@ -1,0 +1,164 @@
+"""Write the golden files under tests/golden/ from the PyTorch reference (llama_ref.py).
+
+    /usr/bin/python3 tests/reference/make_golden.py [--out tests/golden]
+
+Deterministic: fixed seeds, CPU float32; running it twice gives byte-identical files.
+The script also checks the reference against itself (cached vs uncached generation, padded
+batch vs solo prompts, argmax margins) and stops with an error if a check fails.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import llama_ref as L  # noqa: E402
+
+BASE_CONFIG = {
+    "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+    "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+}
+# std 0.02 leaves attention almost uniform (q/k gradients ~100x below v's) and greedy decoding
+# stuck on one token, so a RoPE, mask or cache bug would barely show: 0.1 makes them visible.
+WEIGHT_STD = 0.1
+NORM_NOISE = 0.1  # norm weights 1 + N(0, 0.1): a dropped or misapplied norm weight shows
+N_NEW = 8
+MIN_MARGIN = 1e-3  # every greedy argmax must win by this much, so float noise cannot flip it
+CASES = [
+    # name, overrides, seed, full set of keys
+    ("tiny_tied", {"tie_word_embeddings": True}, 1001, True),
+    ("tiny_untied", {"tie_word_embeddings": False}, 1002, True),
+    ("tiny_mha", {"tie_word_embeddings": True, "num_key_value_heads": 4}, 1003, False),
+]
+META = {"format": "pt", "generator": "tests/reference/make_golden.py"}
+
+
+def fail(msg):
+    raise SystemExit("make_golden: " + msg)
+
+
+def fresh(params, dtype=torch.float32):
+    return {n: t.detach().clone().to(dtype).requires_grad_(True) for n, t in params.items()}
+
+
+def loss_and_grads(cfg, params, ids):
+    params = fresh(params)
+    loss = L.loss_fn(cfg, params, ids)
+    loss.backward()
+    # a parameter the graph never reached has no .grad: its gradient is zero
+    return loss.detach(), {n: torch.zeros_like(t) if t.grad is None else t.grad.detach().clone()
+                           for n, t in params.items()}
+
+
+def train_two_steps(cfg, params, ids, make_opt):
+    """forward, backward, step, zero_grad(set_to_none=True), twice on the same batch."""
+    params = fresh(params)
+    opt = make_opt(list(params.values()))
+    losses = []
+    for _ in range(2):
+        loss = L.loss_fn(cfg, params, ids)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return torch.tensor(losses), {n: t.detach().clone() for n, t in params.items()}
+
+
+OPTIMIZERS = {
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01),
+    "sgdm": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9),
+}
+
+
+def generate_checked(cfg, params, prompt, mask=None):
+    """Greedy tokens with the cache, checked equal to the uncached ones and safely argmaxed."""
+    cached, margins = L.greedy_generate(cfg, params, prompt, N_NEW, mask, use_cache=True,
+                                        return_margins=True)
+    uncached = L.greedy_generate(cfg, params, prompt, N_NEW, mask, use_cache=False)
+    if not torch.equal(cached, uncached):
+        fail("cached and uncached greedy tokens differ: %s vs %s"
+             % (cached.tolist(), uncached.tolist()))
+    if margins.min().item() < MIN_MARGIN:
+        fail("greedy argmax margin %.2e below %.0e" % (margins.min().item(), MIN_MARGIN))
+    return cached, margins.min().item()
+
+
+def grad_health(grads):
+    """Smallest nonzero |grad| relative to its tensor's largest, over all tensors: how close
+    an Adam first step (about lr * sign(grad)) comes to a sign that float noise could flip."""
+    worst = 1.0
+    for g in grads.values():
+        nz = g.abs()[g != 0]
+        if nz.numel():
+            worst = min(worst, (nz.min() / nz.max()).item())
+    return worst
+
+
+def make_case(out_dir, name, overrides, seed, full):
+    cfg_dict = dict(BASE_CONFIG, **overrides)
+    cfg = L.LlamaConfig(cfg_dict)
+    params = L.init_params(cfg, seed, std=WEIGHT_STD, norm_noise=NORM_NOISE)
+    g = torch.Generator().manual_seed(seed + 500)
+    ids = torch.randint(1, cfg.vocab_size, (2, 7), generator=g, dtype=torch.int64)
+
+    folder = os.path.join(out_dir, name)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg.to_dict(), f, indent=2)
+        f.write("\n")
+    weights = {n: t.detach() for n, t in params.items()}
+    L.st_write(os.path.join(folder, "model.safetensors"), weights, META)
+
+    golden = {"input_ids": ids}
+    loss, grads = loss_and_grads(cfg, params, ids)
+    golden["loss"] = loss.reshape(1)
+    golden.update({"grad." + n: g for n, g in grads.items()})
+    info = {"loss": loss.item(), "min_rel_grad": grad_health(grads)}
+
+    if full:
+        bf16 = {n: t.to(torch.bfloat16) for n, t in weights.items()}
+        L.st_write(os.path.join(folder, "model_bf16.safetensors"), bf16, META)
+        loss_b, grads_b = loss_and_grads(cfg, bf16, ids)  # fresh() casts back to float32
+        golden["loss_bf16"] = loss_b.reshape(1)
+        golden.update({"grad_bf16." + n: g for n, g in grads_b.items()})
+        info["loss_bf16"] = loss_b.item()
+
+        for opt_name, make_opt in OPTIMIZERS.items():
+            losses, after = train_two_steps(cfg, params, ids, make_opt)
+            golden[opt_name + "_losses"] = losses.float()
+            golden.update({opt_name + "." + n: t for n, t in after.items()})
+
+        greedy, m1 = generate_checked(cfg, params, ids[:1])
+        solo2, m2 = generate_checked(cfg, params, ids[1:2, :4])
+        prompt_b, mask_b = L.left_pad([ids[0], ids[1, :4]], pad_id=0)
+        batch, m3 = generate_checked(cfg, params, prompt_b, mask_b)
+        if not torch.equal(batch[0], greedy[0]) or not torch.equal(batch[1], solo2[0]):
+            fail("%s: padded batch greedy %s differs from solo prompts %s, %s"
+                 % (name, batch.tolist(), greedy.tolist(), solo2.tolist()))
+        golden.update({"greedy": greedy, "greedy_batch": batch, "prompt_batch": prompt_b,
+                       "mask_batch": mask_b})
+        info.update({"greedy": greedy.tolist(), "greedy_batch": batch.tolist(),
+                     "min_margin": min(m1, m2, m3)})
+
+    L.st_write(os.path.join(folder, "golden.safetensors"), golden, META)
+    return info
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(here, "..", "golden"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # one thread: same summation order on every machine
+    for name, overrides, seed, full in CASES:
+        info = make_case(args.out, name, overrides, seed, full)
+        print(name, json.dumps(info))
+
+
+if __name__ == "__main__":
+    main()
