@@ -1,0 +1,134 @@
+// autograd: float32 tensors billed through the profiler, a tape of nodes, reverse-mode backward.
+//
+// Tensors are contiguous and row-major, shapes in PyTorch order (shape[0] outermost). Their data
+// is one mp_block (NULL in meta mode: every op then allocates exactly as in a real run and skips
+// its kernel). Ops run under a context: when grad mode is on and an input needs a gradient, the
+// op appends a node to the tape holding its backward function and the tensors backward needs.
+// Gradients of intermediate results live on the nodes (category activation) and are freed as
+// soon as they were consumed; gradients of leaves (parameters) accumulate into .grad (category
+// gradient). Errors are sticky on the context: an op given a NULL input, or run after an
+// error, returns NULL, so model code can run a whole block and check once.
+//
+// Site labels: an op takes a site prefix ("layers.3.self_attn") and labels its output
+// "<prefix>:out", its other allocations "<prefix>:<what>" (":rstd", ":probs", ":lse", ":grad").
+// A prefix that already holds a colon ("lm_head:logits") labels the output verbatim, and the
+// other allocations use the part before the colon.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "profiler.h"
+
+#define AG_MAX_DIMS 4
+#define AG_MAX_SAVED 4
+#define AG_ROPE_MAX_HEAD_DIM 1024
+
+typedef struct ag_ctx ag_ctx;
+typedef struct ag_node ag_node;
+typedef struct ag_tensor ag_tensor;
+
+typedef enum {
+    AG_OK = 0,
+    AG_ERR_ARG,    // NULL input, bad size, id out of range
+    AG_ERR_SHAPE,  // shapes that do not fit the op
+    AG_ERR_BUDGET, // the profiler refused an allocation past its budget (see mp_oom())
+    AG_ERR_NOMEM,  // the allocator failed
+    AG_ERR_STATE,  // backward without a graph, profiler not initialised
+} ag_status;
+
+struct ag_tensor {
+    int ndim;
+    int64_t shape[AG_MAX_DIMS];
+    int64_t numel;
+    float *data;    // block.data; NULL in meta mode
+    mp_block block; // owned: freed when refcount reaches 0
+    bool requires_grad;
+    bool is_param;
+    ag_tensor *grad; // leaves only (category gradient, site "<name>:grad"); NULL until backward
+    ag_node *node;   // the node that made it, while the tape holds it; NULL for leaves
+    int refcount;
+    uint32_t site; // interned label (mp_site_name); a parameter's name
+};
+
+// Context: grad mode, the tape, a sticky error.
+ag_ctx *ag_ctx_new(void); // grad mode on; NULL if out of memory
+void ag_ctx_free(ag_ctx *ctx); // drops the tape (releasing what it saved)
+bool ag_set_grad_enabled(ag_ctx *ctx, bool on); // returns the previous mode
+bool ag_is_grad_enabled(const ag_ctx *ctx);
+ag_status ag_ctx_status(const ag_ctx *ctx);
+const char *ag_ctx_error(const ag_ctx *ctx); // NULL when there was no error
+void ag_ctx_clear_error(ag_ctx *ctx);
+
+// Tensors. New tensors hold one reference, owned by the caller; data is left uninitialised.
+ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
+                         const char *site);
+// A parameter: category weight, requires_grad, is_param, labelled with its name.
+ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name);
+ag_tensor *ag_retain(ag_tensor *t); // returns t
+void ag_release(ag_tensor *t);      // NULL is a no-op; a parameter's .grad goes with it
+void ag_zero_grad(ag_tensor *param); // frees .grad (set to none, as PyTorch)
+const char *ag_tensor_name(const ag_tensor *t);
+
+// Backward. ag_backward seeds d(loss) = 1 (loss must hold one element); ag_backward_grad seeds
+// d(out) = grad (same number of elements). Both run the tape in reverse, release each node's
+// saved tensors and gradient right after its backward ran, and leave the tape empty: tensors
+// made by recorded ops then no longer require grad.
+ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss);
+ag_status ag_backward_grad(ag_ctx *ctx, ag_tensor *out, const ag_tensor *grad);
+void ag_tape_clear(ag_ctx *ctx); // drops the tape without backward
+
+// What the tape holds. saved_bytes counts the activation tensors a node keeps alive for its
+// backward (parameters it refers to are not counted: they live anyway).
+typedef struct {
+    const char *op;   // "linear", "attention", ...
+    const char *site; // the node's site prefix
+    int nsaved;
+    const ag_tensor *saved[AG_MAX_SAVED];
+    uint64_t saved_bytes;
+} ag_node_info;
+size_t ag_tape_size(const ag_ctx *ctx);
+bool ag_tape_node(const ag_ctx *ctx, size_t i, ag_node_info *info);
+// Activation bytes saved by the whole tape, each tensor counted once however many nodes share it.
+uint64_t ag_tape_saved_bytes(const ag_ctx *ctx);
+
+// Ops: output first, then inputs, then sizes. Each returns a new tensor (owned by the caller)
+// or NULL with the context's error set.
+
+// y[..., out] = x[..., in] · w[out, in]ᵀ (nn.Linear without bias).
+ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w);
+// y[B, T, H] = table[ids[b*T + t]]; ids are copied.
+ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T,
+                        ag_tensor *table);
+// y = x * rsqrt(mean(x², last dim) + eps) * w, as HF LlamaRMSNorm; x[..., H], w[H].
+ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps);
+// Rotary embedding (HF rotate_half) of x[B, T, nh*hd] at positions pos0 .. pos0+T-1.
+ag_tensor *ag_rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta,
+                   int64_t pos0);
+// The same with one position per row: pos[B*T] (copied), e.g. for left-padded batches.
+ag_tensor *ag_rope_positions(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd,
+                             float theta, const int32_t *pos);
+// Causal grouped-query attention, scale 1/sqrt(D): q[B, Tq, Hq*D], k and v [B, Tk, Hkv*D],
+// Hkv dividing Hq, Tk >= Tq (query i sits at position i + Tk - Tq); returns [B, Tq, Hq*D].
+// Eager: the softmax probabilities [B, Hq, Tq, Tk] are materialised (site "<prefix>:probs").
+ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v,
+                        int Hq, int Hkv, int D);
+ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x);
+ag_tensor *ag_mul(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b); // same shapes
+ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b); // same shapes
+// Next-token cross-entropy of logits[B, T, V] against ids[B*T]: position t predicts ids[t+1],
+// mean over the B*(T-1) positions (HF labels=input_ids). Returns the loss, shape [1].
+ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, const int32_t *ids);
+
+// Threads for OpenBLAS and OpenMP loops.
+void ag_set_num_threads(int n);
+
+// Time spent in sgemm since the last reset (all ops, forward and backward).
+typedef struct {
+    uint64_t calls;
+    double seconds;
+    double flops;
+} ag_blas_stats;
+ag_blas_stats ag_get_blas_stats(void);
+void ag_reset_blas_stats(void);

@@ -1,0 +1,143 @@
+// The backward pass and the gradient buffers it hands to the ops' backward functions.
+#include <string.h>
+
+#include "ag_internal.h"
+
+static bool leaf_grad(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst)
+{
+    if (!leaf->grad) {
+        char label[AG_LABEL_MAX];
+        ag_label(label, ag_tensor_name(leaf), "grad");
+        leaf->grad = ag_tensor_like(ctx, leaf, MP_GRADIENT, label);
+        if (!leaf->grad)
+            return false;
+        dst->fresh = true;
+    }
+    dst->data = leaf->grad->data;
+    return true;
+}
+
+static bool node_grad(ag_ctx *ctx, ag_node *node, ag_grad_dst *dst)
+{
+    if (node->grad.bytes == 0) {
+        char label[AG_LABEL_MAX];
+        ag_label(label, mp_site_name(node->site), "grad");
+        if (!ag_alloc_block(ctx, &node->grad, (size_t)node->numel * sizeof(float),
+                            MP_ACTIVATION, label))
+            return false;
+        dst->fresh = true;
+    }
+    dst->data = node->grad.data;
+    return true;
+}
+
+bool ag_grad_get(ag_ctx *ctx, ag_node *n, int i, ag_grad_dst *dst)
+{
+    *dst = (ag_grad_dst){0};
+    switch (n->in[i].kind) {
+    case AG_EDGE_NODE: dst->needed = true; return node_grad(ctx, n->in[i].node, dst);
+    case AG_EDGE_LEAF: dst->needed = true; return leaf_grad(ctx, n->in[i].leaf, dst);
+    default: return true;
+    }
+}
+
+static bool same_target(const ag_edge *a, const ag_edge *b)
+{
+    return a->kind != AG_EDGE_NONE && a->kind == b->kind && a->node == b->node &&
+           a->leaf == b->leaf;
+}
+
+bool ag_grad_get_all(ag_ctx *ctx, ag_node *n, ag_grad_dst *dst)
+{
+    for (int i = 0; i < n->ninputs; i++)
+        if (!ag_grad_get(ctx, n, i, &dst[i]))
+            return false;
+    // Two inputs with one target (mul(a, a)): the buffer is zeroed once and both accumulate.
+    for (int i = 0; i < n->ninputs; i++)
+        for (int j = i + 1; j < n->ninputs; j++) {
+            if (!same_target(&n->in[i], &n->in[j]))
+                continue;
+            if (dst[i].fresh && dst[i].data) {
+                int64_t numel = n->in[i].kind == AG_EDGE_NODE ? n->in[i].node->numel
+                                                               : n->in[i].leaf->numel;
+                memset(dst[i].data, 0, (size_t)numel * sizeof(float));
+            }
+            dst[i].fresh = dst[j].fresh = false;
+        }
+    return true;
+}
+
+bool ag_grad_pass(ag_node *n, int i)
+{
+    if (n->in[i].kind != AG_EDGE_NODE)
+        return false;
+    ag_node *to = n->in[i].node;
+    if (to->grad.bytes != 0 || to->numel != n->numel || n->grad.bytes == 0)
+        return false;
+    to->grad = n->grad;
+    n->grad = (mp_block){0};
+    return true;
+}
+
+// Runs every node, newest first; a node nothing wrote a gradient to is skipped. Each node is
+// freed right after its backward, taking its saved tensors and its output gradient with it.
+static ag_status run_tape(ag_ctx *ctx)
+{
+    while (ctx->ntape > 0) {
+        ag_node *n = ctx->tape[--ctx->ntape];
+        if (n->grad.bytes != 0 && ctx->status == AG_OK)
+            n->backward(ctx, n, n->grad.data);
+        ag_node_free(n);
+    }
+    return ctx->status;
+}
+
+// Allocates the gradient of `out` for the caller to fill. On any error the tape is dropped, so
+// that a failed step still gives its memory back.
+static ag_status seed(ag_ctx *ctx, ag_tensor *out)
+{
+    if (ctx->status == AG_OK && !out)
+        ag_fail(ctx, AG_ERR_ARG, "backward: the output tensor is NULL");
+    if (ctx->status == AG_OK && !out->node)
+        ag_fail(ctx, AG_ERR_STATE,
+                "backward: %s has no graph (made in no-grad mode, from inputs needing no "
+                "gradient, or backward already ran)", ag_tensor_name(out));
+    ag_grad_dst d;
+    if (ctx->status == AG_OK)
+        node_grad(ctx, out->node, &d);
+    if (ctx->status != AG_OK)
+        ag_tape_clear(ctx);
+    return ctx->status;
+}
+
+ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss)
+{
+    if (!ctx)
+        return AG_ERR_ARG;
+    if (ctx->status == AG_OK && loss && loss->numel != 1)
+        ag_fail(ctx, AG_ERR_SHAPE, "backward: %s has %lld elements, expected a scalar loss",
+                ag_tensor_name(loss), (long long)loss->numel);
+    ag_status st = seed(ctx, loss);
+    if (st != AG_OK)
+        return st;
+    float *g = loss->node->grad.data;
+    if (g)
+        g[0] = 1.0f;
+    return run_tape(ctx);
+}
+
+ag_status ag_backward_grad(ag_ctx *ctx, ag_tensor *out, const ag_tensor *grad)
+{
+    if (!ctx)
+        return AG_ERR_ARG;
+    if (ctx->status == AG_OK && out && (!grad || grad->numel != out->numel))
+        ag_fail(ctx, AG_ERR_SHAPE, "backward: the gradient of %s must have %lld elements",
+                ag_tensor_name(out), (long long)out->numel);
+    ag_status st = seed(ctx, out);
+    if (st != AG_OK)
+        return st;
+    float *g = out->node->grad.data;
+    if (g && grad->data)
+        memcpy(g, grad->data, (size_t)out->numel * sizeof(float));
+    return run_tape(ctx);
+}

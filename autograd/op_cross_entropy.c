@@ -1,0 +1,128 @@
+// cross_entropy: next-token loss of logits[B, T, V] against ids[B*T], as HF labels=input_ids:
+// position t of row b predicts ids[b*T + t + 1]; loss = mean over the B*(T-1) positions of
+// logsumexp(logits) - logits[label]. The last position of each row predicts nothing.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ag_internal.h"
+
+enum { SAVED_LOGITS, SAVED_LSE };
+
+// lse[b*(T-1) + t] for every predicting position.
+static void row_logsumexp(float *lse, const float *logits, int64_t B, int64_t T, int64_t V)
+{
+#pragma omp parallel for if (B * T * V >= AG_OMP_MIN_EXP)
+    for (int64_t r = 0; r < B * (T - 1); r++) {
+        const float *x = logits + ((r / (T - 1)) * T + r % (T - 1)) * V;
+        float mx = x[0];
+        for (int64_t j = 1; j < V; j++)
+            mx = x[j] > mx ? x[j] : mx;
+        double sum = 0.0;
+        for (int64_t j = 0; j < V; j++)
+            sum += expf(x[j] - mx);
+        lse[r] = mx + (float)log(sum);
+    }
+}
+
+// Backward needs the logits (kept by reference: the output head's result, not a copy), the
+// per-position logsumexp (one float each, instead of a second pass over V) and the labels
+// (copied into the node). dlogits = (softmax - onehot) * dloss / N; zero at last positions.
+static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss)
+{
+    int64_t B = n->p[0], T = n->p[1], V = n->p[2];
+    ag_grad_dst d;
+    if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta())
+        return;
+    const float *logits = n->saved[SAVED_LOGITS]->data, *lse = n->saved[SAVED_LSE]->data;
+    float scale = dloss[0] / (float)(B * (T - 1));
+    float *dx = d.data;
+    bool fresh = d.fresh;
+#pragma omp parallel for if (B * T * V >= AG_OMP_MIN_EXP)
+    for (int64_t r = 0; r < B * T; r++) {
+        int64_t t = r % T;
+        const float *x = logits + r * V;
+        float *g = dx + r * V;
+        if (t == T - 1) {
+            if (fresh)
+                memset(g, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float m = lse[(r / T) * (T - 1) + t];
+        for (int64_t j = 0; j < V; j++) {
+            float v = expf(x[j] - m) * scale;
+            g[j] = fresh ? v : g[j] + v;
+        }
+        g[n->ints[r + 1]] -= scale;
+    }
+}
+
+static float mean_loss(const float *lse, const float *logits, const int32_t *ids, int64_t B,
+                       int64_t T, int64_t V)
+{
+    double sum = 0.0; // serial: the same sum in the same order every run
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T - 1; t++) {
+            int64_t r = b * T + t;
+            sum += (double)lse[b * (T - 1) + t] - logits[r * V + ids[r + 1]];
+        }
+    return (float)(sum / (double)(B * (T - 1)));
+}
+
+static bool ce_check(ag_ctx *ctx, const char *base, const ag_tensor *logits, const int32_t *ids)
+{
+    char sl[64];
+    if (logits->ndim != 3 || logits->shape[1] < 2 || !ids) {
+        ag_fail(ctx, AG_ERR_SHAPE, "cross_entropy %s: expected logits [B, T >= 2, V] and ids, "
+                "got %s %s%s", base, ag_tensor_name(logits), ag_shape_str(logits, sl),
+                ids ? "" : " and no ids");
+        return false;
+    }
+    int64_t BT = logits->shape[0] * logits->shape[1], V = logits->shape[2];
+    for (int64_t r = 0; r < BT; r++)
+        if (ids[r] < 0 || ids[r] >= V) {
+            ag_fail(ctx, AG_ERR_ARG, "cross_entropy %s: label %d at position %lld is outside "
+                    "[0, %lld)", base, ids[r], (long long)r, (long long)V);
+            return false;
+        }
+    return true;
+}
+
+ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, const int32_t *ids)
+{
+    ag_tensor *ins[] = {logits};
+    if (!ag_check_inputs(ctx, "cross_entropy", site, 1, ins, (const char *[]){"logits"}))
+        return NULL;
+    ag_site s;
+    ag_site_parse(&s, site);
+    if (!ce_check(ctx, s.base, logits, ids))
+        return NULL;
+    int64_t B = logits->shape[0], T = logits->shape[1], V = logits->shape[2], N = B * (T - 1);
+    char label[AG_LABEL_MAX];
+    ag_label(label, s.base, "lse");
+    ag_tensor *loss = ag_tensor_new(ctx, 1, (int64_t[]){1}, MP_ACTIVATION, s.out);
+    ag_tensor *lse = ag_tensor_new(ctx, 1, &N, MP_ACTIVATION, label);
+    ag_node *n = NULL;
+    if (loss && lse && ag_any_needs_grad(ctx, 1, ins)) {
+        n = ag_record(ctx, "cross_entropy", s.base, loss, 1, ins, cross_entropy_backward);
+        if (n && !(n->ints = malloc((size_t)(B * T) * sizeof(int32_t))))
+            ag_fail(ctx, AG_ERR_NOMEM, "cross_entropy %s: out of memory for the labels", s.base);
+    }
+    if (!loss || !lse || ctx->status != AG_OK) {
+        ag_release(lse);
+        ag_release(loss);
+        return NULL;
+    }
+    if (!mp_is_meta()) {
+        row_logsumexp(lse->data, logits->data, B, T, V);
+        loss->data[0] = mean_loss(lse->data, logits->data, ids, B, T, V);
+    }
+    if (n) {
+        memcpy(n->ints, ids, (size_t)(B * T) * sizeof(int32_t));
+        n->p[0] = B, n->p[1] = T, n->p[2] = V;
+        ag_save(n, SAVED_LOGITS, logits);
+        ag_save(n, SAVED_LSE, lse);
+    }
+    ag_release(lse); // the node holds it; without one it was only needed for the mean
+    return loss;
+}
