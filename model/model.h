@@ -176,3 +176,44 @@ int llama_weights_resolve(const char *path, char *config_path, char *st_path, si
 int llama_st_write_f32(const char *path, size_t n, const char *const *names, const int *ndims,
                        const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS],
                        const float *const *data, llama_err *err);
+
+// ================================================================================================
+// The model: parameters and the training forward
+// ================================================================================================
+
+#include "autograd.h"
+
+typedef struct {
+    ag_tensor *input_norm, *q, *k, *v, *o, *post_norm, *gate, *up, *down;
+} llama_layer;
+
+// Parameters as autograd leaves (category weight), named as Hugging Face names them.
+typedef struct {
+    llama_config cfg;
+    ag_tensor *embed;   // [vocab, hidden]
+    llama_layer *layers;
+    ag_tensor *norm;    // [hidden]
+    ag_tensor *lm_head; // [vocab, hidden]; the embedding itself when tied
+    ag_tensor **params; // every parameter once, in Hugging Face order (owned references)
+    size_t nparams;
+} llama_model;
+
+// Allocates every parameter (no data in meta mode; contents undefined until init or load).
+int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, llama_err *err);
+void llama_model_free(llama_model *m); // NULL is ignored; frees the weights and their .grad
+// Normal(0, 0.02) for matrices and the embedding, 1 for norms, from the seed (the same
+// values whatever the thread count).
+void llama_model_init_random(llama_model *m, uint64_t seed);
+// Reads every parameter from a safetensors file (F32, BF16, F16), checking names and shapes.
+int llama_model_load(llama_model *m, const char *st_path, llama_err *err);
+// Writes the weights (or, with grads, each parameter's .grad) as F32 safetensors with HF names.
+int llama_model_save(const llama_model *m, const char *path, bool grads, llama_err *err);
+
+// Every id in [0, vocab).
+int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, llama_err *err);
+
+// The training forward: embedding, the blocks, final norm, head, next-token cross-entropy of
+// ids[B*T] (labels = ids shifted by one, mean over B*(T-1) positions). Returns the loss
+// tensor [1] (owned by the caller), or NULL with the message in err.
+ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B,
+                              int64_t T, llama_err *err);

@@ -232,6 +232,7 @@ mp_process mp_process_now(void) {
         r.hwm = status_kb(buf, "VmHWM:");
     }
     mp_jemalloc_figures(&r.jemalloc_resident, &r.jemalloc_allocated);
+    r.untracked = r.rss > r.jemalloc_resident ? r.rss - r.jemalloc_resident : 0;
     return r;
 }
 
@@ -243,6 +244,7 @@ void mp_checkpoint_process(void) {
     if (now.hwm > pk->hwm) pk->hwm = now.hwm;
     if (now.jemalloc_resident > pk->jemalloc_resident) pk->jemalloc_resident = now.jemalloc_resident;
     if (now.jemalloc_allocated > pk->jemalloc_allocated) pk->jemalloc_allocated = now.jemalloc_allocated;
+    if (now.untracked > pk->untracked) pk->untracked = now.untracked;
 }
 
 mp_process mp_process_peak(void) {

@@ -86,6 +86,9 @@ typedef struct {
     uint64_t rss, hwm;          // VmRSS, VmHWM
     uint64_t jemalloc_resident; // stats.resident (0 when not available)
     uint64_t jemalloc_allocated;
+    // VmRSS minus jemalloc's resident bytes read at the same checkpoint: memory jemalloc never
+    // saw (OpenBLAS buffers, code, stacks). In mp_process_peak, the largest seen.
+    uint64_t untracked;
 } mp_process;
 
 // A failed allocation past the budget.

@@ -43,7 +43,10 @@ static const char *with_commas(char *buf, size_t n, uint64_t v) {
 
 const char *mp_format_bytes(char *buf, size_t n, uint64_t bytes) {
     char c[40];
-    snprintf(buf, n, "%.2f MB (%s bytes)", (double)bytes / 1e6, with_commas(c, sizeof c, bytes));
+    if (bytes >= 10000000000ULL) // past 10 GB, MB figures stop being readable
+        snprintf(buf, n, "%.2f GB (%s bytes)", (double)bytes / 1e9, with_commas(c, sizeof c, bytes));
+    else
+        snprintf(buf, n, "%.2f MB (%s bytes)", (double)bytes / 1e6, with_commas(c, sizeof c, bytes));
     return buf;
 }
 
@@ -88,17 +91,13 @@ static json_t *phases_json(void) {
     return arr;
 }
 
-static uint64_t untracked(const mp_process *p) {
-    return p->hwm > p->jemalloc_resident ? p->hwm - p->jemalloc_resident : 0;
-}
-
 static json_t *process_json(void) {
     mp_process pk = mp_process_peak();
     json_t *o = json_object();
     json_object_set_new(o, "peak_rss_bytes", json_integer((json_int_t)pk.hwm));
     json_object_set_new(o, "checkpoint_rss_bytes", json_integer((json_int_t)pk.rss));
     json_object_set_new(o, "jemalloc_resident_bytes", json_integer((json_int_t)pk.jemalloc_resident));
-    json_object_set_new(o, "untracked_bytes", json_integer((json_int_t)untracked(&pk)));
+    json_object_set_new(o, "untracked_bytes", json_integer((json_int_t)pk.untracked));
     return o;
 }
 
@@ -186,9 +185,10 @@ void mp_report_text(FILE *f) {
         fprintf(f, "  %-10s %-36s %.4f\n", mp_phase_name(p), mp_format_bytes(b, sizeof b, s.peak), s.seconds);
     }
     mp_process pr = mp_process_peak();
-    fprintf(f, "\n  process peak RSS %s; jemalloc resident %s\n  untracked (memory jemalloc never saw, e.g. OpenBLAS buffers, code): %s\n",
-            mp_format_bytes(b, sizeof b, pr.hwm), mp_format_bytes(u, sizeof u, pr.jemalloc_resident),
-            mp_format_bytes(b, sizeof b, untracked(&pr)));
+    fprintf(f, "\n  process peak RSS %s\n", mp_format_bytes(b, sizeof b, pr.hwm));
+    fprintf(f, "  jemalloc resident at most %s\n", mp_format_bytes(b, sizeof b, pr.jemalloc_resident));
+    fprintf(f, "  untracked (RSS jemalloc never saw: OpenBLAS buffers, code, stacks): up to %s\n",
+            mp_format_bytes(b, sizeof b, pr.untracked));
     mp_crosscheck x = mp_crosscheck_jemalloc(MP_WEIGHT, 0);
     if (!x.available) {
         fprintf(f, "  jemalloc cross-check: not available (%s allocator)\n", mp_backend());

@@ -1,0 +1,139 @@
+// Option parsing for every subcommand. One table: name, takes a value, where it goes.
+#include "cli.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { T_FLAG, T_STR, T_LONG, T_U64, T_DOUBLE, T_BYTES } opt_type;
+
+typedef struct {
+    const char *name;
+    opt_type type;
+    size_t offset;
+    long min, max; // T_LONG bounds
+} opt_spec;
+
+#define OFF(f) offsetof(cli_options, f)
+static const opt_spec specs[] = {
+    {"--model", T_STR, OFF(model), 0, 0},
+    {"--config", T_STR, OFF(config), 0, 0},
+    {"--weights", T_STR, OFF(weights), 0, 0},
+    {"--tokens", T_STR, OFF(tokens), 0, 0},
+    {"--batch", T_LONG, OFF(batch), 1, 1 << 20},
+    {"--seq-len", T_LONG, OFF(seq_len), 1, 1 << 24},
+    {"--steps", T_LONG, OFF(steps), 1, 100000},
+    {"--threads", T_LONG, OFF(threads), 1, 1024},
+    {"--seed", T_U64, OFF(seed), 0, 0},
+    {"--optimizer", T_STR, OFF(optimizer), 0, 0},
+    {"--lr", T_DOUBLE, OFF(lr), 0, 0},
+    {"--meta", T_FLAG, OFF(meta), 0, 0},
+    {"--quiet", T_FLAG, OFF(quiet), 0, 0},
+    {"--budget", T_BYTES, OFF(budget), 0, 0},
+    {"--json", T_STR, OFF(json), 0, 0},
+    {"--timeline", T_STR, OFF(timeline), 0, 0},
+    {"--dump-grads", T_STR, OFF(dump_grads), 0, 0},
+    {"--save-weights", T_STR, OFF(save_weights), 0, 0},
+    {"--help", T_FLAG, OFF(help), 0, 0},
+    {"-h", T_FLAG, OFF(help), 0, 0},
+};
+
+static bool set_value(cli_options *o, const opt_spec *s, const char *v) {
+    char *base = (char *)o + s->offset, *end = NULL;
+    errno = 0;
+    switch (s->type) {
+    case T_STR: *(const char **)base = v; return true;
+    case T_LONG: {
+        long x = strtol(v, &end, 10);
+        if (errno || end == v || *end || x < s->min || x > s->max) {
+            fprintf(stderr, "membill: %s expects a whole number from %ld to %ld, not '%s'\n", s->name, s->min, s->max, v);
+            return false;
+        }
+        *(long *)base = x;
+        return true;
+    }
+    case T_U64: {
+        unsigned long long x = strtoull(v, &end, 10);
+        if (errno || end == v || *end || v[0] == '-') {
+            fprintf(stderr, "membill: %s expects a non-negative whole number, not '%s'\n", s->name, v);
+            return false;
+        }
+        *(uint64_t *)base = x;
+        return true;
+    }
+    case T_DOUBLE: {
+        double x = strtod(v, &end);
+        if (errno || end == v || *end || !(x >= 0) || x > 1e6) {
+            fprintf(stderr, "membill: %s expects a non-negative number, not '%s'\n", s->name, v);
+            return false;
+        }
+        *(double *)base = x;
+        if (s->offset == OFF(lr)) o->lr_given = true;
+        return true;
+    }
+    case T_BYTES:
+        if (!mp_parse_bytes(v, (uint64_t *)base) || *(uint64_t *)base == 0) {
+            fprintf(stderr, "membill: %s expects a size such as 16GB, 500MiB or 123456, not '%s'\n", s->name, v);
+            return false;
+        }
+        return true;
+    case T_FLAG: break;
+    }
+    return false;
+}
+
+bool cli_parse(cli_options *o, int argc, char **argv) {
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i], *eq = strchr(arg, '=');
+        size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+        const opt_spec *s = NULL;
+        for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++)
+            if (strlen(specs[k].name) == len && strncmp(specs[k].name, arg, len) == 0) s = &specs[k];
+        if (!s) {
+            fprintf(stderr, "membill %s: unknown option '%s' (see membill %s --help)\n", o->command, arg, o->command);
+            return false;
+        }
+        if (s->type == T_FLAG) {
+            if (eq) {
+                fprintf(stderr, "membill: %s takes no value\n", s->name);
+                return false;
+            }
+            *(bool *)((char *)o + s->offset) = true;
+            continue;
+        }
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) {
+            fprintf(stderr, "membill: %s needs a value\n", s->name);
+            return false;
+        }
+        if (!set_value(o, s, v)) return false;
+    }
+    return true;
+}
+
+void cli_usage_train(FILE *f) {
+    fputs("usage: membill train [options]\n"
+          "One real training step of a Llama-family model (forward, next-token cross-entropy,\n"
+          "backward, optimizer step), with every byte billed to weight, gradient, optimizer,\n"
+          "activation, cache or other.\n\n"
+          "  --model NAME          built-in preset (default smollm2-135m)\n"
+          "  --config FILE         a Hugging Face config.json (Llama family)\n"
+          "  --weights PATH        .safetensors file, or a folder with config.json and model.safetensors\n"
+          "                        (default: random init, normal std 0.02, norms 1, from --seed)\n"
+          "  --tokens 1,2,3        input token ids (default: --seq-len random ids)\n"
+          "  --seq-len N           tokens per row (default 25)\n"
+          "  --batch B             rows (default 1)\n"
+          "  --steps N             training steps (default 1); N >= 2 shows the steady state apart\n"
+          "  --optimizer NAME      adam (default), adamw, sgd, sgd-momentum, none\n"
+          "  --lr X                learning rate (default 1e-5)\n"
+          "  --seed S              seed for init and random tokens (default 0)\n"
+          "  --threads N           threads (default 2)\n"
+          "  --meta                shapes only: the same allocations and bill, no data, no compute\n"
+          "  --budget SIZE         stop with an out-of-memory report past SIZE (16GB, 500MiB, ...)\n"
+          "  --json FILE           the whole report as JSON ('-' for stdout)\n"
+          "  --timeline FILE.csv   every allocation and free: time, phase, site, category, bytes\n"
+          "  --dump-grads FILE     parameter gradients after backward, F32 safetensors, HF names\n"
+          "  --save-weights FILE   the weights after the optimizer step, F32 safetensors\n"
+          "  --quiet               no text report (with --json)\n",
+          f);
+}

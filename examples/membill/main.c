@@ -1,0 +1,31 @@
+// membill: how much memory training a Llama-family model takes, and where it goes.
+#include "cli.h"
+
+#include <string.h>
+
+static void usage(FILE *f) {
+    fputs("usage: membill COMMAND [options]\n\n"
+          "  train    one real training step (forward, loss, backward, optimizer), billed byte by byte\n\n"
+          "membill COMMAND --help describes a command's options.\n",
+          f);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? EXIT_USAGE : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("membill %s\n", MEMBILL_VERSION);
+        return 0;
+    }
+    cli_options o;
+    memset(&o, 0, sizeof o);
+    o.command = argv[1];
+    if (strcmp(o.command, "train") != 0) {
+        fprintf(stderr, "membill: unknown command '%s' (see membill --help)\n", o.command);
+        return EXIT_USAGE;
+    }
+    if (!cli_parse(&o, argc, argv)) return EXIT_USAGE;
+    return cmd_train(&o);
+}

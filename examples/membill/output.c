@@ -1,0 +1,81 @@
+// Output files, written whole to a temporary name and renamed into place: a failed run or a
+// failed write never leaves a half-written file or touches what the user had.
+#include "cli.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int (*writer_fn)(FILE *f, void *arg);
+
+static int write_atomic(const char *path, writer_fn fn, void *arg, char *err, size_t errlen) {
+    if (strcmp(path, "-") == 0) return fn(stdout, arg) == 0 && fflush(stdout) == 0 ? 0 : -1;
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= (int)sizeof tmp) {
+        snprintf(err, errlen, "%s: path too long", path);
+        return -1;
+    }
+    FILE *f = fopen(tmp, "wx");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot write here (%m)", path);
+        return -1;
+    }
+    int rc = fn(f, arg);
+    if (fflush(f) != 0 || ferror(f)) rc = -1;
+    if (fclose(f) != 0) rc = -1;
+    if (rc == 0 && rename(tmp, path) != 0) rc = -1;
+    if (rc != 0) {
+        snprintf(err, errlen, "%s: write failed (%m)", path);
+        unlink(tmp);
+    }
+    return rc;
+}
+
+static int json_writer(FILE *f, void *arg) {
+    int rc = json_dumpf((json_t *)arg, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    fputc('\n', f);
+    return rc;
+}
+
+int cli_write_json(const char *path, json_t *root, char *err, size_t errlen) {
+    return write_atomic(path, json_writer, root, err, errlen);
+}
+
+static int csv_writer(FILE *f, void *arg) {
+    (void)arg;
+    // One row per event, with each category's live bytes after it, for plots.
+    int64_t live[MP_NCATEGORIES] = {0};
+    fprintf(f, "seconds,phase,site,category,bytes");
+    for (int c = 0; c < MP_NCATEGORIES; c++) fprintf(f, ",%s_live", mp_category_name(c));
+    fprintf(f, "\n");
+    for (size_t i = 0; i < mp_timeline_count(); i++) {
+        const mp_event *e = mp_timeline_get(i);
+        live[e->category] += e->bytes;
+        fprintf(f, "%.6f,%s,%s,%s,%lld", e->seconds, mp_phase_name(e->phase), mp_site_name(e->site),
+                mp_category_name(e->category), (long long)e->bytes);
+        for (int c = 0; c < MP_NCATEGORIES; c++) fprintf(f, ",%lld", (long long)live[c]);
+        fprintf(f, "\n");
+    }
+    return 0;
+}
+
+int cli_write_timeline_csv(const char *path, char *err, size_t errlen) {
+    return write_atomic(path, csv_writer, NULL, err, errlen);
+}
+
+json_t *cli_model_json(const llama_config *c) {
+    json_t *m = json_object();
+    json_object_set_new(m, "name", json_string(c->name));
+    json_object_set_new(m, "parameters", json_integer((json_int_t)llama_param_count(c)));
+    json_object_set_new(m, "layers", json_integer(c->layers));
+    json_object_set_new(m, "hidden", json_integer(c->hidden));
+    json_object_set_new(m, "intermediate", json_integer(c->intermediate));
+    json_object_set_new(m, "heads", json_integer(c->heads));
+    json_object_set_new(m, "kv_heads", json_integer(c->kv_heads));
+    json_object_set_new(m, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(m, "vocab", json_integer(c->vocab));
+    json_object_set_new(m, "max_positions", json_integer(c->max_positions));
+    json_object_set_new(m, "tied", json_boolean(c->tied));
+    return m;
+}

@@ -1,0 +1,158 @@
+// The model's parameters: allocation in Hugging Face order, seeded random init, load, save.
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+// Slot of parameter i (HF order) inside the model struct.
+static ag_tensor **param_slot(llama_model *m, size_t i) {
+    size_t per = LLAMA_PARAMS_PER_LAYER, nl = (size_t)m->cfg.layers;
+    if (i == 0) return &m->embed;
+    if (i <= nl * per) {
+        llama_layer *L = &m->layers[(i - 1) / per];
+        ag_tensor **slots[LLAMA_PARAMS_PER_LAYER] = {&L->input_norm, &L->q, &L->k, &L->v, &L->o,
+                                                     &L->post_norm, &L->gate, &L->up, &L->down};
+        return slots[(i - 1) % per];
+    }
+    return i == nl * per + 1 ? &m->norm : &m->lm_head;
+}
+
+int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, llama_err *err) {
+    *out = NULL;
+    if (llama_config_validate(cfg, err) != 0) return -1;
+    llama_model *m = calloc(1, sizeof *m);
+    size_t n = llama_param_count_tensors(cfg);
+    if (m) {
+        m->cfg = *cfg;
+        m->layers = calloc((size_t)cfg->layers, sizeof *m->layers);
+        m->params = calloc(n, sizeof *m->params);
+    }
+    if (!m || !m->layers || !m->params) {
+        llama_model_free(m);
+        llama_err_set(err, "out of memory building the model");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char name[LLAMA_PARAM_NAME_MAX];
+        int ndim;
+        int64_t shape[2];
+        llama_param_spec(cfg, i, name, sizeof name, &ndim, shape);
+        ag_tensor *p = ag_param_new(ctx, ndim, shape, name);
+        if (!p) {
+            llama_err_set(err, "cannot allocate %s: %s", name, ag_ctx_error(ctx));
+            llama_model_free(m);
+            return -1;
+        }
+        m->params[m->nparams++] = p;
+        *param_slot(m, i) = p;
+    }
+    if (cfg->tied) m->lm_head = m->embed;
+    *out = m;
+    return 0;
+}
+
+void llama_model_free(llama_model *m) {
+    if (!m) return;
+    for (size_t i = 0; i < m->nparams; i++) ag_release(m->params[i]);
+    free(m->params);
+    free(m->layers);
+    free(m);
+}
+
+// splitmix64: a small, well-mixed generator; one stream per chunk keeps init deterministic
+// whatever the number of threads.
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static double uniform01(uint64_t *s) { return ((splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+
+#define INIT_CHUNK 65536
+
+static void fill_normal(float *x, int64_t n, float std, uint64_t seed) {
+    int64_t chunks = (n + INIT_CHUNK - 1) / INIT_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        uint64_t s = seed ^ ((uint64_t)c * 0xd1b54a32d192ed03ULL);
+        int64_t end = (c + 1) * INIT_CHUNK < n ? (c + 1) * INIT_CHUNK : n;
+        for (int64_t i = c * INIT_CHUNK; i < end; i += 2) { // Box-Muller, two at a time
+            double r = sqrt(-2.0 * log(uniform01(&s))), t = 6.283185307179586 * uniform01(&s);
+            x[i] = (float)(std * r * cos(t));
+            if (i + 1 < end) x[i + 1] = (float)(std * r * sin(t));
+        }
+    }
+}
+
+void llama_model_init_random(llama_model *m, uint64_t seed) {
+    for (size_t i = 0; i < m->nparams; i++) {
+        ag_tensor *p = m->params[i];
+        if (!p->data) continue; // meta mode
+        if (p->ndim == 1) {
+            for (int64_t j = 0; j < p->numel; j++) p->data[j] = 1.0f;
+        } else {
+            uint64_t s = seed * 0x9e3779b97f4a7c15ULL + i;
+            fill_normal(p->data, p->numel, 0.02f, splitmix(&s));
+        }
+    }
+}
+
+int llama_model_load(llama_model *m, const char *st_path, llama_err *err) {
+    llama_st_file *f = NULL;
+    if (llama_st_open(&f, st_path, err) != 0) return -1;
+    int rc = llama_st_check_params(f, &m->cfg, false, err);
+    for (size_t i = 0; rc == 0 && i < m->nparams; i++) {
+        ag_tensor *p = m->params[i];
+        const llama_st_tensor *t = llama_st_find(f, ag_tensor_name(p));
+        if (p->data) rc = llama_st_read_f32(f, t, p->data, (size_t)p->numel, err);
+    }
+    llama_st_close(f);
+    return rc;
+}
+
+int llama_model_save(const llama_model *m, const char *path, bool grads, llama_err *err) {
+    size_t n = m->nparams;
+    const char **names = calloc(n, sizeof *names);
+    int *ndims = calloc(n, sizeof *ndims);
+    int64_t(*shapes)[LLAMA_ST_WRITE_MAX_DIMS] = calloc(n, sizeof *shapes);
+    const float **data = calloc(n, sizeof *data);
+    int rc = -1;
+    if (!names || !ndims || !shapes || !data) {
+        llama_err_set(err, "%s: out of memory", path);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const ag_tensor *p = m->params[i];
+        const ag_tensor *src = grads ? p->grad : p;
+        if (!src || !src->data) {
+            llama_err_set(err, "%s: %s has no %s to write", path, ag_tensor_name(p),
+                          grads ? "gradient" : "data (meta mode)");
+            goto done;
+        }
+        names[i] = ag_tensor_name(p);
+        ndims[i] = p->ndim;
+        memcpy(shapes[i], p->shape, sizeof(int64_t) * (size_t)p->ndim);
+        data[i] = src->data;
+    }
+    rc = llama_st_write_f32(path, n, names, ndims, (const int64_t(*)[LLAMA_ST_WRITE_MAX_DIMS])shapes,
+                            data, err);
+done:
+    free(names);
+    free(ndims);
+    free(shapes);
+    free(data);
+    return rc;
+}
+
+int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, llama_err *err) {
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab) {
+            llama_err_set(err, "token id %d at position %zu is out of range: the vocabulary has ids 0 to %lld",
+                          ids[i], i, (long long)c->vocab - 1);
+            return -1;
+        }
+    return 0;
+}

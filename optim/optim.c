@@ -1,0 +1,114 @@
+// Optimizer state and the step loop; the per-element updates are in update.c.
+#include "optim.h"
+#include "optim_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+optim_config optim_defaults(optim_kind kind) {
+    optim_config c = {.kind = kind, .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f};
+    if (kind == OPTIM_ADAMW) c.weight_decay = 0.01f;
+    if (kind == OPTIM_SGD_MOMENTUM) c.momentum = 0.9f;
+    return c;
+}
+
+static const char *const kind_names[] = {"adam", "adamw", "sgd", "sgd-momentum", "none"};
+
+bool optim_parse_kind(const char *name, optim_kind *out) {
+    for (int k = 0; k <= OPTIM_NONE; k++)
+        if (name && strcmp(name, kind_names[k]) == 0) {
+            *out = (optim_kind)k;
+            return true;
+        }
+    return false;
+}
+
+const char *optim_kind_name(optim_kind kind) {
+    return (unsigned)kind <= OPTIM_NONE ? kind_names[kind] : "?";
+}
+
+size_t optim_state_bytes_per_element(optim_kind kind) {
+    switch (kind) {
+    case OPTIM_ADAM:
+    case OPTIM_ADAMW: return 2 * sizeof(float);
+    case OPTIM_SGD_MOMENTUM: return sizeof(float);
+    default: return 0;
+    }
+}
+
+optim *optim_new(const optim_config *cfg, ag_tensor *const *params, size_t n, char *err,
+                 size_t errlen) {
+    if (!cfg || (unsigned)cfg->kind > OPTIM_NONE || !(cfg->lr >= 0) || !(cfg->eps >= 0) ||
+        !(cfg->beta1 >= 0 && cfg->beta1 < 1) || !(cfg->beta2 >= 0 && cfg->beta2 < 1) ||
+        !(cfg->weight_decay >= 0) || !(cfg->momentum >= 0)) {
+        snprintf(err, errlen, "optimizer: invalid settings (lr, betas in [0, 1), eps, weight decay, momentum >= 0)");
+        return NULL;
+    }
+    optim *o = calloc(1, sizeof *o);
+    if (o) o->slots = calloc(n ? n : 1, sizeof *o->slots);
+    if (!o || !o->slots) {
+        free(o);
+        snprintf(err, errlen, "optimizer: out of memory");
+        return NULL;
+    }
+    o->cfg = *cfg;
+    o->n = n;
+    for (size_t i = 0; i < n; i++) o->slots[i].param = params[i];
+    return o;
+}
+
+void optim_free(optim *o) {
+    if (!o) return;
+    for (size_t i = 0; i < o->n; i++) {
+        mp_free(&o->slots[i].state[0]);
+        mp_free(&o->slots[i].state[1]);
+    }
+    free(o->slots);
+    free(o);
+}
+
+void optim_zero_grad(optim *o) {
+    for (size_t i = 0; o && i < o->n; i++) ag_zero_grad(o->slots[i].param);
+}
+
+long optim_steps_taken(const optim *o) { return o ? o->steps : 0; }
+
+// Lazily, at the first step that sees a gradient, as torch.optim does.
+static int alloc_state(optim_slot *s, optim_kind kind, char *err, size_t errlen) {
+    static const char *const names[2][2] = {{"exp_avg", "exp_avg_sq"}, {"momentum_buffer", ""}};
+    int count = (int)(optim_state_bytes_per_element(kind) / sizeof(float));
+    const char *const *nm = names[kind == OPTIM_SGD_MOMENTUM];
+    size_t bytes = (size_t)s->param->numel * sizeof(float);
+    for (int j = 0; j < count; j++) {
+        char site[256];
+        snprintf(site, sizeof site, "%s:%s", ag_tensor_name(s->param), nm[j]);
+        mp_status st = mp_alloc(&s->state[j], bytes, MP_OPTIMIZER, site);
+        if (st != MP_OK) {
+            snprintf(err, errlen, "optimizer: cannot allocate %s (%zu bytes): %s", site, bytes,
+                     st == MP_ERR_BUDGET ? "over the memory budget" : "out of memory");
+            return -1;
+        }
+    }
+    s->fresh = true;
+    return 0;
+}
+
+int optim_step(optim *o, char *err, size_t errlen) {
+    if (!o) return -1;
+    if (o->cfg.kind == OPTIM_NONE) return 0;
+    o->steps++;
+    bool meta = mp_is_meta();
+    for (size_t i = 0; i < o->n; i++) {
+        optim_slot *s = &o->slots[i];
+        ag_tensor *g = s->param->grad;
+        if (!g) continue;
+        if (optim_state_bytes_per_element(o->cfg.kind) && !s->state[0].bytes &&
+            alloc_state(s, o->cfg.kind, err, errlen) != 0)
+            return -1;
+        s->step++;
+        if (!meta) optim_update(&o->cfg, s, s->param->data, g->data, (size_t)s->param->numel);
+        s->fresh = false;
+    }
+    return 0;
+}

@@ -1,0 +1,45 @@
+// optim: Adam, AdamW, SGD and SGD with momentum, with PyTorch's semantics.
+//
+// State (Adam's exp_avg and exp_avg_sq, SGD's momentum_buffer) is allocated at the first step,
+// as torch.optim does, billed to the optimizer category, and updated in one fused pass per
+// parameter with no parameter-sized temporaries. Parameters whose .grad is none are skipped.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "autograd.h"
+
+typedef enum { OPTIM_ADAM, OPTIM_ADAMW, OPTIM_SGD, OPTIM_SGD_MOMENTUM, OPTIM_NONE } optim_kind;
+
+typedef struct {
+    optim_kind kind;
+    float lr;
+    float beta1, beta2, eps; // Adam, AdamW
+    float weight_decay;      // Adam: added to the gradient; AdamW: decoupled
+    float momentum, dampening;
+    bool nesterov;
+} optim_config;
+
+typedef struct optim optim;
+
+// PyTorch's defaults for the kind (lr 1e-3; AdamW weight_decay 0.01; SGD momentum 0.9 for
+// sgd-momentum, which PyTorch leaves to the caller).
+optim_config optim_defaults(optim_kind kind);
+// "adam", "adamw", "sgd", "sgd-momentum", "none". Returns false for anything else.
+bool optim_parse_kind(const char *name, optim_kind *out);
+const char *optim_kind_name(optim_kind kind);
+// Bytes of state per parameter element once allocated: 8 (Adam), 4 (momentum) or 0.
+size_t optim_state_bytes_per_element(optim_kind kind);
+
+// The optimizer refers to the parameters (it does not own them). Returns NULL on bad
+// arguments or out of memory, with a message in err.
+optim *optim_new(const optim_config *cfg, ag_tensor *const *params, size_t n, char *err,
+                 size_t errlen);
+void optim_free(optim *o); // frees the state
+// One step over every parameter that has a gradient. Returns 0, or -1 with a message (out of
+// budget while allocating state).
+int optim_step(optim *o, char *err, size_t errlen);
+// Sets every parameter's gradient to none (frees it), as zero_grad(set_to_none=True).
+void optim_zero_grad(optim *o);
+long optim_steps_taken(const optim *o);

@@ -1,0 +1,403 @@
+// End to end against the PyTorch reference (tests/golden, written by tests/reference/*.py):
+// loss and every parameter gradient of the tiny models, the weights after two steps of Adam,
+// AdamW and SGD with momentum, the BF16 weights, and the bill of each category along the way.
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "model.h"
+#include "optim.h"
+
+#ifndef MEMBILL_GOLDEN_DIR
+#error "MEMBILL_GOLDEN_DIR must name the tests/golden folder"
+#endif
+
+// A tensor compares as max|got - want| <= TOL x max|want|. The reference measured float32
+// noise at 1.5e-6 of max|grad|; typical bugs move gradients by 0.3 to 2 (README.md). Adam
+// normalises each element's step, so an element whose gradient is below the float32 noise
+// (untied up_proj holds one at 4e-8) moves by a noise-driven fraction of lr: weights after
+// Adam differ by up to ~1.5e-5 x max|w| from the reference, still far inside WEIGHT_TOL.
+#define GRAD_TOL 1e-4
+#define WEIGHT_TOL 1e-4
+#define LOSS_RTOL 1e-5
+
+#define B 2
+#define T 7
+
+// Worst figures seen per check, printed at the end of the run.
+typedef enum { W_LOSS, W_GRAD, W_ADAM, W_ADAMW, W_SGDM, W_STEP_LOSS, W_BF16_LOSS, W_BF16_GRAD, W_N } worst_kind;
+static const char *const worst_names[W_N] = {
+    "loss (relative)", "grad.* (x max|golden|)", "adam.* (x max|golden|)",
+    "adamw.* (x max|golden|)", "sgdm.* (x max|golden|)", "*_losses (relative)",
+    "loss_bf16 (relative)", "grad_bf16.* (x max|golden|)"};
+static double worst[W_N];
+
+static void note(worst_kind k, double v) {
+    if (v > worst[k]) worst[k] = v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading the golden files
+
+static void golden_path(char *out, size_t len, const char *folder, const char *file) {
+    int k = snprintf(out, len, "%s/%s/%s", MEMBILL_GOLDEN_DIR, folder, file);
+    assert_true(k > 0 && (size_t)k < len);
+}
+
+static llama_st_file *golden_open(const char *folder) {
+    char path[4096];
+    golden_path(path, sizeof path, folder, "golden.safetensors");
+    llama_st_file *f = NULL;
+    llama_err err = {{0}};
+    if (llama_st_open(&f, path, &err) != 0) fail_msg("%s", err.msg);
+    return f;
+}
+
+static bool golden_has(const llama_st_file *g, const char *key) {
+    return llama_st_find(g, key) != NULL;
+}
+
+// The tensor `key` as float32 (malloc'd); fails the test if absent.
+static float *golden_f32(const llama_st_file *g, const char *key, size_t *n) {
+    const llama_st_tensor *t = llama_st_find(g, key);
+    if (!t) fail_msg("golden file %s lacks %s", llama_st_path(g), key);
+    float *v = malloc(t->numel ? t->numel * sizeof(float) : 1);
+    assert_non_null(v);
+    llama_err err = {{0}};
+    if (llama_st_read_f32(g, t, v, t->numel, &err) != 0) fail_msg("%s", err.msg);
+    *n = t->numel;
+    return v;
+}
+
+static float golden_scalar(const llama_st_file *g, const char *key, size_t i) {
+    size_t n;
+    float *v = golden_f32(g, key, &n);
+    assert_true(i < n);
+    float x = v[i];
+    free(v);
+    return x;
+}
+
+// input_ids: I64 [2, 7] into int32.
+static void golden_ids(const llama_st_file *g, int32_t ids[B * T]) {
+    const llama_st_tensor *t = llama_st_find(g, "input_ids");
+    assert_non_null(t);
+    assert_int_equal(t->ndim, 2);
+    assert_int_equal(t->shape[0], B);
+    assert_int_equal(t->shape[1], T);
+    int64_t v[B * T];
+    llama_err err = {{0}};
+    if (llama_st_read_i64(g, t, v, B * T, &err) != 0) fail_msg("%s", err.msg);
+    for (int i = 0; i < B * T; i++) {
+        assert_true(v[i] >= 0 && v[i] <= INT32_MAX);
+        ids[i] = (int32_t)v[i];
+    }
+}
+
+static size_t golden_count_prefix(const llama_st_file *g, const char *prefix) {
+    size_t n = 0;
+    for (size_t i = 0; i < llama_st_count(g); i++)
+        if (strncmp(llama_st_get(g, i)->name, prefix, strlen(prefix)) == 0) n++;
+    return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparing
+
+// max|got - want| / max|want| (or the absolute difference when want is all zeros).
+static double scaled_diff(const float *got, const float *want, size_t n) {
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (!(d <= diff)) diff = d; // NaN wins
+        if (fabs((double)want[i]) > scale) scale = fabs((double)want[i]);
+    }
+    return scale > 0 ? diff / scale : diff;
+}
+
+static void check_loss(float got, float want, worst_kind k, const char *what) {
+    double rel = fabs((double)got - (double)want) / fabs((double)want);
+    note(k, rel);
+    if (!(rel <= LOSS_RTOL)) fail_msg("%s: got %.9g, golden %.9g (relative %.3g)", what, got, want, rel);
+}
+
+// Every parameter (data, or .grad when grads) against "<prefix><name>".
+static void check_params(const llama_model *m, const llama_st_file *g, const char *prefix,
+                         bool grads, double tol, worst_kind k) {
+    assert_int_equal(golden_count_prefix(g, prefix), m->nparams);
+    for (size_t i = 0; i < m->nparams; i++) {
+        const ag_tensor *p = m->params[i];
+        const ag_tensor *src = grads ? p->grad : p;
+        char key[256];
+        snprintf(key, sizeof key, "%s%s", prefix, ag_tensor_name(p));
+        if (!src) fail_msg("%s: no gradient", ag_tensor_name(p));
+        size_t n;
+        float *want = golden_f32(g, key, &n);
+        assert_int_equal(n, (size_t)p->numel);
+        double e = scaled_diff(src->data, want, n);
+        free(want);
+        note(k, e);
+        if (!(e <= tol)) fail_msg("%s: max|diff| = %.3g x max|golden| (tolerance %g)", key, e, tol);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixture: the profiler, a context, a model loaded from a golden folder
+
+typedef struct {
+    ag_ctx *ctx;
+    llama_model *m;
+    llama_st_file *g;
+    uint64_t nparams; // llama_param_count(cfg)
+    int32_t ids[B * T];
+} run;
+
+static const mp_category tensor_cats[] = {MP_WEIGHT, MP_GRADIENT, MP_OPTIMIZER, MP_ACTIVATION, MP_CACHE};
+
+static void assert_all_zero(void) {
+    for (size_t c = 0; c < sizeof tensor_cats / sizeof *tensor_cats; c++) {
+        mp_counter k = mp_get_counter(tensor_cats[c]);
+        if (k.live != 0)
+            fail_msg("%s still holds %llu bytes", mp_category_name(tensor_cats[c]),
+                     (unsigned long long)k.live);
+    }
+}
+
+static uint64_t live(mp_category c) { return mp_get_counter(c).live; }
+
+static void run_open(run *r, const char *folder, const char *weights) {
+    memset(r, 0, sizeof *r);
+    assert_int_equal(mp_init(&(mp_options){0}), MP_OK);
+    r->ctx = ag_ctx_new();
+    assert_non_null(r->ctx);
+    char path[4096];
+    llama_config cfg;
+    llama_err err = {{0}};
+    golden_path(path, sizeof path, folder, "config.json");
+    if (llama_config_load(&cfg, path, &err) != 0) fail_msg("%s", err.msg);
+    r->nparams = llama_param_count(&cfg);
+    assert_true(r->nparams > 0);
+    if (llama_model_new(&r->m, r->ctx, &cfg, &err) != 0) fail_msg("%s", err.msg);
+    assert_int_equal(live(MP_WEIGHT), 4 * r->nparams);
+    golden_path(path, sizeof path, folder, weights);
+    if (llama_model_load(r->m, path, &err) != 0) fail_msg("%s", err.msg);
+    r->g = golden_open(folder);
+    golden_ids(r->g, r->ids);
+}
+
+static void run_close(run *r) {
+    llama_st_close(r->g);
+    llama_model_free(r->m);
+    ag_ctx_free(r->ctx);
+    assert_all_zero();
+    mp_shutdown();
+}
+
+// Forward and backward; returns the loss. Checks the bill of weights, gradients and
+// activations on the way.
+static float forward_backward(run *r) {
+    llama_err err = {{0}};
+    ag_tensor *loss = llama_forward_loss(r->ctx, r->m, r->ids, B, T, &err);
+    if (!loss) fail_msg("%s", err.msg);
+    assert_int_equal(live(MP_WEIGHT), 4 * r->nparams);
+    assert_int_equal(live(MP_GRADIENT), 0);
+    assert_true(live(MP_ACTIVATION) > 0); // what the tape saved
+    if (ag_backward(r->ctx, loss) != AG_OK) fail_msg("backward: %s", ag_ctx_error(r->ctx));
+    float l = loss->data[0];
+    ag_release(loss);
+    assert_int_equal(live(MP_WEIGHT), 4 * r->nparams);
+    assert_int_equal(live(MP_GRADIENT), 4 * r->nparams);
+    assert_int_equal(live(MP_ACTIVATION), 0); // the tape gave everything back
+    assert_int_equal(ag_tape_size(r->ctx), 0);
+    return l;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loss and gradients
+
+static void check_grads(const char *folder, const char *weights, const char *loss_key,
+                        const char *grad_prefix, worst_kind wl, worst_kind wg) {
+    run r;
+    run_open(&r, folder, weights);
+    float l = forward_backward(&r);
+    check_loss(l, golden_scalar(r.g, loss_key, 0), wl, loss_key);
+    check_params(r.m, r.g, grad_prefix, true, GRAD_TOL, wg);
+    for (size_t i = 0; i < r.m->nparams; i++) ag_zero_grad(r.m->params[i]);
+    assert_int_equal(live(MP_GRADIENT), 0);
+    run_close(&r);
+}
+
+static void test_tied_grads(void **s) {
+    (void)s;
+    check_grads("tiny_tied", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD);
+}
+static void test_untied_grads(void **s) {
+    (void)s;
+    check_grads("tiny_untied", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD);
+}
+static void test_mha_grads(void **s) {
+    (void)s;
+    check_grads("tiny_mha", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD);
+}
+static void test_tied_bf16(void **s) {
+    (void)s;
+    check_grads("tiny_tied", "model_bf16.safetensors", "loss_bf16", "grad_bf16.", W_BF16_LOSS,
+                W_BF16_GRAD);
+}
+static void test_untied_bf16(void **s) {
+    (void)s;
+    check_grads("tiny_untied", "model_bf16.safetensors", "loss_bf16", "grad_bf16.",
+                W_BF16_LOSS, W_BF16_GRAD);
+}
+
+// The BF16 file is a different model: its golden loss and every gradient differ from the F32
+// ones by far more than the tolerance, so the BF16 checks above could not pass on the F32
+// weights (a loader that ignored the dtype, say).
+static void test_bf16_is_distinct(void **s) {
+    (void)s;
+    llama_st_file *g = golden_open("tiny_untied");
+    float l32 = golden_scalar(g, "loss", 0), l16 = golden_scalar(g, "loss_bf16", 0);
+    assert_true(fabs((double)l32 - l16) > 10 * LOSS_RTOL * fabs((double)l32));
+    size_t checked = 0;
+    for (size_t i = 0; i < llama_st_count(g); i++) {
+        const char *key = llama_st_get(g, i)->name;
+        if (strncmp(key, "grad.", 5) != 0) continue;
+        char key16[256];
+        snprintf(key16, sizeof key16, "grad_bf16.%s", key + 5);
+        size_t n, n16;
+        float *a = golden_f32(g, key, &n);
+        float *b = golden_f32(g, key16, &n16);
+        assert_int_equal(n, n16);
+        if (!(scaled_diff(a, b, n) > 10 * GRAD_TOL)) fail_msg("%s: too close to %s", key16, key);
+        free(a);
+        free(b);
+        checked++;
+    }
+    assert_int_equal(checked, golden_count_prefix(g, "grad_bf16."));
+    assert_true(checked > 0);
+    llama_st_close(g);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two optimizer steps
+
+static void check_optim(const char *folder, optim_kind kind, float lr, float wd,
+                        float momentum, const char *prefix, const char *losses_key,
+                        worst_kind wk) {
+    run r;
+    run_open(&r, folder, "model.safetensors");
+    optim_config oc = optim_defaults(kind);
+    oc.lr = lr;
+    oc.weight_decay = wd;
+    oc.momentum = momentum;
+    char err[512] = "";
+    optim *o = optim_new(&oc, r.m->params, r.m->nparams, err, sizeof err);
+    if (!o) fail_msg("%s", err);
+    uint64_t state = optim_state_bytes_per_element(kind) * r.nparams;
+    assert_true(state > 0);
+    float losses[2];
+    for (int step = 0; step < 2; step++) {
+        losses[step] = forward_backward(&r);
+        assert_int_equal(live(MP_OPTIMIZER), step == 0 ? 0 : state); // lazily, at the first step
+        if (optim_step(o, err, sizeof err) != 0) fail_msg("%s", err);
+        assert_int_equal(live(MP_OPTIMIZER), state);
+        assert_int_equal(live(MP_WEIGHT), 4 * r.nparams);
+        assert_int_equal(live(MP_GRADIENT), 4 * r.nparams);
+        optim_zero_grad(o);
+        assert_int_equal(live(MP_GRADIENT), 0);
+        assert_int_equal(live(MP_ACTIVATION), 0);
+    }
+    assert_int_equal(optim_steps_taken(o), 2);
+    check_params(r.m, r.g, prefix, false, WEIGHT_TOL, wk);
+    if (golden_has(r.g, losses_key)) {
+        for (size_t i = 0; i < 2; i++)
+            check_loss(losses[i], golden_scalar(r.g, losses_key, i), W_STEP_LOSS, losses_key);
+    }
+    // The second loss ran on updated weights: the step did something.
+    assert_true(losses[1] < losses[0]);
+    optim_free(o);
+    assert_int_equal(live(MP_OPTIMIZER), 0);
+    run_close(&r);
+}
+
+static void test_tied_adam(void **s) {
+    (void)s;
+    check_optim("tiny_tied", OPTIM_ADAM, 1e-3f, 0.0f, 0.0f, "adam.", "adam_losses", W_ADAM);
+}
+static void test_untied_adam(void **s) {
+    (void)s;
+    check_optim("tiny_untied", OPTIM_ADAM, 1e-3f, 0.0f, 0.0f, "adam.", "adam_losses", W_ADAM);
+}
+static void test_tied_adamw(void **s) {
+    (void)s;
+    check_optim("tiny_tied", OPTIM_ADAMW, 1e-3f, 0.01f, 0.0f, "adamw.", "adamw_losses", W_ADAMW);
+}
+static void test_untied_adamw(void **s) {
+    (void)s;
+    check_optim("tiny_untied", OPTIM_ADAMW, 1e-3f, 0.01f, 0.0f, "adamw.", "adamw_losses",
+                W_ADAMW);
+}
+static void test_tied_sgdm(void **s) {
+    (void)s;
+    check_optim("tiny_tied", OPTIM_SGD_MOMENTUM, 1e-2f, 0.0f, 0.9f, "sgdm.", "sgdm_losses",
+                W_SGDM);
+}
+static void test_untied_sgdm(void **s) {
+    (void)s;
+    check_optim("tiny_untied", OPTIM_SGD_MOMENTUM, 1e-2f, 0.0f, 0.9f, "sgdm.", "sgdm_losses",
+                W_SGDM);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The comparison itself must be able to fail: a gradient computed on the wrong batch (ids of
+// the second row swapped with the first) is far outside the tolerance.
+static void test_detects_wrong_batch(void **s) {
+    (void)s;
+    run r;
+    run_open(&r, "tiny_tied", "model.safetensors");
+    for (int t = 0; t < T; t++) {
+        int32_t x = r.ids[t];
+        r.ids[t] = r.ids[T + t];
+        r.ids[T + t] = x;
+    }
+    for (int t = 0; t < T / 2; t++) { // and reverse row 0, so the pair differs from the golden
+        int32_t x = r.ids[t];
+        r.ids[t] = r.ids[T - 1 - t];
+        r.ids[T - 1 - t] = x;
+    }
+    forward_backward(&r);
+    size_t n;
+    const ag_tensor *q = r.m->layers[0].q;
+    float *want = golden_f32(r.g, "grad.model.layers.0.self_attn.q_proj.weight", &n);
+    assert_int_equal(n, (size_t)q->numel);
+    assert_true(scaled_diff(q->grad->data, want, n) > 100 * GRAD_TOL);
+    free(want);
+    run_close(&r);
+}
+
+static int print_worst(void **s) {
+    (void)s;
+    printf("worst observed errors:\n");
+    for (int k = 0; k < W_N; k++) printf("  %-30s %.3g\n", worst_names[k], worst[k]);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tied_grads),      cmocka_unit_test(test_untied_grads),
+        cmocka_unit_test(test_mha_grads),       cmocka_unit_test(test_tied_bf16),
+        cmocka_unit_test(test_untied_bf16),     cmocka_unit_test(test_bf16_is_distinct),
+        cmocka_unit_test(test_tied_adam),       cmocka_unit_test(test_untied_adam),
+        cmocka_unit_test(test_tied_adamw),      cmocka_unit_test(test_untied_adamw),
+        cmocka_unit_test(test_tied_sgdm),       cmocka_unit_test(test_untied_sgdm),
+        cmocka_unit_test(test_detects_wrong_batch),
+    };
+    return cmocka_run_group_tests(tests, NULL, print_worst);
+}
