@@ -6,37 +6,34 @@
 
 #define REL(t) (ag_release(t), (t) = NULL)
 
+// "layers.<i>.<what>": the site prefix of an op inside block i.
+static const char *site(char buf[96], int64_t i, const char *what) {
+    snprintf(buf, 96, "layers.%lld.%s", (long long)i, what);
+    return buf;
+}
+
 // x[B, T, H] -> x + attention(norm(x)); takes ownership of x.
 static ag_tensor *attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L,
                                   ag_tensor *x, int64_t i) {
     char s[96];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
     const float theta = (float)c->rope_theta;
-    snprintf(s, sizeof s, "layers.%lld.input_layernorm", (long long)i);
-    ag_tensor *h = ag_rmsnorm(ctx, s, x, L->input_norm, (float)c->rms_eps);
-    snprintf(s, sizeof s, "layers.%lld.self_attn.q_proj", (long long)i);
-    ag_tensor *q = ag_linear(ctx, s, h, L->q);
-    snprintf(s, sizeof s, "layers.%lld.self_attn.k_proj", (long long)i);
-    ag_tensor *k = ag_linear(ctx, s, h, L->k);
-    snprintf(s, sizeof s, "layers.%lld.self_attn.v_proj", (long long)i);
-    ag_tensor *v = ag_linear(ctx, s, h, L->v);
+    ag_tensor *h = ag_rmsnorm(ctx, site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
+    ag_tensor *q = ag_linear(ctx, site(s, i, "self_attn.q_proj"), h, L->q);
+    ag_tensor *k = ag_linear(ctx, site(s, i, "self_attn.k_proj"), h, L->k);
+    ag_tensor *v = ag_linear(ctx, site(s, i, "self_attn.v_proj"), h, L->v);
     REL(h);
-    snprintf(s, sizeof s, "layers.%lld.self_attn.q_rope", (long long)i);
-    ag_tensor *qr = ag_rope(ctx, s, q, hq, hd, theta, 0);
-    snprintf(s, sizeof s, "layers.%lld.self_attn.k_rope", (long long)i);
-    ag_tensor *kr = ag_rope(ctx, s, k, hkv, hd, theta, 0);
+    ag_tensor *qr = ag_rope(ctx, site(s, i, "self_attn.q_rope"), q, hq, hd, theta, 0);
+    ag_tensor *kr = ag_rope(ctx, site(s, i, "self_attn.k_rope"), k, hkv, hd, theta, 0);
     REL(q);
     REL(k);
-    snprintf(s, sizeof s, "layers.%lld.self_attn", (long long)i);
-    ag_tensor *a = ag_attention(ctx, s, qr, kr, v, hq, hkv, hd);
+    ag_tensor *a = ag_attention(ctx, site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd);
     REL(qr);
     REL(kr);
     REL(v);
-    snprintf(s, sizeof s, "layers.%lld.self_attn.o_proj", (long long)i);
-    ag_tensor *o = ag_linear(ctx, s, a, L->o);
+    ag_tensor *o = ag_linear(ctx, site(s, i, "self_attn.o_proj"), a, L->o);
     REL(a);
-    snprintf(s, sizeof s, "layers.%lld.attn_residual", (long long)i);
-    ag_tensor *y = ag_add(ctx, s, x, o);
+    ag_tensor *y = ag_add(ctx, site(s, i, "attn_residual"), x, o);
     ag_release(x);
     ag_release(o);
     return y;
@@ -46,25 +43,18 @@ static ag_tensor *attention_block(ag_ctx *ctx, const llama_config *c, const llam
 static ag_tensor *mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
                             int64_t i) {
     char s[96];
-    snprintf(s, sizeof s, "layers.%lld.post_attention_layernorm", (long long)i);
-    ag_tensor *h = ag_rmsnorm(ctx, s, x, L->post_norm, (float)c->rms_eps);
-    snprintf(s, sizeof s, "layers.%lld.mlp.gate_proj", (long long)i);
-    ag_tensor *g = ag_linear(ctx, s, h, L->gate);
-    snprintf(s, sizeof s, "layers.%lld.mlp.up_proj", (long long)i);
-    ag_tensor *u = ag_linear(ctx, s, h, L->up);
+    ag_tensor *h = ag_rmsnorm(ctx, site(s, i, "post_attention_layernorm"), x, L->post_norm, (float)c->rms_eps);
+    ag_tensor *g = ag_linear(ctx, site(s, i, "mlp.gate_proj"), h, L->gate);
+    ag_tensor *u = ag_linear(ctx, site(s, i, "mlp.up_proj"), h, L->up);
     REL(h);
-    snprintf(s, sizeof s, "layers.%lld.mlp.act", (long long)i);
-    ag_tensor *a = ag_silu(ctx, s, g);
+    ag_tensor *a = ag_silu(ctx, site(s, i, "mlp.act"), g);
     REL(g);
-    snprintf(s, sizeof s, "layers.%lld.mlp.act_mul_up", (long long)i);
-    ag_tensor *m = ag_mul(ctx, s, a, u);
+    ag_tensor *m = ag_mul(ctx, site(s, i, "mlp.act_mul_up"), a, u);
     REL(a);
     REL(u);
-    snprintf(s, sizeof s, "layers.%lld.mlp.down_proj", (long long)i);
-    ag_tensor *d = ag_linear(ctx, s, m, L->down);
+    ag_tensor *d = ag_linear(ctx, site(s, i, "mlp.down_proj"), m, L->down);
     REL(m);
-    snprintf(s, sizeof s, "layers.%lld.mlp_residual", (long long)i);
-    ag_tensor *y = ag_add(ctx, s, x, d);
+    ag_tensor *y = ag_add(ctx, site(s, i, "mlp_residual"), x, d);
     ag_release(x);
     ag_release(d);
     return y;
