@@ -2,6 +2,7 @@
 // as soon as the next op has it, so what stays alive is exactly what the tape saved.
 #include "model.h"
 
+#include <stdint.h>
 #include <stdio.h>
 
 #define REL(t) (ag_release(t), (t) = NULL)
@@ -63,7 +64,7 @@ static ag_tensor *mlp_block(ag_ctx *ctx, const llama_config *c, const llama_laye
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B,
                               int64_t T, llama_err *err) {
     const llama_config *c = &m->cfg;
-    if (B < 1 || T < 2 || T > c->max_positions) {
+    if (B < 1 || B > INT32_MAX / c->max_positions || T < 2 || T > c->max_positions) {
         llama_err_set(err, "batch %lld x length %lld: a training step needs batch >= 1 and 2 to %lld tokens",
                       (long long)B, (long long)T, (long long)c->max_positions);
         return NULL;

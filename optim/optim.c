@@ -37,14 +37,52 @@ size_t optim_state_bytes_per_element(optim_kind kind) {
     }
 }
 
+// torch.optim's own checks, one message per setting at fault.
+static bool check_config(const optim_config *c, char *err, size_t errlen) {
+    const char *bad = NULL;
+    double v = 0;
+    if (!c) {
+        snprintf(err, errlen, "optimizer: no settings given");
+        return false;
+    }
+    if ((unsigned)c->kind > OPTIM_NONE) {
+        snprintf(err, errlen, "optimizer: unknown kind %d", (int)c->kind);
+        return false;
+    }
+    bool adam = c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW;
+    if (!(c->lr >= 0)) bad = "lr", v = c->lr;
+    else if (!(c->weight_decay >= 0)) bad = "weight_decay", v = c->weight_decay;
+    else if (adam && !(c->eps >= 0)) bad = "eps", v = c->eps;
+    else if (adam && !(c->beta1 >= 0 && c->beta1 < 1)) bad = "beta1", v = c->beta1;
+    else if (adam && !(c->beta2 >= 0 && c->beta2 < 1)) bad = "beta2", v = c->beta2;
+    if (bad) {
+        snprintf(err, errlen, "optimizer %s: %s is %g, expected %s", optim_kind_name(c->kind), bad,
+                 v, bad[0] == 'b' ? "0 <= beta < 1" : "a number >= 0");
+        return false;
+    }
+    const char *msg = NULL;
+    if (c->kind == OPTIM_SGD && c->momentum != 0)
+        msg = "momentum must be 0 (sgd-momentum is SGD with a momentum)";
+    else if (c->kind == OPTIM_SGD_MOMENTUM && !(c->momentum > 0))
+        msg = "momentum must be > 0";
+    else if (c->nesterov && (c->kind != OPTIM_SGD_MOMENTUM || c->dampening != 0))
+        msg = "nesterov requires sgd-momentum and zero dampening";
+    if (msg) {
+        snprintf(err, errlen, "optimizer %s: %s (momentum %g, dampening %g)",
+                 optim_kind_name(c->kind), msg, (double)c->momentum, (double)c->dampening);
+        return false;
+    }
+    return true;
+}
+
 optim *optim_new(const optim_config *cfg, ag_tensor *const *params, size_t n, char *err,
                  size_t errlen) {
-    if (!cfg || (unsigned)cfg->kind > OPTIM_NONE || !(cfg->lr >= 0) || !(cfg->eps >= 0) ||
-        !(cfg->beta1 >= 0 && cfg->beta1 < 1) || !(cfg->beta2 >= 0 && cfg->beta2 < 1) ||
-        !(cfg->weight_decay >= 0) || !(cfg->momentum >= 0)) {
-        snprintf(err, errlen, "optimizer: invalid settings (lr, betas in [0, 1), eps, weight decay, momentum >= 0)");
-        return NULL;
-    }
+    if (!check_config(cfg, err, errlen)) return NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!params || !params[i]) {
+            snprintf(err, errlen, "optimizer: parameter %zu of %zu is missing", i, n);
+            return NULL;
+        }
     optim *o = calloc(1, sizeof *o);
     if (o) o->slots = calloc(n ? n : 1, sizeof *o->slots);
     if (!o || !o->slots) {
@@ -74,7 +112,8 @@ void optim_zero_grad(optim *o) {
 
 long optim_steps_taken(const optim *o) { return o ? o->steps : 0; }
 
-// Lazily, at the first step that sees a gradient, as torch.optim does.
+// Lazily, at the first step that sees a gradient, as torch.optim does. On failure the slot
+// keeps no state at all.
 static int alloc_state(optim_slot *s, optim_kind kind, char *err, size_t errlen) {
     static const char *const names[2][2] = {{"exp_avg", "exp_avg_sq"}, {"momentum_buffer", ""}};
     int count = (int)(optim_state_bytes_per_element(kind) / sizeof(float));
@@ -87,6 +126,7 @@ static int alloc_state(optim_slot *s, optim_kind kind, char *err, size_t errlen)
         if (st != MP_OK) {
             snprintf(err, errlen, "optimizer: cannot allocate %s (%zu bytes): %s", site, bytes,
                      st == MP_ERR_BUDGET ? "over the memory budget" : "out of memory");
+            mp_free(&s->state[0]);
             return -1;
         }
     }
@@ -94,18 +134,35 @@ static int alloc_state(optim_slot *s, optim_kind kind, char *err, size_t errlen)
     return 0;
 }
 
+// The state of every parameter that has a gradient, before any update: a step that cannot
+// get its memory gives back what it took and changes nothing, so the caller may retry it.
+static int alloc_all_state(optim *o, char *err, size_t errlen) {
+    if (!optim_state_bytes_per_element(o->cfg.kind)) return 0;
+    for (size_t i = 0; i < o->n; i++) {
+        optim_slot *s = &o->slots[i];
+        if (!s->param->grad || s->state[0].bytes) continue;
+        if (alloc_state(s, o->cfg.kind, err, errlen) == 0) continue;
+        for (size_t j = 0; j < i; j++)
+            if (o->slots[j].fresh) {
+                mp_free(&o->slots[j].state[0]);
+                mp_free(&o->slots[j].state[1]);
+                o->slots[j].fresh = false;
+            }
+        return -1;
+    }
+    return 0;
+}
+
 int optim_step(optim *o, char *err, size_t errlen) {
     if (!o) return -1;
     if (o->cfg.kind == OPTIM_NONE) return 0;
+    if (alloc_all_state(o, err, errlen) != 0) return -1;
     o->steps++;
     bool meta = mp_is_meta();
     for (size_t i = 0; i < o->n; i++) {
         optim_slot *s = &o->slots[i];
         ag_tensor *g = s->param->grad;
         if (!g) continue;
-        if (optim_state_bytes_per_element(o->cfg.kind) && !s->state[0].bytes &&
-            alloc_state(s, o->cfg.kind, err, errlen) != 0)
-            return -1;
         s->step++;
         if (!meta) optim_update(&o->cfg, s, s->param->data, g->data, (size_t)s->param->numel);
         s->fresh = false;

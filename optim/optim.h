@@ -33,12 +33,15 @@ const char *optim_kind_name(optim_kind kind);
 size_t optim_state_bytes_per_element(optim_kind kind);
 
 // The optimizer refers to the parameters (it does not own them). Returns NULL on bad
-// arguments or out of memory, with a message in err.
+// arguments or out of memory, with a message in err naming the setting at fault. As in
+// torch.optim: lr, eps, weight_decay >= 0, betas in [0, 1); sgd takes no momentum and
+// sgd-momentum a positive one; nesterov needs sgd-momentum with zero dampening.
 optim *optim_new(const optim_config *cfg, ag_tensor *const *params, size_t n, char *err,
                  size_t errlen);
 void optim_free(optim *o); // frees the state
-// One step over every parameter that has a gradient. Returns 0, or -1 with a message (out of
-// budget while allocating state).
+// One step over every parameter that has a gradient. Returns 0, or -1 with a message naming
+// the state that could not be allocated (out of budget): the step then changed nothing (no
+// weight moved, no state kept, no step counted), so it may be retried.
 int optim_step(optim *o, char *err, size_t errlen);
 // Sets every parameter's gradient to none (frees it), as zero_grad(set_to_none=True).
 void optim_zero_grad(optim *o);

@@ -1,1 +1,740 @@
-int main(void){return 0;}
+// optim against torch.optim's documented algorithms (single-tensor path, maximize and amsgrad
+// off), recomputed here in double precision; the state's bill (lazy, exact bytes, category
+// optimizer); parameters without a gradient; zero_grad; meta mode; the memory budget; names
+// and settings.
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "optim.h"
+
+#define N 8     // elements of the main test parameter
+#define STEPS 3
+
+// |got - want| <= TOL x max(1, |want|). The worst seen is ~1e-7 (float32 rounding of values
+// of order 1); a wrong formula moves the result by a sizeable fraction of lr (0.1 here).
+#define TOL 2e-6
+
+static double worst_seen;
+
+// ---------------------------------------------------------------------------------------------
+// Fixture
+
+static int setup(void **state) {
+    assert_int_equal(mp_init(&(mp_options){.keep_timeline = true}), MP_OK);
+    ag_ctx *ctx = ag_ctx_new();
+    assert_non_null(ctx);
+    *state = ctx;
+    return 0;
+}
+
+static void assert_all_zero(void) {
+    for (int c = 0; c < MP_OTHER; c++)
+        if (mp_get_counter((mp_category)c).live != 0)
+            fail_msg("%s still holds %llu bytes", mp_category_name((mp_category)c),
+                     (unsigned long long)mp_get_counter((mp_category)c).live);
+}
+
+// Shuts the profiler down even when something is left, so that one failure does not spoil the
+// tests after it.
+static int teardown(void **state) {
+    ag_ctx_free(*state);
+    int left = -1;
+    for (int c = 0; c < MP_OTHER; c++)
+        if (mp_get_counter((mp_category)c).live != 0) left = c;
+    mp_shutdown();
+    if (left >= 0) fail_msg("%s: bytes left at the end of the test", mp_category_name((mp_category)left));
+    return 0;
+}
+
+static uint64_t live(mp_category c) { return mp_get_counter(c).live; }
+
+static ag_tensor *param(ag_ctx *ctx, const char *name, int64_t n, const float *init) {
+    ag_tensor *p = ag_param_new(ctx, 1, (int64_t[]){n}, name);
+    assert_non_null(p);
+    if (p->data && init) memcpy(p->data, init, (size_t)n * sizeof(float));
+    return p;
+}
+
+// Gives p the gradient g through a real backward (y = p + 0, d(y) = g), as a training step
+// does. In meta mode g is ignored.
+static void give_grad(ag_ctx *ctx, ag_tensor *p, const float *g) {
+    ag_tensor *zero = ag_tensor_new(ctx, p->ndim, p->shape, MP_ACTIVATION, "zero");
+    ag_tensor *dy = ag_tensor_new(ctx, p->ndim, p->shape, MP_ACTIVATION, "dy");
+    assert_non_null(zero);
+    assert_non_null(dy);
+    if (zero->data) {
+        memset(zero->data, 0, (size_t)p->numel * sizeof(float));
+        memcpy(dy->data, g, (size_t)p->numel * sizeof(float));
+    }
+    ag_tensor *y = ag_add(ctx, "give_grad", p, zero);
+    assert_non_null(y);
+    assert_int_equal(ag_backward_grad(ctx, y, dy), AG_OK);
+    ag_release(y);
+    ag_release(zero);
+    ag_release(dy);
+    assert_non_null(p->grad);
+    if (p->grad->data) assert_memory_equal(p->grad->data, g, (size_t)p->numel * sizeof(float));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reference: torch.optim (1.13) Adam, AdamW and SGD, per parameter, in double
+
+typedef struct {
+    double w[N], m[N], v[N], buf[N];
+    long step; // Adam's state["step"]: counts the steps that saw a gradient
+    bool has_buf;
+    int n;
+} ref_param;
+
+static void ref_init(ref_param *r, const float *w, int n) {
+    memset(r, 0, sizeof *r);
+    r->n = n;
+    for (int i = 0; i < n; i++) r->w[i] = w[i];
+}
+
+static void ref_adam(const optim_config *c, ref_param *r, const float *g) {
+    const double lr = c->lr, b1 = c->beta1, b2 = c->beta2, eps = c->eps, wd = c->weight_decay;
+    r->step++;
+    const double bc1 = 1 - pow(b1, (double)r->step), bc2 = 1 - pow(b2, (double)r->step);
+    for (int i = 0; i < r->n; i++) {
+        double gi = g[i];
+        if (c->kind == OPTIM_ADAMW) r->w[i] *= 1 - lr * wd; // decoupled: param.mul_(1 - lr*wd)
+        else gi += wd * r->w[i];                           // L2: grad.add(param, alpha=wd)
+        r->m[i] += (gi - r->m[i]) * (1 - b1);              // exp_avg.lerp_(grad, 1 - beta1)
+        r->v[i] = r->v[i] * b2 + (1 - b2) * gi * gi;       // exp_avg_sq.mul_(b2).addcmul_(..)
+        double denom = sqrt(r->v[i]) / sqrt(bc2) + eps;
+        r->w[i] -= lr / bc1 * r->m[i] / denom;
+    }
+}
+
+// damp_first: a deliberately wrong variant (dampening applied to the first buffer), used to
+// show that the tests tell it apart.
+static void ref_sgd(const optim_config *c, ref_param *r, const float *g, bool damp_first) {
+    const double lr = c->lr, wd = c->weight_decay, mom = c->momentum, damp = c->dampening;
+    for (int i = 0; i < r->n; i++) {
+        double d = g[i] + wd * r->w[i];
+        if (mom != 0) {
+            if (!r->has_buf) r->buf[i] = damp_first ? (1 - damp) * d : d; // torch.clone(d_p)
+            else r->buf[i] = mom * r->buf[i] + (1 - damp) * d;
+            d = c->nesterov ? d + mom * r->buf[i] : r->buf[i];
+        }
+        r->w[i] -= lr * d;
+    }
+    if (mom != 0) r->has_buf = true;
+    r->step++;
+}
+
+static void ref_step(const optim_config *c, ref_param *r, const float *g) {
+    if (c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW) ref_adam(c, r, g);
+    else if (c->kind == OPTIM_SGD || c->kind == OPTIM_SGD_MOMENTUM) ref_sgd(c, r, g, false);
+}
+
+static double ref_worst(const float *got, const ref_param *r) {
+    double e = 0;
+    for (int i = 0; i < r->n; i++) {
+        double d = fabs((double)got[i] - r->w[i]) / fmax(1.0, fabs(r->w[i]));
+        if (!(d <= e)) e = d; // NaN wins
+    }
+    return e;
+}
+
+static void assert_matches(const float *got, const ref_param *r, const char *what, int step) {
+    double e = ref_worst(got, r);
+    if (e > worst_seen) worst_seen = e;
+    if (!(e <= TOL)) {
+        for (int i = 0; i < r->n; i++)
+            print_message("  [%d] got %.9g want %.9g\n", i, got[i], r->w[i]);
+        fail_msg("%s, step %d: error %.3g x max(1, |w|), tolerance %g", what, step, e, TOL);
+    }
+}
+
+static double ref_distance(const ref_param *a, const ref_param *b) {
+    double e = 0;
+    for (int i = 0; i < a->n; i++) e = fmax(e, fabs(a->w[i] - b->w[i]) / fmax(1.0, fabs(b->w[i])));
+    return e;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data: weights of order 1, and per step a gradient with a zero element, one far below eps
+// (where eps decides the step), mixed signs, one large element, and signs that flip between
+// steps so that the moving averages matter.
+
+static const float w0[N] = {0.5f, -1.25f, 0.75f, 2.0f, -0.3f, 1.1f, -0.9f, 0.05f};
+
+static void grad_at(int step, float g[N]) {
+    for (int i = 0; i < N; i++) g[i] = (float)(0.8 * sin(1.3 * i + 2.1 * step) * (1 + i % 3));
+    g[0] = 0.0f;
+    g[1] = 3e-9f * (float)(step + 1);
+    g[2] = step % 2 ? -4.0f : 6.0f;
+}
+
+// Runs STEPS steps of cfg on one parameter and checks every step against the reference.
+static void run_against_ref(ag_ctx *ctx, const optim_config *cfg, const char *what) {
+    ag_tensor *p = param(ctx, "p", N, w0);
+    char err[256] = "";
+    optim *o = optim_new(cfg, &p, 1, err, sizeof err);
+    if (!o) fail_msg("%s: %s", what, err);
+    ref_param r;
+    ref_init(&r, w0, N);
+    for (int s = 0; s < STEPS; s++) {
+        float g[N];
+        grad_at(s, g);
+        give_grad(ctx, p, g);
+        assert_int_equal(optim_step(o, err, sizeof err), 0);
+        ref_step(cfg, &r, g);
+        assert_matches(p->data, &r, what, s + 1);
+        optim_zero_grad(o);
+    }
+    assert_int_equal(optim_steps_taken(o), STEPS);
+    optim_free(o);
+    ag_release(p);
+}
+
+static optim_config cfg_of(optim_kind kind, float lr) {
+    optim_config c = optim_defaults(kind);
+    c.lr = lr;
+    return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Formulas
+
+static void test_defaults(void **state) {
+    (void)state;
+    optim_config a = optim_defaults(OPTIM_ADAM);
+    assert_true(a.lr == 1e-3f && a.beta1 == 0.9f && a.beta2 == 0.999f && a.eps == 1e-8f);
+    assert_true(a.weight_decay == 0.0f && a.momentum == 0.0f);
+    optim_config w = optim_defaults(OPTIM_ADAMW);
+    assert_true(w.weight_decay == 0.01f && w.beta1 == 0.9f && w.beta2 == 0.999f);
+    assert_true(optim_defaults(OPTIM_SGD).momentum == 0.0f);
+    optim_config m = optim_defaults(OPTIM_SGD_MOMENTUM);
+    assert_true(m.momentum == 0.9f && m.dampening == 0.0f && !m.nesterov);
+}
+
+static void test_adam(void **state) {
+    optim_config c = cfg_of(OPTIM_ADAM, 0.1f);
+    run_against_ref(*state, &c, "adam");
+    c.beta1 = 0.5f, c.beta2 = 0.75f, c.eps = 1e-2f; // eps and betas that weigh in every element
+    run_against_ref(*state, &c, "adam, betas 0.5 0.75, eps 1e-2");
+}
+
+static void test_adam_l2_vs_adamw_decoupled(void **state) {
+    optim_config adam = cfg_of(OPTIM_ADAM, 0.1f), adamw = cfg_of(OPTIM_ADAMW, 0.1f);
+    adam.weight_decay = adamw.weight_decay = 0.5f;
+    run_against_ref(*state, &adam, "adam, weight_decay 0.5 (L2)");
+    run_against_ref(*state, &adamw, "adamw, weight_decay 0.5 (decoupled)");
+    // The two references part by far more than the tolerance: a swap would be caught.
+    ref_param a, w;
+    ref_init(&a, w0, N);
+    ref_init(&w, w0, N);
+    for (int s = 0; s < STEPS; s++) {
+        float g[N];
+        grad_at(s, g);
+        ref_step(&adam, &a, g);
+        ref_step(&adamw, &w, g);
+    }
+    assert_true(ref_distance(&a, &w) > 1000 * TOL);
+}
+
+static void test_sgd(void **state) {
+    optim_config c = cfg_of(OPTIM_SGD, 0.1f);
+    run_against_ref(*state, &c, "sgd");
+    c.weight_decay = 0.25f;
+    run_against_ref(*state, &c, "sgd, weight_decay 0.25");
+}
+
+static void test_sgd_momentum(void **state) {
+    optim_config c = cfg_of(OPTIM_SGD_MOMENTUM, 0.1f);
+    run_against_ref(*state, &c, "sgd-momentum 0.9");
+    c.momentum = 0.6f, c.dampening = 0.5f, c.weight_decay = 0.1f;
+    run_against_ref(*state, &c, "sgd-momentum 0.6, dampening 0.5, weight_decay 0.1");
+    // torch clones the first gradient into the buffer, undamped: the damped variant is far off.
+    ref_param good, bad;
+    ref_init(&good, w0, N);
+    ref_init(&bad, w0, N);
+    for (int s = 0; s < STEPS; s++) {
+        float g[N];
+        grad_at(s, g);
+        ref_sgd(&c, &good, g, false);
+        ref_sgd(&c, &bad, g, true);
+    }
+    assert_true(ref_distance(&good, &bad) > 1000 * TOL);
+}
+
+static void test_sgd_nesterov(void **state) {
+    optim_config c = cfg_of(OPTIM_SGD_MOMENTUM, 0.1f);
+    c.nesterov = true;
+    run_against_ref(*state, &c, "sgd-momentum 0.9, nesterov");
+    c.weight_decay = 0.2f;
+    run_against_ref(*state, &c, "sgd-momentum 0.9, nesterov, weight_decay 0.2");
+}
+
+// A 2-D parameter large enough for the OpenMP loop to split it (results are elementwise, so
+// they equal the reference whatever the thread count).
+static void test_large_parameter(void **state) {
+    ag_ctx *ctx = *state;
+    enum { R = 64, C = 1000 };
+    ag_tensor *p = ag_param_new(ctx, 2, (int64_t[]){R, C}, "big");
+    assert_non_null(p);
+    float *g = malloc(R * C * sizeof(float));
+    assert_non_null(g);
+    for (int i = 0; i < R * C; i++) {
+        p->data[i] = (float)cos(0.01 * i);
+        g[i] = (float)sin(0.37 * i);
+    }
+    double w_first = p->data[0], w_last = p->data[R * C - 1];
+    optim_config c = cfg_of(OPTIM_ADAMW, 0.1f);
+    char err[256];
+    optim *o = optim_new(&c, &p, 1, err, sizeof err);
+    assert_non_null(o);
+    give_grad(ctx, p, g);
+    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    // First step of AdamW: m̂ = g, sqrt(v̂) = |g|, so w·(1 - lr·wd) - lr·g/(|g| + eps); where g
+    // is 0, the decay alone.
+    for (int i = 0; i < R * C; i++) {
+        double gi = g[i];
+        double want = (double)(float)cos(0.01 * i) * (1 - 0.1 * 0.01) - 0.1 * gi / (fabs(gi) + 1e-8);
+        if (!(fabs(p->data[i] - want) <= TOL)) fail_msg("element %d: %.9g, want %.9g", i, p->data[i], want);
+    }
+    assert_true(g[0] == 0 && p->data[0] < (float)w_first); // decayed without a gradient
+    assert_true(p->data[R * C - 1] != (float)w_last);
+    free(g);
+    optim_free(o);
+    ag_release(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// State: lazy, billed to optimizer, exact bytes
+
+// The optimizer allocations recorded in the timeline since event `from`: their count, and
+// whether each of the `n` site names appeared with `bytes` bytes.
+static size_t optimizer_events(size_t from, const char *const *sites, size_t n, int64_t bytes) {
+    size_t count = 0;
+    bool seen[4] = {false};
+    for (size_t i = from; i < mp_timeline_count(); i++) {
+        const mp_event *e = mp_timeline_get(i);
+        if (e->category != MP_OPTIMIZER) continue;
+        count++;
+        for (size_t j = 0; j < n; j++)
+            if (e->bytes == bytes && strcmp(mp_site_name(e->site), sites[j]) == 0) seen[j] = true;
+    }
+    for (size_t j = 0; j < n; j++)
+        if (!seen[j]) fail_msg("no optimizer allocation of %lld bytes at %s", (long long)bytes, sites[j]);
+    return count;
+}
+
+static void lazy_state(ag_ctx *ctx, optim_kind kind, size_t per_elem, const char *const *sites,
+                       size_t nsites) {
+    assert_int_equal(optim_state_bytes_per_element(kind), per_elem);
+    ag_tensor *p[2] = {param(ctx, "layers.0.a", N, w0), param(ctx, "layers.0.b", 3, w0)};
+    optim_config c = optim_defaults(kind);
+    char err[256];
+    optim *o = optim_new(&c, p, 2, err, sizeof err);
+    assert_non_null(o);
+    assert_int_equal(live(MP_OPTIMIZER), 0); // nothing before the first step
+    float g[N];
+    grad_at(0, g);
+    give_grad(ctx, p[0], g);
+    give_grad(ctx, p[1], g);
+    assert_int_equal(live(MP_OPTIMIZER), 0);
+    size_t from = mp_timeline_count();
+    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(live(MP_OPTIMIZER), per_elem * (N + 3));
+    assert_int_equal(mp_get_counter(MP_OPTIMIZER).allocations, 2 * nsites);
+    assert_int_equal(optimizer_events(from, sites, nsites, (int64_t)(4 * N)), 2 * nsites);
+    assert_int_equal(live(MP_WEIGHT), 4 * (N + 3));
+    assert_int_equal(live(MP_GRADIENT), 4 * (N + 3));
+    assert_int_equal(live(MP_ACTIVATION), 0); // no temporaries left behind
+    // Later steps reuse the state.
+    optim_zero_grad(o);
+    give_grad(ctx, p[0], g);
+    give_grad(ctx, p[1], g);
+    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(mp_get_counter(MP_OPTIMIZER).allocations, 2 * nsites);
+    assert_int_equal(live(MP_OPTIMIZER), per_elem * (N + 3));
+    optim_free(o);
+    assert_int_equal(live(MP_OPTIMIZER), 0);
+    ag_release(p[0]);
+    ag_release(p[1]);
+}
+
+static void test_state_adam(void **state) {
+    const char *sites[] = {"layers.0.a:exp_avg", "layers.0.a:exp_avg_sq"};
+    lazy_state(*state, OPTIM_ADAM, 8, sites, 2);
+}
+static void test_state_adamw(void **state) {
+    const char *sites[] = {"layers.0.a:exp_avg", "layers.0.a:exp_avg_sq"};
+    lazy_state(*state, OPTIM_ADAMW, 8, sites, 2);
+}
+static void test_state_momentum(void **state) {
+    const char *sites[] = {"layers.0.a:momentum_buffer"};
+    lazy_state(*state, OPTIM_SGD_MOMENTUM, 4, sites, 1);
+}
+static void test_state_sgd(void **state) { lazy_state(*state, OPTIM_SGD, 0, NULL, 0); }
+
+static void test_none(void **state) {
+    ag_ctx *ctx = *state;
+    assert_int_equal(optim_state_bytes_per_element(OPTIM_NONE), 0);
+    ag_tensor *p = param(ctx, "p", N, w0);
+    optim_config c = optim_defaults(OPTIM_NONE);
+    char err[256];
+    optim *o = optim_new(&c, &p, 1, err, sizeof err);
+    assert_non_null(o);
+    float g[N];
+    grad_at(0, g);
+    give_grad(ctx, p, g);
+    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_memory_equal(p->data, w0, sizeof w0);
+    assert_int_equal(live(MP_OPTIMIZER), 0);
+    optim_zero_grad(o);
+    assert_null(p->grad);
+    optim_free(o);
+    ag_release(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parameters without a gradient are skipped: no state, no update, no step counted
+
+static void test_skip_without_grad(void **state) {
+    ag_ctx *ctx = *state;
+    ag_tensor *p[2] = {param(ctx, "a", N, w0), param(ctx, "b", N, w0)};
+    optim_config c = cfg_of(OPTIM_ADAM, 0.1f);
+    char err[256];
+    optim *o = optim_new(&c, p, 2, err, sizeof err);
+    assert_non_null(o);
+    ref_param ra, rb;
+    ref_init(&ra, w0, N);
+    ref_init(&rb, w0, N);
+    // Which parameter has a gradient at each step: a alone, both, b alone, both.
+    const bool has[4][2] = {{true, false}, {true, true}, {false, true}, {true, true}};
+    const uint64_t state_after[4] = {8 * N, 16 * N, 16 * N, 16 * N};
+    for (int s = 0; s < 4; s++) {
+        float g[N];
+        grad_at(s, g);
+        float gb[N];
+        for (int i = 0; i < N; i++) gb[i] = -0.5f * g[N - 1 - i];
+        float before_a[N], before_b[N];
+        memcpy(before_a, p[0]->data, sizeof before_a);
+        memcpy(before_b, p[1]->data, sizeof before_b);
+        if (has[s][0]) give_grad(ctx, p[0], g);
+        if (has[s][1]) give_grad(ctx, p[1], gb);
+        assert_int_equal(optim_step(o, err, sizeof err), 0);
+        assert_int_equal(live(MP_OPTIMIZER), state_after[s]);
+        if (has[s][0]) ref_step(&c, &ra, g);
+        else assert_memory_equal(p[0]->data, before_a, sizeof before_a);
+        if (has[s][1]) ref_step(&c, &rb, gb);
+        else assert_memory_equal(p[1]->data, before_b, sizeof before_b);
+        // Each parameter's bias correction follows its own step count (3 for both at the end).
+        assert_matches(p[0]->data, &ra, "a", s + 1);
+        assert_matches(p[1]->data, &rb, "b", s + 1);
+        optim_zero_grad(o);
+    }
+    assert_int_equal(ra.step, 3);
+    assert_int_equal(rb.step, 3);
+    optim_free(o);
+    ag_release(p[0]);
+    ag_release(p[1]);
+}
+
+static void test_zero_grad_frees(void **state) {
+    ag_ctx *ctx = *state;
+    ag_tensor *p[2] = {param(ctx, "a", N, w0), param(ctx, "b", 5, w0)};
+    optim_config c = optim_defaults(OPTIM_SGD);
+    char err[256];
+    optim *o = optim_new(&c, p, 2, err, sizeof err);
+    assert_non_null(o);
+    optim_zero_grad(o); // no gradient yet: nothing to do
+    assert_int_equal(live(MP_GRADIENT), 0);
+    float g[N];
+    grad_at(1, g);
+    give_grad(ctx, p[0], g);
+    give_grad(ctx, p[1], g);
+    assert_int_equal(live(MP_GRADIENT), 4 * (N + 5));
+    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(live(MP_GRADIENT), 4 * (N + 5)); // the step leaves gradients alone
+    optim_zero_grad(o);
+    assert_int_equal(live(MP_GRADIENT), 0);
+    assert_null(p[0]->grad);
+    assert_null(p[1]->grad);
+    optim_zero_grad(NULL);
+    optim_free(o);
+    ag_release(p[0]);
+    ag_release(p[1]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Meta mode: the same state bytes, no data
+
+static void meta_run(optim_kind kind) {
+    assert_int_equal(mp_init(&(mp_options){.meta = true}), MP_OK);
+    ag_ctx *ctx = ag_ctx_new();
+    assert_non_null(ctx);
+    enum { BIG = 1 << 20 }; // a real run would touch 4 MiB per buffer
+    ag_tensor *p[2] = {param(ctx, "a", BIG, NULL), param(ctx, "b", 7, NULL)};
+    assert_null(p[0]->data);
+    optim_config c = optim_defaults(kind);
+    char err[256];
+    optim *o = optim_new(&c, p, 2, err, sizeof err);
+    assert_non_null(o);
+    give_grad(ctx, p[0], NULL);
+    assert_null(p[0]->grad->data);
+    for (int s = 0; s < 2; s++) {
+        assert_int_equal(optim_step(o, err, sizeof err), 0); // b has no gradient: skipped
+        assert_int_equal(live(MP_OPTIMIZER), optim_state_bytes_per_element(kind) * BIG);
+    }
+    assert_int_equal(optim_steps_taken(o), 2);
+    assert_int_equal(live(MP_WEIGHT), 4 * (BIG + 7));
+    assert_int_equal(live(MP_GRADIENT), 4 * BIG);
+    assert_true(mp_get_counter(MP_OPTIMIZER).peak_usable ==
+                mp_get_counter(MP_OPTIMIZER).peak); // meta: usable = requested
+    optim_zero_grad(o);
+    optim_free(o);
+    ag_release(p[0]);
+    ag_release(p[1]);
+    ag_ctx_free(ctx);
+    assert_all_zero();
+    mp_shutdown();
+}
+
+static void test_meta(void **state) {
+    (void)state;
+    meta_run(OPTIM_ADAM);
+    meta_run(OPTIM_ADAMW);
+    meta_run(OPTIM_SGD_MOMENTUM);
+    meta_run(OPTIM_SGD);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Budget: a step whose state does not fit fails, naming the parameter, and changes nothing
+
+// One step from fresh state of n elements (any n), checked N elements at a time.
+static void check_chunks(const optim_config *c, const float *got, const float *w, const float *g,
+                         int n, const char *what) {
+    for (int i = 0; i < n; i += N) {
+        ref_param r;
+        ref_init(&r, w + i, n - i < N ? n - i : N);
+        ref_step(c, &r, g + i);
+        assert_matches(got + i, &r, what, 1);
+    }
+}
+
+static void budget_run(optim_kind kind) {
+    enum { NA = 1024, NB = 256 };
+    const size_t per = optim_state_bytes_per_element(kind);
+    // Room for the parameters and gradients, and while giving a gradient, its temporaries.
+    const uint64_t budget = 4 * 2 * (NA + NB) + 5 * 4 * NA;
+    assert_int_equal(mp_init(&(mp_options){.budget = budget}), MP_OK);
+    ag_ctx *ctx = ag_ctx_new();
+    assert_non_null(ctx);
+    float *wa = malloc(NA * sizeof(float)), *ga = malloc(NA * sizeof(float));
+    float wb[NB], gb[NB];
+    assert_non_null(wa);
+    assert_non_null(ga);
+    for (int i = 0; i < NA; i++) wa[i] = (float)cos(i), ga[i] = (float)sin(i);
+    for (int i = 0; i < NB; i++) wb[i] = (float)cos(3 * i), gb[i] = (float)sin(5 * i);
+    ag_tensor *p[2] = {param(ctx, "layers.0.first", NA, wa), param(ctx, "layers.1.second", NB, wb)};
+    give_grad(ctx, p[0], ga);
+    give_grad(ctx, p[1], gb);
+    // Ballast leaves room for the first parameter's state and a part of the second's.
+    const uint64_t room = per * NA + per * NB - 4;
+    mp_block ballast;
+    assert_int_equal(mp_alloc(&ballast, budget - mp_live_total() - room, MP_ACTIVATION, "ballast"),
+                     MP_OK);
+    optim_config c = cfg_of(kind, 0.1f);
+    char err[512] = "";
+    optim *o = optim_new(&c, p, 2, err, sizeof err);
+    assert_non_null(o);
+
+    uint64_t before[MP_NCATEGORIES];
+    for (int k = 0; k < MP_NCATEGORIES; k++) before[k] = live((mp_category)k);
+    assert_int_equal(optim_step(o, err, sizeof err), -1);
+    if (!strstr(err, "layers.1.second") || strstr(err, "layers.0.first") || !strstr(err, "budget"))
+        fail_msg("message does not name the parameter and the budget: \"%s\"", err);
+    const mp_oom_record *oom = mp_oom();
+    assert_true(oom->happened);
+    assert_int_equal(oom->category, MP_OPTIMIZER);
+    assert_true(strncmp(mp_site_name(oom->site), "layers.1.second:", 16) == 0);
+    // Nothing changed: no state kept, no weight moved, no step counted.
+    for (int k = 0; k < MP_NCATEGORIES; k++)
+        if (live((mp_category)k) != before[k])
+            fail_msg("%s: %llu bytes live after the failed step, %llu before",
+                     mp_category_name((mp_category)k), (unsigned long long)live((mp_category)k),
+                     (unsigned long long)before[k]);
+    uint64_t sum = 0;
+    for (int k = 0; k < MP_NCATEGORIES; k++) sum += live((mp_category)k);
+    assert_int_equal(sum, mp_live_total());
+    assert_memory_equal(p[0]->data, wa, NA * sizeof(float));
+    assert_memory_equal(p[1]->data, wb, NB * sizeof(float));
+    assert_int_equal(optim_steps_taken(o), 0);
+
+    // With room again the same step runs, as a first step.
+    mp_free(&ballast);
+    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(live(MP_OPTIMIZER), per * (NA + NB));
+    assert_int_equal(optim_steps_taken(o), 1);
+    check_chunks(&c, p[0]->data, wa, ga, NA, "first, after the retried step");
+    check_chunks(&c, p[1]->data, wb, gb, NB, "second, after the retried step");
+    optim_zero_grad(o);
+    optim_free(o);
+    ag_release(p[0]);
+    ag_release(p[1]);
+    ag_ctx_free(ctx);
+    free(wa);
+    free(ga);
+    assert_all_zero();
+    mp_shutdown();
+}
+
+static void test_budget(void **state) {
+    (void)state;
+    budget_run(OPTIM_ADAM);
+    budget_run(OPTIM_ADAMW);
+    budget_run(OPTIM_SGD_MOMENTUM);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names and settings
+
+static void test_parse_kind(void **state) {
+    (void)state;
+    const struct {
+        const char *name;
+        optim_kind kind;
+    } ok[] = {{"adam", OPTIM_ADAM},
+              {"adamw", OPTIM_ADAMW},
+              {"sgd", OPTIM_SGD},
+              {"sgd-momentum", OPTIM_SGD_MOMENTUM},
+              {"none", OPTIM_NONE}};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        optim_kind k = (optim_kind)-1;
+        assert_true(optim_parse_kind(ok[i].name, &k));
+        assert_int_equal(k, ok[i].kind);
+        assert_string_equal(optim_kind_name(k), ok[i].name);
+    }
+    const char *bad[] = {"", "adam ", "adamax", "sgd_momentum", "momentum", "sgdm", "rmsprop",
+                         "adamw2", NULL};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        optim_kind k = OPTIM_SGD;
+        assert_false(optim_parse_kind(bad[i], &k));
+        assert_int_equal(k, OPTIM_SGD); // untouched
+    }
+}
+
+static void refused(ag_ctx *ctx, optim_config c, const char *field) {
+    ag_tensor *p = param(ctx, "p", N, w0);
+    char err[512] = "";
+    optim *o = optim_new(&c, &p, 1, err, sizeof err);
+    if (o) fail_msg("settings with a bad %s were accepted", field);
+    if (!strstr(err, field)) fail_msg("message \"%s\" does not name %s", err, field);
+    ag_release(p);
+}
+
+static void test_invalid_settings(void **state) {
+    ag_ctx *ctx = *state;
+    optim_config c = optim_defaults(OPTIM_ADAM);
+    c.lr = -1e-3f;
+    refused(ctx, c, "lr");
+    c = optim_defaults(OPTIM_SGD);
+    c.lr = NAN;
+    refused(ctx, c, "lr");
+    c = optim_defaults(OPTIM_ADAM);
+    c.beta1 = 1.0f;
+    refused(ctx, c, "beta1");
+    c = optim_defaults(OPTIM_ADAMW);
+    c.beta2 = 1.0f;
+    refused(ctx, c, "beta2");
+    c = optim_defaults(OPTIM_ADAM);
+    c.beta1 = -0.1f;
+    refused(ctx, c, "beta1");
+    c = optim_defaults(OPTIM_ADAM);
+    c.eps = -1e-8f;
+    refused(ctx, c, "eps");
+    c = optim_defaults(OPTIM_ADAMW);
+    c.weight_decay = -0.01f;
+    refused(ctx, c, "weight_decay");
+    c = optim_defaults(OPTIM_SGD_MOMENTUM);
+    c.momentum = -0.9f;
+    refused(ctx, c, "momentum");
+    // torch: "Nesterov momentum requires a momentum and zero dampening"
+    c = optim_defaults(OPTIM_SGD_MOMENTUM);
+    c.nesterov = true;
+    c.dampening = 0.1f;
+    refused(ctx, c, "nesterov");
+    c = optim_defaults(OPTIM_SGD);
+    c.nesterov = true;
+    refused(ctx, c, "nesterov");
+    // Plain sgd would drop a momentum silently; sgd-momentum without one would bill a buffer
+    // that torch.optim never allocates.
+    c = optim_defaults(OPTIM_SGD);
+    c.momentum = 0.9f;
+    refused(ctx, c, "momentum");
+    c = optim_defaults(OPTIM_SGD_MOMENTUM);
+    c.momentum = 0.0f;
+    refused(ctx, c, "momentum");
+    c = optim_defaults(OPTIM_ADAM);
+    c.kind = (optim_kind)42;
+    refused(ctx, c, "kind");
+    // Valid edge values pass.
+    c = optim_defaults(OPTIM_ADAM);
+    c.lr = 0.0f, c.beta1 = 0.0f, c.beta2 = 0.0f, c.eps = 0.0f;
+    ag_tensor *p = param(ctx, "p", N, w0);
+    char err[256];
+    optim *o = optim_new(&c, &p, 1, err, sizeof err);
+    assert_non_null(o);
+    optim_free(o);
+    o = optim_new(&c, NULL, 0, err, sizeof err); // no parameters: a step does nothing
+    assert_non_null(o);
+    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    optim_free(o);
+    optim_free(NULL);
+    ag_release(p);
+    // NULL settings, or parameters missing.
+    assert_null(optim_new(NULL, &p, 1, err, sizeof err));
+    assert_true(err[0] != '\0');
+    c = optim_defaults(OPTIM_ADAM);
+    err[0] = '\0';
+    assert_null(optim_new(&c, NULL, 2, err, sizeof err));
+    assert_true(err[0] != '\0');
+    ag_tensor *holes[2] = {NULL, NULL};
+    err[0] = '\0';
+    assert_null(optim_new(&c, holes, 2, err, sizeof err));
+    assert_true(err[0] != '\0');
+}
+
+static int print_worst(void **state) {
+    (void)state;
+    printf("worst error against the double-precision reference: %.3g x max(1, |w|)\n", worst_seen);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test_setup_teardown(test_adam, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adam_l2_vs_adamw_decoupled, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sgd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sgd_momentum, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sgd_nesterov, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_large_parameter, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_state_adam, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_state_adamw, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_state_momentum, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_state_sgd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_none, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_skip_without_grad, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zero_grad_frees, setup, teardown),
+        cmocka_unit_test(test_meta),
+        cmocka_unit_test(test_budget),
+        cmocka_unit_test_setup_teardown(test_parse_kind, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_invalid_settings, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, print_worst);
+}
