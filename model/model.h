@@ -217,3 +217,29 @@ int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, llam
 // tensor [1] (owned by the caller), or NULL with the message in err.
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B,
                               int64_t T, llama_err *err);
+
+// ================================================================================================
+// The closed form of a training step's bill (float32), term by term
+// ================================================================================================
+
+// What each category comes to, derived from the shapes and from what each op saves for
+// backward (autograd/op_*.c), so that it can be read beside the measured bill.
+typedef struct {
+    uint64_t params;           // P
+    uint64_t weights;          // P x 4
+    uint64_t gradients;        // P x 4
+    uint64_t optimizer;        // P x state bytes per parameter
+    // Saved per block (bytes): 4 hidden-sized tensors (block input, its norm, the attention
+    // output + residual, its norm), 2 rows of rstd, q and the attention output, k and v, the
+    // attention probabilities (heads x s^2), 4 intermediate-sized tensors (gate, silu, up, product).
+    uint64_t act_per_block;
+    uint64_t act_probs_per_block; // the s^2 term alone: batch x heads x s x s x 4
+    // The head: final norm input and output, rstd, logits and their gradient, and the
+    // gradient of the norm's output, all live at the start of backward.
+    uint64_t act_head;
+    uint64_t activations;      // layers x act_per_block + act_head: the activation peak
+    uint64_t kv_cache;         // 2 x layers x kv_heads x head_dim x seq x batch x 4 (inference)
+} llama_closed_form;
+
+void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq,
+                               uint64_t optimizer_bytes_per_param, llama_closed_form *out);

@@ -34,6 +34,11 @@ static const opt_spec specs[] = {
     {"--timeline", T_STR, OFF(timeline), 0, 0},
     {"--dump-grads", T_STR, OFF(dump_grads), 0, 0},
     {"--save-weights", T_STR, OFF(save_weights), 0, 0},
+    {"--gpus", T_LONG, OFF(gpus), 1, 1 << 20},
+    {"--zero", T_LONG, OFF(zero), 0, 3},
+    {"--device-memory", T_BYTES, OFF(device_memory), 0, 0},
+    {"--overhead", T_BYTES, OFF(overhead), 0, 0},
+    {"--list", T_FLAG, OFF(list), 0, 0},
     {"--help", T_FLAG, OFF(help), 0, 0},
     {"-h", T_FLAG, OFF(help), 0, 0},
 };
@@ -72,7 +77,8 @@ static bool set_value(cli_options *o, const opt_spec *s, const char *v) {
         return true;
     }
     case T_BYTES:
-        if (!mp_parse_bytes(v, (uint64_t *)base) || *(uint64_t *)base == 0) {
+        if (s->offset == OFF(overhead)) o->overhead_given = true;
+        if (!mp_parse_bytes(v, (uint64_t *)base) || (*(uint64_t *)base == 0 && s->offset != OFF(overhead))) {
             fprintf(stderr, "membill: %s expects a size such as 16GB, 500MiB or 123456, not '%s'\n", s->name, v);
             return false;
         }
@@ -135,5 +141,25 @@ void cli_usage_train(FILE *f) {
           "  --dump-grads FILE     parameter gradients after backward, F32 safetensors, HF names\n"
           "  --save-weights FILE   the weights after the optimizer step, F32 safetensors\n"
           "  --quiet               no text report (with --json)\n",
+          f);
+}
+
+void cli_usage_plan(FILE *f) {
+    fputs("usage: membill plan [options]\n"
+          "The bill of a training step for any model and setting without running it: the same\n"
+          "program in meta mode (every allocation and free, no data, no compute), beside the\n"
+          "closed form of each category, per GPU when sharded, and whether it fits.\n\n"
+          "  --list                the built-in presets, with their parameter counts\n"
+          "  --model NAME          built-in preset (default smollm2-135m)\n"
+          "  --config FILE         a Hugging Face config.json (Llama family)\n"
+          "  --batch B             rows per GPU (default 1)\n"
+          "  --seq-len N           tokens per row (default 25)\n"
+          "  --optimizer NAME      adam (default), adamw, sgd, sgd-momentum, none\n"
+          "  --gpus N              data-parallel GPUs (default 1)\n"
+          "  --zero 0|1|2|3        ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also weights\n"
+          "  --device-memory SIZE  memory of one device (e.g. 80GB): fits or not, largest batch and\n"
+          "                        longest sequence that fit\n"
+          "  --overhead SIZE       framework overhead allowed per device (default 2GB)\n"
+          "  --json FILE           the report as JSON ('-' for stdout)\n",
           f);
 }

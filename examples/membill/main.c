@@ -5,7 +5,8 @@
 
 static void usage(FILE *f) {
     fputs("usage: membill COMMAND [options]\n\n"
-          "  train    one real training step (forward, loss, backward, optimizer), billed byte by byte\n\n"
+          "  train    one real training step (forward, loss, backward, optimizer), billed byte by byte\n"
+          "  plan     the same bill for any model and setting, on shapes alone, with the closed form\n\n"
           "membill COMMAND --help describes a command's options.\n",
           f);
 }
@@ -22,10 +23,10 @@ int main(int argc, char **argv) {
     cli_options o;
     memset(&o, 0, sizeof o);
     o.command = argv[1];
-    if (strcmp(o.command, "train") != 0) {
+    if (strcmp(o.command, "train") != 0 && strcmp(o.command, "plan") != 0) {
         fprintf(stderr, "membill: unknown command '%s' (see membill --help)\n", o.command);
         return EXIT_USAGE;
     }
     if (!cli_parse(&o, argc, argv)) return EXIT_USAGE;
-    return cmd_train(&o);
+    return strcmp(o.command, "plan") == 0 ? cmd_plan(&o) : cmd_train(&o);
 }

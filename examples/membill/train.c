@@ -7,21 +7,6 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct {
-    double forward_s, backward_s, optimizer_s, step_s, loss;
-} step_record;
-
-typedef struct {
-    llama_config cfg;
-    char st_path[4096];
-    int32_t *ids;
-    long batch, seq_len;
-    optim_config ocfg;
-    step_record *steps;
-    long nsteps;
-    bool torn_down_clean;
-} train_run;
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -69,7 +54,7 @@ static int run_step(const cli_options *o, train_run *r, ag_ctx *ctx, llama_model
     return 0;
 }
 
-static int run(const cli_options *o, train_run *r, llama_err *err) {
+int cli_train_run(const cli_options *o, train_run *r, llama_err *err) {
     int rc = -1;
     ag_ctx *ctx = ag_ctx_new();
     llama_model *m = NULL;
@@ -246,7 +231,7 @@ int cmd_train(const cli_options *o) {
         return fail("cannot start the profiler");
     }
     ag_set_num_threads((int)(o->threads ? o->threads : 2));
-    int rc = run(o, &r, &err);
+    int rc = cli_train_run(o, &r, &err);
     char msg[600];
     if (rc != 0) {
         if (mp_oom()->happened) report_text(stdout, o, &r);

@@ -231,11 +231,84 @@ static void test_budget_stops_the_run(void **state) {
     assert_int_equal(access(path, F_OK), -1);
 }
 
+static json_t *plan_json(const char *args) {
+    run_result r;
+    char a[2048], path[512];
+    snprintf(path, sizeof path, "%s/plan.json", dir);
+    snprintf(a, sizeof a, "plan %s --json %s", args, path);
+    membill(&r, a);
+    if (r.code != 0) print_error("plan %s: exit %d: %s\n", args, r.code, r.err);
+    assert_int_equal(r.code, 0);
+    json_t *root = json_load_file(path, 0, NULL);
+    assert_non_null(root);
+    return root;
+}
+
+static json_int_t jint(json_t *root, const char *obj, const char *key) {
+    return json_integer_value(json_object_get(json_object_get(root, obj), key));
+}
+
+// The closed form follows the meta bill within 1% from the smallest preset to 405B and from
+// 25 to 8,192 tokens; weights, gradients and Adam state exactly.
+static void test_plan_closed_form_sweep(void **state) {
+    (void)state;
+    const char *models[] = {"smollm2-135m", "smollm2-360m", "llama-2-7b", "mistral-7b", "llama-3-70b", "llama-3.1-405b"};
+    const char *lens[] = {"25", "1024", "4096", "8192"};
+    for (int m = 0; m < 6; m++)
+        for (int l = 0; l < 4; l++) {
+            char a[256];
+            if (l == 3 && m == 2) continue; // Llama-2 has 4,096 positions
+            snprintf(a, sizeof a, "--model %s --seq-len %s --batch 2", models[m], lens[l]);
+            json_t *root = plan_json(a);
+            json_int_t p = jint(root, "closed_form", "parameters");
+            assert_int_equal(cat_peak(root, "weight"), 4 * p);
+            assert_int_equal(cat_peak(root, "gradient"), 4 * p);
+            assert_int_equal(cat_peak(root, "optimizer"), 8 * p);
+            double meta = (double)cat_peak(root, "activation"), closed = (double)jint(root, "closed_form", "activation");
+            if (fabs(closed / meta - 1) > 0.01) print_error("%s: closed %g meta %g\n", a, closed, meta);
+            assert_true(fabs(closed / meta - 1) <= 0.01);
+            json_decref(root);
+        }
+}
+
+static void test_plan_zero_and_fit(void **state) {
+    (void)state;
+    json_t *root = plan_json("--model llama-2-70b --gpus 8 --zero 3");
+    json_int_t w = 4 * 68976648192LL;
+    assert_int_equal(cat_peak(root, "weight"), w);
+    assert_int_equal(jint(root, "per_gpu", "weight"), (w + 7) / 8);
+    assert_int_equal(jint(root, "per_gpu", "optimizer"), (2 * w + 7) / 8);
+    json_decref(root);
+    root = plan_json("--model llama-2-70b --gpus 8 --zero 1");
+    assert_int_equal(jint(root, "per_gpu", "weight"), w);
+    assert_int_equal(jint(root, "per_gpu", "gradient"), w);
+    assert_int_equal(jint(root, "per_gpu", "optimizer"), (2 * w + 7) / 8);
+    json_decref(root);
+
+    // The largest batch that fits 8 GB does fit, and one more does not.
+    root = plan_json("--model smollm2-135m --device-memory 8GB");
+    json_int_t best = jint(root, "fit", "largest_batch");
+    assert_true(best > 1);
+    json_decref(root);
+    char a[128];
+    snprintf(a, sizeof a, "--model smollm2-135m --device-memory 8GB --batch %lld", (long long)best);
+    root = plan_json(a);
+    assert_true(jint(root, "per_gpu", "total_bytes") <= 8000000000LL);
+    json_decref(root);
+    snprintf(a, sizeof a, "--model smollm2-135m --device-memory 8GB --batch %lld", (long long)best + 1);
+    root = plan_json(a);
+    assert_true(jint(root, "per_gpu", "total_bytes") > 8000000000LL);
+    assert_true(json_is_false(json_object_get(json_object_get(root, "fit"), "fits")));
+    json_decref(root);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_model_outputs),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_budget_stops_the_run),
+        cmocka_unit_test(test_plan_closed_form_sweep),
+        cmocka_unit_test(test_plan_zero_and_fit),
     };
     const struct CMUnitTest heavy[] = {
         cmocka_unit_test(test_smollm2_training_step_bill),
