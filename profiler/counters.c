@@ -26,6 +26,7 @@ static mp_moment moment_now(uint32_t site) {
     m.phase = mp_g.phase;
     m.site = site;
     m.seconds = mp_now() - mp_g.t0;
+    m.events = mp_g.timeline.count;
     return m;
 }
 
@@ -52,20 +53,53 @@ void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint3
     k->live = (uint64_t)((int64_t)k->live + delta);
     k->live_usable = (uint64_t)((int64_t)k->live_usable + delta_usable);
     mp_g.live_total = (uint64_t)((int64_t)mp_g.live_total + delta);
-    if (delta > 0 || (delta == 0 && delta_usable >= 0)) {
-        k->allocations++;
-        if (k->live > k->peak) k->peak = k->live;
-        if (k->live_usable > k->peak_usable) k->peak_usable = k->live_usable;
-        if (mp_g.live_total > mp_g.peak.total) mp_g.peak = moment_now(site);
-        mp_phase_stats *ps = &mp_g.phases[mp_g.phase];
-        if (mp_g.live_total > ps->peak) {
-            ps->peak = mp_g.live_total;
-            ps->at_peak = moment_now(site);
-        }
-    } else {
-        k->frees++;
-    }
+    // Recorded before the peaks, so that a moment's event count includes the event that made it.
     if (mp_g.opt.keep_timeline) timeline_push(cat, delta, site);
+    if (delta < 0 || (delta == 0 && delta_usable < 0)) {
+        k->frees++;
+        return;
+    }
+    k->allocations++;
+    if (k->live > k->peak) {
+        k->peak = k->live;
+        k->peak_events = mp_g.timeline.count;
+    }
+    if (k->live_usable > k->peak_usable) k->peak_usable = k->live_usable;
+    if (mp_g.live_total > mp_g.peak.total) mp_g.peak = moment_now(site);
+    mp_phase_stats *ps = &mp_g.phases[mp_g.phase];
+    if (mp_g.live_total > ps->peak) {
+        ps->peak = mp_g.live_total;
+        ps->at_peak = moment_now(site);
+    }
+}
+
+// Replays the timeline's first `events` events into per-site live bytes.
+size_t mp_sites_live_at(size_t events, mp_category cat, mp_site_bytes *out, size_t cap) {
+    if (!mp_g.active || events > mp_g.timeline.count) return 0;
+    size_t nsites = mp_g.sites.count;
+    int64_t *live = mp_raw_malloc(nsites * MP_NCATEGORIES * sizeof *live);
+    if (!live) return 0;
+    memset(live, 0, nsites * MP_NCATEGORIES * sizeof *live);
+    for (size_t i = 0; i < events; i++) {
+        const mp_event *e = &mp_g.timeline.events[i];
+        if (e->site < nsites) live[(size_t)e->site * MP_NCATEGORIES + e->category] += e->bytes;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < nsites * MP_NCATEGORIES; i++) {
+        int c = (int)(i % MP_NCATEGORIES);
+        if (live[i] <= 0 || (cat != MP_NCATEGORIES && c != (int)cat)) continue;
+        mp_site_bytes sb = {(uint32_t)(i / MP_NCATEGORIES), (uint8_t)c, (uint64_t)live[i]};
+        // Insertion into the top `cap`, largest first.
+        size_t j = n < cap ? n : cap;
+        while (j > 0 && out[j - 1].bytes < sb.bytes) {
+            if (j < cap) out[j] = out[j - 1];
+            j--;
+        }
+        if (j < cap) out[j] = sb;
+        n++;
+    }
+    mp_raw_free(live);
+    return n;
 }
 
 // ---- site labels ----
@@ -201,6 +235,7 @@ void mp_reset_peaks(void) {
     pthread_mutex_lock(&mp_g.lock);
     for (int c = 0; c < MP_NCATEGORIES; c++) {
         mp_g.counters[c].peak = mp_g.counters[c].live;
+        mp_g.counters[c].peak_events = mp_g.timeline.count;
         mp_g.counters[c].peak_usable = mp_g.counters[c].live_usable;
     }
     mp_g.peak = moment_now(0);

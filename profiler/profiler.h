@@ -63,6 +63,7 @@ typedef struct {
     uint64_t live, peak;               // requested bytes
     uint64_t live_usable, peak_usable; // allocator size classes
     uint64_t allocations, frees;
+    size_t peak_events; // timeline events up to the moment of the peak (see mp_sites_live_at)
 } mp_counter;
 
 // A snapshot of what every category held at one instant.
@@ -72,6 +73,7 @@ typedef struct {
     mp_phase phase;
     uint32_t site; // the allocation that made this moment
     double seconds; // since mp_init
+    size_t events;  // timeline events recorded up to and including this moment
 } mp_moment;
 
 typedef struct {
@@ -163,6 +165,16 @@ mp_crosscheck mp_crosscheck_jemalloc(mp_category planted_cat, int64_t planted);
 // Timeline: events recorded so far (empty unless keep_timeline).
 size_t mp_timeline_count(void);
 const mp_event *mp_timeline_get(size_t i);
+
+// Live requested bytes of each site at a moment of the timeline (the first `events` events),
+// largest first, for one category or all (cat = MP_NCATEGORIES). Fills up to cap entries and
+// returns how many sites held bytes then. Needs keep_timeline.
+typedef struct {
+    uint32_t site;
+    uint8_t category;
+    uint64_t bytes;
+} mp_site_bytes;
+size_t mp_sites_live_at(size_t events, mp_category cat, mp_site_bytes *out, size_t cap);
 
 // Size parsing for --budget: "16GB", "500MiB", "1e9", "123". Returns false on bad input.
 bool mp_parse_bytes(const char *text, uint64_t *out);

@@ -32,6 +32,10 @@ static const opt_spec specs[] = {
     {"--budget", T_BYTES, OFF(budget), 0, 0},
     {"--json", T_STR, OFF(json), 0, 0},
     {"--timeline", T_STR, OFF(timeline), 0, 0},
+    {"--svg", T_STR, OFF(svg), 0, 0},
+    {"--trace", T_STR, OFF(trace), 0, 0},
+    {"--html", T_STR, OFF(html), 0, 0},
+    {"--explain", T_FLAG, OFF(explain), 0, 0},
     {"--dump-grads", T_STR, OFF(dump_grads), 0, 0},
     {"--save-weights", T_STR, OFF(save_weights), 0, 0},
     {"--gpus", T_LONG, OFF(gpus), 1, 1 << 20},
@@ -138,6 +142,10 @@ void cli_usage_train(FILE *f) {
           "  --budget SIZE         stop with an out-of-memory report past SIZE (16GB, 500MiB, ...)\n"
           "  --json FILE           the whole report as JSON ('-' for stdout)\n"
           "  --timeline FILE.csv   every allocation and free: time, phase, site, category, bytes\n"
+          "  --svg FILE.svg        a stacked-area chart of live bytes by category over the run\n"
+          "  --trace FILE.json     a Chrome trace-event file (opens in Perfetto): a counter per category\n"
+          "  --html FILE.html      one page: the chart, the bill, the top sites, what it means\n"
+          "  --explain             each category's formula worked out for this model, beside the claims\n"
           "  --dump-grads FILE     parameter gradients after backward, F32 safetensors, HF names\n"
           "  --save-weights FILE   the weights after the optimizer step, F32 safetensors\n"
           "  --quiet               no text report (with --json)\n",

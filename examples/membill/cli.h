@@ -23,7 +23,8 @@ typedef struct {
     double lr;
     bool lr_given, meta, help, quiet;
     uint64_t budget;
-    const char *json, *timeline, *dump_grads, *save_weights;
+    const char *json, *timeline, *dump_grads, *save_weights, *svg, *trace, *html;
+    bool explain;
     // membill plan
     long gpus, zero;
     uint64_t device_memory, overhead;
@@ -42,7 +43,18 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
 int32_t *cli_make_tokens(const cli_options *o, const llama_config *cfg, long *batch, long *seq_len,
                          llama_err *err);
 
-// Output files are written whole to a temporary name and renamed into place.
+// Output files are written whole to a temporary name and renamed into place ("-": stdout).
+typedef int (*cli_writer)(FILE *f, void *arg);
+int cli_write_file(const char *path, cli_writer fn, void *arg, char *err, size_t errlen);
+int cli_write_svg(const char *path, const char *title, char *err, size_t errlen);
+int cli_svg_to(FILE *f, void *title);
+typedef void (*cli_text_fn)(FILE *f, const void *arg);
+int cli_write_html(const char *path, const char *title, cli_text_fn text, const void *arg, char *err, size_t errlen);
+// Every output file the options ask for, after a successful run; the first failure is returned.
+int cli_write_outputs(const cli_options *o, struct json_t *root, const char *title, cli_text_fn text,
+                      const void *arg, char *err, size_t errlen);
+int cli_write_trace(const char *path, char *err, size_t errlen);
+void cli_xml_escape(FILE *f, const char *s);
 int cli_write_json(const char *path, struct json_t *root, char *err, size_t errlen);
 int cli_write_timeline_csv(const char *path, char *err, size_t errlen);
 
@@ -66,6 +78,22 @@ typedef struct {
 } train_run;
 
 int cli_train_run(const cli_options *o, train_run *r, llama_err *err);
+
+// Which tensors held the memory at a moment of the timeline, summed across blocks.
+#define CLI_KIND_MAX 112
+typedef struct {
+    char kind[CLI_KIND_MAX]; // the site label with the block number as "*"
+    uint8_t category;
+    uint64_t bytes;
+    size_t sites;
+} cli_site_row;
+size_t cli_breakdown(size_t events, mp_category cat, cli_site_row *rows, size_t cap, uint64_t *per_block,
+                     long layers);
+void cli_breakdown_text(FILE *f, long layers);
+struct json_t *cli_breakdown_json(long layers);
+
+// --explain: each category's formula worked out for this model, and the lessons' claims.
+void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_len, optim_kind kind);
 
 int cmd_train(const cli_options *o);
 int cmd_plan(const cli_options *o);

@@ -7,9 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef int (*writer_fn)(FILE *f, void *arg);
-
-static int write_atomic(const char *path, writer_fn fn, void *arg, char *err, size_t errlen) {
+int cli_write_file(const char *path, cli_writer fn, void *arg, char *err, size_t errlen) {
     if (strcmp(path, "-") == 0) return fn(stdout, arg) == 0 && fflush(stdout) == 0 ? 0 : -1;
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= (int)sizeof tmp) {
@@ -39,7 +37,7 @@ static int json_writer(FILE *f, void *arg) {
 }
 
 int cli_write_json(const char *path, json_t *root, char *err, size_t errlen) {
-    return write_atomic(path, json_writer, root, err, errlen);
+    return cli_write_file(path, json_writer, root, err, errlen);
 }
 
 static int csv_writer(FILE *f, void *arg) {
@@ -61,7 +59,7 @@ static int csv_writer(FILE *f, void *arg) {
 }
 
 int cli_write_timeline_csv(const char *path, char *err, size_t errlen) {
-    return write_atomic(path, csv_writer, NULL, err, errlen);
+    return cli_write_file(path, csv_writer, NULL, err, errlen);
 }
 
 json_t *cli_model_json(const llama_config *c) {
@@ -78,4 +76,14 @@ json_t *cli_model_json(const llama_config *c) {
     json_object_set_new(m, "max_positions", json_integer(c->max_positions));
     json_object_set_new(m, "tied", json_boolean(c->tied));
     return m;
+}
+
+int cli_write_outputs(const cli_options *o, json_t *root, const char *title, cli_text_fn text,
+                      const void *arg, char *err, size_t errlen) {
+    if (o->json && cli_write_json(o->json, root, err, errlen) != 0) return -1;
+    if (o->timeline && cli_write_timeline_csv(o->timeline, err, errlen) != 0) return -1;
+    if (o->svg && cli_write_svg(o->svg, title, err, errlen) != 0) return -1;
+    if (o->trace && cli_write_trace(o->trace, err, errlen) != 0) return -1;
+    if (o->html && cli_write_html(o->html, title, text, arg, err, errlen) != 0) return -1;
+    return 0;
 }

@@ -126,45 +126,60 @@ static void list_presets(void) {
     }
 }
 
-static void row(const char *name, uint64_t measured, uint64_t closed, const char *formula) {
+static void row(FILE *out, const char *name, uint64_t measured, uint64_t closed, const char *formula) {
     char a[64], b[64];
-    fprintf(stdout, "  %-11s %-36s %-36s %s\n", name, mp_format_bytes(a, sizeof a, measured),
+    fprintf(out, "  %-11s %-36s %-36s %s\n", name, mp_format_bytes(a, sizeof a, measured),
             mp_format_bytes(b, sizeof b, closed), formula);
 }
 
-static void report_text(const plan_setting *s, const plan_bill *b, const llama_closed_form *cf,
-                        const gpu_share *g, uint64_t device, long max_batch, long max_seq) {
+typedef struct {
+    const plan_setting *s;
+    const plan_bill *b;
+    const llama_closed_form *cf;
+    const gpu_share *g;
+    uint64_t device;
+    long max_batch, max_seq;
+} plan_view;
+
+static void report_text(FILE *out, const void *arg) {
+    const plan_view *v = arg;
+    const plan_setting *s = v->s;
+    const plan_bill *b = v->b;
+    const llama_closed_form *cf = v->cf;
+    const gpu_share *g = v->g;
+    uint64_t device = v->device;
+    long max_batch = v->max_batch, max_seq = v->max_seq;
     char f[160], x[64], y[64];
     uint64_t per = optim_state_bytes_per_element(s->ocfg.kind);
-    printf("membill plan: %s, %llu parameters, batch %ld x %ld tokens, %s, float32\n", s->cfg.name,
+    fprintf(out, "membill plan: %s, %llu parameters, batch %ld x %ld tokens, %s, float32\n", s->cfg.name,
            (unsigned long long)cf->params, s->batch, s->seq_len, optim_kind_name(s->ocfg.kind));
-    printf("measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n\n");
-    printf("  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
+    fprintf(out, "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n\n");
+    fprintf(out, "  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     snprintf(f, sizeof f, "P x 4 = %llu x 4", (unsigned long long)cf->params);
-    row("weight", b->peak[MP_WEIGHT], cf->weights, f);
-    row("gradient", b->peak[MP_GRADIENT], cf->gradients, "P x 4, the same size as the weights");
+    row(out, "weight", b->peak[MP_WEIGHT], cf->weights, f);
+    row(out, "gradient", b->peak[MP_GRADIENT], cf->gradients, "P x 4, the same size as the weights");
     snprintf(f, sizeof f, "P x %llu (%s)", (unsigned long long)per,
              per == 8 ? "exp_avg + exp_avg_sq" : per == 4 ? "momentum_buffer" : "no state");
-    row("optimizer", b->peak[MP_OPTIMIZER], cf->optimizer, f);
+    row(out, "optimizer", b->peak[MP_OPTIMIZER], cf->optimizer, f);
     snprintf(f, sizeof f, "%lld blocks x %s (attention probabilities %s of it) + head",
              (long long)s->cfg.layers, mp_format_bytes(x, sizeof x, cf->act_per_block),
              mp_format_bytes(y, sizeof y, cf->act_probs_per_block));
-    row("activation", b->peak[MP_ACTIVATION], cf->activations, f);
-    printf("  %-11s %-36s\n", "total peak", mp_format_bytes(x, sizeof x, b->total));
-    printf("\n  lesson claim T7: 70e9 parameters x 16 bytes = 1,120 GB before activations;\n"
+    row(out, "activation", b->peak[MP_ACTIVATION], cf->activations, f);
+    fprintf(out, "  %-11s %-36s\n", "total peak", mp_format_bytes(x, sizeof x, b->total));
+    fprintf(out, "\n  lesson claim T7: 70e9 parameters x 16 bytes = 1,120 GB before activations;\n"
            "  this model: weights + gradients + optimizer = %s\n",
            mp_format_bytes(x, sizeof x, b->peak[MP_WEIGHT] + b->peak[MP_GRADIENT] + b->peak[MP_OPTIMIZER]));
     if (s->gpus > 1 || s->zero > 0 || device) {
-        printf("\n  per device (%ld GPU%s, ZeRO stage %ld; activations of its own batch of %ld):\n", s->gpus,
+        fprintf(out, "\n  per device (%ld GPU%s, ZeRO stage %ld; activations of its own batch of %ld):\n", s->gpus,
                s->gpus > 1 ? "s" : "", s->zero, s->batch);
         const char *names[] = {"weights", "gradients", "optimizer", "activations", "overhead allowance"};
         const uint64_t vals[] = {g->weights, g->gradients, g->optimizer, g->activations, g->overhead};
-        for (int i = 0; i < 5; i++) printf("    %-19s %s\n", names[i], mp_format_bytes(x, sizeof x, vals[i]));
-        printf("    %-19s %s\n", "total", mp_format_bytes(x, sizeof x, g->total));
+        for (int i = 0; i < 5; i++) fprintf(out, "    %-19s %s\n", names[i], mp_format_bytes(x, sizeof x, vals[i]));
+        fprintf(out, "    %-19s %s\n", "total", mp_format_bytes(x, sizeof x, g->total));
     }
     if (device) {
-        printf("\n  on a %s device: %s", mp_format_bytes(x, sizeof x, device), g->total <= device ? "fits" : "does NOT fit");
-        printf("; largest batch at %ld tokens: %ld; longest sequence at batch %ld: %ld tokens\n", s->seq_len,
+        fprintf(out, "\n  on a %s device: %s", mp_format_bytes(x, sizeof x, device), g->total <= device ? "fits" : "does NOT fit");
+        fprintf(out, "; largest batch at %ld tokens: %ld; longest sequence at batch %ld: %ld tokens\n", s->seq_len,
                max_batch, s->batch, max_seq);
     }
 }
@@ -230,8 +245,8 @@ int cmd_plan(const cli_options *o) {
         list_presets();
         return 0;
     }
-    if (o->weights || o->tokens || o->dump_grads || o->save_weights || o->timeline || o->steps) {
-        fprintf(stderr, "membill plan: --weights, --tokens, --steps and output files other than --json belong to membill train\n");
+    if (o->weights || o->tokens || o->dump_grads || o->save_weights || o->steps) {
+        fprintf(stderr, "membill plan: --weights, --tokens, --steps, --dump-grads and --save-weights belong to membill train\n");
         return EXIT_USAGE;
     }
     plan_setting s;
@@ -266,7 +281,7 @@ int cmd_plan(const cli_options *o) {
             return EXIT_RUN_FAILED;
         }
     }
-    mp_options mo = {.meta = true};
+    mp_options mo = {.meta = true, .keep_timeline = true};
     if (mp_init(&mo) != MP_OK) {
         fprintf(stderr, "membill plan: cannot start the profiler\n");
         return EXIT_RUN_FAILED;
@@ -281,16 +296,17 @@ int cmd_plan(const cli_options *o) {
         llama_closed_form_compute(&s.cfg, s.batch, s.seq_len, optim_state_bytes_per_element(kind), &cf);
         gpu_share g = per_gpu(&s, &b);
         bool to_stdout = o->json && strcmp(o->json, "-") == 0;
-        if (!o->quiet && !to_stdout) report_text(&s, &b, &cf, &g, o->device_memory, max_batch, max_seq);
-        if (o->json) {
-            json_t *root = report_json(&s, &b, &cf, &g, o->device_memory, max_batch, max_seq);
-            char msg[600];
-            if (cli_write_json(o->json, root, msg, sizeof msg) != 0) {
-                fprintf(stderr, "membill plan: %s\n", msg);
-                rc = -1;
-            }
-            json_decref(root);
+        plan_view view = {&s, &b, &cf, &g, o->device_memory, max_batch, max_seq};
+        if (!o->quiet && !to_stdout) report_text(stdout, &view);
+        json_t *root = report_json(&s, &b, &cf, &g, o->device_memory, max_batch, max_seq);
+        char title[256], msg[600];
+        snprintf(title, sizeof title, "membill plan: %s, batch %ld x %ld tokens, %s, float32 (meta)", s.cfg.name, s.batch,
+                 s.seq_len, optim_kind_name(kind));
+        if (cli_write_outputs(o, root, title, report_text, &view, msg, sizeof msg) != 0) {
+            fprintf(stderr, "membill plan: %s\n", msg);
+            rc = -1;
         }
+        json_decref(root);
     }
     mp_shutdown();
     return rc == 0 ? 0 : EXIT_RUN_FAILED;

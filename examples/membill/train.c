@@ -163,12 +163,20 @@ static json_t *report_json(const cli_options *o, const train_run *r) {
     json_object_set_new(root, "losses", losses);
     mp_report_json(root);
     json_object_set_new(root, "four_copies", four_copies_json());
+    json_object_set_new(root, "breakdown", cli_breakdown_json((long)r->cfg.layers));
     json_object_set_new(root, "timing", timing_json(r));
     json_object_set_new(root, "teardown_all_zero", json_boolean(r->torn_down_clean));
     return root;
 }
 
-static void report_text(FILE *f, const cli_options *o, const train_run *r) {
+typedef struct {
+    const cli_options *o;
+    const train_run *r;
+} train_view;
+
+static void report_text(FILE *f, const void *arg) {
+    const cli_options *o = ((const train_view *)arg)->o;
+    const train_run *r = ((const train_view *)arg)->r;
     char b[80], c[80];
     fprintf(f, "membill train: %s, %llu parameters, batch %ld x %ld tokens, %s lr %g, float32%s\n",
             r->cfg.name, (unsigned long long)llama_param_count(&r->cfg), r->batch, r->seq_len,
@@ -177,6 +185,7 @@ static void report_text(FILE *f, const cli_options *o, const train_run *r) {
         fprintf(f, "loss %.4f (a random init is near ln(vocab) = %.4f)\n", r->steps[0].loss, log((double)r->cfg.vocab));
     fprintf(f, "\n");
     mp_report_text(f);
+    cli_breakdown_text(f, (long)r->cfg.layers);
     uint64_t w = mp_get_counter(MP_WEIGHT).peak, g = mp_get_counter(MP_GRADIENT).peak,
              a = mp_get_counter(MP_OPTIMIZER).peak;
     // The optimizer phase is where all three are live at once (its peak is after the state).
@@ -197,6 +206,7 @@ static void report_text(FILE *f, const cli_options *o, const train_run *r) {
     }
     fprintf(f, "  teardown: weight, gradient, optimizer, activation and cache back at zero: %s\n",
             r->torn_down_clean ? "yes" : "NO");
+    if (o->explain) cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind);
 }
 
 int cmd_train(const cli_options *o) {
@@ -224,7 +234,7 @@ int cmd_train(const cli_options *o) {
     if (!r.ids) return fail(err.msg);
     r.steps = calloc((size_t)r.nsteps, sizeof *r.steps);
     mp_options mo = {.meta = o->meta, .budget = o->budget, .track_other = !o->meta,
-                     .keep_timeline = o->timeline != NULL};
+                     .keep_timeline = true};
     if (!r.steps || mp_init(&mo) != MP_OK) {
         free(r.ids);
         free(r.steps);
@@ -232,22 +242,21 @@ int cmd_train(const cli_options *o) {
     }
     ag_set_num_threads((int)(o->threads ? o->threads : 2));
     int rc = cli_train_run(o, &r, &err);
-    char msg[600];
+    train_view view = {o, &r};
     if (rc != 0) {
-        if (mp_oom()->happened) report_text(stdout, o, &r);
+        if (mp_oom()->happened) report_text(stdout, &view);
         fprintf(stderr, "membill train: %s\n", err.msg);
     } else {
-        if (!o->quiet && !(o->json && strcmp(o->json, "-") == 0)) report_text(stdout, o, &r);
-        json_t *root = o->json ? report_json(o, &r) : NULL;
-        if (root && cli_write_json(o->json, root, msg, sizeof msg) != 0) {
+        if (!o->quiet && !(o->json && strcmp(o->json, "-") == 0)) report_text(stdout, &view);
+        json_t *root = report_json(o, &r);
+        char title[256], msg[600];
+        snprintf(title, sizeof title, "membill train: %s, batch %ld x %ld tokens, %s, float32%s", r.cfg.name, r.batch,
+                 r.seq_len, optim_kind_name(r.ocfg.kind), o->meta ? ", meta" : "");
+        if (cli_write_outputs(o, root, title, report_text, &view, msg, sizeof msg) != 0) {
             fprintf(stderr, "membill train: %s\n", msg);
             rc = -1;
         }
         json_decref(root);
-        if (rc == 0 && o->timeline && cli_write_timeline_csv(o->timeline, msg, sizeof msg) != 0) {
-            fprintf(stderr, "membill train: %s\n", msg);
-            rc = -1;
-        }
     }
     mp_shutdown();
     free(r.ids);

@@ -211,6 +211,35 @@ static void test_timeline(void **state) {
     assert_int_equal(sum, 0);
 }
 
+static void test_sites_at_a_moment(void **state) {
+    (void)state;
+    mp_shutdown(); // without "other", so that no library malloc joins the sites
+    mp_options o = {.keep_timeline = true};
+    assert_int_equal(mp_init(&o), MP_OK);
+    mp_block a, b, c;
+    assert_int_equal(mp_alloc(&a, 100, MP_ACTIVATION, "x"), MP_OK);
+    assert_int_equal(mp_alloc(&b, 500, MP_ACTIVATION, "y"), MP_OK);
+    assert_int_equal(mp_alloc(&c, 200, MP_WEIGHT, "x"), MP_OK);
+    mp_free(&b);
+    mp_moment pk = mp_peak();
+    mp_site_bytes top[4];
+    assert_int_equal(mp_sites_live_at(pk.events, MP_NCATEGORIES, top, 4), 3);
+    assert_string_equal(mp_site_name(top[0].site), "y");
+    assert_int_equal(top[0].bytes, 500);
+    assert_int_equal(top[1].bytes, 200);
+    assert_int_equal(top[1].category, MP_WEIGHT);
+    assert_int_equal(top[2].bytes, 100);
+    // The activation category's own peak, and only its sites.
+    mp_counter act = mp_get_counter(MP_ACTIVATION);
+    assert_int_equal(mp_sites_live_at(act.peak_events, MP_ACTIVATION, top, 1), 2);
+    assert_string_equal(mp_site_name(top[0].site), "y");
+    // Now: y is gone.
+    assert_int_equal(mp_sites_live_at(mp_timeline_count(), MP_ACTIVATION, top, 4), 1);
+    assert_string_equal(mp_site_name(top[0].site), "x");
+    mp_free(&a);
+    mp_free(&c);
+}
+
 static void test_parse_and_format_bytes(void **state) {
     (void)state;
     uint64_t v;
@@ -257,6 +286,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_budget, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_requests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_timeline, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sites_at_a_moment, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parse_and_format_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_json_report, setup, teardown),
     };

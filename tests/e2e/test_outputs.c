@@ -1,0 +1,176 @@
+// The pictures and breakdowns stand on the same numbers as the JSON report.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char dir[64];
+static json_t *report;
+
+static const char *const cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "other"};
+
+static char *slurp(const char *name) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
+    if (buf) buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+static json_int_t peak_of(const char *cat) {
+    return json_integer_value(json_object_get(json_object_get(json_object_get(report, "categories"), cat), "peak_bytes"));
+}
+
+static int run_once(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/membill_out_XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s train --weights %s/tiny_tied --steps 2 --explain --json %s/r.json --svg %s/c.svg --trace %s/t.json "
+             "--timeline %s/t.csv --html %s/p.html > %s/out.txt 2>&1",
+             MEMBILL_BIN, MEMBILL_GOLDEN_DIR, dir, dir, dir, dir, dir, dir);
+    if (system(cmd) != 0) return -1;
+    snprintf(cmd, sizeof cmd, "%s/r.json", dir);
+    report = json_load_file(cmd, 0, NULL);
+    return report ? 0 : -1;
+}
+
+static int clean_up(void **state) {
+    (void)state;
+    json_decref(report);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void test_svg(void **state) {
+    (void)state;
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "command -v xmllint >/dev/null || exit 77; xmllint --noout %s/c.svg", dir);
+    int rc = system(cmd);
+    if (WEXITSTATUS(rc) == 77) skip();
+    assert_int_equal(rc, 0); // well-formed XML
+    char *svg = slurp("c.svg");
+    assert_non_null(svg);
+    const char *p = strstr(svg, "data-plotted-peak-bytes=\"");
+    assert_non_null(p);
+    long long plotted = atoll(p + strlen("data-plotted-peak-bytes=\""));
+    assert_int_equal(plotted, json_integer_value(json_object_get(json_object_get(report, "peak"), "total_bytes")));
+    for (int c = 0; c < 6; c++) assert_non_null(strstr(svg, cats[c])); // the legend
+    assert_non_null(strstr(svg, "forward"));                              // a phase label
+    free(svg);
+}
+
+static void test_trace(void **state) {
+    (void)state;
+    char path[256];
+    snprintf(path, sizeof path, "%s/t.json", dir);
+    json_t *t = json_load_file(path, 0, NULL);
+    assert_non_null(t);
+    json_t *ev = json_object_get(t, "traceEvents");
+    assert_true(json_array_size(ev) > 10);
+    json_int_t maxc[6] = {0};
+    int phases = 0, peaks = 0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(ev, i, e) {
+        const char *ph = json_string_value(json_object_get(e, "ph")), *name = json_string_value(json_object_get(e, "name"));
+        assert_non_null(ph);
+        assert_non_null(name);
+        if (strcmp(ph, "C") == 0) {
+            json_int_t b = json_integer_value(json_object_get(json_object_get(e, "args"), "bytes"));
+            for (int c = 0; c < 6; c++)
+                if (strcmp(name, cats[c]) == 0 && b > maxc[c]) maxc[c] = b;
+        } else if (strcmp(ph, "X") == 0) {
+            phases += strcmp(name, "forward") == 0 || strcmp(name, "backward") == 0 || strcmp(name, "optimizer") == 0;
+        } else if (strcmp(ph, "i") == 0) {
+            peaks++;
+            assert_int_equal(json_integer_value(json_object_get(json_object_get(e, "args"), "bytes")),
+                             json_integer_value(json_object_get(json_object_get(report, "peak"), "total_bytes")));
+        }
+    }
+    for (int c = 0; c < 5; c++) assert_int_equal(maxc[c], peak_of(cats[c])); // each counter reaches its peak
+    assert_true(phases >= 6); // two steps of three phases
+    assert_int_equal(peaks, 1);
+    json_decref(t);
+}
+
+static void test_timeline_csv(void **state) {
+    (void)state;
+    char *csv = slurp("t.csv");
+    assert_non_null(csv);
+    long long maxc[6] = {0}, last[6] = {0};
+    char *line = strtok(csv, "\n"); // header
+    assert_non_null(strstr(line, "activation_live"));
+    while ((line = strtok(NULL, "\n"))) {
+        char *p = line;
+        for (int k = 0; k < 5; k++) p = strchr(p, ',') + 1; // past seconds, phase, site, category, bytes
+        for (int c = 0; c < 6; c++) {
+            last[c] = strtoll(p, &p, 10);
+            if (last[c] > maxc[c]) maxc[c] = last[c];
+            if (*p == ',') p++;
+        }
+    }
+    for (int c = 0; c < 5; c++) {
+        assert_int_equal(maxc[c], peak_of(cats[c]));
+        assert_int_equal(last[c], 0);
+    }
+    free(csv);
+}
+
+static void test_text_breakdown_and_explain(void **state) {
+    (void)state;
+    char *out = slurp("out.txt");
+    assert_non_null(out);
+    assert_non_null(strstr(out, "held at the total peak"));
+    assert_non_null(strstr(out, "layers.*.self_attn:probs"));
+    assert_non_null(strstr(out, "lm_head:logits"));
+    // --explain: the formulas of weight, gradient and Adam state equal the measured bytes.
+    const char *e = strstr(out, "explained");
+    assert_non_null(e);
+    int equal = 0;
+    for (const char *p = e; (p = strstr(p, "(equal)")); p++) equal++;
+    assert_int_equal(equal, 3);
+    // The breakdown in the JSON report sums to the activation peak.
+    json_t *rows = json_object_get(json_object_get(report, "breakdown"), "activation_by_op");
+    json_int_t sum = 0;
+    size_t i;
+    json_t *r;
+    json_array_foreach(rows, i, r) sum += json_integer_value(json_object_get(r, "bytes"));
+    assert_int_equal(sum, peak_of("activation"));
+    free(out);
+}
+
+static void test_html(void **state) {
+    (void)state;
+    char *html = slurp("p.html");
+    assert_non_null(html);
+    assert_non_null(strstr(html, "<svg"));
+    assert_non_null(strstr(html, "four copies"));
+    assert_non_null(strstr(html, "held at the total peak"));
+    assert_non_null(strstr(html, "Reading the bill"));
+    free(html);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_svg),
+        cmocka_unit_test(test_trace),
+        cmocka_unit_test(test_timeline_csv),
+        cmocka_unit_test(test_text_breakdown_and_explain),
+        cmocka_unit_test(test_html),
+    };
+    return cmocka_run_group_tests_name("outputs", tests, run_once, clean_up);
+}
