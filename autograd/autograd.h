@@ -132,3 +132,43 @@ typedef struct {
 } ag_blas_stats;
 ag_blas_stats ag_get_blas_stats(void);
 void ag_reset_blas_stats(void);
+
+// ================================================================================================
+// Inference: a key-value cache and attention over it (op_attention_cached.c)
+//
+// No tape here: these calls need grad mode off (ag_set_grad_enabled(ctx, false)) and fail with
+// AG_ERR_STATE otherwise. In meta mode they allocate exactly as in a real run and copy nothing.
+// ================================================================================================
+
+// The keys and values of one attention layer, held as a list of chunks, one per append, each
+// [B, Hkv, t, D] (Hugging Face's layout). Growing it adds a chunk and never copies the ones
+// already there, so the requested bytes are 2 x B x Hkv x t x D x 4 per appended t tokens.
+typedef struct ag_kv_cache ag_kv_cache;
+
+// An empty cache (the chunk list itself is plain malloc). Chunks are billed to `cat` with the
+// labels "<site>:k_cache" and "<site>:v_cache" for MP_CACHE, "<site>:keys" and
+// "<site>:values" for any other category (a forward that keeps no cache). NULL on error.
+ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv,
+                             int D);
+void ag_kv_cache_free(ag_kv_cache *c); // NULL is ignored; frees every chunk
+// Appends the keys and values of t new tokens, k and v [B, t, Hkv*D] (keys after RoPE), as
+// one chunk each. The inputs are copied: the caller may release them at once.
+bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v);
+int64_t ag_kv_cache_tokens(const ag_kv_cache *c);
+size_t ag_kv_cache_chunks(const ag_kv_cache *c);
+// (B, Hkv, tokens, D): the shape of the keys (and of the values) as one tensor.
+void ag_kv_cache_shape(const ag_kv_cache *c, int64_t shape[4]);
+// Requested bytes of keys and values together; *usable (if not NULL) gets the size classes.
+uint64_t ag_kv_cache_bytes(const ag_kv_cache *c, uint64_t *usable);
+// The keys (or the values) gathered into dst[B, Hkv, tokens, D]; false in meta mode.
+bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst);
+
+// Grouped-query attention of q[B, Tq, Hq*D] (after RoPE) over every cached token, scale
+// 1/sqrt(D); returns [B, Tq, Hq*D]. The Tq queries are the last Tq cached tokens: query i sits
+// at position tokens - Tq + i and sees the keys up to it (causal) that key_mask does not hide:
+// key_mask[b * mask_ld + j] is 1 for a real token j of row b, 0 for a pad (mask_ld >= tokens;
+// NULL: every key real). A query that sees no key gets zeros. The probabilities
+// [B, Hq, Tq, tokens] ("<prefix>:probs") are a temporary freed before returning.
+ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q,
+                               const ag_kv_cache *cache, const int32_t *key_mask, int64_t mask_ld,
+                               int Hq);

@@ -1,17 +1,12 @@
 // The training forward of LlamaForCausalLM, one op at a time. Each intermediate is released
 // as soon as the next op has it, so what stays alive is exactly what the tape saved.
-#include "model.h"
+#include "blocks.h"
 
 #include <stdint.h>
 #include <stdio.h>
 
 #define REL(t) (ag_release(t), (t) = NULL)
 
-// "layers.<i>.<what>": the site prefix of an op inside block i.
-static const char *site(char buf[96], int64_t i, const char *what) {
-    snprintf(buf, 96, "layers.%lld.%s", (long long)i, what);
-    return buf;
-}
 
 // x[B, T, H] -> x + attention(norm(x)); takes ownership of x.
 static ag_tensor *attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L,
@@ -19,47 +14,27 @@ static ag_tensor *attention_block(ag_ctx *ctx, const llama_config *c, const llam
     char s[96];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
     const float theta = (float)c->rope_theta;
-    ag_tensor *h = ag_rmsnorm(ctx, site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
-    ag_tensor *q = ag_linear(ctx, site(s, i, "self_attn.q_proj"), h, L->q);
-    ag_tensor *k = ag_linear(ctx, site(s, i, "self_attn.k_proj"), h, L->k);
-    ag_tensor *v = ag_linear(ctx, site(s, i, "self_attn.v_proj"), h, L->v);
+    ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
+    ag_tensor *q = ag_linear(ctx, llama_site(s, i, "self_attn.q_proj"), h, L->q);
+    ag_tensor *k = ag_linear(ctx, llama_site(s, i, "self_attn.k_proj"), h, L->k);
+    ag_tensor *v = ag_linear(ctx, llama_site(s, i, "self_attn.v_proj"), h, L->v);
     REL(h);
-    ag_tensor *qr = ag_rope(ctx, site(s, i, "self_attn.q_rope"), q, hq, hd, theta, 0);
-    ag_tensor *kr = ag_rope(ctx, site(s, i, "self_attn.k_rope"), k, hkv, hd, theta, 0);
+    ag_tensor *qr = ag_rope(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, theta, 0);
+    ag_tensor *kr = ag_rope(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, theta, 0);
     REL(q);
     REL(k);
-    ag_tensor *a = ag_attention(ctx, site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd);
+    ag_tensor *a = ag_attention(ctx, llama_site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd);
     REL(qr);
     REL(kr);
     REL(v);
-    ag_tensor *o = ag_linear(ctx, site(s, i, "self_attn.o_proj"), a, L->o);
+    ag_tensor *o = ag_linear(ctx, llama_site(s, i, "self_attn.o_proj"), a, L->o);
     REL(a);
-    ag_tensor *y = ag_add(ctx, site(s, i, "attn_residual"), x, o);
+    ag_tensor *y = ag_add(ctx, llama_site(s, i, "attn_residual"), x, o);
     ag_release(x);
     ag_release(o);
     return y;
 }
 
-// x[B, T, H] -> x + down(silu(gate(norm(x))) * up(norm(x))); takes ownership of x.
-static ag_tensor *mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
-                            int64_t i) {
-    char s[96];
-    ag_tensor *h = ag_rmsnorm(ctx, site(s, i, "post_attention_layernorm"), x, L->post_norm, (float)c->rms_eps);
-    ag_tensor *g = ag_linear(ctx, site(s, i, "mlp.gate_proj"), h, L->gate);
-    ag_tensor *u = ag_linear(ctx, site(s, i, "mlp.up_proj"), h, L->up);
-    REL(h);
-    ag_tensor *a = ag_silu(ctx, site(s, i, "mlp.act"), g);
-    REL(g);
-    ag_tensor *m = ag_mul(ctx, site(s, i, "mlp.act_mul_up"), a, u);
-    REL(a);
-    REL(u);
-    ag_tensor *d = ag_linear(ctx, site(s, i, "mlp.down_proj"), m, L->down);
-    REL(m);
-    ag_tensor *y = ag_add(ctx, site(s, i, "mlp_residual"), x, d);
-    ag_release(x);
-    ag_release(d);
-    return y;
-}
 
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B,
                               int64_t T, llama_err *err) {
@@ -73,7 +48,7 @@ ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, i
     ag_tensor *x = ag_embedding(ctx, "embed_tokens", ids, B, T, m->embed);
     for (int64_t i = 0; i < c->layers && x; i++) {
         x = attention_block(ctx, c, &m->layers[i], x, i);
-        x = mlp_block(ctx, c, &m->layers[i], x, i);
+        x = llama_mlp_block(ctx, c, &m->layers[i], x, i);
     }
     ag_tensor *n = ag_rmsnorm(ctx, "norm", x, m->norm, (float)c->rms_eps);
     ag_release(x);

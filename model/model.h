@@ -243,3 +243,65 @@ typedef struct {
 
 void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq,
                                uint64_t optimizer_bytes_per_param, llama_closed_form *out);
+
+// ================================================================================================
+// Inference: greedy generation with a KV cache (infer.c)
+// ================================================================================================
+
+// What one forward of a generation did, handed to the step callback while its cache is alive.
+typedef struct {
+    int64_t step;        // 0: the prefill (the prompt's forward); k >= 1: decode step k
+    int64_t positions;   // tokens the forward ran over: the prompt, 1 per cached decode step, or
+                         // the whole sequence so far without the cache
+    double seconds;      // the forward and the greedy choice
+    const int32_t *next; // [B]: the id each row chose
+    uint64_t cache_bytes, cache_usable; // live category cache: requested bytes, size classes
+    int64_t cache_shape[4];             // layer 0's keys (B, kv_heads, tokens, head_dim); zeros
+                                        // without the cache
+    ag_kv_cache *const *cache;          // [layers] (ag_kv_cache_shape, _bytes...); NULL without
+} llama_generate_step;
+
+typedef struct {
+    bool use_cache; // false: every step recomputes the whole sequence (the same tokens, slower)
+    void (*on_step)(void *user, const llama_generate_step *s); // optional, after every forward
+    void *user;
+} llama_generate_opts;
+
+// Per forward k (0 the prefill, then the decode steps), arrays of new_tokens entries owned by
+// the stats (llama_generate_stats_free).
+typedef struct {
+    int64_t steps;        // forwards that ran: new_tokens when generation completed
+    double prefill_s;     // the first forward
+    double decode_s;      // every decode step together
+    double generate_s;    // prefill_s + decode_s
+    double decode_step_s; // the median decode step (0 without any)
+    double *step_s;
+    uint64_t *cache_bytes;     // live cache bytes (requested) after forward k
+    uint64_t *cache_usable;    // the same in size classes (usable bytes)
+    int64_t (*cache_shape)[4]; // layer 0's keys after forward k
+} llama_generate_stats;
+
+void llama_generate_stats_free(llama_generate_stats *s); // NULL is ignored; zeroes *s
+
+// Greedy generation of new_tokens ids per row after prompt_ids[B, T]: the prefill over the
+// prompt (logits at every position, "lm_head:logits" [B, T, V]) picks the first new token, then
+// each of the new_tokens - 1 decode steps runs over the token just chosen (logits of the last
+// position only, [B, 1, V]) and picks the next. With opts->use_cache (also when opts is NULL)
+// each block keeps its keys (after RoPE) and values, [B, kv_heads, tokens, head_dim], in the
+// category cache, grown by one chunk per forward ("layers.<i>.self_attn:k_cache" and
+// ":v_cache"): 2 x layers x kv_heads x head_dim x 4 x B bytes per token. Without it, every
+// decode step runs over the whole sequence and keeps no cache.
+//
+// mask[B, T] (NULL: every token real) holds 1 for real tokens and 0 for pads, which must come
+// first in their row (left padding) and leave at least one real token. Positions are
+// cumsum(mask) - 1 and pad keys are hidden, so each row generates what its prompt generates
+// alone. The phase is set to prefill, then to decode; the cache is freed before returning, so
+// that afterwards every category but weight holds what it held before. Needs grad mode off.
+// out_ids[B, new_tokens] gets the new ids (all 0 in meta mode, where nothing is computed).
+// prompt + new_tokens - 1 (every token a forward runs over; the last new token is only chosen)
+// must fit max_position_embeddings. stats may be NULL; when not, free it
+// with llama_generate_stats_free, also after an error (it then holds the steps that ran).
+int llama_generate(ag_ctx *ctx, llama_model *m, const llama_generate_opts *opts,
+                   const int32_t *prompt_ids, const int32_t *mask, int64_t B, int64_t T,
+                   int64_t new_tokens, int32_t *out_ids, llama_generate_stats *stats,
+                   llama_err *err);

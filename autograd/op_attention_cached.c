@@ -1,0 +1,356 @@
+// Inference attention over a key-value cache. The cache of one layer is a list of chunks, one
+// per forward call (the prefill's T tokens, then one token per decode step), each laid out
+// [B, Hkv, t, D] as Hugging Face's cache is. Appending never copies what is already cached, so
+// the bytes billed to the cache are exactly 2 x B x Hkv x D x tokens x 4 at every moment.
+// No tape: these are no-grad operations.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ag_internal.h"
+
+typedef struct {
+    mp_block k, v; // [B, Hkv, t, D] each
+    int64_t t;
+} kv_chunk;
+
+struct ag_kv_cache {
+    int64_t B;
+    int Hkv, D;
+    mp_category cat;
+    char k_label[AG_LABEL_MAX], v_label[AG_LABEL_MAX];
+    int64_t tokens; // over all chunks
+    kv_chunk *chunks;
+    size_t n, cap;
+};
+
+// Chunks smaller than this (in tokens) are read by plain loops: a decode step holds one chunk
+// per generated token, and one sgemm call per token and head would cost more than its product.
+#define SGEMM_MIN_TOKENS 16
+
+// ---------------------------------------------------------------------------------------------
+// The cache
+
+// Nothing here records a node: in grad mode a caller would silently get no gradient.
+static bool no_grad(ag_ctx *ctx, const char *op, const char *base)
+{
+    if (!ctx->grad_enabled)
+        return true;
+    return ag_fail(ctx, AG_ERR_STATE, "%s %s: inference only, turn grad mode off first "
+                   "(ag_set_grad_enabled(ctx, false))", op, base);
+}
+
+ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv,
+                             int D)
+{
+    if (!ctx || ctx->status != AG_OK)
+        return NULL;
+    ag_site s;
+    ag_site_parse(&s, site);
+    if (B < 1 || Hkv < 1 || D < 1 || (int)cat < 0 || (int)cat >= MP_NCATEGORIES ||
+        B * Hkv > ((int64_t)1 << 40) / D) {
+        ag_fail(ctx, AG_ERR_ARG, "kv cache %s: batch %lld, %d key-value heads of dimension %d "
+                "(expected each >= 1) in category %d", s.base, (long long)B, Hkv, D, (int)cat);
+        return NULL;
+    }
+    ag_kv_cache *c = calloc(1, sizeof *c);
+    if (!c) {
+        ag_fail(ctx, AG_ERR_NOMEM, "kv cache %s: out of memory", s.base);
+        return NULL;
+    }
+    c->B = B, c->Hkv = Hkv, c->D = D, c->cat = cat;
+    bool cache = cat == MP_CACHE;
+    ag_label(c->k_label, s.base, cache ? "k_cache" : "keys");
+    ag_label(c->v_label, s.base, cache ? "v_cache" : "values");
+    return c;
+}
+
+void ag_kv_cache_free(ag_kv_cache *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->n; i++) {
+        mp_free(&c->chunks[i].k);
+        mp_free(&c->chunks[i].v);
+    }
+    free(c->chunks);
+    free(c);
+}
+
+// dst[B, Hkv, t, D] = src[B, t, Hkv*D]: each head's rows made contiguous.
+static void to_heads(float *dst, const float *src, int64_t B, int64_t t, int Hkv, int D)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int g = 0; g < Hkv; g++)
+            for (int64_t s = 0; s < t; s++)
+                memcpy(dst + ((b * Hkv + g) * t + s) * D, src + ((b * t + s) * Hkv + g) * D,
+                       (size_t)D * sizeof(float));
+}
+
+static bool append_shapes(ag_ctx *ctx, const ag_kv_cache *c, const ag_tensor *k,
+                          const ag_tensor *v)
+{
+    char sk[64], sv[64];
+    bool ok = k->ndim == 3 && v->ndim == 3 && k->shape[0] == c->B &&
+              k->shape[2] == (int64_t)c->Hkv * c->D && v->shape[0] == k->shape[0] &&
+              v->shape[1] == k->shape[1] && v->shape[2] == k->shape[2];
+    if (!ok)
+        ag_fail(ctx, AG_ERR_SHAPE, "kv cache append %s: k %s, v %s (expected both [%lld, t, %lld])",
+                c->k_label, ag_shape_str(k, sk), ag_shape_str(v, sv), (long long)c->B,
+                (long long)c->Hkv * c->D);
+    return ok;
+}
+
+bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v)
+{
+    if (!ctx || ctx->status != AG_OK)
+        return false;
+    if (!c || !k || !v)
+        return ag_fail(ctx, AG_ERR_ARG, "kv cache append: %s is NULL",
+                       !c ? "the cache" : !k ? "k" : "v");
+    if (!no_grad(ctx, "kv cache append", c->k_label) || !append_shapes(ctx, c, k, v))
+        return false;
+    if (c->n == c->cap) { // the list of chunks grows, never the chunks
+        size_t cap = c->cap ? 2 * c->cap : 64;
+        kv_chunk *grown = realloc(c->chunks, cap * sizeof *grown);
+        if (!grown)
+            return ag_fail(ctx, AG_ERR_NOMEM, "kv cache %s: out of memory for %zu chunks",
+                           c->k_label, cap);
+        c->chunks = grown;
+        c->cap = cap;
+    }
+    kv_chunk ch = {.t = k->shape[1]};
+    size_t bytes = (size_t)k->numel * sizeof(float);
+    if (!ag_alloc_block(ctx, &ch.k, bytes, c->cat, c->k_label))
+        return false;
+    if (!ag_alloc_block(ctx, &ch.v, bytes, c->cat, c->v_label)) {
+        mp_free(&ch.k);
+        return false;
+    }
+    if (!mp_is_meta()) {
+        to_heads(ch.k.data, k->data, c->B, ch.t, c->Hkv, c->D);
+        to_heads(ch.v.data, v->data, c->B, ch.t, c->Hkv, c->D);
+    }
+    c->chunks[c->n++] = ch;
+    c->tokens += ch.t;
+    return true;
+}
+
+int64_t ag_kv_cache_tokens(const ag_kv_cache *c) { return c ? c->tokens : 0; }
+
+size_t ag_kv_cache_chunks(const ag_kv_cache *c) { return c ? c->n : 0; }
+
+void ag_kv_cache_shape(const ag_kv_cache *c, int64_t shape[4])
+{
+    shape[0] = c->B, shape[1] = c->Hkv, shape[2] = c->tokens, shape[3] = c->D;
+}
+
+uint64_t ag_kv_cache_bytes(const ag_kv_cache *c, uint64_t *usable)
+{
+    uint64_t req = 0, use = 0;
+    for (size_t i = 0; c && i < c->n; i++) {
+        req += c->chunks[i].k.bytes + c->chunks[i].v.bytes;
+        use += c->chunks[i].k.usable + c->chunks[i].v.usable;
+    }
+    if (usable)
+        *usable = use;
+    return req;
+}
+
+bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst)
+{
+    if (!c || !dst || mp_is_meta())
+        return false;
+    int64_t row = (int64_t)c->D, off = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        const kv_chunk *ch = &c->chunks[i];
+        const float *src = values ? ch->v.data : ch->k.data;
+        for (int64_t bg = 0; bg < c->B * c->Hkv; bg++)
+            memcpy(dst + (bg * c->tokens + off) * row, src + bg * ch->t * row,
+                   (size_t)(ch->t * row) * sizeof(float));
+        off += ch->t;
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention over the cache
+
+typedef struct {
+    int64_t B, Tq, Tk;
+    int Hq, Hkv, D;
+    const int32_t *mask; // [B, ld] or NULL
+    int64_t ld;
+} cat_dims;
+
+// Eight partial sums, so that the compiler may keep them in vector registers.
+static float dot(const float *a, const float *b, int n)
+{
+    float acc[8] = {0};
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int l = 0; l < 8; l++)
+            acc[l] += a[d + l] * b[d + l];
+    float s = 0.0f;
+    for (; d < n; d++)
+        s += a[d] * b[d];
+    for (int l = 0; l < 8; l++)
+        s += acc[l];
+    return s;
+}
+
+// p[Tq, Tk] (row stride Tk) of one (batch, query head), columns off .. off+t from one chunk's
+// keys kc[t, D]: p = scale q kcᵀ, q rows strided by ldq.
+static void chunk_scores(float *p, const float *q, int64_t ldq, const float *kc, int64_t t,
+                         int64_t off, const cat_dims *a, float scale)
+{
+    if (t >= SGEMM_MIN_TOKENS) {
+        ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, t, a->D, scale, q, ldq, kc, a->D, 0.0f,
+                 p + off, a->Tk);
+        return;
+    }
+    for (int64_t i = 0; i < a->Tq; i++)
+        for (int64_t s = 0; s < t; s++)
+            p[i * a->Tk + off + s] = scale * dot(q + i * ldq, kc + s * a->D, a->D);
+}
+
+// o[Tq, D] (rows strided by ldo) += p[:, off .. off+t] vc[t, D]; the first chunk writes.
+static void chunk_values(float *o, int64_t ldo, const float *p, const float *vc, int64_t t,
+                         int64_t off, const cat_dims *a, bool first)
+{
+    if (t >= SGEMM_MIN_TOKENS) {
+        ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, t, 1.0f, p + off, a->Tk, vc, a->D,
+                 first ? 0.0f : 1.0f, o, ldo);
+        return;
+    }
+    for (int64_t i = 0; i < a->Tq; i++) {
+        float *oi = o + i * ldo;
+        if (first)
+            memset(oi, 0, (size_t)a->D * sizeof(float));
+        for (int64_t s = 0; s < t; s++) {
+            float w = p[i * a->Tk + off + s];
+            const float *vs = vc + s * a->D;
+            for (int d = 0; d < a->D; d++)
+                oi[d] += w * vs[d];
+        }
+    }
+}
+
+// In place over one row of scores: query i of row b sees keys up to its own position
+// (Tk - Tq + i) that the mask does not hide. Hidden keys get probability 0; a query that sees
+// no key at all (a pad whose earlier keys are all pads) gets a row of zeros, so its output is
+// 0 rather than NaN, and it is never read by a real query, whose mask hides it.
+static void masked_softmax_row(float *row, int64_t b, int64_t i, const cat_dims *a)
+{
+    int64_t n = a->Tk - a->Tq + i + 1;
+    const int32_t *m = a->mask ? a->mask + b * a->ld : NULL;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++)
+        if ((!m || m[j]) && row[j] > mx)
+            mx = row[j];
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; j++) {
+        row[j] = (!m || m[j]) ? expf(row[j] - mx) : 0.0f;
+        sum += row[j];
+    }
+    float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+    for (int64_t j = 0; j < n; j++)
+        row[j] *= inv;
+    for (int64_t j = n; j < a->Tk; j++)
+        row[j] = 0.0f;
+}
+
+// o[B, Tq, Hq*D]; probs [B, Hq, Tq, Tk]; q[B, Tq, Hq*D]; keys and values from the chunks.
+static void cached_forward(float *o, float *probs, const float *q, const ag_kv_cache *c,
+                           const cat_dims *a)
+{
+    int rep = a->Hq / a->Hkv;
+    int64_t ldq = (int64_t)a->Hq * a->D;
+    float scale = 1.0f / sqrtf((float)a->D);
+    for (int64_t b = 0; b < a->B; b++)
+        for (int h = 0; h < a->Hq; h++) {
+            float *p = probs + (b * a->Hq + h) * a->Tq * a->Tk;
+            const float *qh = q + b * a->Tq * ldq + (int64_t)h * a->D;
+            int64_t off = 0;
+            for (size_t i = 0; i < c->n; i++) {
+                const kv_chunk *ch = &c->chunks[i];
+                const float *kc = (const float *)ch->k.data + (b * a->Hkv + h / rep) * ch->t * a->D;
+                chunk_scores(p, qh, ldq, kc, ch->t, off, a, scale);
+                off += ch->t;
+            }
+        }
+    int64_t rows = a->B * a->Hq * a->Tq;
+#pragma omp parallel for if (rows * a->Tk >= AG_OMP_MIN_EXP)
+    for (int64_t r = 0; r < rows; r++)
+        masked_softmax_row(probs + r * a->Tk, r / (a->Hq * a->Tq), r % a->Tq, a);
+    for (int64_t b = 0; b < a->B; b++)
+        for (int h = 0; h < a->Hq; h++) {
+            const float *p = probs + (b * a->Hq + h) * a->Tq * a->Tk;
+            float *oh = o + b * a->Tq * ldq + (int64_t)h * a->D;
+            int64_t off = 0;
+            for (size_t i = 0; i < c->n; i++) {
+                const kv_chunk *ch = &c->chunks[i];
+                const float *vc = (const float *)ch->v.data + (b * a->Hkv + h / rep) * ch->t * a->D;
+                chunk_values(oh, ldq, p, vc, ch->t, off, a, i == 0);
+                off += ch->t;
+            }
+        }
+}
+
+static bool cached_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q,
+                          const ag_kv_cache *c, int Hq, int64_t mask_ld)
+{
+    char sq[64];
+    bool ok = Hq >= 1 && Hq % c->Hkv == 0 && q->ndim == 3 && q->shape[0] == c->B &&
+              q->shape[2] == (int64_t)Hq * c->D && c->tokens >= q->shape[1];
+    if (!ok)
+        return ag_fail(ctx, AG_ERR_SHAPE, "attention_cached %s: q %s does not fit %d query heads "
+                       "over a cache of %lld rows, %d key-value heads of dimension %d and %lld "
+                       "tokens (expected q[%lld, Tq, %lld], Tq <= cached tokens, key-value heads "
+                       "dividing query heads)", base, ag_shape_str(q, sq), Hq, (long long)c->B,
+                       c->Hkv, c->D, (long long)c->tokens, (long long)c->B,
+                       (long long)Hq * c->D);
+    if (mask_ld < c->tokens)
+        return ag_fail(ctx, AG_ERR_ARG, "attention_cached %s: key mask rows of %lld entries, "
+                       "expected at least the %lld cached tokens", base, (long long)mask_ld,
+                       (long long)c->tokens);
+    return true;
+}
+
+ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q,
+                               const ag_kv_cache *cache, const int32_t *key_mask, int64_t mask_ld,
+                               int Hq)
+{
+    ag_tensor *ins[] = {q};
+    if (!ag_check_inputs(ctx, "attention_cached", site, 1, ins, (const char *[]){"q"}))
+        return NULL;
+    ag_site s;
+    ag_site_parse(&s, site);
+    if (!no_grad(ctx, "attention_cached", s.base))
+        return NULL;
+    if (!cache) {
+        ag_fail(ctx, AG_ERR_ARG, "attention_cached %s: the cache is NULL", s.base);
+        return NULL;
+    }
+    if (!key_mask)
+        mask_ld = cache->tokens;
+    if (!cached_shapes(ctx, s.base, q, cache, Hq, mask_ld))
+        return NULL;
+    cat_dims a = {q->shape[0], q->shape[1], cache->tokens, Hq, cache->Hkv, cache->D, key_mask,
+                  mask_ld};
+    char label[AG_LABEL_MAX];
+    ag_label(label, s.base, "probs");
+    ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);
+    // The probabilities only live inside the op: a decode step's are [B, Hq, 1, Tk].
+    ag_tensor *probs = ag_tensor_new(ctx, 4, (int64_t[]){a.B, Hq, a.Tq, a.Tk}, MP_ACTIVATION,
+                                     label);
+    if (!o || !probs) {
+        ag_release(o);
+        ag_release(probs);
+        return NULL;
+    }
+    if (!mp_is_meta())
+        cached_forward(o->data, probs->data, q->data, cache, &a);
+    ag_release(probs);
+    return o;
+}

@@ -1,0 +1,11 @@
+// Private to model/: the pieces of a block that training and generation share.
+#pragma once
+
+#include "model.h"
+
+// "layers.<i>.<what>": the site prefix of an op inside block i.
+const char *llama_site(char buf[96], int64_t i, const char *what);
+// x[B, T, H] -> x + down(silu(gate(norm(x))) * up(norm(x))); takes ownership of x. Records on
+// the tape in grad mode, not otherwise.
+ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
+                           int64_t i);
