@@ -38,6 +38,9 @@ static const opt_spec specs[] = {
     {"--explain", T_FLAG, OFF(explain), 0, 0},
     {"--dump-grads", T_STR, OFF(dump_grads), 0, 0},
     {"--save-weights", T_STR, OFF(save_weights), 0, 0},
+    {"--new-tokens", T_LONG, OFF(new_tokens), 1, 1 << 20},
+    {"--no-cache", T_FLAG, OFF(no_cache), 0, 0},
+    {"--no-speed", T_FLAG, OFF(no_speed), 0, 0},
     {"--gpus", T_LONG, OFF(gpus), 1, 1 << 20},
     {"--zero", T_LONG, OFF(zero), 0, 3},
     {"--device-memory", T_BYTES, OFF(device_memory), 0, 0},
@@ -169,5 +172,23 @@ void cli_usage_plan(FILE *f) {
           "                        longest sequence that fit\n"
           "  --overhead SIZE       framework overhead allowed per device (default 2GB)\n"
           "  --json FILE           the report as JSON ('-' for stdout)\n",
+          f);
+}
+
+void cli_usage_infer(FILE *f) {
+    fputs("usage: membill infer [options]\n"
+          "Generation as a user runs it: a prefill over the prompt, then greedy decode with a KV cache,\n"
+          "billed the same way as training (the cache in its own category).\n\n"
+          "  --model NAME          built-in preset (default smollm2-135m)\n"
+          "  --config FILE         a Hugging Face config.json (Llama family)\n"
+          "  --weights PATH        .safetensors file, or a folder with config.json and model.safetensors\n"
+          "  --tokens 1,2,3        the prompt's ids; rows separated by ';' make a batch of prompts,\n"
+          "                        left-padded to the longest (default: --seq-len random ids)\n"
+          "  --seq-len N           prompt length (default 25)\n"
+          "  --batch B             copies of the prompt (default 1)\n"
+          "  --new-tokens N        tokens to generate (default 40)\n"
+          "  --no-cache            recompute the whole sequence at every step instead of caching\n"
+          "  --seed S, --threads N, --meta, --budget SIZE, --json FILE, --timeline FILE.csv,\n"
+          "  --svg FILE, --trace FILE, --html FILE, --quiet   as for membill train\n",
           f);
 }

@@ -26,17 +26,20 @@ typedef struct {
 #define PLOT_H 380
 #define NPOINTS PLOT_W
 
+// The horizontal axis: seconds, or in meta mode (which takes no time) the event number.
+static double x_of(size_t i, const mp_event *e) { return mp_is_meta() ? (double)i : e->seconds; }
+
 static size_t sample(svg_point *pts, double *t_end) {
     size_t n = mp_timeline_count(), np = 0;
     const mp_event *last = n ? mp_timeline_get(n - 1) : NULL;
-    double span = last && last->seconds > 0 ? last->seconds : 1;
+    double span = last && x_of(n - 1, last) > 0 ? x_of(n - 1, last) : 1;
     int64_t live[MP_NCATEGORIES] = {0};
     for (size_t i = 0; i < n; i++) {
         const mp_event *e = mp_timeline_get(i);
         live[e->category] += e->bytes;
         int64_t total = 0;
         for (int c = 0; c < MP_NCATEGORIES; c++) total += live[c];
-        size_t x = (size_t)(e->seconds / span * (NPOINTS - 1));
+        size_t x = (size_t)(x_of(i, e) / span * (NPOINTS - 1));
         if (x >= NPOINTS) x = NPOINTS - 1;
         if (np == 0 || pts[np - 1].t < (double)x) { // a new column
             pts[np].t = (double)x;
@@ -104,17 +107,18 @@ static void svg_axes(FILE *f, double ymax, double t_end) {
     fprintf(f, "<text x=\"20\" y=\"%d\" font-size=\"12\" transform=\"rotate(-90 20 %d)\" text-anchor=\"middle\">live MB (10^6 bytes)</text>\n",
             PLOT_Y + PLOT_H / 2, PLOT_Y + PLOT_H / 2);
     for (int i = 0; i <= 4; i++)
-        fprintf(f, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%.2f</text>\n", PLOT_X + PLOT_W * i / 4.0,
-                PLOT_Y + PLOT_H + 16, t_end * i / 4.0);
-    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">seconds into the run</text>\n",
-            PLOT_X + PLOT_W / 2, PLOT_Y + PLOT_H + 34);
+        fprintf(f, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%.*f</text>\n", PLOT_X + PLOT_W * i / 4.0,
+                PLOT_Y + PLOT_H + 16, mp_is_meta() ? 0 : 2, t_end * i / 4.0);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n", PLOT_X + PLOT_W / 2,
+            PLOT_Y + PLOT_H + 34, mp_is_meta() ? "allocations and frees (meta mode: no time passes)" : "seconds into the run");
     fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333\"/>\n", PLOT_X, PLOT_Y, PLOT_W, PLOT_H);
 }
 
 static void svg_legend_and_peak(FILE *f, double ymax, double t_end) {
     char b[64];
     mp_moment pk = mp_peak();
-    double x = PLOT_X + pk.seconds / t_end * PLOT_W;
+    double at = mp_is_meta() ? (double)(pk.events ? pk.events - 1 : 0) : pk.seconds;
+    double x = PLOT_X + at / t_end * PLOT_W;
     if (x > PLOT_X + PLOT_W) x = PLOT_X + PLOT_W;
     double y = PLOT_Y + PLOT_H - (double)pk.total / ymax * PLOT_H;
     fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%d\" stroke=\"#000\" stroke-dasharray=\"4 3\"/>\n", x, x, y, PLOT_Y + PLOT_H);
@@ -133,8 +137,11 @@ static void svg_legend_and_peak(FILE *f, double ymax, double t_end) {
     }
 }
 
-int cli_svg_to(FILE *f, void *arg) {
-    const char *title = arg;
+int cli_svg_to(FILE *f, void *arg) { return cli_svg_scaled(f, arg, 0); }
+
+// scale: the highest total the vertical axis must hold (0: this run's own peak), so that two
+// charts can share one scale.
+int cli_svg_scaled(FILE *f, const char *title, double scale) {
     svg_point *pts = calloc(NPOINTS, sizeof *pts);
     if (!pts) return -1;
     double t_end;
@@ -151,6 +158,7 @@ int cli_svg_to(FILE *f, void *arg) {
     cli_xml_escape(f, title);
     fprintf(f, "</text>\n<text x=\"%d\" y=\"46\" font-size=\"12\" fill=\"#555\">live bytes by category over the run (stacked); "
                "phases shaded; the dashed line marks the total peak</text>\n", PLOT_X);
+    if (scale > ymax) ymax = scale;
     ymax *= 1.08; // headroom above the peak
     svg_phases(f, pts, np);
     svg_axes(f, ymax, t_end);

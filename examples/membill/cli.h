@@ -27,6 +27,11 @@ typedef struct {
     bool explain;
     // membill plan
     long gpus, zero;
+    // membill infer
+    long new_tokens;
+    bool no_cache;
+    // membill check
+    bool no_speed;
     uint64_t device_memory, overhead;
     bool overhead_given, list;
 } cli_options;
@@ -39,6 +44,8 @@ void cli_usage_plan(FILE *f);
 // The config from --model / --config / --weights (a folder's config.json).
 int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len,
                     llama_err *err);
+// "1,2,3" -> ids (malloc'd); a malformed list names the item at fault.
+int cli_parse_tokens(const char *text, int32_t **out, long *n, llama_err *err);
 // Token ids [batch * seq_len]: --tokens repeated over the batch, or seeded random ids.
 int32_t *cli_make_tokens(const cli_options *o, const llama_config *cfg, long *batch, long *seq_len,
                          llama_err *err);
@@ -48,6 +55,7 @@ typedef int (*cli_writer)(FILE *f, void *arg);
 int cli_write_file(const char *path, cli_writer fn, void *arg, char *err, size_t errlen);
 int cli_write_svg(const char *path, const char *title, char *err, size_t errlen);
 int cli_svg_to(FILE *f, void *title);
+int cli_svg_scaled(FILE *f, const char *title, double scale);
 typedef void (*cli_text_fn)(FILE *f, const void *arg);
 int cli_write_html(const char *path, const char *title, cli_text_fn text, const void *arg, char *err, size_t errlen);
 // Every output file the options ask for, after a successful run; the first failure is returned.
@@ -95,5 +103,26 @@ struct json_t *cli_breakdown_json(long layers);
 // --explain: each category's formula worked out for this model, and the lessons' claims.
 void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_len, optim_kind kind);
 
+// One generation (build or load the model, prefill and greedy decode, teardown) inside an
+// initialised profiler.
+typedef struct {
+    llama_config cfg;
+    char st_path[4096];
+    int32_t *ids, *mask; // batch x seq_len prompts, left-padded (mask 0 on pads)
+    long batch, seq_len, new_tokens;
+    bool use_cache;
+    int32_t *out; // batch x new_tokens
+    llama_generate_stats stats;
+    bool torn_down_clean;
+} infer_run;
+
+int cli_infer_prepare(const cli_options *o, infer_run *r, llama_err *err);
+int cli_infer_run(const cli_options *o, infer_run *r, llama_err *err);
+void cli_infer_free(infer_run *r);
+void cli_usage_infer(FILE *f);
+
 int cmd_train(const cli_options *o);
+int cmd_infer(const cli_options *o);
+int cmd_compare(const cli_options *o);
+int cmd_check(const cli_options *o);
 int cmd_plan(const cli_options *o);

@@ -22,7 +22,7 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
 }
 
 // "1,2,3" -> ids; a malformed list names the item at fault.
-static int parse_tokens(const char *text, int32_t **out, long *n, llama_err *err) {
+int cli_parse_tokens(const char *text, int32_t **out, long *n, llama_err *err) {
     long cap = 16, count = 0;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     const char *p = text;
@@ -58,7 +58,7 @@ int32_t *cli_make_tokens(const cli_options *o, const llama_config *cfg, long *ba
     int32_t *row = NULL;
     long B = o->batch ? o->batch : 1, T = o->seq_len ? o->seq_len : 25;
     if (o->tokens) {
-        if (parse_tokens(o->tokens, &row, &T, err) != 0) return NULL;
+        if (cli_parse_tokens(o->tokens, &row, &T, err) != 0) return NULL;
         if (o->seq_len && o->seq_len != T) {
             llama_err_set(err, "--tokens gives %ld ids but --seq-len says %ld", T, o->seq_len);
             free(row);

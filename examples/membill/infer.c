@@ -1,0 +1,240 @@
+// membill infer: prefill and greedy decode with a KV cache, billed like training.
+#include "cli.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+// --tokens "1,2;3,4,5": one prompt per ';', left-padded with id 0 to the longest.
+static int parse_prompts(const char *text, infer_run *r, llama_err *err) {
+    long rows = 1, longest = 0;
+    for (const char *p = text; *p; p++) rows += *p == ';';
+    int32_t **ids = calloc((size_t)rows, sizeof *ids);
+    long *len = calloc((size_t)rows, sizeof *len);
+    int rc = ids && len ? 0 : -1;
+    const char *start = text;
+    for (long i = 0; rc == 0 && i < rows; i++) {
+        const char *end = strchr(start, ';');
+        size_t n = end ? (size_t)(end - start) : strlen(start);
+        char *row = strndup(start, n);
+        rc = row ? cli_parse_tokens(row, &ids[i], &len[i], err) : -1;
+        free(row);
+        if (rc == 0 && len[i] > longest) longest = len[i];
+        start = end ? end + 1 : start + n;
+    }
+    if (rc == 0) {
+        r->batch = rows;
+        r->seq_len = longest;
+        r->ids = calloc((size_t)(rows * longest), sizeof *r->ids);
+        r->mask = calloc((size_t)(rows * longest), sizeof *r->mask);
+        rc = r->ids && r->mask ? 0 : -1;
+        for (long i = 0; rc == 0 && i < rows; i++)
+            for (long t = 0; t < len[i]; t++) {
+                r->ids[i * longest + longest - len[i] + t] = ids[i][t];
+                r->mask[i * longest + longest - len[i] + t] = 1;
+            }
+    }
+    if (rc != 0 && !err->msg[0]) llama_err_set(err, "--tokens: out of memory");
+    for (long i = 0; ids && i < rows; i++) free(ids[i]);
+    free(ids);
+    free(len);
+    return rc;
+}
+
+int cli_infer_prepare(const cli_options *o, infer_run *r, llama_err *err) {
+    memset(r, 0, sizeof *r);
+    r->new_tokens = o->new_tokens ? o->new_tokens : 40;
+    r->use_cache = !o->no_cache;
+    if (cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err) != 0) return -1;
+    if (o->tokens && strchr(o->tokens, ';')) {
+        if (o->batch) {
+            llama_err_set(err, "--batch repeats one prompt: give several prompts with ';' or --batch, not both");
+            return -1;
+        }
+        if (parse_prompts(o->tokens, r, err) != 0) return -1;
+        return llama_check_tokens(&r->cfg, r->ids, (size_t)(r->batch * r->seq_len), err);
+    }
+    r->ids = cli_make_tokens(o, &r->cfg, &r->batch, &r->seq_len, err);
+    return r->ids ? 0 : -1;
+}
+
+void cli_infer_free(infer_run *r) {
+    free(r->ids);
+    free(r->mask);
+    free(r->out);
+    llama_generate_stats_free(&r->stats);
+}
+
+int cli_infer_run(const cli_options *o, infer_run *r, llama_err *err) {
+    int rc = -1;
+    llama_model *m = NULL;
+    ag_ctx *ctx = ag_ctx_new();
+    r->out = calloc((size_t)(r->batch * r->new_tokens), sizeof *r->out);
+    if (!ctx || !r->out) {
+        ag_ctx_free(ctx);
+        llama_err_set(err, "out of memory");
+        return -1;
+    }
+    ag_set_grad_enabled(ctx, false);
+    mp_set_phase(MP_PHASE_LOAD);
+    if (llama_model_new(&m, ctx, &r->cfg, err) != 0) goto done;
+    if (r->st_path[0]) {
+        if (llama_model_load(m, r->st_path, err) != 0) goto done;
+    } else {
+        llama_model_init_random(m, o->seed);
+    }
+    llama_generate_opts go = {.use_cache = r->use_cache};
+    rc = llama_generate(ctx, m, &go, r->ids, r->mask, r->batch, r->seq_len, r->new_tokens, r->out, &r->stats, err);
+done:
+    mp_set_phase(MP_PHASE_TEARDOWN);
+    llama_model_free(m);
+    ag_ctx_free(ctx);
+    r->torn_down_clean = true;
+    for (int c = 0; c < MP_OTHER; c++)
+        if (mp_get_counter(c).live != 0) r->torn_down_clean = false;
+    return rc;
+}
+
+static uint64_t cache_per_token(const llama_config *c) {
+    return (uint64_t)(2 * c->layers * c->kv_heads * c->head_dim) * sizeof(float);
+}
+
+static json_t *shape_json(const int64_t s[4]) {
+    json_t *a = json_array();
+    for (int i = 0; i < 4; i++) json_array_append_new(a, json_integer(s[i]));
+    return a;
+}
+
+static json_t *infer_json(const cli_options *o, const infer_run *r) {
+    json_t *root = json_object();
+    json_object_set_new(root, "membill_version", json_string(MEMBILL_VERSION));
+    json_object_set_new(root, "model", cli_model_json(&r->cfg));
+    json_t *run = json_object();
+    json_object_set_new(run, "kind", json_string("infer"));
+    json_object_set_new(run, "batch", json_integer(r->batch));
+    json_object_set_new(run, "seq_len", json_integer(r->seq_len));
+    json_object_set_new(run, "new_tokens", json_integer(r->new_tokens));
+    json_object_set_new(run, "cache", json_boolean(r->use_cache));
+    json_object_set_new(run, "dtype", json_string("float32"));
+    json_object_set_new(run, "meta", json_boolean(o->meta));
+    json_object_set_new(run, "threads", json_integer(o->threads ? o->threads : 2));
+    json_object_set_new(run, "weights", json_string(r->st_path[0] ? r->st_path : "random"));
+    json_object_set_new(root, "run", run);
+    json_t *gen = json_array();
+    for (long b = 0; b < r->batch; b++) {
+        json_t *row = json_array();
+        for (long t = 0; t < r->new_tokens; t++) json_array_append_new(row, json_integer(r->out[b * r->new_tokens + t]));
+        json_array_append_new(gen, row);
+    }
+    json_object_set_new(root, "generated", gen);
+    mp_report_json(root);
+    json_object_set_new(root, "breakdown", cli_breakdown_json((long)r->cfg.layers));
+    const llama_generate_stats *st = &r->stats;
+    json_t *cache = json_object();
+    json_object_set_new(cache, "bytes_per_token", json_integer((json_int_t)cache_per_token(&r->cfg)));
+    if (st->steps > 0 && r->use_cache) {
+        json_object_set_new(cache, "after_prefill_bytes", json_integer((json_int_t)st->cache_bytes[0]));
+        json_object_set_new(cache, "final_bytes", json_integer((json_int_t)st->cache_bytes[st->steps - 1]));
+        json_object_set_new(cache, "final_usable_bytes", json_integer((json_int_t)st->cache_usable[st->steps - 1]));
+        json_object_set_new(cache, "shape_after_prefill", shape_json(st->cache_shape[0]));
+        json_object_set_new(cache, "shape_final", shape_json(st->cache_shape[st->steps - 1]));
+    }
+    json_object_set_new(root, "cache", cache);
+    json_t *t = json_object();
+    json_object_set_new(t, "prefill_s", json_real(st->prefill_s));
+    json_object_set_new(t, "decode_s", json_real(st->decode_s));
+    json_object_set_new(t, "generate_s", json_real(st->generate_s));
+    json_object_set_new(t, "decode_step_s", json_real(st->decode_step_s));
+    json_object_set_new(t, "tokens_per_s", json_real(st->generate_s > 0 ? (double)(r->batch * r->new_tokens) / st->generate_s : 0));
+    json_object_set_new(root, "timing", t);
+    json_object_set_new(root, "teardown_all_zero", json_boolean(r->torn_down_clean));
+    return root;
+}
+
+typedef struct {
+    const cli_options *o;
+    const infer_run *r;
+} infer_view;
+
+static void infer_text(FILE *f, const void *arg) {
+    const cli_options *o = ((const infer_view *)arg)->o;
+    const infer_run *r = ((const infer_view *)arg)->r;
+    const llama_generate_stats *st = &r->stats;
+    char b[80];
+    fprintf(f, "membill infer: %s, batch %ld x %ld-token prompt, %ld new tokens, greedy, %s, float32%s\n\n", r->cfg.name,
+            r->batch, r->seq_len, r->new_tokens, r->use_cache ? "with the KV cache" : "without a cache (recomputing)",
+            o->meta ? ", meta (shapes only)" : "");
+    mp_report_text(f);
+    cli_breakdown_text(f, (long)r->cfg.layers);
+    uint64_t per = cache_per_token(&r->cfg);
+    fprintf(f, "\n  KV cache: 2 x %lld layers x %lld kv heads x %lld x 4 bytes = %llu bytes a token per row\n",
+            (long long)r->cfg.layers, (long long)r->cfg.kv_heads, (long long)r->cfg.head_dim, (unsigned long long)per);
+    if (r->use_cache && st->steps > 0) {
+        const int64_t *s0 = st->cache_shape[0], *s1 = st->cache_shape[st->steps - 1];
+        fprintf(f, "    after the prompt %s, each block's keys (%lld, %lld, %lld, %lld)\n", mp_format_bytes(b, sizeof b, st->cache_bytes[0]),
+                (long long)s0[0], (long long)s0[1], (long long)s0[2], (long long)s0[3]);
+        fprintf(f, "    at the end %s, keys (%lld, %lld, %lld, %lld)", mp_format_bytes(b, sizeof b, st->cache_bytes[st->steps - 1]),
+                (long long)s1[0], (long long)s1[1], (long long)s1[2], (long long)s1[3]);
+        fprintf(f, "; in allocator size classes %s\n", mp_format_bytes(b, sizeof b, st->cache_usable[st->steps - 1]));
+    }
+    if (!o->meta) {
+        fprintf(f, "\n  prefill %.4f s, decode %.4f s (median step %.4f s), together %.4f s: %.1f tokens/s\n", st->prefill_s,
+                st->decode_s, st->decode_step_s, st->generate_s,
+                st->generate_s > 0 ? (double)(r->batch * r->new_tokens) / st->generate_s : 0);
+        for (long row = 0; row < r->batch && row < 8; row++) {
+            fprintf(f, "  row %ld:", row);
+            for (long t = 0; t < r->new_tokens && t < 40; t++) fprintf(f, " %d", r->out[row * r->new_tokens + t]);
+            fprintf(f, "%s\n", r->new_tokens > 40 ? " ..." : "");
+        }
+    }
+    fprintf(f, "  teardown: every category but other back at zero: %s\n", r->torn_down_clean ? "yes" : "NO");
+}
+
+int cmd_infer(const cli_options *o) {
+    if (o->help) {
+        cli_usage_infer(stdout);
+        return 0;
+    }
+    if (o->meta && o->weights) {
+        fprintf(stderr, "membill infer: --meta runs on shapes alone: --weights needs data\n");
+        return EXIT_USAGE;
+    }
+    if (o->dump_grads || o->save_weights || o->optimizer || o->steps) {
+        fprintf(stderr, "membill infer: --optimizer, --steps, --dump-grads and --save-weights belong to membill train\n");
+        return EXIT_USAGE;
+    }
+    infer_run r;
+    llama_err err = {""};
+    if (cli_infer_prepare(o, &r, &err) != 0) {
+        fprintf(stderr, "membill infer: %s\n", err.msg);
+        cli_infer_free(&r);
+        return EXIT_RUN_FAILED;
+    }
+    mp_options mo = {.meta = o->meta, .budget = o->budget, .track_other = !o->meta, .keep_timeline = true};
+    if (mp_init(&mo) != MP_OK) {
+        cli_infer_free(&r);
+        fprintf(stderr, "membill infer: cannot start the profiler\n");
+        return EXIT_RUN_FAILED;
+    }
+    ag_set_num_threads((int)(o->threads ? o->threads : 2));
+    int rc = cli_infer_run(o, &r, &err);
+    infer_view view = {o, &r};
+    if (rc != 0) {
+        if (mp_oom()->happened) infer_text(stdout, &view);
+        fprintf(stderr, "membill infer: %s\n", err.msg);
+    } else {
+        if (!o->quiet && !(o->json && strcmp(o->json, "-") == 0)) infer_text(stdout, &view);
+        json_t *root = infer_json(o, &r);
+        char title[256], msg[600];
+        snprintf(title, sizeof title, "membill infer: %s, batch %ld x %ld tokens + %ld new, %s", r.cfg.name, r.batch,
+                 r.seq_len, r.new_tokens, r.use_cache ? "KV cache" : "no cache");
+        if (cli_write_outputs(o, root, title, infer_text, &view, msg, sizeof msg) != 0) {
+            fprintf(stderr, "membill infer: %s\n", msg);
+            rc = -1;
+        }
+        json_decref(root);
+    }
+    mp_shutdown();
+    cli_infer_free(&r);
+    return rc == 0 ? 0 : EXIT_RUN_FAILED;
+}
