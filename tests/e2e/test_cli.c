@@ -302,6 +302,115 @@ static void test_plan_zero_and_fit(void **state) {
     json_decref(root);
 }
 
+// The golden greedy tokens of the PyTorch reference, and the prompt they came from.
+static void golden_tokens(const char *key, int64_t *out, size_t n) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tiny_tied/golden.safetensors", MEMBILL_GOLDEN_DIR);
+    llama_st_file *f = NULL;
+    llama_err err;
+    assert_int_equal(llama_st_open(&f, path, &err), 0);
+    const llama_st_tensor *t = llama_st_find(f, key);
+    assert_non_null(t);
+    assert_true(t->numel >= n);
+    int64_t *all = calloc(t->numel, sizeof *all);
+    assert_int_equal(llama_st_read_i64(f, t, all, t->numel, &err), 0);
+    memcpy(out, all, n * sizeof *out);
+    free(all);
+    llama_st_close(f);
+}
+
+static json_t *json_run(const char *args) {
+    run_result r;
+    char a[2048], path[512];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    snprintf(a, sizeof a, "%s --json %s --quiet", args, path);
+    membill(&r, a);
+    if (r.code != 0) print_error("%s: exit %d: %s\n", args, r.code, r.err);
+    assert_int_equal(r.code, 0);
+    json_t *root = json_load_file(path, 0, NULL);
+    assert_non_null(root);
+    return root;
+}
+
+static void test_infer_matches_reference(void **state) {
+    (void)state;
+    int64_t ids[14], greedy[8], batch[16];
+    golden_tokens("input_ids", ids, 14);
+    golden_tokens("greedy", greedy, 8);
+    golden_tokens("greedy_batch", batch, 16);
+    char prompt[256] = "", second[256] = "", a[1024];
+    for (int i = 0; i < 7; i++) snprintf(prompt + strlen(prompt), 16, "%s%lld", i ? "," : "", (long long)ids[i]);
+    for (int i = 0; i < 4; i++) snprintf(second + strlen(second), 16, "%s%lld", i ? "," : "", (long long)ids[7 + i]);
+    const char *modes[] = {"", "--no-cache"};
+    for (int m = 0; m < 2; m++) {
+        snprintf(a, sizeof a, "infer --weights %s/tiny_tied --tokens %s --new-tokens 8 %s", MEMBILL_GOLDEN_DIR, prompt, modes[m]);
+        json_t *root = json_run(a);
+        json_t *row = json_array_get(json_object_get(root, "generated"), 0);
+        assert_int_equal(json_array_size(row), 8);
+        for (int t = 0; t < 8; t++) assert_int_equal(json_integer_value(json_array_get(row, t)), greedy[t]);
+        assert_true(json_is_true(json_object_get(root, "teardown_all_zero")));
+        json_decref(root);
+    }
+    // Two prompts of different lengths, left-padded into one batch.
+    snprintf(a, sizeof a, "infer --weights %s/tiny_tied --tokens '%s;%s' --new-tokens 8", MEMBILL_GOLDEN_DIR, prompt, second);
+    json_t *root = json_run(a);
+    for (int b = 0; b < 2; b++)
+        for (int t = 0; t < 8; t++)
+            assert_int_equal(json_integer_value(json_array_get(json_array_get(json_object_get(root, "generated"), b), t)),
+                             batch[b * 8 + t]);
+    json_decref(root);
+}
+
+static void test_infer_cache_bill(void **state) {
+    (void)state;
+    json_t *root = json_run("infer --meta --new-tokens 2");
+    json_t *cache = json_object_get(root, "cache");
+    assert_int_equal(json_integer_value(json_object_get(cache, "bytes_per_token")), 46080);
+    assert_int_equal(json_integer_value(json_object_get(cache, "after_prefill_bytes")), 1152000);
+    assert_int_equal(json_integer_value(json_object_get(cache, "final_bytes")), 1152000 + 46080);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(cache, "shape_final"), 2)), 26);
+    assert_int_equal(cat_peak(root, "weight"), 538060032);
+    assert_int_equal(cat_peak(root, "gradient"), 0);
+    assert_int_equal(cat_peak(root, "optimizer"), 0);
+    assert_int_equal(cat_peak(root, "cache"), 1152000 + 46080);
+    json_decref(root);
+}
+
+static void test_compare(void **state) {
+    (void)state;
+    json_t *root = json_run("compare --meta --svg /dev/null");
+    json_t *tr = json_object_get(json_object_get(root, "train"), "categories");
+    json_t *in = json_object_get(json_object_get(root, "infer"), "categories");
+    assert_int_equal(json_integer_value(json_object_get(tr, "optimizer")), 1076120064);
+    assert_int_equal(json_integer_value(json_object_get(in, "optimizer")), 0);
+    assert_int_equal(json_integer_value(json_object_get(in, "weight")), 538060032);
+    assert_true(json_integer_value(json_object_get(in, "cache")) > 0);
+    double ratio = json_real_value(json_object_get(root, "ratio"));
+    assert_true(ratio > 3.5 && ratio < 4.1); // four copies against one, plus what each adds
+    json_decref(root);
+}
+
+static void test_check_memory_claims(void **state) {
+    (void)state;
+    json_t *root = json_run("check --no-speed");
+    json_t *rows = json_object_get(root, "claims");
+    assert_int_equal(json_array_size(rows), 18);
+    assert_int_equal(json_integer_value(json_object_get(root, "failed")), 0);
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) assert_true(json_is_true(json_object_get(row, "pass")));
+    json_decref(root);
+}
+
+// The whole check, speed claims included (real runs of SmolLM2-135M).
+static void test_check_all_claims(void **state) {
+    (void)state;
+    json_t *root = json_run("check");
+    assert_int_equal(json_array_size(json_object_get(root, "claims")), 21);
+    assert_int_equal(json_integer_value(json_object_get(root, "failed")), 0);
+    json_decref(root);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_model_outputs),
@@ -309,9 +418,14 @@ int main(void) {
         cmocka_unit_test(test_budget_stops_the_run),
         cmocka_unit_test(test_plan_closed_form_sweep),
         cmocka_unit_test(test_plan_zero_and_fit),
+        cmocka_unit_test(test_infer_matches_reference),
+        cmocka_unit_test(test_infer_cache_bill),
+        cmocka_unit_test(test_compare),
+        cmocka_unit_test(test_check_memory_claims),
     };
     const struct CMUnitTest heavy[] = {
         cmocka_unit_test(test_smollm2_training_step_bill),
+        cmocka_unit_test(test_check_all_claims),
     };
     int only_heavy = getenv("MEMBILL_HEAVY") != NULL;
     return only_heavy ? cmocka_run_group_tests_name("smollm2", heavy, make_dir, remove_dir)
