@@ -2,6 +2,9 @@
 #pragma once
 
 #include <cblas.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "autograd.h"
 
@@ -98,10 +101,26 @@ bool ag_grad_get_all(ag_ctx *ctx, ag_node *n, ag_grad_dst *dst);
 // gradient yet and the same size (identity backward, as add): no copy, no new buffer.
 bool ag_grad_pass(ag_node *n, int i);
 
-// blas.c: cblas_sgemm, row-major, timed into ag_blas_stats.
+// blas.c: cblas_sgemm, row-major, timed into ag_blas_stats; small products (attention at short
+// lengths, up to AG_SMALL_GEMM_MAX multiply-adds) run in blas.c's own loops on AVX-512 machines.
 void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
               float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
               float *C, int64_t ldc);
+// Kernels for a linear with few rows (tokens): they stream the weight once per pass where
+// sgemm would pack it first. Available for 1 <= M <= AG_SKINNY_MAX_M on AVX-512 machines;
+// otherwise the caller uses ag_sgemm. Timed into ag_blas_stats as well.
+#define AG_SKINNY_MAX_M 64
+// Products up to this many multiply-adds (M N K) skip OpenBLAS on AVX-512 machines.
+#define AG_SMALL_GEMM_MAX (1 << 17)
+bool ag_skinny_available(int64_t M);
+bool ag_has_avx512(void); // the CPU runs AVX-512F code (checked once)
+// y[M, N] = x[M, K] · w[N, K]ᵀ
+void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N,
+                       int64_t K);
+// dx[M, K] (+)= dy[M, N] · w[N, K] and dw[N, K] (+)= dy[M, N]ᵀ · x[M, K] in one sweep over w
+// and dw; a fresh destination is overwritten, otherwise accumulated into.
+void ag_skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw,
+                        int64_t M, int64_t N, int64_t K, bool dx_fresh, bool dw_fresh);
 
 // Loops are split over OpenMP threads only when long (tens of milliseconds serial). With the
 // pthread build of OpenBLAS, its worker threads keep spinning for a while after each sgemm;
@@ -110,3 +129,57 @@ void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int6
 // reach that length sooner than plain arithmetic.
 #define AG_OMP_MIN (1 << 24)
 #define AG_OMP_MIN_EXP (1 << 22)
+
+// Time spent in matrix products, for ag_get_blas_stats: a start time, then the account.
+double ag_blas_clock(void);
+void ag_blas_account(double t0, int calls, double flops);
+
+#if defined(__x86_64__)
+#define AG_AVX512 __attribute__((target("avx512f,fma")))
+// e^x in 16 lanes, for loops that call expf per element (softmax, silu): libm's expf is a
+// scalar call, about five times slower. Cephes' expf: x = n ln2 + r, |r| <= ln2/2, e^r by a
+// degree-7 polynomial, then 2^n by scalef, which also gives inf, 0 and the subnormals where
+// expf does; NaN stays NaN. Within 2 ulp of expf (relative error < 2.4e-7).
+static inline AG_AVX512 __m512 ag_exp16(__m512 x)
+{
+    // Clamped only for r: beyond +-104 the result is inf or 0 whatever r is, and n keeps it so.
+    __m512 xc = _mm512_min_ps(_mm512_set1_ps(104.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+// Lanes [0, left) of a 16-lane step.
+static inline __mmask16 ag_mask16(int64_t left)
+{
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+}
+
+// The same, with none when left <= 0.
+static inline __mmask16 ag_lanes16(int64_t left) { return left <= 0 ? 0 : ag_mask16(left); }
+
+#define AG_AVX512_INLINE static inline __attribute__((always_inline)) AG_AVX512
+
+// The sums of four vectors at once: 5 additions where four reductions would take 16 (the
+// additions share the multiply-add unit that bounds these kernels).
+AG_AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], then [a, b, c, d] partial sums.
+    __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    __m512 s = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+#endif

@@ -9,19 +9,72 @@
 
 enum { SAVED_LOGITS, SAVED_LSE };
 
+// logsumexp of one row: max, then Σ e^(x - max) summed in double.
+static float row_lse(const float *x, int64_t V)
+{
+    float mx = x[0];
+    for (int64_t j = 1; j < V; j++)
+        mx = x[j] > mx ? x[j] : mx;
+    double sum = 0.0;
+    for (int64_t j = 0; j < V; j++)
+        sum += expf(x[j] - mx);
+    return mx + (float)log(sum);
+}
+
+#if defined(__x86_64__)
+// The same, 16 lanes at a time (the exponentials of a 49152-wide vocabulary dominate the op).
+AG_AVX512 static float row_lse_avx512(const float *x, int64_t V)
+{
+    __m512 mx = _mm512_set1_ps(x[0]);
+    for (int64_t j = 0; j < V; j += 16) {
+        __mmask16 mk = ag_mask16(V - j);
+        mx = _mm512_mask_max_ps(mx, mk, _mm512_maskz_loadu_ps(mk, x + j), mx);
+    }
+    __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (int64_t j = 0; j < V; j += 16) {
+        __mmask16 mk = ag_mask16(V - j);
+        __m512 e = ag_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), m));
+        e = _mm512_maskz_mov_ps(mk, e); // lanes past the row add nothing
+        __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1));
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(hi));
+    }
+    return _mm512_cvtss_f32(m) + (float)log(_mm512_reduce_add_pd(_mm512_add_pd(s0, s1)));
+}
+
+// dlogits of one row: e^(x - lse) * scale, written or added.
+AG_AVX512 static void row_grad_avx512(float *g, const float *x, float lse, float scale, int64_t V,
+                                      bool fresh)
+{
+    __m512 m = _mm512_set1_ps(lse), sc = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < V; j += 16) {
+        __mmask16 mk = ag_mask16(V - j);
+        __m512 e = ag_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), m));
+        __m512 v = _mm512_mul_ps(e, sc);
+        if (!fresh)
+            v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, g + j), v);
+        _mm512_mask_storeu_ps(g + j, mk, v);
+    }
+}
+#endif
+
 // lse[b*(T-1) + t] for every predicting position.
 static void row_logsumexp(float *lse, const float *logits, int64_t B, int64_t T, int64_t V)
 {
+#if defined(__x86_64__)
+    bool vec = ag_has_avx512();
+#endif
 #pragma omp parallel for if (B * T * V >= AG_OMP_MIN_EXP)
     for (int64_t r = 0; r < B * (T - 1); r++) {
         const float *x = logits + ((r / (T - 1)) * T + r % (T - 1)) * V;
-        float mx = x[0];
-        for (int64_t j = 1; j < V; j++)
-            mx = x[j] > mx ? x[j] : mx;
-        double sum = 0.0;
-        for (int64_t j = 0; j < V; j++)
-            sum += expf(x[j] - mx);
-        lse[r] = mx + (float)log(sum);
+#if defined(__x86_64__)
+        if (vec) {
+            lse[r] = row_lse_avx512(x, V);
+            continue;
+        }
+#endif
+        lse[r] = row_lse(x, V);
     }
 }
 
@@ -38,6 +91,9 @@ static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss)
     float scale = dloss[0] / (float)(B * (T - 1));
     float *dx = d.data;
     bool fresh = d.fresh;
+#if defined(__x86_64__)
+    bool vec = ag_has_avx512();
+#endif
 #pragma omp parallel for if (B * T * V >= AG_OMP_MIN_EXP)
     for (int64_t r = 0; r < B * T; r++) {
         int64_t t = r % T;
@@ -49,6 +105,13 @@ static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss)
             continue;
         }
         float m = lse[(r / T) * (T - 1) + t];
+#if defined(__x86_64__)
+        if (vec) {
+            row_grad_avx512(g, x, m, scale, V, fresh);
+            g[n->ints[r + 1]] -= scale;
+            continue;
+        }
+#endif
         for (int64_t j = 0; j < V; j++) {
             float v = expf(x[j] - m) * scale;
             g[j] = fresh ? v : g[j] + v;

@@ -11,6 +11,11 @@ static void linear_backward(ag_ctx *ctx, ag_node *n, const float *dy)
     ag_grad_dst d[2];
     if (!ag_grad_get_all(ctx, n, d) || mp_is_meta())
         return;
+    if (d[0].needed && d[1].needed && d[0].data != d[1].data && ag_skinny_available(M)) {
+        ag_skinny_backward(dy, n->saved[SAVED_X]->data, n->saved[SAVED_W]->data, d[0].data,
+                           d[1].data, M, out, in, d[0].fresh, d[1].fresh);
+        return;
+    }
     if (d[0].needed) // dx[M, in] = dy[M, out] · w[out, in]
         ag_sgemm(CblasNoTrans, CblasNoTrans, M, in, out, 1.0f, dy, out,
                  n->saved[SAVED_W]->data, in, d[0].fresh ? 0.0f : 1.0f, d[0].data, in);
@@ -41,7 +46,9 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w)
     ag_tensor *y = ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s.out);
     if (!y)
         return NULL;
-    if (!mp_is_meta()) // y[M, out] = x[M, in] · w[out, in]ᵀ
+    if (!mp_is_meta() && ag_skinny_available(M))
+        ag_skinny_forward(x->data, w->data, y->data, M, out, in);
+    else if (!mp_is_meta()) // y[M, out] = x[M, in] · w[out, in]ᵀ
         ag_sgemm(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x->data, in, w->data, in, 0.0f,
                  y->data, out);
     if (!ag_any_needs_grad(ctx, 2, ins))

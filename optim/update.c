@@ -2,29 +2,118 @@
 #include "optim_internal.h"
 
 #include <math.h>
+#include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 // Adam and AdamW (torch.optim.Adam / AdamW, amsgrad off, maximize off). A fresh state starts
 // from zeros, so its first update writes (1-b)·g directly and saves a pass of memset.
-static void adam_update(const optim_config *c, optim_slot *s, float *w, const float *g, size_t n) {
-    float *m = s->state[0].data, *v = s->state[1].data;
-    const float b1 = c->beta1, b2 = c->beta2, eps = c->eps, lr = c->lr;
-    const double bc1 = 1.0 - pow(b1, (double)s->step);
-    const double bc2 = 1.0 - pow(b2, (double)s->step);
-    const float step_size = (float)(lr / bc1);
-    const float bc2_sqrt = (float)sqrt(bc2);
-    const bool decoupled = c->kind == OPTIM_ADAMW;
-    const float wd = c->weight_decay, decay = 1.0f - lr * wd;
-    const bool fresh = s->fresh;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
+typedef struct {
+    float b1, b2, eps, step_size, bc2_sqrt, wd, decay;
+    bool decoupled, fresh;
+} adam_consts;
+
+static inline void adam_scalar(const adam_consts *k, float *w, const float *g, float *m, float *v,
+                               size_t lo, size_t hi) {
+    const float b1 = k->b1, b2 = k->b2;
+    for (size_t i = lo; i < hi; i++) {
         float gi = g[i], wi = w[i];
-        if (decoupled) wi *= decay;
-        else gi += wd * wi;
-        float mi = fresh ? (1.0f - b1) * gi : m[i] + (gi - m[i]) * (1.0f - b1); // lerp, as torch
-        float vi = fresh ? (1.0f - b2) * gi * gi : v[i] * b2 + (1.0f - b2) * gi * gi;
+        if (k->decoupled) wi *= k->decay;
+        else gi += k->wd * wi;
+        float mi = k->fresh ? (1.0f - b1) * gi : m[i] + (gi - m[i]) * (1.0f - b1); // lerp, as torch
+        float vi = k->fresh ? (1.0f - b2) * gi * gi : v[i] * b2 + (1.0f - b2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        w[i] = wi - step_size * (mi / (sqrtf(vi) / bc2_sqrt + eps));
+        w[i] = wi - k->step_size * (mi / (sqrtf(vi) / k->bc2_sqrt + k->eps));
+    }
+}
+
+#if defined(__x86_64__)
+// The same operations in the same order, sixteen lanes at a time: every lane rounds exactly as
+// the scalar loop (IEEE sqrt and division, no fused multiply-add), so results are bit-identical.
+// The scalar loop runs at a few cycles per element for its divisions and square root, slower
+// than memory delivers the seven streams it touches; this one keeps up with memory.
+__attribute__((target("avx512f"))) static void adam_avx512(const adam_consts *k, float *w,
+                                                           const float *g, float *m, float *v,
+                                                           size_t lo, size_t hi) {
+    const __m512 c1 = _mm512_set1_ps(1.0f - k->b1), c2 = _mm512_set1_ps(1.0f - k->b2);
+    const __m512 b2 = _mm512_set1_ps(k->b2), eps = _mm512_set1_ps(k->eps);
+    const __m512 ss = _mm512_set1_ps(k->step_size), bc2 = _mm512_set1_ps(k->bc2_sqrt);
+    const __m512 wd = _mm512_set1_ps(k->wd), decay = _mm512_set1_ps(k->decay);
+    for (size_t i = lo; i < hi; i += 16) {
+        __mmask16 mk = hi - i >= 16 ? 0xFFFF : (__mmask16)((1u << (hi - i)) - 1);
+        // Seven streams per thread are more than the hardware prefetcher keeps ahead of: asking
+        // for the four read streams 2 KB early makes the pass ~10% faster.
+        _mm_prefetch((const char *)(g + i + 512), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + i + 512), _MM_HINT_T0);
+        _mm_prefetch((const char *)(m + i + 512), _MM_HINT_T0);
+        _mm_prefetch((const char *)(v + i + 512), _MM_HINT_T0);
+        __m512 gi = _mm512_maskz_loadu_ps(mk, g + i), wi = _mm512_maskz_loadu_ps(mk, w + i);
+        if (k->decoupled) wi = _mm512_mul_ps(wi, decay);
+        else gi = _mm512_add_ps(gi, _mm512_mul_ps(wd, wi));
+        __m512 g2 = _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi), mi, vi;
+        if (k->fresh) {
+            mi = _mm512_mul_ps(c1, gi);
+            vi = g2;
+        } else {
+            mi = _mm512_maskz_loadu_ps(mk, m + i);
+            vi = _mm512_maskz_loadu_ps(mk, v + i);
+            mi = _mm512_add_ps(mi, _mm512_mul_ps(_mm512_sub_ps(gi, mi), c1));
+            vi = _mm512_add_ps(_mm512_mul_ps(vi, b2), g2);
+        }
+        _mm512_mask_storeu_ps(m + i, mk, mi);
+        _mm512_mask_storeu_ps(v + i, mk, vi);
+        __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2), eps);
+        wi = _mm512_sub_ps(wi, _mm512_mul_ps(ss, _mm512_div_ps(mi, denom)));
+        _mm512_mask_storeu_ps(w + i, mk, wi);
+    }
+}
+
+#endif
+
+static bool has_avx512(void) {
+#if defined(__x86_64__)
+    static int avx512 = -1;
+    if (avx512 < 0) {
+        __builtin_cpu_init();
+        avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    }
+    return avx512;
+#else
+    return false;
+#endif
+}
+
+static void adam_range(const adam_consts *k, bool avx512, float *w, const float *g, float *m,
+                       float *v, size_t lo, size_t hi) {
+#if defined(__x86_64__)
+    if (avx512) {
+        adam_avx512(k, w, g, m, v, lo, hi);
+        return;
+    }
+#endif
+    (void)avx512;
+    adam_scalar(k, w, g, m, v, lo, hi);
+}
+
+static void adam_update(const optim_config *c, optim_slot *s, float *w, const float *g, size_t n) {
+    const double bc1 = 1.0 - pow(c->beta1, (double)s->step);
+    const double bc2 = 1.0 - pow(c->beta2, (double)s->step);
+    const adam_consts k = {.b1 = c->beta1, .b2 = c->beta2, .eps = c->eps,
+                           .step_size = (float)(c->lr / bc1), .bc2_sqrt = (float)sqrt(bc2),
+                           .wd = c->weight_decay, .decay = 1.0f - c->lr * c->weight_decay,
+                           .decoupled = c->kind == OPTIM_ADAMW, .fresh = s->fresh};
+    float *m = s->state[0].data, *v = s->state[1].data;
+    const bool avx512 = has_avx512();
+    // Contiguous ranges, whole lines of 16 floats per thread.
+#pragma omp parallel if (n >= (1 << 16))
+    {
+        size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+        size_t blocks = (n + 15) / 16;
+        size_t lo = blocks * t / nt * 16, hi = blocks * (t + 1) / nt * 16;
+        hi = hi < n ? hi : n;
+        if (lo < hi) adam_range(&k, avx512, w, g, m, v, lo, hi);
     }
 }
 

@@ -3,12 +3,14 @@
 #include "mp_internal.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #ifndef MEMBILL_SYSTEM_ALLOC
 #include <jemalloc/jemalloc.h>
+#include <sys/types.h>
 #else
 #include <malloc.h>
 #endif
@@ -187,6 +189,40 @@ static void hooks_remove(void) {
     memset(&mp_g.other_ptrs, 0, sizeof mp_g.other_ptrs);
 }
 
+static bool no_merge(extent_hooks_t *h, void *a, size_t size_a, void *b, size_t size_b,
+                     bool committed, unsigned arena) {
+    (void)h, (void)a, (void)size_a, (void)b, (void)size_b, (void)committed, (void)arena;
+    return true; // the two extents stay distinct
+}
+
+// Gradients are set to none after each step and come back, the same sizes in the same order,
+// at the next backward. Their arena keeps its freed pages (never purged), so the next step
+// reuses them instead of faulting 538 MB of fresh zeroed pages in again (SmolLM2-135M: 131k
+// page faults, ~0.15 s of kernel time a step). Freed extents are also kept apart (no merge):
+// jemalloc does not carve a request out of a free extent more than 64 times its size, so
+// merged, the freed gradients would form one extent too big for the smaller ones, which would
+// then take new pages and grow the process (by 250 MB in that run). Kept apart, each request
+// finds its own extent of the last step. The bill is unchanged (it counts live blocks), and a
+// training loop holds no more than at its peak, when those gradients were live. The price: a
+// process whose gradient shapes change (a second, bigger model) keeps the old pages as well.
+static void keep_gradient_pages(unsigned arena) {
+    static extent_hooks_t hooks;
+    char name[64];
+    extent_hooks_t *def = NULL;
+    size_t sz = sizeof def;
+    snprintf(name, sizeof name, "arena.%u.extent_hooks", arena);
+    if (mallctl(name, &def, &sz, NULL, 0) != 0 || !def) return;
+    hooks = *def;
+    hooks.merge = no_merge;
+    extent_hooks_t *mine = &hooks;
+    if (mallctl(name, NULL, NULL, &mine, sizeof mine) != 0) return;
+    ssize_t never = -1;
+    snprintf(name, sizeof name, "arena.%u.dirty_decay_ms", arena);
+    mallctl(name, NULL, NULL, &never, sizeof never);
+    snprintf(name, sizeof name, "arena.%u.muzzy_decay_ms", arena);
+    mallctl(name, NULL, NULL, &never, sizeof never);
+}
+
 // Arenas are created once per process and reused: jemalloc cannot destroy an arena that a
 // thread still has bound, and re-initialising the profiler must not leak arenas.
 static unsigned mp_arenas[MP_NCATEGORIES];
@@ -198,6 +234,7 @@ int mp_backend_init(void) {
             size_t sz = sizeof(unsigned);
             if (mallctl("arenas.create", &mp_arenas[c], &sz, NULL, 0) != 0) return -1;
         }
+        keep_gradient_pages(mp_arenas[MP_GRADIENT]);
         mp_arenas_made = true;
     }
     memcpy(mp_g.arena, mp_arenas, sizeof mp_arenas);

@@ -1,0 +1,134 @@
+// Greedy generation on SmolLM2-135M (random init, float32): the prefill of a 25-token prompt,
+// the median decode step, and 40 new tokens with the KV cache against recomputing the whole
+// sequence at each step (claims S1, S3); optionally 8 prompts one after another against one
+// batch of 8 (S2). Usage: bench_infer [--threads N] [--tokens T] [--new-tokens N] [--repeat R]
+// [--batch-claim] [--steps] (--steps prints every step's time of the best runs)
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+typedef struct {
+    int threads, tokens, new_tokens, repeat;
+    bool batch_claim, steps;
+} bench_args;
+
+static int parse(bench_args *a, int argc, char **argv) {
+    *a = (bench_args){.threads = 2, .tokens = 25, .new_tokens = 40, .repeat = 3};
+    for (int i = 1; i < argc; i++) {
+        int *dst = !strcmp(argv[i], "--threads")      ? &a->threads
+                   : !strcmp(argv[i], "--tokens")     ? &a->tokens
+                   : !strcmp(argv[i], "--new-tokens") ? &a->new_tokens
+                   : !strcmp(argv[i], "--repeat")     ? &a->repeat
+                                                      : NULL;
+        if (!strcmp(argv[i], "--batch-claim")) {
+            a->batch_claim = true;
+        } else if (!strcmp(argv[i], "--steps")) {
+            a->steps = true;
+        } else if (!dst || i + 1 >= argc || (*dst = atoi(argv[++i])) < 1) {
+            fprintf(stderr, "bench_infer: bad argument %s (options: --threads N --tokens T "
+                    "--new-tokens N --repeat R --batch-claim --steps, numbers >= 1)\n", argv[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+// The best of `repeat` runs (timings: the fastest generate_s); exits on error.
+static llama_generate_stats run(ag_ctx *ctx, llama_model *m, bool cache, const int32_t *ids,
+                                int64_t B, int64_t T, int64_t n, int repeat, int32_t *out) {
+    llama_generate_stats best = {0};
+    for (int r = 0; r < repeat; r++) {
+        llama_generate_stats st;
+        llama_err err = {{0}};
+        llama_generate_opts o = {.use_cache = cache};
+        if (llama_generate(ctx, m, &o, ids, NULL, B, T, n, out, &st, &err) != 0) {
+            fprintf(stderr, "bench_infer: %s\n", err.msg);
+            exit(1);
+        }
+        if (r == 0 || st.generate_s < best.generate_s) {
+            llama_generate_stats_free(&best);
+            best = st;
+        } else {
+            llama_generate_stats_free(&st);
+        }
+    }
+    return best;
+}
+
+// S2: 8 prompts of `tokens` ids, 20 new tokens each, one after another and as one batch (whose
+// rows must be what each prompt generates alone).
+static bool batch_claim(ag_ctx *ctx, llama_model *m, const int32_t *ids, int T, int repeat) {
+    enum { B = 8, N = 20 };
+    int32_t solo[B * N], batch[B * N];
+    double seq = 0;
+    for (int b = 0; b < B; b++) {
+        llama_generate_stats st = run(ctx, m, true, ids + b * T, 1, T, N, repeat, solo + b * N);
+        seq += st.generate_s;
+        llama_generate_stats_free(&st);
+    }
+    llama_generate_stats st = run(ctx, m, true, ids, B, T, N, repeat, batch);
+    bool same = memcmp(solo, batch, sizeof solo) == 0;
+    printf("S2: 8 prompts x 20 new tokens: one after another %.3f s, one batch of 8 %.3f s "
+           "(%.2fx); same tokens: %s\n", seq, st.generate_s, seq / st.generate_s, same ? "yes" : "NO");
+    llama_generate_stats_free(&st);
+    return same;
+}
+
+int main(int argc, char **argv) {
+    bench_args a;
+    if (parse(&a, argc, argv) != 0) return 2;
+    ag_set_num_threads(a.threads);
+    if (mp_init(&(mp_options){0}) != MP_OK) {
+        fprintf(stderr, "bench_infer: cannot start the profiler\n");
+        return 1;
+    }
+    ag_ctx *ctx = ag_ctx_new();
+    llama_config cfg;
+    llama_model *m = NULL;
+    llama_err err = {{0}};
+    if (!ctx || llama_config_preset(&cfg, "smollm2-135m", &err) != 0 ||
+        llama_model_new(&m, ctx, &cfg, &err) != 0) {
+        fprintf(stderr, "bench_infer: %s\n", err.msg[0] ? err.msg : "out of memory");
+        return 1;
+    }
+    llama_model_init_random(m, 1);
+    ag_set_grad_enabled(ctx, false);
+    int32_t *ids = malloc(sizeof(int32_t) * 8 * (size_t)a.tokens);
+    int32_t *out = malloc(sizeof(int32_t) * (size_t)a.new_tokens);
+    uint64_t s = 12345;
+    for (int i = 0; i < 8 * a.tokens; i++) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        ids[i] = (int32_t)((s >> 33) % (uint64_t)cfg.vocab);
+    }
+    printf("SmolLM2-135M, random init, float32, %d threads, prompt %d tokens, %d new tokens, "
+           "best of %d\n", a.threads, a.tokens, a.new_tokens, a.repeat);
+    run(ctx, m, true, ids, 1, a.tokens, 2, 1, out); // warm-up: thread pools, page faults
+    llama_generate_stats c = run(ctx, m, true, ids, 1, a.tokens, a.new_tokens, a.repeat, out);
+    int32_t *out2 = malloc(sizeof(int32_t) * (size_t)a.new_tokens);
+    llama_generate_stats u = run(ctx, m, false, ids, 1, a.tokens, a.new_tokens, a.repeat, out2);
+    bool same = memcmp(out, out2, sizeof(int32_t) * (size_t)a.new_tokens) == 0;
+    int last = a.new_tokens - 1;
+    printf("S3: prefill %.4f s, median decode step %.4f s\n", c.prefill_s, c.decode_step_s);
+    printf("    cache after the prefill %llu bytes (usable %llu), after step %d %llu (usable %llu)\n",
+           (unsigned long long)c.cache_bytes[0], (unsigned long long)c.cache_usable[0], last,
+           (unsigned long long)c.cache_bytes[last], (unsigned long long)c.cache_usable[last]);
+    printf("S1: %d new tokens with the cache %.3f s (%.1f tokens/s), without %.3f s: %.2fx; "
+           "same tokens: %s\n", a.new_tokens, c.generate_s, a.new_tokens / c.generate_s,
+           u.generate_s, u.generate_s / c.generate_s, same ? "yes" : "NO");
+    printf("    without the cache: first step %.4f s, last step %.4f s\n", u.step_s[0],
+           u.step_s[a.new_tokens - 1]);
+    for (int k = 0; a.steps && k < a.new_tokens; k++)
+        printf("    step %2d: with the cache %.4f s, without %.4f s\n", k, c.step_s[k], u.step_s[k]);
+    llama_generate_stats_free(&c);
+    llama_generate_stats_free(&u);
+    if (a.batch_claim) same = batch_claim(ctx, m, ids, a.tokens, a.repeat) && same;
+    free(ids);
+    free(out);
+    free(out2);
+    llama_model_free(m);
+    ag_ctx_free(ctx);
+    mp_shutdown();
+    return same ? 0 : 1;
+}
