@@ -36,7 +36,10 @@ static void timeline_push(mp_category cat, int64_t delta, uint32_t site) {
         // Grows by doubling: no cap, no silently dropped events.
         size_t ncap = t->cap ? t->cap * 2 : 4096;
         mp_event *ev = mp_raw_realloc(t->events, ncap * sizeof *ev);
-        if (!ev) return;
+        if (!ev) { // counted and reported, never silent
+            t->dropped++;
+            return;
+        }
         t->events = ev;
         t->cap = ncap;
     }
@@ -179,6 +182,8 @@ void mp_timeline_free(mp_timeline *t) {
 }
 
 size_t mp_timeline_count(void) { return mp_g.active ? mp_g.timeline.count : 0; }
+
+size_t mp_timeline_dropped(void) { return mp_g.active ? mp_g.timeline.dropped : 0; }
 
 const mp_event *mp_timeline_get(size_t i) {
     return (mp_g.active && i < mp_g.timeline.count) ? &mp_g.timeline.events[i] : NULL;

@@ -16,6 +16,7 @@ typedef struct {
 typedef struct {
     mp_event *events;
     size_t count, cap;
+    size_t dropped; // events lost because the timeline could not grow (out of memory)
 } mp_timeline;
 
 // Pointers that plain malloc handed out since the hooks went in, with their usable sizes, so

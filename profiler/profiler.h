@@ -164,6 +164,7 @@ mp_crosscheck mp_crosscheck_jemalloc(mp_category planted_cat, int64_t planted);
 
 // Timeline: events recorded so far (empty unless keep_timeline).
 size_t mp_timeline_count(void);
+size_t mp_timeline_dropped(void); // events lost to out-of-memory (reported; 0 in any sane run)
 const mp_event *mp_timeline_get(size_t i);
 
 // Live requested bytes of each site at a moment of the timeline (the first `events` events),

@@ -151,6 +151,8 @@ int mp_report_json(json_t *root) {
     json_object_set_new(root, "phases", phases_json());
     json_object_set_new(root, "process", process_json());
     json_object_set_new(root, "jemalloc", jemalloc_json());
+    json_object_set_new(root, "timeline", json_pack("{s:I, s:I}", "events", (json_int_t)mp_timeline_count(),
+                                                    "dropped_events", (json_int_t)mp_timeline_dropped()));
     if (mp_budget()) json_object_set_new(root, "budget", oom_json());
     return 0;
 }
@@ -200,6 +202,8 @@ void mp_report_text(FILE *f) {
             if (x.difference[c]) fprintf(f, " %s %+lld bytes", mp_category_name(c), (long long)x.difference[c]);
         fprintf(f, "\n");
     }
+    if (mp_timeline_dropped())
+        fprintf(f, "  timeline: %zu events lost (out of memory while growing it)\n", mp_timeline_dropped());
     const mp_oom_record *r = mp_oom();
     if (r->happened) {
         fprintf(f, "\n  OUT OF BUDGET: %s asked for %s at %s in phase %s; budget %s; live then:\n",
