@@ -272,6 +272,10 @@ static void test_json_report(void **state) {
     assert_true(json_is_array(json_object_get(root, "phases")));
     assert_non_null(json_object_get(json_object_get(root, "process"), "peak_rss_bytes"));
     assert_non_null(json_object_get(json_object_get(root, "jemalloc"), "agrees"));
+    json_t *tl = json_object_get(root, "timeline");
+    assert_int_equal(json_integer_value(json_object_get(tl, "events")), (json_int_t)mp_timeline_count());
+    assert_true(mp_timeline_count() > 0);
+    assert_int_equal(json_integer_value(json_object_get(tl, "dropped_events")), 0);
     json_decref(root);
     mp_free(&a);
 }
