@@ -38,10 +38,12 @@ struct ag_node {
     int64_t p[6];                   // op sizes
     float f[2];                     // op scalars
     int32_t *ints;                  // malloc'd copy of ids, labels or positions
+    void *aux;                      // malloc'd op state (checkpoint: its block), freed with it
 };
 
 struct ag_ctx {
     bool grad_enabled;
+    ag_meta_dtype dtype; // element sizes billed (meta mode); float32 by default
     ag_node **tape;
     size_t ntape, cap;
     ag_status status;
@@ -75,7 +77,14 @@ bool ag_same_shape(ag_ctx *ctx, const char *op, const char *site, const ag_tenso
 
 // tensor.c
 ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, const char *label);
+// bytes: the float32 size of the data; billed at the context's dtype for the category (the
+// same size in real runs, which are float32 only).
+// A block of `bytes` float32 bytes, billed at the category's dtype in meta mode.
 bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label);
+// A tensor billed at float32 whatever the dtype: the statistics PyTorch's autocast keeps in
+// float32 (RMSNorm's rstd, the cross-entropy's log-sum-exp).
+ag_tensor *ag_tensor_new_f32(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
+                             const char *site);
 
 // site.c
 void ag_site_parse(ag_site *s, const char *site);
@@ -106,6 +115,12 @@ bool ag_grad_pass(ag_node *n, int i);
 void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
               float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
               float *C, int64_t ldc);
+// The small products alone, untimed, so that threads may run them at once: false (nothing done)
+// when the product is above AG_SMALL_GEMM_MAX, A is transposed with B, or the CPU lacks
+// AVX-512; the caller then uses ag_sgemm.
+bool ag_sgemm_small(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
+                    float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
+                    float beta, float *C, int64_t ldc);
 // Kernels for a linear with few rows (tokens): they stream the weight once per pass where
 // sgemm would pack it first. Available for 1 <= M <= AG_SKINNY_MAX_M on AVX-512 machines;
 // otherwise the caller uses ag_sgemm. Timed into ag_blas_stats as well.
@@ -113,6 +128,10 @@ void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int6
 // Products up to this many multiply-adds (M N K) skip OpenBLAS on AVX-512 machines.
 #define AG_SMALL_GEMM_MAX (1 << 17)
 bool ag_skinny_available(int64_t M);
+// The forward alone also serves mid-size M (a batch of prompts' prefill: 8 x 25 = 200 rows),
+// x taken in blocks of rows that stay in a core's L2 while the weight streams past them.
+#define AG_SKINNY_FWD_MAX_M 512
+bool ag_skinny_forward_available(int64_t M);
 bool ag_has_avx512(void); // the CPU runs AVX-512F code (checked once)
 // y[M, N] = x[M, K] · w[N, K]ᵀ
 void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N,
@@ -183,3 +202,9 @@ AG_AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 #endif
+
+// Backward of the nodes above `floor` only, newest first, each freed after it ran (the tape
+// below stays as it was): how a checkpoint runs its block's private part of the tape.
+ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor);
+// Frees the nodes above `floor` without running them.
+void ag_tape_clear_to(ag_ctx *ctx, size_t floor);

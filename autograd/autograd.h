@@ -1,4 +1,4 @@
-// autograd: float32 tensors billed through the profiler, a tape of nodes, reverse-mode backward.
+// autograd: float32 tensors billed through the profiler (other dtypes billed in meta mode only), a tape of nodes, reverse-mode backward.
 //
 // Tensors are contiguous and row-major, shapes in PyTorch order (shape[0] outermost). Their data
 // is one mp_block (NULL in meta mode: every op then allocates exactly as in a real run and skips
@@ -60,6 +60,31 @@ bool ag_is_grad_enabled(const ag_ctx *ctx);
 ag_status ag_ctx_status(const ag_ctx *ctx);
 const char *ag_ctx_error(const ag_ctx *ctx); // NULL when there was no error
 void ag_ctx_clear_error(ag_ctx *ctx);
+
+// Meta mode can bill other dtypes. Real runs compute in float32; in meta mode (no data) a
+// context may bill its allocations at other element sizes, so that one run of the same code
+// gives the bill of a 16-bit, mixed-precision or quantised setting. Categories: weight at
+// weight_bits (matrices under 16 bits add one scale of scale_bytes per `group` elements of a
+// row, the last dimension; vectors such as norm weights stay at act_bits); gradient at
+// grad_bits; activation and cache at act_bits, except the statistics autocast keeps in float32
+// whatever the compute dtype: RMSNorm's ":rstd" and cross-entropy's ":lse" (4 bytes).
+typedef struct {
+    int act_bits;    // activations, gradients of non-parameters, KV cache: 32 or 16
+    int weight_bits; // parameters: 32, 16, 8 or 4
+    int grad_bits;   // .grad of parameters: 32 or 16
+    int64_t group;   // weights under 16 bits: elements of a row sharing one scale; 0: no scales
+    int scale_bytes; // bytes of one scale (2: fp16)
+} ag_meta_dtype;
+
+// Every size float32 (the default of a new context).
+ag_meta_dtype ag_meta_dtype_f32(void);
+// False with the context's error set for sizes not listed above, or for anything but float32
+// outside meta mode. Applies to allocations made afterwards.
+bool ag_ctx_set_meta_dtype(ag_ctx *ctx, const ag_meta_dtype *d);
+ag_meta_dtype ag_ctx_meta_dtype(const ag_ctx *ctx);
+// The bytes a tensor of this shape, category and label is billed under the context's dtype.
+uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
+                         const char *label);
 
 // Tensors. New tensors hold one reference, owned by the caller; data is left uninitialised.
 ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
@@ -172,3 +197,24 @@ bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst);
 ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q,
                                const ag_kv_cache *cache, const int32_t *key_mask, int64_t mask_ld,
                                int Hq);
+
+// ================================================================================================
+// Activation checkpointing (op_checkpoint.c)
+// ================================================================================================
+
+// A block of ordinary ops: builds its output from x, taking ownership of one reference to x
+// (the caller's own reference stays with the caller). Called once in forward and once more in
+// backward, it must build the same shapes from the same inputs both times.
+typedef ag_tensor *(*ag_block_fn)(ag_ctx *ctx, const void *arg, ag_tensor *x);
+
+// y = fn(x) with full recomputation, as torch.utils.checkpoint. Forward runs fn with grad mode
+// off: none of the block's activations stay, only x (retained by the checkpoint node, its
+// site unchanged). Backward runs fn again on x with grad mode on, on a private part of the
+// tape above the nodes still waiting, backpropagates d(y) through it (parameters accumulate
+// into .grad as usual, x's gradient goes to x's own producer) and frees that part: the
+// recomputed activations are billed as activation while they live, in the backward phase.
+// arg (arg_size bytes, may be 0) is copied, so the caller may pass a local struct; what it
+// points to (parameters, config) must live until backward. With grad mode off this is fn(x).
+// With it on, y requires grad (the block's parameters are not known before backward).
+ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg,
+                         size_t arg_size, ag_tensor *x);

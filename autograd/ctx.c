@@ -8,8 +8,10 @@
 ag_ctx *ag_ctx_new(void)
 {
     ag_ctx *ctx = calloc(1, sizeof *ctx);
-    if (ctx)
+    if (ctx) {
         ctx->grad_enabled = true;
+        ctx->dtype = ag_meta_dtype_f32();
+    }
     return ctx;
 }
 
@@ -82,12 +84,14 @@ bool ag_tape_push(ag_ctx *ctx, ag_node *n)
     return true;
 }
 
-void ag_tape_clear(ag_ctx *ctx)
+void ag_tape_clear_to(ag_ctx *ctx, size_t floor)
 {
     // Newest first, as backward would: a node's saved tensors may be older nodes' outputs.
-    while (ctx->ntape > 0)
+    while (ctx->ntape > floor)
         ag_node_free(ctx->tape[--ctx->ntape]);
 }
+
+void ag_tape_clear(ag_ctx *ctx) { ag_tape_clear_to(ctx, 0); }
 
 size_t ag_tape_size(const ag_ctx *ctx) { return ctx->ntape; }
 

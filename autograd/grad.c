@@ -79,11 +79,11 @@ bool ag_grad_pass(ag_node *n, int i)
     return true;
 }
 
-// Runs every node, newest first; a node nothing wrote a gradient to is skipped. Each node is
+// Runs every node above floor, newest first; a node nothing wrote a gradient to is skipped. Each node is
 // freed right after its backward, taking its saved tensors and its output gradient with it.
-static ag_status run_tape(ag_ctx *ctx)
+ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor)
 {
-    while (ctx->ntape > 0) {
+    while (ctx->ntape > floor) {
         ag_node *n = ctx->tape[--ctx->ntape];
         if (n->grad.bytes != 0 && ctx->status == AG_OK)
             n->backward(ctx, n, n->grad.data);
@@ -123,7 +123,7 @@ ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss)
     float *g = loss->node->grad.data;
     if (g)
         g[0] = 1.0f;
-    return run_tape(ctx);
+    return ag_run_tape_to(ctx, 0);
 }
 
 ag_status ag_backward_grad(ag_ctx *ctx, ag_tensor *out, const ag_tensor *grad)
@@ -139,5 +139,5 @@ ag_status ag_backward_grad(ag_ctx *ctx, ag_tensor *out, const ag_tensor *grad)
     float *g = out->node->grad.data;
     if (g && grad->data)
         memcpy(g, grad->data, (size_t)out->numel * sizeof(float));
-    return run_tape(ctx);
+    return ag_run_tape_to(ctx, 0);
 }

@@ -70,6 +70,7 @@ void ag_node_free(ag_node *n)
         n->out->requires_grad = false;
     }
     free(n->ints);
+    free(n->aux);
     free(n);
 }
 

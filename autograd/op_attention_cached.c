@@ -181,6 +181,7 @@ typedef struct {
     int Hq, Hkv, D;
     const int32_t *mask; // [B, ld] or NULL
     int64_t ld;
+    bool threaded; // heads split between threads: chunk products by ag_sgemm_small only
 } cat_dims;
 
 // Eight partial sums, so that the compiler may keep them in vector registers.
@@ -199,16 +200,61 @@ static float dot(const float *a, const float *b, int n)
     return s;
 }
 
+#if defined(__x86_64__)
+// The plain loops of small chunks in 16 lanes: a decode step of a batch of 8 runs them for 72
+// (row, head) pairs times every cached token in each of the 30 blocks, where the portable loops
+// (built for SSE2) cost milliseconds a step.
+AG_AVX512 static void small_scores16(float *p, const float *q, int64_t ldq, const float *kc,
+                                     int64_t t, int64_t off, const cat_dims *a, float scale)
+{
+    for (int64_t i = 0; i < a->Tq; i++)
+        for (int64_t s = 0; s < t; s++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int d = 0; d < a->D; d += 16) {
+                __mmask16 mk = ag_lanes16(a->D - d);
+                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q + i * ldq + d),
+                                      _mm512_maskz_loadu_ps(mk, kc + s * a->D + d), acc);
+            }
+            p[i * a->Tk + off + s] = scale * _mm512_reduce_add_ps(acc);
+        }
+}
+
+AG_AVX512 static void small_values16(float *o, int64_t ldo, const float *p, const float *vc,
+                                     int64_t t, int64_t off, const cat_dims *a, bool first)
+{
+    for (int64_t i = 0; i < a->Tq; i++)
+        for (int d = 0; d < a->D; d += 16) {
+            __mmask16 mk = ag_lanes16(a->D - d);
+            float *od = o + i * ldo + d;
+            __m512 acc = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk, od);
+            for (int64_t s = 0; s < t; s++)
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(p[i * a->Tk + off + s]),
+                                      _mm512_maskz_loadu_ps(mk, vc + s * a->D + d), acc);
+            _mm512_mask_storeu_ps(od, mk, acc);
+        }
+}
+#endif
+
 // p[Tq, Tk] (row stride Tk) of one (batch, query head), columns off .. off+t from one chunk's
 // keys kc[t, D]: p = scale q kcᵀ, q rows strided by ldq.
 static void chunk_scores(float *p, const float *q, int64_t ldq, const float *kc, int64_t t,
                          int64_t off, const cat_dims *a, float scale)
 {
     if (t >= SGEMM_MIN_TOKENS) {
-        ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, t, a->D, scale, q, ldq, kc, a->D, 0.0f,
-                 p + off, a->Tk);
+        if (!a->threaded)
+            ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, t, a->D, scale, q, ldq, kc, a->D, 0.0f,
+                     p + off, a->Tk);
+        else
+            ag_sgemm_small(CblasNoTrans, CblasTrans, a->Tq, t, a->D, scale, q, ldq, kc, a->D,
+                           0.0f, p + off, a->Tk);
         return;
     }
+#if defined(__x86_64__)
+    if (ag_has_avx512()) {
+        small_scores16(p, q, ldq, kc, t, off, a, scale);
+        return;
+    }
+#endif
     for (int64_t i = 0; i < a->Tq; i++)
         for (int64_t s = 0; s < t; s++)
             p[i * a->Tk + off + s] = scale * dot(q + i * ldq, kc + s * a->D, a->D);
@@ -219,10 +265,20 @@ static void chunk_values(float *o, int64_t ldo, const float *p, const float *vc,
                          int64_t off, const cat_dims *a, bool first)
 {
     if (t >= SGEMM_MIN_TOKENS) {
-        ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, t, 1.0f, p + off, a->Tk, vc, a->D,
-                 first ? 0.0f : 1.0f, o, ldo);
+        if (!a->threaded)
+            ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, t, 1.0f, p + off, a->Tk, vc, a->D,
+                     first ? 0.0f : 1.0f, o, ldo);
+        else
+            ag_sgemm_small(CblasNoTrans, CblasNoTrans, a->Tq, a->D, t, 1.0f, p + off, a->Tk, vc,
+                           a->D, first ? 0.0f : 1.0f, o, ldo);
         return;
     }
+#if defined(__x86_64__)
+    if (ag_has_avx512()) {
+        small_values16(o, ldo, p, vc, t, off, a, first);
+        return;
+    }
+#endif
     for (int64_t i = 0; i < a->Tq; i++) {
         float *oi = o + i * ldo;
         if (first)
@@ -260,41 +316,81 @@ static void masked_softmax_row(float *row, int64_t b, int64_t i, const cat_dims 
         row[j] = 0.0f;
 }
 
-// o[B, Tq, Hq*D]; probs [B, Hq, Tq, Tk]; q[B, Tq, Hq*D]; keys and values from the chunks.
-static void cached_forward(float *o, float *probs, const float *q, const ag_kv_cache *c,
-                           const cat_dims *a)
+// Scores p[Tq, Tk] of row b, query head h, over every chunk.
+static void head_scores(float *p, const float *q, const ag_kv_cache *c, const cat_dims *a,
+                        int64_t b, int h)
 {
     int rep = a->Hq / a->Hkv;
-    int64_t ldq = (int64_t)a->Hq * a->D;
+    int64_t ldq = (int64_t)a->Hq * a->D, off = 0;
     float scale = 1.0f / sqrtf((float)a->D);
-    for (int64_t b = 0; b < a->B; b++)
-        for (int h = 0; h < a->Hq; h++) {
-            float *p = probs + (b * a->Hq + h) * a->Tq * a->Tk;
-            const float *qh = q + b * a->Tq * ldq + (int64_t)h * a->D;
-            int64_t off = 0;
-            for (size_t i = 0; i < c->n; i++) {
-                const kv_chunk *ch = &c->chunks[i];
-                const float *kc = (const float *)ch->k.data + (b * a->Hkv + h / rep) * ch->t * a->D;
-                chunk_scores(p, qh, ldq, kc, ch->t, off, a, scale);
-                off += ch->t;
-            }
+    const float *qh = q + b * a->Tq * ldq + (int64_t)h * a->D;
+    for (size_t i = 0; i < c->n; i++) {
+        const kv_chunk *ch = &c->chunks[i];
+        const float *kc = (const float *)ch->k.data + (b * a->Hkv + h / rep) * ch->t * a->D;
+        chunk_scores(p, qh, ldq, kc, ch->t, off, a, scale);
+        off += ch->t;
+    }
+}
+
+// Output of row b, query head h, from its probabilities p[Tq, Tk] and every chunk's values.
+static void head_values(float *o, const float *p, const ag_kv_cache *c, const cat_dims *a,
+                        int64_t b, int h)
+{
+    int rep = a->Hq / a->Hkv;
+    int64_t ldq = (int64_t)a->Hq * a->D, off = 0;
+    float *oh = o + b * a->Tq * ldq + (int64_t)h * a->D;
+    for (size_t i = 0; i < c->n; i++) {
+        const kv_chunk *ch = &c->chunks[i];
+        const float *vc = (const float *)ch->v.data + (b * a->Hkv + h / rep) * ch->t * a->D;
+        chunk_values(oh, ldq, p, vc, ch->t, off, a, i == 0);
+        off += ch->t;
+    }
+}
+
+// Heads are split between threads when every chunk product fits ag_sgemm_small (a decode step,
+// a short prompt) and the products add up to enough work: a decode step of 8 rows over 45
+// tokens makes 72 heads x 45 tokens x 64 x 2 multiply-adds a block, which one thread runs in
+// about a tenth of a millisecond, 30 blocks a step.
+#define THREADED_MIN_MACS ((int64_t)1 << 17)
+
+static bool can_thread(const ag_kv_cache *c, const cat_dims *a)
+{
+    if (!ag_has_avx512() || a->B * a->Hq * a->Tq * a->Tk * a->D < THREADED_MIN_MACS)
+        return false;
+    for (size_t i = 0; i < c->n; i++)
+        if (c->chunks[i].t >= SGEMM_MIN_TOKENS && a->Tq * c->chunks[i].t * a->D > AG_SMALL_GEMM_MAX)
+            return false;
+    return true;
+}
+
+// o[B, Tq, Hq*D]; probs [B, Hq, Tq, Tk]; q[B, Tq, Hq*D]; keys and values from the chunks.
+static void cached_forward(float *o, float *probs, const float *q, const ag_kv_cache *c,
+                           cat_dims *a)
+{
+    int64_t heads = a->B * a->Hq, rows = heads * a->Tq;
+    a->threaded = can_thread(c, a);
+    if (a->threaded) {
+        double t0 = ag_blas_clock();
+#pragma omp parallel for schedule(static)
+        for (int64_t bh = 0; bh < heads; bh++) {
+            float *p = probs + bh * a->Tq * a->Tk;
+            head_scores(p, q, c, a, bh / a->Hq, (int)(bh % a->Hq));
+            for (int64_t i = 0; i < a->Tq; i++)
+                masked_softmax_row(p + i * a->Tk, bh / a->Hq, i, a);
+            head_values(o, p, c, a, bh / a->Hq, (int)(bh % a->Hq));
         }
-    int64_t rows = a->B * a->Hq * a->Tq;
+        // The products' time is the region's (softmax included), their count one per chunk.
+        ag_blas_account(t0, (int)(2 * heads * (int64_t)c->n),
+                        4.0 * (double)rows * (double)a->Tk * (double)a->D);
+        return;
+    }
+    for (int64_t bh = 0; bh < heads; bh++)
+        head_scores(probs + bh * a->Tq * a->Tk, q, c, a, bh / a->Hq, (int)(bh % a->Hq));
 #pragma omp parallel for if (rows * a->Tk >= AG_OMP_MIN_EXP)
     for (int64_t r = 0; r < rows; r++)
         masked_softmax_row(probs + r * a->Tk, r / (a->Hq * a->Tq), r % a->Tq, a);
-    for (int64_t b = 0; b < a->B; b++)
-        for (int h = 0; h < a->Hq; h++) {
-            const float *p = probs + (b * a->Hq + h) * a->Tq * a->Tk;
-            float *oh = o + b * a->Tq * ldq + (int64_t)h * a->D;
-            int64_t off = 0;
-            for (size_t i = 0; i < c->n; i++) {
-                const kv_chunk *ch = &c->chunks[i];
-                const float *vc = (const float *)ch->v.data + (b * a->Hkv + h / rep) * ch->t * a->D;
-                chunk_values(oh, ldq, p, vc, ch->t, off, a, i == 0);
-                off += ch->t;
-            }
-        }
+    for (int64_t bh = 0; bh < heads; bh++)
+        head_values(o, probs + bh * a->Tq * a->Tk, c, a, bh / a->Hq, (int)(bh % a->Hq));
 }
 
 static bool cached_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q,
@@ -337,7 +433,7 @@ ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q,
     if (!cached_shapes(ctx, s.base, q, cache, Hq, mask_ld))
         return NULL;
     cat_dims a = {q->shape[0], q->shape[1], cache->tokens, Hq, cache->Hkv, cache->D, key_mask,
-                  mask_ld};
+                  mask_ld, false};
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);

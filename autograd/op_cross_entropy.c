@@ -164,7 +164,7 @@ ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, co
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "lse");
     ag_tensor *loss = ag_tensor_new(ctx, 1, (int64_t[]){1}, MP_ACTIVATION, s.out);
-    ag_tensor *lse = ag_tensor_new(ctx, 1, &N, MP_ACTIVATION, label);
+    ag_tensor *lse = ag_tensor_new_f32(ctx, 1, &N, MP_ACTIVATION, label);
     ag_node *n = NULL;
     if (loss && lse && ag_any_needs_grad(ctx, 1, ins)) {
         n = ag_record(ctx, "cross_entropy", s.base, loss, 1, ins, cross_entropy_backward);

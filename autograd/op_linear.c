@@ -46,7 +46,7 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w)
     ag_tensor *y = ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s.out);
     if (!y)
         return NULL;
-    if (!mp_is_meta() && ag_skinny_available(M))
+    if (!mp_is_meta() && ag_skinny_forward_available(M))
         ag_skinny_forward(x->data, w->data, y->data, M, out, in);
     else if (!mp_is_meta()) // y[M, out] = x[M, in] · w[out, in]ᵀ
         ag_sgemm(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x->data, in, w->data, in, 0.0f,

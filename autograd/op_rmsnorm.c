@@ -93,7 +93,7 @@ ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w,
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "rstd");
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
-    ag_tensor *rstd = rec ? ag_tensor_new(ctx, 1, &rows, MP_ACTIVATION, label) : NULL;
+    ag_tensor *rstd = rec ? ag_tensor_new_f32(ctx, 1, &rows, MP_ACTIVATION, label) : NULL;
     ag_node *n = y && rec && rstd ? ag_record(ctx, "rmsnorm", s.base, y, 2, ins, rmsnorm_backward)
                                   : NULL;
     if (!y || (rec && !n)) {

@@ -1,5 +1,6 @@
-// Tensors: shape, a billed block of float32, a reference count.
+// Tensors: shape, a billed block of float32 (other element sizes in meta mode), a reference count.
 #include <stdlib.h>
+#include <string.h>
 
 #include "ag_internal.h"
 
@@ -14,7 +15,69 @@ static const char *status_text(mp_status st)
     }
 }
 
-bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label)
+ag_meta_dtype ag_meta_dtype_f32(void)
+{
+    return (ag_meta_dtype){.act_bits = 32, .weight_bits = 32, .grad_bits = 32};
+}
+
+ag_meta_dtype ag_ctx_meta_dtype(const ag_ctx *ctx) { return ctx->dtype; }
+
+bool ag_ctx_set_meta_dtype(ag_ctx *ctx, const ag_meta_dtype *d)
+{
+    if (!ctx || ctx->status != AG_OK)
+        return false;
+    bool ok = d && (d->act_bits == 32 || d->act_bits == 16) &&
+              (d->grad_bits == 32 || d->grad_bits == 16) &&
+              (d->weight_bits == 32 || d->weight_bits == 16 || d->weight_bits == 8 ||
+               d->weight_bits == 4) &&
+              d->group >= 0 && d->scale_bytes >= 0 && (d->group == 0 || d->weight_bits < 16);
+    if (!ok)
+        return ag_fail(ctx, AG_ERR_ARG, "dtype: activations %d, weights %d, gradients %d bits, "
+                       "group %lld (expected 32 or 16 bits, weights also 8 or 4, a group only "
+                       "for weights under 16 bits)", d ? d->act_bits : 0, d ? d->weight_bits : 0,
+                       d ? d->grad_bits : 0, d ? (long long)d->group : 0LL);
+    bool f32 = d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32;
+    if (!f32 && !mp_is_meta())
+        return ag_fail(ctx, AG_ERR_STATE, "dtype: real runs compute in float32; %d-bit weights, "
+                       "%d-bit activations and %d-bit gradients are billed in meta mode only",
+                       d->weight_bits, d->act_bits, d->grad_bits);
+    ctx->dtype = *d;
+    return true;
+}
+
+static int category_bits(const ag_ctx *ctx, mp_category cat)
+{
+    switch (cat) {
+    case MP_WEIGHT: return ctx->dtype.weight_bits;
+    case MP_GRADIENT: return ctx->dtype.grad_bits;
+    case MP_ACTIVATION:
+    case MP_CACHE: return ctx->dtype.act_bits;
+    default: return 32;
+    }
+}
+
+uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
+                         const char *label)
+{
+    uint64_t numel = 1;
+    for (int i = 0; i < ndim; i++)
+        numel *= (uint64_t)shape[i];
+    (void)label;
+    int bits = category_bits(ctx, cat);
+    if (cat == MP_WEIGHT && bits < 16 && ndim == 1)
+        bits = ctx->dtype.act_bits; // norm weights are not quantised
+    if (cat != MP_WEIGHT || bits >= 16)
+        return numel * (uint64_t)bits / 8;
+    // Quantised matrix: packed elements, then one scale per group of each row.
+    uint64_t cols = (uint64_t)shape[ndim - 1], rows = numel / cols, g = (uint64_t)ctx->dtype.group;
+    uint64_t bytes = (numel * (uint64_t)bits + 7) / 8;
+    if (g)
+        bytes += rows * ((cols + g - 1) / g) * (uint64_t)ctx->dtype.scale_bytes;
+    return bytes;
+}
+
+static bool alloc_billed(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat,
+                         const char *label)
 {
     mp_status st = mp_alloc(b, bytes, cat, label);
     if (st == MP_OK)
@@ -25,6 +88,12 @@ bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, con
                                           : AG_ERR_ARG;
     return ag_fail(ctx, code, "cannot allocate %s (%zu bytes, %s): %s", label, bytes,
                    mp_category_name(cat), status_text(st));
+}
+
+bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label)
+{
+    uint64_t billed = (uint64_t)bytes / sizeof(float) * (uint64_t)category_bits(ctx, cat) / 8;
+    return alloc_billed(ctx, b, bytes % sizeof(float) ? bytes : (size_t)billed, cat, label);
 }
 
 static bool shape_ok(ag_ctx *ctx, int ndim, const int64_t *shape, const char *label,
@@ -45,8 +114,9 @@ static bool shape_ok(ag_ctx *ctx, int ndim, const int64_t *shape, const char *la
     return true;
 }
 
-ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
-                         const char *site)
+// fp32: billed at 4 bytes an element whatever the dtype (statistics autocast keeps in float32).
+static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
+                             const char *site, bool fp32)
 {
     if (!ctx || ctx->status != AG_OK)
         return NULL;
@@ -59,7 +129,8 @@ ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_categor
         ag_fail(ctx, AG_ERR_NOMEM, "out of memory for tensor %s", label);
         return NULL;
     }
-    if (!ag_alloc_block(ctx, &t->block, (size_t)numel * sizeof(float), cat, label)) {
+    uint64_t bytes = fp32 ? (uint64_t)numel * sizeof(float) : ag_billed_bytes(ctx, ndim, shape, cat, label);
+    if (!alloc_billed(ctx, &t->block, (size_t)bytes, cat, label)) {
         free(t);
         return NULL;
     }
@@ -71,6 +142,18 @@ ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_categor
     t->refcount = 1;
     t->site = t->block.site;
     return t;
+}
+
+ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
+                         const char *site)
+{
+    return tensor_new(ctx, ndim, shape, cat, site, false);
+}
+
+ag_tensor *ag_tensor_new_f32(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
+                             const char *site)
+{
+    return tensor_new(ctx, ndim, shape, cat, site, true);
 }
 
 ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, const char *label)

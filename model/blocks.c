@@ -1,4 +1,4 @@
-// What the training forward and generation share: site labels and the MLP half of a block.
+// What the training forward and generation share: site labels and the halves of a block.
 #include "blocks.h"
 
 #include <stdio.h>
@@ -30,4 +30,37 @@ ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer
     ag_release(x);
     ag_release(d);
     return y;
+}
+
+// x[B, T, H] -> x + attention(norm(x)); takes ownership of x.
+ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L,
+                                 ag_tensor *x, int64_t i) {
+    char s[96];
+    const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
+    const float theta = (float)c->rope_theta;
+    ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
+    ag_tensor *q = ag_linear(ctx, llama_site(s, i, "self_attn.q_proj"), h, L->q);
+    ag_tensor *k = ag_linear(ctx, llama_site(s, i, "self_attn.k_proj"), h, L->k);
+    ag_tensor *v = ag_linear(ctx, llama_site(s, i, "self_attn.v_proj"), h, L->v);
+    REL(h);
+    ag_tensor *qr = ag_rope(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, theta, 0);
+    ag_tensor *kr = ag_rope(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, theta, 0);
+    REL(q);
+    REL(k);
+    ag_tensor *a = ag_attention(ctx, llama_site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd);
+    REL(qr);
+    REL(kr);
+    REL(v);
+    ag_tensor *o = ag_linear(ctx, llama_site(s, i, "self_attn.o_proj"), a, L->o);
+    REL(a);
+    ag_tensor *y = ag_add(ctx, llama_site(s, i, "attn_residual"), x, o);
+    ag_release(x);
+    ag_release(o);
+    return y;
+}
+
+// One decoder block: x[B, T, H] -> mlp_block(attention_block(x)); takes ownership of x.
+ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
+                       int64_t i) {
+    return llama_mlp_block(ctx, c, L, llama_attention_block(ctx, c, L, x, i), i);
 }

@@ -9,3 +9,9 @@ const char *llama_site(char buf[96], int64_t i, const char *what);
 // the tape in grad mode, not otherwise.
 ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
                            int64_t i);
+// x[B, T, H] -> x + o_proj(attention(rope(q), rope(k), v)) of norm(x); takes ownership of x.
+ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L,
+                                 ag_tensor *x, int64_t i);
+// One decoder block, the attention half then the MLP half; takes ownership of x.
+ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
+                       int64_t i);

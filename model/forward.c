@@ -1,44 +1,44 @@
 // The training forward of LlamaForCausalLM, one op at a time. Each intermediate is released
-// as soon as the next op has it, so what stays alive is exactly what the tape saved.
+// as soon as the next op has it, so what stays alive is exactly what the tape saved. With
+// checkpointing, a block's tape is rebuilt in backward and only its input stays meanwhile.
 #include "blocks.h"
 
 #include <stdint.h>
 #include <stdio.h>
 
-#define REL(t) (ag_release(t), (t) = NULL)
+// What a checkpointed block needs again in backward (copied by ag_checkpoint).
+typedef struct {
+    const llama_config *c;
+    const llama_layer *L;
+    int64_t i;
+} block_arg;
 
+static ag_tensor *block_fn(ag_ctx *ctx, const void *arg, ag_tensor *x) {
+    const block_arg *a = arg;
+    return llama_block(ctx, a->c, a->L, x, a->i);
+}
 
-// x[B, T, H] -> x + attention(norm(x)); takes ownership of x.
-static ag_tensor *attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L,
-                                  ag_tensor *x, int64_t i) {
+// Block i on x, taking ownership of x; checkpointed, only x stays for backward.
+static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, bool checkpointing, ag_tensor *x,
+                            int64_t i) {
+    if (!checkpointing) return llama_block(ctx, &m->cfg, &m->layers[i], x, i);
     char s[96];
-    const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    const float theta = (float)c->rope_theta;
-    ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
-    ag_tensor *q = ag_linear(ctx, llama_site(s, i, "self_attn.q_proj"), h, L->q);
-    ag_tensor *k = ag_linear(ctx, llama_site(s, i, "self_attn.k_proj"), h, L->k);
-    ag_tensor *v = ag_linear(ctx, llama_site(s, i, "self_attn.v_proj"), h, L->v);
-    REL(h);
-    ag_tensor *qr = ag_rope(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, theta, 0);
-    ag_tensor *kr = ag_rope(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, theta, 0);
-    REL(q);
-    REL(k);
-    ag_tensor *a = ag_attention(ctx, llama_site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd);
-    REL(qr);
-    REL(kr);
-    REL(v);
-    ag_tensor *o = ag_linear(ctx, llama_site(s, i, "self_attn.o_proj"), a, L->o);
-    REL(a);
-    ag_tensor *y = ag_add(ctx, llama_site(s, i, "attn_residual"), x, o);
+    snprintf(s, sizeof s, "layers.%lld", (long long)i);
+    block_arg a = {&m->cfg, &m->layers[i], i};
+    ag_tensor *y = ag_checkpoint(ctx, s, block_fn, &a, sizeof a, x);
     ag_release(x);
-    ag_release(o);
     return y;
 }
 
-
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B,
                               int64_t T, llama_err *err) {
+    return llama_forward_loss_opts(ctx, m, NULL, ids, B, T, err);
+}
+
+ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forward_opts *opts,
+                                   const int32_t *ids, int64_t B, int64_t T, llama_err *err) {
     const llama_config *c = &m->cfg;
+    const bool checkpointing = opts && opts->checkpointing;
     if (B < 1 || B > INT32_MAX / c->max_positions || T < 2 || T > c->max_positions) {
         llama_err_set(err, "batch %lld x length %lld: a training step needs batch >= 1 and 2 to %lld tokens",
                       (long long)B, (long long)T, (long long)c->max_positions);
@@ -46,10 +46,7 @@ ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, i
     }
     if (!mp_is_meta() && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return NULL;
     ag_tensor *x = ag_embedding(ctx, "embed_tokens", ids, B, T, m->embed);
-    for (int64_t i = 0; i < c->layers && x; i++) {
-        x = attention_block(ctx, c, &m->layers[i], x, i);
-        x = llama_mlp_block(ctx, c, &m->layers[i], x, i);
-    }
+    for (int64_t i = 0; i < c->layers && x; i++) x = run_block(ctx, m, checkpointing, x, i);
     ag_tensor *n = ag_rmsnorm(ctx, "norm", x, m->norm, (float)c->rms_eps);
     ag_release(x);
     ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head);

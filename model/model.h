@@ -218,31 +218,78 @@ int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, llam
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B,
                               int64_t T, llama_err *err);
 
+// How the training forward runs.
+typedef struct {
+    // Full activation recomputation: each block runs under ag_checkpoint, so forward keeps only
+    // the blocks' inputs and backward recomputes each block just before its own backward.
+    bool checkpointing;
+} llama_forward_opts;
+
+// llama_forward_loss with options (NULL: the defaults, all false).
+ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forward_opts *opts,
+                                   const int32_t *ids, int64_t B, int64_t T, llama_err *err);
+
 // ================================================================================================
-// The closed form of a training step's bill (float32), term by term
+// The closed form of a training step's bill, term by term (float32, or other dtypes as meta
+// mode bills them: autograd.h's ag_meta_dtype)
 // ================================================================================================
 
 // What each category comes to, derived from the shapes and from what each op saves for
 // backward (autograd/op_*.c), so that it can be read beside the measured bill.
 typedef struct {
     uint64_t params;           // P
-    uint64_t weights;          // P x 4
-    uint64_t gradients;        // P x 4
+    uint64_t weights;          // P x 4 (x weight bytes)
+    uint64_t gradients;        // P x 4 (x gradient bytes)
     uint64_t optimizer;        // P x state bytes per parameter
     // Saved per block (bytes): 4 hidden-sized tensors (block input, its norm, the attention
     // output + residual, its norm), 2 rows of rstd, q and the attention output, k and v, the
     // attention probabilities (heads x s^2), 4 intermediate-sized tensors (gate, silu, up, product).
+    // Every term at the activation's bytes but the two rows of rstd (float32 under autocast).
     uint64_t act_per_block;
-    uint64_t act_probs_per_block; // the s^2 term alone: batch x heads x s x s x 4
+    uint64_t act_probs_per_block; // the s^2 term alone: batch x heads x s x s x 4 (x act bytes)
     // The head: final norm input and output, rstd, logits and their gradient, and the
-    // gradient of the norm's output, all live at the start of backward.
+    // gradient of the norm's output, all live at the start of backward (rstd and the
+    // log-sum-exp rows in float32).
     uint64_t act_head;
     uint64_t activations;      // layers x act_per_block + act_head: the activation peak
-    uint64_t kv_cache;         // 2 x layers x kv_heads x head_dim x seq x batch x 4 (inference)
+    uint64_t kv_cache;         // 2 x layers x kv_heads x head_dim x seq x batch x act bytes
+    // With checkpointing (full recomputation), activations = act_block_inputs + the larger of
+    // act_head_moment and act_recompute; the three are 0 without it.
+    bool checkpointing;
+    uint64_t act_block_inputs; // layers x batch x seq x hidden x 4: each block's input, kept
+    uint64_t act_head_moment;  // the head at the start of backward: final norm input and output,
+                               // rstd, log-sum-exp rows, logits and their gradient
+    // The last block while it is recomputed and backpropagated: its whole saved set (its input
+    // counted once) and, at the peak (the MLP product's backward), the gradient of its output
+    // and three intermediate-sized gradients (two when intermediate < hidden: see closed_form.c).
+    uint64_t act_recompute;
 } llama_closed_form;
 
+// Float32 throughout; checkpointing: every block under ag_checkpoint (llama_forward_opts).
 void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq,
-                               uint64_t optimizer_bytes_per_param, llama_closed_form *out);
+                               uint64_t optimizer_bytes_per_param, bool checkpointing,
+                               llama_closed_form *out);
+
+// Bytes per element of each category (4 float32, 2 bf16 / fp16), and of optimizer state per
+// parameter (Adam 8 in float32, 4 in bf16; mixed precision 12: fp32 master, exp_avg, exp_avg_sq).
+typedef struct {
+    uint64_t weight, gradient, activation;
+    uint64_t optimizer;
+} llama_dtype_bytes;
+
+void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq,
+                             const llama_dtype_bytes *d, llama_closed_form *out);
+// Turns a closed form from llama_closed_form_dtype (the same arguments) into the one with
+// checkpointing: sets checkpointing, act_block_inputs, act_head_moment, act_recompute and
+// activations; the other fields stay.
+void llama_closed_form_checkpointing(const llama_config *c, int64_t batch, int64_t seq,
+                                     const llama_dtype_bytes *d, llama_closed_form *out);
+
+// The exact bytes of the parameters at `bits` a weight element (32, 16, 8, 4). Under 16 bits
+// matrices pack their elements and add one scale of scale_bytes per group of `group` elements
+// of each row (group 0: no scales), and vectors (norm weights) keep vector_bits an element.
+uint64_t llama_weight_bytes(const llama_config *c, int bits, int64_t group, int scale_bytes,
+                            int vector_bits);
 
 // ================================================================================================
 // Inference: greedy generation with a KV cache (infer.c)

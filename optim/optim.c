@@ -37,6 +37,29 @@ size_t optim_state_bytes_per_element(optim_kind kind) {
     }
 }
 
+static int state_bits(const optim_config *c) { return c->state_bits ? c->state_bits : 32; }
+
+size_t optim_state_bytes(const optim_config *c) {
+    if (!c || c->kind == OPTIM_NONE) return 0;
+    size_t states = optim_state_bytes_per_element(c->kind) / sizeof(float);
+    return states * (size_t)state_bits(c) / 8 + (c->master ? sizeof(float) : 0);
+}
+
+// 16-bit state and master copies are a bill of meta mode: the updates compute in float32.
+static bool check_dtype(const optim_config *c, char *err, size_t errlen) {
+    if (c->state_bits != 0 && c->state_bits != 32 && c->state_bits != 16) {
+        snprintf(err, errlen, "optimizer %s: state_bits is %d, expected 32 or 16", optim_kind_name(c->kind),
+                 c->state_bits);
+        return false;
+    }
+    if ((state_bits(c) != 32 || c->master) && !mp_is_meta()) {
+        snprintf(err, errlen, "optimizer %s: %s is billed in meta mode only: real runs compute in float32",
+                 optim_kind_name(c->kind), c->master ? "a float32 master copy" : "16-bit state");
+        return false;
+    }
+    return true;
+}
+
 // torch.optim's own checks, one message per setting at fault.
 static bool check_config(const optim_config *c, char *err, size_t errlen) {
     const char *bad = NULL;
@@ -77,7 +100,7 @@ static bool check_config(const optim_config *c, char *err, size_t errlen) {
 
 optim *optim_new(const optim_config *cfg, ag_tensor *const *params, size_t n, char *err,
                  size_t errlen) {
-    if (!check_config(cfg, err, errlen)) return NULL;
+    if (!check_config(cfg, err, errlen) || !check_dtype(cfg, err, errlen)) return NULL;
     for (size_t i = 0; i < n; i++)
         if (!params || !params[i]) {
             snprintf(err, errlen, "optimizer: parameter %zu of %zu is missing", i, n);
@@ -101,6 +124,7 @@ void optim_free(optim *o) {
     for (size_t i = 0; i < o->n; i++) {
         mp_free(&o->slots[i].state[0]);
         mp_free(&o->slots[i].state[1]);
+        mp_free(&o->slots[i].master);
     }
     free(o->slots);
     free(o);
@@ -112,23 +136,36 @@ void optim_zero_grad(optim *o) {
 
 long optim_steps_taken(const optim *o) { return o ? o->steps : 0; }
 
-// Lazily, at the first step that sees a gradient, as torch.optim does. On failure the slot
-// keeps no state at all.
-static int alloc_state(optim_slot *s, optim_kind kind, char *err, size_t errlen) {
+static void free_state(optim_slot *s) {
+    mp_free(&s->state[0]);
+    mp_free(&s->state[1]);
+    mp_free(&s->master);
+}
+
+static int alloc_one(mp_block *b, const ag_tensor *param, const char *what, size_t bytes, char *err,
+                     size_t errlen) {
+    char site[256];
+    snprintf(site, sizeof site, "%s:%s", ag_tensor_name(param), what);
+    mp_status st = mp_alloc(b, bytes, MP_OPTIMIZER, site);
+    if (st == MP_OK) return 0;
+    snprintf(err, errlen, "optimizer: cannot allocate %s (%zu bytes): %s", site, bytes,
+             st == MP_ERR_BUDGET ? "over the memory budget" : "out of memory");
+    return -1;
+}
+
+// Lazily, at the first step that sees a gradient, as torch.optim does (a mixed-precision
+// framework makes its master copy at setup; it is billed here with the rest of the state). On
+// failure the slot keeps no state at all.
+static int alloc_state(optim_slot *s, const optim_config *c, char *err, size_t errlen) {
     static const char *const names[2][2] = {{"exp_avg", "exp_avg_sq"}, {"momentum_buffer", ""}};
-    int count = (int)(optim_state_bytes_per_element(kind) / sizeof(float));
-    const char *const *nm = names[kind == OPTIM_SGD_MOMENTUM];
-    size_t bytes = (size_t)s->param->numel * sizeof(float);
-    for (int j = 0; j < count; j++) {
-        char site[256];
-        snprintf(site, sizeof site, "%s:%s", ag_tensor_name(s->param), nm[j]);
-        mp_status st = mp_alloc(&s->state[j], bytes, MP_OPTIMIZER, site);
-        if (st != MP_OK) {
-            snprintf(err, errlen, "optimizer: cannot allocate %s (%zu bytes): %s", site, bytes,
-                     st == MP_ERR_BUDGET ? "over the memory budget" : "out of memory");
-            mp_free(&s->state[0]);
-            return -1;
-        }
+    int count = (int)(optim_state_bytes_per_element(c->kind) / sizeof(float));
+    const char *const *nm = names[c->kind == OPTIM_SGD_MOMENTUM];
+    size_t numel = (size_t)s->param->numel, bytes = numel * (size_t)state_bits(c) / 8;
+    int rc = c->master ? alloc_one(&s->master, s->param, "master", numel * sizeof(float), err, errlen) : 0;
+    for (int j = 0; j < count && rc == 0; j++) rc = alloc_one(&s->state[j], s->param, nm[j], bytes, err, errlen);
+    if (rc != 0) {
+        free_state(s);
+        return -1;
     }
     s->fresh = true;
     return 0;
@@ -137,15 +174,14 @@ static int alloc_state(optim_slot *s, optim_kind kind, char *err, size_t errlen)
 // The state of every parameter that has a gradient, before any update: a step that cannot
 // get its memory gives back what it took and changes nothing, so the caller may retry it.
 static int alloc_all_state(optim *o, char *err, size_t errlen) {
-    if (!optim_state_bytes_per_element(o->cfg.kind)) return 0;
+    if (!optim_state_bytes(&o->cfg)) return 0;
     for (size_t i = 0; i < o->n; i++) {
         optim_slot *s = &o->slots[i];
-        if (!s->param->grad || s->state[0].bytes) continue;
-        if (alloc_state(s, o->cfg.kind, err, errlen) == 0) continue;
+        if (!s->param->grad || s->state[0].bytes || s->master.bytes) continue;
+        if (alloc_state(s, &o->cfg, err, errlen) == 0) continue;
         for (size_t j = 0; j < i; j++)
             if (o->slots[j].fresh) {
-                mp_free(&o->slots[j].state[0]);
-                mp_free(&o->slots[j].state[1]);
+                free_state(&o->slots[j]);
                 o->slots[j].fresh = false;
             }
         return -1;

@@ -19,6 +19,12 @@ typedef struct {
     float weight_decay;      // Adam: added to the gradient; AdamW: decoupled
     float momentum, dampening;
     bool nesterov;
+    // What the state is billed as (meta mode only: real runs keep float32 state, no master).
+    // state_bits 16 keeps exp_avg / exp_avg_sq / momentum_buffer in a 16-bit parameter's dtype,
+    // as torch.optim does; master adds a float32 copy of every parameter ("<param>:master", as
+    // mixed precision keeps beside 16-bit weights), billed as optimizer state.
+    int state_bits; // 32 (0 means 32) or 16
+    bool master;
 } optim_config;
 
 typedef struct optim optim;
@@ -31,11 +37,15 @@ bool optim_parse_kind(const char *name, optim_kind *out);
 const char *optim_kind_name(optim_kind kind);
 // Bytes of state per parameter element once allocated: 8 (Adam), 4 (momentum) or 0.
 size_t optim_state_bytes_per_element(optim_kind kind);
+// The same for a whole setting: the states at state_bits, plus 4 for a master copy (a kind
+// without a step, none, keeps nothing).
+size_t optim_state_bytes(const optim_config *cfg);
 
 // The optimizer refers to the parameters (it does not own them). Returns NULL on bad
 // arguments or out of memory, with a message in err naming the setting at fault. As in
 // torch.optim: lr, eps, weight_decay >= 0, betas in [0, 1); sgd takes no momentum and
-// sgd-momentum a positive one; nesterov needs sgd-momentum with zero dampening.
+// sgd-momentum a positive one; nesterov needs sgd-momentum with zero dampening. 16-bit state
+// or a master copy outside meta mode is refused.
 optim *optim_new(const optim_config *cfg, ag_tensor *const *params, size_t n, char *err,
                  size_t errlen);
 void optim_free(optim *o); // frees the state

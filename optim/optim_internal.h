@@ -6,6 +6,7 @@
 typedef struct {
     ag_tensor *param;
     mp_block state[2]; // Adam: exp_avg, exp_avg_sq; SGD momentum: momentum_buffer
+    mp_block master;   // float32 copy of a 16-bit parameter (meta mode billing only)
     long step;         // per parameter, as torch.optim's state["step"]
     bool fresh;        // state just allocated: its first update overwrites instead of reading
 } optim_slot;

@@ -25,6 +25,7 @@ typedef struct {
     uint64_t budget;
     const char *json, *timeline, *dump_grads, *save_weights, *svg, *trace, *html;
     bool explain;
+    bool checkpointing; // membill train and plan: full activation recomputation
     // membill plan
     long gpus, zero;
     // membill infer
@@ -34,7 +35,38 @@ typedef struct {
     bool no_speed;
     uint64_t device_memory, overhead;
     bool overhead_given, list;
+    // --dtype, and for inference the weights' own (--weight-dtype, --group-size)
+    const char *dtype, *weight_dtype;
+    long group_size;
+    bool infer;
 } cli_options;
+
+// What each category is billed at. Real runs compute in float32; the others are bills of
+// meta mode (the same code, allocations at these element sizes).
+typedef struct {
+    const char *name;      // as --dtype names it: "fp32", "bf16", "bf16-mixed", ...
+    const char *long_name; // for reports: "float32", "bfloat16", ...
+    int act_bits, weight_bits, grad_bits; // activations and cache, parameters, .grad
+    int state_bits;                       // optimizer state elements
+    bool master;                          // a float32 master copy of the weights (mixed precision)
+    int64_t group;                        // weights under 16 bits: elements of a row per scale
+    int scale_bytes;                      // bytes of one such scale (fp16: 2)
+    const char *weight_name;              // --weight-dtype ("int4", ...); NULL: as name
+} cli_dtype;
+
+// fp32, bf16, fp16, bf16-mixed, fp16-mixed, bf16-mixed-fp32-grads; NULL is fp32. False for
+// anything else.
+bool cli_parse_dtype(const char *name, cli_dtype *out);
+// --weight-dtype fp32|bf16|fp16|int8|int4 over d (int4: one fp16 scale per group of
+// group_size, 0 for the default 32). False for anything else.
+bool cli_parse_weight_dtype(const char *name, long group_size, cli_dtype *d);
+bool cli_dtype_is_f32(const cli_dtype *d);
+ag_meta_dtype cli_meta_dtype(const cli_dtype *d);
+// The optimizer state as the dtype keeps it (16-bit states in a pure 16-bit run, a master copy
+// in mixed precision).
+void cli_dtype_optim(const cli_dtype *d, optim_config *c);
+// The sum of the state of one parameter element, "2 + 2 + 4 + 4 + 4" style, into buf.
+const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf, size_t len);
 
 // Parses argv[2..]; on a usage error prints one line and returns false.
 bool cli_parse(cli_options *o, int argc, char **argv);
@@ -83,6 +115,7 @@ typedef struct {
     step_record *steps; // nsteps of them
     long nsteps;
     bool torn_down_clean; // every tensor category back at zero afterwards
+    cli_dtype dtype;      // name NULL: float32 (meta mode needed for anything else)
 } train_run;
 
 int cli_train_run(const cli_options *o, train_run *r, llama_err *err);
@@ -114,10 +147,14 @@ typedef struct {
     int32_t *out; // batch x new_tokens
     llama_generate_stats stats;
     bool torn_down_clean;
+    cli_dtype dtype; // name NULL: float32 (meta mode needed for anything else)
 } infer_run;
 
 int cli_infer_prepare(const cli_options *o, infer_run *r, llama_err *err);
 int cli_infer_run(const cli_options *o, infer_run *r, llama_err *err);
+// --dtype (fp32, bf16, fp16: activations and cache) and --weight-dtype / --group-size of a
+// generation into *d; a usage error fills msg and returns -1. Anything but float32 needs meta.
+int cli_infer_dtype(const cli_options *o, bool meta, cli_dtype *d, char *msg, size_t len);
 void cli_infer_free(infer_run *r);
 void cli_usage_infer(FILE *f);
 

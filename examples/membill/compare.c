@@ -94,6 +94,10 @@ int cmd_compare(const cli_options *o) {
         fprintf(stderr, "membill compare: --timeline, --trace, --html, --dump-grads and --save-weights belong to train or infer\n");
         return EXIT_USAGE;
     }
+    if (o->dtype || o->weight_dtype || o->checkpointing) {
+        fprintf(stderr, "membill compare: runs both sides in float32 without checkpointing; for other settings use membill plan (--dtype, --infer, --checkpointing)\n");
+        return EXIT_USAGE;
+    }
     train_run tr;
     infer_run ir;
     memset(&tr, 0, sizeof tr);

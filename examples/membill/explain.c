@@ -11,7 +11,7 @@ static void line(FILE *f, const char *name, uint64_t measured, uint64_t formula,
 void cli_explain_train(FILE *f, const llama_config *c, long B, long T, optim_kind kind) {
     llama_closed_form cf;
     uint64_t per = optim_state_bytes_per_element(kind);
-    llama_closed_form_compute(c, B, T, per, &cf);
+    llama_closed_form_compute(c, B, T, per, false, &cf);
     char how[256], x[64];
     unsigned long long P = (unsigned long long)cf.params;
     fprintf(f, "\nexplained (P = %llu parameters, batch %ld, %ld tokens, float32 = 4 bytes):\n", P, B, T);

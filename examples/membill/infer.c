@@ -77,6 +77,11 @@ int cli_infer_run(const cli_options *o, infer_run *r, llama_err *err) {
     }
     ag_set_grad_enabled(ctx, false);
     mp_set_phase(MP_PHASE_LOAD);
+    ag_meta_dtype md = cli_meta_dtype(&r->dtype);
+    if (!ag_ctx_set_meta_dtype(ctx, &md)) {
+        llama_err_set(err, "%s", ag_ctx_error(ctx));
+        goto done;
+    }
     if (llama_model_new(&m, ctx, &r->cfg, err) != 0) goto done;
     if (r->st_path[0]) {
         if (llama_model_load(m, r->st_path, err) != 0) goto done;
@@ -95,8 +100,33 @@ done:
     return rc;
 }
 
-static uint64_t cache_per_token(const llama_config *c) {
-    return (uint64_t)(2 * c->layers * c->kv_heads * c->head_dim) * sizeof(float);
+int cli_infer_dtype(const cli_options *o, bool meta, cli_dtype *d, char *msg, size_t len) {
+    if (!cli_parse_dtype(o->dtype, d) || d->master || d->grad_bits != d->act_bits) {
+        snprintf(msg, len, "--dtype of a generation must be fp32, bf16 or fp16 (mixed precision is a training setting), not '%s'",
+                 o->dtype);
+        return -1;
+    }
+    if (o->weight_dtype && !cli_parse_weight_dtype(o->weight_dtype, o->group_size, d)) {
+        snprintf(msg, len, "--weight-dtype must be fp32, bf16, fp16, int8 or int4, not '%s'", o->weight_dtype);
+        return -1;
+    }
+    if (o->group_size && d->weight_bits != 4) {
+        snprintf(msg, len, "--group-size sets the elements per scale of --weight-dtype int4");
+        return -1;
+    }
+    if (!meta && !cli_dtype_is_f32(d)) {
+        snprintf(msg, len, "--dtype %s --weight-dtype %s needs --meta: real runs compute in float32", d->name,
+                 d->weight_name ? d->weight_name : d->name);
+        return -1;
+    }
+    return 0;
+}
+
+static int act_bytes(const infer_run *r) { return r->dtype.name ? r->dtype.act_bits / 8 : 4; }
+
+static uint64_t cache_per_token(const infer_run *r) {
+    const llama_config *c = &r->cfg;
+    return (uint64_t)(2 * c->layers * c->kv_heads * c->head_dim * act_bytes(r));
 }
 
 static json_t *shape_json(const int64_t s[4]) {
@@ -115,7 +145,9 @@ static json_t *infer_json(const cli_options *o, const infer_run *r) {
     json_object_set_new(run, "seq_len", json_integer(r->seq_len));
     json_object_set_new(run, "new_tokens", json_integer(r->new_tokens));
     json_object_set_new(run, "cache", json_boolean(r->use_cache));
-    json_object_set_new(run, "dtype", json_string("float32"));
+    json_object_set_new(run, "dtype", json_string(r->dtype.name ? r->dtype.long_name : "float32"));
+    json_object_set_new(run, "weight_dtype", json_string(r->dtype.weight_name ? r->dtype.weight_name
+                                                         : r->dtype.name ? r->dtype.long_name : "float32"));
     json_object_set_new(run, "meta", json_boolean(o->meta));
     json_object_set_new(run, "threads", json_integer(o->threads ? o->threads : 2));
     json_object_set_new(run, "weights", json_string(r->st_path[0] ? r->st_path : "random"));
@@ -131,7 +163,7 @@ static json_t *infer_json(const cli_options *o, const infer_run *r) {
     json_object_set_new(root, "breakdown", cli_breakdown_json((long)r->cfg.layers));
     const llama_generate_stats *st = &r->stats;
     json_t *cache = json_object();
-    json_object_set_new(cache, "bytes_per_token", json_integer((json_int_t)cache_per_token(&r->cfg)));
+    json_object_set_new(cache, "bytes_per_token", json_integer((json_int_t)cache_per_token(r)));
     if (st->steps > 0 && r->use_cache) {
         json_object_set_new(cache, "after_prefill_bytes", json_integer((json_int_t)st->cache_bytes[0]));
         json_object_set_new(cache, "final_bytes", json_integer((json_int_t)st->cache_bytes[st->steps - 1]));
@@ -161,14 +193,16 @@ static void infer_text(FILE *f, const void *arg) {
     const infer_run *r = ((const infer_view *)arg)->r;
     const llama_generate_stats *st = &r->stats;
     char b[80];
-    fprintf(f, "membill infer: %s, batch %ld x %ld-token prompt, %ld new tokens, greedy, %s, float32%s\n\n", r->cfg.name,
+    fprintf(f, "membill infer: %s, batch %ld x %ld-token prompt, %ld new tokens, greedy, %s, %s%s%s%s\n\n", r->cfg.name,
             r->batch, r->seq_len, r->new_tokens, r->use_cache ? "with the KV cache" : "without a cache (recomputing)",
-            o->meta ? ", meta (shapes only)" : "");
+            r->dtype.name ? r->dtype.long_name : "float32", r->dtype.weight_name ? ", weights " : "",
+            r->dtype.weight_name ? r->dtype.weight_name : "", o->meta ? ", meta (shapes only)" : "");
     mp_report_text(f);
     cli_breakdown_text(f, (long)r->cfg.layers);
-    uint64_t per = cache_per_token(&r->cfg);
-    fprintf(f, "\n  KV cache: 2 x %lld layers x %lld kv heads x %lld x 4 bytes = %llu bytes a token per row\n",
-            (long long)r->cfg.layers, (long long)r->cfg.kv_heads, (long long)r->cfg.head_dim, (unsigned long long)per);
+    uint64_t per = cache_per_token(r);
+    fprintf(f, "\n  KV cache: 2 x %lld layers x %lld kv heads x %lld x %d bytes = %llu bytes a token per row\n",
+            (long long)r->cfg.layers, (long long)r->cfg.kv_heads, (long long)r->cfg.head_dim, act_bytes(r),
+            (unsigned long long)per);
     if (r->use_cache && st->steps > 0) {
         const int64_t *s0 = st->cache_shape[0], *s1 = st->cache_shape[st->steps - 1];
         fprintf(f, "    after the prompt %s, each block's keys (%lld, %lld, %lld, %lld)\n", mp_format_bytes(b, sizeof b, st->cache_bytes[0]),
@@ -203,6 +237,16 @@ int cmd_infer(const cli_options *o) {
         fprintf(stderr, "membill infer: --optimizer, --steps, --dump-grads and --save-weights belong to membill train\n");
         return EXIT_USAGE;
     }
+    if (o->infer || o->gpus || o->zero) {
+        fprintf(stderr, "membill infer: --infer, --gpus and --zero belong to membill plan\n");
+        return EXIT_USAGE;
+    }
+    cli_dtype dt;
+    char msg0[256];
+    if (cli_infer_dtype(o, o->meta, &dt, msg0, sizeof msg0) != 0) {
+        fprintf(stderr, "membill infer: %s\n", msg0);
+        return EXIT_USAGE;
+    }
     infer_run r;
     llama_err err = {""};
     if (cli_infer_prepare(o, &r, &err) != 0) {
@@ -210,6 +254,7 @@ int cmd_infer(const cli_options *o) {
         cli_infer_free(&r);
         return EXIT_RUN_FAILED;
     }
+    r.dtype = dt;
     mp_options mo = {.meta = o->meta, .budget = o->budget, .track_other = !o->meta, .keep_timeline = true};
     if (mp_init(&mo) != MP_OK) {
         cli_infer_free(&r);

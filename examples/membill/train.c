@@ -25,7 +25,8 @@ static int run_step(const cli_options *o, train_run *r, ag_ctx *ctx, llama_model
     step_record *rec = &r->steps[s];
     double t0 = now_s();
     mp_set_phase(MP_PHASE_FORWARD);
-    ag_tensor *loss = llama_forward_loss(ctx, m, r->ids, r->batch, r->seq_len, err);
+    llama_forward_opts fo = {.checkpointing = o->checkpointing};
+    ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, r->ids, r->batch, r->seq_len, err);
     if (!loss) return -1;
     rec->loss = loss->data ? loss->data[0] : NAN;
     double t1 = now_s();
@@ -64,6 +65,11 @@ int cli_train_run(const cli_options *o, train_run *r, llama_err *err) {
         return -1;
     }
     mp_set_phase(MP_PHASE_LOAD);
+    ag_meta_dtype md = cli_meta_dtype(&r->dtype);
+    if (!ag_ctx_set_meta_dtype(ctx, &md)) {
+        llama_err_set(err, "%s", ag_ctx_error(ctx));
+        goto done;
+    }
     if (llama_model_new(&m, ctx, &r->cfg, err) != 0) goto done;
     if (r->st_path[0]) {
         if (llama_model_load(m, r->st_path, err) != 0) goto done;
@@ -151,8 +157,9 @@ static json_t *report_json(const cli_options *o, const train_run *r) {
     json_object_set_new(run, "steps", json_integer(r->nsteps));
     json_object_set_new(run, "optimizer", json_string(optim_kind_name(r->ocfg.kind)));
     json_object_set_new(run, "lr", json_real(r->ocfg.lr));
-    json_object_set_new(run, "dtype", json_string("float32"));
+    json_object_set_new(run, "dtype", json_string(r->dtype.name ? r->dtype.long_name : "float32"));
     json_object_set_new(run, "meta", json_boolean(o->meta));
+    json_object_set_new(run, "checkpointing", json_boolean(o->checkpointing));
     json_object_set_new(run, "threads", json_integer(o->threads ? o->threads : 2));
     json_object_set_new(run, "seed", json_integer((json_int_t)o->seed));
     json_object_set_new(run, "weights", json_string(r->st_path[0] ? r->st_path : "random"));
@@ -178,9 +185,11 @@ static void report_text(FILE *f, const void *arg) {
     const cli_options *o = ((const train_view *)arg)->o;
     const train_run *r = ((const train_view *)arg)->r;
     char b[80], c[80];
-    fprintf(f, "membill train: %s, %llu parameters, batch %ld x %ld tokens, %s lr %g, float32%s\n",
+    fprintf(f, "membill train: %s, %llu parameters, batch %ld x %ld tokens, %s lr %g, %s%s\n",
             r->cfg.name, (unsigned long long)llama_param_count(&r->cfg), r->batch, r->seq_len,
-            optim_kind_name(r->ocfg.kind), r->ocfg.lr, o->meta ? ", meta (shapes only)" : "");
+            optim_kind_name(r->ocfg.kind), r->ocfg.lr, r->dtype.name ? r->dtype.long_name : "float32",
+            o->meta ? ", meta (shapes only)" : "");
+    if (o->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
     if (!o->meta)
         fprintf(f, "loss %.4f (a random init is near ln(vocab) = %.4f)\n", r->steps[0].loss, log((double)r->cfg.vocab));
     fprintf(f, "\n");
@@ -206,7 +215,10 @@ static void report_text(FILE *f, const void *arg) {
     }
     fprintf(f, "  teardown: weight, gradient, optimizer, activation and cache back at zero: %s\n",
             r->torn_down_clean ? "yes" : "NO");
-    if (o->explain) cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind);
+    if (o->explain && cli_dtype_is_f32(&r->dtype)) cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind);
+    else if (o->explain) // the worked formulas are float32's; plan has each dtype's closed form
+        fprintf(f, "\n  --explain works out the float32 formulas: membill plan --dtype %s gives this dtype's closed form\n",
+                r->dtype.name);
 }
 
 int cmd_train(const cli_options *o) {
@@ -226,8 +238,22 @@ int cmd_train(const cli_options *o) {
         fprintf(stderr, "membill train: --meta runs on shapes alone: --weights, --dump-grads and --save-weights need data\n");
         return EXIT_USAGE;
     }
+    if (!cli_parse_dtype(o->dtype, &r.dtype)) {
+        fprintf(stderr, "membill train: --dtype must be fp32, bf16, fp16, bf16-mixed, fp16-mixed or bf16-mixed-fp32-grads, not '%s'\n",
+                o->dtype);
+        return EXIT_USAGE;
+    }
+    if (!cli_dtype_is_f32(&r.dtype) && !o->meta) {
+        fprintf(stderr, "membill train: --dtype %s needs --meta: real runs compute in float32\n", r.dtype.name);
+        return EXIT_USAGE;
+    }
+    if (o->weight_dtype || o->group_size || o->infer) {
+        fprintf(stderr, "membill train: --weight-dtype, --group-size and --infer belong to membill plan and membill infer\n");
+        return EXIT_USAGE;
+    }
     r.ocfg = optim_defaults(kind);
     r.ocfg.lr = o->lr_given ? (float)o->lr : 1e-5f;
+    cli_dtype_optim(&r.dtype, &r.ocfg);
     r.nsteps = o->steps ? o->steps : 1;
     if (cli_load_config(o, &r.cfg, r.st_path, sizeof r.st_path, &err) != 0) return fail(err.msg);
     r.ids = cli_make_tokens(o, &r.cfg, &r.batch, &r.seq_len, &err);
@@ -250,8 +276,8 @@ int cmd_train(const cli_options *o) {
         if (!o->quiet && !(o->json && strcmp(o->json, "-") == 0)) report_text(stdout, &view);
         json_t *root = report_json(o, &r);
         char title[256], msg[600];
-        snprintf(title, sizeof title, "membill train: %s, batch %ld x %ld tokens, %s, float32%s", r.cfg.name, r.batch,
-                 r.seq_len, optim_kind_name(r.ocfg.kind), o->meta ? ", meta" : "");
+        snprintf(title, sizeof title, "membill train: %s, batch %ld x %ld tokens, %s, %s%s", r.cfg.name, r.batch,
+                 r.seq_len, optim_kind_name(r.ocfg.kind), r.dtype.long_name, o->meta ? ", meta" : "");
         if (cli_write_outputs(o, root, title, report_text, &view, msg, sizeof msg) != 0) {
             fprintf(stderr, "membill train: %s\n", msg);
             rc = -1;

@@ -1,5 +1,6 @@
 // The linear op at every awkward shape its kernels meet: the skinny kernels (few rows, tiles of
-// 6 x 4 and 8, 16-lane tails) and the sgemm path, forward and both gradients, against double.
+// 6 x 4 and 8, 16-lane tails), the forward's mid-size rows (65 to 512, in passes of rows when
+// x is large) and the sgemm path, forward and both gradients, against double.
 #include "ag_test_util.h"
 
 #include <math.h>
@@ -56,9 +57,26 @@ static void test_linear_shapes(void **state) {
     ag_assert_all_zero();
 }
 
+// Mid-size rows: the skinny forward up to 512 rows (the backward goes to sgemm above 64), then
+// sgemm beyond. K = 1100 makes x larger than one pass's block of rows (234 rows of 1100 floats)
+// from 235 rows on: several passes over w, with an uneven last pass.
+static void test_linear_mid_rows(void **state) {
+    ag_ctx *ctx = ag_fixture_ctx(state);
+    const int64_t Ms[] = {65, 71, 96, 130, 199, 200, 257, 300, 512, 513};
+    const int64_t Ns[] = {1, 5, 33};
+    const int64_t Ks[] = {17, 100};
+    for (size_t a = 0; a < sizeof Ms / sizeof Ms[0]; a++)
+        for (size_t b = 0; b < sizeof Ns / sizeof Ns[0]; b++)
+            for (size_t c = 0; c < sizeof Ks / sizeof Ks[0]; c++) check_shape(ctx, Ms[a], Ns[b], Ks[c]);
+    const int64_t big[][3] = {{234, 9, 1100}, {235, 9, 1100}, {300, 7, 1100}, {481, 4, 1100}, {512, 6, 1100}};
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) check_shape(ctx, big[i][0], big[i][1], big[i][2]);
+    ag_assert_all_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_linear_shapes, ag_setup, ag_teardown),
+        cmocka_unit_test_setup_teardown(test_linear_mid_rows, ag_setup, ag_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,9 @@
 // the median decode step, and 40 new tokens with the KV cache against recomputing the whole
 // sequence at each step (claims S1, S3); optionally 8 prompts one after another against one
 // batch of 8 (S2). Usage: bench_infer [--threads N] [--tokens T] [--new-tokens N] [--repeat R]
-// [--batch-claim] [--steps] (--steps prints every step's time of the best runs)
+// [--batch-claim] [--steps] [--json FILE] (--steps prints every step's time of the best runs;
+// --json also writes the figures as one JSON object, for tests/bench/bench_infer.sh)
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 typedef struct {
     int threads, tokens, new_tokens, repeat;
     bool batch_claim, steps;
+    const char *json;
 } bench_args;
 
 static int parse(bench_args *a, int argc, char **argv) {
@@ -26,9 +29,12 @@ static int parse(bench_args *a, int argc, char **argv) {
             a->batch_claim = true;
         } else if (!strcmp(argv[i], "--steps")) {
             a->steps = true;
+        } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
+            a->json = argv[++i];
         } else if (!dst || i + 1 >= argc || (*dst = atoi(argv[++i])) < 1) {
             fprintf(stderr, "bench_infer: bad argument %s (options: --threads N --tokens T "
-                    "--new-tokens N --repeat R --batch-claim --steps, numbers >= 1)\n", argv[i]);
+                    "--new-tokens N --repeat R --batch-claim --steps --json FILE, numbers >= 1)\n",
+                    argv[i]);
             return -1;
         }
     }
@@ -58,8 +64,9 @@ static llama_generate_stats run(ag_ctx *ctx, llama_model *m, bool cache, const i
 }
 
 // S2: 8 prompts of `tokens` ids, 20 new tokens each, one after another and as one batch (whose
-// rows must be what each prompt generates alone).
-static bool batch_claim(ag_ctx *ctx, llama_model *m, const int32_t *ids, int T, int repeat) {
+// rows must be what each prompt generates alone). Figures go to `report` when not NULL.
+static bool batch_claim(ag_ctx *ctx, llama_model *m, const int32_t *ids, int T, int repeat,
+                        json_t *report) {
     enum { B = 8, N = 20 };
     int32_t solo[B * N], batch[B * N];
     double seq = 0;
@@ -72,8 +79,24 @@ static bool batch_claim(ag_ctx *ctx, llama_model *m, const int32_t *ids, int T, 
     bool same = memcmp(solo, batch, sizeof solo) == 0;
     printf("S2: 8 prompts x 20 new tokens: one after another %.3f s, one batch of 8 %.3f s "
            "(%.2fx); same tokens: %s\n", seq, st.generate_s, seq / st.generate_s, same ? "yes" : "NO");
+    printf("    the batch: prefill of 8 x %d tokens %.4f s, median decode step %.4f s\n", T,
+           st.prefill_s, st.decode_step_s);
+    if (report)
+        json_object_set_new(report, "batch", json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:b}",
+            "prompts", B, "new_tokens", N, "sequential_s", seq, "batched_s", st.generate_s,
+            "speedup", seq / st.generate_s, "batch_prefill_s", st.prefill_s,
+            "batch_decode_step_s", st.decode_step_s, "same_tokens", same));
     llama_generate_stats_free(&st);
     return same;
+}
+
+static json_t *single_report(const bench_args *a, const llama_generate_stats *c,
+                             const llama_generate_stats *u, bool same) {
+    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:b}", "engine", "membill",
+                     "threads", a->threads, "tokens", a->tokens, "new_tokens", a->new_tokens,
+                     "repeat", a->repeat, "prefill_s", c->prefill_s, "decode_step_s",
+                     c->decode_step_s, "cached_s", c->generate_s, "uncached_s", u->generate_s,
+                     "same_tokens", same);
 }
 
 int main(int argc, char **argv) {
@@ -121,14 +144,21 @@ int main(int argc, char **argv) {
            u.step_s[a.new_tokens - 1]);
     for (int k = 0; a.steps && k < a.new_tokens; k++)
         printf("    step %2d: with the cache %.4f s, without %.4f s\n", k, c.step_s[k], u.step_s[k]);
+    json_t *report = a.json ? single_report(&a, &c, &u, same) : NULL;
     llama_generate_stats_free(&c);
     llama_generate_stats_free(&u);
-    if (a.batch_claim) same = batch_claim(ctx, m, ids, a.tokens, a.repeat) && same;
+    if (a.batch_claim) same = batch_claim(ctx, m, ids, a.tokens, a.repeat, report) && same;
+    int rc = same ? 0 : 1;
+    if (report && json_dump_file(report, a.json, JSON_INDENT(1)) != 0) {
+        fprintf(stderr, "bench_infer: cannot write %s\n", a.json);
+        rc = 1;
+    }
+    json_decref(report);
     free(ids);
     free(out);
     free(out2);
     llama_model_free(m);
     ag_ctx_free(ctx);
     mp_shutdown();
-    return same ? 0 : 1;
+    return rc;
 }

@@ -31,7 +31,7 @@ static int remove_dir(void **state) {
 
 typedef struct {
     int code;
-    char out[16384], err[4096];
+    char out[1 << 18], err[4096];
 } run_result;
 
 static void slurp(const char *path, char *buf, size_t n) {
@@ -155,6 +155,57 @@ static void test_tiny_model_outputs(void **state) {
     assert_non_null(strstr(last, ",0,0,0,0,0,"));
 }
 
+// --checkpointing on a real run: the same loss and gradients, a lower activation peak, and the
+// report says so.
+static void test_train_checkpointing(void **state) {
+    (void)state;
+    json_t *root[2];
+    float *grads[2] = {NULL, NULL};
+    size_t n[2] = {0, 0};
+    for (int ck = 0; ck < 2; ck++) {
+        run_result r;
+        char args[2048], path[512];
+        snprintf(args, sizeof args, "train --weights %s/tiny_tied --tokens 5,9,17,33,65,129,250 --batch 2 --json %s/c%d.json "
+                 "--dump-grads %s/c%d.safetensors%s", MEMBILL_GOLDEN_DIR, dir, ck, dir, ck, ck ? " --checkpointing" : "");
+        membill(&r, args);
+        if (r.code != 0) print_error("%s: %s\n", args, r.err);
+        assert_int_equal(r.code, 0);
+        assert_int_equal(strstr(r.out, "checkpointing: each block's input kept, activations recomputed in backward") != NULL, ck);
+        snprintf(path, sizeof path, "%s/c%d.json", dir, ck);
+        root[ck] = json_load_file(path, 0, NULL);
+        assert_non_null(root[ck]);
+        assert_int_equal(json_is_true(json_object_get(json_object_get(root[ck], "run"), "checkpointing")), ck);
+        assert_all_live_zero(root[ck]);
+        llama_st_file *f = NULL;
+        llama_err err;
+        snprintf(path, sizeof path, "%s/c%d.safetensors", dir, ck);
+        assert_int_equal(llama_st_open(&f, path, &err), 0);
+        for (size_t i = 0; i < llama_st_count(f); i++) n[ck] += llama_st_get(f, i)->numel;
+        grads[ck] = malloc(n[ck] * sizeof(float));
+        assert_non_null(grads[ck]);
+        for (size_t i = 0, off = 0; i < llama_st_count(f); off += llama_st_get(f, i)->numel, i++)
+            assert_int_equal(llama_st_read_f32(f, llama_st_get(f, i), grads[ck] + off, llama_st_get(f, i)->numel, &err), 0);
+        llama_st_close(f);
+    }
+    double l0 = json_real_value(json_object_get(root[0], "loss")), l1 = json_real_value(json_object_get(root[1], "loss"));
+    assert_true(l0 > 0);
+    assert_true(fabs(l0 - l1) <= 1e-6 * l0);
+    assert_int_equal(n[0], n[1]);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < n[0]; i++) {
+        worst = fmax(worst, fabs((double)grads[0][i] - grads[1][i]));
+        scale = fmax(scale, fabs((double)grads[0][i]));
+    }
+    assert_true(scale > 0);
+    assert_true(worst <= 1e-6 * scale);
+    assert_true(cat_peak(root[1], "activation") < cat_peak(root[0], "activation"));
+    assert_int_equal(cat_peak(root[1], "gradient"), cat_peak(root[0], "gradient"));
+    for (int ck = 0; ck < 2; ck++) {
+        json_decref(root[ck]);
+        free(grads[ck]);
+    }
+}
+
 // Each bad input: the expected exit code, one line on stderr naming the culprit, and nothing
 // written in place of what the user had.
 static void expect_failure(const char *args, int code, const char *needle) {
@@ -250,16 +301,21 @@ static json_int_t jint(json_t *root, const char *obj, const char *key) {
 
 // The closed form follows the meta bill within 1% from the smallest preset to 405B and from
 // 25 to 8,192 tokens; weights, gradients and Adam state exactly.
+// The same with --checkpointing, where the activation peak is the kept block inputs plus the
+// head or one recomputed block, whichever is larger.
 static void test_plan_closed_form_sweep(void **state) {
     (void)state;
     const char *models[] = {"smollm2-135m", "smollm2-360m", "llama-2-7b", "mistral-7b", "llama-3-70b", "llama-3.1-405b"};
     const char *lens[] = {"25", "1024", "4096", "8192"};
+    for (int ck = 0; ck < 2; ck++)
     for (int m = 0; m < 6; m++)
         for (int l = 0; l < 4; l++) {
             char a[256];
             if (l == 3 && m == 2) continue; // Llama-2 has 4,096 positions
-            snprintf(a, sizeof a, "--model %s --seq-len %s --batch 2", models[m], lens[l]);
+            snprintf(a, sizeof a, "--model %s --seq-len %s --batch 2%s", models[m], lens[l], ck ? " --checkpointing" : "");
             json_t *root = plan_json(a);
+            assert_true(json_is_boolean(json_object_get(json_object_get(root, "run"), "checkpointing")));
+            assert_int_equal(json_is_true(json_object_get(json_object_get(root, "run"), "checkpointing")), ck);
             json_int_t p = jint(root, "closed_form", "parameters");
             assert_int_equal(cat_peak(root, "weight"), 4 * p);
             assert_int_equal(cat_peak(root, "gradient"), 4 * p);
@@ -300,6 +356,246 @@ static void test_plan_zero_and_fit(void **state) {
     assert_true(jint(root, "per_gpu", "total_bytes") > 8000000000LL);
     assert_true(json_is_false(json_object_get(json_object_get(root, "fit"), "fits")));
     json_decref(root);
+}
+
+// Bytes a parameter of each dtype and optimizer, from the meta run: weights and gradients at
+// the dtype's element size, the optimizer's states in the parameters' dtype for pure 16-bit
+// runs, float32 beside a float32 master copy in mixed precision. The totals are the published
+// counts: 16 (float32 Adam, the lesson), 8 (pure bf16 Adam), 16 (DeepSpeed's mixed-precision
+// Adam, 2 + 2 + 12), 18 (Megatron-LM's float32 main_grad, 2 + 4 + 12).
+static void test_plan_dtype_bytes_per_param(void **state) {
+    (void)state;
+    const struct {
+        const char *dtype;
+        int w, g, state, master;
+    } dt[] = {{"fp32", 4, 4, 4, 0}, {"bf16", 2, 2, 2, 0}, {"fp16", 2, 2, 2, 0},
+              {"bf16-mixed", 2, 2, 4, 4}, {"fp16-mixed", 2, 2, 4, 4}, {"bf16-mixed-fp32-grads", 2, 4, 4, 4}};
+    const struct {
+        const char *name;
+        int states;
+        bool steps;
+    } opt[] = {{"adam", 2, true}, {"adamw", 2, true}, {"sgd", 0, true}, {"sgd-momentum", 1, true}, {"none", 0, false}};
+    for (size_t d = 0; d < sizeof dt / sizeof dt[0]; d++)
+        for (size_t k = 0; k < sizeof opt / sizeof opt[0]; k++) {
+            char a[256];
+            snprintf(a, sizeof a, "--model smollm2-135m --dtype %s --optimizer %s", dt[d].dtype, opt[k].name);
+            json_t *root = plan_json(a);
+            json_int_t p = jint(root, "closed_form", "parameters");
+            assert_int_equal(p, 134515008);
+            json_int_t per_opt = opt[k].steps ? dt[d].master + opt[k].states * dt[d].state : 0;
+            assert_int_equal(cat_peak(root, "weight"), dt[d].w * p);
+            assert_int_equal(cat_peak(root, "gradient"), dt[d].g * p);
+            assert_int_equal(cat_peak(root, "optimizer"), per_opt * p);
+            assert_int_equal(jint(root, "closed_form", "optimizer"), per_opt * p);
+            double total = json_real_value(json_object_get(json_object_get(root, "bytes_per_parameter"), "total"));
+            assert_true(fabs(total - (double)(dt[d].w + dt[d].g + per_opt)) < 1e-9);
+            json_decref(root);
+        }
+    const struct {
+        const char *dtype;
+        double per;
+    } published[] = {{"fp32", 16}, {"bf16", 8}, {"bf16-mixed", 16}, {"bf16-mixed-fp32-grads", 18}};
+    for (int i = 0; i < 4; i++) {
+        char a[256];
+        snprintf(a, sizeof a, "--model llama-3-70b --dtype %s", published[i].dtype);
+        json_t *root = plan_json(a);
+        double total = json_real_value(json_object_get(json_object_get(root, "bytes_per_parameter"), "total"));
+        assert_true(fabs(total - published[i].per) < 1e-9);
+        json_decref(root);
+    }
+    // Mixed precision bills the master copy as optimizer state, one per parameter.
+    run_result r;
+    char a[1024], path[512];
+    snprintf(path, sizeof path, "%s/mixed.json", dir);
+    snprintf(a, sizeof a, "train --meta --dtype bf16-mixed --model smollm2-135m --json %s --quiet", path);
+    membill(&r, a);
+    assert_int_equal(r.code, 0);
+    json_t *root = json_load_file(path, 0, NULL);
+    assert_non_null(root);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(root, "run"), "dtype")), "bf16-mixed");
+    assert_int_equal(cat_peak(root, "optimizer"), 12LL * 134515008);
+    assert_int_equal(cat_peak(root, "weight"), 2LL * 134515008);
+    bool master = false;
+    json_t *rows = json_object_get(json_object_get(root, "breakdown"), "at_total_peak");
+    for (size_t i = 0; rows && i < json_array_size(rows); i++) {
+        json_t *row = json_array_get(rows, i);
+        const char *site = json_string_value(json_object_get(row, "site"));
+        if (site && strstr(site, ":master") && json_integer_value(json_object_get(row, "bytes")) > 0 &&
+            strcmp(json_string_value(json_object_get(row, "category")), "optimizer") == 0)
+            master = true;
+    }
+    if (!master) print_error("no :master site in the optimizer at the total peak\n");
+    assert_true(master);
+    assert_all_live_zero(root);
+    json_decref(root);
+}
+
+// Per-device model states against the ZeRO paper's formulas for mixed-precision Adam (K = 12):
+// stage 0 (2+2+K)Psi, 1 2Psi+2Psi+KPsi/N, 2 2Psi+(2+K)Psi/N, 3 (2+2+K)Psi/N; and the float32
+// counterparts (4+4+8). Sharding rounds each category up to a whole byte per device.
+static void test_plan_zero_formulas(void **state) {
+    (void)state;
+    const struct {
+        const char *dtype;
+        double w, g, k;
+    } dt[] = {{"bf16-mixed", 2, 2, 12}, {"fp32", 4, 4, 8}};
+    const long gpus[] = {8, 3};
+    for (int d = 0; d < 2; d++)
+        for (int n = 0; n < 2; n++)
+            for (int z = 0; z <= 3; z++) {
+                char a[256];
+                snprintf(a, sizeof a, "--model llama-2-7b --dtype %s --gpus %ld --zero %d", dt[d].dtype, gpus[n], z);
+                json_t *root = plan_json(a);
+                double P = (double)jint(root, "closed_form", "parameters"), N = (double)gpus[n];
+                double w = dt[d].w, g = dt[d].g, K = dt[d].k;
+                double formula = z == 0 ? (w + g + K) * P
+                                 : z == 1 ? w * P + g * P + K * P / N
+                                 : z == 2 ? w * P + (g + K) * P / N
+                                          : (w + g + K) * P / N;
+                double states = (double)(jint(root, "per_gpu", "weight") + jint(root, "per_gpu", "gradient") +
+                                         jint(root, "per_gpu", "optimizer"));
+                if (fabs(states - formula) > 3) print_error("%s: per device %.0f, formula %.0f\n", a, states, formula);
+                assert_true(fabs(states - formula) <= 3);
+                json_int_t zf = json_integer_value(json_object_get(json_object_get(root, "bytes_per_parameter"), "zero_formula_bytes"));
+                assert_true(fabs((double)zf - formula) <= 3);
+                json_decref(root);
+            }
+}
+
+// The closed form against the meta bill for the 16-bit dtypes: weights, gradients and
+// optimizer exactly, activations within 1% (rstd and log-sum-exp rows stay float32 in both).
+static void test_plan_closed_form_dtypes(void **state) {
+    (void)state;
+    const char *models[] = {"smollm2-135m", "llama-2-7b", "llama-3-70b"};
+    const char *lens[] = {"25", "1024", "4096"};
+    const char *dtypes[] = {"bf16", "fp16", "bf16-mixed", "bf16-mixed-fp32-grads"};
+    for (int m = 0; m < 3; m++)
+        for (int l = 0; l < 3; l++)
+            for (int d = 0; d < 4; d++) {
+                char a[256];
+                snprintf(a, sizeof a, "--model %s --seq-len %s --batch 2 --dtype %s", models[m], lens[l], dtypes[d]);
+                json_t *root = plan_json(a);
+                const char *cats[] = {"weight", "gradient", "optimizer"};
+                for (int c = 0; c < 3; c++) assert_int_equal(cat_peak(root, cats[c]), jint(root, "closed_form", cats[c]));
+                double meta = (double)cat_peak(root, "activation"), closed = (double)jint(root, "closed_form", "activation");
+                if (fabs(closed / meta - 1) > 0.01) print_error("%s: closed %g meta %g\n", a, closed, meta);
+                assert_true(fabs(closed / meta - 1) <= 0.01);
+                json_decref(root);
+            }
+    // 16-bit activations are half the float32 ones but for the float32 statistics.
+    json_t *f32 = plan_json("--model smollm2-135m --seq-len 512");
+    json_t *b16 = plan_json("--model smollm2-135m --seq-len 512 --dtype bf16");
+    double ratio = (double)cat_peak(b16, "activation") / (double)cat_peak(f32, "activation");
+    assert_true(ratio > 0.5 && ratio < 0.51);
+    json_decref(f32);
+    json_decref(b16);
+}
+
+// Weight bytes of the quantised settings, computed here tensor by tensor from the shapes: 2-D
+// weights packed at `bits` plus one 2-byte scale per group of a row, norms at norm_bits.
+static json_int_t expected_weights(const char *model, int bits, long group, int norm_bits) {
+    llama_config c;
+    llama_err err;
+    assert_int_equal(llama_config_preset(&c, model, &err), 0);
+    json_int_t total = 0;
+    for (size_t i = 0; i < llama_param_count_tensors(&c); i++) {
+        char name[LLAMA_PARAM_NAME_MAX];
+        int ndim;
+        int64_t shape[2];
+        assert_int_equal(llama_param_spec(&c, i, name, sizeof name, &ndim, shape), 0);
+        if (ndim == 1) {
+            total += shape[0] * norm_bits / 8;
+            continue;
+        }
+        total += shape[0] * shape[1] * bits / 8;
+        if (group) total += shape[0] * ((shape[1] + group - 1) / group) * 2;
+    }
+    return total;
+}
+
+static json_int_t jinf(json_t *root, const char *key) {
+    return json_integer_value(json_object_get(json_object_get(root, "inference"), key));
+}
+
+// plan --infer: the generation's meta bill with the weights quantised and the cache in the
+// activation dtype, against the lesson's figures (W2, K1, K2) and the per-tensor count.
+static void test_plan_infer(void **state) {
+    (void)state;
+    const json_int_t P = 134515008;
+    json_t *root = plan_json("--infer --model smollm2-135m");
+    assert_int_equal(cat_peak(root, "weight"), 4 * P);     // W1
+    assert_int_equal(jinf(root, "cache_bytes"), 1152000); // K2: 25 tokens x 46,080
+    assert_int_equal(jint(root, "closed_form", "kv_cache"), 1152000);
+    assert_int_equal(cat_peak(root, "gradient"), 0);
+    json_int_t act = cat_peak(root, "activation");
+    assert_int_equal(jint(root, "per_gpu", "total_bytes"), 4 * P + 1152000 + act + 2000000000LL);
+    json_decref(root);
+    root = plan_json("--infer --model smollm2-135m --dtype bf16");
+    assert_int_equal(cat_peak(root, "weight"), 2 * P); // W2: 269 MB
+    assert_int_equal(jinf(root, "cache_bytes"), 576000);
+    json_decref(root);
+    const struct {
+        const char *args;
+        int bits;
+        long group;
+        int norm_bits;
+    } q[] = {{"--weight-dtype int8", 8, 0, 32},
+             {"--weight-dtype int4", 4, 32, 32},
+             {"--weight-dtype int4 --group-size 128", 4, 128, 32},
+             {"--weight-dtype int4 --dtype bf16", 4, 32, 16}};
+    for (int i = 0; i < 4; i++) {
+        char a[256];
+        snprintf(a, sizeof a, "--infer --model smollm2-135m %s", q[i].args);
+        root = plan_json(a);
+        json_int_t want = expected_weights("smollm2-135m", q[i].bits, q[i].group, q[i].norm_bits);
+        if (cat_peak(root, "weight") != want) print_error("%s: weights %lld, expected %lld\n", a, (long long)cat_peak(root, "weight"), (long long)want);
+        assert_int_equal(cat_peak(root, "weight"), want);
+        assert_int_equal(jinf(root, "weights_closed_form"), want);
+        assert_int_equal(jinf(root, "group_size"), q[i].group);
+        json_decref(root);
+    }
+    // W2: int8 about 135 MB, int4 about 67 MB before its scales (P / 32 x 2 bytes of them).
+    assert_true(llabs(expected_weights("smollm2-135m", 8, 0, 32) - 134515008) < 1000000);
+    assert_true(llabs(expected_weights("smollm2-135m", 4, 32, 32) - (67257504 + 134515008 / 16)) < 1000000);
+    // New tokens grow the cache one token each (but the last, which is only chosen).
+    root = plan_json("--infer --model smollm2-135m --new-tokens 5");
+    assert_int_equal(jinf(root, "cache_bytes"), 46080 * 29);
+    json_decref(root);
+    // Device fit: the largest batch fits, one more does not; the overhead is counted.
+    root = plan_json("--infer --model llama-3-8b --dtype bf16 --seq-len 4096 --device-memory 24GB --overhead 1GB");
+    json_int_t best = jint(root, "fit", "largest_batch");
+    assert_int_equal(jint(root, "fit", "overhead_bytes"), 1000000000);
+    assert_true(best >= 1);
+    json_decref(root);
+    char a[256];
+    snprintf(a, sizeof a, "--infer --model llama-3-8b --dtype bf16 --seq-len 4096 --device-memory 24GB --overhead 1GB --batch %lld",
+             (long long)best);
+    root = plan_json(a);
+    assert_true(json_is_true(json_object_get(json_object_get(root, "fit"), "fits")));
+    json_decref(root);
+    snprintf(a, sizeof a, "--infer --model llama-3-8b --dtype bf16 --seq-len 4096 --device-memory 24GB --overhead 1GB --batch %lld",
+             (long long)best + 1);
+    root = plan_json(a);
+    assert_true(json_is_false(json_object_get(json_object_get(root, "fit"), "fits")));
+    json_decref(root);
+}
+
+// Other dtypes are bills of meta mode: a real run refuses them in one line.
+static void test_dtype_needs_meta(void **state) {
+    (void)state;
+    expect_failure("train --dtype bf16", 2, "--dtype bf16 needs --meta: real runs compute in float32");
+    expect_failure("infer --dtype bf16", 2, "needs --meta");
+    expect_failure("infer --weight-dtype int4", 2, "needs --meta");
+    expect_failure("train --meta --dtype bf17", 2, "bf17");
+    expect_failure("plan --dtype e4m3", 2, "--dtype");
+    expect_failure("plan --weight-dtype int4", 2, "--infer");
+    expect_failure("plan --infer --weight-dtype int3", 2, "int3");
+    expect_failure("plan --infer --dtype bf16-mixed", 2, "mixed");
+    expect_failure("plan --infer --weight-dtype int8 --group-size 64", 2, "--group-size");
+    expect_failure("plan --infer --gpus 8", 2, "--gpus");
+    run_result r;
+    membill(&r, "train --meta --dtype fp32 --quiet");
+    assert_int_equal(r.code, 0);
 }
 
 // The golden greedy tokens of the PyTorch reference, and the prompt they came from.
@@ -414,10 +710,16 @@ static void test_check_all_claims(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_model_outputs),
+        cmocka_unit_test(test_train_checkpointing),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_budget_stops_the_run),
         cmocka_unit_test(test_plan_closed_form_sweep),
         cmocka_unit_test(test_plan_zero_and_fit),
+        cmocka_unit_test(test_plan_dtype_bytes_per_param),
+        cmocka_unit_test(test_plan_zero_formulas),
+        cmocka_unit_test(test_plan_closed_form_dtypes),
+        cmocka_unit_test(test_plan_infer),
+        cmocka_unit_test(test_dtype_needs_meta),
         cmocka_unit_test(test_infer_matches_reference),
         cmocka_unit_test(test_infer_cache_bill),
         cmocka_unit_test(test_compare),

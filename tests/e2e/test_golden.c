@@ -202,9 +202,9 @@ static void run_close(run *r) {
 
 // Forward and backward; returns the loss. Checks the bill of weights, gradients and
 // activations on the way.
-static float forward_backward(run *r) {
+static float forward_backward_opts(run *r, const llama_forward_opts *opts) {
     llama_err err = {{0}};
-    ag_tensor *loss = llama_forward_loss(r->ctx, r->m, r->ids, B, T, &err);
+    ag_tensor *loss = llama_forward_loss_opts(r->ctx, r->m, opts, r->ids, B, T, &err);
     if (!loss) fail_msg("%s", err.msg);
     assert_int_equal(live(MP_WEIGHT), 4 * r->nparams);
     assert_int_equal(live(MP_GRADIENT), 0);
@@ -218,6 +218,8 @@ static float forward_backward(run *r) {
     assert_int_equal(ag_tape_size(r->ctx), 0);
     return l;
 }
+
+static float forward_backward(run *r) { return forward_backward_opts(r, NULL); }
 
 // ---------------------------------------------------------------------------------------------
 // Loss and gradients
@@ -283,6 +285,44 @@ static void test_bf16_is_distinct(void **s) {
     assert_int_equal(checked, golden_count_prefix(g, "grad_bf16."));
     assert_true(checked > 0);
     llama_st_close(g);
+}
+
+// With every block checkpointed: the golden loss and gradients again (the recomputation runs the
+// same ops on the same inputs), the tape keeps one hidden-sized tensor per block (on one
+// checkpoint node each) where the plain run keeps every block's saved set, and the activation
+// peak is lower.
+static void test_tied_checkpointing(void **s) {
+    (void)s;
+    uint64_t kept[2], peak[2];
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        run r;
+        run_open(&r, "tiny_tied", "model.safetensors");
+        llama_forward_opts opts = {.checkpointing = ckpt};
+        llama_err err = {{0}};
+        ag_tensor *loss = llama_forward_loss_opts(r.ctx, r.m, &opts, r.ids, B, T, &err);
+        if (!loss) fail_msg("%s", err.msg);
+        kept[ckpt] = ag_tape_saved_bytes(r.ctx);
+        uint64_t ckpt_bytes = 0;
+        size_t ckpt_nodes = 0;
+        ag_node_info info;
+        for (size_t i = 0; ag_tape_node(r.ctx, i, &info); i++)
+            if (strcmp(info.op, "checkpoint") == 0) ckpt_nodes++, ckpt_bytes += info.saved_bytes;
+        assert_int_equal(ckpt_nodes, ckpt ? (size_t)r.m->cfg.layers : 0);
+        assert_int_equal(ckpt_bytes, ckpt ? (uint64_t)(r.m->cfg.layers * B * T * r.m->cfg.hidden) * sizeof(float) : 0);
+        ag_tape_clear(r.ctx);
+        ag_release(loss);
+        float l = forward_backward_opts(&r, &opts);
+        peak[ckpt] = mp_get_counter(MP_ACTIVATION).peak;
+        if (ckpt) {
+            check_loss(l, golden_scalar(r.g, "loss", 0), W_LOSS, "loss (checkpointing)");
+            check_params(r.m, r.g, "grad.", true, GRAD_TOL, W_GRAD);
+            assert_true(kept[1] > ckpt_bytes); // and the head's saved tensors
+            assert_true(kept[1] < kept[0]);
+        }
+        for (size_t i = 0; i < r.m->nparams; i++) ag_zero_grad(r.m->params[i]);
+        run_close(&r);
+    }
+    assert_true(peak[1] < peak[0]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -398,6 +438,7 @@ int main(void) {
         cmocka_unit_test(test_tied_adamw),      cmocka_unit_test(test_untied_adamw),
         cmocka_unit_test(test_tied_sgdm),       cmocka_unit_test(test_untied_sgdm),
         cmocka_unit_test(test_detects_wrong_batch),
+        cmocka_unit_test(test_tied_checkpointing),
     };
     return cmocka_run_group_tests(tests, NULL, print_worst);
 }

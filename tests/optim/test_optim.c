@@ -512,6 +512,79 @@ static void test_meta(void **state) {
     meta_run(OPTIM_SGD);
 }
 
+// Other dtypes in meta mode: weights and gradients at the context's element size, the state at
+// state_bits, the master copy at 4 bytes (site "<param>:master"); refused in a real run.
+static void dtype_run(optim_kind kind, int state_bits, bool master, uint64_t per_elem) {
+    assert_int_equal(mp_init(&(mp_options){.meta = true, .keep_timeline = true}), MP_OK);
+    ag_ctx *ctx = ag_ctx_new();
+    assert_non_null(ctx);
+    ag_meta_dtype d = {.act_bits = 16, .weight_bits = 16, .grad_bits = 16};
+    assert_true(ag_ctx_set_meta_dtype(ctx, &d));
+    enum { BIG = 1 << 20 };
+    ag_tensor *p = param(ctx, "a", BIG, NULL);
+    optim_config c = optim_defaults(kind);
+    c.state_bits = state_bits;
+    c.master = master;
+    assert_int_equal(optim_state_bytes(&c), per_elem);
+    char err[256];
+    optim *o = optim_new(&c, &p, 1, err, sizeof err);
+    assert_non_null(o);
+    give_grad(ctx, p, NULL);
+    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(live(MP_WEIGHT), 2 * BIG);
+    assert_int_equal(live(MP_GRADIENT), 2 * BIG);
+    assert_int_equal(live(MP_OPTIMIZER), per_elem * BIG);
+    bool seen = false;
+    for (size_t i = 0; i < mp_timeline_count(); i++) {
+        const mp_event *e = mp_timeline_get(i);
+        if (e->bytes > 0 && strcmp(mp_site_name(e->site), "a:master") == 0)
+            seen = e->bytes == 4 * BIG && e->category == MP_OPTIMIZER;
+    }
+    assert_true(seen == master);
+    optim_free(o);
+    ag_release(p);
+    ag_ctx_free(ctx);
+    assert_all_zero();
+    mp_shutdown();
+}
+
+static void test_meta_dtypes(void **state) {
+    (void)state;
+    dtype_run(OPTIM_ADAM, 16, false, 4);          // bf16 Adam: exp_avg 2 + exp_avg_sq 2
+    dtype_run(OPTIM_ADAMW, 32, true, 12);         // mixed precision: master 4 + 4 + 4
+    dtype_run(OPTIM_SGD_MOMENTUM, 16, false, 2);  // momentum_buffer 2
+    dtype_run(OPTIM_SGD, 32, true, 4);            // the master copy alone
+    optim_config none = optim_defaults(OPTIM_NONE);
+    none.master = true;
+    assert_int_equal(optim_state_bytes(&none), 0); // no step, nothing kept
+}
+
+static void test_dtypes_refused_in_real_runs(void **state) {
+    ag_ctx *ctx = *state;
+    ag_meta_dtype d = {.act_bits = 16, .weight_bits = 16, .grad_bits = 16};
+    assert_false(ag_ctx_set_meta_dtype(ctx, &d));
+    assert_non_null(strstr(ag_ctx_error(ctx), "float32"));
+    ag_ctx_clear_error(ctx);
+    ag_meta_dtype f32 = ag_meta_dtype_f32();
+    assert_true(ag_ctx_set_meta_dtype(ctx, &f32));
+    ag_tensor *p = param(ctx, "w", N, NULL);
+    assert_int_equal(p->block.bytes, 4 * N);
+    char err[256];
+    optim_config c = optim_defaults(OPTIM_ADAM);
+    c.state_bits = 16;
+    assert_null(optim_new(&c, &p, 1, err, sizeof err));
+    assert_non_null(strstr(err, "meta mode only"));
+    c = optim_defaults(OPTIM_ADAM);
+    c.master = true;
+    assert_null(optim_new(&c, &p, 1, err, sizeof err));
+    assert_non_null(strstr(err, "master"));
+    c = optim_defaults(OPTIM_ADAM);
+    c.state_bits = 8;
+    assert_null(optim_new(&c, &p, 1, err, sizeof err));
+    assert_non_null(strstr(err, "state_bits"));
+    ag_release(p);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Budget: a step whose state does not fit fails, naming the parameter, and changes nothing
 
@@ -733,6 +806,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_zero_grad_frees, setup, teardown),
         cmocka_unit_test(test_meta),
         cmocka_unit_test(test_budget),
+        cmocka_unit_test(test_meta_dtypes),
+        cmocka_unit_test_setup_teardown(test_dtypes_refused_in_real_runs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parse_kind, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_settings, setup, teardown),
     };
