@@ -100,6 +100,8 @@ int cli_write_timeline_csv(const char *path, char *err, size_t errlen);
 
 // The shared parts of a report.
 struct json_t *cli_model_json(const llama_config *cfg);
+// A report's first keys: membill_version and model.
+struct json_t *cli_report_root(const llama_config *cfg);
 
 // One training run (load or init, N steps, teardown) inside an initialised profiler.
 typedef struct {

@@ -133,9 +133,7 @@ int cmd_compare(const cli_options *o) {
         if (!o->quiet && !(o->json && strcmp(o->json, "-") == 0)) print_table(stdout, &tr, &ir, &s[0], &s[1]);
         char msg[600];
         if (o->json) {
-            json_t *root = json_object();
-            json_object_set_new(root, "membill_version", json_string(MEMBILL_VERSION));
-            json_object_set_new(root, "model", cli_model_json(&tr.cfg));
+            json_t *root = cli_report_root(&tr.cfg);
             json_object_set_new(root, "train", side_json(&s[0]));
             json_object_set_new(root, "infer", side_json(&s[1]));
             json_object_set_new(root, "ratio", json_real(s[1].total.total ? (double)s[0].total.total / (double)s[1].total.total : 0));

@@ -136,9 +136,7 @@ static json_t *shape_json(const int64_t s[4]) {
 }
 
 static json_t *infer_json(const cli_options *o, const infer_run *r) {
-    json_t *root = json_object();
-    json_object_set_new(root, "membill_version", json_string(MEMBILL_VERSION));
-    json_object_set_new(root, "model", cli_model_json(&r->cfg));
+    json_t *root = cli_report_root(&r->cfg);
     json_t *run = json_object();
     json_object_set_new(run, "kind", json_string("infer"));
     json_object_set_new(run, "batch", json_integer(r->batch));

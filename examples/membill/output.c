@@ -62,6 +62,13 @@ int cli_write_timeline_csv(const char *path, char *err, size_t errlen) {
     return cli_write_file(path, csv_writer, NULL, err, errlen);
 }
 
+json_t *cli_report_root(const llama_config *c) {
+    json_t *root = json_object();
+    json_object_set_new(root, "membill_version", json_string(MEMBILL_VERSION));
+    json_object_set_new(root, "model", cli_model_json(c));
+    return root;
+}
+
 json_t *cli_model_json(const llama_config *c) {
     json_t *m = json_object();
     json_object_set_new(m, "name", json_string(c->name));

@@ -422,9 +422,7 @@ static json_t *run_json(const plan_setting *s) {
 
 static json_t *report_json(const plan_view *v) {
     const plan_setting *s = v->s;
-    json_t *root = json_object();
-    json_object_set_new(root, "membill_version", json_string(MEMBILL_VERSION));
-    json_object_set_new(root, "model", cli_model_json(&s->cfg));
+    json_t *root = cli_report_root(&s->cfg);
     json_object_set_new(root, "run", run_json(s));
     mp_report_json(root);
     json_object_set_new(root, "closed_form", closed_form_json(v->cf, v->b, s->checkpointing));

@@ -147,9 +147,7 @@ static json_t *four_copies_json(void) {
 }
 
 static json_t *report_json(const cli_options *o, const train_run *r) {
-    json_t *root = json_object();
-    json_object_set_new(root, "membill_version", json_string(MEMBILL_VERSION));
-    json_object_set_new(root, "model", cli_model_json(&r->cfg));
+    json_t *root = cli_report_root(&r->cfg);
     json_t *run = json_object();
     json_object_set_new(run, "kind", json_string("train"));
     json_object_set_new(run, "batch", json_integer(r->batch));
