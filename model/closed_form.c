@@ -15,7 +15,9 @@ void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq,
     out->act_probs_per_block = B * hq * T * T * a;
     out->act_per_block = (4 * BT * H + 2 * BT * hq * D + 2 * BT * hkv * D + 4 * BT * I) * a + 2 * BT * f32 +
                          out->act_probs_per_block;
-    out->act_head = (3 * BT * H + 2 * BT * V) * a + 2 * BT * f32;
+    // The head at the start of backward: the final norm's input and output, the logits and
+    // their gradient, the float32 rstd and log-sum-exp rows.
+    out->act_head = (2 * BT * H + 2 * BT * V) * a + 2 * BT * f32;
     out->activations = L * out->act_per_block + out->act_head;
     out->kv_cache = 2 * L * hkv * D * T * B * a;
 }
@@ -36,7 +38,8 @@ void llama_closed_form_checkpointing(const llama_config *c, int64_t batch, int64
     out->checkpointing = true;
     out->act_block_inputs = L * BT * H * a;
     out->act_head_moment = (2 * BT * H + 2 * BT * V) * a + 2 * BT * f32;
-    out->act_recompute = out->act_per_block + (BT * I + (I > H ? BT * I : BT * H)) * a;
+    // The loss tensor ([1]) is still held by the caller then.
+    out->act_recompute = out->act_per_block + (BT * I + (I > H ? BT * I : BT * H) + 1) * a;
     out->activations = out->act_block_inputs + (out->act_head_moment > out->act_recompute
                                                     ? out->act_head_moment
                                                     : out->act_recompute);

@@ -247,9 +247,9 @@ typedef struct {
     // Every term at the activation's bytes but the two rows of rstd (float32 under autocast).
     uint64_t act_per_block;
     uint64_t act_probs_per_block; // the s^2 term alone: batch x heads x s x s x 4 (x act bytes)
-    // The head: final norm input and output, rstd, logits and their gradient, and the
-    // gradient of the norm's output, all live at the start of backward (rstd and the
-    // log-sum-exp rows in float32).
+    // The head when the logits' gradient is allocated, the activation peak: the final norm's
+    // input and output, the logits and their gradient, and the rstd and log-sum-exp rows
+    // (float32).
     uint64_t act_head;
     uint64_t activations;      // layers x act_per_block + act_head: the activation peak
     uint64_t kv_cache;         // 2 x layers x kv_heads x head_dim x seq x batch x act bytes
