@@ -705,6 +705,24 @@ static void test_check_memory_claims(void **state) {
     json_decref(root);
 }
 
+// Meta mode and a real run agree to the byte on every tensor category: SmolLM2-360M at 64
+// tokens, batch 2 (the 135M model is checked in test_smollm2_training_step_bill).
+static void test_meta_equals_real_360m(void **state) {
+    (void)state;
+    const char *cats[] = {"weight", "gradient", "optimizer", "activation", "cache"};
+    json_t *real = json_run("train --model smollm2-360m --seq-len 64 --batch 2");
+    json_t *meta = json_run("train --model smollm2-360m --seq-len 64 --batch 2 --meta");
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(cat_peak(meta, cats[i]), cat_peak(real, cats[i]));
+        json_int_t a = json_integer_value(json_object_get(json_object_get(json_object_get(real, "categories"), cats[i]), "allocations"));
+        json_int_t b = json_integer_value(json_object_get(json_object_get(json_object_get(meta, "categories"), cats[i]), "allocations"));
+        assert_int_equal(a, b);
+    }
+    assert_int_equal(cat_peak(real, "weight"), 361821120LL * 4);
+    json_decref(real);
+    json_decref(meta);
+}
+
 // The whole check, speed claims included (real runs of SmolLM2-135M).
 static void test_check_all_claims(void **state) {
     (void)state;
@@ -734,6 +752,7 @@ int main(void) {
     };
     const struct CMUnitTest heavy[] = {
         cmocka_unit_test(test_smollm2_training_step_bill),
+        cmocka_unit_test(test_meta_equals_real_360m),
         cmocka_unit_test(test_check_all_claims),
     };
     int only_heavy = getenv("MEMBILL_HEAVY") != NULL;
