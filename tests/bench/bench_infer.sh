@@ -14,7 +14,7 @@
 # cache and without it (every step recomputes the whole sequence); 8 prompts x 20 new tokens one
 # after another and as one batch of 8. The floor of a decode step: it reads every weight once,
 # 538,060,032 bytes, at the read bandwidth bench_bandwidth measures (the better of a probe before
-# and one after the runs). Targets (issue 6): a decode step within 1.3x of that floor; 40 tokens
+# and one after the runs). Targets: a decode step within 1.3x of that floor; 40 tokens
 # with the cache in at most 0.5x PyTorch's time; the batch's speed-up over one-by-one at least
 # PyTorch's.
 set -euo pipefail
