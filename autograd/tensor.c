@@ -105,9 +105,13 @@ static bool shape_ok(ag_ctx *ctx, int ndim, const int64_t *shape, const char *la
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         // The bound keeps numel * 4 far from overflow.
-        if (shape[i] < 1 || shape[i] > ((int64_t)1 << 40) / n)
-            return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: dimension %d is %lld, expected 1 to %lld",
-                           label, i, (long long)shape[i], (long long)(((int64_t)1 << 40) / n));
+        if (shape[i] < 1)
+            return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: dimension %d is %lld, expected at least 1",
+                           label, i, (long long)shape[i]);
+        if (shape[i] > ((int64_t)1 << 40) / n)
+            return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: more than 2^40 elements (dimension %d is %lld "
+                           "after %lld elements in the others): too large for one tensor",
+                           label, i, (long long)shape[i], (long long)n);
         n *= shape[i];
     }
     *numel = n;
