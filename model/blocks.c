@@ -32,17 +32,34 @@ ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer
     return y;
 }
 
+void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i,
+               ag_tensor **q, ag_tensor **k, ag_tensor **v) {
+    char s[96];
+    ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
+    *q = ag_linear(ctx, llama_site(s, i, "self_attn.q_proj"), h, L->q);
+    *k = ag_linear(ctx, llama_site(s, i, "self_attn.k_proj"), h, L->k);
+    *v = ag_linear(ctx, llama_site(s, i, "self_attn.v_proj"), h, L->v);
+    ag_release(h);
+}
+
+ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_layer *L, ag_tensor *x, ag_tensor *a, int64_t i) {
+    char s[96];
+    ag_tensor *o = ag_linear(ctx, llama_site(s, i, "self_attn.o_proj"), a, L->o);
+    ag_release(a);
+    ag_tensor *y = ag_add(ctx, llama_site(s, i, "attn_residual"), x, o);
+    ag_release(x);
+    ag_release(o);
+    return y;
+}
+
 // x[B, T, H] -> x + attention(norm(x)); takes ownership of x.
 ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L,
                                  ag_tensor *x, int64_t i) {
     char s[96];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
     const float theta = (float)c->rope_theta;
-    ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
-    ag_tensor *q = ag_linear(ctx, llama_site(s, i, "self_attn.q_proj"), h, L->q);
-    ag_tensor *k = ag_linear(ctx, llama_site(s, i, "self_attn.k_proj"), h, L->k);
-    ag_tensor *v = ag_linear(ctx, llama_site(s, i, "self_attn.v_proj"), h, L->v);
-    REL(h);
+    ag_tensor *q, *k, *v;
+    llama_qkv(ctx, c, L, x, i, &q, &k, &v);
     ag_tensor *qr = ag_rope(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, theta, 0);
     ag_tensor *kr = ag_rope(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, theta, 0);
     REL(q);
@@ -51,12 +68,7 @@ ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama
     REL(qr);
     REL(kr);
     REL(v);
-    ag_tensor *o = ag_linear(ctx, llama_site(s, i, "self_attn.o_proj"), a, L->o);
-    REL(a);
-    ag_tensor *y = ag_add(ctx, llama_site(s, i, "attn_residual"), x, o);
-    ag_release(x);
-    ag_release(o);
-    return y;
+    return llama_attention_out(ctx, L, x, a, i);
 }
 
 // One decoder block: x[B, T, H] -> mlp_block(attention_block(x)); takes ownership of x.

@@ -47,11 +47,8 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     char s[96];
     ag_kv_cache *kv = g->kv ? g->kv[i]
                             : ag_kv_cache_new(ctx, llama_site(s, i, "self_attn"), MP_ACTIVATION, g->B, hkv, hd);
-    ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
-    ag_tensor *q = ag_linear(ctx, llama_site(s, i, "self_attn.q_proj"), h, L->q);
-    ag_tensor *k = ag_linear(ctx, llama_site(s, i, "self_attn.k_proj"), h, L->k);
-    ag_tensor *v = ag_linear(ctx, llama_site(s, i, "self_attn.v_proj"), h, L->v);
-    REL(h);
+    ag_tensor *q, *k, *v;
+    llama_qkv(ctx, c, L, x, i, &q, &k, &v);
     ag_tensor *qr = ag_rope_positions(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, theta, g->step_pos);
     ag_tensor *kr = ag_rope_positions(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, theta, g->step_pos);
     REL(q);
@@ -62,12 +59,7 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     ag_tensor *a = ag_attention_cached(ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq);
     REL(qr);
     if (!g->kv) ag_kv_cache_free(kv);
-    ag_tensor *o = ag_linear(ctx, llama_site(s, i, "self_attn.o_proj"), a, L->o);
-    REL(a);
-    ag_tensor *y = ag_add(ctx, llama_site(s, i, "attn_residual"), x, o);
-    ag_release(x);
-    ag_release(o);
-    return y;
+    return llama_attention_out(ctx, L, x, a, i);
 }
 
 
