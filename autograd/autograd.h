@@ -25,6 +25,16 @@
 #define AG_MAX_SAVED 4
 #define AG_ROPE_MAX_HEAD_DIM 1024
 
+// The one error of the layers above the profiler (autograd, model, optim): a function that can
+// fail returns -1 (or NULL) and leaves one line in *err naming what is at fault and what was
+// expected. Callers that add context prefix it once; nothing below main prints or exits.
+typedef struct {
+    char msg[512];
+} ag_err;
+
+// printf-style: fill *err (NULL is ignored), truncating to fit.
+void ag_err_set(ag_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 typedef struct ag_ctx ag_ctx;
 typedef struct ag_node ag_node;
 typedef struct ag_tensor ag_tensor;

@@ -16,14 +16,6 @@
 // A config.json is a few kB; anything past this is not one.
 #define CONFIG_MAX_BYTES (16u << 20)
 
-void llama_err_set(llama_err *err, const char *fmt, ...) {
-    if (!err) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Parameter shapes
 
@@ -103,20 +95,20 @@ uint64_t llama_param_count(const llama_config *c) {
 // ---------------------------------------------------------------------------------------------
 // Validation
 
-static int check_size(const char *field, int64_t v, llama_err *err) {
+static int check_size(const char *field, int64_t v, ag_err *err) {
     if (v <= 0) {
-        llama_err_set(err, "field %s (%lld) must be positive", field, (long long)v);
+        ag_err_set(err, "field %s (%lld) must be positive", field, (long long)v);
         return -1;
     }
     if (v > INT32_MAX) {
-        llama_err_set(err, "field %s (%lld) is absurd (at most %d)", field, (long long)v,
+        ag_err_set(err, "field %s (%lld) is absurd (at most %d)", field, (long long)v,
                       INT32_MAX);
         return -1;
     }
     return 0;
 }
 
-int llama_config_validate(const llama_config *c, llama_err *err) {
+int llama_config_validate(const llama_config *c, ag_err *err) {
     const struct {
         const char *field;
         int64_t v;
@@ -129,27 +121,27 @@ int llama_config_validate(const llama_config *c, llama_err *err) {
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         if (check_size(sizes[i].field, sizes[i].v, err) != 0) return -1;
     if (c->heads % c->kv_heads != 0) {
-        llama_err_set(err,
+        ag_err_set(err,
                       "field num_key_value_heads (%lld) must divide num_attention_heads (%lld)",
                       (long long)c->kv_heads, (long long)c->heads);
         return -1;
     }
     if (c->head_dim % 2 != 0) {
-        llama_err_set(err, "field head_dim (%lld) must be even (RoPE rotates pairs)",
+        ag_err_set(err, "field head_dim (%lld) must be even (RoPE rotates pairs)",
                       (long long)c->head_dim);
         return -1;
     }
     if (!(c->rope_theta > 0) || !isfinite(c->rope_theta)) {
-        llama_err_set(err, "field rope_theta (%g) must be a positive number", c->rope_theta);
+        ag_err_set(err, "field rope_theta (%g) must be a positive number", c->rope_theta);
         return -1;
     }
     if (!(c->rms_eps > 0 && c->rms_eps < 1)) {
-        llama_err_set(err, "field rms_norm_eps (%g) must be between 0 and 1", c->rms_eps);
+        ag_err_set(err, "field rms_norm_eps (%g) must be between 0 and 1", c->rms_eps);
         return -1;
     }
     uint64_t total;
     if (param_total(c, &total) != 0 || total > LLAMA_MAX_PARAMS) {
-        llama_err_set(err, "the config describes an absurd number of parameters (more than 10^13)");
+        ag_err_set(err, "the config describes an absurd number of parameters (more than 10^13)");
         return -1;
     }
     return 0;
@@ -158,20 +150,20 @@ int llama_config_validate(const llama_config *c, llama_err *err) {
 // ---------------------------------------------------------------------------------------------
 // config.json
 
-static int read_small_file(const char *path, char **out, size_t *len, llama_err *err) {
+static int read_small_file(const char *path, char **out, size_t *len, ag_err *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        llama_err_set(err, "%s: cannot open: %s", path, strerror(errno));
+        ag_err_set(err, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        llama_err_set(err, "%s: not a regular file", path);
+        ag_err_set(err, "%s: not a regular file", path);
         close(fd);
         return -1;
     }
     if ((uint64_t)st.st_size > CONFIG_MAX_BYTES) {
-        llama_err_set(err, "%s: %lld bytes is too large for a config.json (at most %u)", path,
+        ag_err_set(err, "%s: %lld bytes is too large for a config.json (at most %u)", path,
                       (long long)st.st_size, CONFIG_MAX_BYTES);
         close(fd);
         return -1;
@@ -179,7 +171,7 @@ static int read_small_file(const char *path, char **out, size_t *len, llama_err 
     size_t size = (size_t)st.st_size, got = 0;
     char *buf = malloc(size + 1);
     if (!buf) {
-        llama_err_set(err, "%s: out of memory", path);
+        ag_err_set(err, "%s: out of memory", path);
         close(fd);
         return -1;
     }
@@ -191,7 +183,7 @@ static int read_small_file(const char *path, char **out, size_t *len, llama_err 
     }
     close(fd);
     if (got != size) {
-        llama_err_set(err, "%s: read failed", path);
+        ag_err_set(err, "%s: read failed", path);
         free(buf);
         return -1;
     }
@@ -202,15 +194,15 @@ static int read_small_file(const char *path, char **out, size_t *len, llama_err 
 
 // 1 found, 0 absent or null, -1 error (wrong type, or absent when required).
 static int get_int(const json_t *root, const char *path, const char *field, bool required,
-                   int64_t *out, llama_err *err) {
+                   int64_t *out, ag_err *err) {
     const json_t *v = json_object_get(root, field);
     if (!v || json_is_null(v)) {
         if (!required) return 0;
-        llama_err_set(err, "%s: field %s missing", path, field);
+        ag_err_set(err, "%s: field %s missing", path, field);
         return -1;
     }
     if (!json_is_integer(v)) {
-        llama_err_set(err, "%s: field %s must be an integer", path, field);
+        ag_err_set(err, "%s: field %s must be an integer", path, field);
         return -1;
     }
     *out = (int64_t)json_integer_value(v);
@@ -218,11 +210,11 @@ static int get_int(const json_t *root, const char *path, const char *field, bool
 }
 
 static int get_number(const json_t *root, const char *path, const char *field, double *out,
-                      llama_err *err) {
+                      ag_err *err) {
     const json_t *v = json_object_get(root, field);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_number(v)) {
-        llama_err_set(err, "%s: field %s must be a number", path, field);
+        ag_err_set(err, "%s: field %s must be a number", path, field);
         return -1;
     }
     *out = json_number_value(v);
@@ -230,12 +222,12 @@ static int get_number(const json_t *root, const char *path, const char *field, d
 }
 
 // Fields that would add tensors or change the MLP that this model does not have.
-static int check_unsupported(const json_t *root, const char *path, llama_err *err) {
+static int check_unsupported(const json_t *root, const char *path, ag_err *err) {
     const char *bias_fields[] = {"attention_bias", "mlp_bias"};
     for (size_t i = 0; i < 2; i++) {
         const json_t *v = json_object_get(root, bias_fields[i]);
         if (v && !json_is_null(v) && !json_is_false(v)) {
-            llama_err_set(err, "%s: field %s must be false (biases are not supported)", path,
+            ag_err_set(err, "%s: field %s must be false (biases are not supported)", path,
                           bias_fields[i]);
             return -1;
         }
@@ -243,23 +235,23 @@ static int check_unsupported(const json_t *root, const char *path, llama_err *er
     const json_t *act = json_object_get(root, "hidden_act");
     if (act && !json_is_null(act) &&
         (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
-        llama_err_set(err, "%s: field hidden_act must be \"silu\"", path);
+        ag_err_set(err, "%s: field hidden_act must be \"silu\"", path);
         return -1;
     }
     return 0;
 }
 
-static int parse_config(llama_config *c, const json_t *root, const char *path, llama_err *err) {
+static int parse_config(llama_config *c, const json_t *root, const char *path, ag_err *err) {
     const json_t *mt = json_object_get(root, "model_type");
     if (!mt) {
-        llama_err_set(err, "%s: field model_type missing (expected \"llama\" or \"mistral\")",
+        ag_err_set(err, "%s: field model_type missing (expected \"llama\" or \"mistral\")",
                       path);
         return -1;
     }
     const char *type = json_is_string(mt) ? json_string_value(mt) : "";
     bool mistral = strcmp(type, "mistral") == 0;
     if (!mistral && strcmp(type, "llama") != 0) {
-        llama_err_set(err, "%s: field model_type must be \"llama\" or \"mistral\"", path);
+        ag_err_set(err, "%s: field model_type must be \"llama\" or \"mistral\"", path);
         return -1;
     }
     if (check_unsupported(root, path, err) != 0) return -1;
@@ -283,7 +275,7 @@ static int parse_config(llama_config *c, const json_t *root, const char *path, l
     if (r < 0) return -1;
     if (r == 0 && c->heads > 0) {
         if (c->hidden % c->heads != 0) {
-            llama_err_set(err,
+            ag_err_set(err,
                           "%s: field hidden_size (%lld) is not a multiple of num_attention_heads "
                           "(%lld) and head_dim is not given",
                           path, (long long)c->hidden, (long long)c->heads);
@@ -293,7 +285,7 @@ static int parse_config(llama_config *c, const json_t *root, const char *path, l
     }
     const json_t *tied = json_object_get(root, "tie_word_embeddings");
     if (tied && !json_is_null(tied) && !json_is_boolean(tied)) {
-        llama_err_set(err, "%s: field tie_word_embeddings must be true or false", path);
+        ag_err_set(err, "%s: field tie_word_embeddings must be true or false", path);
         return -1;
     }
     c->tied = tied && json_is_true(tied);
@@ -303,7 +295,7 @@ static int parse_config(llama_config *c, const json_t *root, const char *path, l
     return 0;
 }
 
-int llama_config_load(llama_config *out, const char *path, llama_err *err) {
+int llama_config_load(llama_config *out, const char *path, ag_err *err) {
     char *text;
     size_t len;
     if (read_small_file(path, &text, &len, err) != 0) return -1;
@@ -311,18 +303,18 @@ int llama_config_load(llama_config *out, const char *path, llama_err *err) {
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
     free(text);
     if (!root) {
-        llama_err_set(err, "%s: not valid JSON (line %d, column %d: %s)", path, jerr.line,
+        ag_err_set(err, "%s: not valid JSON (line %d, column %d: %s)", path, jerr.line,
                       jerr.column, jerr.text);
         return -1;
     }
     int rc = -1;
     llama_config c;
     if (!json_is_object(root)) {
-        llama_err_set(err, "%s: expected a JSON object", path);
+        ag_err_set(err, "%s: expected a JSON object", path);
     } else if (parse_config(&c, root, path, err) == 0) {
-        llama_err verr;
+        ag_err verr;
         if (llama_config_validate(&c, &verr) != 0) {
-            llama_err_set(err, "%s: %s", path, verr.msg);
+            ag_err_set(err, "%s: %s", path, verr.msg);
         } else {
             *out = c;
             rc = 0;

@@ -31,16 +31,16 @@ static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, bool checkpointin
 }
 
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B,
-                              int64_t T, llama_err *err) {
+                              int64_t T, ag_err *err) {
     return llama_forward_loss_opts(ctx, m, NULL, ids, B, T, err);
 }
 
 ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forward_opts *opts,
-                                   const int32_t *ids, int64_t B, int64_t T, llama_err *err) {
+                                   const int32_t *ids, int64_t B, int64_t T, ag_err *err) {
     const llama_config *c = &m->cfg;
     const bool checkpointing = opts && opts->checkpointing;
     if (B < 1 || B > INT32_MAX / c->max_positions || T < 2 || T > c->max_positions) {
-        llama_err_set(err, "batch %lld x length %lld: a training step needs batch >= 1 and 2 to %lld tokens",
+        ag_err_set(err, "batch %lld x length %lld: a training step needs batch >= 1 and 2 to %lld tokens",
                       (long long)B, (long long)T, (long long)c->max_positions);
         return NULL;
     }
@@ -53,6 +53,6 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     ag_release(n);
     ag_tensor *loss = ag_cross_entropy(ctx, "loss", logits, ids);
     ag_release(logits);
-    if (!loss) llama_err_set(err, "forward: %s", ag_ctx_error(ctx) ? ag_ctx_error(ctx) : "failed");
+    if (!loss) ag_err_set(err, "forward: %s", ag_ctx_error(ctx) ? ag_ctx_error(ctx) : "failed");
     return loss;
 }

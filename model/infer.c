@@ -133,23 +133,23 @@ static void extend(gen *g) {
 // Input checks and set-up
 
 // Each row: 0 and 1 only, pads (0) on the left, at least one real token.
-static int check_mask(const int32_t *mask, int64_t B, int64_t T, llama_err *err) {
+static int check_mask(const int32_t *mask, int64_t B, int64_t T, ag_err *err) {
     for (int64_t b = 0; b < B; b++) {
         const int32_t *m = mask + b * T;
         for (int64_t j = 0; j < T; j++) {
             if (m[j] != 0 && m[j] != 1) {
-                llama_err_set(err, "attention mask row %lld, column %lld: %d, expected 0 (pad) "
+                ag_err_set(err, "attention mask row %lld, column %lld: %d, expected 0 (pad) "
                               "or 1 (real token)", (long long)b, (long long)j, m[j]);
                 return -1;
             }
             if (j > 0 && m[j - 1] == 1 && m[j] == 0) {
-                llama_err_set(err, "attention mask row %lld: a pad at column %lld follows a real "
+                ag_err_set(err, "attention mask row %lld: a pad at column %lld follows a real "
                               "token; prompts must be left-padded (pads first)", (long long)b, (long long)j);
                 return -1;
             }
         }
         if (m[T - 1] == 0) {
-            llama_err_set(err, "attention mask row %lld is all pads: every prompt needs at least "
+            ag_err_set(err, "attention mask row %lld is all pads: every prompt needs at least "
                           "one real token", (long long)b);
             return -1;
         }
@@ -158,14 +158,14 @@ static int check_mask(const int32_t *mask, int64_t B, int64_t T, llama_err *err)
 }
 
 static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, const int32_t *mask,
-                      int64_t B, int64_t T, int64_t n, const int32_t *out, llama_err *err) {
+                      int64_t B, int64_t T, int64_t n, const int32_t *out, ag_err *err) {
     if (!ctx || !m || !ids || !out) {
-        llama_err_set(err, "generate: %s is NULL", !ctx ? "the context" : !m ? "the model"
+        ag_err_set(err, "generate: %s is NULL", !ctx ? "the context" : !m ? "the model"
                       : !ids ? "the prompt ids" : "the output ids");
         return -1;
     }
     if (ag_is_grad_enabled(ctx) || ag_ctx_status(ctx) != AG_OK) {
-        llama_err_set(err, "generate: %s", ag_ctx_status(ctx) != AG_OK ? ag_ctx_error(ctx)
+        ag_err_set(err, "generate: %s", ag_ctx_status(ctx) != AG_OK ? ag_ctx_error(ctx)
                       : "grad mode is on; generation runs without a tape (ag_set_grad_enabled(ctx, false))");
         return -1;
     }
@@ -173,7 +173,7 @@ static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, con
     // The last new token is chosen but never run through the model: it needs no position.
     if (B < 1 || B > INT32_MAX / c->max_positions || T < 1 || n < 1 || T > c->max_positions ||
         n - 1 > c->max_positions - T) {
-        llama_err_set(err, "generate: batch %lld, prompt of %lld tokens, %lld new tokens: expected "
+        ag_err_set(err, "generate: batch %lld, prompt of %lld tokens, %lld new tokens: expected "
                       "batch >= 1, a prompt of at least 1 token, at least 1 new token, and the "
                       "prompt + new tokens - 1 (the tokens run through the model) at most "
                       "max_position_embeddings (%lld)", (long long)B, (long long)T, (long long)n,
@@ -197,7 +197,7 @@ static void gen_free(gen *g) {
 
 // Copies the prompt and its mask, sets the positions, makes the (empty) caches.
 static int gen_init(gen *g, ag_ctx *ctx, llama_model *m, bool use_cache, const int32_t *ids,
-                    const int32_t *mask, int64_t B, int64_t T, int64_t n, llama_err *err) {
+                    const int32_t *mask, int64_t B, int64_t T, int64_t n, ag_err *err) {
     memset(g, 0, sizeof *g);
     g->ctx = ctx, g->m = m, g->c = &m->cfg, g->B = B, g->cap = T + n, g->len = T;
     size_t cells = (size_t)(B * g->cap);
@@ -227,7 +227,7 @@ static int gen_init(gen *g, ag_ctx *ctx, llama_model *m, bool use_cache, const i
         ok = g->kv[i] != NULL;
     }
     if (!ok) {
-        llama_err_set(err, "generate: %s", ag_ctx_error(ctx) ? ag_ctx_error(ctx) : "out of memory");
+        ag_err_set(err, "generate: %s", ag_ctx_error(ctx) ? ag_ctx_error(ctx) : "out of memory");
         gen_free(g);
         return -1;
     }
@@ -237,7 +237,7 @@ static int gen_init(gen *g, ag_ctx *ctx, llama_model *m, bool use_cache, const i
 // ---------------------------------------------------------------------------------------------
 // Stats
 
-static int stats_init(llama_generate_stats *st, int64_t n, llama_err *err) {
+static int stats_init(llama_generate_stats *st, int64_t n, ag_err *err) {
     memset(st, 0, sizeof *st);
     st->step_s = calloc((size_t)n, sizeof *st->step_s);
     st->cache_bytes = calloc((size_t)n, sizeof *st->cache_bytes);
@@ -245,7 +245,7 @@ static int stats_init(llama_generate_stats *st, int64_t n, llama_err *err) {
     st->cache_shape = calloc((size_t)n, sizeof *st->cache_shape);
     if (st->step_s && st->cache_bytes && st->cache_usable && st->cache_shape) return 0;
     llama_generate_stats_free(st);
-    llama_err_set(err, "generate: out of memory for the statistics of %lld steps", (long long)n);
+    ag_err_set(err, "generate: out of memory for the statistics of %lld steps", (long long)n);
     return -1;
 }
 
@@ -284,12 +284,12 @@ static void stats_finish(llama_generate_stats *st) {
 
 // Forward k (0: the prefill) and its token; with the cache, a decode step runs over its one
 // new token, else over the whole sequence. Returns -1 with err set.
-static int step(gen *g, int64_t k, llama_err *err) {
+static int step(gen *g, int64_t k, ag_err *err) {
     bool cached = g->kv != NULL;
     ag_tensor *logits = forward(g, cached && k > 0 ? g->len - 1 : 0, k == 0);
     if (!logits) {
         const char *why = ag_ctx_error(g->ctx);
-        llama_err_set(err, "generate, %s %lld: %s", k ? "decode step" : "prefill", (long long)k,
+        ag_err_set(err, "generate, %s %lld: %s", k ? "decode step" : "prefill", (long long)k,
                       why ? why : "failed");
         return -1;
     }
@@ -318,7 +318,7 @@ static void record(gen *g, const llama_generate_opts *o, llama_generate_stats *s
 int llama_generate(ag_ctx *ctx, llama_model *m, const llama_generate_opts *opts,
                    const int32_t *prompt_ids, const int32_t *mask, int64_t B, int64_t T,
                    int64_t new_tokens, int32_t *out_ids, llama_generate_stats *stats,
-                   llama_err *err) {
+                   ag_err *err) {
     const llama_generate_opts defaults = {.use_cache = true};
     const llama_generate_opts *o = opts ? opts : &defaults;
     if (stats) memset(stats, 0, sizeof *stats);

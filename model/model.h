@@ -9,16 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// ================================================================================================
-// Errors
-// ================================================================================================
-
-typedef struct {
-    char msg[512];
-} llama_err;
-
-// printf-style: fill *err (NULL is ignored), truncating to fit.
-void llama_err_set(llama_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#include "autograd.h"
 
 // ================================================================================================
 // Config
@@ -49,7 +40,7 @@ typedef struct {
 // Built-in presets: smollm2-135m (the default), smollm2-360m, smollm2-1.7b, llama-2-7b,
 // llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b. Names are
 // matched without regard to case.
-int llama_config_preset(llama_config *out, const char *name, llama_err *err);
+int llama_config_preset(llama_config *out, const char *name, ag_err *err);
 size_t llama_preset_count(void);
 const char *llama_preset_name(size_t i); // NULL past the end
 
@@ -61,12 +52,12 @@ const char *llama_preset_name(size_t i); // NULL past the end
 // (1e-6), tie_word_embeddings (false). attention_bias / mlp_bias true and a hidden_act other
 // than silu are refused: the parameter list below has no biases and the MLP is SwiGLU.
 // The result is validated (llama_config_validate).
-int llama_config_load(llama_config *out, const char *path, llama_err *err);
+int llama_config_load(llama_config *out, const char *path, ag_err *err);
 
 // Sanity of a config: every size positive and at most INT32_MAX, num_key_value_heads divides
 // num_attention_heads, head_dim even (RoPE rotates pairs), rope_theta > 0, 0 < rms_norm_eps < 1,
 // and at most LLAMA_MAX_PARAMS parameters. Messages use the config.json field names.
-int llama_config_validate(const llama_config *c, llama_err *err);
+int llama_config_validate(const llama_config *c, ag_err *err);
 
 // ================================================================================================
 // Parameters: Hugging Face names and shapes ([out, in] for linear layers), in this order:
@@ -132,7 +123,7 @@ typedef struct {
 
 typedef struct llama_st_file llama_st_file;
 
-int llama_st_open(llama_st_file **out, const char *path, llama_err *err);
+int llama_st_open(llama_st_file **out, const char *path, ag_err *err);
 void llama_st_close(llama_st_file *f); // NULL is ignored
 const char *llama_st_path(const llama_st_file *f);
 size_t llama_st_count(const llama_st_file *f);
@@ -144,24 +135,24 @@ const char *llama_st_dtype_name(llama_st_dtype d);                            //
 // exact. count must equal the tensor's numel. The pages read are released afterwards so that
 // the mapping does not stay in the resident set.
 int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *dst, size_t count,
-                      llama_err *err);
+                      ag_err *err);
 // The same for an integer tensor (I64 or I32, e.g. token ids), as int64.
 int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t *dst,
-                      size_t count, llama_err *err);
+                      size_t count, ag_err *err);
 
 // Every parameter of c is present, floating point, and shaped as the config says. A tied
 // config accepts lm_head.weight when it has the embedding's shape. Any other tensor is an
 // error naming it unless allow_extra. The message names the first tensor at fault and how
 // many more there are.
 int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool allow_extra,
-                          llama_err *err);
+                          ag_err *err);
 
 // --weights PATH: a .safetensors file, or a folder holding config.json and model.safetensors.
 // For a folder both paths are filled (and must exist); for a file st_path is the file and
 // config_path is "" (the config then comes from --model or --config). Both buffers hold len
 // bytes.
 int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len,
-                          llama_err *err);
+                          ag_err *err);
 
 // ================================================================================================
 // Safetensors writing
@@ -175,7 +166,7 @@ int llama_weights_resolve(const char *path, char *config_path, char *st_path, si
 // complete, so a failure leaves no partial file and never touches what was at path before.
 int llama_st_write_f32(const char *path, size_t n, const char *const *names, const int *ndims,
                        const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS],
-                       const float *const *data, llama_err *err);
+                       const float *const *data, ag_err *err);
 
 // ================================================================================================
 // The model: parameters and the training forward
@@ -199,24 +190,24 @@ typedef struct {
 } llama_model;
 
 // Allocates every parameter (no data in meta mode; contents undefined until init or load).
-int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, llama_err *err);
+int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_err *err);
 void llama_model_free(llama_model *m); // NULL is ignored; frees the weights and their .grad
 // Normal(0, 0.02) for matrices and the embedding, 1 for norms, from the seed (the same
 // values whatever the thread count).
 void llama_model_init_random(llama_model *m, uint64_t seed);
 // Reads every parameter from a safetensors file (F32, BF16, F16), checking names and shapes.
-int llama_model_load(llama_model *m, const char *st_path, llama_err *err);
+int llama_model_load(llama_model *m, const char *st_path, ag_err *err);
 // Writes the weights (or, with grads, each parameter's .grad) as F32 safetensors with HF names.
-int llama_model_save(const llama_model *m, const char *path, bool grads, llama_err *err);
+int llama_model_save(const llama_model *m, const char *path, bool grads, ag_err *err);
 
 // Every id in [0, vocab).
-int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, llama_err *err);
+int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, ag_err *err);
 
 // The training forward: embedding, the blocks, final norm, head, next-token cross-entropy of
 // ids[B*T] (labels = ids shifted by one, mean over B*(T-1) positions). Returns the loss
 // tensor [1] (owned by the caller), or NULL with the message in err.
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B,
-                              int64_t T, llama_err *err);
+                              int64_t T, ag_err *err);
 
 // How the training forward runs.
 typedef struct {
@@ -227,7 +218,7 @@ typedef struct {
 
 // llama_forward_loss with options (NULL: the defaults, all false).
 ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forward_opts *opts,
-                                   const int32_t *ids, int64_t B, int64_t T, llama_err *err);
+                                   const int32_t *ids, int64_t B, int64_t T, ag_err *err);
 
 // ================================================================================================
 // The closed form of a training step's bill, term by term (float32, or other dtypes as meta
@@ -351,4 +342,4 @@ void llama_generate_stats_free(llama_generate_stats *s); // NULL is ignored; zer
 int llama_generate(ag_ctx *ctx, llama_model *m, const llama_generate_opts *opts,
                    const int32_t *prompt_ids, const int32_t *mask, int64_t B, int64_t T,
                    int64_t new_tokens, int32_t *out_ids, llama_generate_stats *stats,
-                   llama_err *err);
+                   ag_err *err);

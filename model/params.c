@@ -18,7 +18,7 @@ static ag_tensor **param_slot(llama_model *m, size_t i) {
     return i == nl * per + 1 ? &m->norm : &m->lm_head;
 }
 
-int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, llama_err *err) {
+int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_err *err) {
     *out = NULL;
     if (llama_config_validate(cfg, err) != 0) return -1;
     llama_model *m = calloc(1, sizeof *m);
@@ -30,7 +30,7 @@ int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, lla
     }
     if (!m || !m->layers || !m->params) {
         llama_model_free(m);
-        llama_err_set(err, "out of memory building the model");
+        ag_err_set(err, "out of memory building the model");
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
@@ -40,7 +40,7 @@ int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, lla
         llama_param_spec(cfg, i, name, sizeof name, &ndim, shape);
         ag_tensor *p = ag_param_new(ctx, ndim, shape, name);
         if (!p) {
-            llama_err_set(err, "cannot allocate %s: %s", name, ag_ctx_error(ctx));
+            ag_err_set(err, "%s", ag_ctx_error(ctx));
             llama_model_free(m);
             return -1;
         }
@@ -104,7 +104,7 @@ void llama_model_init_random(llama_model *m, uint64_t seed) {
     }
 }
 
-int llama_model_load(llama_model *m, const char *st_path, llama_err *err) {
+int llama_model_load(llama_model *m, const char *st_path, ag_err *err) {
     llama_st_file *f = NULL;
     if (llama_st_open(&f, st_path, err) != 0) return -1;
     int rc = llama_st_check_params(f, &m->cfg, false, err);
@@ -117,7 +117,7 @@ int llama_model_load(llama_model *m, const char *st_path, llama_err *err) {
     return rc;
 }
 
-int llama_model_save(const llama_model *m, const char *path, bool grads, llama_err *err) {
+int llama_model_save(const llama_model *m, const char *path, bool grads, ag_err *err) {
     size_t n = m->nparams;
     const char **names = calloc(n, sizeof *names);
     int *ndims = calloc(n, sizeof *ndims);
@@ -125,14 +125,14 @@ int llama_model_save(const llama_model *m, const char *path, bool grads, llama_e
     const float **data = calloc(n, sizeof *data);
     int rc = -1;
     if (!names || !ndims || !shapes || !data) {
-        llama_err_set(err, "%s: out of memory", path);
+        ag_err_set(err, "%s: out of memory", path);
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
         const ag_tensor *p = m->params[i];
         const ag_tensor *src = grads ? p->grad : p;
         if (!src || !src->data) {
-            llama_err_set(err, "%s: %s has no %s to write", path, ag_tensor_name(p),
+            ag_err_set(err, "%s: %s has no %s to write", path, ag_tensor_name(p),
                           grads ? "gradient" : "data (meta mode)");
             goto done;
         }
@@ -151,10 +151,10 @@ done:
     return rc;
 }
 
-int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, llama_err *err) {
+int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, ag_err *err) {
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab) {
-            llama_err_set(err, "token id %d at position %zu is out of range: the vocabulary has ids 0 to %lld",
+            ag_err_set(err, "token id %d at position %zu is out of range: the vocabulary has ids 0 to %lld",
                           ids[i], i, (long long)c->vocab - 1);
             return -1;
         }

@@ -43,7 +43,7 @@ static void list_names(char *buf, size_t len) {
     }
 }
 
-int llama_config_preset(llama_config *out, const char *name, llama_err *err) {
+int llama_config_preset(llama_config *out, const char *name, ag_err *err) {
     for (size_t i = 0; name && i < NPRESETS; i++) {
         const preset *p = &presets[i];
         if (strcasecmp(p->name, name) != 0) continue;
@@ -64,6 +64,6 @@ int llama_config_preset(llama_config *out, const char *name, llama_err *err) {
     }
     char known[384];
     list_names(known, sizeof known);
-    llama_err_set(err, "unknown model '%s' (presets: %s)", name ? name : "(null)", known);
+    ag_err_set(err, "unknown model '%s' (presets: %s)", name ? name : "(null)", known);
     return -1;
 }

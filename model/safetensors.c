@@ -75,10 +75,10 @@ static int64_t json_index(const json_t *v) {
 }
 
 static int parse_dtype(llama_st_tensor *t, const json_t *entry, const char *path,
-                       llama_err *err) {
+                       ag_err *err) {
     const json_t *d = json_object_get(entry, "dtype");
     if (!json_is_string(d)) {
-        llama_err_set(err, "%s: tensor %s: field dtype missing or not a string", path, t->name);
+        ag_err_set(err, "%s: tensor %s: field dtype missing or not a string", path, t->name);
         return -1;
     }
     for (size_t i = 0; i < NDTYPES; i++) {
@@ -87,17 +87,17 @@ static int parse_dtype(llama_st_tensor *t, const json_t *entry, const char *path
             return 0;
         }
     }
-    llama_err_set(err,
+    ag_err_set(err,
                   "%s: tensor %s: unsupported dtype \"%s\" (expected F32, BF16, F16, I64 or I32)",
                   path, t->name, json_string_value(d));
     return -1;
 }
 
 static int parse_shape(llama_st_tensor *t, const json_t *entry, const char *path,
-                       llama_err *err) {
+                       ag_err *err) {
     const json_t *s = json_object_get(entry, "shape");
     if (!json_is_array(s) || json_array_size(s) > LLAMA_ST_MAX_DIMS) {
-        llama_err_set(err, "%s: tensor %s: field shape must be an array of at most %d integers",
+        ag_err_set(err, "%s: tensor %s: field shape must be an array of at most %d integers",
                       path, t->name, LLAMA_ST_MAX_DIMS);
         return -1;
     }
@@ -107,7 +107,7 @@ static int parse_shape(llama_st_tensor *t, const json_t *entry, const char *path
     for (int d = 0; d < t->ndim; d++) {
         t->shape[d] = json_index(json_array_get(s, (size_t)d));
         if (t->shape[d] < 0) {
-            llama_err_set(err, "%s: tensor %s: field shape must hold non-negative integers", path,
+            ag_err_set(err, "%s: tensor %s: field shape must hold non-negative integers", path,
                           t->name);
             return -1;
         }
@@ -117,7 +117,7 @@ static int parse_shape(llama_st_tensor *t, const json_t *entry, const char *path
     if (overflow || __builtin_mul_overflow(t->numel, (uint64_t)size, &t->nbytes)) {
         char sh[160];
         format_shape(sh, sizeof sh, t->shape, t->ndim);
-        llama_err_set(err, "%s: tensor %s: shape %s is absurd (its byte size overflows 64 bits)",
+        ag_err_set(err, "%s: tensor %s: shape %s is absurd (its byte size overflows 64 bits)",
                       path, t->name, sh);
         return -1;
     }
@@ -125,16 +125,16 @@ static int parse_shape(llama_st_tensor *t, const json_t *entry, const char *path
 }
 
 static int parse_offsets(llama_st_tensor *t, const json_t *entry, uint64_t data_len,
-                         const char *path, llama_err *err) {
+                         const char *path, ag_err *err) {
     const json_t *o = json_object_get(entry, "data_offsets");
     int64_t begin = json_index(json_array_get(o, 0)), end = json_index(json_array_get(o, 1));
     if (!json_is_array(o) || json_array_size(o) != 2 || begin < 0 || end < begin) {
-        llama_err_set(err, "%s: tensor %s: field data_offsets must be [begin, end] with "
+        ag_err_set(err, "%s: tensor %s: field data_offsets must be [begin, end] with "
                       "0 <= begin <= end", path, t->name);
         return -1;
     }
     if ((uint64_t)end > data_len) {
-        llama_err_set(err, "%s: tensor %s: data_offsets [%lld, %lld] go past the end of the data "
+        ag_err_set(err, "%s: tensor %s: data_offsets [%lld, %lld] go past the end of the data "
                       "(%llu bytes; is the file truncated?)", path, t->name, (long long)begin,
                       (long long)end, (unsigned long long)data_len);
         return -1;
@@ -143,7 +143,7 @@ static int parse_offsets(llama_st_tensor *t, const json_t *entry, uint64_t data_
     if ((uint64_t)(end - begin) != t->nbytes) {
         char sh[160];
         format_shape(sh, sizeof sh, t->shape, t->ndim);
-        llama_err_set(err, "%s: tensor %s: data_offsets span %llu bytes but shape %s of %s "
+        ag_err_set(err, "%s: tensor %s: data_offsets span %llu bytes but shape %s of %s "
                       "needs %llu", path, t->name, (unsigned long long)(end - begin), sh,
                       llama_st_dtype_name(t->dtype), (unsigned long long)t->nbytes);
         return -1;
@@ -152,18 +152,18 @@ static int parse_offsets(llama_st_tensor *t, const json_t *entry, uint64_t data_
 }
 
 static int parse_entry(llama_st_tensor *t, const char *key, const json_t *entry,
-                       uint64_t data_len, const char *path, llama_err *err) {
+                       uint64_t data_len, const char *path, ag_err *err) {
     if (key[0] == '\0') {
-        llama_err_set(err, "%s: a tensor has an empty name", path);
+        ag_err_set(err, "%s: a tensor has an empty name", path);
         return -1;
     }
     t->name = strdup(key);
     if (!t->name) {
-        llama_err_set(err, "%s: out of memory", path);
+        ag_err_set(err, "%s: out of memory", path);
         return -1;
     }
     if (!json_is_object(entry)) {
-        llama_err_set(err, "%s: tensor %s: expected an object with dtype, shape, data_offsets",
+        ag_err_set(err, "%s: tensor %s: expected an object with dtype, shape, data_offsets",
                       path, key);
         return -1;
     }
@@ -180,13 +180,13 @@ static int by_offset(const void *a, const void *b) {
 }
 
 // Tensors sorted by offset: a non-empty tensor may not start before the previous one ends.
-static int check_overlaps(const llama_st_file *f, llama_err *err) {
+static int check_overlaps(const llama_st_file *f, ag_err *err) {
     const llama_st_tensor *prev = NULL;
     for (size_t i = 0; i < f->n; i++) {
         const llama_st_tensor *t = &f->tensors[i];
         if (t->nbytes == 0) continue; // occupies no bytes
         if (prev && t->offset < prev->offset + prev->nbytes) {
-            llama_err_set(err,
+            ag_err_set(err,
                           "%s: tensors %s and %s overlap (bytes [%llu, %llu) and [%llu, %llu))",
                           f->path, prev->name, t->name, (unsigned long long)prev->offset,
                           (unsigned long long)(prev->offset + prev->nbytes),
@@ -204,16 +204,16 @@ static int by_name_cmp(const void *a, const void *b) {
                   (*(const llama_st_tensor *const *)b)->name);
 }
 
-static int parse_header(llama_st_file *f, const json_t *root, llama_err *err) {
+static int parse_header(llama_st_file *f, const json_t *root, ag_err *err) {
     if (!json_is_object(root)) {
-        llama_err_set(err, "%s: header is not a JSON object", f->path);
+        ag_err_set(err, "%s: header is not a JSON object", f->path);
         return -1;
     }
     size_t n = json_object_size(root) - (json_object_get(root, "__metadata__") ? 1 : 0);
     f->tensors = calloc(n ? n : 1, sizeof *f->tensors);
     f->by_name = calloc(n ? n : 1, sizeof *f->by_name);
     if (!f->tensors || !f->by_name) {
-        llama_err_set(err, "%s: out of memory", f->path);
+        ag_err_set(err, "%s: out of memory", f->path);
         return -1;
     }
     const char *key;
@@ -233,20 +233,20 @@ static int parse_header(llama_st_file *f, const json_t *root, llama_err *err) {
 // ---------------------------------------------------------------------------------------------
 // Open and close
 
-static int map_file(llama_st_file *f, llama_err *err) {
+static int map_file(llama_st_file *f, ag_err *err) {
     int fd = open(f->path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        llama_err_set(err, "%s: cannot open: %s", f->path, strerror(errno));
+        ag_err_set(err, "%s: cannot open: %s", f->path, strerror(errno));
         return -1;
     }
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        llama_err_set(err, "%s: not a regular file", f->path);
+        ag_err_set(err, "%s: not a regular file", f->path);
         close(fd);
         return -1;
     }
     if (st.st_size < 8) {
-        llama_err_set(err, "%s: %lld bytes is too short for a safetensors file (8-byte header "
+        ag_err_set(err, "%s: %lld bytes is too short for a safetensors file (8-byte header "
                       "length first)", f->path, (long long)st.st_size);
         close(fd);
         return -1;
@@ -254,7 +254,7 @@ static int map_file(llama_st_file *f, llama_err *err) {
     void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd); // the mapping keeps the file
     if (m == MAP_FAILED) {
-        llama_err_set(err, "%s: mmap failed: %s", f->path, strerror(errno));
+        ag_err_set(err, "%s: mmap failed: %s", f->path, strerror(errno));
         return -1;
     }
     f->map = m;
@@ -262,16 +262,16 @@ static int map_file(llama_st_file *f, llama_err *err) {
     return 0;
 }
 
-static int open_file(llama_st_file *f, llama_err *err) {
+static int open_file(llama_st_file *f, ag_err *err) {
     if (map_file(f, err) != 0) return -1;
     uint64_t hlen = load_le(f->map, 8);
     if (hlen > f->map_len - 8) {
-        llama_err_set(err, "%s: header length %llu goes past the end of the file (%zu bytes)",
+        ag_err_set(err, "%s: header length %llu goes past the end of the file (%zu bytes)",
                       f->path, (unsigned long long)hlen, f->map_len);
         return -1;
     }
     if (hlen > ST_HEADER_MAX) {
-        llama_err_set(err, "%s: header length %llu is absurd (at most %llu)", f->path,
+        ag_err_set(err, "%s: header length %llu is absurd (at most %llu)", f->path,
                       (unsigned long long)hlen, ST_HEADER_MAX);
         return -1;
     }
@@ -281,7 +281,7 @@ static int open_file(llama_st_file *f, llama_err *err) {
     json_t *root =
         json_loadb((const char *)f->map + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
-        llama_err_set(err, "%s: header is not valid JSON (column %d: %s)", f->path, jerr.column,
+        ag_err_set(err, "%s: header is not valid JSON (column %d: %s)", f->path, jerr.column,
                       jerr.text);
         return -1;
     }
@@ -290,12 +290,12 @@ static int open_file(llama_st_file *f, llama_err *err) {
     return rc;
 }
 
-int llama_st_open(llama_st_file **out, const char *path, llama_err *err) {
+int llama_st_open(llama_st_file **out, const char *path, ag_err *err) {
     *out = NULL;
     llama_st_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
         free(f);
-        llama_err_set(err, "%s: out of memory", path);
+        ag_err_set(err, "%s: out of memory", path);
         return -1;
     }
     if (open_file(f, err) != 0) {
@@ -379,13 +379,13 @@ static void release_pages(const llama_st_file *f, const llama_st_tensor *t) {
 }
 
 static int check_read(const llama_st_file *f, const llama_st_tensor *t, size_t count,
-                      llama_err *err) {
+                      ag_err *err) {
     if (t < f->tensors || t >= f->tensors + f->n) {
-        llama_err_set(err, "%s: tensor descriptor does not belong to this file", f->path);
+        ag_err_set(err, "%s: tensor descriptor does not belong to this file", f->path);
         return -1;
     }
     if ((uint64_t)count != t->numel) {
-        llama_err_set(err, "%s: tensor %s holds %llu elements, the destination %zu", f->path,
+        ag_err_set(err, "%s: tensor %s holds %llu elements, the destination %zu", f->path,
                       t->name, (unsigned long long)t->numel, count);
         return -1;
     }
@@ -393,7 +393,7 @@ static int check_read(const llama_st_file *f, const llama_st_tensor *t, size_t c
 }
 
 int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *dst, size_t count,
-                      llama_err *err) {
+                      ag_err *err) {
     if (check_read(f, t, count, err) != 0) return -1;
     const uint8_t *p = f->data + t->offset;
     switch (t->dtype) {
@@ -408,7 +408,7 @@ int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *d
         for (size_t i = 0; i < count; i++) dst[i] = half_to_float((uint16_t)load_le(p + 2 * i, 2));
         break;
     default:
-        llama_err_set(err, "%s: tensor %s has dtype %s, expected F32, BF16 or F16", f->path,
+        ag_err_set(err, "%s: tensor %s has dtype %s, expected F32, BF16 or F16", f->path,
                       t->name, llama_st_dtype_name(t->dtype));
         return -1;
     }
@@ -417,7 +417,7 @@ int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *d
 }
 
 int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t *dst,
-                      size_t count, llama_err *err) {
+                      size_t count, ag_err *err) {
     if (check_read(f, t, count, err) != 0) return -1;
     const uint8_t *p = f->data + t->offset;
     switch (t->dtype) {
@@ -428,7 +428,7 @@ int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t 
         for (size_t i = 0; i < count; i++) dst[i] = (int32_t)(uint32_t)load_le(p + 4 * i, 4);
         break;
     default:
-        llama_err_set(err, "%s: tensor %s has dtype %s, expected I64 or I32", f->path, t->name,
+        ag_err_set(err, "%s: tensor %s has dtype %s, expected I64 or I32", f->path, t->name,
                       llama_st_dtype_name(t->dtype));
         return -1;
     }
@@ -474,7 +474,7 @@ static int str_cmp(const void *a, const void *b) {
 }
 
 // Tensors of the file that are not in the sorted list of expected names.
-static int check_extras(const llama_st_file *f, const char **names, size_t n, llama_err *err) {
+static int check_extras(const llama_st_file *f, const char **names, size_t n, ag_err *err) {
     const char *first = NULL;
     size_t extra = 0;
     for (size_t i = 0; i < f->n; i++) {
@@ -485,19 +485,19 @@ static int check_extras(const llama_st_file *f, const char **names, size_t n, ll
     }
     if (!extra) return 0;
     if (extra == 1)
-        llama_err_set(err, "%s: unexpected tensor %s (not a parameter of this config)", f->path,
+        ag_err_set(err, "%s: unexpected tensor %s (not a parameter of this config)", f->path,
                       first);
     else
-        llama_err_set(err, "%s: unexpected tensor %s (not a parameter of this config) and %zu "
+        ag_err_set(err, "%s: unexpected tensor %s (not a parameter of this config) and %zu "
                       "more", f->path, first, extra - 1);
     return -1;
 }
 
 int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool allow_extra,
-                          llama_err *err) {
-    llama_err verr;
+                          ag_err *err) {
+    ag_err verr;
     if (llama_config_validate(c, &verr) != 0) {
-        llama_err_set(err, "%s: cannot check against an invalid config: %s", f->path, verr.msg);
+        ag_err_set(err, "%s: cannot check against an invalid config: %s", f->path, verr.msg);
         return -1;
     }
     // a tied config may still carry lm_head.weight (the embedding's shape): expected if present
@@ -508,7 +508,7 @@ int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool al
     if (!store || !names) {
         free(store);
         free(names);
-        llama_err_set(err, "%s: out of memory", f->path);
+        ag_err_set(err, "%s: out of memory", f->path);
         return -1;
     }
     size_t faults = 0;
@@ -521,7 +521,7 @@ int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool al
         names[i] = name;
         char msg[sizeof err->msg];
         if (param_fault(f, name, ndim, shape, msg, sizeof msg) && faults++ == 0)
-            llama_err_set(err, "%s", msg);
+            ag_err_set(err, "%s", msg);
     }
     if (faults > 1 && err) {
         size_t used = strlen(err->msg);
@@ -546,25 +546,25 @@ static bool is_regular(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static int join(char *out, size_t len, const char *dir, const char *file, llama_err *err) {
+static int join(char *out, size_t len, const char *dir, const char *file, ag_err *err) {
     int k = snprintf(out, len, "%s/%s", dir, file);
     if (k < 0 || (size_t)k >= len) {
-        llama_err_set(err, "%s: path too long", dir);
+        ag_err_set(err, "%s: path too long", dir);
         return -1;
     }
     return 0;
 }
 
 int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len,
-                          llama_err *err) {
+                          ag_err *err) {
     struct stat st;
     if (stat(path, &st) != 0) {
-        llama_err_set(err, "%s: %s", path, strerror(errno));
+        ag_err_set(err, "%s: %s", path, strerror(errno));
         return -1;
     }
     if (S_ISREG(st.st_mode)) {
         if (strlen(path) >= len) {
-            llama_err_set(err, "%s: path too long", path);
+            ag_err_set(err, "%s: path too long", path);
             return -1;
         }
         strcpy(st_path, path);
@@ -572,21 +572,21 @@ int llama_weights_resolve(const char *path, char *config_path, char *st_path, si
         return 0;
     }
     if (!S_ISDIR(st.st_mode)) {
-        llama_err_set(err, "%s: neither a .safetensors file nor a folder", path);
+        ag_err_set(err, "%s: neither a .safetensors file nor a folder", path);
         return -1;
     }
     if (join(config_path, len, path, "config.json", err) != 0 ||
         join(st_path, len, path, "model.safetensors", err) != 0)
         return -1;
     if (!is_regular(config_path)) {
-        llama_err_set(err, "%s: folder holds no config.json", path);
+        ag_err_set(err, "%s: folder holds no config.json", path);
         return -1;
     }
     if (!is_regular(st_path)) {
         char index[4096];
         bool sharded = join(index, sizeof index, path, "model.safetensors.index.json", NULL) == 0 &&
                        is_regular(index);
-        llama_err_set(err, "%s: folder holds no model.safetensors%s", path,
+        ag_err_set(err, "%s: folder holds no model.safetensors%s", path,
                       sharded ? " (sharded checkpoints are not supported: merge the shards into "
                                 "one model.safetensors)" : "");
         return -1;

@@ -16,17 +16,17 @@
 
 // Checks tensor i and adds its header entry at *offset, which it advances.
 static int add_entry(json_t *root, const char *path, const char *name, int ndim,
-                     const int64_t *shape, const float *data, uint64_t *offset, llama_err *err) {
+                     const int64_t *shape, const float *data, uint64_t *offset, ag_err *err) {
     if (!name || !name[0] || strcmp(name, "__metadata__") == 0) {
-        llama_err_set(err, "%s: a tensor has an empty or reserved name", path);
+        ag_err_set(err, "%s: a tensor has an empty or reserved name", path);
         return -1;
     }
     if (json_object_get(root, name)) {
-        llama_err_set(err, "%s: tensor %s is given twice", path, name);
+        ag_err_set(err, "%s: tensor %s is given twice", path, name);
         return -1;
     }
     if (ndim < 0 || ndim > LLAMA_ST_WRITE_MAX_DIMS) {
-        llama_err_set(err, "%s: tensor %s: ndim %d (expected 0 to %d)", path, name, ndim,
+        ag_err_set(err, "%s: tensor %s: ndim %d (expected 0 to %d)", path, name, ndim,
                       LLAMA_ST_WRITE_MAX_DIMS);
         return -1;
     }
@@ -40,18 +40,18 @@ static int add_entry(json_t *root, const char *path, const char *name, int ndim,
     if (bad || __builtin_mul_overflow(numel, 4, &nbytes) ||
         __builtin_add_overflow(*offset, nbytes, &end) || end > INT64_MAX) {
         json_decref(jshape);
-        llama_err_set(err, "%s: tensor %s: negative or absurd shape", path, name);
+        ag_err_set(err, "%s: tensor %s: negative or absurd shape", path, name);
         return -1;
     }
     if (numel && !data) {
         json_decref(jshape);
-        llama_err_set(err, "%s: tensor %s: no data", path, name);
+        ag_err_set(err, "%s: tensor %s: no data", path, name);
         return -1;
     }
     json_t *entry = json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", jshape,
                               "data_offsets", (json_int_t)*offset, (json_int_t)end);
     if (!entry || json_object_set_new(root, name, entry) != 0) {
-        llama_err_set(err, "%s: out of memory", path);
+        ag_err_set(err, "%s: out of memory", path);
         return -1;
     }
     *offset = end;
@@ -61,7 +61,7 @@ static int add_entry(json_t *root, const char *path, const char *name, int ndim,
 // The header text, padded with spaces so that the data starts 8-byte aligned.
 static char *build_header(const char *path, size_t n, const char *const *names, const int *ndims,
                           const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS],
-                          const float *const *data, size_t *len, llama_err *err) {
+                          const float *const *data, size_t *len, ag_err *err) {
     json_t *root = json_pack("{s:{s:s}}", "__metadata__", "format", "pt");
     uint64_t offset = 0;
     for (size_t i = 0; root && i < n; i++) {
@@ -76,7 +76,7 @@ static char *build_header(const char *path, size_t n, const char *const *names, 
     char *out = text ? realloc(text, padded + 1) : NULL;
     if (!out) {
         free(text);
-        llama_err_set(err, "%s: out of memory", path);
+        ag_err_set(err, "%s: out of memory", path);
         return NULL;
     }
     memset(out + raw, ' ', padded - raw);
@@ -151,7 +151,7 @@ static int open_temp(const char *path, char *tmp, size_t len) {
 
 int llama_st_write_f32(const char *path, size_t n, const char *const *names, const int *ndims,
                        const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS],
-                       const float *const *data, llama_err *err) {
+                       const float *const *data, ag_err *err) {
     size_t hlen;
     char *header = build_header(path, n, names, ndims, shapes, data, &hlen, err);
     if (!header) return -1;
@@ -159,7 +159,7 @@ int llama_st_write_f32(const char *path, size_t n, const char *const *names, con
     char *tmp = malloc(tlen);
     int fd = tmp ? open_temp(path, tmp, tlen) : -1;
     if (fd < 0) {
-        llama_err_set(err, "%s: cannot create a file beside it: %s", path,
+        ag_err_set(err, "%s: cannot create a file beside it: %s", path,
                       tmp ? strerror(errno) : "out of memory");
         free(header);
         free(tmp);
@@ -171,7 +171,7 @@ int llama_st_write_f32(const char *path, size_t n, const char *const *names, con
     if (rc == 0 && rename(tmp, path) != 0) rc = -1, saved = errno;
     if (rc != 0) {
         unlink(tmp);
-        llama_err_set(err, "%s: write failed: %s", path, strerror(saved));
+        ag_err_set(err, "%s: write failed: %s", path, strerror(saved));
     }
     free(header);
     free(tmp);

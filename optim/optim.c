@@ -46,14 +46,14 @@ size_t optim_state_bytes(const optim_config *c) {
 }
 
 // 16-bit state and master copies are a bill of meta mode: the updates compute in float32.
-static bool check_dtype(const optim_config *c, char *err, size_t errlen) {
+static bool check_dtype(const optim_config *c, ag_err *err) {
     if (c->state_bits != 0 && c->state_bits != 32 && c->state_bits != 16) {
-        snprintf(err, errlen, "optimizer %s: state_bits is %d, expected 32 or 16", optim_kind_name(c->kind),
+        ag_err_set(err, "optimizer %s: state_bits is %d, expected 32 or 16", optim_kind_name(c->kind),
                  c->state_bits);
         return false;
     }
     if ((state_bits(c) != 32 || c->master) && !mp_is_meta()) {
-        snprintf(err, errlen, "optimizer %s: %s is billed in meta mode only: real runs compute in float32",
+        ag_err_set(err, "optimizer %s: %s is billed in meta mode only: real runs compute in float32",
                  optim_kind_name(c->kind), c->master ? "a float32 master copy" : "16-bit state");
         return false;
     }
@@ -61,15 +61,15 @@ static bool check_dtype(const optim_config *c, char *err, size_t errlen) {
 }
 
 // torch.optim's own checks, one message per setting at fault.
-static bool check_config(const optim_config *c, char *err, size_t errlen) {
+static bool check_config(const optim_config *c, ag_err *err) {
     const char *bad = NULL;
     double v = 0;
     if (!c) {
-        snprintf(err, errlen, "optimizer: no settings given");
+        ag_err_set(err, "optimizer: no settings given");
         return false;
     }
     if ((unsigned)c->kind > OPTIM_NONE) {
-        snprintf(err, errlen, "optimizer: unknown kind %d", (int)c->kind);
+        ag_err_set(err, "optimizer: unknown kind %d", (int)c->kind);
         return false;
     }
     bool adam = c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW;
@@ -79,7 +79,7 @@ static bool check_config(const optim_config *c, char *err, size_t errlen) {
     else if (adam && !(c->beta1 >= 0 && c->beta1 < 1)) bad = "beta1", v = c->beta1;
     else if (adam && !(c->beta2 >= 0 && c->beta2 < 1)) bad = "beta2", v = c->beta2;
     if (bad) {
-        snprintf(err, errlen, "optimizer %s: %s is %g, expected %s", optim_kind_name(c->kind), bad,
+        ag_err_set(err, "optimizer %s: %s is %g, expected %s", optim_kind_name(c->kind), bad,
                  v, bad[0] == 'b' ? "0 <= beta < 1" : "a number >= 0");
         return false;
     }
@@ -91,26 +91,25 @@ static bool check_config(const optim_config *c, char *err, size_t errlen) {
     else if (c->nesterov && (c->kind != OPTIM_SGD_MOMENTUM || c->dampening != 0))
         msg = "nesterov requires sgd-momentum and zero dampening";
     if (msg) {
-        snprintf(err, errlen, "optimizer %s: %s (momentum %g, dampening %g)",
+        ag_err_set(err, "optimizer %s: %s (momentum %g, dampening %g)",
                  optim_kind_name(c->kind), msg, (double)c->momentum, (double)c->dampening);
         return false;
     }
     return true;
 }
 
-optim *optim_new(const optim_config *cfg, ag_tensor *const *params, size_t n, char *err,
-                 size_t errlen) {
-    if (!check_config(cfg, err, errlen) || !check_dtype(cfg, err, errlen)) return NULL;
+optim *optim_new(const optim_config *cfg, ag_tensor *const *params, size_t n, ag_err *err) {
+    if (!check_config(cfg, err) || !check_dtype(cfg, err)) return NULL;
     for (size_t i = 0; i < n; i++)
         if (!params || !params[i]) {
-            snprintf(err, errlen, "optimizer: parameter %zu of %zu is missing", i, n);
+            ag_err_set(err, "optimizer: parameter %zu of %zu is missing", i, n);
             return NULL;
         }
     optim *o = calloc(1, sizeof *o);
     if (o) o->slots = calloc(n ? n : 1, sizeof *o->slots);
     if (!o || !o->slots) {
         free(o);
-        snprintf(err, errlen, "optimizer: out of memory");
+        ag_err_set(err, "optimizer: out of memory");
         return NULL;
     }
     o->cfg = *cfg;
@@ -142,13 +141,12 @@ static void free_state(optim_slot *s) {
     mp_free(&s->master);
 }
 
-static int alloc_one(mp_block *b, const ag_tensor *param, const char *what, size_t bytes, char *err,
-                     size_t errlen) {
+static int alloc_one(mp_block *b, const ag_tensor *param, const char *what, size_t bytes, ag_err *err) {
     char site[256];
     snprintf(site, sizeof site, "%s:%s", ag_tensor_name(param), what);
     mp_status st = mp_alloc(b, bytes, MP_OPTIMIZER, site);
     if (st == MP_OK) return 0;
-    snprintf(err, errlen, "optimizer: cannot allocate %s (%zu bytes): %s", site, bytes,
+    ag_err_set(err, "optimizer: cannot allocate %s (%zu bytes): %s", site, bytes,
              st == MP_ERR_BUDGET ? "over the memory budget" : "out of memory");
     return -1;
 }
@@ -156,13 +154,13 @@ static int alloc_one(mp_block *b, const ag_tensor *param, const char *what, size
 // Lazily, at the first step that sees a gradient, as torch.optim does (a mixed-precision
 // framework makes its master copy at setup; it is billed here with the rest of the state). On
 // failure the slot keeps no state at all.
-static int alloc_state(optim_slot *s, const optim_config *c, char *err, size_t errlen) {
+static int alloc_state(optim_slot *s, const optim_config *c, ag_err *err) {
     static const char *const names[2][2] = {{"exp_avg", "exp_avg_sq"}, {"momentum_buffer", ""}};
     int count = (int)(optim_state_bytes_per_element(c->kind) / sizeof(float));
     const char *const *nm = names[c->kind == OPTIM_SGD_MOMENTUM];
     size_t numel = (size_t)s->param->numel, bytes = numel * (size_t)state_bits(c) / 8;
-    int rc = c->master ? alloc_one(&s->master, s->param, "master", numel * sizeof(float), err, errlen) : 0;
-    for (int j = 0; j < count && rc == 0; j++) rc = alloc_one(&s->state[j], s->param, nm[j], bytes, err, errlen);
+    int rc = c->master ? alloc_one(&s->master, s->param, "master", numel * sizeof(float), err) : 0;
+    for (int j = 0; j < count && rc == 0; j++) rc = alloc_one(&s->state[j], s->param, nm[j], bytes, err);
     if (rc != 0) {
         free_state(s);
         return -1;
@@ -173,12 +171,12 @@ static int alloc_state(optim_slot *s, const optim_config *c, char *err, size_t e
 
 // The state of every parameter that has a gradient, before any update: a step that cannot
 // get its memory gives back what it took and changes nothing, so the caller may retry it.
-static int alloc_all_state(optim *o, char *err, size_t errlen) {
+static int alloc_all_state(optim *o, ag_err *err) {
     if (!optim_state_bytes(&o->cfg)) return 0;
     for (size_t i = 0; i < o->n; i++) {
         optim_slot *s = &o->slots[i];
         if (!s->param->grad || s->state[0].bytes || s->master.bytes) continue;
-        if (alloc_state(s, &o->cfg, err, errlen) == 0) continue;
+        if (alloc_state(s, &o->cfg, err) == 0) continue;
         for (size_t j = 0; j < i; j++)
             if (o->slots[j].fresh) {
                 free_state(&o->slots[j]);
@@ -189,10 +187,10 @@ static int alloc_all_state(optim *o, char *err, size_t errlen) {
     return 0;
 }
 
-int optim_step(optim *o, char *err, size_t errlen) {
+int optim_step(optim *o, ag_err *err) {
     if (!o) return -1;
     if (o->cfg.kind == OPTIM_NONE) return 0;
-    if (alloc_all_state(o, err, errlen) != 0) return -1;
+    if (alloc_all_state(o, err) != 0) return -1;
     o->steps++;
     bool meta = mp_is_meta();
     for (size_t i = 0; i < o->n; i++) {

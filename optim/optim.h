@@ -46,13 +46,12 @@ size_t optim_state_bytes(const optim_config *cfg);
 // torch.optim: lr, eps, weight_decay >= 0, betas in [0, 1); sgd takes no momentum and
 // sgd-momentum a positive one; nesterov needs sgd-momentum with zero dampening. 16-bit state
 // or a master copy outside meta mode is refused.
-optim *optim_new(const optim_config *cfg, ag_tensor *const *params, size_t n, char *err,
-                 size_t errlen);
+optim *optim_new(const optim_config *cfg, ag_tensor *const *params, size_t n, ag_err *err);
 void optim_free(optim *o); // frees the state
 // One step over every parameter that has a gradient. Returns 0, or -1 with a message naming
 // the state that could not be allocated (out of budget): the step then changed nothing (no
 // weight moved, no state kept, no step counted), so it may be retried.
-int optim_step(optim *o, char *err, size_t errlen);
+int optim_step(optim *o, ag_err *err);
 // Sets every parameter's gradient to none (frees it), as zero_grad(set_to_none=True).
 void optim_zero_grad(optim *o);
 long optim_steps_taken(const optim *o);

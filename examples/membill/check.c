@@ -29,7 +29,7 @@ static void claim(checker *k, const char *id, const char *text, const char *clai
 static const char *mb(char *buf, size_t n, uint64_t bytes) { return mp_format_bytes(buf, n, bytes); }
 
 // A training step on shapes alone: each category's peak.
-static int meta_train(const llama_config *c, long B, long T, uint64_t peak[MP_NCATEGORIES], llama_err *err) {
+static int meta_train(const llama_config *c, long B, long T, uint64_t peak[MP_NCATEGORIES], ag_err *err) {
     mp_options mo = {.meta = true};
     if (mp_init(&mo) != MP_OK) return -1;
     cli_options o;
@@ -56,7 +56,7 @@ static int meta_train(const llama_config *c, long B, long T, uint64_t peak[MP_NC
 typedef void (*infer_look)(const infer_run *r, void *arg);
 
 static int generate(const llama_config *c, long B, long T, long N, bool cache, bool meta, infer_look look, void *arg,
-                    infer_run *out, llama_err *err) {
+                    infer_run *out, ag_err *err) {
     mp_options mo = {.meta = meta, .keep_timeline = true};
     if (mp_init(&mo) != MP_OK) return -1;
     cli_options o;
@@ -102,7 +102,7 @@ static void look_prefill(const infer_run *r, void *arg) {
     p->cache_peak = mp_get_counter(MP_CACHE).peak;
 }
 
-static int check_weights_and_training(checker *k, const llama_config *c, llama_err *err) {
+static int check_weights_and_training(checker *k, const llama_config *c, ag_err *err) {
     char m[128], f[64];
     uint64_t P = llama_param_count(c), peak[MP_NCATEGORIES], peak2[MP_NCATEGORIES], peak_b[MP_NCATEGORIES];
     if (meta_train(c, 1, 25, peak, err) != 0) return -1;
@@ -135,7 +135,7 @@ static int check_weights_and_training(checker *k, const llama_config *c, llama_e
     return 0;
 }
 
-static int check_cache(checker *k, const llama_config *c, llama_err *err) {
+static int check_cache(checker *k, const llama_config *c, ag_err *err) {
     char m[160];
     infer_run r;
     prefill_look p;
@@ -194,7 +194,7 @@ static bool same_tokens(const infer_run *a, const infer_run *b) {
 }
 
 // Speed: the direction and the rough ratio on this machine, beside the course's seconds.
-static int check_speed(checker *k, const llama_config *c, llama_err *err) {
+static int check_speed(checker *k, const llama_config *c, ag_err *err) {
     char m[200];
     infer_run with, without;
     if (generate(c, 1, 25, 40, true, false, NULL, NULL, &with, err) != 0) return -1;
@@ -239,7 +239,7 @@ int cmd_check(const cli_options *o) {
         return 0;
     }
     llama_config c;
-    llama_err err = {""};
+    ag_err err = {""};
     if (llama_config_preset(&c, "smollm2-135m", &err) != 0) {
         fprintf(stderr, "membill check: %s\n", err.msg);
         return EXIT_RUN_FAILED;

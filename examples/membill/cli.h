@@ -75,12 +75,12 @@ void cli_usage_plan(FILE *f);
 
 // The config from --model / --config / --weights (a folder's config.json).
 int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len,
-                    llama_err *err);
+                    ag_err *err);
 // "1,2,3" -> ids (malloc'd); a malformed list names the item at fault.
-int cli_parse_tokens(const char *text, int32_t **out, long *n, llama_err *err);
+int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err);
 // Token ids [batch * seq_len]: --tokens repeated over the batch, or seeded random ids.
 int32_t *cli_make_tokens(const cli_options *o, const llama_config *cfg, long *batch, long *seq_len,
-                         llama_err *err);
+                         ag_err *err);
 
 // Output files are written whole to a temporary name and renamed into place ("-": stdout).
 typedef int (*cli_writer)(FILE *f, void *arg);
@@ -120,7 +120,7 @@ typedef struct {
     cli_dtype dtype;      // name NULL: float32 (meta mode needed for anything else)
 } train_run;
 
-int cli_train_run(const cli_options *o, train_run *r, llama_err *err);
+int cli_train_run(const cli_options *o, train_run *r, ag_err *err);
 
 // Which tensors held the memory at a moment of the timeline, summed across blocks.
 #define CLI_KIND_MAX 112
@@ -152,8 +152,8 @@ typedef struct {
     cli_dtype dtype; // name NULL: float32 (meta mode needed for anything else)
 } infer_run;
 
-int cli_infer_prepare(const cli_options *o, infer_run *r, llama_err *err);
-int cli_infer_run(const cli_options *o, infer_run *r, llama_err *err);
+int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err);
+int cli_infer_run(const cli_options *o, infer_run *r, ag_err *err);
 // --dtype (fp32, bf16, fp16: activations and cache) and --weight-dtype / --group-size of a
 // generation into *d; a usage error fills msg and returns -1. Anything but float32 needs meta.
 int cli_infer_dtype(const cli_options *o, bool meta, cli_dtype *d, char *msg, size_t len);

@@ -28,7 +28,7 @@ static int start_profiler(const cli_options *o) {
 }
 
 // Training first: its total peak sets the common scale of both charts.
-static int run_sides(const cli_options *o, train_run *tr, infer_run *ir, side *t, side *g, llama_err *err) {
+static int run_sides(const cli_options *o, train_run *tr, infer_run *ir, side *t, side *g, ag_err *err) {
     if (start_profiler(o) != 0) return -1;
     ag_set_num_threads((int)(o->threads ? o->threads : 2));
     int rc = cli_train_run(o, tr, err);
@@ -101,7 +101,7 @@ int cmd_compare(const cli_options *o) {
     train_run tr;
     infer_run ir;
     memset(&tr, 0, sizeof tr);
-    llama_err err = {""};
+    ag_err err = {""};
     optim_kind kind = OPTIM_ADAM;
     if (o->optimizer && !optim_parse_kind(o->optimizer, &kind)) {
         fprintf(stderr, "membill compare: --optimizer must be adam, adamw, sgd, sgd-momentum or none, not '%s'\n", o->optimizer);
@@ -120,7 +120,7 @@ int cmd_compare(const cli_options *o) {
         tr.steps = &rec;
         tr.nsteps = 1;
         if (ir.mask) {
-            llama_err_set(&err, "compare trains on one prompt repeated over --batch: give prompts of one length");
+            ag_err_set(&err, "compare trains on one prompt repeated over --batch: give prompts of one length");
             rc = -1;
         }
     }

@@ -6,7 +6,7 @@
 #include <string.h>
 
 // --tokens "1,2;3,4,5": one prompt per ';', left-padded with id 0 to the longest.
-static int parse_prompts(const char *text, infer_run *r, llama_err *err) {
+static int parse_prompts(const char *text, infer_run *r, ag_err *err) {
     long rows = 1, longest = 0;
     for (const char *p = text; *p; p++) rows += *p == ';';
     int32_t **ids = calloc((size_t)rows, sizeof *ids);
@@ -34,21 +34,21 @@ static int parse_prompts(const char *text, infer_run *r, llama_err *err) {
                 r->mask[i * longest + longest - len[i] + t] = 1;
             }
     }
-    if (rc != 0 && !err->msg[0]) llama_err_set(err, "--tokens: out of memory");
+    if (rc != 0 && !err->msg[0]) ag_err_set(err, "--tokens: out of memory");
     for (long i = 0; ids && i < rows; i++) free(ids[i]);
     free(ids);
     free(len);
     return rc;
 }
 
-int cli_infer_prepare(const cli_options *o, infer_run *r, llama_err *err) {
+int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     memset(r, 0, sizeof *r);
     r->new_tokens = o->new_tokens ? o->new_tokens : 40;
     r->use_cache = !o->no_cache;
     if (cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err) != 0) return -1;
     if (o->tokens && strchr(o->tokens, ';')) {
         if (o->batch) {
-            llama_err_set(err, "--batch repeats one prompt: give several prompts with ';' or --batch, not both");
+            ag_err_set(err, "--batch repeats one prompt: give several prompts with ';' or --batch, not both");
             return -1;
         }
         if (parse_prompts(o->tokens, r, err) != 0) return -1;
@@ -65,21 +65,21 @@ void cli_infer_free(infer_run *r) {
     llama_generate_stats_free(&r->stats);
 }
 
-int cli_infer_run(const cli_options *o, infer_run *r, llama_err *err) {
+int cli_infer_run(const cli_options *o, infer_run *r, ag_err *err) {
     int rc = -1;
     llama_model *m = NULL;
     ag_ctx *ctx = ag_ctx_new();
     r->out = calloc((size_t)(r->batch * r->new_tokens), sizeof *r->out);
     if (!ctx || !r->out) {
         ag_ctx_free(ctx);
-        llama_err_set(err, "out of memory");
+        ag_err_set(err, "out of memory");
         return -1;
     }
     ag_set_grad_enabled(ctx, false);
     mp_set_phase(MP_PHASE_LOAD);
     ag_meta_dtype md = cli_meta_dtype(&r->dtype);
     if (!ag_ctx_set_meta_dtype(ctx, &md)) {
-        llama_err_set(err, "%s", ag_ctx_error(ctx));
+        ag_err_set(err, "%s", ag_ctx_error(ctx));
         goto done;
     }
     if (llama_model_new(&m, ctx, &r->cfg, err) != 0) goto done;
@@ -246,7 +246,7 @@ int cmd_infer(const cli_options *o) {
         return EXIT_USAGE;
     }
     infer_run r;
-    llama_err err = {""};
+    ag_err err = {""};
     if (cli_infer_prepare(o, &r, &err) != 0) {
         fprintf(stderr, "membill infer: %s\n", err.msg);
         cli_infer_free(&r);

@@ -12,7 +12,7 @@
 
 // One meta training step of the setting at batch B and length T, inside an initialised
 // profiler. The ids are zeros: meta mode reads none of them.
-static int meta_step(const plan_setting *s, long B, long T, llama_err *err) {
+static int meta_step(const plan_setting *s, long B, long T, ag_err *err) {
     cli_options o;
     memset(&o, 0, sizeof o);
     o.meta = true;
@@ -29,7 +29,7 @@ static int meta_step(const plan_setting *s, long B, long T, llama_err *err) {
     r.nsteps = 1;
     r.ids = calloc((size_t)(B * T), sizeof *r.ids);
     if (!r.ids) {
-        llama_err_set(err, "out of memory for %ld x %ld token ids", B, T);
+        ag_err_set(err, "out of memory for %ld x %ld token ids", B, T);
         return -1;
     }
     int rc = cli_train_run(&o, &r, err);
@@ -38,7 +38,7 @@ static int meta_step(const plan_setting *s, long B, long T, llama_err *err) {
 }
 
 // One meta generation: the prefill over B prompts of T tokens, then new_tokens - 1 decode steps.
-static int meta_generate(const plan_setting *s, long B, long T, llama_err *err) {
+static int meta_generate(const plan_setting *s, long B, long T, ag_err *err) {
     cli_options o;
     memset(&o, 0, sizeof o);
     o.meta = true;
@@ -52,13 +52,13 @@ static int meta_generate(const plan_setting *s, long B, long T, llama_err *err) 
     r.dtype = s->dt;
     r.ids = calloc((size_t)(B * T), sizeof *r.ids);
     int rc = -1;
-    if (!r.ids) llama_err_set(err, "out of memory for %ld x %ld token ids", B, T);
+    if (!r.ids) ag_err_set(err, "out of memory for %ld x %ld token ids", B, T);
     else rc = cli_infer_run(&o, &r, err);
     cli_infer_free(&r);
     return rc;
 }
 
-static int meta_run(const plan_setting *s, long B, long T, llama_err *err) {
+static int meta_run(const plan_setting *s, long B, long T, ag_err *err) {
     return s->infer ? meta_generate(s, B, T, err) : meta_step(s, B, T, err);
 }
 
@@ -67,10 +67,10 @@ static void read_bill(plan_bill *b) {
     b->total = mp_peak().total;
 }
 
-static int measure(const plan_setting *s, long B, long T, plan_bill *b, llama_err *err) {
+static int measure(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err) {
     mp_options mo = {.meta = true};
     if (mp_init(&mo) != MP_OK) {
-        llama_err_set(err, "cannot start the profiler");
+        ag_err_set(err, "cannot start the profiler");
         return -1;
     }
     int rc = meta_run(s, B, T, err);
@@ -96,7 +96,7 @@ static gpu_share per_gpu(const plan_setting *s, const plan_bill *b) {
     return g;
 }
 
-static int fits(const plan_setting *s, long B, long T, uint64_t device, bool *ok, llama_err *err) {
+static int fits(const plan_setting *s, long B, long T, uint64_t device, bool *ok, ag_err *err) {
     plan_bill b;
     if (measure(s, B, T, &b, err) != 0) return -1;
     *ok = per_gpu(s, &b).total <= device;
@@ -104,7 +104,7 @@ static int fits(const plan_setting *s, long B, long T, uint64_t device, bool *ok
 }
 
 // The largest value in [lo, hi] for which fits() holds (0 if none), by doubling then bisection.
-static long largest(const plan_setting *s, bool vary_batch, long lo, long hi, uint64_t device, llama_err *err) {
+static long largest(const plan_setting *s, bool vary_batch, long lo, long hi, uint64_t device, ag_err *err) {
     long good = 0, probe = lo;
     bool ok;
     while (probe <= hi) {
@@ -131,7 +131,7 @@ static void list_presets(void) {
     printf("%-16s %20s %8s %8s %6s %4s\n", "preset", "parameters", "hidden", "layers", "heads", "kv");
     for (size_t i = 0; i < llama_preset_count(); i++) {
         llama_config c;
-        llama_err e;
+        ag_err e;
         if (llama_config_preset(&c, llama_preset_name(i), &e) != 0) continue;
         printf("%-16s %20llu %8lld %8lld %6lld %4lld\n", c.name, (unsigned long long)llama_param_count(&c),
                (long long)c.hidden, (long long)c.layers, (long long)c.heads, (long long)c.kv_heads);
@@ -183,7 +183,7 @@ static bool lengths_ok(const plan_setting *s) {
     return true;
 }
 
-static int plan_fit(const plan_setting *s, uint64_t device, long *max_batch, long *max_seq, llama_err *err) {
+static int plan_fit(const plan_setting *s, uint64_t device, long *max_batch, long *max_seq, ag_err *err) {
     long most = (long)s->cfg.max_positions - (s->infer ? s->new_tokens - 1 : 0);
     *max_batch = largest(s, true, 1, 1 << 16, device, err);
     *max_seq = *max_batch < 0 ? -1 : largest(s, false, s->infer ? 1 : 2, most, device, err);
@@ -223,7 +223,7 @@ int cmd_plan(const cli_options *o) {
     }
     plan_setting s;
     memset(&s, 0, sizeof s);
-    llama_err err = {""};
+    ag_err err = {""};
     if (!plan_options(o, &s)) return EXIT_USAGE;
     char st_path[8];
     if (cli_load_config(o, &s.cfg, st_path, sizeof st_path, &err) != 0) {

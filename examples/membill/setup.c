@@ -6,7 +6,7 @@
 #include <string.h>
 
 int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len,
-                    llama_err *err) {
+                    ag_err *err) {
     char cfg_from_weights[4096] = "";
     st_path[0] = 0;
     if (o->weights &&
@@ -14,7 +14,7 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
         return -1;
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
     if (o->config && o->model) {
-        llama_err_set(err, "--model and --config both name a model: give one");
+        ag_err_set(err, "--model and --config both name a model: give one");
         return -1;
     }
     if (cfg_file) return llama_config_load(cfg, cfg_file, err);
@@ -22,7 +22,7 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
 }
 
 // "1,2,3" -> ids; a malformed list names the item at fault.
-int cli_parse_tokens(const char *text, int32_t **out, long *n, llama_err *err) {
+int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err) {
     long cap = 16, count = 0;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     const char *p = text;
@@ -31,7 +31,7 @@ int cli_parse_tokens(const char *text, int32_t **out, long *n, llama_err *err) {
         errno = 0;
         long v = strtol(p, &end, 10);
         if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
-            llama_err_set(err, "--tokens: item %ld is not a token id (expected comma-separated ids such as 1,2,3)", count + 1);
+            ag_err_set(err, "--tokens: item %ld is not a token id (expected comma-separated ids such as 1,2,3)", count + 1);
             free(ids);
             return -1;
         }
@@ -49,37 +49,37 @@ int cli_parse_tokens(const char *text, int32_t **out, long *n, llama_err *err) {
         p = end + 1;
     }
     free(ids);
-    llama_err_set(err, "--tokens: out of memory");
+    ag_err_set(err, "--tokens: out of memory");
     return -1;
 }
 
 int32_t *cli_make_tokens(const cli_options *o, const llama_config *cfg, long *batch, long *seq_len,
-                         llama_err *err) {
+                         ag_err *err) {
     int32_t *row = NULL;
     long B = o->batch ? o->batch : 1, T = o->seq_len ? o->seq_len : 25;
     if (o->tokens) {
         if (cli_parse_tokens(o->tokens, &row, &T, err) != 0) return NULL;
         if (o->seq_len && o->seq_len != T) {
-            llama_err_set(err, "--tokens gives %ld ids but --seq-len says %ld", T, o->seq_len);
+            ag_err_set(err, "--tokens gives %ld ids but --seq-len says %ld", T, o->seq_len);
             free(row);
             return NULL;
         }
     }
     if (T > cfg->max_positions) {
-        llama_err_set(err, "%ld tokens exceed the model's %lld positions (max_position_embeddings)", T,
+        ag_err_set(err, "%ld tokens exceed the model's %lld positions (max_position_embeddings)", T,
                       (long long)cfg->max_positions);
         free(row);
         return NULL;
     }
     if ((uint64_t)B * (uint64_t)T > ((uint64_t)1 << 31) / sizeof(int32_t)) {
-        llama_err_set(err, "--batch %ld x --seq-len %ld is too many tokens", B, T);
+        ag_err_set(err, "--batch %ld x --seq-len %ld is too many tokens", B, T);
         free(row);
         return NULL;
     }
     int32_t *ids = malloc((size_t)(B * T) * sizeof *ids);
     if (!ids) {
         free(row);
-        llama_err_set(err, "out of memory for %ld x %ld token ids", B, T);
+        ag_err_set(err, "out of memory for %ld x %ld token ids", B, T);
         return NULL;
     }
     uint64_t s = o->seed * 0x9e3779b97f4a7c15ULL + 12345;

@@ -21,7 +21,7 @@ static int fail(const char *what) {
 // One step: forward, backward, optimizer; the gradients are set to none afterwards, as
 // optimizer.zero_grad(set_to_none=True) would at the start of the next step.
 static int run_step(const cli_options *o, train_run *r, ag_ctx *ctx, llama_model *m, optim *opt,
-                    long s, llama_err *err) {
+                    long s, ag_err *err) {
     step_record *rec = &r->steps[s];
     double t0 = now_s();
     mp_set_phase(MP_PHASE_FORWARD);
@@ -34,18 +34,14 @@ static int run_step(const cli_options *o, train_run *r, ag_ctx *ctx, llama_model
     ag_status st = ag_backward(ctx, loss);
     ag_release(loss);
     if (st != AG_OK) {
-        llama_err_set(err, "backward: %s", ag_ctx_error(ctx));
+        ag_err_set(err, "backward: %s", ag_ctx_error(ctx));
         return -1;
     }
     if (o->dump_grads && s == r->nsteps - 1 && llama_model_save(m, o->dump_grads, true, err) != 0)
         return -1;
     double t2 = now_s();
     mp_set_phase(MP_PHASE_OPTIMIZER);
-    char msg[512];
-    if (optim_step(opt, msg, sizeof msg) != 0) {
-        llama_err_set(err, "%s", msg);
-        return -1;
-    }
+    if (optim_step(opt, err) != 0) return -1;
     optim_zero_grad(opt);
     double t3 = now_s();
     rec->forward_s = t1 - t0;
@@ -55,19 +51,19 @@ static int run_step(const cli_options *o, train_run *r, ag_ctx *ctx, llama_model
     return 0;
 }
 
-int cli_train_run(const cli_options *o, train_run *r, llama_err *err) {
+int cli_train_run(const cli_options *o, train_run *r, ag_err *err) {
     int rc = -1;
     ag_ctx *ctx = ag_ctx_new();
     llama_model *m = NULL;
     optim *opt = NULL;
     if (!ctx) {
-        llama_err_set(err, "out of memory");
+        ag_err_set(err, "out of memory");
         return -1;
     }
     mp_set_phase(MP_PHASE_LOAD);
     ag_meta_dtype md = cli_meta_dtype(&r->dtype);
     if (!ag_ctx_set_meta_dtype(ctx, &md)) {
-        llama_err_set(err, "%s", ag_ctx_error(ctx));
+        ag_err_set(err, "%s", ag_ctx_error(ctx));
         goto done;
     }
     if (llama_model_new(&m, ctx, &r->cfg, err) != 0) goto done;
@@ -76,12 +72,8 @@ int cli_train_run(const cli_options *o, train_run *r, llama_err *err) {
     } else {
         llama_model_init_random(m, o->seed);
     }
-    char msg[512];
-    opt = optim_new(&r->ocfg, m->params, m->nparams, msg, sizeof msg);
-    if (!opt) {
-        llama_err_set(err, "%s", msg);
-        goto done;
-    }
+    opt = optim_new(&r->ocfg, m->params, m->nparams, err);
+    if (!opt) goto done;
     for (long s = 0; s < r->nsteps; s++)
         if (run_step(o, r, ctx, m, opt, s, err) != 0) goto done;
     if (o->save_weights && llama_model_save(m, o->save_weights, false, err) != 0) goto done;
@@ -226,7 +218,7 @@ int cmd_train(const cli_options *o) {
     }
     train_run r;
     memset(&r, 0, sizeof r);
-    llama_err err = {""};
+    ag_err err = {""};
     optim_kind kind = OPTIM_ADAM;
     if (o->optimizer && !optim_parse_kind(o->optimizer, &kind)) {
         fprintf(stderr, "membill train: --optimizer must be adam, adamw, sgd, sgd-momentum or none, not '%s'\n", o->optimizer);

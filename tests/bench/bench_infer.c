@@ -47,7 +47,7 @@ static llama_generate_stats run(ag_ctx *ctx, llama_model *m, bool cache, const i
     llama_generate_stats best = {0};
     for (int r = 0; r < repeat; r++) {
         llama_generate_stats st;
-        llama_err err = {{0}};
+        ag_err err = {{0}};
         llama_generate_opts o = {.use_cache = cache};
         if (llama_generate(ctx, m, &o, ids, NULL, B, T, n, out, &st, &err) != 0) {
             fprintf(stderr, "bench_infer: %s\n", err.msg);
@@ -110,7 +110,7 @@ int main(int argc, char **argv) {
     ag_ctx *ctx = ag_ctx_new();
     llama_config cfg;
     llama_model *m = NULL;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     if (!ctx || llama_config_preset(&cfg, "smollm2-135m", &err) != 0 ||
         llama_model_new(&m, ctx, &cfg, &err) != 0) {
         fprintf(stderr, "bench_infer: %s\n", err.msg[0] ? err.msg : "out of memory");

@@ -131,7 +131,7 @@ static void test_tiny_model_outputs(void **state) {
     json_decref(root);
 
     llama_config cfg;
-    llama_err err;
+    ag_err err;
     snprintf(path, sizeof path, "%s/tiny_tied/config.json", MEMBILL_GOLDEN_DIR);
     assert_int_equal(llama_config_load(&cfg, path, &err), 0);
     const char *files[] = {"g.safetensors", "w.safetensors"};
@@ -177,7 +177,7 @@ static void test_train_checkpointing(void **state) {
         assert_int_equal(json_is_true(json_object_get(json_object_get(root[ck], "run"), "checkpointing")), ck);
         assert_all_live_zero(root[ck]);
         llama_st_file *f = NULL;
-        llama_err err;
+        ag_err err;
         snprintf(path, sizeof path, "%s/c%d.safetensors", dir, ck);
         assert_int_equal(llama_st_open(&f, path, &err), 0);
         for (size_t i = 0; i < llama_st_count(f); i++) n[ck] += llama_st_get(f, i)->numel;
@@ -497,7 +497,7 @@ static void test_plan_closed_form_dtypes(void **state) {
 // weights packed at `bits` plus one 2-byte scale per group of a row, norms at norm_bits.
 static json_int_t expected_weights(const char *model, int bits, long group, int norm_bits) {
     llama_config c;
-    llama_err err;
+    ag_err err;
     assert_int_equal(llama_config_preset(&c, model, &err), 0);
     json_int_t total = 0;
     for (size_t i = 0; i < llama_param_count_tensors(&c); i++) {
@@ -605,7 +605,7 @@ static void golden_tokens(const char *key, int64_t *out, size_t n) {
     char path[512];
     snprintf(path, sizeof path, "%s/tiny_tied/golden.safetensors", MEMBILL_GOLDEN_DIR);
     llama_st_file *f = NULL;
-    llama_err err;
+    ag_err err;
     assert_int_equal(llama_st_open(&f, path, &err), 0);
     const llama_st_tensor *t = llama_st_find(f, key);
     assert_non_null(t);

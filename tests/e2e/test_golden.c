@@ -55,7 +55,7 @@ static llama_st_file *golden_open(const char *folder) {
     char path[4096];
     golden_path(path, sizeof path, folder, "golden.safetensors");
     llama_st_file *f = NULL;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     if (llama_st_open(&f, path, &err) != 0) fail_msg("%s", err.msg);
     return f;
 }
@@ -70,7 +70,7 @@ static float *golden_f32(const llama_st_file *g, const char *key, size_t *n) {
     if (!t) fail_msg("golden file %s lacks %s", llama_st_path(g), key);
     float *v = malloc(t->numel ? t->numel * sizeof(float) : 1);
     assert_non_null(v);
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     if (llama_st_read_f32(g, t, v, t->numel, &err) != 0) fail_msg("%s", err.msg);
     *n = t->numel;
     return v;
@@ -93,7 +93,7 @@ static void golden_ids(const llama_st_file *g, int32_t ids[B * T]) {
     assert_int_equal(t->shape[0], B);
     assert_int_equal(t->shape[1], T);
     int64_t v[B * T];
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     if (llama_st_read_i64(g, t, v, B * T, &err) != 0) fail_msg("%s", err.msg);
     for (int i = 0; i < B * T; i++) {
         assert_true(v[i] >= 0 && v[i] <= INT32_MAX);
@@ -179,7 +179,7 @@ static void run_open(run *r, const char *folder, const char *weights) {
     assert_non_null(r->ctx);
     char path[4096];
     llama_config cfg;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     golden_path(path, sizeof path, folder, "config.json");
     if (llama_config_load(&cfg, path, &err) != 0) fail_msg("%s", err.msg);
     r->nparams = llama_param_count(&cfg);
@@ -203,7 +203,7 @@ static void run_close(run *r) {
 // Forward and backward; returns the loss. Checks the bill of weights, gradients and
 // activations on the way.
 static float forward_backward_opts(run *r, const llama_forward_opts *opts) {
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     ag_tensor *loss = llama_forward_loss_opts(r->ctx, r->m, opts, r->ids, B, T, &err);
     if (!loss) fail_msg("%s", err.msg);
     assert_int_equal(live(MP_WEIGHT), 4 * r->nparams);
@@ -298,7 +298,7 @@ static void test_tied_checkpointing(void **s) {
         run r;
         run_open(&r, "tiny_tied", "model.safetensors");
         llama_forward_opts opts = {.checkpointing = ckpt};
-        llama_err err = {{0}};
+        ag_err err = {{0}};
         ag_tensor *loss = llama_forward_loss_opts(r.ctx, r.m, &opts, r.ids, B, T, &err);
         if (!loss) fail_msg("%s", err.msg);
         kept[ckpt] = ag_tape_saved_bytes(r.ctx);
@@ -337,16 +337,16 @@ static void check_optim(const char *folder, optim_kind kind, float lr, float wd,
     oc.lr = lr;
     oc.weight_decay = wd;
     oc.momentum = momentum;
-    char err[512] = "";
-    optim *o = optim_new(&oc, r.m->params, r.m->nparams, err, sizeof err);
-    if (!o) fail_msg("%s", err);
+    ag_err err = {""};
+    optim *o = optim_new(&oc, r.m->params, r.m->nparams, &err);
+    if (!o) fail_msg("%s", err.msg);
     uint64_t state = optim_state_bytes_per_element(kind) * r.nparams;
     assert_true(state > 0);
     float losses[2];
     for (int step = 0; step < 2; step++) {
         losses[step] = forward_backward(&r);
         assert_int_equal(live(MP_OPTIMIZER), step == 0 ? 0 : state); // lazily, at the first step
-        if (optim_step(o, err, sizeof err) != 0) fail_msg("%s", err);
+        if (optim_step(o, &err) != 0) fail_msg("%s", err.msg);
         assert_int_equal(live(MP_OPTIMIZER), state);
         assert_int_equal(live(MP_WEIGHT), 4 * r.nparams);
         assert_int_equal(live(MP_GRADIENT), 4 * r.nparams);

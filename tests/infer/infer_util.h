@@ -53,7 +53,7 @@ static inline void it_open_golden(it_run *r, const char *folder) {
     it_start(r, &(mp_options){0});
     char path[4096];
     llama_config cfg;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     it_path(path, sizeof path, folder, "config.json");
     if (llama_config_load(&cfg, path, &err) != 0) fail_msg("%s", err.msg);
     if (llama_model_new(&r->m, r->ctx, &cfg, &err) != 0) fail_msg("%s", err.msg);
@@ -66,7 +66,7 @@ static inline void it_open_golden(it_run *r, const char *folder) {
 // A model of cfg in the given profiler mode (meta: shapes only), randomly initialised.
 static inline void it_open_config(it_run *r, const llama_config *cfg, bool meta) {
     it_start(r, &(mp_options){.meta = meta, .keep_timeline = true});
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     if (llama_model_new(&r->m, r->ctx, cfg, &err) != 0) fail_msg("%s", err.msg);
     llama_model_init_random(r->m, 1);
 }
@@ -91,7 +91,7 @@ static inline int32_t *it_golden_ids(const it_run *r, const char *key, int64_t r
     int32_t *out = malloc((size_t)(rows * cols) * sizeof *out);
     assert_non_null(v);
     assert_non_null(out);
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     if (llama_st_read_i64(r->g, t, v, (size_t)(rows * cols), &err) != 0) fail_msg("%s", err.msg);
     for (int64_t i = 0; i < rows * cols; i++) {
         assert_true(v[i] >= 0 && v[i] <= INT32_MAX);

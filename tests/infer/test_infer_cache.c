@@ -59,7 +59,7 @@ static void run_checked(it_run *r, bool cache, int64_t B, int64_t T, int64_t n,
     for (int64_t i = 0; i < B * T; i++) ids[i] = (int32_t)(1 + i % (c->vocab - 1));
     watch w = {.c = c, .B = B, .T = T};
     llama_generate_opts o = {.use_cache = cache, .on_step = on_step, .user = &w};
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     if (llama_generate(r->ctx, r->m, &o, ids, NULL, B, T, n, out, st, &err) != 0) fail_msg("%s", err.msg);
     assert_int_equal(w.calls, n);
     assert_int_equal(st->steps, n);
@@ -77,7 +77,7 @@ static void run_checked(it_run *r, bool cache, int64_t B, int64_t T, int64_t n,
 
 static void tiny_config(llama_config *c) {
     char path[4096];
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     it_path(path, sizeof path, "tiny_tied", "config.json");
     if (llama_config_load(c, path, &err) != 0) fail_msg("%s", err.msg);
 }
@@ -106,7 +106,7 @@ static void test_tiny_bytes(void **s) {
 }
 
 static void smollm2(llama_config *c) {
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     if (llama_config_preset(c, "smollm2-135m", &err) != 0) fail_msg("%s", err.msg);
 }
 
@@ -226,7 +226,7 @@ static void test_smollm2_batch(void **s) {
 static void expect_error(it_run *r, const int32_t *ids, const int32_t *mask, int64_t B, int64_t T,
                          int64_t n, const char *needle) {
     int32_t out[256];
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     llama_generate_stats st;
     assert_int_equal(llama_generate(r->ctx, r->m, NULL, ids, mask, B, T, n, out, &st, &err), -1);
     it_mentions(err.msg, needle);
@@ -258,7 +258,7 @@ static void test_bad_input(void **s) {
     ag_set_grad_enabled(r.ctx, false);
     // The same context then runs.
     int32_t out[2];
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(llama_generate(r.ctx, r.m, NULL, ids, NULL, 1, 4, 2, out, NULL, &err), 0);
     it_close(&r);
 }
@@ -272,7 +272,7 @@ static void test_max_positions(void **s) {
     it_open_config(&r, &c, false);
     int32_t ids[120], out[10];
     for (int i = 0; i < 120; i++) ids[i] = i + 1;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(llama_generate(r.ctx, r.m, NULL, ids, NULL, 1, 120, 9, out, NULL, &err), 0);
     assert_int_equal(llama_generate(r.ctx, r.m, NULL, ids, NULL, 1, 120, 10, out, NULL, &err), -1);
     it_mentions(err.msg, "max_position_embeddings (128)");

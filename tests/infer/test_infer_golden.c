@@ -9,7 +9,7 @@
 // new ids [B, N] of prompt [B, t] (mask may be NULL), checking the bill on the way out.
 static void generate(it_run *r, bool cache, const int32_t *ids, const int32_t *mask, int64_t B,
                      int64_t t, int32_t *out) {
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     llama_generate_opts o = {.use_cache = cache};
     llama_generate_stats st;
     if (llama_generate(r->ctx, r->m, &o, ids, mask, B, t, N, out, &st, &err) != 0)

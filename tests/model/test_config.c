@@ -24,7 +24,7 @@ static void test_preset_param_counts(void **state) {
     assert_int_equal(llama_preset_count(), NPUBLISHED);
     for (size_t i = 0; i < NPUBLISHED; i++) {
         llama_config c;
-        llama_err err = {{0}};
+        ag_err err = {{0}};
         assert_int_equal(llama_config_preset(&c, published[i].name, &err), 0);
         assert_string_equal(c.name, published[i].name);
         assert_int_equal(llama_config_validate(&c, &err), 0);
@@ -134,7 +134,7 @@ static void test_spec_order_and_shapes(void **state) {
 static void test_preset_lookup(void **state) {
     (void)state;
     llama_config c;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(llama_config_preset(&c, "SmolLM2-135M", &err), 0);
     assert_string_equal(c.name, "smollm2-135m");
     assert_int_equal(llama_config_preset(&c, "gpt-5", &err), -1);
@@ -146,7 +146,7 @@ static void test_preset_lookup(void **state) {
 static void test_validate_messages(void **state) {
     (void)state;
     llama_config c;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(llama_config_preset(&c, "smollm2-135m", NULL), 0);
     c.kv_heads = 4;
     assert_int_equal(llama_config_validate(&c, &err), -1);
@@ -211,7 +211,7 @@ static const char mistral_json[] =
     " \"sliding_window\": 4096, \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\","
     " \"transformers_version\": \"4.34.0.dev0\", \"use_cache\": true, \"vocab_size\": 32000}";
 
-static int load_text(const char *text, llama_config *c, llama_err *err, char *dir) {
+static int load_text(const char *text, llama_config *c, ag_err *err, char *dir) {
     char path[8192];
     tu_path(path, sizeof path, dir, "config.json");
     tu_write(path, text, strlen(text));
@@ -222,7 +222,7 @@ static void test_load_smollm2(void **state) {
     (void)state;
     char *dir = tu_tmpdir();
     llama_config c, p;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(load_text(smollm2_json, &c, &err, dir), 0);
     assert_int_equal(llama_config_preset(&p, "smollm2-135m", NULL), 0);
     assert_string_equal(c.name, "HuggingFaceTB/SmolLM2-135M");
@@ -235,7 +235,7 @@ static void test_load_mistral(void **state) {
     (void)state;
     char *dir = tu_tmpdir();
     llama_config c, p;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(load_text(mistral_json, &c, &err, dir), 0);
     assert_int_equal(llama_config_preset(&p, "mistral-7b", NULL), 0);
     assert_int_equal(c.head_dim, 128);
@@ -252,7 +252,7 @@ static void test_load_explicit_head_dim(void **state) {
     (void)state;
     char *dir = tu_tmpdir();
     llama_config c;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     const char *text = "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
                        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
                        "\"head_dim\":32,\"vocab_size\":100}";
@@ -271,7 +271,7 @@ static void test_load_defaults(void **state) {
     (void)state;
     char *dir = tu_tmpdir();
     llama_config c;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     const char *text = "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
                        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100,"
                        "\"num_key_value_heads\":null}";
@@ -359,7 +359,7 @@ static void test_bad_configs(void **state) {
     (void)state;
     char *dir = tu_tmpdir();
     llama_config c;
-    llama_err err;
+    ag_err err;
     assert_int_equal(load_text(base_json, &c, &err, dir), 0); // the base itself is good
     for (size_t i = 0; i < sizeof bad_configs / sizeof bad_configs[0]; i++) {
         char *text = bad_config_text(i);

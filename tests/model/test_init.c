@@ -13,7 +13,7 @@
 
 static llama_model *make(ag_ctx *ctx, uint64_t seed) {
     llama_config c;
-    llama_err err;
+    ag_err err;
     assert_int_equal(llama_config_preset(&c, "smollm2-135m", &err), 0);
     c.layers = 2; // keeps the test quick; the shapes are the real ones
     llama_model *m = NULL;

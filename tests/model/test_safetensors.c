@@ -22,7 +22,7 @@ static void test_roundtrip(void **state) {
     const int ndims[] = {2, 1, 0, 2};
     const int64_t shapes[][4] = {{2, 3}, {5}, {0}, {0, 4}};
     const float *data[] = {a, b, s, NULL};
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(llama_st_write_f32(path, 4, names, ndims, shapes, data, &err), 0);
     assert_int_equal(tu_count_entries(dir), 1); // no temporary file left
 
@@ -103,7 +103,7 @@ static void write_16bit(const char *path, const char *dtype, const uint16_t *v, 
 
 static float *read_x(const char *path, size_t n) {
     llama_st_file *f;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(llama_st_open(&f, path, &err), 0);
     const llama_st_tensor *t = llama_st_find(f, "x");
     assert_non_null(t);
@@ -210,7 +210,7 @@ static void test_int_tensors(void **state) {
     tu_write_st(path, strlen(header), header, data, sizeof data);
 
     llama_st_file *f;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(llama_st_open(&f, path, &err), 0);
     assert_int_equal(llama_st_count(f), 3);
     assert_string_equal(llama_st_get(f, 0)->name, "input_ids"); // data order
@@ -273,12 +273,12 @@ static void write_params(const char *path, const llama_config *c, int drop, int 
     if (extra) {
         np[m] = extra, nd[m] = 1, shapes[m][0] = 1, data[m++] = zeros;
     }
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(llama_st_write_f32(path, m, np, nd, (const int64_t(*)[4])shapes, data, &err), 0);
     free(names), free(np), free(nd), free(shapes), free(data), free(zeros);
 }
 
-static int check(const char *path, const llama_config *c, bool allow_extra, llama_err *err) {
+static int check(const char *path, const llama_config *c, bool allow_extra, ag_err *err) {
     llama_st_file *f;
     assert_int_equal(llama_st_open(&f, path, err), 0);
     int rc = llama_st_check_params(f, c, allow_extra, err);
@@ -290,7 +290,7 @@ static void test_check_params(void **state) {
     (void)state;
     char *dir = tu_tmpdir(), path[8192];
     tu_path(path, sizeof path, dir, "model.safetensors");
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     llama_config untied = tiny;
     untied.tied = false;
 
@@ -371,7 +371,7 @@ static void test_check_params_dtype(void **state) {
     (void)state;
     char *dir = tu_tmpdir(), path[8192];
     tu_path(path, sizeof path, dir, "m.safetensors");
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     write_params_header(path, &tiny, "none", "BF16", 2); // BF16 parameters are fine
     assert_int_equal(check(path, &tiny, false, &err), 0);
     write_params_header(path, &tiny, "model.layers.1.mlp.up_proj.weight", "I64", 8);
@@ -402,7 +402,7 @@ static void test_write_failures(void **state) {
     const float *data[] = {x, x};
     const int nd[] = {1, 1};
     const int64_t shapes[][4] = {{4}, {4}};
-    llama_err err = {{0}};
+    ag_err err = {{0}};
 
     const char *dup[] = {"w", "w"};
     assert_int_equal(llama_st_write_f32(path, 2, dup, nd, shapes, data, &err), -1);
@@ -467,7 +467,7 @@ static void test_write_failures(void **state) {
 static void test_weights_resolve(void **state) {
     (void)state;
     char *dir = tu_tmpdir(), cfg[8192], st[8192], p[8192], want[8192];
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(llama_weights_resolve(dir, cfg, st, sizeof cfg, &err), -1);
     TU_MENTIONS(err.msg, dir, "config.json");
     tu_path(p, sizeof p, dir, "config.json");

@@ -106,7 +106,7 @@ static void test_corpus(void **state) {
         uint64_t stated = cases[i].stated == HDR_ACTUAL ? strlen(cases[i].header) : cases[i].stated;
         tu_write_st(path, stated, cases[i].header, NULL, cases[i].data);
         llama_st_file *f = (llama_st_file *)1;
-        llama_err err = {{0}};
+        ag_err err = {{0}};
         if (llama_st_open(&f, path, &err) != -1) fail_msg("case %s accepted", cases[i].what);
         assert_null(f);
         print_message("%-28s %s\n", cases[i].what, err.msg);
@@ -127,7 +127,7 @@ static void test_corpus_control(void **state) {
         "\"__metadata__\":{\"format\":\"pt\",\"n\":[1,2]}}   ";
     tu_write_st(path, strlen(header), header, NULL, 24);
     llama_st_file *f;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     assert_int_equal(llama_st_open(&f, path, &err), 0);
     assert_int_equal(llama_st_count(f), 3);
     float b[4];
@@ -151,7 +151,7 @@ static void test_short_and_truncated(void **state) {
     (void)state;
     char *dir = tu_tmpdir(), path[8192];
     llama_st_file *f;
-    llama_err err = {{0}};
+    ag_err err = {{0}};
     tu_path(path, sizeof path, dir, "empty.safetensors");
     tu_write(path, "", 0);
     assert_int_equal(llama_st_open(&f, path, &err), -1);

@@ -179,8 +179,10 @@ static void grad_at(int step, float g[N]) {
 // Runs STEPS steps of cfg on one parameter and checks every step against the reference.
 static void run_against_ref(ag_ctx *ctx, const optim_config *cfg, const char *what) {
     ag_tensor *p = param(ctx, "p", N, w0);
-    char err[256] = "";
-    optim *o = optim_new(cfg, &p, 1, err, sizeof err);
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
+    optim *o = optim_new(cfg, &p, 1, &e_);
     if (!o) fail_msg("%s: %s", what, err);
     ref_param r;
     ref_init(&r, w0, N);
@@ -188,7 +190,7 @@ static void run_against_ref(ag_ctx *ctx, const optim_config *cfg, const char *wh
         float g[N];
         grad_at(s, g);
         give_grad(ctx, p, g);
-        assert_int_equal(optim_step(o, err, sizeof err), 0);
+        assert_int_equal(optim_step(o, &e_), 0);
         ref_step(cfg, &r, g);
         assert_matches(p->data, &r, what, s + 1);
         optim_zero_grad(o);
@@ -292,11 +294,13 @@ static void test_large_parameter(void **state) {
     }
     double w_first = p->data[0], w_last = p->data[R * C - 1];
     optim_config c = cfg_of(OPTIM_ADAMW, 0.1f);
-    char err[256];
-    optim *o = optim_new(&c, &p, 1, err, sizeof err);
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
+    optim *o = optim_new(&c, &p, 1, &e_);
     assert_non_null(o);
     give_grad(ctx, p, g);
-    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(optim_step(o, &e_), 0);
     // First step of AdamW: m̂ = g, sqrt(v̂) = |g|, so w·(1 - lr·wd) - lr·g/(|g| + eps); where g
     // is 0, the decay alone.
     for (int i = 0; i < R * C; i++) {
@@ -336,8 +340,10 @@ static void lazy_state(ag_ctx *ctx, optim_kind kind, size_t per_elem, const char
     assert_int_equal(optim_state_bytes_per_element(kind), per_elem);
     ag_tensor *p[2] = {param(ctx, "layers.0.a", N, w0), param(ctx, "layers.0.b", 3, w0)};
     optim_config c = optim_defaults(kind);
-    char err[256];
-    optim *o = optim_new(&c, p, 2, err, sizeof err);
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
+    optim *o = optim_new(&c, p, 2, &e_);
     assert_non_null(o);
     assert_int_equal(live(MP_OPTIMIZER), 0); // nothing before the first step
     float g[N];
@@ -346,7 +352,7 @@ static void lazy_state(ag_ctx *ctx, optim_kind kind, size_t per_elem, const char
     give_grad(ctx, p[1], g);
     assert_int_equal(live(MP_OPTIMIZER), 0);
     size_t from = mp_timeline_count();
-    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(optim_step(o, &e_), 0);
     assert_int_equal(live(MP_OPTIMIZER), per_elem * (N + 3));
     assert_int_equal(mp_get_counter(MP_OPTIMIZER).allocations, 2 * nsites);
     assert_int_equal(optimizer_events(from, sites, nsites, (int64_t)(4 * N)), 2 * nsites);
@@ -357,7 +363,7 @@ static void lazy_state(ag_ctx *ctx, optim_kind kind, size_t per_elem, const char
     optim_zero_grad(o);
     give_grad(ctx, p[0], g);
     give_grad(ctx, p[1], g);
-    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(optim_step(o, &e_), 0);
     assert_int_equal(mp_get_counter(MP_OPTIMIZER).allocations, 2 * nsites);
     assert_int_equal(live(MP_OPTIMIZER), per_elem * (N + 3));
     optim_free(o);
@@ -385,13 +391,15 @@ static void test_none(void **state) {
     assert_int_equal(optim_state_bytes_per_element(OPTIM_NONE), 0);
     ag_tensor *p = param(ctx, "p", N, w0);
     optim_config c = optim_defaults(OPTIM_NONE);
-    char err[256];
-    optim *o = optim_new(&c, &p, 1, err, sizeof err);
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
+    optim *o = optim_new(&c, &p, 1, &e_);
     assert_non_null(o);
     float g[N];
     grad_at(0, g);
     give_grad(ctx, p, g);
-    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(optim_step(o, &e_), 0);
     assert_memory_equal(p->data, w0, sizeof w0);
     assert_int_equal(live(MP_OPTIMIZER), 0);
     optim_zero_grad(o);
@@ -407,8 +415,10 @@ static void test_skip_without_grad(void **state) {
     ag_ctx *ctx = *state;
     ag_tensor *p[2] = {param(ctx, "a", N, w0), param(ctx, "b", N, w0)};
     optim_config c = cfg_of(OPTIM_ADAM, 0.1f);
-    char err[256];
-    optim *o = optim_new(&c, p, 2, err, sizeof err);
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
+    optim *o = optim_new(&c, p, 2, &e_);
     assert_non_null(o);
     ref_param ra, rb;
     ref_init(&ra, w0, N);
@@ -426,7 +436,7 @@ static void test_skip_without_grad(void **state) {
         memcpy(before_b, p[1]->data, sizeof before_b);
         if (has[s][0]) give_grad(ctx, p[0], g);
         if (has[s][1]) give_grad(ctx, p[1], gb);
-        assert_int_equal(optim_step(o, err, sizeof err), 0);
+        assert_int_equal(optim_step(o, &e_), 0);
         assert_int_equal(live(MP_OPTIMIZER), state_after[s]);
         if (has[s][0]) ref_step(&c, &ra, g);
         else assert_memory_equal(p[0]->data, before_a, sizeof before_a);
@@ -448,8 +458,10 @@ static void test_zero_grad_frees(void **state) {
     ag_ctx *ctx = *state;
     ag_tensor *p[2] = {param(ctx, "a", N, w0), param(ctx, "b", 5, w0)};
     optim_config c = optim_defaults(OPTIM_SGD);
-    char err[256];
-    optim *o = optim_new(&c, p, 2, err, sizeof err);
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
+    optim *o = optim_new(&c, p, 2, &e_);
     assert_non_null(o);
     optim_zero_grad(o); // no gradient yet: nothing to do
     assert_int_equal(live(MP_GRADIENT), 0);
@@ -458,7 +470,7 @@ static void test_zero_grad_frees(void **state) {
     give_grad(ctx, p[0], g);
     give_grad(ctx, p[1], g);
     assert_int_equal(live(MP_GRADIENT), 4 * (N + 5));
-    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(optim_step(o, &e_), 0);
     assert_int_equal(live(MP_GRADIENT), 4 * (N + 5)); // the step leaves gradients alone
     optim_zero_grad(o);
     assert_int_equal(live(MP_GRADIENT), 0);
@@ -481,13 +493,15 @@ static void meta_run(optim_kind kind) {
     ag_tensor *p[2] = {param(ctx, "a", BIG, NULL), param(ctx, "b", 7, NULL)};
     assert_null(p[0]->data);
     optim_config c = optim_defaults(kind);
-    char err[256];
-    optim *o = optim_new(&c, p, 2, err, sizeof err);
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
+    optim *o = optim_new(&c, p, 2, &e_);
     assert_non_null(o);
     give_grad(ctx, p[0], NULL);
     assert_null(p[0]->grad->data);
     for (int s = 0; s < 2; s++) {
-        assert_int_equal(optim_step(o, err, sizeof err), 0); // b has no gradient: skipped
+        assert_int_equal(optim_step(o, &e_), 0); // b has no gradient: skipped
         assert_int_equal(live(MP_OPTIMIZER), optim_state_bytes_per_element(kind) * BIG);
     }
     assert_int_equal(optim_steps_taken(o), 2);
@@ -526,11 +540,13 @@ static void dtype_run(optim_kind kind, int state_bits, bool master, uint64_t per
     c.state_bits = state_bits;
     c.master = master;
     assert_int_equal(optim_state_bytes(&c), per_elem);
-    char err[256];
-    optim *o = optim_new(&c, &p, 1, err, sizeof err);
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
+    optim *o = optim_new(&c, &p, 1, &e_);
     assert_non_null(o);
     give_grad(ctx, p, NULL);
-    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(optim_step(o, &e_), 0);
     assert_int_equal(live(MP_WEIGHT), 2 * BIG);
     assert_int_equal(live(MP_GRADIENT), 2 * BIG);
     assert_int_equal(live(MP_OPTIMIZER), per_elem * BIG);
@@ -569,18 +585,20 @@ static void test_dtypes_refused_in_real_runs(void **state) {
     assert_true(ag_ctx_set_meta_dtype(ctx, &f32));
     ag_tensor *p = param(ctx, "w", N, NULL);
     assert_int_equal(p->block.bytes, 4 * N);
-    char err[256];
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
     optim_config c = optim_defaults(OPTIM_ADAM);
     c.state_bits = 16;
-    assert_null(optim_new(&c, &p, 1, err, sizeof err));
+    assert_null(optim_new(&c, &p, 1, &e_));
     assert_non_null(strstr(err, "meta mode only"));
     c = optim_defaults(OPTIM_ADAM);
     c.master = true;
-    assert_null(optim_new(&c, &p, 1, err, sizeof err));
+    assert_null(optim_new(&c, &p, 1, &e_));
     assert_non_null(strstr(err, "master"));
     c = optim_defaults(OPTIM_ADAM);
     c.state_bits = 8;
-    assert_null(optim_new(&c, &p, 1, err, sizeof err));
+    assert_null(optim_new(&c, &p, 1, &e_));
     assert_non_null(strstr(err, "state_bits"));
     ag_release(p);
 }
@@ -622,13 +640,15 @@ static void budget_run(optim_kind kind) {
     assert_int_equal(mp_alloc(&ballast, budget - mp_live_total() - room, MP_ACTIVATION, "ballast"),
                      MP_OK);
     optim_config c = cfg_of(kind, 0.1f);
-    char err[512] = "";
-    optim *o = optim_new(&c, p, 2, err, sizeof err);
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
+    optim *o = optim_new(&c, p, 2, &e_);
     assert_non_null(o);
 
     uint64_t before[MP_NCATEGORIES];
     for (int k = 0; k < MP_NCATEGORIES; k++) before[k] = live((mp_category)k);
-    assert_int_equal(optim_step(o, err, sizeof err), -1);
+    assert_int_equal(optim_step(o, &e_), -1);
     if (!strstr(err, "layers.1.second") || strstr(err, "layers.0.first") || !strstr(err, "budget"))
         fail_msg("message does not name the parameter and the budget: \"%s\"", err);
     const mp_oom_record *oom = mp_oom();
@@ -650,7 +670,7 @@ static void budget_run(optim_kind kind) {
 
     // With room again the same step runs, as a first step.
     mp_free(&ballast);
-    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(optim_step(o, &e_), 0);
     assert_int_equal(live(MP_OPTIMIZER), per * (NA + NB));
     assert_int_equal(optim_steps_taken(o), 1);
     check_chunks(&c, p[0]->data, wa, ga, NA, "first, after the retried step");
@@ -703,8 +723,10 @@ static void test_parse_kind(void **state) {
 
 static void refused(ag_ctx *ctx, optim_config c, const char *field) {
     ag_tensor *p = param(ctx, "p", N, w0);
-    char err[512] = "";
-    optim *o = optim_new(&c, &p, 1, err, sizeof err);
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
+    optim *o = optim_new(&c, &p, 1, &e_);
     if (o) fail_msg("settings with a bad %s were accepted", field);
     if (!strstr(err, field)) fail_msg("message \"%s\" does not name %s", err, field);
     ag_release(p);
@@ -759,26 +781,28 @@ static void test_invalid_settings(void **state) {
     c = optim_defaults(OPTIM_ADAM);
     c.lr = 0.0f, c.beta1 = 0.0f, c.beta2 = 0.0f, c.eps = 0.0f;
     ag_tensor *p = param(ctx, "p", N, w0);
-    char err[256];
-    optim *o = optim_new(&c, &p, 1, err, sizeof err);
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    (void)err;
+    optim *o = optim_new(&c, &p, 1, &e_);
     assert_non_null(o);
     optim_free(o);
-    o = optim_new(&c, NULL, 0, err, sizeof err); // no parameters: a step does nothing
+    o = optim_new(&c, NULL, 0, &e_); // no parameters: a step does nothing
     assert_non_null(o);
-    assert_int_equal(optim_step(o, err, sizeof err), 0);
+    assert_int_equal(optim_step(o, &e_), 0);
     optim_free(o);
     optim_free(NULL);
     ag_release(p);
     // NULL settings, or parameters missing.
-    assert_null(optim_new(NULL, &p, 1, err, sizeof err));
+    assert_null(optim_new(NULL, &p, 1, &e_));
     assert_true(err[0] != '\0');
     c = optim_defaults(OPTIM_ADAM);
     err[0] = '\0';
-    assert_null(optim_new(&c, NULL, 2, err, sizeof err));
+    assert_null(optim_new(&c, NULL, 2, &e_));
     assert_true(err[0] != '\0');
     ag_tensor *holes[2] = {NULL, NULL};
     err[0] = '\0';
-    assert_null(optim_new(&c, holes, 2, err, sizeof err));
+    assert_null(optim_new(&c, holes, 2, &e_));
     assert_true(err[0] != '\0');
 }
 
