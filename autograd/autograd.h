@@ -32,8 +32,11 @@ typedef struct {
     char msg[512];
 } ag_err;
 
-// printf-style: fill *err (NULL is ignored), truncating to fit.
+// printf-style: fill *err (NULL is ignored), truncating to fit. Control characters (a newline
+// in a tensor name, an escape in a path) are written as \xNN, so a message is always one line.
 void ag_err_set(ag_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// src into dst (len bytes, NUL-terminated) with control characters as \xNN; returns the length.
+size_t ag_escape(char *dst, size_t len, const char *src);
 
 typedef struct ag_ctx ag_ctx;
 typedef struct ag_node ag_node;
