@@ -135,14 +135,15 @@ static float mean_loss(const float *lse, const float *logits, const int32_t *ids
 static bool ce_check(ag_ctx *ctx, const char *base, const ag_tensor *logits, const int32_t *ids)
 {
     char sl[64];
-    if (logits->ndim != 3 || logits->shape[1] < 2 || !ids) {
+    bool meta = mp_is_meta(); // meta mode reads no labels
+    if (logits->ndim != 3 || logits->shape[1] < 2 || (!ids && !meta)) {
         ag_fail(ctx, AG_ERR_SHAPE, "cross_entropy %s: expected logits [B, T >= 2, V] and ids, "
                 "got %s %s%s", base, ag_tensor_name(logits), ag_shape_str(logits, sl),
                 ids ? "" : " and no ids");
         return false;
     }
     int64_t BT = logits->shape[0] * logits->shape[1], V = logits->shape[2];
-    for (int64_t r = 0; r < BT; r++)
+    for (int64_t r = 0; !meta && r < BT; r++)
         if (ids[r] < 0 || ids[r] >= V) {
             ag_fail(ctx, AG_ERR_ARG, "cross_entropy %s: label %d at position %lld is outside "
                     "[0, %lld)", base, ids[r], (long long)r, (long long)V);
@@ -168,7 +169,7 @@ ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, co
     ag_node *n = NULL;
     if (loss && lse && ag_any_needs_grad(ctx, 1, ins)) {
         n = ag_record(ctx, "cross_entropy", s.base, loss, 1, ins, cross_entropy_backward);
-        if (n && !(n->ints = malloc((size_t)(B * T) * sizeof(int32_t))))
+        if (n && !mp_is_meta() && !(n->ints = malloc((size_t)(B * T) * sizeof(int32_t))))
             ag_fail(ctx, AG_ERR_NOMEM, "cross_entropy %s: out of memory for the labels", s.base);
     }
     if (!loss || !lse || ctx->status != AG_OK) {
@@ -181,7 +182,8 @@ ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, co
         loss->data[0] = mean_loss(lse->data, logits->data, ids, B, T, V);
     }
     if (n) {
-        memcpy(n->ints, ids, (size_t)(B * T) * sizeof(int32_t));
+        if (!mp_is_meta())
+            memcpy(n->ints, ids, (size_t)(B * T) * sizeof(int32_t));
         n->p[0] = B, n->p[1] = T, n->p[2] = V;
         ag_save(n, SAVED_LOGITS, logits);
         ag_save(n, SAVED_LSE, lse);

@@ -33,14 +33,16 @@ ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64
     ag_site s;
     ag_site_parse(&s, site);
     char st[64];
-    if (table->ndim != 2 || !ids || B < 1 || T < 1) {
+    // Meta mode reads no ids: a bill of shapes takes no host memory per token.
+    bool meta = mp_is_meta();
+    if (table->ndim != 2 || (!ids && !meta) || B < 1 || T < 1) {
         ag_fail(ctx, AG_ERR_ARG, "embedding %s: expected ids[B*T] with B, T >= 1 and a table "
                 "[V, H], got B=%lld T=%lld, %s %s", s.base, (long long)B, (long long)T,
                 ag_tensor_name(table), ag_shape_str(table, st));
         return NULL;
     }
     int64_t V = table->shape[0], H = table->shape[1];
-    for (int64_t r = 0; r < B * T; r++)
+    for (int64_t r = 0; !meta && r < B * T; r++)
         if (ids[r] < 0 || ids[r] >= V) {
             ag_fail(ctx, AG_ERR_ARG, "embedding %s: id %d at position %lld is outside [0, %lld)",
                     s.base, ids[r], (long long)r, (long long)V);
@@ -49,21 +51,22 @@ ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64
     ag_tensor *y = ag_tensor_new(ctx, 3, (int64_t[]){B, T, H}, MP_ACTIVATION, s.out);
     if (!y)
         return NULL;
-    if (!mp_is_meta())
+    if (!meta)
         for (int64_t r = 0; r < B * T; r++)
             memcpy(y->data + r * H, table->data + (int64_t)ids[r] * H, (size_t)H * sizeof(float));
     if (!ag_any_needs_grad(ctx, 1, ins))
         return y;
     ag_node *n = ag_record(ctx, "embedding", s.base, y, 1, ins, embedding_backward);
-    if (n)
+    if (n && !meta)
         n->ints = malloc((size_t)(B * T) * sizeof(int32_t));
-    if (!n || !n->ints) {
+    if (!n || (!meta && !n->ints)) {
         if (n)
             ag_fail(ctx, AG_ERR_NOMEM, "embedding %s: out of memory for the ids", s.base);
         ag_release(y); // its node stays on the tape, empty, until backward or clear
         return NULL;
     }
-    memcpy(n->ints, ids, (size_t)(B * T) * sizeof(int32_t));
+    if (!meta)
+        memcpy(n->ints, ids, (size_t)(B * T) * sizeof(int32_t));
     n->p[0] = B * T, n->p[1] = H, n->p[2] = V;
     return y;
 }

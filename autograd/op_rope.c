@@ -97,7 +97,7 @@ ag_tensor *ag_rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, 
 ag_tensor *ag_rope_positions(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd,
                              float theta, const int32_t *pos)
 {
-    if (ctx && ctx->status == AG_OK && !pos) {
+    if (ctx && ctx->status == AG_OK && !pos && !mp_is_meta()) { // meta mode has no positions
         ag_fail(ctx, AG_ERR_ARG, "rope %s: positions are NULL", site ? site : "");
         return NULL;
     }

@@ -39,9 +39,14 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
                                    const int32_t *ids, int64_t B, int64_t T, ag_err *err) {
     const llama_config *c = &m->cfg;
     const bool checkpointing = opts && opts->checkpointing;
-    if (B < 1 || B > INT32_MAX / c->max_positions || T < 2 || T > c->max_positions) {
-        ag_err_set(err, "batch %lld x length %lld: a training step needs batch >= 1 and 2 to %lld tokens",
-                      (long long)B, (long long)T, (long long)c->max_positions);
+    if (B < 1 || T < 2 || T > c->max_positions) {
+        ag_err_set(err, "batch %lld x length %lld: a training step needs batch >= 1 and a length of 2 to %lld tokens "
+                   "(max_position_embeddings)", (long long)B, (long long)T, (long long)c->max_positions);
+        return NULL;
+    }
+    if (!mp_is_meta() && B > INT32_MAX / T) { // meta mode holds no ids, so only a real run has this limit
+        ag_err_set(err, "batch %lld x length %lld: a real step holds at most 2^31 token ids (--meta bills it)",
+                   (long long)B, (long long)T);
         return NULL;
     }
     if (!mp_is_meta() && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return NULL;

@@ -88,7 +88,7 @@ static ag_tensor *head(gen *g, ag_tensor *x, bool all_positions) {
 
 // dst[B, t] = src[:, from .. from + t) of a [B, cap] array.
 static void gather(int32_t *dst, const int32_t *src, const gen *g, int64_t from, int64_t t) {
-    for (int64_t b = 0; b < g->B; b++)
+    for (int64_t b = 0; src && b < g->B; b++)
         memcpy(dst + b * t, src + b * g->cap + from, (size_t)t * sizeof(int32_t));
 }
 
@@ -120,7 +120,7 @@ static void pick(gen *g, const ag_tensor *logits) {
 
 // Appends the chosen ids as every row's next token: real, one position past the last.
 static void extend(gen *g) {
-    for (int64_t b = 0; b < g->B; b++) {
+    for (int64_t b = 0; g->ids && b < g->B; b++) {
         int64_t r = b * g->cap + g->len;
         g->ids[r] = g->next[b];
         g->mask[r] = 1;
@@ -159,7 +159,9 @@ static int check_mask(const int32_t *mask, int64_t B, int64_t T, ag_err *err) {
 
 static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, const int32_t *mask,
                       int64_t B, int64_t T, int64_t n, const int32_t *out, ag_err *err) {
-    if (!ctx || !m || !ids || !out) {
+    // Meta mode reads no ids: a bill of shapes takes no host memory per token.
+    bool meta = mp_is_meta();
+    if (!ctx || !m || (!ids && !meta) || !out) {
         ag_err_set(err, "generate: %s is NULL", !ctx ? "the context" : !m ? "the model"
                       : !ids ? "the prompt ids" : "the output ids");
         return -1;
@@ -171,17 +173,22 @@ static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, con
     }
     const llama_config *c = &m->cfg;
     // The last new token is chosen but never run through the model: it needs no position.
-    if (B < 1 || B > INT32_MAX / c->max_positions || T < 1 || n < 1 || T > c->max_positions ||
+    if (B < 1 || (!meta && B > INT32_MAX / c->max_positions) || T < 1 || n < 1 || T > c->max_positions ||
         n - 1 > c->max_positions - T) {
-        ag_err_set(err, "generate: batch %lld, prompt of %lld tokens, %lld new tokens: expected "
+        if (B > INT32_MAX / c->max_positions && B >= 1)
+            ag_err_set(err, "generate: batch %lld x max_position_embeddings %lld passes 2^31 (the positions of a real "
+                       "run are 32-bit): at most batch %lld, or meta mode", (long long)B,
+                       (long long)c->max_positions, (long long)(INT32_MAX / c->max_positions));
+        else
+            ag_err_set(err, "generate: batch %lld, prompt of %lld tokens, %lld new tokens: expected "
                       "batch >= 1, a prompt of at least 1 token, at least 1 new token, and the "
                       "prompt + new tokens - 1 (the tokens run through the model) at most "
                       "max_position_embeddings (%lld)", (long long)B, (long long)T, (long long)n,
                       (long long)c->max_positions);
         return -1;
     }
-    if (llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return -1;
-    return mask ? check_mask(mask, B, T, err) : 0;
+    if (ids && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return -1;
+    return mask && !meta ? check_mask(mask, B, T, err) : 0;
 }
 
 static void gen_free(gen *g) {
@@ -200,17 +207,21 @@ static int gen_init(gen *g, ag_ctx *ctx, llama_model *m, bool use_cache, const i
                     const int32_t *mask, int64_t B, int64_t T, int64_t n, ag_err *err) {
     memset(g, 0, sizeof *g);
     g->ctx = ctx, g->m = m, g->c = &m->cfg, g->B = B, g->cap = T + n, g->len = T;
-    size_t cells = (size_t)(B * g->cap);
-    g->ids = malloc(cells * sizeof(int32_t));
-    g->mask = malloc(cells * sizeof(int32_t));
-    g->pos = malloc(cells * sizeof(int32_t));
-    g->step_ids = malloc(cells * sizeof(int32_t));
-    g->step_pos = malloc(cells * sizeof(int32_t));
+    // Meta mode keeps no ids, positions or mask: nothing per token on the host.
+    bool meta = mp_is_meta();
+    size_t cells = meta ? 0 : (size_t)(B * g->cap);
+    if (!meta) {
+        g->ids = malloc(cells * sizeof(int32_t));
+        g->mask = malloc(cells * sizeof(int32_t));
+        g->pos = malloc(cells * sizeof(int32_t));
+        g->step_ids = malloc(cells * sizeof(int32_t));
+        g->step_pos = malloc(cells * sizeof(int32_t));
+    }
     g->next = malloc((size_t)B * sizeof(int32_t));
     g->kv = use_cache ? calloc((size_t)g->c->layers, sizeof *g->kv) : NULL;
-    bool ok = g->ids && g->mask && g->pos && g->step_ids && g->step_pos && g->next &&
+    bool ok = (meta || (g->ids && g->mask && g->pos && g->step_ids && g->step_pos)) && g->next &&
               (g->kv || !use_cache);
-    for (int64_t b = 0; ok && b < B; b++) {
+    for (int64_t b = 0; ok && !meta && b < B; b++) {
         int64_t real = 0;
         for (int64_t j = 0; j < T; j++) {
             int64_t r = b * g->cap + j;

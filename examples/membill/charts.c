@@ -1,6 +1,7 @@
 // The timeline as pictures: a stacked-area SVG of live bytes by category, and a Chrome
 // trace-event file (a counter track per category, phase slices, instants at the peaks).
 #include "cli.h"
+#include "outputs.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -193,7 +194,7 @@ static void trace_event(FILE *f, bool *first, const char *fmt_name, const char *
     *first = false;
 }
 
-static int trace_writer(FILE *f, void *arg) {
+int cli_trace_writer(FILE *f, void *arg) {
     (void)arg;
     bool first = true;
     char extra[160];
@@ -227,16 +228,11 @@ static int trace_writer(FILE *f, void *arg) {
 }
 
 int cli_write_trace(const char *path, char *err, size_t errlen) {
-    return cli_write_file(path, trace_writer, NULL, err, errlen);
+    return cli_write_file(path, cli_trace_writer, NULL, err, errlen);
 }
 
 // ---- one self-contained HTML page: the chart, the bill (with the top sites), what it means ----
 
-typedef struct {
-    const char *title;
-    cli_text_fn text;
-    const void *arg;
-} html_args;
 
 static const char *const explanation =
     "<h2>Reading the bill</h2><ul>"
@@ -252,8 +248,8 @@ static const char *const explanation =
     "<p>Requested bytes are what tensors asked for; the allocator's size classes are what jemalloc reserved. "
     "MB means 10<sup>6</sup> bytes. The peak, not the current allocation, decides an out-of-memory error.</p>";
 
-static int html_writer(FILE *f, void *arg) {
-    const html_args *h = arg;
+int cli_html_writer(FILE *f, void *arg) {
+    const cli_html_args *h = arg;
     fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>");
     cli_xml_escape(f, h->title);
     fprintf(f, "</title><style>body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
@@ -275,6 +271,6 @@ static int html_writer(FILE *f, void *arg) {
 }
 
 int cli_write_html(const char *path, const char *title, cli_text_fn text, const void *arg, char *err, size_t errlen) {
-    html_args h = {title, text, arg};
-    return cli_write_file(path, html_writer, &h, err, errlen);
+    cli_html_args h = {title, text, arg};
+    return cli_write_file(path, cli_html_writer, &h, err, errlen);
 }

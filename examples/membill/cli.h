@@ -14,32 +14,46 @@ struct json_t;
 // Exit codes (DESIGN.md): 0 success, 1 the run failed, 2 usage error.
 enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
+// The subcommands, as bits of an option's set of commands.
+typedef enum { CLI_TRAIN = 1, CLI_INFER = 2, CLI_COMPARE = 4, CLI_PLAN = 8, CLI_CHECK = 16 } cli_command_bit;
+
+typedef struct {
+    const char *name;
+    cli_command_bit bit;
+    const char *summary, *description;
+} cli_command;
+
+const cli_command *cli_find_command(const char *name); // NULL if unknown
+size_t cli_command_count(void);
+const cli_command *cli_command_at(size_t i);
+
+#define CLI_MAX_OPTIONS 64
+
+// Every option's value after parsing, the table's defaults applied (options.c). A field of an
+// option the subcommand does not take stays zero.
 typedef struct {
     const char *command;
+    cli_command_bit cmd;
     const char *model, *config, *weights, *tokens;
-    long batch, seq_len, steps, threads;
-    uint64_t seed;
-    const char *optimizer;
+    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size;
+    uint64_t seed, budget, device_memory, overhead;
+    const char *optimizer, *dtype, *weight_dtype;
     double lr;
-    bool lr_given, meta, help, quiet;
-    uint64_t budget;
+    bool meta, help, quiet, explain, checkpointing, no_cache, no_speed, list, infer, progress;
     const char *json, *timeline, *dump_grads, *save_weights, *svg, *trace, *html;
-    bool explain;
-    bool checkpointing; // membill train and plan: full activation recomputation
-    // membill plan
-    long gpus, zero;
-    // membill infer
-    long new_tokens;
-    bool no_cache;
-    // membill check
-    bool no_speed;
-    uint64_t device_memory, overhead;
-    bool overhead_given, list;
-    // --dtype, and for inference the weights' own (--weight-dtype, --group-size)
-    const char *dtype, *weight_dtype;
-    long group_size;
-    bool infer;
+    unsigned char given[CLI_MAX_OPTIONS]; // by table row: the user named it
 } cli_options;
+
+// argv[2..] into *o; a usage error prints one line ("membill train: ...") and returns false.
+bool cli_parse(cli_options *o, const cli_command *cmd, int argc, char **argv);
+bool cli_given(const cli_options *o, const char *name); // the user named the option
+// The options that only make sense together, checked in one place; false after one line.
+bool cli_check_combinations(const cli_options *o);
+void cli_usage(FILE *f, const cli_command *cmd);
+void cli_usage_all(FILE *f);
+void cli_options_markdown(FILE *f);
+// "membill <command>: <message>" on stderr, control characters escaped.
+void cli_usage_error(const cli_options *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 // What each category is billed at. Real runs compute in float32; the others are bills of
 // meta mode (the same code, allocations at these element sizes).
@@ -68,35 +82,25 @@ void cli_dtype_optim(const cli_dtype *d, optim_config *c);
 // The sum of the state of one parameter element, "2 + 2 + 4 + 4 + 4" style, into buf.
 const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf, size_t len);
 
-// Parses argv[2..]; on a usage error prints one line and returns false.
-bool cli_parse(cli_options *o, int argc, char **argv);
-void cli_usage_train(FILE *f);
-void cli_usage_plan(FILE *f);
 
-// The config from --model / --config / --weights (a folder's config.json).
-int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len,
-                    ag_err *err);
+// What a run is made of (setup.c). These return an exit code: 0, EXIT_USAGE (an unknown preset,
+// a malformed id list, a length past the model's positions) or EXIT_RUN_FAILED (a file that
+// cannot be read), with the message in *err.
+int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len, ag_err *err);
 // "1,2,3" -> ids (malloc'd); a malformed list names the item at fault.
 int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err);
-// Token ids [batch * seq_len]: --tokens repeated over the batch, or seeded random ids.
-int32_t *cli_make_tokens(const cli_options *o, const llama_config *cfg, long *batch, long *seq_len,
-                         ag_err *err);
+// Token ids [batch * seq_len]: --tokens repeated over the batch, or seeded random ids. In meta
+// mode no ids are made (*ids NULL): a bill of shapes takes no memory per token.
+int cli_make_tokens(const cli_options *o, const llama_config *cfg, bool meta, int32_t **ids, long *batch,
+                    long *seq_len, ag_err *err);
 
-// Output files are written whole to a temporary name and renamed into place ("-": stdout).
+// Output writers: int fn(FILE *, void *arg), 0 on success.
 typedef int (*cli_writer)(FILE *f, void *arg);
-int cli_write_file(const char *path, cli_writer fn, void *arg, char *err, size_t errlen);
-int cli_write_svg(const char *path, const char *title, char *err, size_t errlen);
-int cli_svg_to(FILE *f, void *title);
 int cli_svg_scaled(FILE *f, const char *title, double scale);
 typedef void (*cli_text_fn)(FILE *f, const void *arg);
-int cli_write_html(const char *path, const char *title, cli_text_fn text, const void *arg, char *err, size_t errlen);
-// Every output file the options ask for, after a successful run; the first failure is returned.
-int cli_write_outputs(const cli_options *o, struct json_t *root, const char *title, cli_text_fn text,
-                      const void *arg, char *err, size_t errlen);
-int cli_write_trace(const char *path, char *err, size_t errlen);
 void cli_xml_escape(FILE *f, const char *s);
-int cli_write_json(const char *path, struct json_t *root, char *err, size_t errlen);
-int cli_write_timeline_csv(const char *path, char *err, size_t errlen);
+// 1234567 -> "1,234,567" in buf.
+const char *cli_commas(char *buf, size_t len, uint64_t v);
 
 // The shared parts of a report.
 struct json_t *cli_model_json(const llama_config *cfg);
@@ -106,7 +110,12 @@ struct json_t *cli_report_root(const llama_config *cfg);
 // One training run (load or init, N steps, teardown) inside an initialised profiler.
 typedef struct {
     double forward_s, backward_s, optimizer_s, step_s, loss;
+    int phases_done;   // 0 to 3: forward, backward, optimizer finished
+    size_t events[4];  // the timeline's length at the step's start and after each phase
 } step_record;
+
+// Writes --dump-grads (grads) or --save-weights of the model; NULL: the run writes neither.
+typedef int (*cli_save_fn)(void *arg, const llama_model *m, bool grads, ag_err *err);
 
 typedef struct {
     llama_config cfg;
@@ -117,10 +126,18 @@ typedef struct {
     step_record *steps; // nsteps of them
     long nsteps;
     bool torn_down_clean; // every tensor category back at zero afterwards
-    cli_dtype dtype;      // name NULL: float32 (meta mode needed for anything else)
+    cli_dtype dtype;      // anything but float32 needs meta
+    bool meta, checkpointing;
+    uint64_t seed;
+    bool dump_grads, save_weights; // through save, after the last backward / optimizer step
+    cli_save_fn save;
+    void *save_arg;
 } train_run;
 
-int cli_train_run(const cli_options *o, train_run *r, ag_err *err);
+// The settings of a training run from the options (ids and steps allocated); an exit code.
+int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err);
+void cli_train_free(train_run *r);
+int cli_train_run(train_run *r, ag_err *err);
 
 // Which tensors held the memory at a moment of the timeline, summed across blocks.
 #define CLI_KIND_MAX 112
@@ -149,16 +166,53 @@ typedef struct {
     int32_t *out; // batch x new_tokens
     llama_generate_stats stats;
     bool torn_down_clean;
-    cli_dtype dtype; // name NULL: float32 (meta mode needed for anything else)
+    cli_dtype dtype; // anything but float32 needs meta
+    bool meta;
+    uint64_t seed;
 } infer_run;
 
+// An exit code, as cli_load_config.
 int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err);
-int cli_infer_run(const cli_options *o, infer_run *r, ag_err *err);
+int cli_infer_run(infer_run *r, ag_err *err);
 // --dtype (fp32, bf16, fp16: activations and cache) and --weight-dtype / --group-size of a
-// generation into *d; a usage error fills msg and returns -1. Anything but float32 needs meta.
-int cli_infer_dtype(const cli_options *o, bool meta, cli_dtype *d, char *msg, size_t len);
+// generation into *d; false after filling *err.
+bool cli_infer_dtype(const cli_options *o, cli_dtype *d, ag_err *err);
 void cli_infer_free(infer_run *r);
-void cli_usage_infer(FILE *f);
+
+// One command's run inside the shared skeleton (job.c): outputs declared and checked before
+// anything runs, the fit check, the profiler, the run, the report of what was measured (also
+// when it failed), the outputs committed together, teardown.
+typedef struct {
+    void *arg;
+    int (*run)(void *arg, ag_err *err);                  // inside an initialised profiler
+    uint64_t (*meta_peak)(void *arg, ag_err *err);        // the same run in meta mode (NULL: none)
+    void (*text)(FILE *f, const void *arg, bool failed); // the text report
+    struct json_t *(*json)(const void *arg, bool failed);
+    int (*svg)(FILE *f, void *arg); // NULL: the profiler's timeline as a chart
+    void *svg_arg;
+    const char *title;
+    struct cli_outputs *outs; // set by cli_job_main before run: where --dump-grads goes
+} cli_job;
+int cli_job_main(const cli_options *o, cli_job *j);
+// The outputs the options name, declared (paths checked, inputs noted) before a run; and after
+// it, the report's outputs written and every output committed together.
+struct cli_outputs;
+typedef struct {
+    const char *title;
+    cli_text_fn text;
+    const void *arg;
+    int (*svg)(FILE *f, void *arg); // NULL: the timeline chart
+    void *svg_arg;
+} cli_report;
+int cli_outputs_declare(const cli_options *o, struct cli_outputs **outs, ag_err *err);
+int cli_outputs_finish(const cli_options *o, struct cli_outputs *outs, struct json_t *root, const cli_report *rep,
+                       ag_err *err);
+// The profiler as the options ask for it.
+int cli_profiler_start(const cli_options *o, bool meta);
+// The run's progress on stderr (progress.c): shown when stderr is a terminal or --progress.
+void cli_progress_begin(const cli_options *o);
+void cli_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void cli_progress_end(void);
 
 int cmd_train(const cli_options *o);
 int cmd_infer(const cli_options *o);

@@ -22,25 +22,56 @@ static void read_side(side *s, const cli_options *o, const char *title, double y
     fclose(f);
 }
 
-static int start_profiler(const cli_options *o) {
-    mp_options mo = {.meta = o->meta, .budget = o->budget, .track_other = !o->meta, .keep_timeline = true};
-    return mp_init(&mo) == MP_OK ? 0 : -1;
+typedef struct {
+    const cli_options *o;
+    train_run tr;
+    infer_run ir;
+    side s[2];
+} compare_cmd;
+
+// Training first: its total peak sets the common scale of both charts. Each side has a
+// profiler of its own; the skeleton started the first and stops the last.
+static int run(void *arg, ag_err *err) {
+    compare_cmd *c = arg;
+    cli_progress("training step");
+    int rc = cli_train_run(&c->tr, err);
+    double ymax = (double)mp_peak().total;
+    if (rc != 0) return -1;
+    read_side(&c->s[0], c->o, "training step", ymax);
+    mp_shutdown();
+    if (cli_profiler_start(c->o, c->o->meta) != 0) {
+        ag_err_set(err, "cannot start the profiler");
+        mp_options mo = {.meta = true};
+        mp_init(&mo); // the skeleton shuts one down
+        return -1;
+    }
+    rc = cli_infer_run(&c->ir, err);
+    if (rc == 0) read_side(&c->s[1], c->o, "inference", ymax);
+    return rc;
 }
 
-// Training first: its total peak sets the common scale of both charts.
-static int run_sides(const cli_options *o, train_run *tr, infer_run *ir, side *t, side *g, ag_err *err) {
-    if (start_profiler(o) != 0) return -1;
-    ag_set_num_threads((int)(o->threads ? o->threads : 2));
-    int rc = cli_train_run(o, tr, err);
-    double ymax = (double)mp_peak().total;
-    if (rc == 0) read_side(t, o, "training step", ymax);
+static uint64_t meta_peak(void *arg, ag_err *err) {
+    const compare_cmd *c = arg;
+    train_run t = c->tr;
+    step_record rec = {0};
+    infer_run g = c->ir;
+    t.meta = g.meta = true;
+    t.steps = &rec;
+    g.out = NULL;
+    memset(&g.stats, 0, sizeof g.stats);
+    uint64_t peak = 0;
+    mp_options mo = {.meta = true};
+    if (mp_init(&mo) != MP_OK) return 0;
+    if (cli_train_run(&t, err) == 0) peak = mp_peak().total;
     mp_shutdown();
-    if (rc != 0) return -1;
-    if (start_profiler(o) != 0) return -1;
-    rc = cli_infer_run(o, ir, err);
-    if (rc == 0) read_side(g, o, "inference", ymax);
-    mp_shutdown();
-    return rc;
+    if (peak && mp_init(&mo) == MP_OK) {
+        if (cli_infer_run(&g, err) != 0) peak = 0;
+        else if (mp_peak().total > peak) peak = mp_peak().total;
+        mp_shutdown();
+    }
+    free(g.out);
+    llama_generate_stats_free(&g.stats);
+    return peak;
 }
 
 static int svg_pair(FILE *f, void *arg) {
@@ -57,7 +88,12 @@ static int svg_pair(FILE *f, void *arg) {
     return 0;
 }
 
-static void print_table(FILE *f, const train_run *tr, const infer_run *ir, const side *t, const side *g) {
+static void print_table(FILE *f, const void *arg, bool failed) {
+    const compare_cmd *c = arg;
+    const train_run *tr = &c->tr;
+    const infer_run *ir = &c->ir;
+    const side *t = &c->s[0], *g = &c->s[1];
+    if (failed) return; // a side that did not finish has no peak to compare
     char a[64], b[64];
     fprintf(f, "membill compare: %s; training: batch %ld x %ld tokens, %s; inference: batch %ld x %ld-token prompt + %ld new, %s\n\n",
             tr->cfg.name, tr->batch, tr->seq_len, optim_kind_name(tr->ocfg.kind), ir->batch, ir->seq_len, ir->new_tokens,
@@ -81,70 +117,52 @@ static json_t *side_json(const side *s) {
     return o;
 }
 
+static json_t *compare_json(const void *arg, bool failed) {
+    const compare_cmd *c = arg;
+    json_t *root = cli_report_root(&c->tr.cfg);
+    if (failed) return root;
+    json_object_set_new(root, "train", side_json(&c->s[0]));
+    json_object_set_new(root, "infer", side_json(&c->s[1]));
+    json_object_set_new(root, "ratio",
+                        json_real(c->s[1].total.total ? (double)c->s[0].total.total / (double)c->s[1].total.total : 0));
+    return root;
+}
+
 int cmd_compare(const cli_options *o) {
-    if (o->help) {
-        fputs("usage: membill compare [options]\n"
-              "A training step and generation of the same model, category by category, with the\n"
-              "ratio of their total peaks. Options as for membill train and membill infer\n"
-              "(--model, --config, --weights, --seq-len, --batch, --new-tokens, --no-cache, --optimizer,\n"
-              "--meta, --json, --svg: both runs as charts on one scale).\n", stdout);
-        return 0;
-    }
-    if (o->timeline || o->trace || o->html || o->dump_grads || o->save_weights) {
-        fprintf(stderr, "membill compare: --timeline, --trace, --html, --dump-grads and --save-weights belong to train or infer\n");
-        return EXIT_USAGE;
-    }
-    if (o->dtype || o->weight_dtype || o->checkpointing) {
-        fprintf(stderr, "membill compare: runs both sides in float32 without checkpointing; for other settings use membill plan (--dtype, --infer, --checkpointing)\n");
-        return EXIT_USAGE;
-    }
-    train_run tr;
-    infer_run ir;
-    memset(&tr, 0, sizeof tr);
+    compare_cmd c = {.o = o};
     ag_err err = {""};
-    optim_kind kind = OPTIM_ADAM;
-    if (o->optimizer && !optim_parse_kind(o->optimizer, &kind)) {
-        fprintf(stderr, "membill compare: --optimizer must be adam, adamw, sgd, sgd-momentum or none, not '%s'\n", o->optimizer);
-        return EXIT_USAGE;
-    }
-    int rc = cli_infer_prepare(o, &ir, &err);
-    step_record rec;
+    step_record rec = {0};
+    int rc = cli_infer_prepare(o, &c.ir, &err);
     if (rc == 0) {
-        tr.cfg = ir.cfg;
-        memcpy(tr.st_path, ir.st_path, sizeof tr.st_path);
-        tr.ocfg = optim_defaults(kind);
-        tr.ocfg.lr = o->lr_given ? (float)o->lr : 1e-5f;
-        tr.ids = ir.ids;
-        tr.batch = ir.batch;
-        tr.seq_len = ir.seq_len;
-        tr.steps = &rec;
-        tr.nsteps = 1;
-        if (ir.mask) {
-            ag_err_set(&err, "compare trains on one prompt repeated over --batch: give prompts of one length");
-            rc = -1;
+        c.tr.cfg = c.ir.cfg;
+        memcpy(c.tr.st_path, c.ir.st_path, sizeof c.tr.st_path);
+        optim_kind kind = OPTIM_ADAM;
+        optim_parse_kind(o->optimizer, &kind);
+        c.tr.ocfg = optim_defaults(kind);
+        c.tr.ocfg.lr = (float)o->lr;
+        cli_parse_dtype("fp32", &c.tr.dtype);
+        c.tr.ids = c.ir.ids;
+        c.tr.batch = c.ir.batch;
+        c.tr.seq_len = c.ir.seq_len;
+        c.tr.steps = &rec;
+        c.tr.nsteps = 1;
+        c.tr.meta = o->meta;
+        c.tr.seed = o->seed;
+        if (c.tr.seq_len < 2) {
+            ag_err_set(&err, "a training step needs at least 2 tokens, not %ld", c.tr.seq_len);
+            rc = EXIT_USAGE;
         }
     }
-    side s[2];
-    memset(s, 0, sizeof s);
-    if (rc == 0) rc = run_sides(o, &tr, &ir, &s[0], &s[1], &err);
     if (rc != 0) {
         fprintf(stderr, "membill compare: %s\n", err.msg);
-    } else {
-        if (!o->quiet && !(o->json && strcmp(o->json, "-") == 0)) print_table(stdout, &tr, &ir, &s[0], &s[1]);
-        char msg[600];
-        if (o->json) {
-            json_t *root = cli_report_root(&tr.cfg);
-            json_object_set_new(root, "train", side_json(&s[0]));
-            json_object_set_new(root, "infer", side_json(&s[1]));
-            json_object_set_new(root, "ratio", json_real(s[1].total.total ? (double)s[0].total.total / (double)s[1].total.total : 0));
-            if (cli_write_json(o->json, root, msg, sizeof msg) != 0) rc = -1;
-            json_decref(root);
-        }
-        if (rc == 0 && o->svg && cli_write_file(o->svg, svg_pair, s, msg, sizeof msg) != 0) rc = -1;
-        if (rc != 0) fprintf(stderr, "membill compare: %s\n", msg);
+        cli_infer_free(&c.ir);
+        return rc;
     }
-    free(s[0].svg);
-    free(s[1].svg);
-    cli_infer_free(&ir);
-    return rc == 0 ? 0 : EXIT_RUN_FAILED;
+    cli_job job = {.arg = &c, .run = run, .meta_peak = meta_peak, .text = print_table, .json = compare_json,
+                   .svg = svg_pair, .svg_arg = c.s, .title = "membill compare"};
+    rc = cli_job_main(o, &job);
+    free(c.s[0].svg);
+    free(c.s[1].svg);
+    cli_infer_free(&c.ir);
+    return rc;
 }

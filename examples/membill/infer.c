@@ -43,19 +43,28 @@ static int parse_prompts(const char *text, infer_run *r, ag_err *err) {
 
 int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     memset(r, 0, sizeof *r);
-    r->new_tokens = o->new_tokens ? o->new_tokens : 40;
+    r->new_tokens = o->new_tokens;
     r->use_cache = !o->no_cache;
-    if (cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err) != 0) return -1;
+    r->meta = o->meta;
+    r->seed = o->seed;
+    if (o->cmd == CLI_INFER && !cli_infer_dtype(o, &r->dtype, err)) return EXIT_USAGE;
+    if (o->cmd != CLI_INFER) cli_parse_dtype("fp32", &r->dtype);
+    int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
+    if (rc != 0) return rc;
     if (o->tokens && strchr(o->tokens, ';')) {
-        if (o->batch) {
-            ag_err_set(err, "--batch repeats one prompt: give several prompts with ';' or --batch, not both");
-            return -1;
-        }
-        if (parse_prompts(o->tokens, r, err) != 0) return -1;
-        return llama_check_tokens(&r->cfg, r->ids, (size_t)(r->batch * r->seq_len), err);
+        if (parse_prompts(o->tokens, r, err) != 0) return EXIT_USAGE;
+        if (llama_check_tokens(&r->cfg, r->ids, (size_t)(r->batch * r->seq_len), err) != 0) return EXIT_RUN_FAILED;
+    } else if ((rc = cli_make_tokens(o, &r->cfg, o->meta, &r->ids, &r->batch, &r->seq_len, err)) != 0) {
+        return rc;
     }
-    r->ids = cli_make_tokens(o, &r->cfg, &r->batch, &r->seq_len, err);
-    return r->ids ? 0 : -1;
+    // The last new token is chosen but never run through the model: it needs no position.
+    if (r->seq_len + r->new_tokens - 1 > r->cfg.max_positions) {
+        ag_err_set(err, "a %ld-token prompt and %ld new tokens run %ld tokens through the model, past its %lld positions "
+                   "(max_position_embeddings)", r->seq_len, r->new_tokens, r->seq_len + r->new_tokens - 1,
+                   (long long)r->cfg.max_positions);
+        return EXIT_USAGE;
+    }
+    return 0;
 }
 
 void cli_infer_free(infer_run *r) {
@@ -65,7 +74,13 @@ void cli_infer_free(infer_run *r) {
     llama_generate_stats_free(&r->stats);
 }
 
-int cli_infer_run(const cli_options *o, infer_run *r, ag_err *err) {
+static void on_step(void *user, const llama_generate_step *s) {
+    const infer_run *r = user;
+    if (s->step == 0) cli_progress("prefill done, decode 0/%ld", r->new_tokens - 1);
+    else cli_progress("decode %lld/%ld", (long long)s->step, r->new_tokens - 1);
+}
+
+int cli_infer_run(infer_run *r, ag_err *err) {
     int rc = -1;
     llama_model *m = NULL;
     ag_ctx *ctx = ag_ctx_new();
@@ -86,9 +101,10 @@ int cli_infer_run(const cli_options *o, infer_run *r, ag_err *err) {
     if (r->st_path[0]) {
         if (llama_model_load(m, r->st_path, err) != 0) goto done;
     } else {
-        llama_model_init_random(m, o->seed);
+        llama_model_init_random(m, r->seed);
     }
-    llama_generate_opts go = {.use_cache = r->use_cache};
+    llama_generate_opts go = {.use_cache = r->use_cache, .on_step = on_step, .user = r};
+    cli_progress("prefill of %ld x %ld tokens", r->batch, r->seq_len);
     rc = llama_generate(ctx, m, &go, r->ids, r->mask, r->batch, r->seq_len, r->new_tokens, r->out, &r->stats, err);
 done:
     mp_set_phase(MP_PHASE_TEARDOWN);
@@ -100,26 +116,14 @@ done:
     return rc;
 }
 
-int cli_infer_dtype(const cli_options *o, bool meta, cli_dtype *d, char *msg, size_t len) {
+bool cli_infer_dtype(const cli_options *o, cli_dtype *d, ag_err *err) {
     if (!cli_parse_dtype(o->dtype, d) || d->master || d->grad_bits != d->act_bits) {
-        snprintf(msg, len, "--dtype of a generation must be fp32, bf16 or fp16 (mixed precision is a training setting), not '%s'",
-                 o->dtype);
-        return -1;
+        ag_err_set(err, "--dtype of a generation must be fp32, bf16 or fp16 (mixed precision is a training setting), not '%s'",
+                   o->dtype);
+        return false;
     }
-    if (o->weight_dtype && !cli_parse_weight_dtype(o->weight_dtype, o->group_size, d)) {
-        snprintf(msg, len, "--weight-dtype must be fp32, bf16, fp16, int8 or int4, not '%s'", o->weight_dtype);
-        return -1;
-    }
-    if (o->group_size && d->weight_bits != 4) {
-        snprintf(msg, len, "--group-size sets the elements per scale of --weight-dtype int4");
-        return -1;
-    }
-    if (!meta && !cli_dtype_is_f32(d)) {
-        snprintf(msg, len, "--dtype %s --weight-dtype %s needs --meta: real runs compute in float32", d->name,
-                 d->weight_name ? d->weight_name : d->name);
-        return -1;
-    }
-    return 0;
+    if (o->weight_dtype) cli_parse_weight_dtype(o->weight_dtype, o->group_size, d);
+    return true;
 }
 
 static int act_bytes(const infer_run *r) { return r->dtype.name ? r->dtype.act_bits / 8 : 4; }
@@ -135,7 +139,14 @@ static json_t *shape_json(const int64_t s[4]) {
     return a;
 }
 
-static json_t *infer_json(const cli_options *o, const infer_run *r) {
+typedef struct {
+    const cli_options *o;
+    infer_run r;
+} infer_cmd;
+
+static json_t *infer_json(const void *arg, bool failed) {
+    const cli_options *o = ((const infer_cmd *)arg)->o;
+    const infer_run *r = &((const infer_cmd *)arg)->r;
     json_t *root = cli_report_root(&r->cfg);
     json_t *run = json_object();
     json_object_set_new(run, "kind", json_string("infer"));
@@ -146,12 +157,12 @@ static json_t *infer_json(const cli_options *o, const infer_run *r) {
     json_object_set_new(run, "dtype", json_string(r->dtype.name ? r->dtype.long_name : "float32"));
     json_object_set_new(run, "weight_dtype", json_string(r->dtype.weight_name ? r->dtype.weight_name
                                                          : r->dtype.name ? r->dtype.long_name : "float32"));
-    json_object_set_new(run, "meta", json_boolean(o->meta));
-    json_object_set_new(run, "threads", json_integer(o->threads ? o->threads : 2));
+    json_object_set_new(run, "meta", json_boolean(r->meta));
+    json_object_set_new(run, "threads", json_integer(o->threads));
     json_object_set_new(run, "weights", json_string(r->st_path[0] ? r->st_path : "random"));
     json_object_set_new(root, "run", run);
     json_t *gen = json_array();
-    for (long b = 0; b < r->batch; b++) {
+    for (long b = 0; b < r->batch && !failed && !r->meta; b++) {
         json_t *row = json_array();
         for (long t = 0; t < r->new_tokens; t++) json_array_append_new(row, json_integer(r->out[b * r->new_tokens + t]));
         json_array_append_new(gen, row);
@@ -176,25 +187,21 @@ static json_t *infer_json(const cli_options *o, const infer_run *r) {
     json_object_set_new(t, "generate_s", json_real(st->generate_s));
     json_object_set_new(t, "decode_step_s", json_real(st->decode_step_s));
     json_object_set_new(t, "tokens_per_s", json_real(st->generate_s > 0 ? (double)(r->batch * r->new_tokens) / st->generate_s : 0));
-    json_object_set_new(root, "timing", t);
+    if (!failed) json_object_set_new(root, "timing", t);
+    else json_decref(t);
     json_object_set_new(root, "teardown_all_zero", json_boolean(r->torn_down_clean));
     return root;
 }
 
-typedef struct {
-    const cli_options *o;
-    const infer_run *r;
-} infer_view;
-
-static void infer_text(FILE *f, const void *arg) {
-    const cli_options *o = ((const infer_view *)arg)->o;
-    const infer_run *r = ((const infer_view *)arg)->r;
+static void infer_text(FILE *f, const void *arg, bool failed) {
+    const infer_run *r = &((const infer_cmd *)arg)->r;
     const llama_generate_stats *st = &r->stats;
     char b[80];
     fprintf(f, "membill infer: %s, batch %ld x %ld-token prompt, %ld new tokens, greedy, %s, %s%s%s%s\n\n", r->cfg.name,
             r->batch, r->seq_len, r->new_tokens, r->use_cache ? "with the KV cache" : "without a cache (recomputing)",
             r->dtype.name ? r->dtype.long_name : "float32", r->dtype.weight_name ? ", weights " : "",
-            r->dtype.weight_name ? r->dtype.weight_name : "", o->meta ? ", meta (shapes only)" : "");
+            r->dtype.weight_name ? r->dtype.weight_name : "", r->meta ? ", meta (shapes only)" : "");
+    if (failed) fprintf(f, "(FAILED after %lld of %ld forwards: see below)\n\n", (long long)st->steps, r->new_tokens);
     mp_report_text(f);
     cli_breakdown_text(f, (long)r->cfg.layers);
     uint64_t per = cache_per_token(r);
@@ -209,7 +216,7 @@ static void infer_text(FILE *f, const void *arg) {
                 (long long)s1[0], (long long)s1[1], (long long)s1[2], (long long)s1[3]);
         fprintf(f, "; in allocator size classes %s\n", mp_format_bytes(b, sizeof b, st->cache_usable[st->steps - 1]));
     }
-    if (!o->meta) {
+    if (!r->meta && !failed) {
         fprintf(f, "\n  prefill %.4f s, decode %.4f s (median step %.4f s), together %.4f s: %.1f tokens/s\n", st->prefill_s,
                 st->decode_s, st->decode_step_s, st->generate_s,
                 st->generate_s > 0 ? (double)(r->batch * r->new_tokens) / st->generate_s : 0);
@@ -222,62 +229,36 @@ static void infer_text(FILE *f, const void *arg) {
     fprintf(f, "  teardown: every category but other back at zero: %s\n", r->torn_down_clean ? "yes" : "NO");
 }
 
-int cmd_infer(const cli_options *o) {
-    if (o->help) {
-        cli_usage_infer(stdout);
-        return 0;
-    }
-    if (o->meta && o->weights) {
-        fprintf(stderr, "membill infer: --meta runs on shapes alone: --weights needs data\n");
-        return EXIT_USAGE;
-    }
-    if (o->dump_grads || o->save_weights || o->optimizer || o->steps) {
-        fprintf(stderr, "membill infer: --optimizer, --steps, --dump-grads and --save-weights belong to membill train\n");
-        return EXIT_USAGE;
-    }
-    if (o->infer || o->gpus || o->zero) {
-        fprintf(stderr, "membill infer: --infer, --gpus and --zero belong to membill plan\n");
-        return EXIT_USAGE;
-    }
-    cli_dtype dt;
-    char msg0[256];
-    if (cli_infer_dtype(o, o->meta, &dt, msg0, sizeof msg0) != 0) {
-        fprintf(stderr, "membill infer: %s\n", msg0);
-        return EXIT_USAGE;
-    }
-    infer_run r;
-    ag_err err = {""};
-    if (cli_infer_prepare(o, &r, &err) != 0) {
-        fprintf(stderr, "membill infer: %s\n", err.msg);
-        cli_infer_free(&r);
-        return EXIT_RUN_FAILED;
-    }
-    r.dtype = dt;
-    mp_options mo = {.meta = o->meta, .budget = o->budget, .track_other = !o->meta, .keep_timeline = true};
-    if (mp_init(&mo) != MP_OK) {
-        cli_infer_free(&r);
-        fprintf(stderr, "membill infer: cannot start the profiler\n");
-        return EXIT_RUN_FAILED;
-    }
-    ag_set_num_threads((int)(o->threads ? o->threads : 2));
-    int rc = cli_infer_run(o, &r, &err);
-    infer_view view = {o, &r};
-    if (rc != 0) {
-        if (mp_oom()->happened) infer_text(stdout, &view);
-        fprintf(stderr, "membill infer: %s\n", err.msg);
-    } else {
-        if (!o->quiet && !(o->json && strcmp(o->json, "-") == 0)) infer_text(stdout, &view);
-        json_t *root = infer_json(o, &r);
-        char title[256], msg[600];
-        snprintf(title, sizeof title, "membill infer: %s, batch %ld x %ld tokens + %ld new, %s", r.cfg.name, r.batch,
-                 r.seq_len, r.new_tokens, r.use_cache ? "KV cache" : "no cache");
-        if (cli_write_outputs(o, root, title, infer_text, &view, msg, sizeof msg) != 0) {
-            fprintf(stderr, "membill infer: %s\n", msg);
-            rc = -1;
-        }
-        json_decref(root);
-    }
+static int run(void *arg, ag_err *err) { return cli_infer_run(&((infer_cmd *)arg)->r, err); }
+
+static uint64_t meta_peak(void *arg, ag_err *err) {
+    infer_run m = ((const infer_cmd *)arg)->r;
+    m.meta = true;
+    m.out = NULL;
+    memset(&m.stats, 0, sizeof m.stats);
+    mp_options mo = {.meta = true};
+    if (mp_init(&mo) != MP_OK) return 0;
+    uint64_t peak = cli_infer_run(&m, err) == 0 ? mp_peak().total : 0;
     mp_shutdown();
-    cli_infer_free(&r);
-    return rc == 0 ? 0 : EXIT_RUN_FAILED;
+    free(m.out);
+    llama_generate_stats_free(&m.stats);
+    return peak;
+}
+
+int cmd_infer(const cli_options *o) {
+    infer_cmd c = {.o = o};
+    ag_err err = {""};
+    int rc = cli_infer_prepare(o, &c.r, &err);
+    if (rc != 0) {
+        fprintf(stderr, "membill infer: %s\n", err.msg);
+        cli_infer_free(&c.r);
+        return rc;
+    }
+    char title[256];
+    snprintf(title, sizeof title, "membill infer: %s, batch %ld x %ld tokens + %ld new, %s", c.r.cfg.name, c.r.batch,
+             c.r.seq_len, c.r.new_tokens, c.r.use_cache ? "KV cache" : "no cache");
+    cli_job job = {.arg = &c, .run = run, .meta_peak = meta_peak, .text = infer_text, .json = infer_json, .title = title};
+    rc = cli_job_main(o, &job);
+    cli_infer_free(&c.r);
+    return rc;
 }

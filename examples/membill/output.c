@@ -1,6 +1,7 @@
 // Output files, written whole to a temporary name and renamed into place: a failed run or a
 // failed write never leaves a half-written file or touches what the user had.
 #include "cli.h"
+#include "outputs.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -30,17 +31,17 @@ int cli_write_file(const char *path, cli_writer fn, void *arg, char *err, size_t
     return rc;
 }
 
-static int json_writer(FILE *f, void *arg) {
+int cli_json_writer(FILE *f, void *arg) {
     int rc = json_dumpf((json_t *)arg, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     fputc('\n', f);
     return rc;
 }
 
 int cli_write_json(const char *path, json_t *root, char *err, size_t errlen) {
-    return cli_write_file(path, json_writer, root, err, errlen);
+    return cli_write_file(path, cli_json_writer, root, err, errlen);
 }
 
-static int csv_writer(FILE *f, void *arg) {
+int cli_csv_writer(FILE *f, void *arg) {
     (void)arg;
     // One row per event, with each category's live bytes after it, for plots.
     int64_t live[MP_NCATEGORIES] = {0};
@@ -59,7 +60,7 @@ static int csv_writer(FILE *f, void *arg) {
 }
 
 int cli_write_timeline_csv(const char *path, char *err, size_t errlen) {
-    return cli_write_file(path, csv_writer, NULL, err, errlen);
+    return cli_write_file(path, cli_csv_writer, NULL, err, errlen);
 }
 
 json_t *cli_report_root(const llama_config *c) {
@@ -83,14 +84,4 @@ json_t *cli_model_json(const llama_config *c) {
     json_object_set_new(m, "max_positions", json_integer(c->max_positions));
     json_object_set_new(m, "tied", json_boolean(c->tied));
     return m;
-}
-
-int cli_write_outputs(const cli_options *o, json_t *root, const char *title, cli_text_fn text,
-                      const void *arg, char *err, size_t errlen) {
-    if (o->json && cli_write_json(o->json, root, err, errlen) != 0) return -1;
-    if (o->timeline && cli_write_timeline_csv(o->timeline, err, errlen) != 0) return -1;
-    if (o->svg && cli_write_svg(o->svg, title, err, errlen) != 0) return -1;
-    if (o->trace && cli_write_trace(o->trace, err, errlen) != 0) return -1;
-    if (o->html && cli_write_html(o->html, title, text, arg, err, errlen) != 0) return -1;
-    return 0;
 }

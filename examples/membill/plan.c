@@ -3,6 +3,7 @@
 // free at the dtype's element sizes, no data), beside its closed form, per GPU when ZeRO
 // shards the model states, and whether it fits a device.
 #include "plan.h"
+#include "outputs.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -11,15 +12,12 @@
 
 
 // One meta training step of the setting at batch B and length T, inside an initialised
-// profiler. The ids are zeros: meta mode reads none of them.
-static int meta_step(const plan_setting *s, long B, long T, ag_err *err) {
-    cli_options o;
-    memset(&o, 0, sizeof o);
-    o.meta = true;
-    o.checkpointing = s->checkpointing;
+// profiler. Meta mode reads no ids, so none are made: a plan takes no memory per token.
+static int meta_step(const plan_setting *s, long B, long T, ag_err * err) {
     train_run r;
     memset(&r, 0, sizeof r);
     step_record rec;
+    memset(&rec, 0, sizeof rec);
     r.cfg = s->cfg;
     r.batch = B;
     r.seq_len = T;
@@ -27,21 +25,13 @@ static int meta_step(const plan_setting *s, long B, long T, ag_err *err) {
     r.dtype = s->dt;
     r.steps = &rec;
     r.nsteps = 1;
-    r.ids = calloc((size_t)(B * T), sizeof *r.ids);
-    if (!r.ids) {
-        ag_err_set(err, "out of memory for %ld x %ld token ids", B, T);
-        return -1;
-    }
-    int rc = cli_train_run(&o, &r, err);
-    free(r.ids);
-    return rc;
+    r.meta = true;
+    r.checkpointing = s->checkpointing;
+    return cli_train_run(&r, err);
 }
 
 // One meta generation: the prefill over B prompts of T tokens, then new_tokens - 1 decode steps.
-static int meta_generate(const plan_setting *s, long B, long T, ag_err *err) {
-    cli_options o;
-    memset(&o, 0, sizeof o);
-    o.meta = true;
+static int meta_generate(const plan_setting *s, long B, long T, ag_err * err) {
     infer_run r;
     memset(&r, 0, sizeof r);
     r.cfg = s->cfg;
@@ -50,10 +40,8 @@ static int meta_generate(const plan_setting *s, long B, long T, ag_err *err) {
     r.new_tokens = s->new_tokens;
     r.use_cache = true;
     r.dtype = s->dt;
-    r.ids = calloc((size_t)(B * T), sizeof *r.ids);
-    int rc = -1;
-    if (!r.ids) ag_err_set(err, "out of memory for %ld x %ld token ids", B, T);
-    else rc = cli_infer_run(&o, &r, err);
+    r.meta = true;
+    int rc = cli_infer_run(&r, err);
     cli_infer_free(&r);
     return rc;
 }
@@ -138,59 +126,58 @@ static void list_presets(void) {
     }
 }
 
-static bool plan_options(const cli_options *o, plan_setting *s) {
+static void plan_setting_from(const cli_options *o, plan_setting *s) {
     optim_kind kind = OPTIM_ADAM;
-    const char *bad = NULL;
-    char msg[256];
     s->infer = o->infer;
-    if (o->weights || o->tokens || o->dump_grads || o->save_weights || o->steps)
-        bad = "--weights, --tokens, --steps, --dump-grads and --save-weights belong to membill train";
-    else if (o->optimizer && !optim_parse_kind(o->optimizer, &kind))
-        bad = "--optimizer must be adam, adamw, sgd, sgd-momentum or none";
-    else if (s->infer && (o->optimizer || o->gpus || o->zero))
-        bad = "--infer plans one device's generation: --optimizer, --gpus and --zero are training settings";
-    else if (s->infer && o->checkpointing)
-        bad = "--checkpointing recomputes a training step's activations: it does not go with --infer";
-    else if (!s->infer && (o->weight_dtype || o->group_size || o->new_tokens))
-        bad = "--weight-dtype, --group-size and --new-tokens go with --infer";
-    else if (s->infer && cli_infer_dtype(o, true, &s->dt, msg, sizeof msg) != 0)
-        bad = msg;
-    else if (!s->infer && !cli_parse_dtype(o->dtype, &s->dt))
-        bad = "--dtype must be fp32, bf16, fp16, bf16-mixed, fp16-mixed or bf16-mixed-fp32-grads";
-    if (bad) {
-        fprintf(stderr, "membill plan: %s\n", bad);
-        return false;
+    optim_parse_kind(o->optimizer, &kind);
+    if (s->infer) {
+        ag_err e;
+        cli_infer_dtype(o, &s->dt, &e); // checked with the other combinations
+    } else {
+        cli_parse_dtype(o->dtype, &s->dt);
     }
     s->ocfg = optim_defaults(kind);
     cli_dtype_optim(&s->dt, &s->ocfg);
-    s->batch = o->batch ? o->batch : 1;
-    s->seq_len = o->seq_len ? o->seq_len : 25;
-    s->new_tokens = s->infer ? (o->new_tokens ? o->new_tokens : 1) : 0;
-    s->gpus = o->gpus ? o->gpus : 1;
+    s->batch = o->batch;
+    s->seq_len = o->seq_len;
+    s->new_tokens = s->infer ? o->new_tokens : 0;
+    s->gpus = o->gpus;
     s->zero = o->zero;
-    s->overhead = o->overhead_given ? o->overhead : 2000000000ULL;
+    s->overhead = o->overhead;
     s->checkpointing = o->checkpointing;
-    return true;
 }
 
-static bool lengths_ok(const plan_setting *s) {
+static bool lengths_ok(const plan_setting *s, ag_err *err) {
     long most = (long)s->cfg.max_positions - (s->infer ? s->new_tokens - 1 : 0);
     if (s->seq_len < (s->infer ? 1 : 2) || s->seq_len > most) {
-        fprintf(stderr, "membill plan: --seq-len must be %d to %ld (max_position_embeddings%s)\n", s->infer ? 1 : 2, most,
-                s->infer ? " less the new tokens but one" : "");
+        ag_err_set(err, "--seq-len must be %d to %ld (max_position_embeddings %lld%s)", s->infer ? 1 : 2, most,
+                   (long long)s->cfg.max_positions, s->infer ? " less the new tokens but one" : "");
         return false;
     }
     return true;
 }
 
-static int plan_fit(const plan_setting *s, uint64_t device, long *max_batch, long *max_seq, ag_err *err) {
-    long most = (long)s->cfg.max_positions - (s->infer ? s->new_tokens - 1 : 0);
-    *max_batch = largest(s, true, 1, 1 << 16, device, err);
-    *max_seq = *max_batch < 0 ? -1 : largest(s, false, s->infer ? 1 : 2, most, device, err);
-    return *max_batch < 0 || *max_seq < 0 ? -1 : 0;
+#define BATCH_SEARCH_CAP (1L << 30)
+
+static int plan_fit(const plan_setting *s, uint64_t device, plan_fit_result *f, ag_err *err) {
+    long most = (long)s->cfg.max_positions - (s->infer ? s->new_tokens - 1 : 0), shortest = s->infer ? 1 : 2;
+    memset(f, 0, sizeof *f);
+    f->max_batch = largest(s, true, 1, BATCH_SEARCH_CAP, device, err);
+    f->max_seq = f->max_batch < 0 ? -1 : largest(s, false, shortest, most, device, err);
+    if (f->max_batch < 0 || f->max_seq < 0) return -1;
+    f->batch_capped = f->max_batch == BATCH_SEARCH_CAP;
+    f->seq_capped = f->max_seq == most;
+    if (!f->max_batch && !f->max_seq) {
+        plan_setting one = *s;
+        one.batch = 1;
+        plan_bill b;
+        if (measure(&one, 1, shortest, &b, err) != 0) return -1;
+        f->smallest = per_gpu(&one, &b).total;
+    }
+    return 0;
 }
 
-static int plan_report(const cli_options *o, const plan_setting *s, long max_batch, long max_seq) {
+static int plan_report(const cli_options *o, const plan_setting *s, const plan_fit_result *f, ag_err *err) {
     plan_bill b;
     read_bill(&b);
     llama_closed_form cf;
@@ -199,24 +186,24 @@ static int plan_report(const cli_options *o, const plan_setting *s, long max_bat
     if (s->checkpointing) llama_closed_form_checkpointing(&s->cfg, s->batch, s->seq_len, &d, &cf);
     gpu_share g = per_gpu(s, &b);
     bool to_stdout = o->json && strcmp(o->json, "-") == 0;
-    plan_view view = {s, &b, &cf, &g, o->device_memory, max_batch, max_seq};
+    plan_view view = {s, &b, &cf, &g, o->device_memory, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped,
+                      f->smallest};
     if (!o->quiet && !to_stdout) plan_report_text(stdout, &view);
     json_t *root = plan_report_json(&view);
-    char title[256], msg[600];
+    char title[256];
     snprintf(title, sizeof title, "membill plan%s: %s, batch %ld x %ld tokens, %s, %s (meta)", s->infer ? " --infer" : "",
              s->cfg.name, s->batch, s->seq_len, s->infer ? plan_weight_dtype_name(&s->dt) : optim_kind_name(s->ocfg.kind),
              s->dt.long_name);
-    int rc = cli_write_outputs(o, root, title, plan_report_text, &view, msg, sizeof msg);
-    if (rc != 0) fprintf(stderr, "membill plan: %s\n", msg);
+    struct cli_outputs *outs = NULL;
+    cli_report rep = {title, plan_report_text, &view, NULL, NULL};
+    int rc = cli_outputs_declare(o, &outs, err);
+    if (rc == 0) rc = cli_outputs_finish(o, outs, root, &rep, err);
+    cli_outputs_free(outs);
     json_decref(root);
     return rc;
 }
 
 int cmd_plan(const cli_options *o) {
-    if (o->help) {
-        cli_usage_plan(stdout);
-        return 0;
-    }
     if (o->list) {
         list_presets();
         return 0;
@@ -224,26 +211,22 @@ int cmd_plan(const cli_options *o) {
     plan_setting s;
     memset(&s, 0, sizeof s);
     ag_err err = {""};
-    if (!plan_options(o, &s)) return EXIT_USAGE;
+    plan_setting_from(o, &s);
     char st_path[8];
-    if (cli_load_config(o, &s.cfg, st_path, sizeof st_path, &err) != 0) {
-        fprintf(stderr, "membill plan: %s\n", err.msg);
-        return EXIT_RUN_FAILED;
+    int rc = cli_load_config(o, &s.cfg, st_path, sizeof st_path, &err);
+    if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_USAGE;
+    plan_fit_result fit = {0};
+    if (rc == 0 && o->device_memory && plan_fit(&s, o->device_memory, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
+    if (rc == 0) {
+        mp_options mo = {.meta = true, .keep_timeline = true};
+        if (mp_init(&mo) != MP_OK) {
+            ag_err_set(&err, "cannot start the profiler");
+            rc = EXIT_RUN_FAILED;
+        } else {
+            if (meta_run(&s, s.batch, s.seq_len, &err) != 0 || plan_report(o, &s, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
+            mp_shutdown();
+        }
     }
-    if (!lengths_ok(&s)) return EXIT_USAGE;
-    long max_batch = 0, max_seq = 0;
-    if (o->device_memory && plan_fit(&s, o->device_memory, &max_batch, &max_seq, &err) != 0) {
-        fprintf(stderr, "membill plan: %s\n", err.msg);
-        return EXIT_RUN_FAILED;
-    }
-    mp_options mo = {.meta = true, .keep_timeline = true};
-    if (mp_init(&mo) != MP_OK) {
-        fprintf(stderr, "membill plan: cannot start the profiler\n");
-        return EXIT_RUN_FAILED;
-    }
-    int rc = meta_run(&s, s.batch, s.seq_len, &err);
     if (rc != 0) fprintf(stderr, "membill plan: %s\n", err.msg);
-    else rc = plan_report(o, &s, max_batch, max_seq);
-    mp_shutdown();
-    return rc == 0 ? 0 : EXIT_RUN_FAILED;
+    return rc;
 }

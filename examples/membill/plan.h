@@ -36,7 +36,16 @@ typedef struct {
     const gpu_share *g;
     uint64_t device;
     long max_batch, max_seq;
+    bool batch_capped, seq_capped; // the search's own cap, the model's positions
+    uint64_t smallest;             // nothing fits: one device's total at batch 1, the shortest length
 } plan_view;
+
+// The fit search's answer.
+typedef struct {
+    long max_batch, max_seq;
+    bool batch_capped, seq_capped;
+    uint64_t smallest;
+} plan_fit_result;
 
 llama_dtype_bytes plan_dtype_bytes(const plan_setting *s);
 long plan_cache_tokens(const plan_setting *s);

@@ -114,14 +114,25 @@ static void text_fit(FILE *out, const plan_view *v) {
     fprintf(out, "\n  on a %s device, with %s of framework overhead (the lesson's \"1 to 2 GB\"; --overhead): %s",
             mp_format_bytes(x, sizeof x, v->device), mp_format_bytes(y, sizeof y, s->overhead),
             v->g->total <= v->device ? "fits" : "does NOT fit");
-    fprintf(out, ";\n  largest batch at %ld tokens: %ld; longest %s at batch %ld: %ld tokens\n", s->seq_len, v->max_batch,
-            s->infer ? "prompt" : "sequence", s->batch, v->max_seq);
+    fprintf(out, "\n");
+    if (v->max_batch == 0 && v->max_seq == 0) {
+        fprintf(out, "  nothing fits: even batch 1 x %d token%s needs %s on one device\n", s->infer ? 1 : 2, s->infer ? "" : "s",
+                mp_format_bytes(x, sizeof x, v->smallest));
+        return;
+    }
+    if (v->max_batch == 0) fprintf(out, "  no batch fits at %ld tokens", s->seq_len);
+    else fprintf(out, "  largest batch at %ld tokens: %s%ld%s", s->seq_len, v->batch_capped ? "at least " : "", v->max_batch,
+                 v->batch_capped ? " (the search stops there)" : "");
+    if (v->max_seq == 0) fprintf(out, "; no length fits at batch %ld\n", s->batch);
+    else fprintf(out, "; longest %s at batch %ld: %ld tokens%s\n", s->infer ? "prompt" : "sequence", s->batch, v->max_seq,
+                 v->seq_capped ? ", the model's positions (max_position_embeddings), not memory, are the limit" : "");
 }
 
 static void report_train_text(FILE *out, const plan_view *v) {
     const plan_setting *s = v->s;
-    fprintf(out, "membill plan: %s, %llu parameters, batch %ld x %ld tokens, %s, %s\n", s->cfg.name,
-            (unsigned long long)v->cf->params, s->batch, s->seq_len, optim_kind_name(s->ocfg.kind), s->dt.long_name);
+    char pc[32];
+    fprintf(out, "membill plan: %s, %s parameters, batch %ld x %ld tokens, %s, %s\n", s->cfg.name,
+            cli_commas(pc, sizeof pc, v->cf->params), s->batch, s->seq_len, optim_kind_name(s->ocfg.kind), s->dt.long_name);
     fprintf(out, "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n");
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
@@ -273,6 +284,9 @@ json_t *plan_report_json(const plan_view *v) {
         json_object_set_new(fit, "fits", json_boolean(v->g->total <= v->device));
         json_object_set_new(fit, "largest_batch", json_integer(v->max_batch));
         json_object_set_new(fit, "longest_seq_len", json_integer(v->max_seq));
+        json_object_set_new(fit, "largest_batch_is_search_cap", json_boolean(v->batch_capped));
+        json_object_set_new(fit, "longest_seq_len_is_positions", json_boolean(v->seq_capped));
+        if (!v->max_batch && !v->max_seq) json_object_set_new(fit, "smallest_bytes", json_integer((json_int_t)v->smallest));
         json_object_set_new(root, "fit", fit);
     }
     return root;

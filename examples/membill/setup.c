@@ -1,36 +1,78 @@
-// What a run is made of: the config, where the weights come from, and the token ids.
+// What a run is made of: the config, where the weights come from, the token ids, and the
+// options that only make sense together.
 #include "cli.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
-int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len,
-                    ag_err *err) {
-    char cfg_from_weights[4096] = "";
-    st_path[0] = 0;
-    if (o->weights &&
-        llama_weights_resolve(o->weights, cfg_from_weights, st_path, st_len, err) != 0)
-        return -1;
-    const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
-    if (o->config && o->model) {
-        ag_err_set(err, "--model and --config both name a model: give one");
-        return -1;
+static bool is_f32(const char *dtype) { return !dtype || strcmp(dtype, "fp32") == 0; }
+
+// Every rule that ties two options together, per subcommand. The table has already refused
+// options a subcommand does not take.
+bool cli_check_combinations(const cli_options *o) {
+    const char *bad = NULL;
+    char buf[600];
+    bool infer_plan = o->cmd == CLI_PLAN && o->infer;
+    if (cli_given(o, "--model") && cli_given(o, "--config"))
+        bad = "--model and --config both name a model: give one";
+    else if (o->meta && (o->weights || o->dump_grads || o->save_weights))
+        bad = "--meta runs on shapes alone: --weights, --dump-grads and --save-weights need data";
+    else if (o->cmd & (CLI_TRAIN | CLI_INFER) && !o->meta && (!is_f32(o->dtype) || !is_f32(o->weight_dtype)))
+        snprintf(buf, sizeof buf, "--dtype %s%s%s needs --meta: real runs compute in float32", o->dtype,
+                 o->weight_dtype ? " --weight-dtype " : "", o->weight_dtype ? o->weight_dtype : ""),
+            bad = buf;
+    else if (cli_given(o, "--group-size") && !(o->weight_dtype && strcmp(o->weight_dtype, "int4") == 0))
+        bad = "--group-size sets the elements per scale of --weight-dtype int4";
+    else if (cli_given(o, "--lr") && o->optimizer && strcmp(o->optimizer, "none") == 0)
+        bad = "--lr does not apply to --optimizer none";
+    else if (o->cmd == CLI_PLAN && !o->infer &&
+             (o->weight_dtype || cli_given(o, "--group-size") || cli_given(o, "--new-tokens")))
+        bad = "--weight-dtype, --group-size and --new-tokens plan a generation: add --infer";
+    else if (infer_plan && (cli_given(o, "--optimizer") || cli_given(o, "--gpus") || cli_given(o, "--zero") ||
+                            o->checkpointing))
+        bad = "--infer plans one device's generation: --optimizer, --gpus, --zero and --checkpointing are training settings";
+    else if (o->cmd == CLI_INFER && o->tokens && strchr(o->tokens, ';') && cli_given(o, "--batch"))
+        bad = "--batch repeats one prompt: give several prompts with ';' or --batch, not both";
+    else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
+        bad = "compare trains on one prompt repeated over --batch: give one prompt";
+    if (!bad) {
+        // Two outputs on stdout would interleave.
+        const char *outs[] = {o->json, o->timeline, o->svg, o->trace, o->html, o->dump_grads, o->save_weights};
+        int dashes = 0;
+        for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) dashes += outs[i] && strcmp(outs[i], "-") == 0;
+        if (dashes > 1) bad = "only one output can go to stdout ('-')";
     }
-    if (cfg_file) return llama_config_load(cfg, cfg_file, err);
-    return llama_config_preset(cfg, o->model ? o->model : "smollm2-135m", err);
+    if (!bad && o->dtype && !(o->cmd == CLI_TRAIN || (o->cmd == CLI_PLAN && !o->infer))) {
+        cli_dtype d;
+        ag_err e;
+        if (!cli_infer_dtype(o, &d, &e)) snprintf(buf, sizeof buf, "%s", e.msg), bad = buf;
+    }
+    if (bad) cli_usage_error(o, "%s", bad);
+    return !bad;
 }
 
-// "1,2,3" -> ids; a malformed list names the item at fault.
+int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len, ag_err *err) {
+    char cfg_from_weights[4096] = "";
+    st_path[0] = 0;
+    if (o->weights && llama_weights_resolve(o->weights, cfg_from_weights, st_path, st_len, err) != 0)
+        return EXIT_RUN_FAILED;
+    const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
+    if (cfg_file) return llama_config_load(cfg, cfg_file, err) == 0 ? 0 : EXIT_RUN_FAILED;
+    if (llama_config_preset(cfg, o->model, err) == 0) return 0;
+    ag_err_set(err, "--model: unknown preset '%s' (membill plan --list names them)", o->model);
+    return EXIT_USAGE;
+}
+
 int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err) {
     long cap = 16, count = 0;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     const char *p = text;
     while (ids) {
-        char *end;
+        char *end = NULL;
         errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+        long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
+        if (v < 0 || errno || v > INT32_MAX || (*end && *end != ',')) {
             ag_err_set(err, "--tokens: item %ld is not a token id (expected comma-separated ids such as 1,2,3)", count + 1);
             free(ids);
             return -1;
@@ -53,34 +95,42 @@ int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err) {
     return -1;
 }
 
-int32_t *cli_make_tokens(const cli_options *o, const llama_config *cfg, long *batch, long *seq_len,
-                         ag_err *err) {
+int cli_make_tokens(const cli_options *o, const llama_config *cfg, bool meta, int32_t **out, long *batch,
+                    long *seq_len, ag_err *err) {
     int32_t *row = NULL;
-    long B = o->batch ? o->batch : 1, T = o->seq_len ? o->seq_len : 25;
+    long B = o->batch, T = o->seq_len;
+    *out = NULL;
     if (o->tokens) {
-        if (cli_parse_tokens(o->tokens, &row, &T, err) != 0) return NULL;
-        if (o->seq_len && o->seq_len != T) {
+        if (cli_parse_tokens(o->tokens, &row, &T, err) != 0) return EXIT_USAGE;
+        if (cli_given(o, "--seq-len") && o->seq_len != T) {
             ag_err_set(err, "--tokens gives %ld ids but --seq-len says %ld", T, o->seq_len);
             free(row);
-            return NULL;
+            return EXIT_USAGE;
         }
     }
     if (T > cfg->max_positions) {
         ag_err_set(err, "%ld tokens exceed the model's %lld positions (max_position_embeddings)", T,
-                      (long long)cfg->max_positions);
+                   (long long)cfg->max_positions);
         free(row);
-        return NULL;
+        return EXIT_USAGE;
+    }
+    *batch = B;
+    *seq_len = T;
+    if (meta) { // a bill of shapes reads no ids
+        free(row);
+        return 0;
     }
     if ((uint64_t)B * (uint64_t)T > ((uint64_t)1 << 31) / sizeof(int32_t)) {
-        ag_err_set(err, "--batch %ld x --seq-len %ld is too many tokens", B, T);
+        ag_err_set(err, "--batch %ld x --seq-len %ld: %llu tokens, more than a real run takes (2^29); --meta bills it",
+                   B, T, (unsigned long long)B * (unsigned long long)T);
         free(row);
-        return NULL;
+        return EXIT_USAGE;
     }
     int32_t *ids = malloc((size_t)(B * T) * sizeof *ids);
     if (!ids) {
         free(row);
         ag_err_set(err, "out of memory for %ld x %ld token ids", B, T);
-        return NULL;
+        return EXIT_RUN_FAILED;
     }
     uint64_t s = o->seed * 0x9e3779b97f4a7c15ULL + 12345;
     for (long i = 0; i < B * T; i++) {
@@ -94,9 +144,21 @@ int32_t *cli_make_tokens(const cli_options *o, const llama_config *cfg, long *ba
     free(row);
     if (llama_check_tokens(cfg, ids, (size_t)(B * T), err) != 0) {
         free(ids);
-        return NULL;
+        return EXIT_RUN_FAILED;
     }
-    *batch = B;
-    *seq_len = T;
-    return ids;
+    *out = ids;
+    return 0;
+}
+
+const char *cli_commas(char *buf, size_t len, uint64_t v) {
+    char digits[32];
+    int n = snprintf(digits, sizeof digits, "%llu", (unsigned long long)v), k = 0;
+    size_t j = 0;
+    for (int i = 0; i < n && j + 2 < len; i++) {
+        if (i && (n - i) % 3 == 0) buf[j++] = ',';
+        buf[j++] = digits[i];
+        k++;
+    }
+    buf[j] = 0;
+    return buf;
 }

@@ -1,92 +1,52 @@
 // membill train: forward, loss, backward and optimizer step(s), billed byte by byte.
 #include "cli.h"
+#include "outputs.h"
 
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+static const char *const phase_names[3] = {"forward", "backward", "optimizer"};
+
+// What the timeline says of one step: its total peak, and per phase the peak and what each
+// category held at the phase's end.
+typedef struct {
+    uint64_t peak, phase_peak[3];
+    int64_t end_live[3][MP_NCATEGORIES];
+} step_figures;
+
+static void replay_steps(const train_run *r, step_figures *out) {
+    int64_t live[MP_NCATEGORIES] = {0}, total = 0;
+    size_t i = 0, n = mp_timeline_count();
+    for (long s = 0; s < r->nsteps; s++) {
+        const step_record *rec = &r->steps[s];
+        memset(&out[s], 0, sizeof out[s]);
+        for (int p = 0; p < rec->phases_done; p++) {
+            for (; i < rec->events[p] && i < n; i++) {
+                const mp_event *e = mp_timeline_get(i);
+                live[e->category] += e->bytes, total += e->bytes;
+            }
+            int64_t pk = total;
+            for (; i < rec->events[p + 1] && i < n; i++) {
+                const mp_event *e = mp_timeline_get(i);
+                live[e->category] += e->bytes, total += e->bytes;
+                if (total > pk) pk = total;
+            }
+            out[s].phase_peak[p] = (uint64_t)pk;
+            memcpy(out[s].end_live[p], live, sizeof live);
+            if ((uint64_t)pk > out[s].peak) out[s].peak = (uint64_t)pk;
+        }
+    }
 }
 
-static int fail(const char *what) {
-    fprintf(stderr, "membill train: %s\n", what);
-    return EXIT_RUN_FAILED;
-}
-
-// One step: forward, backward, optimizer; the gradients are set to none afterwards, as
-// optimizer.zero_grad(set_to_none=True) would at the start of the next step.
-static int run_step(const cli_options *o, train_run *r, ag_ctx *ctx, llama_model *m, optim *opt,
-                    long s, ag_err *err) {
-    step_record *rec = &r->steps[s];
-    double t0 = now_s();
-    mp_set_phase(MP_PHASE_FORWARD);
-    llama_forward_opts fo = {.checkpointing = o->checkpointing};
-    ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, r->ids, r->batch, r->seq_len, err);
-    if (!loss) return -1;
-    rec->loss = loss->data ? loss->data[0] : NAN;
-    double t1 = now_s();
-    mp_set_phase(MP_PHASE_BACKWARD);
-    ag_status st = ag_backward(ctx, loss);
-    ag_release(loss);
-    if (st != AG_OK) {
-        ag_err_set(err, "backward: %s", ag_ctx_error(ctx));
-        return -1;
-    }
-    if (o->dump_grads && s == r->nsteps - 1 && llama_model_save(m, o->dump_grads, true, err) != 0)
-        return -1;
-    double t2 = now_s();
-    mp_set_phase(MP_PHASE_OPTIMIZER);
-    if (optim_step(opt, err) != 0) return -1;
-    optim_zero_grad(opt);
-    double t3 = now_s();
-    rec->forward_s = t1 - t0;
-    rec->backward_s = t2 - t1;
-    rec->optimizer_s = t3 - t2;
-    rec->step_s = t3 - t0;
-    return 0;
-}
-
-int cli_train_run(const cli_options *o, train_run *r, ag_err *err) {
-    int rc = -1;
-    ag_ctx *ctx = ag_ctx_new();
-    llama_model *m = NULL;
-    optim *opt = NULL;
-    if (!ctx) {
-        ag_err_set(err, "out of memory");
-        return -1;
-    }
-    mp_set_phase(MP_PHASE_LOAD);
-    ag_meta_dtype md = cli_meta_dtype(&r->dtype);
-    if (!ag_ctx_set_meta_dtype(ctx, &md)) {
-        ag_err_set(err, "%s", ag_ctx_error(ctx));
-        goto done;
-    }
-    if (llama_model_new(&m, ctx, &r->cfg, err) != 0) goto done;
-    if (r->st_path[0]) {
-        if (llama_model_load(m, r->st_path, err) != 0) goto done;
-    } else {
-        llama_model_init_random(m, o->seed);
-    }
-    opt = optim_new(&r->ocfg, m->params, m->nparams, err);
-    if (!opt) goto done;
+// The step (1-based) whose events hold the total peak; 0 when it fell outside every step.
+static long peak_step(const train_run *r) {
+    size_t at = mp_peak().events;
     for (long s = 0; s < r->nsteps; s++)
-        if (run_step(o, r, ctx, m, opt, s, err) != 0) goto done;
-    if (o->save_weights && llama_model_save(m, o->save_weights, false, err) != 0) goto done;
-    rc = 0;
-done:
-    mp_set_phase(MP_PHASE_TEARDOWN);
-    optim_free(opt);
-    llama_model_free(m);
-    ag_ctx_free(ctx);
-    r->torn_down_clean = true;
-    for (int c = 0; c < MP_OTHER; c++)
-        if (mp_get_counter(c).live != 0) r->torn_down_clean = false;
-    return rc;
+        if (r->steps[s].phases_done && at > r->steps[s].events[0] && at <= r->steps[s].events[r->steps[s].phases_done])
+            return s + 1;
+    return 0;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -103,7 +63,13 @@ static double steady(const train_run *r, size_t field_offset) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static json_t *step_json(const step_record *s) {
+static long steps_completed(const train_run *r) {
+    long n = 0;
+    while (n < r->nsteps && r->steps[n].phases_done == 3) n++;
+    return n;
+}
+
+static json_t *step_timing_json(const step_record *s) {
     json_t *o = json_object();
     json_object_set_new(o, "forward_s", json_real(s->forward_s));
     json_object_set_new(o, "backward_s", json_real(s->backward_s));
@@ -119,9 +85,35 @@ static json_t *timing_json(const train_run *r) {
     json_object_set_new(t, "optimizer_s", json_real(steady(r, offsetof(step_record, optimizer_s))));
     json_object_set_new(t, "step_s", json_real(steady(r, offsetof(step_record, step_s))));
     json_t *arr = json_array();
-    for (long s = 0; s < r->nsteps; s++) json_array_append_new(arr, step_json(&r->steps[s]));
+    for (long s = 0; s < r->nsteps; s++) json_array_append_new(arr, step_timing_json(&r->steps[s]));
     json_object_set_new(t, "steps", arr);
     return t;
+}
+
+// The top-level "steps": one entry per step that began, with only the phases that finished.
+static json_t *steps_json(const train_run *r, const step_figures *fig) {
+    json_t *arr = json_array();
+    for (long s = 0; s < r->nsteps && r->steps[s].phases_done; s++) {
+        const step_record *rec = &r->steps[s];
+        json_t *o = json_object(), *phases = json_array();
+        json_object_set_new(o, "step", json_integer(s + 1));
+        json_object_set_new(o, "loss", r->meta ? json_null() : json_real(rec->loss));
+        json_object_set_new(o, "peak_bytes", json_integer((json_int_t)fig[s].peak));
+        const double secs[3] = {rec->forward_s, rec->backward_s, rec->optimizer_s};
+        for (int p = 0; p < rec->phases_done; p++) {
+            json_t *ph = json_object(), *end = json_object();
+            json_object_set_new(ph, "name", json_string(phase_names[p]));
+            json_object_set_new(ph, "peak_bytes", json_integer((json_int_t)fig[s].phase_peak[p]));
+            json_object_set_new(ph, "seconds", json_real(secs[p]));
+            for (int c = 0; c < MP_NCATEGORIES; c++)
+                json_object_set_new(end, mp_category_name(c), json_integer((json_int_t)fig[s].end_live[p][c]));
+            json_object_set_new(ph, "end_live", end);
+            json_array_append_new(phases, ph);
+        }
+        json_object_set_new(o, "phases", phases);
+        json_array_append_new(arr, o);
+    }
+    return arr;
 }
 
 // Weights, gradients and optimizer state against four times the weights (claim T4).
@@ -138,53 +130,54 @@ static json_t *four_copies_json(void) {
     return o;
 }
 
-static json_t *report_json(const cli_options *o, const train_run *r) {
-    json_t *root = cli_report_root(&r->cfg);
-    json_t *run = json_object();
+typedef struct {
+    const cli_options *o;
+    train_run r;
+    cli_job job;
+} train_cmd;
+
+static json_t *report_json(const void *arg, bool failed) {
+    const train_cmd *t = arg;
+    const train_run *r = &t->r;
+    json_t *root = cli_report_root(&r->cfg), *run = json_object();
     json_object_set_new(run, "kind", json_string("train"));
     json_object_set_new(run, "batch", json_integer(r->batch));
     json_object_set_new(run, "seq_len", json_integer(r->seq_len));
     json_object_set_new(run, "steps", json_integer(r->nsteps));
     json_object_set_new(run, "optimizer", json_string(optim_kind_name(r->ocfg.kind)));
-    json_object_set_new(run, "lr", json_real(r->ocfg.lr));
-    json_object_set_new(run, "dtype", json_string(r->dtype.name ? r->dtype.long_name : "float32"));
-    json_object_set_new(run, "meta", json_boolean(o->meta));
-    json_object_set_new(run, "checkpointing", json_boolean(o->checkpointing));
-    json_object_set_new(run, "threads", json_integer(o->threads ? o->threads : 2));
-    json_object_set_new(run, "seed", json_integer((json_int_t)o->seed));
+    json_object_set_new(run, "lr", json_real(t->o->lr));
+    json_object_set_new(run, "dtype", json_string(r->dtype.long_name));
+    json_object_set_new(run, "meta", json_boolean(r->meta));
+    json_object_set_new(run, "checkpointing", json_boolean(r->checkpointing));
+    json_object_set_new(run, "threads", json_integer(t->o->threads));
+    json_object_set_new(run, "seed", json_integer((json_int_t)r->seed));
     json_object_set_new(run, "weights", json_string(r->st_path[0] ? r->st_path : "random"));
     json_object_set_new(root, "run", run);
-    json_object_set_new(root, "loss", o->meta ? json_null() : json_real(r->steps[0].loss));
+    bool have_loss = !r->meta && r->steps[0].phases_done >= 1;
+    json_object_set_new(root, "loss", have_loss ? json_real(r->steps[0].loss) : json_null());
     json_t *losses = json_array();
-    for (long s = 0; s < r->nsteps && !o->meta; s++) json_array_append_new(losses, json_real(r->steps[s].loss));
+    for (long s = 0; s < r->nsteps && !r->meta && r->steps[s].phases_done >= 1; s++)
+        json_array_append_new(losses, json_real(r->steps[s].loss));
     json_object_set_new(root, "losses", losses);
     mp_report_json(root);
-    json_object_set_new(root, "four_copies", four_copies_json());
+    step_figures *fig = calloc((size_t)r->nsteps, sizeof *fig);
+    if (fig) {
+        replay_steps(r, fig);
+        json_object_set_new(root, "steps", steps_json(r, fig));
+        free(fig);
+    }
+    long ps = peak_step(r);
+    json_t *peak = json_object_get(root, "peak");
+    if (peak) json_object_set_new(peak, "step", ps ? json_integer(ps) : json_null());
+    if (steps_completed(r) > 0) json_object_set_new(root, "four_copies", four_copies_json());
     json_object_set_new(root, "breakdown", cli_breakdown_json((long)r->cfg.layers));
-    json_object_set_new(root, "timing", timing_json(r));
+    if (!failed) json_object_set_new(root, "timing", timing_json(r));
     json_object_set_new(root, "teardown_all_zero", json_boolean(r->torn_down_clean));
     return root;
 }
 
-typedef struct {
-    const cli_options *o;
-    const train_run *r;
-} train_view;
-
-static void report_text(FILE *f, const void *arg) {
-    const cli_options *o = ((const train_view *)arg)->o;
-    const train_run *r = ((const train_view *)arg)->r;
+static void text_four_copies(FILE *f) {
     char b[80], c[80];
-    fprintf(f, "membill train: %s, %llu parameters, batch %ld x %ld tokens, %s lr %g, %s%s\n",
-            r->cfg.name, (unsigned long long)llama_param_count(&r->cfg), r->batch, r->seq_len,
-            optim_kind_name(r->ocfg.kind), r->ocfg.lr, r->dtype.name ? r->dtype.long_name : "float32",
-            o->meta ? ", meta (shapes only)" : "");
-    if (o->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
-    if (!o->meta)
-        fprintf(f, "loss %.4f (a random init is near ln(vocab) = %.4f)\n", r->steps[0].loss, log((double)r->cfg.vocab));
-    fprintf(f, "\n");
-    mp_report_text(f);
-    cli_breakdown_text(f, (long)r->cfg.layers);
     uint64_t w = mp_get_counter(MP_WEIGHT).peak, g = mp_get_counter(MP_GRADIENT).peak,
              a = mp_get_counter(MP_OPTIMIZER).peak;
     // The optimizer phase is where all three are live at once (its peak is after the state).
@@ -194,88 +187,124 @@ static void report_text(FILE *f, const void *arg) {
     fprintf(f, "    = %.3f x the weights (%s); all live at once during the optimizer step: %s\n",
             w ? (double)(w + g + a) / (double)w : 0.0, mp_format_bytes(c, sizeof c, w), together ? "yes" : "no");
     fprintf(f, "    activations on top, at their peak: %s\n", mp_format_bytes(b, sizeof b, mp_get_counter(MP_ACTIVATION).peak));
-    if (!o->meta) {
+}
+
+// One line per step: loss, total peak, each phase's time; and which step holds the peak.
+static void text_steps(FILE *f, const train_run *r) {
+    step_figures *fig = calloc((size_t)r->nsteps, sizeof *fig);
+    if (!fig) return;
+    replay_steps(r, fig);
+    char b[80];
+    fprintf(f, "\n  %-5s %-9s %-36s %-9s %-9s %-9s %s\n", "step", "loss", "total peak", "forward", "backward", "optimizer",
+            "step");
+    for (long s = 0; s < r->nsteps && r->steps[s].phases_done; s++) {
+        const step_record *rec = &r->steps[s];
+        char loss[32] = "-", t[3][24] = {"-", "-", "-"}, st[24] = "-";
+        if (!r->meta) snprintf(loss, sizeof loss, "%.4f", rec->loss);
+        const double secs[3] = {rec->forward_s, rec->backward_s, rec->optimizer_s};
+        for (int p = 0; p < rec->phases_done && !r->meta; p++) snprintf(t[p], sizeof t[p], "%.3f s", secs[p]);
+        if (rec->phases_done == 3 && !r->meta) snprintf(st, sizeof st, "%.3f s", rec->step_s);
+        fprintf(f, "  %-5ld %-9s %-36s %-9s %-9s %-9s %s\n", s + 1, loss, mp_format_bytes(b, sizeof b, fig[s].peak), t[0],
+                t[1], t[2], st);
+    }
+    long ps = peak_step(r);
+    if (ps) fprintf(f, "  the total peak is in step %ld\n", ps);
+    free(fig);
+}
+
+// The text report. A failed run says only what it measured before the failure.
+static void report_text(FILE *f, const void *arg, bool failed) {
+    const train_cmd *t = arg;
+    const train_run *r = &t->r;
+    char p[32];
+    fprintf(f, "membill train: %s, %s parameters, batch %ld x %ld tokens, %s lr %g, %s%s%s\n", r->cfg.name,
+            cli_commas(p, sizeof p, llama_param_count(&r->cfg)), r->batch, r->seq_len, optim_kind_name(r->ocfg.kind),
+            t->o->lr, r->dtype.long_name, r->meta ? ", meta (shapes only)" : "", failed ? " (FAILED: see below)" : "");
+    if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
+    if (!r->meta && r->steps[0].phases_done >= 1)
+        fprintf(f, "loss %.4f (a random init is near ln(vocab) = %.4f)\n", r->steps[0].loss, log((double)r->cfg.vocab));
+    fprintf(f, "\n");
+    mp_report_text(f);
+    cli_breakdown_text(f, (long)r->cfg.layers);
+    long done = steps_completed(r);
+    if (done > 0) text_four_copies(f);
+    if (r->nsteps >= 2 || failed) {
+        text_steps(f, r);
+    } else if (!r->meta && done) {
         const step_record *s = &r->steps[0];
         fprintf(f, "\n  step 1: forward %.3f s, backward %.3f s, optimizer %.3f s, step %.3f s\n", s->forward_s,
                 s->backward_s, s->optimizer_s, s->step_s);
-        if (r->nsteps >= 2)
-            fprintf(f, "  steady state (median of steps 2..%ld): forward %.3f s, backward %.3f s, optimizer %.3f s, step %.3f s\n",
-                    r->nsteps, steady(r, offsetof(step_record, forward_s)), steady(r, offsetof(step_record, backward_s)),
-                    steady(r, offsetof(step_record, optimizer_s)), steady(r, offsetof(step_record, step_s)));
     }
+    if (r->nsteps >= 2 && !r->meta && done == r->nsteps)
+        fprintf(f, "  steady state (median of steps 2..%ld): forward %.3f s, backward %.3f s, optimizer %.3f s, step %.3f s\n",
+                r->nsteps, steady(r, offsetof(step_record, forward_s)), steady(r, offsetof(step_record, backward_s)),
+                steady(r, offsetof(step_record, optimizer_s)), steady(r, offsetof(step_record, step_s)));
     fprintf(f, "  teardown: weight, gradient, optimizer, activation and cache back at zero: %s\n",
             r->torn_down_clean ? "yes" : "NO");
-    if (o->explain && cli_dtype_is_f32(&r->dtype)) cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind);
-    else if (o->explain) // the worked formulas are float32's; plan has each dtype's closed form
+    if (failed || !t->o->explain) return;
+    if (cli_dtype_is_f32(&r->dtype)) cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind);
+    else // the worked formulas are float32's; plan has each dtype's closed form
         fprintf(f, "\n  --explain works out the float32 formulas: membill plan --dtype %s gives this dtype's closed form\n",
                 r->dtype.name);
 }
 
-int cmd_train(const cli_options *o) {
-    if (o->help) {
-        cli_usage_train(stdout);
-        return 0;
-    }
-    train_run r;
-    memset(&r, 0, sizeof r);
-    ag_err err = {""};
-    optim_kind kind = OPTIM_ADAM;
-    if (o->optimizer && !optim_parse_kind(o->optimizer, &kind)) {
-        fprintf(stderr, "membill train: --optimizer must be adam, adamw, sgd, sgd-momentum or none, not '%s'\n", o->optimizer);
-        return EXIT_USAGE;
-    }
-    if (o->meta && (o->dump_grads || o->save_weights || o->weights)) {
-        fprintf(stderr, "membill train: --meta runs on shapes alone: --weights, --dump-grads and --save-weights need data\n");
-        return EXIT_USAGE;
-    }
-    if (!cli_parse_dtype(o->dtype, &r.dtype)) {
-        fprintf(stderr, "membill train: --dtype must be fp32, bf16, fp16, bf16-mixed, fp16-mixed or bf16-mixed-fp32-grads, not '%s'\n",
-                o->dtype);
-        return EXIT_USAGE;
-    }
-    if (!cli_dtype_is_f32(&r.dtype) && !o->meta) {
-        fprintf(stderr, "membill train: --dtype %s needs --meta: real runs compute in float32\n", r.dtype.name);
-        return EXIT_USAGE;
-    }
-    if (o->weight_dtype || o->group_size || o->infer) {
-        fprintf(stderr, "membill train: --weight-dtype, --group-size and --infer belong to membill plan and membill infer\n");
-        return EXIT_USAGE;
-    }
-    r.ocfg = optim_defaults(kind);
-    r.ocfg.lr = o->lr_given ? (float)o->lr : 1e-5f;
-    cli_dtype_optim(&r.dtype, &r.ocfg);
-    r.nsteps = o->steps ? o->steps : 1;
-    if (cli_load_config(o, &r.cfg, r.st_path, sizeof r.st_path, &err) != 0) return fail(err.msg);
-    r.ids = cli_make_tokens(o, &r.cfg, &r.batch, &r.seq_len, &err);
-    if (!r.ids) return fail(err.msg);
-    r.steps = calloc((size_t)r.nsteps, sizeof *r.steps);
-    mp_options mo = {.meta = o->meta, .budget = o->budget, .track_other = !o->meta,
-                     .keep_timeline = true};
-    if (!r.steps || mp_init(&mo) != MP_OK) {
-        free(r.ids);
-        free(r.steps);
-        return fail("cannot start the profiler");
-    }
-    ag_set_num_threads((int)(o->threads ? o->threads : 2));
-    int rc = cli_train_run(o, &r, &err);
-    train_view view = {o, &r};
-    if (rc != 0) {
-        if (mp_oom()->happened) report_text(stdout, &view);
-        fprintf(stderr, "membill train: %s\n", err.msg);
-    } else {
-        if (!o->quiet && !(o->json && strcmp(o->json, "-") == 0)) report_text(stdout, &view);
-        json_t *root = report_json(o, &r);
-        char title[256], msg[600];
-        snprintf(title, sizeof title, "membill train: %s, batch %ld x %ld tokens, %s, %s%s", r.cfg.name, r.batch,
-                 r.seq_len, optim_kind_name(r.ocfg.kind), r.dtype.long_name, o->meta ? ", meta" : "");
-        if (cli_write_outputs(o, root, title, report_text, &view, msg, sizeof msg) != 0) {
-            fprintf(stderr, "membill train: %s\n", msg);
-            rc = -1;
-        }
-        json_decref(root);
-    }
+typedef struct {
+    const llama_model *m;
+    bool grads;
+    ag_err *err;
+} save_args;
+
+static int save_writer(FILE *f, void *arg) {
+    const save_args *a = arg;
+    return llama_model_save_file(a->m, f, a->grads, a->err);
+}
+
+// --dump-grads and --save-weights go to their temporaries now, committed with the rest.
+static int save(void *arg, const llama_model *m, bool grads, ag_err *err) {
+    const train_cmd *t = arg;
+    save_args a = {m, grads, err};
+    return cli_outputs_write(t->job.outs, grads ? "--dump-grads" : "--save-weights", save_writer, &a, err);
+}
+
+static int run(void *arg, ag_err *err) {
+    train_cmd *t = arg;
+    return cli_train_run(&t->r, err);
+}
+
+// The same run on shapes alone, for the fit check (two steps: the second holds the state).
+static uint64_t meta_peak(void *arg, ag_err *err) {
+    const train_cmd *t = arg;
+    train_run m = t->r;
+    step_record recs[2];
+    m.meta = true;
+    m.save = NULL;
+    m.nsteps = m.nsteps < 2 ? m.nsteps : 2;
+    m.steps = recs;
+    memset(recs, 0, sizeof recs);
+    mp_options mo = {.meta = true};
+    if (mp_init(&mo) != MP_OK) return 0;
+    uint64_t peak = cli_train_run(&m, err) == 0 ? mp_peak().total : 0;
     mp_shutdown();
-    free(r.ids);
-    free(r.steps);
-    return rc == 0 ? 0 : EXIT_RUN_FAILED;
+    return peak;
+}
+
+int cmd_train(const cli_options *o) {
+    train_cmd t = {.o = o};
+    ag_err err = {""};
+    int rc = cli_train_prepare(o, &t.r, &err);
+    if (rc != 0) {
+        fprintf(stderr, "membill train: %s\n", err.msg);
+        cli_train_free(&t.r);
+        return rc;
+    }
+    char title[256];
+    snprintf(title, sizeof title, "membill train: %s, batch %ld x %ld tokens, %s, %s%s", t.r.cfg.name, t.r.batch,
+             t.r.seq_len, optim_kind_name(t.r.ocfg.kind), t.r.dtype.long_name, o->meta ? ", meta" : "");
+    t.r.save = save;
+    t.r.save_arg = &t;
+    t.job = (cli_job){.arg = &t, .run = run, .meta_peak = meta_peak, .text = report_text, .json = report_json,
+                      .title = title};
+    rc = cli_job_main(o, &t.job);
+    cli_train_free(&t.r);
+    return rc;
 }

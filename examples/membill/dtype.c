@@ -1,0 +1,69 @@
+// The dtype settings membill bills: what each category is stored in, per --dtype and
+// --weight-dtype.
+#include "cli.h"
+
+#include <string.h>
+
+// Pure 16-bit runs keep the optimizer state in the parameters' dtype (as torch.optim does);
+// mixed precision keeps 16-bit weights, gradients and activations, and a float32 master copy
+// with float32 Adam state (DeepSpeed's 2 + 2 + 12 = 16 bytes a parameter). Megatron-LM
+// accumulates the gradients in float32 ("main_grad"): 2 + 4 + 12 = 18.
+static const cli_dtype dtypes[] = {
+    {"fp32", "float32", 32, 32, 32, 32, false, 0, 0, NULL},
+    {"bf16", "bfloat16", 16, 16, 16, 16, false, 0, 0, NULL},
+    {"fp16", "float16", 16, 16, 16, 16, false, 0, 0, NULL},
+    {"bf16-mixed", "bf16-mixed", 16, 16, 16, 32, true, 0, 0, NULL},
+    {"fp16-mixed", "fp16-mixed", 16, 16, 16, 32, true, 0, 0, NULL},
+    {"bf16-mixed-fp32-grads", "bf16-mixed-fp32-grads", 16, 16, 32, 32, true, 0, 0, NULL},
+};
+
+bool cli_parse_dtype(const char *name, cli_dtype *out) {
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+        if (strcmp(name ? name : "fp32", dtypes[i].name) == 0) {
+            *out = dtypes[i];
+            return true;
+        }
+    return false;
+}
+
+bool cli_parse_weight_dtype(const char *name, long group_size, cli_dtype *d) {
+    static const struct {
+        const char *name;
+        int bits;
+    } w[] = {{"fp32", 32}, {"bf16", 16}, {"fp16", 16}, {"int8", 8}, {"int4", 4}};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        if (strcmp(name, w[i].name) == 0) {
+            d->weight_bits = w[i].bits;
+            d->weight_name = w[i].name;
+            d->group = w[i].bits == 4 ? (group_size ? group_size : 32) : 0;
+            d->scale_bytes = w[i].bits == 4 ? 2 : 0;
+            return true;
+        }
+    return false;
+}
+
+bool cli_dtype_is_f32(const cli_dtype *d) {
+    return !d->name || (d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32 && d->state_bits == 32 &&
+                        !d->master);
+}
+
+ag_meta_dtype cli_meta_dtype(const cli_dtype *d) {
+    if (!d->name) return ag_meta_dtype_f32();
+    return (ag_meta_dtype){.act_bits = d->act_bits, .weight_bits = d->weight_bits, .grad_bits = d->grad_bits,
+                           .group = d->group, .scale_bytes = d->scale_bytes};
+}
+
+void cli_dtype_optim(const cli_dtype *d, optim_config *c) {
+    c->state_bits = d->name ? d->state_bits : 32;
+    c->master = d->name && d->master;
+}
+
+const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf, size_t len) {
+    cli_dtype f;
+    if (!d->name) cli_parse_dtype(NULL, &f), d = &f;
+    int states = (int)(optim_state_bytes_per_element(kind) / sizeof(float)), n;
+    n = snprintf(buf, len, "%d + %d", d->weight_bits / 8, d->grad_bits / 8);
+    if (d->master && kind != OPTIM_NONE) n += snprintf(buf + n, len - (size_t)n, " + 4");
+    for (int i = 0; i < states && (size_t)n < len; i++) n += snprintf(buf + n, len - (size_t)n, " + %d", d->state_bits / 8);
+    return buf;
+}

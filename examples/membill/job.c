@@ -1,0 +1,132 @@
+// The skeleton every command runs in: outputs declared and checked before any work, a real run
+// that cannot fit this machine refused before it starts, the profiler, the run, the report of
+// what was measured (a failed run's too), every output committed together, teardown.
+#include "cli.h"
+#include "outputs.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+int cli_profiler_start(const cli_options *o, bool meta) {
+    mp_options mo = {.meta = meta, .budget = meta ? 0 : o->budget, .track_other = !meta, .keep_timeline = true};
+    return mp_init(&mo) == MP_OK ? 0 : -1;
+}
+
+int cli_outputs_declare(const cli_options *o, cli_outputs **outs, ag_err *err) {
+    const struct {
+        const char *name, *path;
+    } list[] = {{"--json", o->json},   {"--timeline", o->timeline},     {"--svg", o->svg},
+                {"--trace", o->trace}, {"--html", o->html},             {"--dump-grads", o->dump_grads},
+                {"--save-weights", o->save_weights}},
+      inputs[] = {{"--config", o->config}, {"--weights", o->weights}};
+    *outs = cli_outputs_new();
+    if (!*outs) {
+        ag_err_set(err, "out of memory");
+        return -1;
+    }
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
+        if (inputs[i].path && cli_outputs_input(*outs, inputs[i].name, inputs[i].path, err) != 0) return -1;
+    for (size_t i = 0; i < sizeof list / sizeof list[0]; i++)
+        if (list[i].path && cli_outputs_add(*outs, list[i].name, list[i].path, err) != 0) return -1;
+    return 0;
+}
+
+int cli_outputs_finish(const cli_options *o, cli_outputs *outs, json_t *root, const cli_report *rep, ag_err *err) {
+    cli_html_args html = {rep->title, rep->text, rep->arg};
+    if (o->json && cli_outputs_write(outs, "--json", cli_json_writer, root, err) != 0) return -1;
+    if (o->timeline && cli_outputs_write(outs, "--timeline", cli_csv_writer, NULL, err) != 0) return -1;
+    if (o->svg && cli_outputs_write(outs, "--svg", rep->svg ? rep->svg : cli_svg_to,
+                                    rep->svg ? rep->svg_arg : (void *)rep->title, err) != 0)
+        return -1;
+    if (o->trace && cli_outputs_write(outs, "--trace", cli_trace_writer, NULL, err) != 0) return -1;
+    if (o->html && cli_outputs_write(outs, "--html", cli_html_writer, &html, err) != 0) return -1;
+    return cli_outputs_commit(outs, err);
+}
+
+// MemAvailable of /proc/meminfo, in bytes; 0 when it cannot be read.
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+// The meta bill of the same run takes milliseconds: a run it says cannot fit is refused now,
+// rather than killed by the kernel minutes later.
+static int fit_check(const cli_options *o, cli_job *j, ag_err *err) {
+    if (o->meta || !j->meta_peak) return 0;
+    uint64_t need = j->meta_peak(j->arg, err), have = mem_available();
+    if (!need) return err->msg[0] ? -1 : 0;
+    if (have && need > have) {
+        char a[80], b[80];
+        ag_err_set(err, "this run needs at least %s at its peak (its bill in meta mode) and this machine has %s available: "
+                   "--meta bills it without running it, and membill plan sizes it for another machine",
+                   mp_format_bytes(a, sizeof a, need), mp_format_bytes(b, sizeof b, have));
+        return -1;
+    }
+    return 0;
+}
+
+static void text_ok(FILE *f, const void *arg) {
+    const cli_job *j = arg;
+    j->text(f, j->arg, false);
+}
+
+// A failed run's JSON on stdout: what was measured, and the error.
+static void failed_json(const cli_options *o, cli_job *j, const char *msg) {
+    json_t *root = j->json(j->arg, true), *e = json_object();
+    const mp_oom_record *oom = mp_oom();
+    json_object_set_new(e, "message", json_string(msg));
+    if (oom->happened) {
+        json_object_set_new(e, "category", json_string(mp_category_name(oom->category)));
+        json_object_set_new(e, "site", json_string(mp_site_name(oom->site)));
+        json_object_set_new(e, "bytes", json_integer((json_int_t)oom->requested));
+        json_object_set_new(e, "live_bytes", json_integer((json_int_t)oom->live.total));
+    }
+    json_object_set_new(root, "error", e);
+    if (strcmp(o->json, "-") == 0) cli_json_writer(stdout, root);
+    json_decref(root);
+}
+
+int cli_job_main(const cli_options *o, cli_job *j) {
+    ag_err err = {""};
+    cli_outputs *outs = NULL;
+    int rc = 0;
+    bool to_stdout = o->json && strcmp(o->json, "-") == 0, profiling = false;
+    if (cli_outputs_declare(o, &outs, &err) != 0 || fit_check(o, j, &err) != 0) rc = EXIT_RUN_FAILED;
+    if (rc == 0 && cli_profiler_start(o, o->meta) != 0) {
+        ag_err_set(&err, "cannot start the profiler");
+        rc = EXIT_RUN_FAILED;
+    }
+    if (rc == 0) {
+        profiling = true;
+        j->outs = outs;
+        ag_set_num_threads((int)o->threads);
+        cli_progress_begin(o);
+        int run = j->run(j->arg, &err);
+        cli_progress_end();
+        if (run != 0) {
+            if (!o->quiet && !to_stdout) j->text(stdout, j->arg, true);
+            if (o->json) failed_json(o, j, err.msg);
+            rc = EXIT_RUN_FAILED;
+        } else {
+            if (!o->quiet && !to_stdout) j->text(stdout, j->arg, false);
+            json_t *root = j->json(j->arg, false);
+            cli_report rep = {j->title, text_ok, j, j->svg, j->svg_arg};
+            if (cli_outputs_finish(o, outs, root, &rep, &err) != 0) rc = EXIT_RUN_FAILED;
+            json_decref(root);
+        }
+    }
+    if (profiling) mp_shutdown();
+    cli_outputs_free(outs);
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        if (!err.msg[0]) ag_err_set(&err, "stdout: write failed (%m)");
+        rc = EXIT_RUN_FAILED;
+    }
+    if (rc) fprintf(stderr, "membill %s: %s\n", o->command, err.msg);
+    return rc;
+}

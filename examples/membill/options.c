@@ -1,0 +1,354 @@
+// The options of every subcommand, in one table: name, value, type, range, default, the
+// subcommands that take it, and its help. Parsing, defaults, help and the README's list all
+// come from it, so they cannot drift apart.
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { T_FLAG, T_STR, T_PATH, T_OUT, T_LONG, T_U64, T_DOUBLE, T_BYTES, T_CHOICE } opt_type;
+
+enum { TR = CLI_TRAIN, IN = CLI_INFER, CO = CLI_COMPARE, PL = CLI_PLAN, CH = CLI_CHECK };
+#define ALL (TR | IN | CO | PL | CH)
+#define RUNS (TR | IN | CO) // the commands that run a model for real
+
+typedef struct {
+    const char *name, *value; // "--seq-len", "N" (NULL for a flag)
+    opt_type type;
+    size_t offset;
+    unsigned cmds;                 // the subcommands that take it
+    const char *def;               // the default as one would type it; NULL: none
+    unsigned alt_cmds;             // these subcommands default to alt_def instead
+    const char *alt_def;
+    double min, max;               // T_LONG, T_DOUBLE, T_BYTES bounds
+    const char *choices;           // T_CHOICE: "a|b|c"
+    const char *help;
+} opt_spec;
+
+#define OFF(f) offsetof(cli_options, f)
+#define BIG 1e15
+static const opt_spec specs[] = {
+    {"--model", "NAME", T_STR, OFF(model), RUNS | PL, "smollm2-135m", 0, NULL, 0, 0, NULL,
+     "a built-in preset (membill plan --list names them)"},
+    {"--config", "FILE", T_PATH, OFF(config), RUNS | PL, NULL, 0, NULL, 0, 0, NULL,
+     "a Hugging Face config.json (Llama family) instead of a preset"},
+    {"--weights", "PATH", T_PATH, OFF(weights), RUNS, NULL, 0, NULL, 0, 0, NULL,
+     "a .safetensors file, or a folder with config.json and model.safetensors (default: random init)"},
+    {"--tokens", "IDS", T_STR, OFF(tokens), RUNS, NULL, 0, NULL, 0, 0, NULL,
+     "the input ids, 1,2,3; for infer, prompts separated by ';' make a batch (default: random ids)"},
+    {"--batch", "B", T_LONG, OFF(batch), RUNS | PL, "1", 0, NULL, 1, 1 << 20, NULL, "rows (per GPU in plan)"},
+    {"--seq-len", "N", T_LONG, OFF(seq_len), RUNS | PL, "25", 0, NULL, 1, 1 << 24, NULL, "tokens per row"},
+    {"--new-tokens", "N", T_LONG, OFF(new_tokens), IN | CO | PL, "40", PL, "1", 1, 1 << 20, NULL,
+     "tokens to generate (plan: with --infer)"},
+    {"--steps", "N", T_LONG, OFF(steps), TR, "1", 0, NULL, 1, 100000, NULL,
+     "training steps; with 2 or more the timings are the median of steps 2..N"},
+    {"--optimizer", "NAME", T_CHOICE, OFF(optimizer), TR | CO | PL, "adam", 0, NULL, 0, 0,
+     "adam|adamw|sgd|sgd-momentum|none", "the optimizer, with torch.optim's defaults"},
+    {"--lr", "X", T_DOUBLE, OFF(lr), TR | CO, "1e-5", 0, NULL, 0, 1e6, NULL, "learning rate"},
+    {"--seed", "S", T_U64, OFF(seed), RUNS, "0", 0, NULL, 0, 0, NULL, "seed of the random init and random ids"},
+    {"--threads", "N", T_LONG, OFF(threads), RUNS | CH, "2", 0, NULL, 1, 1024, NULL, "compute threads"},
+    {"--checkpointing", NULL, T_FLAG, OFF(checkpointing), TR | PL, NULL, 0, NULL, 0, 0, NULL,
+     "keep only each block's input; recompute the block in backward"},
+    {"--no-cache", NULL, T_FLAG, OFF(no_cache), IN | CO, NULL, 0, NULL, 0, 0, NULL,
+     "recompute the whole sequence at every decode step instead of keeping a KV cache"},
+    {"--meta", NULL, T_FLAG, OFF(meta), RUNS, NULL, 0, NULL, 0, 0, NULL,
+     "shapes only: the same allocations and bill, no data, no compute"},
+    {"--dtype", "NAME", T_CHOICE, OFF(dtype), TR | IN | PL, "fp32", 0, NULL, 0, 0,
+     "fp32|bf16|fp16|bf16-mixed|fp16-mixed|bf16-mixed-fp32-grads",
+     "what weights, gradients, state and activations are stored in; anything but fp32 needs --meta in "
+     "train and infer; a generation takes fp32, bf16 or fp16"},
+    {"--weight-dtype", "NAME", T_CHOICE, OFF(weight_dtype), IN | PL, NULL, 0, NULL, 0, 0, "fp32|bf16|fp16|int8|int4",
+     "a generation's weights (plan: with --infer): int8 1 byte, int4 half a byte and a 2-byte scale per group"},
+    {"--group-size", "N", T_LONG, OFF(group_size), IN | PL, "32", 0, NULL, 1, 1 << 20, NULL,
+     "elements per scale of --weight-dtype int4"},
+    {"--infer", NULL, T_FLAG, OFF(infer), PL, NULL, 0, NULL, 0, 0, NULL,
+     "plan a generation (weights, KV cache, activations) instead of a training step"},
+    {"--gpus", "N", T_LONG, OFF(gpus), PL, "1", 0, NULL, 1, 1 << 20, NULL, "data-parallel devices"},
+    {"--zero", "S", T_LONG, OFF(zero), PL, "0", 0, NULL, 0, 3, NULL,
+     "ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also weights"},
+    {"--device-memory", "SIZE", T_BYTES, OFF(device_memory), PL, NULL, 0, NULL, 1, BIG * 1e3, NULL,
+     "memory of one device (80GB): whether the run fits, the largest batch and longest sequence that do"},
+    {"--overhead", "SIZE", T_BYTES, OFF(overhead), PL, "2GB", 0, NULL, 0, BIG, NULL,
+     "framework overhead allowed per device"},
+    {"--list", NULL, T_FLAG, OFF(list), PL, NULL, 0, NULL, 0, 0, NULL, "the built-in presets and their sizes"},
+    {"--budget", "SIZE", T_BYTES, OFF(budget), RUNS, NULL, 0, NULL, 1, BIG * 1e3, NULL,
+     "stop with an out-of-memory report when the total would pass SIZE (16GB, 500MiB)"},
+    {"--no-speed", NULL, T_FLAG, OFF(no_speed), CH, NULL, 0, NULL, 0, 0, NULL,
+     "skip the speed claims (S1-S3), which take a few minutes"},
+    {"--explain", NULL, T_FLAG, OFF(explain), TR, NULL, 0, NULL, 0, 0, NULL,
+     "each category's formula worked out for this model, beside the claims"},
+    {"--json", "FILE", T_OUT, OFF(json), ALL, NULL, 0, NULL, 0, 0, NULL, "the whole report as JSON ('-': stdout)"},
+    {"--timeline", "FILE.csv", T_OUT, OFF(timeline), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
+     "every allocation and free: time, phase, site, category, bytes"},
+    {"--svg", "FILE.svg", T_OUT, OFF(svg), TR | IN | CO | PL, NULL, 0, NULL, 0, 0, NULL,
+     "a stacked-area chart of live bytes by category (compare: both runs on one scale)"},
+    {"--trace", "FILE.json", T_OUT, OFF(trace), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
+     "a Chrome trace-event file (opens in Perfetto): a counter track per category"},
+    {"--html", "FILE.html", T_OUT, OFF(html), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
+     "one page: the chart, the bill and the top sites"},
+    {"--dump-grads", "FILE", T_OUT, OFF(dump_grads), TR, NULL, 0, NULL, 0, 0, NULL,
+     "the parameter gradients after the last backward, F32 safetensors with HF names"},
+    {"--save-weights", "FILE", T_OUT, OFF(save_weights), TR, NULL, 0, NULL, 0, 0, NULL,
+     "the weights after the last optimizer step, F32 safetensors"},
+    {"--quiet", NULL, T_FLAG, OFF(quiet), ALL, NULL, 0, NULL, 0, 0, NULL, "no text report on stdout"},
+    {"--progress", NULL, T_FLAG, OFF(progress), RUNS | CH, NULL, 0, NULL, 0, 0, NULL,
+     "progress on stderr even when it is not a terminal (on a terminal it is shown anyway)"},
+    {"--help", NULL, T_FLAG, OFF(help), ALL, NULL, 0, NULL, 0, 0, NULL, "this help"},
+};
+#define NSPECS (sizeof specs / sizeof specs[0])
+_Static_assert(NSPECS <= CLI_MAX_OPTIONS, "cli_options.given holds one flag per option");
+
+static const cli_command commands[] = {
+    {"train", CLI_TRAIN, "one real training step (forward, loss, backward, optimizer), billed byte by byte",
+     "Runs forward, the next-token cross-entropy loss, backward and the optimizer step of a Llama-family\n"
+     "model and bills every byte to a category: weights, gradients, optimizer state, activations, and\n"
+     "what plain malloc takes (other). Prints each category's peak, the moment of the total peak and\n"
+     "what held it, the four-copies rule, and the phases' times."},
+    {"infer", CLI_INFER, "generation (prefill + greedy decode with a KV cache), billed the same way",
+     "A prefill over the prompt, then greedy decode with a KV cache (the cache in its own category),\n"
+     "billed like training, with the prefill and decode timings."},
+    {"compare", CLI_COMPARE, "a training step and inference of the same model side by side",
+     "A training step and a generation of the same model, category by category, with the ratio of\n"
+     "their total peaks."},
+    {"check", CLI_CHECK, "every claim that a run can measure: the figure measured, pass or fail",
+     "Every claim of the two lessons membill checks, on SmolLM2-135M: weights (W), training (T), the KV\n"
+     "cache (K), activations (A) and speed (S). Memory claims run in meta mode (exact, seconds); the\n"
+     "speed claims run for real and take a few minutes (--no-speed skips them). Exits 1 if a claim fails."},
+    {"plan", CLI_PLAN, "the same bill for any model and setting, on shapes alone, with the closed form",
+     "The bill of a training step (or with --infer, of a generation) for any model, dtype and setting\n"
+     "without running it: the same program in meta mode (every allocation and free at the dtype's\n"
+     "element sizes, no data, no compute), beside the closed form of each category, per GPU when\n"
+     "sharded, and whether it fits a device."},
+};
+
+const cli_command *cli_find_command(const char *name) {
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(name, commands[i].name) == 0) return &commands[i];
+    return NULL;
+}
+
+size_t cli_command_count(void) { return sizeof commands / sizeof commands[0]; }
+const cli_command *cli_command_at(size_t i) { return i < cli_command_count() ? &commands[i] : NULL; }
+
+void cli_usage_error(const cli_options *o, const char *fmt, ...) {
+    char raw[1024], line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(raw, sizeof raw, fmt, ap);
+    va_end(ap);
+    ag_escape(line, sizeof line, raw);
+    fprintf(stderr, "membill %s: %s\n", o->command, line);
+}
+
+static const opt_spec *find_spec(const char *name, size_t len) {
+    for (size_t k = 0; k < NSPECS; k++)
+        if (strlen(specs[k].name) == len && strncmp(specs[k].name, name, len) == 0) return &specs[k];
+    return NULL;
+}
+
+bool cli_given(const cli_options *o, const char *name) {
+    const opt_spec *s = find_spec(name, strlen(name));
+    return s && o->given[s - specs];
+}
+
+// The names of the subcommands in a set, "train, plan".
+static const char *command_names(unsigned cmds, char *buf, size_t len) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < cli_command_count(); i++)
+        if (cmds & commands[i].bit) n += (size_t)snprintf(buf + n, n < len ? len - n : 0, "%s%s", n ? ", " : "", commands[i].name);
+    return buf;
+}
+
+// Digits only: no sign, no space, no hex (strtol would take ' -1' as a number).
+static bool all_digits(const char *v) {
+    if (!*v) return false;
+    for (const char *p = v; *p; p++)
+        if (*p < '0' || *p > '9') return false;
+    return true;
+}
+
+static bool set_number(const cli_options *o, const opt_spec *s, const char *v, char *base) {
+    errno = 0;
+    if (s->type == T_LONG) {
+        long x = all_digits(v) ? strtol(v, NULL, 10) : -1;
+        if (errno || x < (long)s->min || x > (long)s->max) {
+            cli_usage_error(o, "%s expects a whole number from %.0f to %.0f, not '%s'", s->name, s->min, s->max, v);
+            return false;
+        }
+        *(long *)base = x;
+        return true;
+    }
+    if (s->type == T_U64) {
+        unsigned long long x = all_digits(v) ? strtoull(v, NULL, 10) : 0;
+        if (!all_digits(v) || errno) {
+            cli_usage_error(o, "%s expects a whole number from 0 to 18446744073709551615, not '%s'", s->name, v);
+            return false;
+        }
+        *(uint64_t *)base = x;
+        return true;
+    }
+    char *end = NULL;
+    double x = (*v >= '0' && *v <= '9') || *v == '.' ? strtod(v, &end) : NAN;
+    if (errno || !end || *end || !isfinite(x) || x < s->min || x > s->max) {
+        cli_usage_error(o, "%s expects a number from %g to %g, not '%s'", s->name, s->min, s->max, v);
+        return false;
+    }
+    *(double *)base = x;
+    return true;
+}
+
+static bool set_bytes(const cli_options *o, const opt_spec *s, const char *v, char *base) {
+    uint64_t x = 0;
+    // A bare number is ambiguous (80: bytes or GB?) unless it is zero.
+    bool bare = all_digits(v) && strspn(v, "0") != strlen(v);
+    if (bare || !mp_parse_bytes(v, &x) || (double)x < s->min || (double)x > s->max) {
+        cli_usage_error(o, "%s expects a size with its unit, such as 80GB, 500MiB or %sB for bytes (units: B, kB, MB, GB, "
+                        "TB = 10^3..10^12; KiB, MiB, GiB, TiB = 2^10..2^40), not '%s'",
+                        s->name, bare ? v : "123456", v);
+        return false;
+    }
+    *(uint64_t *)base = x;
+    return true;
+}
+
+static bool set_choice(const cli_options *o, const opt_spec *s, const char *v, char *base) {
+    size_t n = strlen(v);
+    for (const char *p = s->choices; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t k = bar ? (size_t)(bar - p) : strlen(p);
+        if (k == n && strncmp(p, v, n) == 0) {
+            *(const char **)base = v;
+            return true;
+        }
+        p += k + (bar != NULL);
+    }
+    char list[256];
+    snprintf(list, sizeof list, "%s", s->choices);
+    for (char *c = list; *c; c++)
+        if (*c == '|') *c = ',';
+    cli_usage_error(o, "%s must be one of %s, not '%s'", s->name, list, v);
+    return false;
+}
+
+static bool set_value(const cli_options *o, const opt_spec *s, const char *v) {
+    char *base = (char *)o + s->offset;
+    switch (s->type) {
+    case T_STR:
+    case T_PATH:
+    case T_OUT:
+        // "--json --quiet" is a forgotten value, not a file named --quiet; "-" is stdout.
+        if (!*v || (v[0] == '-' && !(s->type == T_OUT && v[1] == 0))) {
+            cli_usage_error(o, "%s needs a %s, not '%s'%s", s->name, s->value, v,
+                            v[0] == '-' && v[1] ? " (write ./NAME for a file whose name starts with '-')" : "");
+            return false;
+        }
+        *(const char **)base = v;
+        return true;
+    case T_LONG:
+    case T_U64:
+    case T_DOUBLE: return set_number(o, s, v, base);
+    case T_BYTES: return set_bytes(o, s, v, base);
+    case T_CHOICE: return set_choice(o, s, v, base);
+    case T_FLAG: break;
+    }
+    return false;
+}
+
+// The table's defaults, through the same setters as the user's values.
+static void apply_defaults(cli_options *o) {
+    for (size_t k = 0; k < NSPECS; k++) {
+        const opt_spec *s = &specs[k];
+        const char *d = (s->alt_cmds & o->cmd) ? s->alt_def : s->def;
+        if (d && (s->cmds & o->cmd) && !set_value(o, s, d)) abort(); // a bad default is a bug
+    }
+}
+
+bool cli_parse(cli_options *o, const cli_command *cmd, int argc, char **argv) {
+    memset(o, 0, sizeof *o);
+    o->command = cmd->name;
+    o->cmd = cmd->bit;
+    apply_defaults(o);
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i], *eq = strchr(arg, '=');
+        if (strcmp(arg, "-h") == 0) arg = "--help";
+        size_t len = eq && strncmp(arg, "--", 2) == 0 ? (size_t)(eq - arg) : strlen(arg);
+        const opt_spec *s = strncmp(arg, "--", 2) == 0 ? find_spec(arg, len) : NULL;
+        char names[64];
+        if (!s) {
+            if (arg[0] == '-') cli_usage_error(o, "unknown option '%.*s' (see membill %s --help)", (int)len, arg, o->command);
+            else cli_usage_error(o, "unexpected argument '%s': options start with -- (see membill %s --help)", arg, o->command);
+            return false;
+        }
+        if (!(s->cmds & o->cmd)) {
+            cli_usage_error(o, "%s does not apply to %s (it belongs to %s)", s->name, o->command,
+                            command_names(s->cmds, names, sizeof names));
+            return false;
+        }
+        if (o->given[s - specs]) {
+            cli_usage_error(o, "%s is given twice", s->name);
+            return false;
+        }
+        o->given[s - specs] = 1;
+        if (s->type == T_FLAG) {
+            if (eq && len < strlen(arg)) {
+                cli_usage_error(o, "%s takes no value", s->name);
+                return false;
+            }
+            *(bool *)((char *)o + s->offset) = true;
+            continue;
+        }
+        const char *v = eq && len < strlen(arg) ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!v) {
+            cli_usage_error(o, "%s needs a value (%s)", s->name, s->value);
+            return false;
+        }
+        if (!set_value(o, s, v)) return false;
+    }
+    return true;
+}
+
+// --help of one subcommand: its description, then every option it takes, from the table.
+void cli_usage(FILE *f, const cli_command *cmd) {
+    fprintf(f, "usage: membill %s [options]\n%s\n\n", cmd->name, cmd->description);
+    for (size_t k = 0; k < NSPECS; k++) {
+        const opt_spec *s = &specs[k];
+        if (!(s->cmds & cmd->bit)) continue;
+        char head[64];
+        snprintf(head, sizeof head, "%s%s%s", s->name, s->value ? " " : "", s->value ? s->value : "");
+        const char *d = (s->alt_cmds & cmd->bit) ? s->alt_def : s->def;
+        fprintf(f, "  %-22s %s", head, s->help);
+        if (s->type == T_CHOICE) fprintf(f, ": %s", s->choices);
+        if (d) fprintf(f, " (default %s)", d);
+        fputc('\n', f);
+    }
+}
+
+void cli_usage_all(FILE *f) {
+    fputs("usage: membill COMMAND [options]\n\n", f);
+    for (size_t i = 0; i < cli_command_count(); i++) fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+    fputs("\nmembill help COMMAND (or membill COMMAND --help) lists a command's options.\n", f);
+}
+
+// Every option as a Markdown table (the README's list is this output).
+void cli_options_markdown(FILE *f) {
+    fputs("| option | train | infer | compare | check | plan | default | meaning |\n", f);
+    fputs("|---|:-:|:-:|:-:|:-:|:-:|---|---|\n", f);
+    static const unsigned order[] = {CLI_TRAIN, CLI_INFER, CLI_COMPARE, CLI_CHECK, CLI_PLAN};
+    for (size_t k = 0; k < NSPECS; k++) {
+        const opt_spec *s = &specs[k];
+        fprintf(f, "| `%s%s%s` |", s->name, s->value ? " " : "", s->value ? s->value : "");
+        for (int c = 0; c < 5; c++) fputs(s->cmds & order[c] ? " x |" : "   |", f);
+        if (s->def && s->alt_cmds) fprintf(f, " %s (plan %s) |", s->def, s->alt_def);
+        else fprintf(f, " %s |", s->def ? s->def : "");
+        fprintf(f, " %s", s->help);
+        if (s->type == T_CHOICE) { // a '|' would split the cell
+            fputs(": ", f);
+            for (const char *p = s->choices; *p; p++) fputs(*p == '|' ? ", " : (char[2]){*p, 0}, f);
+        }
+        fputs(" |\n", f);
+    }
+}

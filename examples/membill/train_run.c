@@ -1,0 +1,129 @@
+// One training run inside an initialised profiler: build or load the model, N steps of
+// forward, loss, backward and optimizer, teardown. It takes its own settings (train_run), not
+// the command line, so plan and check run it as train does.
+#include "cli.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
+    memset(r, 0, sizeof *r);
+    optim_kind kind = OPTIM_ADAM;
+    optim_parse_kind(o->optimizer, &kind); // the table allows only known names
+    cli_parse_dtype(o->dtype, &r->dtype);
+    r->ocfg = optim_defaults(kind);
+    r->ocfg.lr = (float)o->lr;
+    cli_dtype_optim(&r->dtype, &r->ocfg);
+    r->nsteps = o->steps ? o->steps : 1;
+    r->meta = o->meta;
+    r->checkpointing = o->checkpointing;
+    r->seed = o->seed;
+    r->dump_grads = o->dump_grads != NULL;
+    r->save_weights = o->save_weights != NULL;
+    int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
+    if (rc == 0) rc = cli_make_tokens(o, &r->cfg, o->meta, &r->ids, &r->batch, &r->seq_len, err);
+    if (rc == 0 && r->seq_len < 2) {
+        ag_err_set(err, "a training step needs at least 2 tokens (the loss predicts each next one), not %ld", r->seq_len);
+        rc = EXIT_USAGE;
+    }
+    if (rc == 0 && !(r->steps = calloc((size_t)r->nsteps, sizeof *r->steps))) {
+        ag_err_set(err, "out of memory");
+        rc = EXIT_RUN_FAILED;
+    }
+    return rc;
+}
+
+void cli_train_free(train_run *r) {
+    free(r->ids);
+    free(r->steps);
+    r->ids = NULL;
+    r->steps = NULL;
+}
+
+// One step: forward, backward, optimizer; the gradients are set to none afterwards, as
+// optimizer.zero_grad(set_to_none=True) would at the start of the next step.
+static int run_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s, ag_err *err) {
+    step_record *rec = &r->steps[s];
+    rec->events[0] = mp_timeline_count();
+    double t0 = now_s();
+    cli_progress("step %ld/%ld: forward", s + 1, r->nsteps);
+    mp_set_phase(MP_PHASE_FORWARD);
+    llama_forward_opts fo = {.checkpointing = r->checkpointing};
+    ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, r->ids, r->batch, r->seq_len, err);
+    if (!loss) return -1;
+    rec->loss = loss->data ? loss->data[0] : NAN;
+    double t1 = now_s();
+    rec->forward_s = t1 - t0;
+    rec->events[1] = mp_timeline_count();
+    rec->phases_done = 1;
+    cli_progress("step %ld/%ld: backward", s + 1, r->nsteps);
+    mp_set_phase(MP_PHASE_BACKWARD);
+    ag_status st = ag_backward(ctx, loss);
+    ag_release(loss);
+    if (st != AG_OK) {
+        ag_err_set(err, "backward: %s", ag_ctx_error(ctx));
+        return -1;
+    }
+    if (r->dump_grads && r->save && s == r->nsteps - 1 && r->save(r->save_arg, m, true, err) != 0) return -1;
+    double t2 = now_s();
+    rec->backward_s = t2 - t1;
+    rec->events[2] = mp_timeline_count();
+    rec->phases_done = 2;
+    cli_progress("step %ld/%ld: optimizer", s + 1, r->nsteps);
+    mp_set_phase(MP_PHASE_OPTIMIZER);
+    if (optim_step(opt, err) != 0) return -1;
+    optim_zero_grad(opt);
+    double t3 = now_s();
+    rec->optimizer_s = t3 - t2;
+    rec->step_s = t3 - t0;
+    rec->events[3] = mp_timeline_count();
+    rec->phases_done = 3;
+    return 0;
+}
+
+int cli_train_run(train_run *r, ag_err *err) {
+    int rc = -1;
+    ag_ctx *ctx = ag_ctx_new();
+    llama_model *m = NULL;
+    optim *opt = NULL;
+    if (!ctx) {
+        ag_err_set(err, "out of memory");
+        return -1;
+    }
+    mp_set_phase(MP_PHASE_LOAD);
+    cli_progress("building the model");
+    ag_meta_dtype md = cli_meta_dtype(&r->dtype);
+    if (!ag_ctx_set_meta_dtype(ctx, &md)) {
+        ag_err_set(err, "%s", ag_ctx_error(ctx));
+        goto done;
+    }
+    if (llama_model_new(&m, ctx, &r->cfg, err) != 0) goto done;
+    if (r->st_path[0]) {
+        if (llama_model_load(m, r->st_path, err) != 0) goto done;
+    } else {
+        llama_model_init_random(m, r->seed);
+    }
+    opt = optim_new(&r->ocfg, m->params, m->nparams, err);
+    if (!opt) goto done;
+    for (long s = 0; s < r->nsteps; s++)
+        if (run_step(r, ctx, m, opt, s, err) != 0) goto done;
+    if (r->save_weights && r->save && r->save(r->save_arg, m, false, err) != 0) goto done;
+    rc = 0;
+done:
+    mp_set_phase(MP_PHASE_TEARDOWN);
+    optim_free(opt);
+    llama_model_free(m);
+    ag_ctx_free(ctx);
+    r->torn_down_clean = true;
+    for (int c = 0; c < MP_OTHER; c++)
+        if (mp_get_counter(c).live != 0) r->torn_down_clean = false;
+    return rc;
+}
