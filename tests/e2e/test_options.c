@@ -1,0 +1,320 @@
+// The command line as a contract: every option of the table against every subcommand, help from
+// the same table, exit codes, a failed run's report, the fit refusal, progress, --steps.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[64];
+
+static int make_dir(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/membill_opt_XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int remove_dir(void **state) {
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+typedef struct {
+    int code;
+    char out[1 << 18], err[1 << 14];
+} run_result;
+
+static void slurp(const char *path, char *buf, size_t n) {
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    size_t k = fread(buf, 1, n - 1, f);
+    buf[k] = 0;
+    fclose(f);
+}
+
+static void membill(run_result *r, const char *args) {
+    char cmd[8192], p[512];
+    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err </dev/null", MEMBILL_BIN, args, dir, dir);
+    int st = system(cmd);
+    r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    snprintf(p, sizeof p, "%s/out", dir);
+    slurp(p, r->out, sizeof r->out);
+    snprintf(p, sizeof p, "%s/err", dir);
+    slurp(p, r->err, sizeof r->err);
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
+
+static const char *const commands[5] = {"train", "infer", "compare", "check", "plan"};
+
+// A value the option takes, from its value name in the table.
+static const char *value_for(const char *opt, const char *value) {
+    if (!value) return "";
+    if (strcmp(opt, "--model") == 0) return "smollm2-135m";
+    if (strcmp(opt, "--optimizer") == 0) return "sgd";
+    if (strcmp(opt, "--dtype") == 0) return "fp32";
+    if (strcmp(opt, "--weight-dtype") == 0) return "int4";
+    if (strcmp(opt, "--tokens") == 0) return "1,2,3";
+    if (strcmp(value, "SIZE") == 0) return "1GB";
+    if (strcmp(value, "X") == 0) return "0.5";
+    if (strcmp(value, "N") == 0 || strcmp(value, "B") == 0 || strcmp(value, "S") == 0) return "2";
+    return "/tmp/membill_opt_value"; // files and paths: never opened, --help comes first
+}
+
+// Each row of `membill help --markdown`: the option, its value name and the commands that take
+// it. Parsing refuses an option a command does not take before --help is looked at, so
+// `membill CMD OPT VALUE --help` tells acceptance without running anything.
+static void test_every_option_against_every_command(void **state) {
+    (void)state;
+    run_result r, help;
+    membill(&r, "help --markdown");
+    assert_int_equal(r.code, 0);
+    char *table = strdup(r.out), *save = NULL;
+    int rows = 0;
+    for (char *line = strtok_r(table, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "| `--", 5) != 0) continue;
+        char opt[64] = "", value[64] = "";
+        sscanf(line + 3, "%63[^ `]", opt);
+        const char *sp = line + 3 + strlen(opt);
+        if (*sp == ' ') sscanf(sp + 1, "%63[^`]", value);
+        const char *cells = strchr(sp, '|');
+        assert_non_null(cells);
+        rows++;
+        for (int c = 0; c < 5; c++) {
+            bool takes = strncmp(cells + 1, " x ", 3) == 0;
+            cells = strchr(cells + 1, '|');
+            assert_non_null(cells);
+            if (strcmp(opt, "--help") == 0) continue;
+            char args[512];
+            snprintf(args, sizeof args, "%s %s %s --help", commands[c], opt, value_for(opt, value[0] ? value : NULL));
+            membill(&r, args);
+            if (takes != (r.code == 0)) print_error("%s: exit %d, %s\n", args, r.code, r.err);
+            assert_int_equal(r.code, takes ? 0 : 2);
+            if (takes) continue;
+            assert_int_equal(count_lines(r.err), 1);
+            assert_non_null(strstr(r.err, "does not apply to"));
+            assert_non_null(strstr(r.err, commands[c]));
+        }
+        // The command's help lists exactly the options it takes.
+        cells = strchr(sp, '|');
+        for (int c = 0; c < 5; c++) {
+            bool takes = strncmp(cells + 1, " x ", 3) == 0;
+            cells = strchr(cells + 1, '|');
+            char args[64], needle[80];
+            snprintf(args, sizeof args, "help %s", commands[c]);
+            membill(&help, args);
+            snprintf(needle, sizeof needle, "  %s ", opt);
+            assert_int_equal(strstr(help.out, needle) != NULL, takes);
+        }
+    }
+    free(table);
+    assert_true(rows >= 30);
+}
+
+// The cases seen accepted and ignored before the table.
+static void test_refused_not_ignored(void **state) {
+    (void)state;
+    const char *cases[] = {"train --gpus 4",       "train --zero 2",         "train --no-cache",
+                           "train --list",         "train --device-memory 80GB", "plan --budget 1GB",
+                           "plan --explain",       "infer --checkpointing",  "infer --lr 0.5",
+                           "check --weights X",    "check --model llama-2-7b", "compare --steps 3",
+                           "plan --device-memory 80", "train --seed ' -1'",  "train --json --quiet",
+                           "train --svg - --json -", "plan --infer --group-size 8", "train --lr 0.1 --optimizer none",
+                           "train --steps 2 --steps 3", "train --meta=1", "train stray"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_result r;
+        membill(&r, cases[i]);
+        if (r.code != 2 || count_lines(r.err) != 1) print_error("%s: exit %d, %s\n", cases[i], r.code, r.err);
+        assert_int_equal(r.code, 2);
+        assert_int_equal(count_lines(r.err), 1);
+        char cmd[16];
+        sscanf(cases[i], "%15s", cmd);
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "membill %s: ", cmd);
+        assert_int_equal(strncmp(r.err, prefix, strlen(prefix)), 0);
+    }
+    // Usage, not a failed run: an unknown preset, and a length past the model's positions in
+    // every subcommand alike.
+    const char *usage[] = {"train --model nope", "infer --model nope", "plan --model nope", "compare --model nope",
+                           "train --seq-len 9000 --meta", "infer --seq-len 9000 --meta", "compare --seq-len 9000 --meta",
+                           "plan --seq-len 9000", "infer --seq-len 8190 --new-tokens 5 --meta"};
+    for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+        run_result r;
+        membill(&r, usage[i]);
+        if (r.code != 2) print_error("%s: exit %d, %s\n", usage[i], r.code, r.err);
+        assert_int_equal(r.code, 2);
+        assert_int_equal(count_lines(r.err), 1);
+    }
+    run_result r;
+    membill(&r, "plan --device-memory 80B --quiet");
+    assert_int_equal(r.code, 0); // plainly bytes
+    membill(&r, "plan --device-memory 80");
+    assert_non_null(strstr(r.err, "GiB")); // says which units exist
+}
+
+static void test_help_from_the_table(void **state) {
+    (void)state;
+    for (int c = 0; c < 5; c++) {
+        run_result a, b;
+        char args[64];
+        snprintf(args, sizeof args, "help %s", commands[c]);
+        membill(&a, args);
+        snprintf(args, sizeof args, "%s --help", commands[c]);
+        membill(&b, args);
+        assert_int_equal(a.code, 0);
+        assert_int_equal(b.code, 0);
+        assert_string_equal(a.out, b.out);
+        assert_non_null(strstr(a.out, "(default"));
+    }
+    run_result r;
+    membill(&r, "help train");
+    assert_non_null(strstr(r.out, "--threads N")); // defaults printed once, from the table
+    assert_non_null(strstr(r.out, "compute threads (default 2)"));
+    assert_non_null(strstr(r.out, "learning rate (default 1e-5)"));
+    membill(&r, "help check");
+    assert_non_null(strstr(r.out, "few minutes"));
+    membill(&r, "help nope");
+    assert_int_equal(r.code, 2);
+}
+
+// The README's option list is the table's own output.
+static void test_readme_lists_every_option(void **state) {
+    (void)state;
+    run_result r;
+    membill(&r, "help --markdown");
+    static char readme[1 << 17];
+    slurp(MEMBILL_SOURCE_DIR "/README.md", readme, sizeof readme);
+    if (!strstr(readme, r.out)) fail_msg("README.md does not hold the output of `membill help --markdown`");
+}
+
+static json_t *load_json(const char *text) {
+    json_error_t e;
+    json_t *root = json_loads(text, 0, &e);
+    if (!root) fail_msg("not JSON: %s", e.text);
+    return root;
+}
+
+// A failed run reports only what it measured, in text and in JSON.
+static void test_failed_run_report(void **state) {
+    (void)state;
+    run_result r;
+    char a[1024];
+    // The tiny model's weights fit, its gradients do not.
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --budget 40kB --json -", MEMBILL_GOLDEN_DIR);
+    membill(&r, a);
+    assert_int_equal(r.code, 1);
+    assert_int_equal(count_lines(r.err), 1);
+    json_t *root = load_json(r.out), *e = json_object_get(root, "error");
+    assert_non_null(e);
+    assert_non_null(json_string_value(json_object_get(e, "message")));
+    assert_non_null(json_string_value(json_object_get(e, "category")));
+    assert_non_null(json_string_value(json_object_get(e, "site")));
+    assert_true(json_integer_value(json_object_get(e, "bytes")) > 0);
+    assert_true(json_integer_value(json_object_get(e, "live_bytes")) > 0);
+    assert_null(json_object_get(root, "timing"));
+    assert_null(json_object_get(root, "four_copies"));
+    json_decref(root);
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --budget 40kB", MEMBILL_GOLDEN_DIR);
+    membill(&r, a);
+    assert_int_equal(r.code, 1);
+    assert_null(strstr(r.out, "four copies"));
+    assert_null(strstr(r.out, "step 1:"));
+    assert_null(strstr(r.out, "loss 0.0000"));
+    assert_non_null(strstr(r.out, "OUT OF BUDGET"));
+}
+
+// A real run larger than this machine is refused from its meta bill, before anything runs.
+static void test_fit_refusal(void **state) {
+    (void)state;
+    run_result r;
+    char a[1024], p[512];
+    snprintf(p, sizeof p, "%s/big.json", dir);
+    snprintf(a, sizeof a, "train --model llama-3-8b --json %s", p);
+    membill(&r, a);
+    assert_int_equal(r.code, 1);
+    assert_int_equal(count_lines(r.err), 1);
+    assert_non_null(strstr(r.err, "available"));
+    assert_non_null(strstr(r.err, "--meta"));
+    assert_string_equal(r.out, "");
+    assert_int_equal(access(p, F_OK), -1);
+    membill(&r, "infer --model llama-2-70b");
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "membill plan"));
+}
+
+static void test_progress_only_when_asked(void **state) {
+    (void)state;
+    run_result r;
+    char a[512];
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --steps 2", MEMBILL_GOLDEN_DIR);
+    membill(&r, a); // stderr is a file here, not a terminal
+    assert_int_equal(r.code, 0);
+    assert_string_equal(r.err, "");
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --steps 2 --progress", MEMBILL_GOLDEN_DIR);
+    run_result p;
+    membill(&p, a);
+    assert_int_equal(p.code, 0);
+    assert_non_null(strstr(p.err, "membill train: step 2/2: optimizer"));
+    snprintf(a, sizeof a, "infer --weights %s/tiny_tied --new-tokens 3 --progress", MEMBILL_GOLDEN_DIR);
+    membill(&p, a);
+    assert_non_null(strstr(p.err, "membill infer: decode 2/2"));
+}
+
+static void test_steps_table(void **state) {
+    (void)state;
+    run_result r;
+    char a[512];
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --steps 3 --json -", MEMBILL_GOLDEN_DIR);
+    membill(&r, a);
+    assert_int_equal(r.code, 0);
+    json_t *root = load_json(r.out), *steps = json_object_get(root, "steps");
+    assert_int_equal(json_array_size(steps), 3);
+    json_int_t total = json_integer_value(json_object_get(json_object_get(root, "peak"), "total_bytes")), most = 0;
+    for (size_t i = 0; i < 3; i++) {
+        json_t *s = json_array_get(steps, i), *phases = json_object_get(s, "phases");
+        assert_int_equal(json_integer_value(json_object_get(s, "step")), (json_int_t)i + 1);
+        assert_int_equal(json_array_size(phases), 3);
+        json_int_t peak = json_integer_value(json_object_get(s, "peak_bytes"));
+        if (peak > most) most = peak;
+        // After the optimizer: the gradients set to none, the state kept.
+        json_t *end = json_object_get(json_array_get(phases, 2), "end_live");
+        assert_int_equal(json_integer_value(json_object_get(end, "gradient")), 0);
+        assert_true(json_integer_value(json_object_get(end, "optimizer")) > 0);
+    }
+    assert_int_equal(most, total); // the steps' peaks hold the run's total peak
+    json_int_t ps = json_integer_value(json_object_get(json_object_get(root, "peak"), "step"));
+    assert_true(ps >= 1 && ps <= 3);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(steps, (size_t)ps - 1), "peak_bytes")), total);
+    assert_true(json_real_value(json_object_get(json_object_get(root, "run"), "lr")) == 1e-5);
+    json_decref(root);
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --steps 3", MEMBILL_GOLDEN_DIR);
+    membill(&r, a);
+    assert_non_null(strstr(r.out, "the total peak is in step"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_option_against_every_command),
+        cmocka_unit_test(test_refused_not_ignored),
+        cmocka_unit_test(test_help_from_the_table),
+        cmocka_unit_test(test_readme_lists_every_option),
+        cmocka_unit_test(test_failed_run_report),
+        cmocka_unit_test(test_fit_refusal),
+        cmocka_unit_test(test_progress_only_when_asked),
+        cmocka_unit_test(test_steps_table),
+    };
+    return cmocka_run_group_tests(tests, make_dir, remove_dir);
+}
