@@ -1,6 +1,7 @@
 // The timeline as pictures: a stacked-area SVG of live bytes by category, and a Chrome
 // trace-event file (a counter track per category, phase slices, instants at the peaks).
 #include "cli.h"
+#include "outputs.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -169,6 +170,12 @@ int cli_svg_scaled(FILE *f, const char *title, double scale) {
     return 0;
 }
 
+int cli_svg_writer(FILE *f, void *title, ag_err *err) {
+    if (cli_svg_scaled(f, title, 0) == 0) return 0;
+    ag_err_set(err, "out of memory");
+    return -1;
+}
+
 int cli_write_svg(const char *path, const char *title, char *err, size_t errlen) {
     return cli_write_file(path, cli_svg_to, (void *)title, err, errlen);
 }
@@ -193,8 +200,9 @@ static void trace_event(FILE *f, bool *first, const char *fmt_name, const char *
     *first = false;
 }
 
-static int trace_writer(FILE *f, void *arg) {
-    (void)arg;
+int cli_trace_writer(FILE *f, void *unused, ag_err *err) {
+    (void)unused;
+    (void)err;
     bool first = true;
     char extra[160];
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
@@ -226,17 +234,15 @@ static int trace_writer(FILE *f, void *arg) {
     return 0;
 }
 
+static int trace_to(FILE *f, void *arg) {
+    return cli_trace_writer(f, arg, NULL);
+}
+
 int cli_write_trace(const char *path, char *err, size_t errlen) {
-    return cli_write_file(path, trace_writer, NULL, err, errlen);
+    return cli_write_file(path, trace_to, NULL, err, errlen);
 }
 
 // ---- one self-contained HTML page: the chart, the bill (with the top sites), what it means ----
-
-typedef struct {
-    const char *title;
-    cli_text_fn text;
-    const void *arg;
-} html_args;
 
 static const char *const explanation =
     "<h2>Reading the bill</h2><ul>"
@@ -252,20 +258,23 @@ static const char *const explanation =
     "<p>Requested bytes are what tensors asked for; the allocator's size classes are what jemalloc reserved. "
     "MB means 10<sup>6</sup> bytes. The peak, not the current allocation, decides an out-of-memory error.</p>";
 
-static int html_writer(FILE *f, void *arg) {
-    const html_args *h = arg;
+int cli_html_writer(FILE *f, void *page, ag_err *err) {
+    const cli_html_page *h = page;
     fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>");
     cli_xml_escape(f, h->title);
     fprintf(f, "</title><style>body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
                "pre{background:#f7f7f7;padding:1em;overflow-x:auto;font-size:12px}</style></head><body>\n<h1>");
     cli_xml_escape(f, h->title);
     fprintf(f, "</h1>\n<figure id=\"chart\">\n");
-    if (cli_svg_to(f, (void *)h->title) != 0) return -1;
+    if (cli_svg_writer(f, (void *)h->title, err) != 0) return -1;
     fprintf(f, "</figure>\n<h2>The bill</h2>\n<pre id=\"bill\">");
     char *buf = NULL;
     size_t len = 0;
     FILE *mem = open_memstream(&buf, &len);
-    if (!mem) return -1;
+    if (!mem) {
+        ag_err_set(err, "out of memory");
+        return -1;
+    }
     h->text(mem, h->arg);
     fclose(mem);
     cli_xml_escape(f, buf);
@@ -274,7 +283,11 @@ static int html_writer(FILE *f, void *arg) {
     return 0;
 }
 
+static int html_to(FILE *f, void *page) {
+    return cli_html_writer(f, page, NULL);
+}
+
 int cli_write_html(const char *path, const char *title, cli_text_fn text, const void *arg, char *err, size_t errlen) {
-    html_args h = {title, text, arg};
-    return cli_write_file(path, html_writer, &h, err, errlen);
+    cli_html_page page = {title, text, arg};
+    return cli_write_file(path, html_to, &page, err, errlen);
 }

@@ -1,47 +1,65 @@
-// Output files, written whole to a temporary name and renamed into place: a failed run or a
-// failed write never leaves a half-written file or touches what the user had.
+// The report's writers, and the path-at-a-time output functions of cli.h on top of outputs.c.
 #include "cli.h"
+#include "outputs.h"
 
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-int cli_write_file(const char *path, cli_writer fn, void *arg, char *err, size_t errlen) {
-    if (strcmp(path, "-") == 0) return fn(stdout, arg) == 0 && fflush(stdout) == 0 ? 0 : -1;
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= (int)sizeof tmp) {
-        snprintf(err, errlen, "%s: path too long", path);
-        return -1;
-    }
-    FILE *f = fopen(tmp, "wx");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot write here (%m)", path);
-        return -1;
-    }
-    int rc = fn(f, arg);
-    if (fflush(f) != 0 || ferror(f)) rc = -1;
-    if (fclose(f) != 0) rc = -1;
-    if (rc == 0 && rename(tmp, path) != 0) rc = -1;
-    if (rc != 0) {
-        snprintf(err, errlen, "%s: write failed (%m)", path);
-        unlink(tmp);
-    }
+// A cli_writer (no message of its own) as a cli_output_writer.
+typedef struct {
+    cli_writer fn;
+    void *arg;
+} plain_writer;
+
+static int call_plain(FILE *f, void *arg, ag_err *err) {
+    (void)err;
+    const plain_writer *p = arg;
+    return p->fn(f, p->arg);
+}
+
+// Declares, writes and commits a list of outputs (path NULL: skipped); all or none replaced.
+typedef struct {
+    const char *option, *path;
+    cli_output_writer fn;
+    void *arg;
+} output_job;
+
+static int write_jobs(const output_job *jobs, size_t n, char *err, size_t errlen) {
+    ag_err e = {{0}};
+    cli_outputs *s = cli_outputs_new();
+    int rc = s ? 0 : -1;
+    if (!s) ag_err_set(&e, "out of memory");
+    for (size_t i = 0; rc == 0 && i < n; i++) rc = cli_outputs_add(s, jobs[i].option, jobs[i].path, &e);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (jobs[i].path) rc = cli_outputs_write(s, jobs[i].option ? jobs[i].option : jobs[i].path, jobs[i].fn, jobs[i].arg, &e);
+    if (rc == 0) rc = cli_outputs_commit(s, &e);
+    cli_outputs_free(s);
+    if (rc != 0) snprintf(err, errlen, "%s", e.msg);
     return rc;
 }
 
-static int json_writer(FILE *f, void *arg) {
-    int rc = json_dumpf((json_t *)arg, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+int cli_write_file(const char *path, cli_writer fn, void *arg, char *err, size_t errlen) {
+    plain_writer p = {fn, arg};
+    output_job job = {NULL, path, call_plain, &p};
+    return write_jobs(&job, 1, err, errlen);
+}
+
+int cli_json_writer(FILE *f, void *json_root, ag_err *err) {
+    (void)err;
+    int rc = json_dumpf((json_t *)json_root, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     fputc('\n', f);
     return rc;
 }
 
 int cli_write_json(const char *path, json_t *root, char *err, size_t errlen) {
-    return cli_write_file(path, json_writer, root, err, errlen);
+    output_job job = {NULL, path, cli_json_writer, root};
+    return write_jobs(&job, 1, err, errlen);
 }
 
-static int csv_writer(FILE *f, void *arg) {
-    (void)arg;
+int cli_csv_writer(FILE *f, void *unused, ag_err *err) {
+    (void)unused;
+    (void)err;
     // One row per event, with each category's live bytes after it, for plots.
     int64_t live[MP_NCATEGORIES] = {0};
     fprintf(f, "seconds,phase,site,category,bytes");
@@ -59,7 +77,8 @@ static int csv_writer(FILE *f, void *arg) {
 }
 
 int cli_write_timeline_csv(const char *path, char *err, size_t errlen) {
-    return cli_write_file(path, csv_writer, NULL, err, errlen);
+    output_job job = {NULL, path, cli_csv_writer, NULL};
+    return write_jobs(&job, 1, err, errlen);
 }
 
 json_t *cli_report_root(const llama_config *c) {
@@ -87,10 +106,13 @@ json_t *cli_model_json(const llama_config *c) {
 
 int cli_write_outputs(const cli_options *o, json_t *root, const char *title, cli_text_fn text,
                       const void *arg, char *err, size_t errlen) {
-    if (o->json && cli_write_json(o->json, root, err, errlen) != 0) return -1;
-    if (o->timeline && cli_write_timeline_csv(o->timeline, err, errlen) != 0) return -1;
-    if (o->svg && cli_write_svg(o->svg, title, err, errlen) != 0) return -1;
-    if (o->trace && cli_write_trace(o->trace, err, errlen) != 0) return -1;
-    if (o->html && cli_write_html(o->html, title, text, arg, err, errlen) != 0) return -1;
-    return 0;
+    cli_html_page page = {title, text, arg};
+    const output_job jobs[] = {
+        {"--json", o->json, cli_json_writer, root},
+        {"--timeline", o->timeline, cli_csv_writer, NULL},
+        {"--svg", o->svg, cli_svg_writer, (void *)title},
+        {"--trace", o->trace, cli_trace_writer, NULL},
+        {"--html", o->html, cli_html_writer, &page},
+    };
+    return write_jobs(jobs, sizeof jobs / sizeof *jobs, err, errlen);
 }
