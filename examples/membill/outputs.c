@@ -591,6 +591,8 @@ static bool roll_back(cli_outputs *s, ag_err *err) {
             o->bak[0] = '\0';
             o->placed = false;
             o->tmp[0] = '\0'; // the new file is gone with the rollback
+            slot_drop(&o->bak_slot);
+            slot_drop(&o->tmp_slot);
         } else {
             if (ok) {
                 char first[sizeof err->msg];

@@ -164,6 +164,14 @@ static void test_new_and_replaced_files(void **state) {
     assert_int_equal(write_one(NULL, at(d, "old.json"), "again", &err), 0);
     assert_int_equal(stat(at(d, "old.json"), &st), 0);
     assert_int_equal(st.st_mode & 07777, 0640);
+    if (geteuid() == 0) { // root replacing a user's file leaves it the user's
+        assert_int_equal(chown(at(d, "old.json"), 65534, 65534), 0);
+        assert_int_equal(write_one("--json", at(d, "old.json"), "root's", &err), 0);
+        assert_int_equal(stat(at(d, "old.json"), &st), 0);
+        assert_int_equal(st.st_uid, 65534);
+        assert_int_equal(st.st_gid, 65534);
+        assert_int_equal(st.st_mode & 07777, 0640);
+    }
     assert_int_equal(temporaries(d), 0);
     assert_int_equal(entries(d), 2);
 }
