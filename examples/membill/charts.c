@@ -138,7 +138,6 @@ static void svg_legend_and_peak(FILE *f, double ymax, double t_end) {
     }
 }
 
-int cli_svg_to(FILE *f, void *arg) { return cli_svg_scaled(f, arg, 0); }
 
 // scale: the highest total the vertical axis must hold (0: this run's own peak), so that two
 // charts can share one scale.
@@ -170,8 +169,10 @@ int cli_svg_scaled(FILE *f, const char *title, double scale) {
     return 0;
 }
 
-int cli_write_svg(const char *path, const char *title, char *err, size_t errlen) {
-    return cli_write_file(path, cli_svg_to, (void *)title, err, errlen);
+int cli_svg_writer(FILE *f, void *title, ag_err *err) {
+    if (cli_svg_scaled(f, title, 0) == 0) return 0;
+    ag_err_set(err, "out of memory");
+    return -1;
 }
 
 void cli_xml_escape(FILE *f, const char *s) {
@@ -194,8 +195,9 @@ static void trace_event(FILE *f, bool *first, const char *fmt_name, const char *
     *first = false;
 }
 
-int cli_trace_writer(FILE *f, void *arg) {
-    (void)arg;
+int cli_trace_writer(FILE *f, void *unused, ag_err *err) {
+    (void)unused;
+    (void)err;
     bool first = true;
     char extra[160];
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
@@ -227,12 +229,7 @@ int cli_trace_writer(FILE *f, void *arg) {
     return 0;
 }
 
-int cli_write_trace(const char *path, char *err, size_t errlen) {
-    return cli_write_file(path, cli_trace_writer, NULL, err, errlen);
-}
-
 // ---- one self-contained HTML page: the chart, the bill (with the top sites), what it means ----
-
 
 static const char *const explanation =
     "<h2>Reading the bill</h2><ul>"
@@ -248,29 +245,27 @@ static const char *const explanation =
     "<p>Requested bytes are what tensors asked for; the allocator's size classes are what jemalloc reserved. "
     "MB means 10<sup>6</sup> bytes. The peak, not the current allocation, decides an out-of-memory error.</p>";
 
-int cli_html_writer(FILE *f, void *arg) {
-    const cli_html_args *h = arg;
+int cli_html_writer(FILE *f, void *page, ag_err *err) {
+    const cli_html_page *h = page;
     fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>");
     cli_xml_escape(f, h->title);
     fprintf(f, "</title><style>body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
                "pre{background:#f7f7f7;padding:1em;overflow-x:auto;font-size:12px}</style></head><body>\n<h1>");
     cli_xml_escape(f, h->title);
     fprintf(f, "</h1>\n<figure id=\"chart\">\n");
-    if (cli_svg_to(f, (void *)h->title) != 0) return -1;
+    if (cli_svg_writer(f, (void *)h->title, err) != 0) return -1;
     fprintf(f, "</figure>\n<h2>The bill</h2>\n<pre id=\"bill\">");
     char *buf = NULL;
     size_t len = 0;
     FILE *mem = open_memstream(&buf, &len);
-    if (!mem) return -1;
+    if (!mem) {
+        ag_err_set(err, "out of memory");
+        return -1;
+    }
     h->text(mem, h->arg);
     fclose(mem);
     cli_xml_escape(f, buf);
     free(buf);
     fprintf(f, "</pre>\n%s\n</body></html>\n", explanation);
     return 0;
-}
-
-int cli_write_html(const char *path, const char *title, cli_text_fn text, const void *arg, char *err, size_t errlen) {
-    cli_html_args h = {title, text, arg};
-    return cli_write_file(path, cli_html_writer, &h, err, errlen);
 }

@@ -94,8 +94,6 @@ int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err);
 int cli_make_tokens(const cli_options *o, const llama_config *cfg, bool meta, int32_t **ids, long *batch,
                     long *seq_len, ag_err *err);
 
-// Output writers: int fn(FILE *, void *arg), 0 on success.
-typedef int (*cli_writer)(FILE *f, void *arg);
 int cli_svg_scaled(FILE *f, const char *title, double scale);
 typedef void (*cli_text_fn)(FILE *f, const void *arg);
 void cli_xml_escape(FILE *f, const char *s);
@@ -188,7 +186,7 @@ typedef struct {
     uint64_t (*meta_peak)(void *arg, ag_err *err);        // the same run in meta mode (NULL: none)
     void (*text)(FILE *f, const void *arg, bool failed); // the text report
     struct json_t *(*json)(const void *arg, bool failed);
-    int (*svg)(FILE *f, void *arg); // NULL: the profiler's timeline as a chart
+    int (*svg)(FILE *f, void *arg, ag_err *err); // NULL: the profiler's timeline as a chart
     void *svg_arg;
     const char *title;
     struct cli_outputs *outs; // set by cli_job_main before run: where --dump-grads goes
@@ -201,7 +199,7 @@ typedef struct {
     const char *title;
     cli_text_fn text;
     const void *arg;
-    int (*svg)(FILE *f, void *arg); // NULL: the timeline chart
+    int (*svg)(FILE *f, void *arg, ag_err *err); // NULL: the timeline chart
     void *svg_arg;
 } cli_report;
 int cli_outputs_declare(const cli_options *o, struct cli_outputs **outs, ag_err *err);

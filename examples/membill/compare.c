@@ -74,7 +74,8 @@ static uint64_t meta_peak(void *arg, ag_err *err) {
     return peak;
 }
 
-static int svg_pair(FILE *f, void *arg) {
+static int svg_pair(FILE *f, void *arg, ag_err *err) {
+    (void)err;
     const side *s = arg;
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"2160\" "
                "height=\"560\" font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n");

@@ -27,16 +27,22 @@ int cli_outputs_declare(const cli_options *o, cli_outputs **outs, ag_err *err) {
     }
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++)
         if (inputs[i].path && cli_outputs_input(*outs, inputs[i].name, inputs[i].path, err) != 0) return -1;
+    // A --weights folder is read through its files: no output may land on them either.
+    char cfg[4096], st[4096];
+    ag_err ignored;
+    if (o->weights && llama_weights_resolve(o->weights, cfg, st, sizeof st, &ignored) == 0)
+        for (int k = 0; k < 2; k++)
+            if ((k ? st : cfg)[0] && cli_outputs_input(*outs, "--weights", k ? st : cfg, err) != 0) return -1;
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++)
         if (list[i].path && cli_outputs_add(*outs, list[i].name, list[i].path, err) != 0) return -1;
     return 0;
 }
 
 int cli_outputs_finish(const cli_options *o, cli_outputs *outs, json_t *root, const cli_report *rep, ag_err *err) {
-    cli_html_args html = {rep->title, rep->text, rep->arg};
+    cli_html_page html = {rep->title, rep->text, rep->arg};
     if (o->json && cli_outputs_write(outs, "--json", cli_json_writer, root, err) != 0) return -1;
     if (o->timeline && cli_outputs_write(outs, "--timeline", cli_csv_writer, NULL, err) != 0) return -1;
-    if (o->svg && cli_outputs_write(outs, "--svg", rep->svg ? rep->svg : cli_svg_to,
+    if (o->svg && cli_outputs_write(outs, "--svg", rep->svg ? rep->svg : cli_svg_writer,
                                     rep->svg ? rep->svg_arg : (void *)rep->title, err) != 0)
         return -1;
     if (o->trace && cli_outputs_write(outs, "--trace", cli_trace_writer, NULL, err) != 0) return -1;
@@ -88,7 +94,7 @@ static void failed_json(const cli_options *o, cli_job *j, const char *msg) {
         json_object_set_new(e, "live_bytes", json_integer((json_int_t)oom->live.total));
     }
     json_object_set_new(root, "error", e);
-    if (strcmp(o->json, "-") == 0) cli_json_writer(stdout, root);
+    if (strcmp(o->json, "-") == 0) cli_json_writer(stdout, root, NULL);
     json_decref(root);
 }
 
@@ -123,10 +129,6 @@ int cli_job_main(const cli_options *o, cli_job *j) {
     }
     if (profiling) mp_shutdown();
     cli_outputs_free(outs);
-    if (fflush(stdout) != 0 || ferror(stdout)) {
-        if (!err.msg[0]) ag_err_set(&err, "stdout: write failed (%m)");
-        rc = EXIT_RUN_FAILED;
-    }
     if (rc) fprintf(stderr, "membill %s: %s\n", o->command, err.msg);
     return rc;
 }

@@ -43,11 +43,17 @@ int main(int argc, char **argv) {
     if (!cli_parse(&o, cmd, argc, argv)) return EXIT_USAGE;
     if (o.help) {
         cli_usage(stdout, cmd);
-        return fflush(stdout) == 0 ? 0 : EXIT_RUN_FAILED;
+        return fflush(stdout) == 0 && !ferror(stdout) ? 0 : EXIT_RUN_FAILED;
     }
     if (!cli_check_combinations(&o)) return EXIT_USAGE;
     static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare, cmd_plan, cmd_check};
     int i = 0;
     while ((1 << i) != (int)cmd->bit) i++;
-    return run[i](&o);
+    int rc = run[i](&o);
+    // A report nobody could read is a failed run (a full disk, /dev/full, a closed pipe).
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        if (rc == 0) fprintf(stderr, "membill %s: stdout: write failed (%m)\n", o.command);
+        rc = EXIT_RUN_FAILED;
+    }
+    return rc;
 }

@@ -1,48 +1,21 @@
-// Output files, written whole to a temporary name and renamed into place: a failed run or a
-// failed write never leaves a half-written file or touches what the user had.
+// The report's writers for cli_outputs_write (outputs.h), and its shared JSON parts.
 #include "cli.h"
 #include "outputs.h"
 
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-int cli_write_file(const char *path, cli_writer fn, void *arg, char *err, size_t errlen) {
-    if (strcmp(path, "-") == 0) return fn(stdout, arg) == 0 && fflush(stdout) == 0 ? 0 : -1;
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= (int)sizeof tmp) {
-        snprintf(err, errlen, "%s: path too long", path);
-        return -1;
-    }
-    FILE *f = fopen(tmp, "wx");
-    if (!f) {
-        snprintf(err, errlen, "%s: cannot write here (%m)", path);
-        return -1;
-    }
-    int rc = fn(f, arg);
-    if (fflush(f) != 0 || ferror(f)) rc = -1;
-    if (fclose(f) != 0) rc = -1;
-    if (rc == 0 && rename(tmp, path) != 0) rc = -1;
-    if (rc != 0) {
-        snprintf(err, errlen, "%s: write failed (%m)", path);
-        unlink(tmp);
-    }
-    return rc;
-}
-
-int cli_json_writer(FILE *f, void *arg) {
-    int rc = json_dumpf((json_t *)arg, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+int cli_json_writer(FILE *f, void *json_root, ag_err *err) {
+    (void)err;
+    int rc = json_dumpf((json_t *)json_root, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     fputc('\n', f);
     return rc;
 }
 
-int cli_write_json(const char *path, json_t *root, char *err, size_t errlen) {
-    return cli_write_file(path, cli_json_writer, root, err, errlen);
-}
-
-int cli_csv_writer(FILE *f, void *arg) {
-    (void)arg;
+int cli_csv_writer(FILE *f, void *unused, ag_err *err) {
+    (void)unused;
+    (void)err;
     // One row per event, with each category's live bytes after it, for plots.
     int64_t live[MP_NCATEGORIES] = {0};
     fprintf(f, "seconds,phase,site,category,bytes");
@@ -57,10 +30,6 @@ int cli_csv_writer(FILE *f, void *arg) {
         fprintf(f, "\n");
     }
     return 0;
-}
-
-int cli_write_timeline_csv(const char *path, char *err, size_t errlen) {
-    return cli_write_file(path, cli_csv_writer, NULL, err, errlen);
 }
 
 json_t *cli_report_root(const llama_config *c) {

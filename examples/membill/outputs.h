@@ -1,30 +1,101 @@
-// Output files that never damage anything (provisional).
+// The command's output files as one transaction: declared before the run (a bad path fails at
+// once), written when their content is ready (to a temporary beside the target), and moved into
+// place together only when the whole run and every output succeeded.
+//
+// Wiring a command:
+//   cli_outputs *outs = cli_outputs_new();
+//   cli_outputs_input(outs, "--config", o->config, &err);   // every file the run reads (the
+//   cli_outputs_input(outs, "--weights", st_path, &err);    // resolved safetensors, not a folder)
+//   cli_outputs_add(outs, "--json", o->json, &err);         // every output, before the run
+//   cli_outputs_add(outs, "--dump-grads", o->dump_grads, &err);
+//   ... the run; after the last backward, while the gradients exist:
+//   cli_outputs_write(outs, "--dump-grads", cli_model_writer, &(cli_model_file){m, true}, &err);
+//   ... after the run, only if it succeeded:
+//   cli_outputs_write(outs, "--json", cli_json_writer, root, &err);
+//   cli_outputs_commit(outs, &err);
+//   cli_outputs_free(outs);                                 // always: drops what was not committed
+// A failure at any step leaves every file the user had as it was (outputs on standard streams,
+// character devices and FIFOs are written as they come: those cannot be taken back).
 #pragma once
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #include "autograd.h"
+#include "model.h"
 
 typedef struct cli_outputs cli_outputs;
+
+// Writes one output to f; returns 0, or non-zero with err saying why (err may be left empty:
+// the stream's error is reported then). cli_outputs flushes f and checks it for write errors.
+typedef int (*cli_output_writer)(FILE *f, void *arg, ag_err *err);
+
+// NULL when out of memory.
 cli_outputs *cli_outputs_new(void);
+
+// Declares the output of option ("--json": it names the output in messages, and
+// cli_outputs_write finds it by it; NULL: the path does both) at path. A NULL path declares
+// nothing, so each option can be passed as it is. "-", /dev/stdout and /dev/fd/1 are standard
+// output; /dev/stderr and /dev/fd/2 standard error. Refused, with one line naming the option
+// and the path: a folder; a block device or socket; a file in a folder that does not exist or
+// cannot be written (the temporary is created here, so this is a real test); a file that cannot
+// be written; the same file as another output (however named: links, "..", a hard link; the
+// null device excepted, where discarding twice harms nothing) or as an input. Symbolic links
+// are followed: the file behind one is replaced, the link stays. Regular files and new paths
+// get their temporary now: O_TMPFILE where the file system has it (nothing is left behind even
+// by SIGKILL), else a ".membill-XXXXXX" file that SIGINT, SIGTERM, SIGHUP and SIGQUIT remove.
 int cli_outputs_add(cli_outputs *s, const char *option, const char *path, ag_err *err);
+
+// Declares a file the run reads (option names it in messages); an output on it is refused,
+// whichever is declared first. A NULL path, or one that does not exist, is ignored (the run
+// reports the latter itself).
 int cli_outputs_input(cli_outputs *s, const char *option, const char *path, ag_err *err);
-int cli_outputs_write(cli_outputs *s, const char *option, int (*fn)(FILE *, void *), void *arg, ag_err *err);
+
+// Writes the declared output of option now, with fn(f, arg, err): to its temporary (flushed
+// and fsynced), or in place for standard streams, character devices and FIFOs (opening a FIFO
+// waits for its reader, as any writer of one does). Any write error (a full disk, /dev/full, a
+// reader that went away: SIGPIPE is ignored meanwhile) fails it, naming the file. Each output
+// is written once.
+int cli_outputs_write(cli_outputs *s, const char *option, cli_output_writer fn, void *arg, ag_err *err);
+
+// Moves every written temporary into place, all or none: each target's previous file is kept
+// under a backup link until all are in place, and put back if one fails. Refused, nothing
+// moved, while a declared output is unwritten or its write failed, and after a failed commit.
+// A replaced file keeps its mode (and, for root, its owner). SIGINT and the like wait until it
+// is done. A second call after success does nothing.
 int cli_outputs_commit(cli_outputs *s, ag_err *err);
+
+// Removes every temporary not committed and closes what the set holds. NULL is ignored.
 void cli_outputs_free(cli_outputs *s);
 
-// Writers for cli_outputs_write.
-int cli_json_writer(FILE *f, void *json_root);
-int cli_csv_writer(FILE *f, void *unused);
-int cli_svg_to(FILE *f, void *title);
-int cli_trace_writer(FILE *f, void *unused);
+// For a signal handler of the command's own (cli_outputs installs one for SIGINT, SIGTERM,
+// SIGHUP and SIGQUIT, only where they have the default action, when it names its first
+// temporary): unlinks every named temporary. Async-signal-safe.
+void cli_outputs_remove_temporaries(void);
+
+// ---- Writers for the outputs membill produces ----
+
+// The report with 2-space indent, keys in order; arg is a json_t *.
+int cli_json_writer(FILE *f, void *json_root, ag_err *err);
+// The profiler's timeline as CSV (one row per event, live bytes per category); arg unused.
+int cli_csv_writer(FILE *f, void *unused, ag_err *err);
+// The timeline as a stacked-area SVG chart; arg is the title (const char *).
+int cli_svg_writer(FILE *f, void *title, ag_err *err);
+// The timeline as a Chrome trace-event file; arg unused.
+int cli_trace_writer(FILE *f, void *unused, ag_err *err);
+
+// One HTML page: the chart, the text bill that text(f, arg) prints, and how to read it.
+typedef void (*cli_html_text_fn)(FILE *f, const void *arg);
 typedef struct {
     const char *title;
-    void (*text)(FILE *f, const void *arg);
+    cli_html_text_fn text;
     const void *arg;
-} cli_html_args;
-int cli_html_writer(FILE *f, void *html_args);
-// Old path-based writers, still used by plan and check until they move to cli_outputs.
-int cli_write_file(const char *path, int (*fn)(FILE *, void *), void *arg, char *err, size_t errlen);
-#include "model.h"
-int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err);
+} cli_html_page;
+int cli_html_writer(FILE *f, void *page, ag_err *err); // arg is a cli_html_page *
+
+// The weights (or, with grads, every parameter's .grad) as F32 safetensors with HF names.
+typedef struct {
+    const llama_model *model;
+    bool grads;
+} cli_model_file;
+int cli_model_writer(FILE *f, void *model_file, ag_err *err); // arg is a cli_model_file *

@@ -248,22 +248,11 @@ static void report_text(FILE *f, const void *arg, bool failed) {
                 r->dtype.name);
 }
 
-typedef struct {
-    const llama_model *m;
-    bool grads;
-    ag_err *err;
-} save_args;
-
-static int save_writer(FILE *f, void *arg) {
-    const save_args *a = arg;
-    return llama_model_save_file(a->m, f, a->grads, a->err);
-}
-
 // --dump-grads and --save-weights go to their temporaries now, committed with the rest.
 static int save(void *arg, const llama_model *m, bool grads, ag_err *err) {
     const train_cmd *t = arg;
-    save_args a = {m, grads, err};
-    return cli_outputs_write(t->job.outs, grads ? "--dump-grads" : "--save-weights", save_writer, &a, err);
+    cli_model_file file = {m, grads};
+    return cli_outputs_write(t->job.outs, grads ? "--dump-grads" : "--save-weights", cli_model_writer, &file, err);
 }
 
 static int run(void *arg, ag_err *err) {

@@ -676,7 +676,12 @@ static void test_infer_cache_bill(void **state) {
 
 static void test_compare(void **state) {
     (void)state;
-    json_t *root = json_run("compare --meta --svg /dev/null");
+    char a[512], svg[8192];
+    snprintf(a, sizeof a, "compare --meta --svg %s/compare.svg", dir);
+    json_t *root = json_run(a);
+    snprintf(a, sizeof a, "%s/compare.svg", dir);
+    slurp(a, svg, sizeof svg);
+    assert_non_null(strstr(svg, "<svg"));
     json_t *tr = json_object_get(json_object_get(root, "train"), "categories");
     json_t *in = json_object_get(json_object_get(root, "infer"), "categories");
     assert_int_equal(json_integer_value(json_object_get(tr, "optimizer")), 1076120064);

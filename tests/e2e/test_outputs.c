@@ -4,9 +4,14 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static char dir[64];
 static json_t *report;
@@ -164,6 +169,90 @@ static void test_html(void **state) {
     free(html);
 }
 
+// Runs membill with args (a shell fragment); its exit code, stderr into err.
+static int membill(const char *args, char *err, size_t errlen) {
+    char cmd[4096], path[256];
+    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>%s/err.txt", MEMBILL_BIN, args, dir);
+    int st = system(cmd);
+    snprintf(path, sizeof path, "%s/err.txt", dir);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(err, 1, errlen - 1, f) : 0;
+    err[n] = 0;
+    if (f) fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static bool is_dev_null(void) {
+    struct stat st;
+    return lstat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode) && major(st.st_rdev) == 1 && minor(st.st_rdev) == 3;
+}
+
+// Root may replace anything: every output on the null device must leave it the device.
+static void test_dev_null_survives(void **state) {
+    (void)state;
+    if (geteuid() != 0) skip(); // nobody else can replace it
+    char args[2048], err[4096];
+    const char *runs[] = {"train --weights %s/tiny_tied --steps 1 --json /dev/null --svg /dev/null --trace /dev/null "
+                          "--timeline /dev/null --html /dev/null --dump-grads /dev/null --save-weights /dev/null",
+                          "infer --weights %s/tiny_tied --new-tokens 2 --json /dev/null --svg /dev/null",
+                          "plan --config %s/tiny_tied/config.json --json /dev/null --svg /dev/null",
+                          "compare --config %s/tiny_tied/config.json --meta --json /dev/null --svg /dev/null"};
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        assert_true(is_dev_null());
+        snprintf(args, sizeof args, runs[i], MEMBILL_GOLDEN_DIR);
+        int rc = membill(args, err, sizeof err);
+        if (rc != 0) print_error("%s: exit %d: %s\n", args, rc, err);
+        assert_int_equal(rc, 0);
+        assert_true(is_dev_null());
+    }
+}
+
+// One output that cannot be written: no output replaces what the user had.
+static void test_outputs_all_or_none(void **state) {
+    (void)state;
+    char args[2048], err[4096], path[256];
+    snprintf(path, sizeof path, "%s/keep.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("precious", f);
+    fclose(f);
+    snprintf(args, sizeof args, "train --weights %s/tiny_tied --json %s --timeline %s/keep.csv --svg %s/nowhere/c.svg",
+             MEMBILL_GOLDEN_DIR, path, dir, dir);
+    assert_int_equal(membill(args, err, sizeof err), 1);
+    assert_non_null(strstr(err, "--svg"));
+    assert_non_null(strstr(err, "nowhere"));
+    assert_int_equal(strchr(err, '\n') - err + 1, (long)strlen(err)); // one line
+    char *kept = slurp("keep.json");
+    assert_string_equal(kept, "precious");
+    free(kept);
+    assert_null(slurp("keep.csv"));
+}
+
+// A replaced report keeps its mode, and a link to it stays a link.
+static void test_replaced_file_keeps_mode_and_link(void **state) {
+    (void)state;
+    char args[2048], err[4096], path[256], link_path[256];
+    snprintf(path, sizeof path, "%s/private.json", dir);
+    snprintf(link_path, sizeof link_path, "%s/latest.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("old", f);
+    fclose(f);
+    assert_int_equal(chmod(path, 0600), 0);
+    assert_int_equal(symlink("private.json", link_path), 0);
+    snprintf(args, sizeof args, "train --weights %s/tiny_tied --json %s", MEMBILL_GOLDEN_DIR, link_path);
+    assert_int_equal(membill(args, err, sizeof err), 0);
+    struct stat st;
+    assert_int_equal(lstat(link_path, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0600);
+    json_t *r = json_load_file(path, 0, NULL);
+    assert_non_null(r);
+    assert_non_null(json_object_get(r, "categories"));
+    json_decref(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_svg),
@@ -171,6 +260,9 @@ int main(void) {
         cmocka_unit_test(test_timeline_csv),
         cmocka_unit_test(test_text_breakdown_and_explain),
         cmocka_unit_test(test_html),
+        cmocka_unit_test(test_dev_null_survives),
+        cmocka_unit_test(test_outputs_all_or_none),
+        cmocka_unit_test(test_replaced_file_keeps_mode_and_link),
     };
     return cmocka_run_group_tests_name("outputs", tests, run_once, clean_up);
 }

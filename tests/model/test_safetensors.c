@@ -461,6 +461,76 @@ static void test_write_failures(void **state) {
     tu_rmtree(dir);
 }
 
+// What a path names decides how it is written: a regular file is replaced (its mode kept, a
+// link to it kept), a device or FIFO is written in place and never replaced.
+static void test_write_targets(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), path[8192], link_path[8192], name[300], longp[8192];
+    float x[4] = {1, 2, 3, 4};
+    const float *data[] = {x};
+    const char *one[] = {"w"};
+    const int nd[] = {1};
+    const int64_t shapes[][4] = {{4}};
+    ag_err err = {{0}};
+    struct stat st;
+
+    tu_path(path, sizeof path, dir, "w.safetensors");
+    write_precious(path);
+    assert_int_equal(chmod(path, 0600), 0);
+    tu_path(link_path, sizeof link_path, dir, "latest.safetensors");
+    assert_int_equal(symlink("w.safetensors", link_path), 0);
+    assert_int_equal(llama_st_write_f32(link_path, 1, one, nd, shapes, data, &err), 0);
+    assert_int_equal(lstat(link_path, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 07777, 0600);
+    llama_st_file *f;
+    assert_int_equal(llama_st_open(&f, path, &err), 0);
+    assert_int_equal(llama_st_count(f), 1);
+    llama_st_close(f);
+
+    // The null device, as root too: still the device afterwards.
+    assert_int_equal(llama_st_write_f32("/dev/null", 1, one, nd, shapes, data, &err), 0);
+    assert_int_equal(stat("/dev/null", &st), 0);
+    assert_true(S_ISCHR(st.st_mode));
+    assert_int_equal(llama_st_write_f32("/dev/full", 1, one, nd, shapes, data, &err), -1);
+    TU_MENTIONS(err.msg, "/dev/full", "write failed");
+
+    // A name of 250 characters: the temporary's own name stays short.
+    memset(name, 'g', 250);
+    name[250] = '\0';
+    tu_path(longp, sizeof longp, dir, name);
+    assert_int_equal(llama_st_write_f32(longp, 1, one, nd, shapes, data, &err), 0);
+    assert_int_equal(llama_st_write_f32(longp, 1, one, nd, shapes, data, &err), 0);
+    assert_int_equal(tu_count_entries(dir), 3);
+
+    // The stream variant writes the same bytes as the path variant.
+    char *buf = NULL;
+    size_t len = 0, flen;
+    FILE *mem = open_memstream(&buf, &len);
+    assert_non_null(mem);
+    assert_int_equal(llama_st_write_f32_file(mem, 1, one, nd, shapes, data, &err), 0);
+    assert_int_equal(fclose(mem), 0);
+    unsigned char *raw = tu_read(path, &flen);
+    assert_int_equal(len, flen);
+    assert_memory_equal(buf, raw, len);
+    free(raw);
+    free(buf);
+    // ...and its errors name the tensor or the stream's failure.
+    const char *dup[] = {"w", "w"};
+    const float *data2[] = {x, x};
+    const int nd2[] = {1, 1};
+    const int64_t shapes2[][4] = {{4}, {4}};
+    FILE *full = fopen("/dev/full", "w");
+    assert_non_null(full);
+    assert_int_equal(llama_st_write_f32_file(full, 2, dup, nd2, shapes2, data2, &err), -1);
+    TU_MENTIONS(err.msg, "tensor w is given twice");
+    assert_int_equal(llama_st_write_f32_file(full, 1, one, nd, shapes, data, &err), -1);
+    TU_MENTIONS(err.msg, "write failed", strerror(ENOSPC));
+    fclose(full);
+    tu_rmtree(dir);
+}
+
 // ---------------------------------------------------------------------------------------------
 // --weights PATH
 
@@ -503,6 +573,7 @@ int main(void) {
         cmocka_unit_test(test_f16_exhaustive),   cmocka_unit_test(test_bf16_exhaustive),
         cmocka_unit_test(test_int_tensors),      cmocka_unit_test(test_check_params),
         cmocka_unit_test(test_check_params_dtype), cmocka_unit_test(test_write_failures),
+        cmocka_unit_test(test_write_targets),
         cmocka_unit_test(test_weights_resolve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
