@@ -48,7 +48,7 @@ ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int
     ag_site s;
     ag_site_parse(&s, site);
     if (B < 1 || Hkv < 1 || D < 1 || (int)cat < 0 || (int)cat >= MP_NCATEGORIES ||
-        B * Hkv > ((int64_t)1 << 40) / D) {
+        B * Hkv > ((int64_t)1 << (mp_is_meta() ? 48 : 40)) / D) {
         ag_fail(ctx, AG_ERR_ARG, "kv cache %s: batch %lld, %d key-value heads of dimension %d "
                 "(expected each >= 1) in category %d", s.base, (long long)B, Hkv, D, (int)cat);
         return NULL;

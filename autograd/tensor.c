@@ -102,16 +102,19 @@ static bool shape_ok(ag_ctx *ctx, int ndim, const int64_t *shape, const char *la
     if (ndim < 1 || ndim > AG_MAX_DIMS || !shape)
         return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: %d dimensions, expected 1 to %d", label,
                        ndim, AG_MAX_DIMS);
+    // A real tensor past 2^40 elements (4 TB) is a mistake; meta mode bills up to 2^48 (a
+    // petabyte) so that a plan can say what does not fit. Both keep the byte sums far from
+    // overflow.
+    const int bits = mp_is_meta() ? 48 : 40;
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
-        // The bound keeps numel * 4 far from overflow.
         if (shape[i] < 1)
             return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: dimension %d is %lld, expected at least 1",
                            label, i, (long long)shape[i]);
-        if (shape[i] > ((int64_t)1 << 40) / n)
-            return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: more than 2^40 elements (dimension %d is %lld "
+        if (shape[i] > ((int64_t)1 << bits) / n)
+            return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: more than 2^%d elements (dimension %d is %lld "
                            "after %lld elements in the others): too large for one tensor",
-                           label, i, (long long)shape[i], (long long)n);
+                           label, bits, i, (long long)shape[i], (long long)n);
         n *= shape[i];
     }
     *numel = n;

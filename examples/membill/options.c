@@ -39,7 +39,7 @@ static const opt_spec specs[] = {
      "a .safetensors file, or a folder with config.json and model.safetensors (default: random init)"},
     {"--tokens", "IDS", T_STR, OFF(tokens), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "the input ids, 1,2,3; for infer, prompts separated by ';' make a batch (default: random ids)"},
-    {"--batch", "B", T_LONG, OFF(batch), RUNS | PL, "1", 0, NULL, 1, 1 << 20, NULL, "rows (per GPU in plan)"},
+    {"--batch", "B", T_LONG, OFF(batch), RUNS | PL, "1", 0, NULL, 1, 1e12, NULL, "rows (per GPU in plan)"},
     {"--seq-len", "N", T_LONG, OFF(seq_len), RUNS | PL, "25", 0, NULL, 1, 1 << 24, NULL, "tokens per row"},
     {"--new-tokens", "N", T_LONG, OFF(new_tokens), IN | CO | PL, "40", PL, "1", 1, 1 << 20, NULL,
      "tokens to generate (plan: with --infer)"},

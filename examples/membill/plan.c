@@ -86,7 +86,13 @@ static gpu_share per_gpu(const plan_setting *s, const plan_bill *b) {
 
 static int fits(const plan_setting *s, long B, long T, uint64_t device, bool *ok, ag_err *err) {
     plan_bill b;
-    if (measure(s, B, T, &b, err) != 0) return -1;
+    if (measure(s, B, T, &b, err) != 0) {
+        // A tensor past what meta mode bills (2^48 elements, a petabyte) fits no device.
+        if (!strstr(err->msg, "too large for one tensor")) return -1;
+        err->msg[0] = 0;
+        *ok = false;
+        return 0;
+    }
     *ok = per_gpu(s, &b).total <= device;
     return 0;
 }

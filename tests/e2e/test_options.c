@@ -305,6 +305,33 @@ static void test_steps_table(void **state) {
     assert_non_null(strstr(r.out, "the total peak is in step"));
 }
 
+// plan --device-memory: the true cap of a huge device, the positions named when they are the
+// limit, and what does not fit even at batch 1; meta mode needs no memory per token.
+static void test_plan_fit_limits(void **state) {
+    (void)state;
+    run_result r;
+    membill(&r, "plan --device-memory 1000TB --json -");
+    assert_int_equal(r.code, 0);
+    json_t *root = load_json(r.out), *fit = json_object_get(root, "fit");
+    assert_true(json_integer_value(json_object_get(fit, "largest_batch")) > 1000000);
+    assert_true(json_is_false(json_object_get(fit, "largest_batch_is_search_cap")));
+    assert_int_equal(json_integer_value(json_object_get(fit, "longest_seq_len")), 8192);
+    assert_true(json_is_true(json_object_get(fit, "longest_seq_len_is_positions")));
+    json_decref(root);
+    membill(&r, "plan --device-memory 1000TB");
+    assert_non_null(strstr(r.out, "not memory, are the limit"));
+    membill(&r, "plan --model llama-3-8b --device-memory 80GB");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "nothing fits: even batch 1 x 2 tokens needs"));
+    // 8 x 10^8 tokens of shapes: no ids are made, so this takes milliseconds and little memory;
+    // at 10^11 tokens one hidden state passes what meta mode bills for a tensor, and says so.
+    membill(&r, "plan --seq-len 8000 --batch 100000 --quiet");
+    assert_int_equal(r.code, 0);
+    membill(&r, "plan --model llama-3-8b --seq-len 8000 --batch 12500000 --quiet");
+    assert_int_equal(r.code, 1);
+    assert_non_null(strstr(r.err, "too large for one tensor"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_option_against_every_command),
@@ -315,6 +342,7 @@ int main(void) {
         cmocka_unit_test(test_fit_refusal),
         cmocka_unit_test(test_progress_only_when_asked),
         cmocka_unit_test(test_steps_table),
+        cmocka_unit_test(test_plan_fit_limits),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }
