@@ -116,7 +116,8 @@ int cli_job_main(const cli_options *o, cli_job *j) {
         int run = j->run(j->arg, &err);
         cli_progress_end();
         if (run != 0) {
-            if (!o->quiet && !to_stdout) j->text(stdout, j->arg, true);
+            // A budget stop has a bill to show; a file that could not be read has none.
+            if (!o->quiet && !to_stdout && mp_oom()->happened) j->text(stdout, j->arg, true);
             if (o->json) failed_json(o, j, err.msg);
             rc = EXIT_RUN_FAILED;
         } else {
