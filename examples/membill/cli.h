@@ -132,6 +132,10 @@ typedef struct {
     void *save_arg;
 } train_run;
 
+// The model of a run in its context: built at the dtype's sizes, then loaded from st_path
+// ("" for the seeded random init). On failure *out may hold a model to free.
+int cli_model_build(ag_ctx *ctx, const llama_config *cfg, const cli_dtype *dtype, const char *st_path, uint64_t seed,
+                    llama_model **out, ag_err *err);
 // The settings of a training run from the options (ids and steps allocated); an exit code.
 int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err);
 void cli_train_free(train_run *r);

@@ -92,17 +92,7 @@ int cli_infer_run(infer_run *r, ag_err *err) {
     }
     ag_set_grad_enabled(ctx, false);
     mp_set_phase(MP_PHASE_LOAD);
-    ag_meta_dtype md = cli_meta_dtype(&r->dtype);
-    if (!ag_ctx_set_meta_dtype(ctx, &md)) {
-        ag_err_set(err, "%s", ag_ctx_error(ctx));
-        goto done;
-    }
-    if (llama_model_new(&m, ctx, &r->cfg, err) != 0) goto done;
-    if (r->st_path[0]) {
-        if (llama_model_load(m, r->st_path, err) != 0) goto done;
-    } else {
-        llama_model_init_random(m, r->seed);
-    }
+    if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, &m, err) != 0) goto done;
     llama_generate_opts go = {.use_cache = r->use_cache, .on_step = on_step, .user = r};
     cli_progress("prefill of %ld x %ld tokens", r->batch, r->seq_len);
     rc = llama_generate(ctx, m, &go, r->ids, r->mask, r->batch, r->seq_len, r->new_tokens, r->out, &r->stats, err);

@@ -89,6 +89,21 @@ static int run_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long 
     return 0;
 }
 
+int cli_model_build(ag_ctx *ctx, const llama_config *cfg, const cli_dtype *dtype, const char *st_path, uint64_t seed,
+                    llama_model **out, ag_err *err) {
+    ag_meta_dtype md = cli_meta_dtype(dtype);
+    if (!ag_ctx_set_meta_dtype(ctx, &md)) {
+        ag_err_set(err, "%s", ag_ctx_error(ctx));
+        return -1;
+    }
+    if (llama_model_new(out, ctx, cfg, err) != 0) return -1;
+    if (!st_path[0]) {
+        llama_model_init_random(*out, seed);
+        return 0;
+    }
+    return llama_model_load(*out, st_path, err);
+}
+
 int cli_train_run(train_run *r, ag_err *err) {
     int rc = -1;
     ag_ctx *ctx = ag_ctx_new();
@@ -100,17 +115,7 @@ int cli_train_run(train_run *r, ag_err *err) {
     }
     mp_set_phase(MP_PHASE_LOAD);
     cli_progress("building the model");
-    ag_meta_dtype md = cli_meta_dtype(&r->dtype);
-    if (!ag_ctx_set_meta_dtype(ctx, &md)) {
-        ag_err_set(err, "%s", ag_ctx_error(ctx));
-        goto done;
-    }
-    if (llama_model_new(&m, ctx, &r->cfg, err) != 0) goto done;
-    if (r->st_path[0]) {
-        if (llama_model_load(m, r->st_path, err) != 0) goto done;
-    } else {
-        llama_model_init_random(m, r->seed);
-    }
+    if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, &m, err) != 0) goto done;
     opt = optim_new(&r->ocfg, m->params, m->nparams, err);
     if (!opt) goto done;
     for (long s = 0; s < r->nsteps; s++)

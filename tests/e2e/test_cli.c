@@ -14,53 +14,9 @@
 
 #include "model.h"
 
-static char dir[64];
+#include "cli_run.h"
 
-static int make_dir(void **state) {
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/membill_cli_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
-
-static int remove_dir(void **state) {
-    (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-typedef struct {
-    int code;
-    char out[1 << 18], err[4096];
-} run_result;
-
-static void slurp(const char *path, char *buf, size_t n) {
-    buf[0] = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    size_t k = fread(buf, 1, n - 1, f);
-    buf[k] = 0;
-    fclose(f);
-}
-
-// Runs membill with the arguments; captures its exit code, stdout and stderr.
-static void membill(run_result *r, const char *args) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err", MEMBILL_BIN, args, dir, dir);
-    int st = system(cmd);
-    r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    char p[512];
-    snprintf(p, sizeof p, "%s/out", dir);
-    slurp(p, r->out, sizeof r->out);
-    snprintf(p, sizeof p, "%s/err", dir);
-    slurp(p, r->err, sizeof r->err);
-}
-
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
+#define dir cli_run_dir
 
 static json_int_t cat_peak(json_t *root, const char *cat) {
     return json_integer_value(json_object_get(json_object_get(json_object_get(root, "categories"), cat), "peak_bytes"));
@@ -756,6 +712,6 @@ int main(void) {
         cmocka_unit_test(test_check_all_claims),
     };
     int only_heavy = getenv("MEMBILL_HEAVY") != NULL;
-    return only_heavy ? cmocka_run_group_tests_name("smollm2", heavy, make_dir, remove_dir)
-                      : cmocka_run_group_tests_name("cli", tests, make_dir, remove_dir);
+    return only_heavy ? cmocka_run_group_tests_name("smollm2", heavy, cli_run_make_dir, cli_run_remove_dir)
+                      : cmocka_run_group_tests_name("cli", tests, cli_run_make_dir, cli_run_remove_dir);
 }

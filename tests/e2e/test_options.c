@@ -12,51 +12,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static char dir[64];
+#include "cli_run.h"
 
-static int make_dir(void **state) {
-    (void)state;
-    snprintf(dir, sizeof dir, "/tmp/membill_opt_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
-}
-
-static int remove_dir(void **state) {
-    (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
-}
-
-typedef struct {
-    int code;
-    char out[1 << 18], err[1 << 14];
-} run_result;
-
-static void slurp(const char *path, char *buf, size_t n) {
-    buf[0] = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    size_t k = fread(buf, 1, n - 1, f);
-    buf[k] = 0;
-    fclose(f);
-}
-
-static void membill(run_result *r, const char *args) {
-    char cmd[8192], p[512];
-    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err </dev/null", MEMBILL_BIN, args, dir, dir);
-    int st = system(cmd);
-    r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    snprintf(p, sizeof p, "%s/out", dir);
-    slurp(p, r->out, sizeof r->out);
-    snprintf(p, sizeof p, "%s/err", dir);
-    slurp(p, r->err, sizeof r->err);
-}
-
-static int count_lines(const char *s) {
-    int n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
-}
+#define dir cli_run_dir
 
 static const char *const commands[5] = {"train", "infer", "compare", "check", "plan"};
 
@@ -351,5 +309,5 @@ int main(void) {
         cmocka_unit_test(test_steps_table),
         cmocka_unit_test(test_plan_fit_limits),
     };
-    return cmocka_run_group_tests(tests, make_dir, remove_dir);
+    return cmocka_run_group_tests(tests, cli_run_make_dir, cli_run_remove_dir);
 }

@@ -1,0 +1,56 @@
+// Running the membill command from a test: its exit code, stdout and stderr, in a temporary
+// folder made once per test program (cli_run_dir).
+#pragma once
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char cli_run_dir[64];
+
+static int cli_run_make_dir(void **state) {
+    (void)state;
+    snprintf(cli_run_dir, sizeof cli_run_dir, "/tmp/membill_test_XXXXXX");
+    return mkdtemp(cli_run_dir) ? 0 : -1;
+}
+
+static int cli_run_remove_dir(void **state) {
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", cli_run_dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+typedef struct {
+    int code;
+    char out[1 << 18], err[1 << 14];
+} run_result;
+
+static void slurp(const char *path, char *buf, size_t n) {
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    size_t k = fread(buf, 1, n - 1, f);
+    buf[k] = 0;
+    fclose(f);
+}
+
+// membill with the arguments (a shell command line), stdin closed.
+static void membill(run_result *r, const char *args) {
+    char cmd[8192], p[512];
+    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err </dev/null", MEMBILL_BIN, args, cli_run_dir, cli_run_dir);
+    int st = system(cmd);
+    r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    snprintf(p, sizeof p, "%s/out", cli_run_dir);
+    slurp(p, r->out, sizeof r->out);
+    snprintf(p, sizeof p, "%s/err", cli_run_dir);
+    slurp(p, r->err, sizeof r->err);
+}
+
+static int count_lines(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += *s == '\n';
+    return n;
+}
