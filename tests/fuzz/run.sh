@@ -7,7 +7,7 @@
 #
 #   tests/fuzz/run.sh [BUILD_DIR [SECONDS]]      defaults: build-fuzz, 20 seconds per fuzzer
 #   FUZZERS="config bytes" tests/fuzz/run.sh     only those (default: every fuzz_*.c here)
-#   JOBS=2 CC=clang-14 tests/fuzz/run.sh         build parallelism, compiler
+#   JOBS=2 CC=clang-14 tests/fuzz/run.sh         build parallelism, compiler (default clang, else clang-14)
 #
 # New inputs that reach new code go to BUILD_DIR/fuzz-corpus/NAME/, never into the source tree.
 # tests/fuzz/known/NAME/ holds inputs that still break an invariant in code this project has not
@@ -19,7 +19,11 @@ root="$(cd "$here/../.." && pwd)"
 build="${1:-build-fuzz}"
 seconds="${2:-20}"
 jobs="${JOBS:-2}"
-cc="${CC:-clang}"
+cc="${CC:-}"
+if [ -z "$cc" ]; then
+  cc=clang
+  command -v clang >/dev/null || cc=clang-14
+fi
 case "$seconds" in '' | *[!0-9]*) echo "run.sh: SECONDS must be a whole number, not '$seconds'" >&2; exit 2 ;; esac
 command -v "$cc" >/dev/null || { echo "run.sh: $cc not found (Debian: apt-get install clang-14 libclang-rt-14-dev libomp-14-dev)" >&2; exit 2; }
 
@@ -33,8 +37,16 @@ fi
 targets=""
 for name in $FUZZERS; do targets="$targets fuzz_$name"; done
 
-cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DMEMBILL_SANITIZE=ON -DMEMBILL_FUZZ=ON -DMEMBILL_WERROR=ON >/dev/null
+configure() {
+  cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMEMBILL_SANITIZE=ON -DMEMBILL_FUZZ=ON -DMEMBILL_WERROR=ON >/dev/null
+}
+configure
+# a build folder made with another compiler: CMake empties its cache and drops the options
+# of that first run, so a second one sets them
+grep -q '^MEMBILL_FUZZ:BOOL=ON' "$build/CMakeCache.txt" || configure
+grep -q '^MEMBILL_FUZZ:BOOL=ON' "$build/CMakeCache.txt" ||
+  { echo "run.sh: $build is not configured for fuzzing; use a fresh folder" >&2; exit 1; }
 # shellcheck disable=SC2086
 cmake --build "$build" -j"$jobs" --target $targets >/dev/null
 
