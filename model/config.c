@@ -1,12 +1,11 @@
 // Llama config: validation, Hugging Face config.json, and the parameter list it implies.
+#include <ctype.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -95,48 +94,66 @@ uint64_t llama_param_count(const llama_config *c) {
 // ---------------------------------------------------------------------------------------------
 // Validation
 
-static int check_size(const char *field, int64_t v, ag_err *err) {
+static int check_size(const char *field, int64_t v, int64_t max, ag_err *err) {
     if (v <= 0) {
         ag_err_set(err, "field %s (%lld) must be positive", field, (long long)v);
         return -1;
     }
-    if (v > INT32_MAX) {
-        ag_err_set(err, "field %s (%lld) is absurd (at most %d)", field, (long long)v,
-                      INT32_MAX);
+    if (v > max) {
+        ag_err_set(err, "field %s (%lld) is absurd (at most %lld)", field, (long long)v,
+                   (long long)max);
         return -1;
     }
     return 0;
 }
 
-int llama_config_validate(const llama_config *c, ag_err *err) {
+// head_dim_derived: head_dim was not in the config.json but hidden_size / num_attention_heads,
+// which the message then names.
+static int validate(const llama_config *c, bool head_dim_derived, ag_err *err) {
     const struct {
         const char *field;
-        int64_t v;
+        int64_t v, max;
     } sizes[] = {
-        {"hidden_size", c->hidden},       {"intermediate_size", c->intermediate},
-        {"num_hidden_layers", c->layers}, {"num_attention_heads", c->heads},
-        {"num_key_value_heads", c->kv_heads}, {"head_dim", c->head_dim},
-        {"vocab_size", c->vocab},         {"max_position_embeddings", c->max_positions},
+        {"hidden_size", c->hidden, LLAMA_MAX_HIDDEN},
+        {"intermediate_size", c->intermediate, LLAMA_MAX_INTERMEDIATE},
+        {"num_hidden_layers", c->layers, LLAMA_MAX_LAYERS},
+        {"num_attention_heads", c->heads, LLAMA_MAX_HEADS},
+        {"num_key_value_heads", c->kv_heads, LLAMA_MAX_HEADS},
+        {"vocab_size", c->vocab, LLAMA_MAX_VOCAB},
+        {"max_position_embeddings", c->max_positions, LLAMA_MAX_POSITIONS},
     };
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        if (check_size(sizes[i].field, sizes[i].v, err) != 0) return -1;
+        if (check_size(sizes[i].field, sizes[i].v, sizes[i].max, err) != 0) return -1;
     if (c->heads % c->kv_heads != 0) {
-        ag_err_set(err,
-                      "field num_key_value_heads (%lld) must divide num_attention_heads (%lld)",
-                      (long long)c->kv_heads, (long long)c->heads);
+        ag_err_set(err, "field num_key_value_heads (%lld) must divide num_attention_heads (%lld)",
+                   (long long)c->kv_heads, (long long)c->heads);
+        return -1;
+    }
+    const char *hd = head_dim_derived ? ", hidden_size / num_attention_heads as head_dim is absent"
+                                      : "";
+    if (c->head_dim <= 0) {
+        ag_err_set(err, "field head_dim (%lld%s) must be positive", (long long)c->head_dim, hd);
+        return -1;
+    }
+    if (c->head_dim > AG_ROPE_MAX_HEAD_DIM) {
+        ag_err_set(err, "field head_dim (%lld%s) is too large (at most %d, RoPE's limit)",
+                   (long long)c->head_dim, hd, AG_ROPE_MAX_HEAD_DIM);
         return -1;
     }
     if (c->head_dim % 2 != 0) {
-        ag_err_set(err, "field head_dim (%lld) must be even (RoPE rotates pairs)",
-                      (long long)c->head_dim);
+        ag_err_set(err, "field head_dim (%lld%s) must be even (RoPE rotates pairs)",
+                   (long long)c->head_dim, hd);
         return -1;
     }
-    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta)) {
-        ag_err_set(err, "field rope_theta (%g) must be a positive number", c->rope_theta);
+    // written so that NaN fails every comparison
+    if (!(c->rope_theta >= LLAMA_MIN_ROPE_THETA && c->rope_theta <= LLAMA_MAX_ROPE_THETA)) {
+        ag_err_set(err, "field rope_theta (%g) must be a number from %g to %g", c->rope_theta,
+                   LLAMA_MIN_ROPE_THETA, LLAMA_MAX_ROPE_THETA);
         return -1;
     }
-    if (!(c->rms_eps > 0 && c->rms_eps < 1)) {
-        ag_err_set(err, "field rms_norm_eps (%g) must be between 0 and 1", c->rms_eps);
+    if (!(c->rms_eps >= LLAMA_MIN_RMS_EPS && c->rms_eps < 1)) {
+        ag_err_set(err, "field rms_norm_eps (%g) must be at least %g and below 1",
+                   c->rms_eps, LLAMA_MIN_RMS_EPS);
         return -1;
     }
     uint64_t total;
@@ -147,49 +164,60 @@ int llama_config_validate(const llama_config *c, ag_err *err) {
     return 0;
 }
 
+int llama_config_validate(const llama_config *c, ag_err *err) { return validate(c, false, err); }
+
 // ---------------------------------------------------------------------------------------------
 // config.json
 
 static int read_small_file(const char *path, char **out, size_t *len, ag_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        ag_err_set(err, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ag_err_set(err, "%s: not a regular file", path);
+    uint64_t size;
+    int fd = llama_open_regular(path, &size, err);
+    if (fd < 0) return -1;
+    if (size > CONFIG_MAX_BYTES) {
+        ag_err_set(err, "%s: %llu bytes is too large for a config.json (at most %u)", path,
+                   (unsigned long long)size, CONFIG_MAX_BYTES);
         close(fd);
         return -1;
     }
-    if ((uint64_t)st.st_size > CONFIG_MAX_BYTES) {
-        ag_err_set(err, "%s: %lld bytes is too large for a config.json (at most %u)", path,
-                      (long long)st.st_size, CONFIG_MAX_BYTES);
-        close(fd);
-        return -1;
-    }
-    size_t size = (size_t)st.st_size, got = 0;
-    char *buf = malloc(size + 1);
+    size_t got = 0;
+    char *buf = malloc((size_t)size + 1);
     if (!buf) {
         ag_err_set(err, "%s: out of memory", path);
         close(fd);
         return -1;
     }
+    int errnum = 0;
     while (got < size) {
-        ssize_t k = read(fd, buf + got, size - got);
+        ssize_t k = read(fd, buf + got, (size_t)size - got);
         if (k < 0 && errno == EINTR) continue;
+        if (k < 0) errnum = errno;
         if (k <= 0) break;
         got += (size_t)k;
     }
     close(fd);
     if (got != size) {
-        ag_err_set(err, "%s: read failed", path);
+        ag_err_set(err, "%s: read failed: %s", path,
+                   errnum ? strerror(errnum) : "the file shrank while being read");
         free(buf);
         return -1;
     }
     *out = buf;
-    *len = size;
+    *len = (size_t)size;
     return 0;
+}
+
+static const char *json_kind(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a real number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "?";
 }
 
 // 1 found, 0 absent or null, -1 error (wrong type, or absent when required).
@@ -202,7 +230,12 @@ static int get_int(const json_t *root, const char *path, const char *field, bool
         return -1;
     }
     if (!json_is_integer(v)) {
-        ag_err_set(err, "%s: field %s must be an integer", path, field);
+        if (json_is_real(v))
+            ag_err_set(err, "%s: field %s must be an integer written without a fraction or an "
+                       "exponent (it is the real number %g)", path, field, json_real_value(v));
+        else
+            ag_err_set(err, "%s: field %s must be an integer (it is %s)", path, field,
+                       json_kind(v));
         return -1;
     }
     *out = (int64_t)json_integer_value(v);
@@ -214,7 +247,7 @@ static int get_number(const json_t *root, const char *path, const char *field, d
     const json_t *v = json_object_get(root, field);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_number(v)) {
-        ag_err_set(err, "%s: field %s must be a number", path, field);
+        ag_err_set(err, "%s: field %s must be a number (it is %s)", path, field, json_kind(v));
         return -1;
     }
     *out = json_number_value(v);
@@ -228,7 +261,7 @@ static int check_unsupported(const json_t *root, const char *path, ag_err *err) 
         const json_t *v = json_object_get(root, bias_fields[i]);
         if (v && !json_is_null(v) && !json_is_false(v)) {
             ag_err_set(err, "%s: field %s must be false (biases are not supported)", path,
-                          bias_fields[i]);
+                       bias_fields[i]);
             return -1;
         }
     }
@@ -241,11 +274,48 @@ static int check_unsupported(const json_t *root, const char *path, ag_err *err) 
     return 0;
 }
 
-static int parse_config(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+// The length of the UTF-8 sequence at p (at most n bytes there), or 0 if it is not one.
+static size_t utf8_len(const unsigned char *p, size_t n) {
+    size_t k = p[0] < 0x80 ? 1 : (p[0] & 0xe0) == 0xc0 ? 2 : (p[0] & 0xf0) == 0xe0 ? 3
+             : (p[0] & 0xf8) == 0xf0 ? 4 : 0;
+    if (k == 0 || k > n) return 0;
+    for (size_t i = 1; i < k; i++)
+        if ((p[i] & 0xc0) != 0x80) return 0;
+    uint32_t cp = k == 1 ? p[0] : (uint32_t)(p[0] & (0x7f >> k));
+    for (size_t i = 1; i < k; i++) cp = cp << 6 | (p[i] & 0x3f);
+    static const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[k] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+    return k;
+}
+
+// src into dst (len bytes, NUL-terminated) as printable UTF-8: control characters as \xNN,
+// bytes that are not UTF-8 as '?', cut before the first character that does not fit.
+static void set_name(char *dst, size_t len, const char *src) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)src;
+    size_t n = strlen(src), used = 0;
+    while (n) {
+        char e[5];
+        size_t k = utf8_len(p, n), step = k ? k : 1;
+        if (k == 1 && (p[0] < 0x20 || p[0] == 0x7f)) {
+            e[0] = '\\', e[1] = 'x', e[2] = hex[p[0] >> 4], e[3] = hex[p[0] & 15], k = 4;
+        } else if (k == 0) {
+            e[0] = '?', k = 1;
+        } else {
+            memcpy(e, p, k);
+        }
+        if (used + k >= len) break;
+        memcpy(dst + used, e, k);
+        used += k, p += step, n -= step;
+    }
+    dst[used] = '\0';
+}
+
+static int parse_config(llama_config *c, bool *head_dim_derived, const json_t *root,
+                        const char *path, ag_err *err) {
     const json_t *mt = json_object_get(root, "model_type");
     if (!mt) {
-        ag_err_set(err, "%s: field model_type missing (expected \"llama\" or \"mistral\")",
-                      path);
+        ag_err_set(err, "%s: field model_type missing (expected \"llama\" or \"mistral\")", path);
         return -1;
     }
     const char *type = json_is_string(mt) ? json_string_value(mt) : "";
@@ -273,47 +343,74 @@ static int parse_config(llama_config *c, const json_t *root, const char *path, a
     if (r == 0) c->kv_heads = c->heads;
     r = get_int(root, path, "head_dim", false, &c->head_dim, err);
     if (r < 0) return -1;
+    *head_dim_derived = r == 0;
     if (r == 0 && c->heads > 0) {
         if (c->hidden % c->heads != 0) {
             ag_err_set(err,
-                          "%s: field hidden_size (%lld) is not a multiple of num_attention_heads "
-                          "(%lld) and head_dim is not given",
-                          path, (long long)c->hidden, (long long)c->heads);
+                       "%s: field hidden_size (%lld) is not a multiple of num_attention_heads "
+                       "(%lld) and head_dim is not given",
+                       path, (long long)c->hidden, (long long)c->heads);
             return -1;
         }
         c->head_dim = c->hidden / c->heads;
     }
     const json_t *tied = json_object_get(root, "tie_word_embeddings");
     if (tied && !json_is_null(tied) && !json_is_boolean(tied)) {
-        ag_err_set(err, "%s: field tie_word_embeddings must be true or false", path);
+        ag_err_set(err, "%s: field tie_word_embeddings must be true or false (it is %s)", path,
+                   json_kind(tied));
         return -1;
     }
     c->tied = tied && json_is_true(tied);
     const json_t *nm = json_object_get(root, "_name_or_path");
-    const char *name = json_is_string(nm) && json_string_length(nm) ? json_string_value(nm) : path;
-    snprintf(c->name, sizeof c->name, "%s", name);
+    set_name(c->name, sizeof c->name,
+             json_is_string(nm) && json_string_length(nm) ? json_string_value(nm) : path);
     return 0;
 }
 
-int llama_config_load(llama_config *out, const char *path, ag_err *err) {
-    char *text;
-    size_t len;
-    if (read_small_file(path, &text, &len, err) != 0) return -1;
+static bool is_one_of(char c, const char *set) { return c != '\0' && strchr(set, c); }
+
+// The field whose value jansson stopped in, when the text before pos ends in "name": and at most
+// one token; "" otherwise. Lets "rope_theta": NaN or "vocab_size": 1e400 name their field.
+static void field_at(char *out, size_t len, const char *text, size_t n, int pos) {
+    out[0] = '\0';
+    if (pos < 0 || (size_t)pos > n || len < 2) return;
+    size_t i = (size_t)pos;
+    // back over the token jansson was reading, then blanks, to the colon
+    while (i > 0 && (isalnum((unsigned char)text[i - 1]) || is_one_of(text[i - 1], "+-."))) i--;
+    while (i > 0 && is_one_of(text[i - 1], " \t\r\n")) i--;
+    if (i == 0 || text[i - 1] != ':') return;
+    i--;
+    while (i > 0 && is_one_of(text[i - 1], " \t\r\n")) i--;
+    if (i == 0 || text[i - 1] != '"') return;
+    size_t end = --i;
+    while (i > 0 && text[i - 1] != '"' && text[i - 1] != '\\' && end - i < 64) i--;
+    if (i == 0 || text[i - 1] != '"' || i == end) return;
+    size_t k = end - i < len - 1 ? end - i : len - 1;
+    memcpy(out, text + i, k);
+    out[k] = '\0';
+}
+
+int llama_config_parse(llama_config *out, const char *text, size_t len, const char *origin,
+                       ag_err *err) {
+    const char *path = origin ? origin : "config.json";
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-    free(text);
     if (!root) {
-        ag_err_set(err, "%s: not valid JSON (line %d, column %d: %s)", path, jerr.line,
-                      jerr.column, jerr.text);
+        char field[80], in[128] = "";
+        field_at(field, sizeof field, text, len, jerr.position);
+        if (field[0]) snprintf(in, sizeof in, ", in field %s", field);
+        ag_err_set(err, "%s: not valid JSON (line %d, column %d%s: %s)", path, jerr.line,
+                   jerr.column, in, jerr.text);
         return -1;
     }
     int rc = -1;
     llama_config c;
+    bool derived = false;
     if (!json_is_object(root)) {
         ag_err_set(err, "%s: expected a JSON object", path);
-    } else if (parse_config(&c, root, path, err) == 0) {
+    } else if (parse_config(&c, &derived, root, path, err) == 0) {
         ag_err verr;
-        if (llama_config_validate(&c, &verr) != 0) {
+        if (validate(&c, derived, &verr) != 0) {
             ag_err_set(err, "%s: %s", path, verr.msg);
         } else {
             *out = c;
@@ -321,5 +418,14 @@ int llama_config_load(llama_config *out, const char *path, ag_err *err) {
         }
     }
     json_decref(root);
+    return rc;
+}
+
+int llama_config_load(llama_config *out, const char *path, ag_err *err) {
+    char *text;
+    size_t len;
+    if (read_small_file(path, &text, &len, err) != 0) return -1;
+    int rc = llama_config_parse(out, text, len, path, err);
+    free(text);
     return rc;
 }

@@ -19,7 +19,8 @@
 #define LLAMA_NAME_MAX 128
 
 // The shape of a LlamaForCausalLM (Llama, Mistral, SmolLM2). Every size is int64_t and, once
-// validated, at most INT32_MAX, so that the product of two of them never overflows.
+// validated, within the bounds below (each at most 2^24), so that the product of two of them
+// never overflows.
 typedef struct {
     char name[LLAMA_NAME_MAX]; // preset name, or the config's "_name_or_path" (else its path)
     int64_t hidden;            // hidden_size
@@ -35,8 +36,23 @@ typedef struct {
     bool tied;                 // tie_word_embeddings: lm_head shares model.embed_tokens.weight
 } llama_config;
 
-// The largest model a config may describe (parameters); past it the config is called absurd.
-#define LLAMA_MAX_PARAMS 10000000000000ULL // 10^13
+// The bounds of llama_config_validate, which presets and config.json files both pass through.
+// Each is far past any published model and small enough that every product of two sizes stays
+// well inside 64 bits and that autograd's int-sized arguments hold any size.
+#define LLAMA_MAX_PARAMS 10000000000000ULL  // 10^13 parameters; past it the config is absurd
+#define LLAMA_MAX_HIDDEN (1 << 20)          // hidden_size
+#define LLAMA_MAX_INTERMEDIATE (1 << 22)    // intermediate_size
+#define LLAMA_MAX_LAYERS 100000             // num_hidden_layers
+#define LLAMA_MAX_HEADS (1 << 16)           // num_attention_heads (num_key_value_heads divides it)
+#define LLAMA_MAX_VOCAB (1 << 24)           // vocab_size
+#define LLAMA_MAX_POSITIONS (1 << 24)       // max_position_embeddings
+// head_dim: even (RoPE rotates pairs) and at most AG_ROPE_MAX_HEAD_DIM (autograd.h).
+// rope_theta in [1, 10^12]: RoPE runs in float32, where a smaller base underflows to 0 or makes
+// every frequency collapse to 1, and a larger one leaves every frequency but the first at 0.
+#define LLAMA_MIN_ROPE_THETA 1.0
+#define LLAMA_MAX_ROPE_THETA 1e12
+// rms_norm_eps in [10^-30, 1): RMSNorm adds it in float32, where a smaller one is 0 or subnormal.
+#define LLAMA_MIN_RMS_EPS 1e-30
 
 // Built-in presets: smollm2-135m (the default), smollm2-360m, smollm2-1.7b, llama-2-7b,
 // llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b. Names are
@@ -52,12 +68,24 @@ const char *llama_preset_name(size_t i); // NULL past the end
 // max_position_embeddings (2048 llama, 131072 mistral), rope_theta (10000), rms_norm_eps
 // (1e-6), tie_word_embeddings (false). attention_bias / mlp_bias true and a hidden_act other
 // than silu are refused: the parameter list below has no biases and the MLP is SwiGLU.
-// The result is validated (llama_config_validate).
+// A size must be a JSON integer (not 64.0, not "64"), rope_theta and rms_norm_eps JSON
+// numbers; a field of the wrong type, or one that JSON cannot hold (1e400, NaN), is refused
+// naming the field. The result is validated (llama_config_validate); every message starts with
+// the path and names the config.json field at fault. The file is opened with
+// llama_open_regular (a FIFO or a device is refused at once) and may hold at most 16 MiB.
+// The name is "_name_or_path" (else the path), cut to fit at a character boundary, with control
+// characters written as \xNN and bytes that are not UTF-8 as '?'.
 int llama_config_load(llama_config *out, const char *path, ag_err *err);
 
-// Sanity of a config: every size positive and at most INT32_MAX, num_key_value_heads divides
-// num_attention_heads, head_dim even (RoPE rotates pairs), rope_theta > 0, 0 < rms_norm_eps < 1,
-// and at most LLAMA_MAX_PARAMS parameters. Messages use the config.json field names.
+// The same from text already in memory (len bytes, no terminator needed); origin names it in
+// messages and is the fallback name (NULL: "config.json").
+int llama_config_parse(llama_config *out, const char *text, size_t len, const char *origin,
+                       ag_err *err);
+
+// Sanity of a config: every size positive and within the bounds above, num_key_value_heads
+// divides num_attention_heads, head_dim even and at most AG_ROPE_MAX_HEAD_DIM, rope_theta and
+// rms_norm_eps within their bounds (NaN and infinities refused), and at most LLAMA_MAX_PARAMS
+// parameters. Messages name the config.json field and its value, then what was expected.
 int llama_config_validate(const llama_config *c, ag_err *err);
 
 // ================================================================================================
@@ -93,13 +121,26 @@ int llama_param_spec(const llama_config *c, size_t i, char *name, size_t name_le
 uint64_t llama_param_count(const llama_config *c);
 
 // ================================================================================================
+// Input files
+// ================================================================================================
+
+// Opens path for reading when it is a regular file (symbolic links followed). A FIFO, a
+// character or block device, a socket or a folder is refused at once, without blocking (a FIFO
+// is opened O_NONBLOCK) and without reading from it. Returns the descriptor (O_CLOEXEC, blocking
+// again; the caller closes it) and, when size is not NULL, the file's size; -1 with one line in
+// err: "PATH: cannot open: REASON" or "PATH: not a regular file (it is a FIFO)".
+int llama_open_regular(const char *path, uint64_t *size, ag_err *err);
+
+// ================================================================================================
 // Safetensors reading
 //
-// The file is mapped (mmap) and its header checked before anything is returned: header length
-// within the file, a JSON object (jansson), known dtypes, shapes of at most LLAMA_ST_MAX_DIMS
-// non-negative integers, offsets inside the data section and not overlapping, and byte size
-// equal to the product of the shape times the dtype size (every product checked for overflow).
-// "__metadata__" is ignored. Tensors are listed in the order of their data in the file.
+// The file is opened with llama_open_regular and its header read and checked before anything is
+// returned: header length within the file, a JSON object (jansson), known dtypes, shapes of at
+// most LLAMA_ST_MAX_DIMS non-negative integers, offsets inside the data section and not
+// overlapping, and byte size equal to the product of the shape times the dtype size (every
+// product checked for overflow). "__metadata__" is ignored. Tensors are listed in the order of
+// their data in the file. The file stays open until llama_st_close; tensor data is read only when
+// asked for, with pread straight into the destination.
 // ================================================================================================
 
 #define LLAMA_ST_MAX_DIMS 8
@@ -133,8 +174,10 @@ const llama_st_tensor *llama_st_find(const llama_st_file *f, const char *name); 
 const char *llama_st_dtype_name(llama_st_dtype d);                            // "F32", "BF16"...
 
 // Copy a floating-point tensor (F32, BF16 or F16) into dst as float32; every conversion is
-// exact. count must equal the tensor's numel. The pages read are released afterwards so that
-// the mapping does not stay in the resident set.
+// exact. count must equal the tensor's numel. The data is read straight into dst (16-bit values
+// widened in place), so nothing of the file stays in the resident set beyond dst itself, and no
+// other buffer is allocated. A file that has shrunk since it was opened makes the read fail,
+// naming the file and the tensor (never a SIGBUS). Safe to call from several threads at once.
 int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *dst, size_t count,
                       ag_err *err);
 // The same for an integer tensor (I64 or I32, e.g. token ids), as int64.
@@ -149,9 +192,10 @@ int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool al
                           ag_err *err);
 
 // --weights PATH: a .safetensors file, or a folder holding config.json and model.safetensors.
-// For a folder both paths are filled (and must exist); for a file st_path is the file and
-// config_path is "" (the config then comes from --model or --config). Both buffers hold len
-// bytes.
+// For a folder both paths are filled and both files must be regular files that open (a FIFO, a
+// device or a folder in their place is refused, naming it); for a file st_path is the file and
+// config_path is "" (the config then comes from --model or --config). Any other kind of path (a
+// FIFO, a device) is refused at once. Both buffers hold len bytes.
 int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len,
                           ag_err *err);
 

@@ -1,13 +1,14 @@
 // Safetensors reader. Layout: 8 bytes little-endian header length N, N bytes of JSON header,
 // then the data section; each header entry gives dtype, shape and [begin, end) byte offsets
 // into the data. Nothing in the file is trusted: every size and offset is checked before a
-// descriptor is handed out, so reads afterwards cannot leave the mapping.
+// descriptor is handed out. Tensor data is read with pread straight into the caller's buffer,
+// so a file that shrinks while open makes a read fail with a message (a mapping would raise
+// SIGBUS) and none of the file's pages count in the process's resident set.
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,12 +19,14 @@
 // The format's own limit on the header, which also bounds what jansson is asked to parse.
 #define ST_HEADER_MAX 100000000ULL
 
+// The most one pread asks for (Linux moves at most 0x7ffff000 bytes a call).
+#define ST_READ_CHUNK (1u << 30)
+
 struct llama_st_file {
     char *path;
-    const uint8_t *map;
-    size_t map_len;
-    const uint8_t *data; // map + 8 + header length
-    uint64_t data_len;
+    int fd;              // -1 once closed or before open
+    uint64_t data_start; // 8 + header length
+    uint64_t data_len;   // bytes after the header when the file was opened
     llama_st_tensor *tensors; // in data order
     size_t n;
     const llama_st_tensor **by_name; // sorted by name
@@ -231,43 +234,84 @@ static int parse_header(llama_st_file *f, const json_t *root, ag_err *err) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Open and close
+// Input files
 
-static int map_file(llama_st_file *f, ag_err *err) {
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+static const char *file_kind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a folder";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a plain file";
+}
+
+int llama_open_regular(const char *path, uint64_t *size, ag_err *err) {
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0) {
-        ag_err_set(err, "%s: cannot open: %s", f->path, strerror(errno));
+        ag_err_set(err, "%s: cannot open: %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        ag_err_set(err, "%s: not a regular file", f->path);
+    if (fstat(fd, &st) != 0) {
+        ag_err_set(err, "%s: cannot stat: %s", path, strerror(errno));
         close(fd);
         return -1;
     }
-    if (st.st_size < 8) {
-        ag_err_set(err, "%s: %lld bytes is too short for a safetensors file (8-byte header "
-                      "length first)", f->path, (long long)st.st_size);
+    if (!S_ISREG(st.st_mode)) {
+        ag_err_set(err, "%s: not a regular file (it is %s)", path, file_kind(st.st_mode));
         close(fd);
         return -1;
     }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd); // the mapping keeps the file
-    if (m == MAP_FAILED) {
-        ag_err_set(err, "%s: mmap failed: %s", f->path, strerror(errno));
-        return -1;
-    }
-    f->map = m;
-    f->map_len = (size_t)st.st_size;
-    return 0;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    if (size) *size = (uint64_t)st.st_size;
+    return fd;
 }
 
+// Reads len bytes at off into buf, retrying short reads; returns the bytes read (less than len
+// only at the end of the file), or -1 with errno set.
+static int64_t pread_full(int fd, void *buf, uint64_t len, uint64_t off) {
+    uint64_t got = 0;
+    while (got < len) {
+        uint64_t want = len - got < ST_READ_CHUNK ? len - got : ST_READ_CHUNK;
+        ssize_t k = pread(fd, (uint8_t *)buf + got, (size_t)want, (off_t)(off + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) break;
+        got += (uint64_t)k;
+    }
+    return (int64_t)got;
+}
+
+static uint64_t current_size(int fd) {
+    struct stat st;
+    return fstat(fd, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Open and close
+
 static int open_file(llama_st_file *f, ag_err *err) {
-    if (map_file(f, err) != 0) return -1;
-    uint64_t hlen = load_le(f->map, 8);
-    if (hlen > f->map_len - 8) {
-        ag_err_set(err, "%s: header length %llu goes past the end of the file (%zu bytes)",
-                      f->path, (unsigned long long)hlen, f->map_len);
+    uint64_t size;
+    f->fd = llama_open_regular(f->path, &size, err);
+    if (f->fd < 0) return -1;
+    if (size < 8) {
+        ag_err_set(err, "%s: %llu bytes is too short for a safetensors file (8-byte header "
+                      "length first)", f->path, (unsigned long long)size);
+        return -1;
+    }
+    uint8_t len8[8];
+    int64_t k = pread_full(f->fd, len8, 8, 0);
+    if (k != 8) {
+        ag_err_set(err, "%s: cannot read the header length: %s", f->path,
+                      k < 0 ? strerror(errno) : "the file shrank while being opened");
+        return -1;
+    }
+    uint64_t hlen = load_le(len8, 8);
+    if (hlen > size - 8) {
+        ag_err_set(err, "%s: header length %llu goes past the end of the file (%llu bytes)",
+                      f->path, (unsigned long long)hlen, (unsigned long long)size);
         return -1;
     }
     if (hlen > ST_HEADER_MAX) {
@@ -275,11 +319,24 @@ static int open_file(llama_st_file *f, ag_err *err) {
                       (unsigned long long)hlen, ST_HEADER_MAX);
         return -1;
     }
-    f->data = f->map + 8 + hlen;
-    f->data_len = f->map_len - 8 - hlen;
+    f->data_start = 8 + hlen;
+    f->data_len = size - 8 - hlen;
+    char *text = malloc(hlen ? (size_t)hlen : 1);
+    if (!text) {
+        ag_err_set(err, "%s: out of memory for a header of %llu bytes", f->path,
+                      (unsigned long long)hlen);
+        return -1;
+    }
+    k = pread_full(f->fd, text, hlen, 8);
+    if (k < 0 || (uint64_t)k != hlen) {
+        ag_err_set(err, "%s: cannot read the header: %s", f->path,
+                      k < 0 ? strerror(errno) : "the file shrank while being opened");
+        free(text);
+        return -1;
+    }
     json_error_t jerr;
-    json_t *root =
-        json_loadb((const char *)f->map + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (!root) {
         ag_err_set(err, "%s: header is not valid JSON (column %d: %s)", f->path, jerr.column,
                       jerr.text);
@@ -298,6 +355,7 @@ int llama_st_open(llama_st_file **out, const char *path, ag_err *err) {
         ag_err_set(err, "%s: out of memory", path);
         return -1;
     }
+    f->fd = -1;
     if (open_file(f, err) != 0) {
         llama_st_close(f);
         return -1;
@@ -308,7 +366,7 @@ int llama_st_open(llama_st_file **out, const char *path, ag_err *err) {
 
 void llama_st_close(llama_st_file *f) {
     if (!f) return;
-    if (f->map) munmap((void *)f->map, f->map_len);
+    if (f->fd >= 0) close(f->fd);
     if (f->tensors)
         for (size_t i = 0; i < f->n; i++) free((char *)f->tensors[i].name);
     free(f->tensors);
@@ -367,17 +425,6 @@ static float bits_to_float(uint32_t bits) {
     return f;
 }
 
-// Drop the pages of a tensor from the resident set once read: the mapping is private and never
-// written, so a later read simply faults them in again from the file.
-static void release_pages(const llama_st_file *f, const llama_st_tensor *t) {
-    long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0 || t->nbytes == 0) return;
-    uintptr_t base = (uintptr_t)f->map, lo = (uintptr_t)(f->data + t->offset);
-    uintptr_t hi = lo + t->nbytes;
-    lo -= (lo - base) % (uintptr_t)page;
-    madvise((void *)lo, hi - lo, MADV_DONTNEED);
-}
-
 static int check_read(const llama_st_file *f, const llama_st_tensor *t, size_t count,
                       ag_err *err) {
     if (t < f->tensors || t >= f->tensors + f->n) {
@@ -392,47 +439,80 @@ static int check_read(const llama_st_file *f, const llama_st_tensor *t, size_t c
     return 0;
 }
 
+// The tensor's bytes into dst (t->nbytes of them). The file was checked at open to hold them:
+// a short read means it shrank since.
+static int read_raw(const llama_st_file *f, const llama_st_tensor *t, void *dst, ag_err *err) {
+    uint64_t begin = f->data_start + t->offset;
+    int64_t got = pread_full(f->fd, dst, t->nbytes, begin);
+    if (got < 0) {
+        ag_err_set(err, "%s: tensor %s: read failed: %s", f->path, t->name, strerror(errno));
+        return -1;
+    }
+    if ((uint64_t)got != t->nbytes) {
+        ag_err_set(err, "%s: tensor %s: the file now ends at byte %llu, inside the tensor's "
+                      "bytes [%llu, %llu) (was it truncated while open?)", f->path, t->name,
+                      (unsigned long long)current_size(f->fd), (unsigned long long)begin,
+                      (unsigned long long)(begin + t->nbytes));
+        return -1;
+    }
+    return 0;
+}
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define ST_HOST_LE 1
+#else
+#define ST_HOST_LE 0
+#endif
+
 int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *dst, size_t count,
                       ag_err *err) {
     if (check_read(f, t, count, err) != 0) return -1;
-    const uint8_t *p = f->data + t->offset;
-    switch (t->dtype) {
-    case LLAMA_ST_F32:
-        for (size_t i = 0; i < count; i++) dst[i] = bits_to_float((uint32_t)load_le(p + 4 * i, 4));
-        break;
-    case LLAMA_ST_BF16: // the top half of a float32
-        for (size_t i = 0; i < count; i++)
-            dst[i] = bits_to_float((uint32_t)load_le(p + 2 * i, 2) << 16);
-        break;
-    case LLAMA_ST_F16:
-        for (size_t i = 0; i < count; i++) dst[i] = half_to_float((uint16_t)load_le(p + 2 * i, 2));
-        break;
-    default:
+    if (t->dtype != LLAMA_ST_F32 && t->dtype != LLAMA_ST_BF16 && t->dtype != LLAMA_ST_F16) {
         ag_err_set(err, "%s: tensor %s has dtype %s, expected F32, BF16 or F16", f->path,
                       t->name, llama_st_dtype_name(t->dtype));
         return -1;
     }
-    release_pages(f, t);
+    if (count == 0) return 0;
+    // 16-bit values land in the second half of dst and widen in place from the front: float i
+    // (bytes 4i..4i+3) never reaches a value not yet read (bytes 2 count + 2j, j > i).
+    uint8_t *raw = (uint8_t *)dst + (t->dtype == LLAMA_ST_F32 ? 0 : 2 * count);
+    if (read_raw(f, t, raw, err) != 0) return -1;
+    switch (t->dtype) {
+    case LLAMA_ST_F32:
+        if (!ST_HOST_LE)
+            for (size_t i = 0; i < count; i++)
+                dst[i] = bits_to_float((uint32_t)load_le(raw + 4 * i, 4));
+        break;
+    case LLAMA_ST_BF16: // the top half of a float32
+        for (size_t i = 0; i < count; i++)
+            dst[i] = bits_to_float((uint32_t)load_le(raw + 2 * i, 2) << 16);
+        break;
+    default:
+        for (size_t i = 0; i < count; i++)
+            dst[i] = half_to_float((uint16_t)load_le(raw + 2 * i, 2));
+        break;
+    }
     return 0;
 }
 
 int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t *dst,
                       size_t count, ag_err *err) {
     if (check_read(f, t, count, err) != 0) return -1;
-    const uint8_t *p = f->data + t->offset;
-    switch (t->dtype) {
-    case LLAMA_ST_I64:
-        for (size_t i = 0; i < count; i++) dst[i] = (int64_t)load_le(p + 8 * i, 8);
-        break;
-    case LLAMA_ST_I32:
-        for (size_t i = 0; i < count; i++) dst[i] = (int32_t)(uint32_t)load_le(p + 4 * i, 4);
-        break;
-    default:
+    if (t->dtype != LLAMA_ST_I64 && t->dtype != LLAMA_ST_I32) {
         ag_err_set(err, "%s: tensor %s has dtype %s, expected I64 or I32", f->path, t->name,
                       llama_st_dtype_name(t->dtype));
         return -1;
     }
-    release_pages(f, t);
+    if (count == 0) return 0;
+    // I32 widens in place from the front, as the 16-bit floats do above
+    uint8_t *raw = (uint8_t *)dst + (t->dtype == LLAMA_ST_I64 ? 0 : 4 * count);
+    if (read_raw(f, t, raw, err) != 0) return -1;
+    if (t->dtype == LLAMA_ST_I64) {
+        if (!ST_HOST_LE)
+            for (size_t i = 0; i < count; i++) dst[i] = (int64_t)load_le(raw + 8 * i, 8);
+    } else {
+        for (size_t i = 0; i < count; i++) dst[i] = (int32_t)(uint32_t)load_le(raw + 4 * i, 4);
+    }
     return 0;
 }
 
@@ -555,6 +635,17 @@ static int join(char *out, size_t len, const char *dir, const char *file, ag_err
     return 0;
 }
 
+// A file the folder must hold: 1 absent, 0 a regular file that opens, -1 anything else (with
+// the message: a FIFO, a folder, a device, unreadable).
+static int folder_file(const char *path, ag_err *err) {
+    struct stat st;
+    if (stat(path, &st) != 0 && (errno == ENOENT || errno == ENOTDIR)) return 1;
+    int fd = llama_open_regular(path, NULL, err);
+    if (fd < 0) return -1;
+    close(fd);
+    return 0;
+}
+
 int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len,
                           ag_err *err) {
     struct stat st;
@@ -572,17 +663,22 @@ int llama_weights_resolve(const char *path, char *config_path, char *st_path, si
         return 0;
     }
     if (!S_ISDIR(st.st_mode)) {
-        ag_err_set(err, "%s: neither a .safetensors file nor a folder", path);
+        ag_err_set(err, "%s: neither a .safetensors file nor a folder (it is %s)", path,
+                      file_kind(st.st_mode));
         return -1;
     }
     if (join(config_path, len, path, "config.json", err) != 0 ||
         join(st_path, len, path, "model.safetensors", err) != 0)
         return -1;
-    if (!is_regular(config_path)) {
+    int r = folder_file(config_path, err);
+    if (r < 0) return -1;
+    if (r > 0) {
         ag_err_set(err, "%s: folder holds no config.json", path);
         return -1;
     }
-    if (!is_regular(st_path)) {
+    r = folder_file(st_path, err);
+    if (r < 0) return -1;
+    if (r > 0) {
         char index[4096];
         bool sharded = join(index, sizeof index, path, "model.safetensors.index.json", NULL) == 0 &&
                        is_regular(index);

@@ -2,6 +2,7 @@
 // config.json files, good and broken.
 #include <jansson.h>
 #include <math.h>
+#include <sys/types.h>
 
 #include "model.h"
 #include "test_util.h"
@@ -155,14 +156,128 @@ static void test_validate_messages(void **state) {
     c.vocab = 0;
     assert_int_equal(llama_config_validate(&c, &err), -1);
     TU_MENTIONS(err.msg, "vocab_size", "positive");
-    c.vocab = 49152;
-    c.layers = 2000000000; // each size within bounds, the total past 10^13
+    c.layers = 2000000000;
+    assert_int_equal(llama_config_validate(&c, &err), -1);
+    TU_MENTIONS(err.msg, "num_hidden_layers", "at most 100000");
+    c.layers = 30;
+    c.vocab = LLAMA_MAX_VOCAB; // each size within bounds, the total past 10^13
+    c.hidden = LLAMA_MAX_HIDDEN;
     assert_int_equal(llama_config_validate(&c, &err), -1);
     TU_MENTIONS(err.msg, "parameters");
-    c.layers = 30;
+    c.vocab = 49152;
+    c.hidden = 576;
     c.rms_eps = NAN;
     assert_int_equal(llama_config_validate(&c, &err), -1);
     TU_MENTIONS(err.msg, "rms_norm_eps");
+}
+
+// Every field range-checked in llama_config_validate, naming the field: each bound itself is
+// accepted, one past it refused.
+static void test_validate_bounds(void **state) {
+    (void)state;
+    llama_config base = {
+        .name = "small", .hidden = 64, .intermediate = 96, .layers = 2, .heads = 4,
+        .kv_heads = 2, .head_dim = 16, .vocab = 100, .max_positions = 128,
+        .rope_theta = 10000.0, .rms_eps = 1e-5, .tied = true,
+    };
+    ag_err err = {{0}};
+    assert_int_equal(llama_config_validate(&base, &err), 0);
+    const struct {
+        const char *field;
+        size_t off;
+        int64_t max;
+    } sizes[] = {
+        {"hidden_size", offsetof(llama_config, hidden), LLAMA_MAX_HIDDEN},
+        {"intermediate_size", offsetof(llama_config, intermediate), LLAMA_MAX_INTERMEDIATE},
+        {"num_hidden_layers", offsetof(llama_config, layers), LLAMA_MAX_LAYERS},
+        {"num_attention_heads", offsetof(llama_config, heads), LLAMA_MAX_HEADS},
+        {"vocab_size", offsetof(llama_config, vocab), LLAMA_MAX_VOCAB},
+        {"max_position_embeddings", offsetof(llama_config, max_positions), LLAMA_MAX_POSITIONS},
+        {"head_dim", offsetof(llama_config, head_dim), AG_ROPE_MAX_HEAD_DIM},
+    };
+    const int64_t bad[] = {0, -1, INT64_MIN};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        llama_config c = base;
+        int64_t *v = (int64_t *)((char *)&c + sizes[i].off);
+        *v = sizes[i].max;
+        if (llama_config_validate(&c, &err) != 0) fail_msg("%s at its bound: %s", sizes[i].field, err.msg);
+        *v = sizes[i].max + (i == 6 ? 2 : 1); // head_dim stays even
+        assert_int_equal(llama_config_validate(&c, &err), -1);
+        TU_MENTIONS(err.msg, sizes[i].field, "at most");
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            *v = bad[b];
+            assert_int_equal(llama_config_validate(&c, &err), -1);
+            TU_MENTIONS(err.msg, sizes[i].field, "positive");
+        }
+    }
+    // the rotation's own limit: what once failed inside RoPE as a shape error
+    llama_config c = base;
+    c.head_dim = 2048;
+    assert_int_equal(llama_config_validate(&c, &err), -1);
+    assert_string_equal(err.msg, "field head_dim (2048) is too large (at most 1024, RoPE's limit)");
+    const double thetas_bad[] = {1e-300, 0.5, 0, -1, 1.000001e12, 1e300, INFINITY, -INFINITY, NAN};
+    for (size_t i = 0; i < sizeof thetas_bad / sizeof thetas_bad[0]; i++) {
+        c = base;
+        c.rope_theta = thetas_bad[i];
+        if (llama_config_validate(&c, &err) != -1) fail_msg("rope_theta %g accepted", c.rope_theta);
+        TU_MENTIONS(err.msg, "rope_theta", "from 1 to 1e+12");
+    }
+    const double thetas_good[] = {LLAMA_MIN_ROPE_THETA, 10000, 5e5, 1e8, LLAMA_MAX_ROPE_THETA};
+    for (size_t i = 0; i < sizeof thetas_good / sizeof thetas_good[0]; i++) {
+        c = base;
+        c.rope_theta = thetas_good[i];
+        assert_int_equal(llama_config_validate(&c, &err), 0);
+    }
+    const double eps_bad[] = {1e-300, 1e-31, 0, -1e-5, 1, 2.5, INFINITY, NAN};
+    for (size_t i = 0; i < sizeof eps_bad / sizeof eps_bad[0]; i++) {
+        c = base;
+        c.rms_eps = eps_bad[i];
+        if (llama_config_validate(&c, &err) != -1) fail_msg("rms_norm_eps %g accepted", c.rms_eps);
+        TU_MENTIONS(err.msg, "rms_norm_eps");
+    }
+    c = base;
+    c.rms_eps = LLAMA_MIN_RMS_EPS;
+    assert_int_equal(llama_config_validate(&c, &err), 0);
+    c.rms_eps = 0.999;
+    assert_int_equal(llama_config_validate(&c, &err), 0);
+    // num_key_value_heads is bounded through num_attention_heads, which it must divide
+    c = base;
+    c.kv_heads = LLAMA_MAX_HEADS + 1;
+    assert_int_equal(llama_config_validate(&c, &err), -1);
+    TU_MENTIONS(err.msg, "num_key_value_heads");
+}
+
+// A very deep config (a planning what-if) passes, and its parameter list names every layer.
+static void test_many_layers(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), path[8192];
+    const char *text = "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
+                       "\"num_hidden_layers\":30000,\"num_attention_heads\":4,\"vocab_size\":100,"
+                       "\"tie_word_embeddings\":true}";
+    tu_path(path, sizeof path, dir, "config.json");
+    tu_write(path, text, strlen(text));
+    llama_config c;
+    ag_err err = {{0}};
+    if (llama_config_load(&c, path, &err) != 0) fail_msg("%s", err.msg);
+    assert_int_equal(c.layers, 30000);
+    assert_int_equal(llama_config_validate(&c, &err), 0);
+    assert_int_equal(llama_param_count_tensors(&c), 2 + 30000 * LLAMA_PARAMS_PER_LAYER);
+    expect_spec(&c, 1 + 29999 * LLAMA_PARAMS_PER_LAYER + 5,
+                "model.layers.29999.post_attention_layernorm.weight", 1, 64, 1);
+    expect_spec(&c, 1 + 30000 * LLAMA_PARAMS_PER_LAYER, "model.norm.weight", 1, 64, 1);
+    uint64_t sum = 0;
+    for (size_t i = 0; i < llama_param_count_tensors(&c); i++) {
+        char name[LLAMA_PARAM_NAME_MAX];
+        int nd;
+        int64_t shape[2];
+        assert_int_equal(llama_param_spec(&c, i, name, sizeof name, &nd, shape), 0);
+        sum += (uint64_t)(shape[0] * shape[1]);
+    }
+    assert_int_equal(llama_param_count(&c), sum);
+    // and the bound itself, as parsed
+    c.layers = LLAMA_MAX_LAYERS;
+    assert_int_equal(llama_config_validate(&c, &err), 0);
+    tu_rmtree(dir);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -294,7 +409,8 @@ static const char base_json[] =
 
 static const struct {
     const char *field; // the field to set (NULL: the raw text is the whole file)
-    const char *value; // JSON text of its new value, NULL to remove the field
+    const char *value; // JSON text of its new value, NULL to remove the field; "raw:TEXT" for
+                       // text that is not JSON (NaN, 1e400), pasted in as the last field
     const char *expect1, *expect2;
 } bad_configs[] = {
     {NULL, "not json at all", "not valid JSON", NULL},
@@ -304,7 +420,7 @@ static const struct {
     {NULL, "{\"model_type\":\"llama\",\"hidden_size\":64,\"hidden_size\":64}", "not valid JSON",
      "duplicate"},
     {NULL, "{\"model_type\":\"llama\",\"hidden_size\":100000000000000000000000000000}",
-     "not valid JSON", NULL},
+     "not valid JSON", "in field hidden_size"},
     {"hidden_size", NULL, "hidden_size", "missing"},
     {"intermediate_size", NULL, "intermediate_size", "missing"},
     {"num_hidden_layers", NULL, "num_hidden_layers", "missing"},
@@ -335,16 +451,70 @@ static const struct {
     {"attention_bias", "true", "attention_bias", NULL},
     {"mlp_bias", "true", "mlp_bias", NULL},
     {"hidden_act", "\"gelu\"", "hidden_act", NULL},
-    // every size allowed, the whole absurd: 2 x 10^9 layers of 64-wide blocks
-    {"num_hidden_layers", "2000000000", "parameters", NULL},
+    {"num_hidden_layers", "2000000000", "num_hidden_layers (2000000000)", "at most 100000"},
+    // every size allowed, the whole absurd: 2^20 x 2^24 embedding
+    {NULL,
+     "{\"model_type\":\"llama\",\"hidden_size\":1048576,\"intermediate_size\":96,"
+     "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"head_dim\":16,"
+     "\"vocab_size\":16777216}",
+     "parameters", NULL},
+    // ranges, each naming its field
+    {"hidden_size", "1048580", "hidden_size (1048580)", "at most 1048576"},
+    {"intermediate_size", "4194305", "intermediate_size (4194305)", "at most 4194304"},
+    {"num_hidden_layers", "100001", "num_hidden_layers (100001)", "at most 100000"},
+    {"num_hidden_layers", "-2", "num_hidden_layers", "positive"},
+    {NULL,
+     "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
+     "\"num_hidden_layers\":2,\"num_attention_heads\":65537,\"head_dim\":16,\"vocab_size\":100}",
+     "num_attention_heads (65537)", "at most 65536"},
+    {"num_key_value_heads", "65537", "num_key_value_heads (65537)", "at most 65536"},
+    {"vocab_size", "16777217", "vocab_size (16777217)", "at most 16777216"},
+    {"max_position_embeddings", "16777217", "max_position_embeddings", "at most 16777216"},
+    {"max_position_embeddings", "-1", "max_position_embeddings", "positive"},
+    {"head_dim", "0", "head_dim", "positive"},
+    {"head_dim", "2048", "head_dim (2048)", "at most 1024"},
+    {"head_dim", "1026", "head_dim (1026)", "at most 1024"},
+    {"hidden_size", "8192", "head_dim (2048, hidden_size / num_attention_heads", "at most 1024"},
+    {"rope_theta", "1e-300", "rope_theta (1e-300)", "from 1 to 1e+12"},
+    {"rope_theta", "0.5", "rope_theta (0.5)", "from 1 to 1e+12"},
+    {"rope_theta", "0", "rope_theta (0)", "from 1 to 1e+12"},
+    {"rope_theta", "1e13", "rope_theta (1e+13)", "from 1 to 1e+12"},
+    {"rms_norm_eps", "1e-300", "rms_norm_eps (1e-300)", "at least 1e-30"},
+    {"rms_norm_eps", "-1e-5", "rms_norm_eps", NULL},
+    {"rms_norm_eps", "1", "rms_norm_eps", "below 1"},
+    // wrong JSON types, each naming its field and what it got
+    {"num_hidden_layers", "2.0", "num_hidden_layers", "without a fraction or an exponent (it is the real number 2)"},
+    {"num_hidden_layers", "2e3", "num_hidden_layers", "must be an integer"},
+    {"num_hidden_layers", "true", "num_hidden_layers", "integer (it is a boolean)"},
+    {"num_hidden_layers", "null", "num_hidden_layers", "missing"},
+    {"num_hidden_layers", "{}", "num_hidden_layers", "integer (it is an object)"},
+    {"num_key_value_heads", "1.5", "num_key_value_heads", "integer"},
+    {"max_position_embeddings", "1e6", "max_position_embeddings", "integer"},
+    {"head_dim", "\"16\"", "head_dim", "integer (it is a string)"},
+    {"rope_theta", "\"nan\"", "rope_theta", "number (it is a string)"},
+    {"rope_theta", "true", "rope_theta", "number (it is a boolean)"},
+    {"rope_theta", "[10000]", "rope_theta", "number (it is an array)"},
+    {"rms_norm_eps", "\"1e-5\"", "rms_norm_eps", "number"},
+    {"tie_word_embeddings", "1", "tie_word_embeddings", "(it is an integer)"},
+    // values JSON cannot hold, written as Python's json module writes them
+    {"rope_theta", "raw:NaN", "not valid JSON", "in field rope_theta"},
+    {"rope_theta", "raw:Infinity", "not valid JSON", "in field rope_theta"},
+    {"rms_norm_eps", "raw:-Infinity", "not valid JSON", "in field rms_norm_eps"},
+    {"rms_norm_eps", "raw:nan", "not valid JSON", "in field rms_norm_eps"},
+    {"rope_theta", "raw:1e400", "real number overflow", "in field rope_theta"},
+    {"vocab_size", "raw:1e400", "real number overflow", "in field vocab_size"},
+    {"vocab_size", "raw:-99999999999999999999", "too big", "in field vocab_size"},
+    {"vocab_size", "raw:0x100", "not valid JSON", "in field vocab_size"},
 };
 
 static char *bad_config_text(size_t i) {
     if (!bad_configs[i].field) return strdup(bad_configs[i].value);
+    const char *value = bad_configs[i].value;
+    bool raw = value && strncmp(value, "raw:", 4) == 0;
     json_t *root = json_loads(base_json, 0, NULL);
     assert_non_null(root);
-    if (bad_configs[i].value) {
-        json_t *v = json_loads(bad_configs[i].value, JSON_DECODE_ANY, NULL);
+    if (value && !raw) {
+        json_t *v = json_loads(value, JSON_DECODE_ANY, NULL);
         assert_non_null(v);
         json_object_set_new(root, bad_configs[i].field, v);
     } else {
@@ -352,6 +522,16 @@ static char *bad_config_text(size_t i) {
     }
     char *text = json_dumps(root, 0);
     json_decref(root);
+    assert_non_null(text);
+    if (raw) { // pasted in before the closing brace
+        size_t n = strlen(text);
+        assert_true(n > 2 && text[n - 1] == '}');
+        char *with = malloc(n + strlen(bad_configs[i].field) + strlen(value) + 8);
+        assert_non_null(with);
+        sprintf(with, "%.*s, \"%s\": %s}", (int)(n - 1), text, bad_configs[i].field, value + 4);
+        free(text);
+        text = with;
+    }
     return text;
 }
 
@@ -378,6 +558,107 @@ static void test_bad_configs(void **state) {
     tu_rmtree(dir);
 }
 
+// Paths that are not regular files are refused at once: a FIFO with no writer once made the
+// open wait forever (alarm: a hang fails the test instead of stalling the suite).
+static void test_not_regular_files(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), fifo[8192];
+    tu_path(fifo, sizeof fifo, dir, "config.json");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    llama_config c;
+    ag_err err = {{0}};
+    alarm(20);
+    assert_int_equal(llama_config_load(&c, fifo, &err), -1);
+    TU_MENTIONS(err.msg, fifo, "not a regular file", "FIFO");
+    for (const char *const *dev = tu_char_devices(); *dev; dev++) {
+        assert_int_equal(llama_config_load(&c, *dev, &err), -1);
+        TU_MENTIONS(err.msg, *dev, "not a regular file", "character device");
+    }
+    assert_int_equal(llama_config_load(&c, dir, &err), -1);
+    TU_MENTIONS(err.msg, dir, "not a regular file", "folder");
+    // a symbolic link to a good file is followed, one to the FIFO refused
+    char good[8192], link_good[8192], link_fifo[8192];
+    tu_path(good, sizeof good, dir, "good.json");
+    tu_write(good, base_json, strlen(base_json));
+    tu_path(link_good, sizeof link_good, dir, "link-good");
+    tu_path(link_fifo, sizeof link_fifo, dir, "link-fifo");
+    assert_int_equal(symlink(good, link_good), 0);
+    assert_int_equal(symlink(fifo, link_fifo), 0);
+    assert_int_equal(llama_config_load(&c, link_good, &err), 0);
+    assert_int_equal(llama_config_load(&c, link_fifo, &err), -1);
+    TU_MENTIONS(err.msg, "link-fifo", "FIFO");
+    alarm(0);
+    tu_rmtree(dir);
+}
+
+// From memory: the text need not be NUL-terminated, origin names it.
+static void test_parse_in_memory(void **state) {
+    (void)state;
+    llama_config c, d;
+    ag_err err = {{0}};
+    size_t n = strlen(base_json);
+    char *text = malloc(n + 16);
+    assert_non_null(text);
+    memcpy(text, base_json, n);
+    memcpy(text + n, "garbage", 7); // past len: never read
+    assert_int_equal(llama_config_parse(&c, text, n, "mem.json", &err), 0);
+    assert_string_equal(c.name, "mem.json");
+    assert_int_equal(c.hidden, 64);
+    assert_int_equal(llama_config_parse(&d, text, n, NULL, &err), 0);
+    assert_string_equal(d.name, "config.json");
+    assert_int_equal(llama_config_parse(&c, text, n + 7, "mem.json", &err), -1);
+    TU_MENTIONS(err.msg, "mem.json", "not valid JSON");
+    assert_int_equal(llama_config_parse(&c, text, 0, NULL, &err), -1);
+    TU_MENTIONS(err.msg, "config.json", "not valid JSON");
+    free(text);
+    // a NUL inside the text
+    const char nul[] = "{\"model_type\":\"llama\"\0}";
+    assert_int_equal(llama_config_parse(&c, nul, sizeof nul - 1, NULL, &err), -1);
+    TU_MENTIONS(err.msg, "not valid JSON");
+}
+
+static void expect_clean_name(const char *name) {
+    const unsigned char *p = (const unsigned char *)name;
+    size_t n = strlen(name);
+    assert_true(n < LLAMA_NAME_MAX);
+    for (size_t i = 0; i < n; i++) assert_false(p[i] < 0x20 || p[i] == 0x7f);
+    // valid UTF-8 throughout (jansson refuses anything else)
+    json_t *s = json_stringn(name, n);
+    assert_non_null(s);
+    json_decref(s);
+}
+
+// The name goes to terminals and JSON reports: printable, valid UTF-8, cut at a character.
+static void test_name_sanitised(void **state) {
+    (void)state;
+    llama_config c;
+    ag_err err = {{0}};
+    json_t *root = json_loads(base_json, 0, NULL);
+    assert_non_null(root);
+    json_object_set_new(root, "_name_or_path", json_string("evil\x1b[2J\r\nname\x7f"));
+    char *text = json_dumps(root, 0);
+    assert_int_equal(llama_config_parse(&c, text, strlen(text), NULL, &err), 0);
+    assert_string_equal(c.name, "evil\\x1b[2J\\x0d\\x0aname\\x7f");
+    expect_clean_name(c.name);
+    free(text);
+    // 200 three-byte characters: cut at a character boundary, not inside one
+    char long_name[601];
+    for (int i = 0; i < 200; i++) memcpy(long_name + 3 * i, "\xe2\x82\xac", 3);
+    long_name[600] = '\0';
+    json_object_set_new(root, "_name_or_path", json_string(long_name));
+    text = json_dumps(root, 0);
+    assert_int_equal(llama_config_parse(&c, text, strlen(text), NULL, &err), 0);
+    assert_int_equal(strlen(c.name), 3 * ((LLAMA_NAME_MAX - 1) / 3));
+    expect_clean_name(c.name);
+    free(text);
+    json_decref(root);
+    // without _name_or_path the origin is the name: bytes that are not UTF-8 become '?'
+    assert_int_equal(llama_config_parse(&c, base_json, strlen(base_json), "/x/\xff\xfe\x01.json",
+                                        &err), 0);
+    assert_string_equal(c.name, "/x/??\\x01.json");
+    expect_clean_name(c.name);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_preset_param_counts),
@@ -391,6 +672,11 @@ int main(void) {
         cmocka_unit_test(test_load_explicit_head_dim),
         cmocka_unit_test(test_load_defaults),
         cmocka_unit_test(test_bad_configs),
+        cmocka_unit_test(test_validate_bounds),
+        cmocka_unit_test(test_many_layers),
+        cmocka_unit_test(test_not_regular_files),
+        cmocka_unit_test(test_parse_in_memory),
+        cmocka_unit_test(test_name_sanitised),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

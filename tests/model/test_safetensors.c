@@ -567,6 +567,55 @@ static void test_weights_resolve(void **state) {
     tu_rmtree(dir);
 }
 
+// What is not a regular file is refused at once, naming it and what it is: the path itself,
+// or the folder's config.json or model.safetensors (alarm: a hang fails the test).
+static void test_weights_resolve_special(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), cfg[8192], st[8192], p[8192], q[8192];
+    ag_err err = {{0}};
+    alarm(20);
+    tu_path(p, sizeof p, dir, "pipe");
+    assert_int_equal(mkfifo(p, 0600), 0);
+    assert_int_equal(llama_weights_resolve(p, cfg, st, sizeof cfg, &err), -1);
+    TU_MENTIONS(err.msg, "pipe", "neither", "FIFO");
+    const char *const *devs = tu_char_devices();
+    for (const char *const *dev = devs; *dev; dev++) {
+        assert_int_equal(llama_weights_resolve(*dev, cfg, st, sizeof cfg, &err), -1);
+        TU_MENTIONS(err.msg, *dev, "neither", "character device");
+    }
+
+    // a folder whose config.json is a FIFO, then a folder; model.safetensors likewise
+    char *w = tu_tmpdir();
+    tu_path(p, sizeof p, w, "config.json");
+    assert_int_equal(mkfifo(p, 0600), 0);
+    tu_path(q, sizeof q, w, "model.safetensors");
+    tu_write(q, "x", 1);
+    assert_int_equal(llama_weights_resolve(w, cfg, st, sizeof cfg, &err), -1);
+    TU_MENTIONS(err.msg, "config.json", "not a regular file", "FIFO");
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(mkdir(p, 0700), 0);
+    assert_int_equal(llama_weights_resolve(w, cfg, st, sizeof cfg, &err), -1);
+    TU_MENTIONS(err.msg, "config.json", "folder");
+    assert_int_equal(rmdir(p), 0);
+    tu_write(p, "{}", 2);
+    assert_int_equal(llama_weights_resolve(w, cfg, st, sizeof cfg, &err), 0);
+    assert_int_equal(unlink(q), 0);
+    assert_int_equal(mkfifo(q, 0600), 0);
+    assert_int_equal(llama_weights_resolve(w, cfg, st, sizeof cfg, &err), -1);
+    TU_MENTIONS(err.msg, "model.safetensors", "FIFO");
+    assert_int_equal(unlink(q), 0);
+    assert_int_equal(symlink(devs[0], q), 0);
+    assert_int_equal(llama_weights_resolve(w, cfg, st, sizeof cfg, &err), -1);
+    TU_MENTIONS(err.msg, "model.safetensors", "character device");
+    assert_int_equal(unlink(q), 0);
+    assert_int_equal(mkdir(q, 0700), 0);
+    assert_int_equal(llama_weights_resolve(w, cfg, st, sizeof cfg, &err), -1);
+    TU_MENTIONS(err.msg, "model.safetensors", "folder");
+    alarm(0);
+    tu_rmtree(w);
+    tu_rmtree(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),        cmocka_unit_test(test_known_values),
@@ -574,7 +623,7 @@ int main(void) {
         cmocka_unit_test(test_int_tensors),      cmocka_unit_test(test_check_params),
         cmocka_unit_test(test_check_params_dtype), cmocka_unit_test(test_write_failures),
         cmocka_unit_test(test_write_targets),
-        cmocka_unit_test(test_weights_resolve),
+        cmocka_unit_test(test_weights_resolve), cmocka_unit_test(test_weights_resolve_special),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

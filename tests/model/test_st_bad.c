@@ -189,11 +189,104 @@ static void test_short_and_truncated(void **state) {
     tu_rmtree(dir);
 }
 
+// Paths that are not regular files are refused at open, at once (a FIFO with no writer would
+// otherwise block the open; alarm turns a hang into a failure).
+static void test_not_regular_files(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), fifo[8192];
+    tu_path(fifo, sizeof fifo, dir, "model.safetensors");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    llama_st_file *f = (llama_st_file *)1;
+    ag_err err = {{0}};
+    alarm(20);
+    assert_int_equal(llama_st_open(&f, fifo, &err), -1);
+    assert_null(f);
+    TU_MENTIONS(err.msg, fifo, "not a regular file", "FIFO");
+    for (const char *const *dev = tu_char_devices(); *dev; dev++) {
+        assert_int_equal(llama_st_open(&f, *dev, &err), -1);
+        TU_MENTIONS(err.msg, *dev, "not a regular file", "character device");
+    }
+    assert_int_equal(llama_st_open(&f, dir, &err), -1);
+    TU_MENTIONS(err.msg, dir, "folder");
+    // the helper itself: the descriptor and size of a regular file
+    char good[8192];
+    tu_path(good, sizeof good, dir, "good.safetensors");
+    tu_write_st(good, 2, "{}", NULL, 6);
+    uint64_t size = 0;
+    int fd = llama_open_regular(good, &size, &err);
+    assert_true(fd >= 0);
+    assert_int_equal(size, 16);
+    close(fd);
+    assert_int_equal(llama_open_regular(fifo, &size, &err), -1);
+    TU_MENTIONS(err.msg, "FIFO");
+    alarm(0);
+    tu_rmtree(dir);
+}
+
+// A file that shrinks while open: every read past the new end fails naming file and tensor,
+// reads before it still work, and nothing raises SIGBUS (what a mapping did).
+static void test_truncated_while_open(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), path[8192];
+    tu_path(path, sizeof path, dir, "shrinks.safetensors");
+    // F32 [4] at 0, BF16 [4] at 16, F16 [2] at 24, I32 [2] at 28, I64 [2] at 36: 52 bytes
+    const char header[] =
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+        "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[16,24]},"
+        "\"h\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[24,28]},"
+        "\"i\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[28,36]},"
+        "\"l\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[36,52]}}";
+    size_t hlen = strlen(header);
+    tu_write_st(path, hlen, header, NULL, 52);
+    llama_st_file *f;
+    ag_err err = {{0}};
+    assert_int_equal(llama_st_open(&f, path, &err), 0);
+    float fl[4];
+    int64_t il[2];
+    // before: every tensor reads, the 16-bit and 32-bit ones widened in place
+    assert_int_equal(llama_st_read_f32(f, llama_st_find(f, "b"), fl, 4, &err), 0);
+    uint32_t bits = 0x11100000u; // data byte k holds k: bytes 16, 17
+    float want;
+    memcpy(&want, &bits, 4);
+    assert_true(fl[0] == want);
+    assert_int_equal(llama_st_read_i64(f, llama_st_find(f, "i"), il, 2, &err), 0);
+    assert_int_equal(il[0], 0x1f1e1d1c);
+    assert_int_equal(il[1], 0x23222120);
+
+    // cut inside "h": a, b still read; h, i, l fail
+    assert_int_equal(truncate(path, (off_t)(8 + hlen + 26)), 0);
+    assert_int_equal(llama_st_read_f32(f, llama_st_find(f, "a"), fl, 4, &err), 0);
+    assert_int_equal(llama_st_read_f32(f, llama_st_find(f, "b"), fl, 4, &err), 0);
+    const char *gone[] = {"h", "i", "l"};
+    for (int k = 0; k < 3; k++) {
+        const llama_st_tensor *t = llama_st_find(f, gone[k]);
+        memset(&err, 0, sizeof err);
+        int rc = t->dtype == LLAMA_ST_F16 ? llama_st_read_f32(f, t, fl, 2, &err)
+                                          : llama_st_read_i64(f, t, il, 2, &err);
+        assert_int_equal(rc, -1);
+        char tensor[32];
+        snprintf(tensor, sizeof tensor, "tensor %s", gone[k]);
+        TU_MENTIONS(err.msg, "shrinks.safetensors", tensor, "truncated");
+    }
+    print_message("%s\n", err.msg);
+    // to nothing at all
+    assert_int_equal(truncate(path, 0), 0);
+    assert_int_equal(llama_st_read_f32(f, llama_st_find(f, "a"), fl, 4, &err), -1);
+    TU_MENTIONS(err.msg, "shrinks.safetensors", "tensor a", "ends at byte 0");
+    llama_st_close(f);
+    // the cut file no longer opens
+    assert_int_equal(llama_st_open(&f, path, &err), -1);
+    TU_MENTIONS(err.msg, "too short");
+    tu_rmtree(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corpus),
         cmocka_unit_test(test_corpus_control),
         cmocka_unit_test(test_short_and_truncated),
+        cmocka_unit_test(test_not_regular_files),
+        cmocka_unit_test(test_truncated_while_open),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -121,3 +121,20 @@ static inline void tu_mentions(const char *msg, ...) {
 }
 
 #define TU_MENTIONS(msg, ...) tu_mentions((msg), __VA_ARGS__, (const char *)NULL)
+
+// Character devices to give where a file is expected: those of /dev/null, /dev/zero, /dev/full
+// that are one here (a program run as root that renames a file over /dev/null turns it into a
+// regular file). NULL-terminated; fails unless there is at least one.
+static inline const char *const *tu_char_devices(void) {
+    static const char *const all[] = {"/dev/null", "/dev/zero", "/dev/full"};
+    static const char *found[4];
+    size_t n = 0;
+    for (size_t i = 0; i < 3; i++) {
+        struct stat st;
+        if (stat(all[i], &st) == 0 && S_ISCHR(st.st_mode)) found[n++] = all[i];
+        else print_message("%s is not a character device here: left out\n", all[i]);
+    }
+    found[n] = NULL;
+    assert_true(n > 0);
+    return found;
+}
