@@ -74,6 +74,9 @@ void cli_usage_train(FILE *f);
 void cli_usage_plan(FILE *f);
 
 // The config from --model / --config / --weights (a folder's config.json).
+// After a run that succeeded: plain malloc past the budget cannot be refused when it happens, so
+// the run fails here (mp_oom()). Returns 0, or -1 with the message in err.
+int cli_budget_check(ag_err *err);
 int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len,
                     ag_err *err);
 // "1,2,3" -> ids (malloc'd); a malformed list names the item at fault.
