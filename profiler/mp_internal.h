@@ -5,17 +5,25 @@
 
 #include <pthread.h>
 
-// The interned site labels: a growing array plus an open-addressing index.
+// The interned site labels: a growing array plus an open-addressing index, so that interning
+// stays constant time per label however many layers a config has.
 typedef struct {
     char **names;
+    uint64_t *hashes; // per id: the label's hash, so a resize never rehashes the strings
     size_t count, cap;
     uint32_t *index; // slot -> id + 1 (0: empty)
     size_t index_cap;
+    uint64_t lookups, probes; // probes: slots examined past the first (a test checks they stay few)
 } mp_sites;
 
+// Events live in fixed chunks that never move, so a pointer from mp_timeline_get stays valid
+// while other threads keep recording.
+#define MP_CHUNK_SHIFT 12
+#define MP_CHUNK_EVENTS ((size_t)1 << MP_CHUNK_SHIFT)
 typedef struct {
-    mp_event *events;
-    size_t count, cap;
+    mp_event **chunks;
+    size_t nchunks, chunks_cap;
+    size_t count;
     size_t dropped; // events lost because the timeline could not grow (out of memory)
 } mp_timeline;
 
@@ -24,14 +32,16 @@ typedef struct {
 typedef struct {
     uintptr_t *keys;
     size_t *sizes;
-    size_t count, cap;
+    size_t count, tombs, cap; // live keys, deleted slots, slots
 } mp_ptrset;
 
 typedef struct {
     bool active;
     mp_options opt;
     double t0;
-    pthread_mutex_t lock; // the hooks can fire on any thread
+    // The hooks can fire on any thread: every counter, the peaks, the sites, the timeline and the
+    // budget are read and written under this lock.
+    pthread_mutex_t lock;
 
     mp_counter counters[MP_NCATEGORIES];
     uint64_t live_total;
@@ -40,6 +50,8 @@ typedef struct {
     double phase_started;
     mp_phase_stats phases[MP_NPHASES];
     mp_oom_record oom;
+    bool over_budget; // plain malloc went past the budget: every later mp_alloc is refused
+    uint32_t last_tensor_site; // the site a peak made by plain malloc is charged to
     mp_process proc_peak;
 
     mp_sites sites;
@@ -57,9 +69,18 @@ extern mp_state mp_g;
 double mp_now(void);
 // Counters: a change of `delta` requested / `delta_usable` usable bytes in `cat`, with the site.
 void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint32_t site);
+// Whether `bytes` more would take the live total past the budget.
+bool mp_over_budget_locked(uint64_t bytes);
+// Fills the out-of-memory record: what asked, and what was live before it.
+void mp_record_oom_locked(mp_category cat, uint32_t site, uint64_t bytes);
+uint32_t mp_site_id_locked(const char *label);
 void mp_sites_free(mp_sites *s);
 void mp_timeline_free(mp_timeline *t);
 void mp_checkpoint_process(void);
+
+// The profiler's lock; while it is held the hooks ignore this thread's allocations.
+void mp_lock(void);
+void mp_unlock(void);
 
 // Raw allocation that the hooks ignore (the profiler's own bookkeeping).
 void *mp_raw_malloc(size_t n);

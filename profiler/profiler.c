@@ -27,6 +27,18 @@ double mp_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+// While the lock is held, this thread's allocations are the profiler's own: a hook that fired on
+// a malloc inside (libc may allocate anywhere) would otherwise wait on the lock this thread holds.
+void mp_lock(void) {
+    pthread_mutex_lock(&mp_g.lock);
+    mp_in_profiler++;
+}
+
+void mp_unlock(void) {
+    mp_in_profiler--;
+    pthread_mutex_unlock(&mp_g.lock);
+}
+
 void *mp_raw_malloc(size_t n) {
     mp_in_profiler++;
     void *p = malloc(n);
@@ -60,8 +72,10 @@ static size_t ptr_slot(uintptr_t k, size_t cap) {
     return (size_t)k & (cap - 1);
 }
 
-static bool ptrset_grow(mp_ptrset *s) {
-    size_t ncap = s->cap ? s->cap * 2 : 4096;
+// Rebuilds the table without its deleted slots: at twice the size when live keys fill a
+// quarter, else at the same size, so the table follows what is live, not every malloc ever seen.
+static bool ptrset_rebuild(mp_ptrset *s) {
+    size_t ncap = !s->cap ? 4096 : (s->count + 1) * 4 > s->cap ? s->cap * 2 : s->cap;
     uintptr_t *keys = mp_raw_malloc(ncap * sizeof *keys);
     size_t *sizes = mp_raw_malloc(ncap * sizeof *sizes);
     if (!keys || !sizes) {
@@ -82,15 +96,25 @@ static bool ptrset_grow(mp_ptrset *s) {
     s->keys = keys;
     s->sizes = sizes;
     s->cap = ncap;
+    s->tombs = 0;
     return true;
 }
 
-// Deleted slots hold 1 (no real pointer is 1); the table is rebuilt when it fills up.
+static size_t *ptrset_find(mp_ptrset *s, uintptr_t k);
+
+// Deleted slots hold 1 (no real pointer is 1). Live and deleted slots together stay under half
+// the table, so a probe sequence always ends at an empty slot.
 static void ptrset_put(mp_ptrset *s, uintptr_t k, size_t usable) {
-    if ((s->count + 1) * 2 > s->cap && !ptrset_grow(s)) return;
+    size_t *have = ptrset_find(s, k);
+    if (have) {
+        *have = usable;
+        return;
+    }
+    if ((s->count + s->tombs + 1) * 2 > s->cap && !ptrset_rebuild(s)) return;
     size_t j = ptr_slot(k, s->cap);
-    while (s->keys[j] && s->keys[j] != 1 && s->keys[j] != k) j = (j + 1) & (s->cap - 1);
-    if (s->keys[j] != k) s->count++;
+    while (s->keys[j] && s->keys[j] != 1) j = (j + 1) & (s->cap - 1);
+    if (s->keys[j] == 1) s->tombs--;
+    s->count++;
     s->keys[j] = k;
     s->sizes[j] = usable;
 }
@@ -107,11 +131,21 @@ static void ptrset_remove(mp_ptrset *s, uintptr_t k) {
     size_t *sz = ptrset_find(s, k);
     if (!sz) return;
     s->keys[sz - s->sizes] = 1;
+    s->count--;
+    s->tombs++;
 }
 
 // ---- hooks: plain malloc from anywhere in the process is "other" ----
 
 static uint32_t other_site;
+
+// Plain malloc cannot be refused: the hook sees it once it happened. Past the budget, the first
+// such allocation is recorded and the run is over budget for good (mp_alloc refuses from then on).
+static void other_budget_locked(size_t bytes) {
+    if (mp_g.over_budget || !mp_over_budget_locked(bytes)) return;
+    mp_record_oom_locked(MP_OTHER, other_site, bytes);
+    mp_g.over_budget = true;
+}
 
 static void hook_alloc(void *extra, int type, void *result, uintptr_t result_raw,
                        uintptr_t args_raw[3]) {
@@ -119,12 +153,13 @@ static void hook_alloc(void *extra, int type, void *result, uintptr_t result_raw
     if (mp_in_profiler || !result) return;
     mp_in_profiler++;
     size_t u = sallocx(result, 0);
-    pthread_mutex_lock(&mp_g.lock);
+    mp_lock();
     if (mp_g.active) {
+        other_budget_locked(u);
         ptrset_put(&mp_g.other_ptrs, (uintptr_t)result, u);
         mp_count_locked(MP_OTHER, (int64_t)u, (int64_t)u, other_site);
     }
-    pthread_mutex_unlock(&mp_g.lock);
+    mp_unlock();
     mp_in_profiler--;
 }
 
@@ -132,14 +167,14 @@ static void hook_dalloc(void *extra, int type, void *address, uintptr_t args_raw
     (void)extra, (void)type, (void)args_raw;
     if (mp_in_profiler || !address) return;
     mp_in_profiler++;
-    pthread_mutex_lock(&mp_g.lock);
+    mp_lock();
     size_t *sz = mp_g.active ? ptrset_find(&mp_g.other_ptrs, (uintptr_t)address) : NULL;
     if (sz) {
         int64_t u = (int64_t)*sz;
         ptrset_remove(&mp_g.other_ptrs, (uintptr_t)address);
         mp_count_locked(MP_OTHER, -u, -u, other_site);
     }
-    pthread_mutex_unlock(&mp_g.lock);
+    mp_unlock();
     mp_in_profiler--;
 }
 
@@ -148,14 +183,15 @@ static void hook_expand(void *extra, int type, void *address, size_t old_usize,
     (void)extra, (void)type, (void)result_raw, (void)args_raw;
     if (mp_in_profiler || !address) return;
     mp_in_profiler++;
-    pthread_mutex_lock(&mp_g.lock);
+    mp_lock();
     size_t *sz = mp_g.active ? ptrset_find(&mp_g.other_ptrs, (uintptr_t)address) : NULL;
     if (sz) {
         int64_t d = (int64_t)new_usize - (int64_t)old_usize;
+        if (d > 0) other_budget_locked((size_t)d);
         *sz = new_usize;
         mp_count_locked(MP_OTHER, d, d, other_site);
     }
-    pthread_mutex_unlock(&mp_g.lock);
+    mp_unlock();
     mp_in_profiler--;
 }
 
@@ -281,6 +317,9 @@ mp_crosscheck mp_crosscheck_jemalloc(mp_category planted_cat, int64_t planted) {
     bool stats = false;
     size_t sz = sizeof stats;
     if (mallctl("config.stats", &stats, &sz, NULL, 0) != 0 || !stats) return r;
+    // Under the lock: mp_alloc and mp_free change an arena and its counter inside it, so the two
+    // are read at one instant.
+    mp_lock();
     je_refresh();
     r.available = true;
     r.agrees = true;
@@ -296,6 +335,7 @@ mp_crosscheck mp_crosscheck_jemalloc(mp_category planted_cat, int64_t planted) {
         r.difference[c] = (int64_t)(small + large) - mine;
         if (r.difference[c] != 0) r.agrees = false;
     }
+    mp_unlock();
     return r;
 }
 
@@ -361,9 +401,9 @@ mp_status mp_init(const mp_options *opt) {
 void mp_shutdown(void) {
     if (!mp_g.active) return;
     mp_backend_shutdown();
-    pthread_mutex_lock(&mp_g.lock);
+    mp_lock();
     mp_g.active = false;
-    pthread_mutex_unlock(&mp_g.lock);
+    mp_unlock();
     mp_sites_free(&mp_g.sites);
     mp_timeline_free(&mp_g.timeline);
     pthread_mutex_destroy(&mp_g.lock);
@@ -371,8 +411,7 @@ void mp_shutdown(void) {
 
 bool mp_active(void) { return mp_g.active; }
 bool mp_is_meta(void) { return mp_g.active && mp_g.opt.meta; }
-uint64_t mp_budget(void) { return mp_g.opt.budget; }
-const mp_oom_record *mp_oom(void) { return &mp_g.oom; }
+uint64_t mp_budget(void) { return mp_g.active ? mp_g.opt.budget : 0; } // fixed at mp_init
 
 // Tensors above this are not a real request but a bug or a hostile input (2^50 bytes).
 #define MP_MAX_REQUEST ((uint64_t)1 << 50)
@@ -381,33 +420,31 @@ mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *sit
     memset(out, 0, sizeof *out);
     if (!mp_g.active) return MP_ERR_STATE;
     if ((unsigned)cat >= MP_OTHER || bytes > MP_MAX_REQUEST) return MP_ERR_INVALID;
-    uint32_t sid = mp_site_id(site ? site : "(none)");
-    pthread_mutex_lock(&mp_g.lock);
-    if (mp_g.opt.budget && mp_g.live_total + bytes > mp_g.opt.budget) {
-        mp_g.oom.happened = true;
-        mp_g.oom.category = cat;
-        mp_g.oom.site = sid;
-        mp_g.oom.requested = bytes;
-        mp_g.oom.budget = mp_g.opt.budget;
-        for (int c = 0; c < MP_NCATEGORIES; c++) mp_g.oom.live.bytes[c] = mp_g.counters[c].live;
-        mp_g.oom.live.total = mp_g.live_total;
-        mp_g.oom.live.phase = mp_g.phase;
-        mp_g.oom.live.site = sid;
-        mp_g.oom.live.seconds = mp_now() - mp_g.t0;
-        pthread_mutex_unlock(&mp_g.lock);
+    // The check, the allocation and the count are one step under the lock, so that threads
+    // allocating at once can never take the live total past the budget between them. The hooks
+    // ignore this thread's allocator calls (mp_in_profiler), so they never wait on it here.
+    mp_lock();
+    uint32_t sid = mp_site_id_locked(site ? site : "(none)");
+    if (mp_g.over_budget) { // plain malloc already went past it: the record names that one
+        mp_unlock();
         return MP_ERR_BUDGET;
     }
-    pthread_mutex_unlock(&mp_g.lock);
-
+    if (mp_over_budget_locked(bytes)) {
+        mp_record_oom_locked(cat, sid, bytes);
+        mp_unlock();
+        return MP_ERR_BUDGET;
+    }
     size_t usable = bytes;
     void *p = NULL;
     if (!mp_g.opt.meta) {
         p = mp_backend_alloc(bytes, cat, &usable);
-        if (!p) return MP_ERR_NOMEM;
+        if (!p) {
+            mp_unlock();
+            return MP_ERR_NOMEM;
+        }
     }
-    pthread_mutex_lock(&mp_g.lock);
     mp_count_locked(cat, (int64_t)bytes, (int64_t)usable, sid);
-    pthread_mutex_unlock(&mp_g.lock);
+    mp_unlock();
     out->data = p;
     out->bytes = bytes;
     out->usable = usable;
@@ -418,11 +455,13 @@ mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *sit
 
 void mp_free(mp_block *b) {
     if (!b || (!b->data && !b->bytes && !b->usable)) return;
-    if (b->data) mp_backend_free(b->data);
-    if (mp_g.active) {
-        pthread_mutex_lock(&mp_g.lock);
+    if (!mp_g.active) {
+        if (b->data) mp_backend_free(b->data);
+    } else {
+        mp_lock();
+        if (b->data) mp_backend_free(b->data);
         mp_count_locked((mp_category)b->category, -(int64_t)b->bytes, -(int64_t)b->usable, b->site);
-        pthread_mutex_unlock(&mp_g.lock);
+        mp_unlock();
     }
     memset(b, 0, sizeof *b);
 }

@@ -3,8 +3,9 @@
 // Every tensor byte goes through mp_alloc/mp_free with a category and a site label. Each
 // category has its own jemalloc arena, so jemalloc's per-arena statistics are an independent
 // check of the counters kept here. The profiler is one process-wide instance (mp_init ..
-// mp_shutdown); it is meant to be driven from one thread, while plain malloc calls from any
-// thread are billed to "other" through jemalloc's allocation hooks where they exist.
+// mp_shutdown); every entry point takes its lock, so any thread may allocate and read, and plain
+// malloc calls from any thread are billed to "other" through jemalloc's allocation hooks where
+// they exist.
 #pragma once
 
 #include <stdbool.h>
@@ -36,7 +37,7 @@ typedef enum {
 
 typedef enum {
     MP_OK = 0,
-    MP_ERR_BUDGET,  // the allocation would cross the budget: see mp_oom()
+    MP_ERR_BUDGET,  // the allocation would cross the budget, or plain malloc already did: see mp_oom()
     MP_ERR_NOMEM,   // the allocator itself failed
     MP_ERR_INVALID, // bad argument (absurd size, unknown category)
     MP_ERR_STATE,   // not initialised, or initialised twice
@@ -54,7 +55,10 @@ typedef struct {
 
 typedef struct {
     bool meta;           // count without allocating
-    uint64_t budget;     // 0: none. Compared with the live requested bytes of all categories.
+    // 0: none. Compared with the same total the peak is taken from: the live requested bytes of
+    // the tensor categories plus "other" (plain malloc, when tracked). A run passes when its
+    // total peak is at most the budget.
+    uint64_t budget;
     bool track_other;    // bill plain malloc to "other" (jemalloc hooks, when available)
     bool keep_timeline;  // record every event (time, phase, site, category, bytes)
 } mp_options;
@@ -71,7 +75,10 @@ typedef struct {
     uint64_t bytes[MP_NCATEGORIES];
     uint64_t total;
     mp_phase phase;
-    uint32_t site; // the allocation that made this moment
+    // The tensor allocation that made this moment; when plain malloc made it (by_malloc), the
+    // last tensor allocated before it (0, "(none)", if there was none yet).
+    uint32_t site;
+    bool by_malloc;
     double seconds; // since mp_init
     size_t events;  // timeline events recorded up to and including this moment
 } mp_moment;
@@ -93,14 +100,17 @@ typedef struct {
     uint64_t untracked;
 } mp_process;
 
-// A failed allocation past the budget.
+// An allocation past the budget. A tensor's (mp_alloc) is refused before it is made: nothing is
+// counted, and a later allocation that fits still succeeds. Plain malloc's (category MP_OTHER,
+// site "malloc", seen by a hook once it happened) cannot be refused: the live total went past
+// the budget, this first one is recorded, and every later mp_alloc returns MP_ERR_BUDGET.
 typedef struct {
-    bool happened;
+    bool happened; // the run went past its budget, or asked to
     mp_category category;
     uint32_t site;
-    uint64_t requested;
+    uint64_t requested; // bytes asked (usable bytes for plain malloc)
     uint64_t budget;
-    mp_moment live; // what was live when it was refused
+    mp_moment live; // what was live just before it (live.site: the last tensor, for plain malloc)
 } mp_oom_record;
 
 // One entry of the timeline.
@@ -148,6 +158,8 @@ mp_counter mp_get_counter(mp_category c);
 uint64_t mp_live_total(void);
 mp_moment mp_peak(void); // the moment of the total peak, with its composition
 mp_phase_stats mp_get_phase_stats(mp_phase p);
+// Whether the run went over its budget, and how: mp_oom()->happened. The record is a copy taken
+// under the lock, valid until this thread's next call.
 const mp_oom_record *mp_oom(void);
 uint64_t mp_budget(void);
 // Forget the peaks (total, categories and phases) and start them again from what is live now.
@@ -162,7 +174,8 @@ bool mp_other_available(void); // whether "other" is really tracked (hooks insta
 // category before comparing, so a test can prove that a disagreement is seen; pass 0.
 mp_crosscheck mp_crosscheck_jemalloc(mp_category planted_cat, int64_t planted);
 
-// Timeline: events recorded so far (empty unless keep_timeline).
+// Timeline: events recorded so far (empty unless keep_timeline). An event, once recorded, never
+// moves or changes: its pointer stays valid until mp_shutdown.
 size_t mp_timeline_count(void);
 size_t mp_timeline_dropped(void); // events lost to out-of-memory (reported; 0 in any sane run)
 const mp_event *mp_timeline_get(size_t i);
@@ -179,7 +192,9 @@ size_t mp_sites_live_at(size_t events, mp_category cat, mp_site_bytes *out, size
 
 // Size parsing for --budget: "16GB", "500MiB", "1e9", "123". Returns false on bad input.
 bool mp_parse_bytes(const char *text, uint64_t *out);
-// "538.06 MB (538,060,032 bytes)" into buf.
+// The unit that reads at a glance, beside the exact count: GB from 10^9 bytes, MB from 10^6, kB
+// below (decimal units, MB = 10^6 bytes): "2.15 GB (2,152,240,128 bytes)",
+// "538.06 MB (538,060,032 bytes)", "4.10 kB (4,096 bytes)".
 const char *mp_format_bytes(char *buf, size_t n, uint64_t bytes);
 
 // Reports. The JSON report fills the keys "categories", "peak", "phases", "process",

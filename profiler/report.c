@@ -43,10 +43,11 @@ static const char *with_commas(char *buf, size_t n, uint64_t v) {
 
 const char *mp_format_bytes(char *buf, size_t n, uint64_t bytes) {
     char c[40];
-    if (bytes >= 10000000000ULL) // past 10 GB, MB figures stop being readable
-        snprintf(buf, n, "%.2f GB (%s bytes)", (double)bytes / 1e9, with_commas(c, sizeof c, bytes));
-    else
-        snprintf(buf, n, "%.2f MB (%s bytes)", (double)bytes / 1e6, with_commas(c, sizeof c, bytes));
+    // The unit follows the exact count (GB from 10^9 bytes), so a figure never names a unit the
+    // count beside it has not reached: 999,999 bytes is "1000.00 kB".
+    double scale = bytes >= 1000000000ULL ? 1e9 : bytes >= 1000000ULL ? 1e6 : 1e3;
+    const char *unit = bytes >= 1000000000ULL ? "GB" : bytes >= 1000000ULL ? "MB" : "kB";
+    snprintf(buf, n, "%.2f %s (%s bytes)", (double)bytes / scale, unit, with_commas(c, sizeof c, bytes));
     return buf;
 }
 
@@ -129,6 +130,8 @@ static json_t *oom_json(void) {
     if (r->happened) {
         json_object_set_new(o, "category", json_string(mp_category_name(r->category)));
         json_object_set_new(o, "site", json_string(mp_site_name(r->site)));
+        // Plain malloc names no tensor: the tensor allocated last before it.
+        if (r->category == MP_OTHER) json_object_set_new(o, "after_site", json_string(mp_site_name(r->live.site)));
         json_object_set_new(o, "requested_bytes", json_integer((json_int_t)r->requested));
         json_object_set_new(o, "phase", json_string(mp_phase_name(r->live.phase)));
         json_object_set_new(o, "live_bytes", json_integer((json_int_t)r->live.total));
@@ -145,6 +148,7 @@ int mp_report_json(json_t *root) {
     json_object_set_new(peak, "total_bytes", json_integer((json_int_t)pk.total));
     json_object_set_new(peak, "phase", json_string(mp_phase_name(pk.phase)));
     json_object_set_new(peak, "site", json_string(mp_site_name(pk.site)));
+    json_object_set_new(peak, "crossed_by_malloc", json_boolean(pk.by_malloc));
     json_object_set_new(peak, "seconds", json_real(pk.seconds));
     json_object_set_new(peak, "composition", composition_json(&pk));
     json_object_set_new(root, "peak", peak);
@@ -163,22 +167,46 @@ static void text_moment(FILE *f, const mp_moment *m) {
         if (m->bytes[c]) fprintf(f, "      %-11s %s\n", mp_category_name(c), mp_format_bytes(b, sizeof b, m->bytes[c]));
 }
 
+// What made a moment: the tensor site, or plain malloc after the last tensor.
+static const char *moment_cause(char *buf, size_t n, const mp_moment *m) {
+    if (!m->by_malloc) snprintf(buf, n, "%s", mp_site_name(m->site));
+    else if (m->site) snprintf(buf, n, "plain malloc (not a tensor), after %s", mp_site_name(m->site));
+    else snprintf(buf, n, "plain malloc (not a tensor), before any tensor");
+    return buf;
+}
+
+// Why "other" has no figures, when it has none.
+static const char *other_untracked_reason(void) {
+    if (mp_g.opt.meta) return "not tracked in meta mode (no data is allocated)";
+    if (!mp_g.opt.track_other) return "not tracked in this run";
+    if (strcmp(mp_backend(), "jemalloc") != 0) return "not tracked (the system allocator has no allocation hooks)";
+    return "not tracked (this jemalloc has no allocation hooks)";
+}
+
 void mp_report_text(FILE *f) {
     if (!mp_g.active) return;
-    char b[80], u[80];
-    fprintf(f, "  %-11s %-36s %-36s %s\n", "category", "peak (requested)", "peak (allocator size classes)", "allocations");
+    char b[80], u[80], why[400];
+    bool meta = mp_g.opt.meta; // shapes only: usable bytes would merely repeat the requested ones
+    if (meta)
+        fprintf(f, "  %-11s %-36s %s\n", "category", "peak (requested)", "allocations");
+    else
+        fprintf(f, "  %-11s %-36s %-36s %s\n", "category", "peak (requested)", "peak (allocator size classes)", "allocations");
     for (int c = 0; c < MP_NCATEGORIES; c++) {
         mp_counter k = mp_get_counter(c);
         if (c == MP_OTHER && !mp_other_available()) {
-            fprintf(f, "  %-11s not tracked (no allocation hooks in this build)\n", "other");
+            fprintf(f, "  %-11s %s\n", "other", other_untracked_reason());
             continue;
         }
-        fprintf(f, "  %-11s %-36s %-36s %llu\n", mp_category_name(c), mp_format_bytes(b, sizeof b, k.peak),
-                mp_format_bytes(u, sizeof u, k.peak_usable), (unsigned long long)k.allocations);
+        if (meta)
+            fprintf(f, "  %-11s %-36s %llu\n", mp_category_name(c), mp_format_bytes(b, sizeof b, k.peak),
+                    (unsigned long long)k.allocations);
+        else
+            fprintf(f, "  %-11s %-36s %-36s %llu\n", mp_category_name(c), mp_format_bytes(b, sizeof b, k.peak),
+                    mp_format_bytes(u, sizeof u, k.peak_usable), (unsigned long long)k.allocations);
     }
     mp_moment pk = mp_peak();
     fprintf(f, "\n  total peak  %s\n    when: phase %s, %.3f s into the run, allocating %s\n    held then:\n",
-            mp_format_bytes(b, sizeof b, pk.total), mp_phase_name(pk.phase), pk.seconds, mp_site_name(pk.site));
+            mp_format_bytes(b, sizeof b, pk.total), mp_phase_name(pk.phase), pk.seconds, moment_cause(why, sizeof why, &pk));
     text_moment(f, &pk);
     fprintf(f, "\n  %-10s %-36s %s\n", "phase", "peak", "seconds");
     for (int p = 0; p < MP_NPHASES; p++) {
@@ -187,13 +215,22 @@ void mp_report_text(FILE *f) {
         fprintf(f, "  %-10s %-36s %.4f\n", mp_phase_name(p), mp_format_bytes(b, sizeof b, s.peak), s.seconds);
     }
     mp_process pr = mp_process_peak();
-    fprintf(f, "\n  process peak RSS %s\n", mp_format_bytes(b, sizeof b, pr.hwm));
-    fprintf(f, "  jemalloc resident at most %s\n", mp_format_bytes(b, sizeof b, pr.jemalloc_resident));
-    fprintf(f, "  untracked (RSS jemalloc never saw: OpenBLAS buffers, code, stacks): up to %s\n",
-            mp_format_bytes(b, sizeof b, pr.untracked));
+    fprintf(f, "\n  process peak RSS %s%s\n", mp_format_bytes(b, sizeof b, pr.hwm),
+            meta ? " (this process: meta mode allocates no tensor data)" : "");
+    if (pr.jemalloc_resident) {
+        fprintf(f, "  jemalloc resident at most %s\n", mp_format_bytes(b, sizeof b, pr.jemalloc_resident));
+        // jemalloc's own definition (stats.resident): an upper bound, not a measurement.
+        fprintf(f, "    (an upper bound, so it can exceed RSS: it counts the pages of live allocations, dirty pages and"
+                   " metadata, touched or not)\n");
+        fprintf(f, "  untracked (RSS jemalloc never saw: OpenBLAS buffers, code, stacks): up to %s\n",
+                mp_format_bytes(b, sizeof b, pr.untracked));
+    }
     mp_crosscheck x = mp_crosscheck_jemalloc(MP_WEIGHT, 0);
-    if (!x.available) {
-        fprintf(f, "  jemalloc cross-check: not available (%s allocator)\n", mp_backend());
+    if (meta) {
+        fprintf(f, "  jemalloc cross-check: not applicable in meta mode (nothing is allocated)\n");
+    } else if (!x.available) {
+        fprintf(f, "  jemalloc cross-check: not available (%s)\n",
+                strcmp(mp_backend(), "jemalloc") == 0 ? "jemalloc built without statistics" : "system allocator");
     } else if (x.agrees) {
         fprintf(f, "  jemalloc cross-check: per-arena statistics agree with the profiler to the byte\n");
     } else {
@@ -205,7 +242,15 @@ void mp_report_text(FILE *f) {
     if (mp_timeline_dropped())
         fprintf(f, "  timeline: %zu events lost (out of memory while growing it)\n", mp_timeline_dropped());
     const mp_oom_record *r = mp_oom();
-    if (r->happened) {
+    if (r->happened && r->category == MP_OTHER) {
+        // Seen after the fact, it could not be refused: the run fails at its next tensor or its end.
+        fprintf(f, "\n  OUT OF BUDGET: other (plain malloc, not a tensor) took %s %s%s in phase %s, past the budget %s;"
+                   " live before it:\n",
+                mp_format_bytes(b, sizeof b, r->requested), r->live.site ? "after " : "before any tensor",
+                r->live.site ? mp_site_name(r->live.site) : "", mp_phase_name(r->live.phase),
+                mp_format_bytes(u, sizeof u, r->budget));
+        text_moment(f, &r->live);
+    } else if (r->happened) {
         fprintf(f, "\n  OUT OF BUDGET: %s asked for %s at %s in phase %s; budget %s; live then:\n",
                 mp_category_name(r->category), mp_format_bytes(b, sizeof b, r->requested), mp_site_name(r->site),
                 mp_phase_name(r->live.phase), mp_format_bytes(u, sizeof u, r->budget));

@@ -89,7 +89,10 @@ static void failed_json(const cli_options *o, cli_job *j, const char *msg) {
     json_object_set_new(e, "message", json_string(msg));
     if (oom->happened) {
         json_object_set_new(e, "category", json_string(mp_category_name(oom->category)));
-        json_object_set_new(e, "site", json_string(mp_site_name(oom->site)));
+        // A site names a tensor: for plain malloc, the tensor allocated last before it.
+        bool by_malloc = oom->category == MP_OTHER;
+        json_object_set_new(e, "site", json_string(mp_site_name(by_malloc ? oom->live.site : oom->site)));
+        if (by_malloc) json_object_set_new(e, "crossed_by_malloc", json_true());
         json_object_set_new(e, "bytes", json_integer((json_int_t)oom->requested));
         json_object_set_new(e, "live_bytes", json_integer((json_int_t)oom->live.total));
     }

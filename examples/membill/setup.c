@@ -52,6 +52,16 @@ bool cli_check_combinations(const cli_options *o) {
     return !bad;
 }
 
+int cli_budget_check(ag_err *err) {
+    const mp_oom_record *r = mp_oom();
+    if (!r->happened) return 0;
+    ag_err_set(err, "over the memory budget of %llu bytes: %s %s took %llu bytes in phase %s",
+               (unsigned long long)r->budget, r->category == MP_OTHER ? "plain malloc after" : "tensor",
+               r->category == MP_OTHER ? mp_site_name(r->live.site) : mp_site_name(r->site),
+               (unsigned long long)r->requested, mp_phase_name(r->live.phase));
+    return -1;
+}
+
 int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len, ag_err *err) {
     char cfg_from_weights[4096] = "";
     st_path[0] = 0;

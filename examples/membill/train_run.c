@@ -130,5 +130,6 @@ done:
     r->torn_down_clean = true;
     for (int c = 0; c < MP_OTHER; c++)
         if (mp_get_counter(c).live != 0) r->torn_down_clean = false;
+    if (rc == 0) rc = cli_budget_check(err);
     return rc;
 }

@@ -201,6 +201,35 @@ static void test_failed_run_report(void **state) {
     assert_non_null(strstr(r.out, "OUT OF BUDGET"));
 }
 
+// --budget is the total peak: exactly the peak passes, a byte less fails, in text and JSON.
+static void test_budget_is_the_peak(void **state) {
+    (void)state;
+    run_result r;
+    char a[1024];
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --steps 2 --json -", MEMBILL_GOLDEN_DIR);
+    membill(&r, a);
+    json_t *root = load_json(r.out);
+    long long peak = (long long)json_integer_value(json_object_get(json_object_get(root, "peak"), "total_bytes"));
+    json_decref(root);
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --steps 2 --budget %lldB --json -", MEMBILL_GOLDEN_DIR, peak);
+    membill(&r, a);
+    assert_int_equal(r.code, 0);
+    root = load_json(r.out);
+    assert_true(json_is_false(json_object_get(json_object_get(root, "budget"), "exceeded")));
+    json_decref(root);
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --steps 2 --budget %lldB --json -", MEMBILL_GOLDEN_DIR, peak - 1);
+    membill(&r, a);
+    assert_int_equal(r.code, 1);
+    assert_int_equal(count_lines(r.err), 1);
+    assert_non_null(strstr(r.err, "budget"));
+    root = load_json(r.out);
+    assert_true(json_is_true(json_object_get(json_object_get(root, "budget"), "exceeded")));
+    json_t *e = json_object_get(root, "error");
+    assert_non_null(e);
+    assert_string_not_equal(json_string_value(json_object_get(e, "site")), "malloc");
+    json_decref(root);
+}
+
 // A real run larger than this machine is refused from its meta bill, before anything runs.
 static void test_fit_refusal(void **state) {
     (void)state;
@@ -304,6 +333,7 @@ int main(void) {
         cmocka_unit_test(test_help_from_the_table),
         cmocka_unit_test(test_readme_lists_every_option),
         cmocka_unit_test(test_failed_run_report),
+        cmocka_unit_test(test_budget_is_the_peak),
         cmocka_unit_test(test_fit_refusal),
         cmocka_unit_test(test_progress_only_when_asked),
         cmocka_unit_test(test_steps_table),
