@@ -2,6 +2,7 @@
 #include "mp_internal.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -9,10 +10,14 @@
 #include <strings.h>
 
 bool mp_parse_bytes(const char *text, uint64_t *out) {
-    if (!text || !*text) return false;
+    // A number as people write it: digits, a point, an exponent; no sign, space or hex.
+    if (!text || !((*text >= '0' && *text <= '9') || *text == '.')) return false;
     char *end = NULL;
+    errno = 0;
     double v = strtod(text, &end);
-    if (end == text || !isfinite(v) || v < 0) return false;
+    if (end == text || errno == ERANGE || !isfinite(v) || v < 0) return false;
+    for (const char *p = text; p < end; p++)
+        if (!strchr("0123456789.eE+-", *p)) return false;
     while (*end == ' ') end++;
     static const struct { const char *unit; double mult; } units[] = {
         {"", 1}, {"b", 1}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
@@ -20,9 +25,10 @@ bool mp_parse_bytes(const char *text, uint64_t *out) {
         {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         if (strcasecmp(end, units[i].unit) == 0) {
-            double b = v * units[i].mult;
-            if (b >= 1.8e19) return false;
-            *out = (uint64_t)llround(b);
+            double b = nearbyint(v * units[i].mult);
+            // Whole bytes below 2^64; a positive size that rounds to nothing is a mistake.
+            if (b >= 18446744073709551616.0 || (b == 0 && v > 0)) return false;
+            *out = (uint64_t)b;
             return true;
         }
     }

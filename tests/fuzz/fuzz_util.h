@@ -21,17 +21,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
         }                                                                                      \
     } while (0)
 
-// MEMBILL_FUZZ_STRICT=1 also checks what is known to fail in code outside the module under
-// test, so that a finding can be replayed until it is fixed.
-static inline bool fz_strict(void) {
-    static int strict = -1;
-    if (strict < 0) {
-        const char *v = getenv("MEMBILL_FUZZ_STRICT");
-        strict = v && v[0] == '1';
-    }
-    return strict;
-}
-
 // A failure leaves one non-empty, printable line that starts with the name of the input.
 static inline void fz_check_message(const char *msg, const char *prefix) {
     size_t n = strlen(msg);

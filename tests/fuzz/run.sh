@@ -10,9 +10,6 @@
 #   JOBS=2 CC=clang-14 tests/fuzz/run.sh         build parallelism, compiler (default clang, else clang-14)
 #
 # New inputs that reach new code go to BUILD_DIR/fuzz-corpus/NAME/, never into the source tree.
-# tests/fuzz/known/NAME/ holds inputs that still break an invariant in code this project has not
-# fixed yet; the harness lets them pass unless MEMBILL_FUZZ_STRICT=1:
-#   MEMBILL_FUZZ_STRICT=1 BUILD_DIR/tests/fuzz/fuzz_NAME tests/fuzz/known/NAME/*
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"

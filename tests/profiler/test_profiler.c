@@ -266,6 +266,17 @@ static void test_parse_and_format_bytes(void **state) {
     assert_int_equal(v, 123);
     assert_false(mp_parse_bytes("abc", &v));
     assert_false(mp_parse_bytes("-5GB", &v));
+    // Strict: no space, sign or hex before the number, no fraction of a byte, no silent cap.
+    assert_false(mp_parse_bytes(" 1GB", &v));
+    assert_false(mp_parse_bytes("+1GB", &v));
+    assert_false(mp_parse_bytes("0x10", &v));
+    assert_false(mp_parse_bytes("0.4", &v));
+    assert_false(mp_parse_bytes("1e-400", &v));
+    assert_false(mp_parse_bytes("2e19", &v));
+    assert_true(mp_parse_bytes("1e19", &v));
+    assert_true(v == 10000000000000000000ULL);
+    assert_true(mp_parse_bytes("0", &v));
+    assert_int_equal(v, 0);
     assert_false(mp_parse_bytes("5 parsecs", &v));
     assert_false(mp_parse_bytes("1e30", &v));
     char buf[80];
