@@ -65,15 +65,13 @@ typedef struct {
 } ag_site;
 
 // ctx.c
-bool ag_fail(ag_ctx *ctx, ag_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-bool ag_check_inputs(ag_ctx *ctx, const char *op, const char *site, int n,
-                     ag_tensor *const *ins, const char *const *names);
+bool ag_fail(ag_ctx *ctx, ag_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+bool ag_check_inputs(ag_ctx *ctx, const char *op, const char *site, int n, ag_tensor *const *ins,
+                     const char *const *names);
 bool ag_tape_push(ag_ctx *ctx, ag_node *n);
 // "[2, 5, 8]" into buf, for error messages.
 const char *ag_shape_str(const ag_tensor *t, char buf[64]);
-bool ag_same_shape(ag_ctx *ctx, const char *op, const char *site, const ag_tensor *a,
-                   const ag_tensor *b);
+bool ag_same_shape(ag_ctx *ctx, const char *op, const char *site, const ag_tensor *a, const ag_tensor *b);
 
 // tensor.c
 ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, const char *label);
@@ -83,8 +81,7 @@ ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, cons
 bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label);
 // A tensor billed at float32 whatever the dtype: the statistics PyTorch's autocast keeps in
 // float32 (RMSNorm's rstd, the cross-entropy's log-sum-exp).
-ag_tensor *ag_tensor_new_f32(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
-                             const char *site);
+ag_tensor *ag_tensor_new_f32(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site);
 
 // site.c
 void ag_site_parse(ag_site *s, const char *site);
@@ -95,8 +92,8 @@ int ag_label(char *buf, const char *base, const char *suffix);
 bool ag_needs_grad(const ag_ctx *ctx, const ag_tensor *t);
 bool ag_any_needs_grad(const ag_ctx *ctx, int n, ag_tensor *const *ins);
 // Appends a node making `out` from the inputs; NULL with the error set if out of memory.
-ag_node *ag_record(ag_ctx *ctx, const char *op, const char *base, ag_tensor *out, int n,
-                   ag_tensor *const *ins, ag_backward_fn fn);
+ag_node *ag_record(ag_ctx *ctx, const char *op, const char *base, ag_tensor *out, int n, ag_tensor *const *ins,
+                   ag_backward_fn fn);
 // Keeps t (retained) in a fixed slot for backward; NULL leaves the slot empty.
 void ag_save(ag_node *n, int slot, ag_tensor *t);
 static inline bool ag_wants_grad(const ag_node *n, int i) { return n->in[i].kind != AG_EDGE_NONE; }
@@ -112,15 +109,13 @@ bool ag_grad_pass(ag_node *n, int i);
 
 // blas.c: cblas_sgemm, row-major, timed into ag_blas_stats; small products (attention at short
 // lengths, up to AG_SMALL_GEMM_MAX multiply-adds) run in blas.c's own loops on AVX-512 machines.
-void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
-              float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-              float *C, int64_t ldc);
+void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 // The small products alone, untimed, so that threads may run them at once: false (nothing done)
 // when the product is above AG_SMALL_GEMM_MAX, A is transposed with B, or the CPU lacks
 // AVX-512; the caller then uses ag_sgemm.
-bool ag_sgemm_small(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
-                    float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
-                    float beta, float *C, int64_t ldc);
+bool ag_sgemm_small(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 // Kernels for a linear with few rows (tokens): they stream the weight once per pass where
 // sgemm would pack it first. Available for 1 <= M <= AG_SKINNY_MAX_M on AVX-512 machines;
 // otherwise the caller uses ag_sgemm. Timed into ag_blas_stats as well.
@@ -134,12 +129,11 @@ bool ag_skinny_available(int64_t M);
 bool ag_skinny_forward_available(int64_t M);
 bool ag_has_avx512(void); // the CPU runs AVX-512F code (checked once)
 // y[M, N] = x[M, K] · w[N, K]ᵀ
-void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N,
-                       int64_t K);
+void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K);
 // dx[M, K] (+)= dy[M, N] · w[N, K] and dw[N, K] (+)= dy[M, N]ᵀ · x[M, K] in one sweep over w
 // and dw; a fresh destination is overwritten, otherwise accumulated into.
-void ag_skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw,
-                        int64_t M, int64_t N, int64_t K, bool dx_fresh, bool dw_fresh);
+void ag_skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw, int64_t M, int64_t N,
+                        int64_t K, bool dx_fresh, bool dw_fresh);
 
 // Loops are split over OpenMP threads only when long (tens of milliseconds serial). With the
 // pthread build of OpenBLAS, its worker threads keep spinning for a while after each sgemm;
@@ -159,8 +153,7 @@ void ag_blas_account(double t0, int calls, double flops);
 // scalar call, about five times slower. Cephes' expf: x = n ln2 + r, |r| <= ln2/2, e^r by a
 // degree-7 polynomial, then 2^n by scalef, which also gives inf, 0 and the subnormals where
 // expf does; NaN stays NaN. Within 2 ulp of expf (relative error < 2.4e-7).
-static inline AG_AVX512 __m512 ag_exp16(__m512 x)
-{
+static inline AG_AVX512 __m512 ag_exp16(__m512 x) {
     // Clamped only for r: beyond +-104 the result is inf or 0 whatever r is, and n keeps it so.
     __m512 xc = _mm512_min_ps(_mm512_set1_ps(104.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
@@ -178,8 +171,7 @@ static inline AG_AVX512 __m512 ag_exp16(__m512 x)
 }
 
 // Lanes [0, left) of a 16-lane step.
-static inline __mmask16 ag_mask16(int64_t left)
-{
+static inline __mmask16 ag_mask16(int64_t left) {
     return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
 }
 
@@ -190,15 +182,14 @@ static inline __mmask16 ag_lanes16(int64_t left) { return left <= 0 ? 0 : ag_mas
 
 // The sums of four vectors at once: 5 additions where four reductions would take 16 (the
 // additions share the multiply-add unit that bounds these kernels).
-AG_AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
-{
+AG_AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], then [a, b, c, d] partial sums.
     __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
     __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
     __m512 s = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+    __m256 h =
+        _mm256_add_ps(_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 #endif

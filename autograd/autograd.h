@@ -1,4 +1,5 @@
-// autograd: float32 tensors billed through the profiler (other dtypes billed in meta mode only), a tape of nodes, reverse-mode backward.
+// autograd: float32 tensors billed through the profiler (other dtypes billed in meta mode only), a tape of nodes,
+// reverse-mode backward.
 //
 // Tensors are contiguous and row-major, shapes in PyTorch order (shape[0] outermost). Their data
 // is one mp_block (NULL in meta mode: every op then allocates exactly as in a real run and skips
@@ -66,8 +67,8 @@ struct ag_tensor {
 };
 
 // Context: grad mode, the tape, a sticky error.
-ag_ctx *ag_ctx_new(void); // grad mode on; NULL if out of memory
-void ag_ctx_free(ag_ctx *ctx); // drops the tape (releasing what it saved)
+ag_ctx *ag_ctx_new(void);                       // grad mode on; NULL if out of memory
+void ag_ctx_free(ag_ctx *ctx);                  // drops the tape (releasing what it saved)
 bool ag_set_grad_enabled(ag_ctx *ctx, bool on); // returns the previous mode
 bool ag_is_grad_enabled(const ag_ctx *ctx);
 ag_status ag_ctx_status(const ag_ctx *ctx);
@@ -96,16 +97,14 @@ ag_meta_dtype ag_meta_dtype_f32(void);
 bool ag_ctx_set_meta_dtype(ag_ctx *ctx, const ag_meta_dtype *d);
 ag_meta_dtype ag_ctx_meta_dtype(const ag_ctx *ctx);
 // The bytes a tensor of this shape, category and label is billed under the context's dtype.
-uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
-                         const char *label);
+uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *label);
 
 // Tensors. New tensors hold one reference, owned by the caller; data is left uninitialised.
-ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
-                         const char *site);
+ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site);
 // A parameter: category weight, requires_grad, is_param, labelled with its name.
 ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name);
-ag_tensor *ag_retain(ag_tensor *t); // returns t
-void ag_release(ag_tensor *t);      // NULL is a no-op; a parameter's .grad goes with it
+ag_tensor *ag_retain(ag_tensor *t);  // returns t
+void ag_release(ag_tensor *t);       // NULL is a no-op; a parameter's .grad goes with it
 void ag_zero_grad(ag_tensor *param); // frees .grad (set to none, as PyTorch)
 const char *ag_tensor_name(const ag_tensor *t);
 
@@ -137,21 +136,19 @@ uint64_t ag_tape_saved_bytes(const ag_ctx *ctx);
 // y[..., out] = x[..., in] · w[out, in]ᵀ (nn.Linear without bias).
 ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w);
 // y[B, T, H] = table[ids[b*T + t]]; ids are copied.
-ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T,
-                        ag_tensor *table);
+ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T, ag_tensor *table);
 // y = x * rsqrt(mean(x², last dim) + eps) * w, as HF LlamaRMSNorm; x[..., H], w[H].
 ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps);
 // Rotary embedding (HF rotate_half) of x[B, T, nh*hd] at positions pos0 .. pos0+T-1.
-ag_tensor *ag_rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta,
-                   int64_t pos0);
+ag_tensor *ag_rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta, int64_t pos0);
 // The same with one position per row: pos[B*T] (copied), e.g. for left-padded batches.
-ag_tensor *ag_rope_positions(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd,
-                             float theta, const int32_t *pos);
+ag_tensor *ag_rope_positions(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta,
+                             const int32_t *pos);
 // Causal grouped-query attention, scale 1/sqrt(D): q[B, Tq, Hq*D], k and v [B, Tk, Hkv*D],
 // Hkv dividing Hq, Tk >= Tq (query i sits at position i + Tk - Tq); returns [B, Tq, Hq*D].
 // Eager: the softmax probabilities [B, Hq, Tq, Tk] are materialised (site "<prefix>:probs").
-ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v,
-                        int Hq, int Hkv, int D);
+ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                        int D);
 ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x);
 ag_tensor *ag_mul(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b); // same shapes
 ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b); // same shapes
@@ -186,8 +183,7 @@ typedef struct ag_kv_cache ag_kv_cache;
 // An empty cache (the chunk list itself is plain malloc). Chunks are billed to `cat` with the
 // labels "<site>:k_cache" and "<site>:v_cache" for MP_CACHE, "<site>:keys" and
 // "<site>:values" for any other category (a forward that keeps no cache). NULL on error.
-ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv,
-                             int D);
+ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv, int D);
 void ag_kv_cache_free(ag_kv_cache *c); // NULL is ignored; frees every chunk
 // Appends the keys and values of t new tokens, k and v [B, t, Hkv*D] (keys after RoPE), as
 // one chunk each. The inputs are copied: the caller may release them at once.
@@ -207,9 +203,8 @@ bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst);
 // key_mask[b * mask_ld + j] is 1 for a real token j of row b, 0 for a pad (mask_ld >= tokens;
 // NULL: every key real). A query that sees no key gets zeros. The probabilities
 // [B, Hq, Tq, tokens] ("<prefix>:probs") are a temporary freed before returning.
-ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q,
-                               const ag_kv_cache *cache, const int32_t *key_mask, int64_t mask_ld,
-                               int Hq);
+ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                               const int32_t *key_mask, int64_t mask_ld, int Hq);
 
 // ================================================================================================
 // Activation checkpointing (op_checkpoint.c)
@@ -229,5 +224,4 @@ typedef ag_tensor *(*ag_block_fn)(ag_ctx *ctx, const void *arg, ag_tensor *x);
 // arg (arg_size bytes, may be 0) is copied, so the caller may pass a local struct; what it
 // points to (parameters, config) must live until backward. With grad mode off this is fn(x).
 // With it on, y requires grad (the block's parameters are not known before backward).
-ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg,
-                         size_t arg_size, ag_tensor *x);
+ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg, size_t arg_size, ag_tensor *x);

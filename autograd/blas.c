@@ -9,8 +9,7 @@
 
 static ag_blas_stats stats;
 
-double ag_blas_clock(void)
-{
+double ag_blas_clock(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -24,10 +23,8 @@ double ag_blas_clock(void)
 // C not read when beta is 0, as BLAS.
 
 // op(B) = B, rows contiguous along N: C[i, j..j+63] accumulated over k.
-AG_AVX512 static void small_sgemm_nn(bool ta, int64_t M, int64_t N, int64_t K, float alpha,
-                                     const float *A, int64_t lda, const float *B, int64_t ldb,
-                                     float beta, float *C, int64_t ldc)
-{
+AG_AVX512 static void small_sgemm_nn(bool ta, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                                     const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j += 64) {
             __mmask16 mk[4];
@@ -46,45 +43,36 @@ AG_AVX512 static void small_sgemm_nn(bool ta, int64_t M, int64_t N, int64_t K, f
             for (int q = 0; q < 4; q++) {
                 __m512 r = _mm512_mul_ps(_mm512_set1_ps(alpha), acc[q]);
                 if (beta != 0.0f)
-                    r = _mm512_add_ps(r, _mm512_mul_ps(_mm512_set1_ps(beta),
-                                                       _mm512_maskz_loadu_ps(mk[q], c + 16 * q)));
+                    r = _mm512_add_ps(r, _mm512_mul_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(mk[q], c + 16 * q)));
                 _mm512_mask_storeu_ps(c + 16 * q, mk[q], r);
             }
         }
 }
 
 // op(A) = A and op(B) = Bᵀ: C[i, j] is a dot product of two rows, four columns at a time.
-AG_AVX512 static void small_sgemm_nt(int64_t M, int64_t N, int64_t K, float alpha,
-                                     const float *A, int64_t lda, const float *B, int64_t ldb,
-                                     float beta, float *C, int64_t ldc)
-{
+AG_AVX512 static void small_sgemm_nt(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                                     const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j += 4) {
             int nr = N - j < 4 ? (int)(N - j) : 4;
-            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                             _mm512_setzero_ps()};
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
             for (int64_t k = 0; k < K; k += 16) {
                 __mmask16 mk = ag_lanes16(K - k);
                 __m512 a = _mm512_maskz_loadu_ps(mk, A + i * lda + k);
                 for (int q = 0; q < nr; q++)
-                    acc[q] = _mm512_fmadd_ps(
-                        a, _mm512_maskz_loadu_ps(mk, B + (j + q) * ldb + k), acc[q]);
+                    acc[q] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(mk, B + (j + q) * ldb + k), acc[q]);
             }
             float sum[4];
             _mm_storeu_ps(sum, hsum4(acc[0], acc[1], acc[2], acc[3]));
             float *c = C + i * ldc + j;
-            for (int q = 0; q < nr; q++)
-                c[q] = beta != 0.0f ? alpha * sum[q] + beta * c[q] : alpha * sum[q];
+            for (int q = 0; q < nr; q++) c[q] = beta != 0.0f ? alpha * sum[q] + beta * c[q] : alpha * sum[q];
         }
 }
 
 // True when it did the product.
-static bool small_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N,
-                        int64_t K, float alpha, const float *A, int64_t lda, const float *B,
-                        int64_t ldb, float beta, float *C, int64_t ldc)
-{
-    if (M * N * K > AG_SMALL_GEMM_MAX || !ag_has_avx512())
-        return false;
+static bool small_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
+                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    if (M * N * K > AG_SMALL_GEMM_MAX || !ag_has_avx512()) return false;
     if (tb == CblasNoTrans)
         small_sgemm_nn(ta == CblasTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     else if (ta == CblasNoTrans)
@@ -94,36 +82,29 @@ static bool small_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64
     return true;
 }
 #else
-static bool small_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N,
-                        int64_t K, float alpha, const float *A, int64_t lda, const float *B,
-                        int64_t ldb, float beta, float *C, int64_t ldc)
-{
+static bool small_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
+                        const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     (void)ta, (void)tb, (void)M, (void)N, (void)K, (void)alpha, (void)A, (void)lda, (void)B;
     (void)ldb, (void)beta, (void)C, (void)ldc;
     return false;
 }
 #endif
 
-bool ag_sgemm_small(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
-                    float alpha, const float *A, int64_t lda, const float *B, int64_t ldb,
-                    float beta, float *C, int64_t ldc)
-{
+bool ag_sgemm_small(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     return small_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K,
-              float alpha, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
-              float *C, int64_t ldc)
-{
+void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+              int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     double t0 = ag_blas_clock();
     if (!small_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
-        cblas_sgemm(CblasRowMajor, ta, tb, (blasint)M, (blasint)N, (blasint)K, alpha, A,
-                    (blasint)lda, B, (blasint)ldb, beta, C, (blasint)ldc);
+        cblas_sgemm(CblasRowMajor, ta, tb, (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb,
+                    beta, C, (blasint)ldc);
     ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
 }
 
-void ag_blas_account(double t0, int calls, double flops)
-{
+void ag_blas_account(double t0, int calls, double flops) {
     stats.seconds += ag_blas_clock() - t0;
     stats.calls += (uint64_t)calls;
     stats.flops += flops;
@@ -133,11 +114,8 @@ ag_blas_stats ag_get_blas_stats(void) { return stats; }
 
 void ag_reset_blas_stats(void) { stats = (ag_blas_stats){0}; }
 
-void ag_set_num_threads(int n)
-{
-    if (n < 1)
-        return;
+void ag_set_num_threads(int n) {
+    if (n < 1) return;
     openblas_set_num_threads(n);
     omp_set_num_threads(n);
 }
-

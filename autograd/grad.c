@@ -3,36 +3,30 @@
 
 #include "ag_internal.h"
 
-static bool leaf_grad(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst)
-{
+static bool leaf_grad(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
     if (!leaf->grad) {
         char label[AG_LABEL_MAX];
         ag_label(label, ag_tensor_name(leaf), "grad");
         leaf->grad = ag_tensor_like(ctx, leaf, MP_GRADIENT, label);
-        if (!leaf->grad)
-            return false;
+        if (!leaf->grad) return false;
         dst->fresh = true;
     }
     dst->data = leaf->grad->data;
     return true;
 }
 
-static bool node_grad(ag_ctx *ctx, ag_node *node, ag_grad_dst *dst)
-{
+static bool node_grad(ag_ctx *ctx, ag_node *node, ag_grad_dst *dst) {
     if (node->grad.bytes == 0) {
         char label[AG_LABEL_MAX];
         ag_label(label, mp_site_name(node->site), "grad");
-        if (!ag_alloc_block(ctx, &node->grad, (size_t)node->numel * sizeof(float),
-                            MP_ACTIVATION, label))
-            return false;
+        if (!ag_alloc_block(ctx, &node->grad, (size_t)node->numel * sizeof(float), MP_ACTIVATION, label)) return false;
         dst->fresh = true;
     }
     dst->data = node->grad.data;
     return true;
 }
 
-bool ag_grad_get(ag_ctx *ctx, ag_node *n, int i, ag_grad_dst *dst)
-{
+bool ag_grad_get(ag_ctx *ctx, ag_node *n, int i, ag_grad_dst *dst) {
     *dst = (ag_grad_dst){0};
     switch (n->in[i].kind) {
     case AG_EDGE_NODE: dst->needed = true; return node_grad(ctx, n->in[i].node, dst);
@@ -41,25 +35,19 @@ bool ag_grad_get(ag_ctx *ctx, ag_node *n, int i, ag_grad_dst *dst)
     }
 }
 
-static bool same_target(const ag_edge *a, const ag_edge *b)
-{
-    return a->kind != AG_EDGE_NONE && a->kind == b->kind && a->node == b->node &&
-           a->leaf == b->leaf;
+static bool same_target(const ag_edge *a, const ag_edge *b) {
+    return a->kind != AG_EDGE_NONE && a->kind == b->kind && a->node == b->node && a->leaf == b->leaf;
 }
 
-bool ag_grad_get_all(ag_ctx *ctx, ag_node *n, ag_grad_dst *dst)
-{
+bool ag_grad_get_all(ag_ctx *ctx, ag_node *n, ag_grad_dst *dst) {
     for (int i = 0; i < n->ninputs; i++)
-        if (!ag_grad_get(ctx, n, i, &dst[i]))
-            return false;
+        if (!ag_grad_get(ctx, n, i, &dst[i])) return false;
     // Two inputs with one target (mul(a, a)): the buffer is zeroed once and both accumulate.
     for (int i = 0; i < n->ninputs; i++)
         for (int j = i + 1; j < n->ninputs; j++) {
-            if (!same_target(&n->in[i], &n->in[j]))
-                continue;
+            if (!same_target(&n->in[i], &n->in[j])) continue;
             if (dst[i].fresh && dst[i].data) {
-                int64_t numel = n->in[i].kind == AG_EDGE_NODE ? n->in[i].node->numel
-                                                               : n->in[i].leaf->numel;
+                int64_t numel = n->in[i].kind == AG_EDGE_NODE ? n->in[i].node->numel : n->in[i].leaf->numel;
                 memset(dst[i].data, 0, (size_t)numel * sizeof(float));
             }
             dst[i].fresh = dst[j].fresh = false;
@@ -67,13 +55,10 @@ bool ag_grad_get_all(ag_ctx *ctx, ag_node *n, ag_grad_dst *dst)
     return true;
 }
 
-bool ag_grad_pass(ag_node *n, int i)
-{
-    if (n->in[i].kind != AG_EDGE_NODE)
-        return false;
+bool ag_grad_pass(ag_node *n, int i) {
+    if (n->in[i].kind != AG_EDGE_NODE) return false;
     ag_node *to = n->in[i].node;
-    if (to->grad.bytes != 0 || to->numel != n->numel || n->grad.bytes == 0)
-        return false;
+    if (to->grad.bytes != 0 || to->numel != n->numel || n->grad.bytes == 0) return false;
     to->grad = n->grad;
     n->grad = (mp_block){0};
     return true;
@@ -81,12 +66,10 @@ bool ag_grad_pass(ag_node *n, int i)
 
 // Runs every node above floor, newest first; a node nothing wrote a gradient to is skipped. Each node is
 // freed right after its backward, taking its saved tensors and its output gradient with it.
-ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor)
-{
+ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor) {
     while (ctx->ntape > floor) {
         ag_node *n = ctx->tape[--ctx->ntape];
-        if (n->grad.bytes != 0 && ctx->status == AG_OK)
-            n->backward(ctx, n, n->grad.data);
+        if (n->grad.bytes != 0 && ctx->status == AG_OK) n->backward(ctx, n, n->grad.data);
         ag_node_free(n);
     }
     return ctx->status;
@@ -94,50 +77,39 @@ ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor)
 
 // Allocates the gradient of `out` for the caller to fill. On any error the tape is dropped, so
 // that a failed step still gives its memory back.
-static ag_status seed(ag_ctx *ctx, ag_tensor *out)
-{
-    if (ctx->status == AG_OK && !out)
-        ag_fail(ctx, AG_ERR_ARG, "backward: the output tensor is NULL");
+static ag_status seed(ag_ctx *ctx, ag_tensor *out) {
+    if (ctx->status == AG_OK && !out) ag_fail(ctx, AG_ERR_ARG, "backward: the output tensor is NULL");
     if (ctx->status == AG_OK && !out->node)
         ag_fail(ctx, AG_ERR_STATE,
                 "backward: %s has no graph (made in no-grad mode, from inputs needing no "
-                "gradient, or backward already ran)", ag_tensor_name(out));
+                "gradient, or backward already ran)",
+                ag_tensor_name(out));
     ag_grad_dst d;
-    if (ctx->status == AG_OK)
-        node_grad(ctx, out->node, &d);
-    if (ctx->status != AG_OK)
-        ag_tape_clear(ctx);
+    if (ctx->status == AG_OK) node_grad(ctx, out->node, &d);
+    if (ctx->status != AG_OK) ag_tape_clear(ctx);
     return ctx->status;
 }
 
-ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss)
-{
-    if (!ctx)
-        return AG_ERR_ARG;
+ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss) {
+    if (!ctx) return AG_ERR_ARG;
     if (ctx->status == AG_OK && loss && loss->numel != 1)
-        ag_fail(ctx, AG_ERR_SHAPE, "backward: %s has %lld elements, expected a scalar loss",
-                ag_tensor_name(loss), (long long)loss->numel);
+        ag_fail(ctx, AG_ERR_SHAPE, "backward: %s has %lld elements, expected a scalar loss", ag_tensor_name(loss),
+                (long long)loss->numel);
     ag_status st = seed(ctx, loss);
-    if (st != AG_OK)
-        return st;
+    if (st != AG_OK) return st;
     float *g = loss->node->grad.data;
-    if (g)
-        g[0] = 1.0f;
+    if (g) g[0] = 1.0f;
     return ag_run_tape_to(ctx, 0);
 }
 
-ag_status ag_backward_grad(ag_ctx *ctx, ag_tensor *out, const ag_tensor *grad)
-{
-    if (!ctx)
-        return AG_ERR_ARG;
+ag_status ag_backward_grad(ag_ctx *ctx, ag_tensor *out, const ag_tensor *grad) {
+    if (!ctx) return AG_ERR_ARG;
     if (ctx->status == AG_OK && out && (!grad || grad->numel != out->numel))
-        ag_fail(ctx, AG_ERR_SHAPE, "backward: the gradient of %s must have %lld elements",
-                ag_tensor_name(out), (long long)out->numel);
+        ag_fail(ctx, AG_ERR_SHAPE, "backward: the gradient of %s must have %lld elements", ag_tensor_name(out),
+                (long long)out->numel);
     ag_status st = seed(ctx, out);
-    if (st != AG_OK)
-        return st;
+    if (st != AG_OK) return st;
     float *g = out->node->grad.data;
-    if (g && grad->data)
-        memcpy(g, grad->data, (size_t)out->numel * sizeof(float));
+    if (g && grad->data) memcpy(g, grad->data, (size_t)out->numel * sizeof(float));
     return ag_run_tape_to(ctx, 0);
 }

@@ -3,31 +3,23 @@
 
 #include "ag_internal.h"
 
-bool ag_needs_grad(const ag_ctx *ctx, const ag_tensor *t)
-{
-    return ctx->grad_enabled && (t->node || t->requires_grad);
-}
+bool ag_needs_grad(const ag_ctx *ctx, const ag_tensor *t) { return ctx->grad_enabled && (t->node || t->requires_grad); }
 
-bool ag_any_needs_grad(const ag_ctx *ctx, int n, ag_tensor *const *ins)
-{
+bool ag_any_needs_grad(const ag_ctx *ctx, int n, ag_tensor *const *ins) {
     for (int i = 0; i < n; i++)
-        if (ag_needs_grad(ctx, ins[i]))
-            return true;
+        if (ag_needs_grad(ctx, ins[i])) return true;
     return false;
 }
 
-static ag_edge edge_to(ag_tensor *t)
-{
-    if (t->node)
-        return (ag_edge){.kind = AG_EDGE_NODE, .node = t->node};
+static ag_edge edge_to(ag_tensor *t) {
+    if (t->node) return (ag_edge){.kind = AG_EDGE_NODE, .node = t->node};
     if (t->requires_grad) // a leaf: keep it alive until its gradient was written
         return (ag_edge){.kind = AG_EDGE_LEAF, .leaf = ag_retain(t)};
     return (ag_edge){.kind = AG_EDGE_NONE};
 }
 
-ag_node *ag_record(ag_ctx *ctx, const char *op, const char *base, ag_tensor *out, int n,
-                   ag_tensor *const *ins, ag_backward_fn fn)
-{
+ag_node *ag_record(ag_ctx *ctx, const char *op, const char *base, ag_tensor *out, int n, ag_tensor *const *ins,
+                   ag_backward_fn fn) {
     ag_node *node = calloc(1, sizeof *node);
     if (!node) {
         ag_fail(ctx, AG_ERR_NOMEM, "%s %s: out of memory for its tape node", op, base);
@@ -37,8 +29,7 @@ ag_node *ag_record(ag_ctx *ctx, const char *op, const char *base, ag_tensor *out
     node->site = mp_site_id(base);
     node->backward = fn;
     node->ninputs = n;
-    for (int i = 0; i < n; i++)
-        node->in[i] = edge_to(ins[i]);
+    for (int i = 0; i < n; i++) node->in[i] = edge_to(ins[i]);
     node->numel = out->numel;
     if (!ag_tape_push(ctx, node)) {
         ag_node_free(node);
@@ -50,20 +41,15 @@ ag_node *ag_record(ag_ctx *ctx, const char *op, const char *base, ag_tensor *out
     return node;
 }
 
-void ag_save(ag_node *n, int slot, ag_tensor *t)
-{
+void ag_save(ag_node *n, int slot, ag_tensor *t) {
     n->saved[slot] = ag_retain(t);
-    if (t && slot >= n->nsaved)
-        n->nsaved = slot + 1;
+    if (t && slot >= n->nsaved) n->nsaved = slot + 1;
 }
 
-void ag_node_free(ag_node *n)
-{
-    for (int i = 0; i < n->nsaved; i++)
-        ag_release(n->saved[i]);
+void ag_node_free(ag_node *n) {
+    for (int i = 0; i < n->nsaved; i++) ag_release(n->saved[i]);
     for (int i = 0; i < n->ninputs; i++)
-        if (n->in[i].kind == AG_EDGE_LEAF)
-            ag_release(n->in[i].leaf);
+        if (n->in[i].kind == AG_EDGE_LEAF) ag_release(n->in[i].leaf);
     mp_free(&n->grad);
     if (n->out) { // the output outlives its graph: it is a constant from now on
         n->out->node = NULL;
@@ -74,41 +60,33 @@ void ag_node_free(ag_node *n)
     free(n);
 }
 
-bool ag_tape_node(const ag_ctx *ctx, size_t i, ag_node_info *info)
-{
-    if (i >= ctx->ntape)
-        return false;
+bool ag_tape_node(const ag_ctx *ctx, size_t i, ag_node_info *info) {
+    if (i >= ctx->ntape) return false;
     const ag_node *n = ctx->tape[i];
     *info = (ag_node_info){.op = n->op, .site = mp_site_name(n->site)};
     for (int j = 0; j < n->nsaved; j++) {
         const ag_tensor *t = n->saved[j];
-        if (!t)
-            continue;
+        if (!t) continue;
         info->saved[info->nsaved++] = t;
-        if (t->block.category == MP_ACTIVATION)
-            info->saved_bytes += t->block.bytes;
+        if (t->block.category == MP_ACTIVATION) info->saved_bytes += t->block.bytes;
     }
     return true;
 }
 
 // Whether t is saved by an earlier slot than (node i, slot j): shared tensors count once.
-static bool saved_before(const ag_ctx *ctx, const ag_tensor *t, size_t i, int j)
-{
+static bool saved_before(const ag_ctx *ctx, const ag_tensor *t, size_t i, int j) {
     for (size_t a = 0; a <= i; a++)
         for (int b = 0; b < (a == i ? j : ctx->tape[a]->nsaved); b++)
-            if (ctx->tape[a]->saved[b] == t)
-                return true;
+            if (ctx->tape[a]->saved[b] == t) return true;
     return false;
 }
 
-uint64_t ag_tape_saved_bytes(const ag_ctx *ctx)
-{
+uint64_t ag_tape_saved_bytes(const ag_ctx *ctx) {
     uint64_t bytes = 0;
     for (size_t i = 0; i < ctx->ntape; i++)
         for (int j = 0; j < ctx->tape[i]->nsaved; j++) {
             const ag_tensor *t = ctx->tape[i]->saved[j];
-            if (t && t->block.category == MP_ACTIVATION && !saved_before(ctx, t, i, j))
-                bytes += t->block.bytes;
+            if (t && t->block.category == MP_ACTIVATION && !saved_before(ctx, t, i, j)) bytes += t->block.bytes;
         }
     return bytes;
 }

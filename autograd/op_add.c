@@ -3,51 +3,39 @@
 
 #include "ag_internal.h"
 
-static void add_into(float *dst, bool fresh, const float *g, int64_t n)
-{
+static void add_into(float *dst, bool fresh, const float *g, int64_t n) {
     if (fresh) {
         memcpy(dst, g, (size_t)n * sizeof(float));
         return;
     }
 #pragma omp parallel for if (n >= AG_OMP_MIN)
-    for (int64_t i = 0; i < n; i++)
-        dst[i] += g[i];
+    for (int64_t i = 0; i < n; i++) dst[i] += g[i];
 }
 
 // Saves nothing: both gradients are dy. b's is written first; a then takes over dy's buffer
 // itself when its gradient does not exist yet (as PyTorch passes the same tensor on), which
 // spares a copy and a buffer on every residual connection.
-static void add_backward(ag_ctx *ctx, ag_node *n, const float *dy)
-{
+static void add_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     ag_grad_dst d;
-    if (!ag_grad_get(ctx, n, 1, &d))
-        return;
-    if (d.needed && !mp_is_meta())
-        add_into(d.data, d.fresh, dy, n->numel);
-    if (ag_grad_pass(n, 0) || !ag_grad_get(ctx, n, 0, &d))
-        return;
-    if (d.needed && !mp_is_meta())
-        add_into(d.data, d.fresh, dy, n->numel);
+    if (!ag_grad_get(ctx, n, 1, &d)) return;
+    if (d.needed && !mp_is_meta()) add_into(d.data, d.fresh, dy, n->numel);
+    if (ag_grad_pass(n, 0) || !ag_grad_get(ctx, n, 0, &d)) return;
+    if (d.needed && !mp_is_meta()) add_into(d.data, d.fresh, dy, n->numel);
 }
 
-ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b)
-{
+ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b) {
     ag_tensor *ins[] = {a, b};
-    if (!ag_check_inputs(ctx, "add", site, 2, ins, (const char *[]){"a", "b"}))
-        return NULL;
+    if (!ag_check_inputs(ctx, "add", site, 2, ins, (const char *[]){"a", "b"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
-    if (!ag_same_shape(ctx, "add", s.base, a, b))
-        return NULL;
+    if (!ag_same_shape(ctx, "add", s.base, a, b)) return NULL;
     ag_tensor *y = ag_tensor_like(ctx, a, MP_ACTIVATION, s.out);
-    if (!y)
-        return NULL;
+    if (!y) return NULL;
     if (!mp_is_meta()) {
         const float *ad = a->data, *bd = b->data;
         float *yd = y->data;
 #pragma omp parallel for if (a->numel >= AG_OMP_MIN)
-        for (int64_t i = 0; i < a->numel; i++)
-            yd[i] = ad[i] + bd[i];
+        for (int64_t i = 0; i < a->numel; i++) yd[i] = ad[i] + bd[i];
     }
     if (ag_any_needs_grad(ctx, 2, ins) && !ag_record(ctx, "add", s.base, y, 2, ins, add_backward)) {
         ag_release(y);

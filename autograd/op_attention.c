@@ -19,66 +19,56 @@ typedef struct {
 #define PH(base, a, b, h) ((base) + ((b) * (a).Hq + (h)) * (a).Tq * (a).Tk)
 
 // In place over one row of scores (query i): causal softmax; masked entries become zeros.
-static void causal_softmax_row(float *row, int64_t i, const att_dims *a)
-{
+static void causal_softmax_row(float *row, int64_t i, const att_dims *a) {
     int64_t n = i + a->Tk - a->Tq + 1; // keys 0 .. i + Tk - Tq are visible
     float mx = row[0];
-    for (int64_t j = 1; j < n; j++)
-        mx = row[j] > mx ? row[j] : mx;
+    for (int64_t j = 1; j < n; j++) mx = row[j] > mx ? row[j] : mx;
     double sum = 0.0;
     for (int64_t j = 0; j < n; j++) {
         row[j] = expf(row[j] - mx);
         sum += row[j];
     }
     float inv = (float)(1.0 / sum);
-    for (int64_t j = 0; j < n; j++)
-        row[j] *= inv;
-    for (int64_t j = n; j < a->Tk; j++)
-        row[j] = 0.0f;
+    for (int64_t j = 0; j < n; j++) row[j] *= inv;
+    for (int64_t j = n; j < a->Tk; j++) row[j] = 0.0f;
 }
 
 // Three phases rather than one pass per head: OpenMP's and OpenBLAS's thread pools then hand
 // the cores over twice per call instead of twice per head.
-static void attention_forward(float *o, float *probs, const float *q, const float *k,
-                              const float *v, const att_dims *a)
-{
+static void attention_forward(float *o, float *probs, const float *q, const float *k, const float *v,
+                              const att_dims *a) {
     int rep = a->Hq / a->Hkv;
     int64_t ldq = (int64_t)a->Hq * a->D, ldk = (int64_t)a->Hkv * a->D;
     float scale = 1.0f / sqrtf((float)a->D);
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
-            ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, scale, QH(q, *a, b, h), ldq,
-                     KH(k, *a, b, h / rep), ldk, 0.0f, PH(probs, *a, b, h), a->Tk);
+            ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, scale, QH(q, *a, b, h), ldq, KH(k, *a, b, h / rep),
+                     ldk, 0.0f, PH(probs, *a, b, h), a->Tk);
     int64_t rows = a->B * a->Hq * a->Tq;
 #pragma omp parallel for if (rows * a->Tk >= AG_OMP_MIN_EXP)
-    for (int64_t r = 0; r < rows; r++)
-        causal_softmax_row(probs + r * a->Tk, r % a->Tq, a);
+    for (int64_t r = 0; r < rows; r++) causal_softmax_row(probs + r * a->Tk, r % a->Tq, a);
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
-            ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, PH(probs, *a, b, h),
-                     a->Tk, KH(v, *a, b, h / rep), ldk, 0.0f, QH(o, *a, b, h), ldq);
+            ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, PH(probs, *a, b, h), a->Tk,
+                     KH(v, *a, b, h / rep), ldk, 0.0f, QH(o, *a, b, h), ldq);
 }
 
 // In place: dP -> dS = P ∘ (dP - rowsum(P ∘ dP)), the softmax backward. Serial: it sits
 // between sgemm calls, where an OpenMP region would wait for cores OpenBLAS still spins on.
-static void softmax_backward(float *dp, const float *p, const att_dims *a)
-{
+static void softmax_backward(float *dp, const float *p, const att_dims *a) {
     for (int64_t i = 0; i < a->Tq; i++) {
         float *g = dp + i * a->Tk;
         const float *pr = p + i * a->Tk;
         double dot = 0.0;
-        for (int64_t j = 0; j < a->Tk; j++)
-            dot += (double)pr[j] * g[j];
-        for (int64_t j = 0; j < a->Tk; j++)
-            g[j] = pr[j] * (g[j] - (float)dot);
+        for (int64_t j = 0; j < a->Tk; j++) dot += (double)pr[j] * g[j];
+        for (int64_t j = 0; j < a->Tk; j++) g[j] = pr[j] * (g[j] - (float)dot);
     }
 }
 
 // One (batch, head): dV += Pᵀ dO; dP = dO Vᵀ; dS; dQ = dS K / sqrt(D); dK += dSᵀ Q / sqrt(D).
 // dK and dV sum over the query heads of a group: the group's first head writes, if fresh.
-static void attention_head_backward(const ag_grad_dst *d, const float *dout, float *dp,
-                                    ag_node *n, const att_dims *a, int64_t b, int h)
-{
+static void attention_head_backward(const ag_grad_dst *d, const float *dout, float *dp, ag_node *n, const att_dims *a,
+                                    int64_t b, int h) {
     int rep = a->Hq / a->Hkv, g = h / rep;
     int64_t ldq = (int64_t)a->Hq * a->D, ldk = (int64_t)a->Hkv * a->D;
     float scale = 1.0f / sqrtf((float)a->D);
@@ -87,78 +77,65 @@ static void attention_head_backward(const ag_grad_dst *d, const float *dout, flo
     if (d[2].needed)
         ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, p, a->Tk, dO, ldq,
                  first && d[2].fresh ? 0.0f : 1.0f, KH(d[2].data, *a, b, g), ldk);
-    if (!d[0].needed && !d[1].needed)
-        return;
-    ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldq,
-             KH(n->saved[SAVED_V]->data, *a, b, g), ldk, 0.0f, dp, a->Tk);
+    if (!d[0].needed && !d[1].needed) return;
+    ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldq, KH(n->saved[SAVED_V]->data, *a, b, g), ldk,
+             0.0f, dp, a->Tk);
     softmax_backward(dp, p, a);
     if (d[0].needed)
         ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, scale, dp, a->Tk,
-                 KH(n->saved[SAVED_K]->data, *a, b, g), ldk, d[0].fresh ? 0.0f : 1.0f,
-                 QH(d[0].data, *a, b, h), ldq);
+                 KH(n->saved[SAVED_K]->data, *a, b, g), ldk, d[0].fresh ? 0.0f : 1.0f, QH(d[0].data, *a, b, h), ldq);
     if (d[1].needed)
-        ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, scale, dp, a->Tk,
-                 QH(n->saved[SAVED_Q]->data, *a, b, h), ldq, first && d[1].fresh ? 0.0f : 1.0f,
-                 KH(d[1].data, *a, b, g), ldk);
+        ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, scale, dp, a->Tk, QH(n->saved[SAVED_Q]->data, *a, b, h),
+                 ldq, first && d[1].fresh ? 0.0f : 1.0f, KH(d[1].data, *a, b, g), ldk);
 }
 
 // Backward needs P for dV and for the softmax backward; V for dP (when q or k wants a
 // gradient); K for dQ; Q for dK. Recomputing P would cost the forward's QKᵀ again: eager
 // attention keeps it, which is why its memory grows with the square of the length.
-static void attention_backward(ag_ctx *ctx, ag_node *n, const float *dout)
-{
+static void attention_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
     att_dims a = {n->p[0], n->p[1], n->p[2], (int)n->p[3], (int)n->p[4], (int)n->p[5]};
     ag_grad_dst d[3];
-    if (!ag_grad_get_all(ctx, n, d))
-        return;
+    if (!ag_grad_get_all(ctx, n, d)) return;
     mp_block dp = {0}; // dP of one head, reused across heads
     char label[AG_LABEL_MAX];
     ag_label(label, mp_site_name(n->site), "dprobs");
     bool need_dp = d[0].needed || d[1].needed;
-    if (need_dp && !ag_alloc_block(ctx, &dp, (size_t)(a.Tq * a.Tk) * sizeof(float),
-                                   MP_ACTIVATION, label))
-        return;
+    if (need_dp && !ag_alloc_block(ctx, &dp, (size_t)(a.Tq * a.Tk) * sizeof(float), MP_ACTIVATION, label)) return;
     if (!mp_is_meta())
         for (int64_t b = 0; b < a.B; b++)
-            for (int h = 0; h < a.Hq; h++)
-                attention_head_backward(d, dout, dp.data, n, &a, b, h);
+            for (int h = 0; h < a.Hq; h++) attention_head_backward(d, dout, dp.data, n, &a, b, h);
     mp_free(&dp);
 }
 
-static bool attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q,
-                             const ag_tensor *k, const ag_tensor *v, int Hq, int Hkv, int D)
-{
+static bool attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, const ag_tensor *k, const ag_tensor *v,
+                             int Hq, int Hkv, int D) {
     char sq[64], sk[64], sv[64];
-    bool ok = Hq >= 1 && Hkv >= 1 && D >= 1 && Hq % Hkv == 0 && q->ndim == 3 && k->ndim == 3 &&
-              v->ndim == 3 && q->shape[2] == (int64_t)Hq * D && k->shape[2] == (int64_t)Hkv * D &&
-              v->shape[0] == k->shape[0] && v->shape[1] == k->shape[1] &&
-              v->shape[2] == k->shape[2] && q->shape[0] == k->shape[0] &&
+    bool ok = Hq >= 1 && Hkv >= 1 && D >= 1 && Hq % Hkv == 0 && q->ndim == 3 && k->ndim == 3 && v->ndim == 3 &&
+              q->shape[2] == (int64_t)Hq * D && k->shape[2] == (int64_t)Hkv * D && v->shape[0] == k->shape[0] &&
+              v->shape[1] == k->shape[1] && v->shape[2] == k->shape[2] && q->shape[0] == k->shape[0] &&
               k->shape[1] >= q->shape[1];
     if (!ok)
-        ag_fail(ctx, AG_ERR_SHAPE, "attention %s: q %s, k %s, v %s do not fit %d query heads, "
+        ag_fail(ctx, AG_ERR_SHAPE,
+                "attention %s: q %s, k %s, v %s do not fit %d query heads, "
                 "%d key-value heads of dimension %d (expected q[B, Tq, %lld], k and v "
-                "[B, Tk, %lld], Tk >= Tq, key-value heads dividing query heads)", base,
-                ag_shape_str(q, sq), ag_shape_str(k, sk), ag_shape_str(v, sv), Hq, Hkv, D,
-                (long long)Hq * D, (long long)Hkv * D);
+                "[B, Tk, %lld], Tk >= Tq, key-value heads dividing query heads)",
+                base, ag_shape_str(q, sq), ag_shape_str(k, sk), ag_shape_str(v, sv), Hq, Hkv, D, (long long)Hq * D,
+                (long long)Hkv * D);
     return ok;
 }
 
-ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v,
-                        int Hq, int Hkv, int D)
-{
+ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                        int D) {
     ag_tensor *ins[] = {q, k, v};
-    if (!ag_check_inputs(ctx, "attention", site, 3, ins, (const char *[]){"q", "k", "v"}))
-        return NULL;
+    if (!ag_check_inputs(ctx, "attention", site, 3, ins, (const char *[]){"q", "k", "v"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
-    if (!attention_shapes(ctx, s.base, q, k, v, Hq, Hkv, D))
-        return NULL;
+    if (!attention_shapes(ctx, s.base, q, k, v, Hq, Hkv, D)) return NULL;
     att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D};
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);
-    ag_tensor *probs = ag_tensor_new(ctx, 4, (int64_t[]){a.B, Hq, a.Tq, a.Tk}, MP_ACTIVATION,
-                                     label);
+    ag_tensor *probs = ag_tensor_new(ctx, 4, (int64_t[]){a.B, Hq, a.Tq, a.Tk}, MP_ACTIVATION, label);
     ag_node *n = NULL;
     if (o && probs && ag_any_needs_grad(ctx, 3, ins))
         n = ag_record(ctx, "attention", s.base, o, 3, ins, attention_backward);
@@ -167,8 +144,7 @@ ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *
         ag_release(o);
         return NULL;
     }
-    if (!mp_is_meta())
-        attention_forward(o->data, probs->data, q->data, k->data, v->data, &a);
+    if (!mp_is_meta()) attention_forward(o->data, probs->data, q->data, k->data, v->data, &a);
     if (n) {
         n->p[0] = a.B, n->p[1] = a.Tq, n->p[2] = a.Tk, n->p[3] = Hq, n->p[4] = Hkv, n->p[5] = D;
         bool dq = ag_wants_grad(n, 0), dk = ag_wants_grad(n, 1);

@@ -32,25 +32,24 @@ struct ag_kv_cache {
 // The cache
 
 // Nothing here records a node: in grad mode a caller would silently get no gradient.
-static bool no_grad(ag_ctx *ctx, const char *op, const char *base)
-{
-    if (!ctx->grad_enabled)
-        return true;
-    return ag_fail(ctx, AG_ERR_STATE, "%s %s: inference only, turn grad mode off first "
-                   "(ag_set_grad_enabled(ctx, false))", op, base);
+static bool no_grad(ag_ctx *ctx, const char *op, const char *base) {
+    if (!ctx->grad_enabled) return true;
+    return ag_fail(ctx, AG_ERR_STATE,
+                   "%s %s: inference only, turn grad mode off first "
+                   "(ag_set_grad_enabled(ctx, false))",
+                   op, base);
 }
 
-ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv,
-                             int D)
-{
-    if (!ctx || ctx->status != AG_OK)
-        return NULL;
+ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv, int D) {
+    if (!ctx || ctx->status != AG_OK) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
     if (B < 1 || Hkv < 1 || D < 1 || (int)cat < 0 || (int)cat >= MP_NCATEGORIES ||
         B * Hkv > ((int64_t)1 << (mp_is_meta() ? 48 : 40)) / D) {
-        ag_fail(ctx, AG_ERR_ARG, "kv cache %s: batch %lld, %d key-value heads of dimension %d "
-                "(expected each >= 1) in category %d", s.base, (long long)B, Hkv, D, (int)cat);
+        ag_fail(ctx, AG_ERR_ARG,
+                "kv cache %s: batch %lld, %d key-value heads of dimension %d "
+                "(expected each >= 1) in category %d",
+                s.base, (long long)B, Hkv, D, (int)cat);
         return NULL;
     }
     ag_kv_cache *c = calloc(1, sizeof *c);
@@ -65,10 +64,8 @@ ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int
     return c;
 }
 
-void ag_kv_cache_free(ag_kv_cache *c)
-{
-    if (!c)
-        return;
+void ag_kv_cache_free(ag_kv_cache *c) {
+    if (!c) return;
     for (size_t i = 0; i < c->n; i++) {
         mp_free(&c->chunks[i].k);
         mp_free(&c->chunks[i].v);
@@ -78,51 +75,38 @@ void ag_kv_cache_free(ag_kv_cache *c)
 }
 
 // dst[B, Hkv, t, D] = src[B, t, Hkv*D]: each head's rows made contiguous.
-static void to_heads(float *dst, const float *src, int64_t B, int64_t t, int Hkv, int D)
-{
+static void to_heads(float *dst, const float *src, int64_t B, int64_t t, int Hkv, int D) {
     for (int64_t b = 0; b < B; b++)
         for (int g = 0; g < Hkv; g++)
             for (int64_t s = 0; s < t; s++)
-                memcpy(dst + ((b * Hkv + g) * t + s) * D, src + ((b * t + s) * Hkv + g) * D,
-                       (size_t)D * sizeof(float));
+                memcpy(dst + ((b * Hkv + g) * t + s) * D, src + ((b * t + s) * Hkv + g) * D, (size_t)D * sizeof(float));
 }
 
-static bool append_shapes(ag_ctx *ctx, const ag_kv_cache *c, const ag_tensor *k,
-                          const ag_tensor *v)
-{
+static bool append_shapes(ag_ctx *ctx, const ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v) {
     char sk[64], sv[64];
-    bool ok = k->ndim == 3 && v->ndim == 3 && k->shape[0] == c->B &&
-              k->shape[2] == (int64_t)c->Hkv * c->D && v->shape[0] == k->shape[0] &&
-              v->shape[1] == k->shape[1] && v->shape[2] == k->shape[2];
+    bool ok = k->ndim == 3 && v->ndim == 3 && k->shape[0] == c->B && k->shape[2] == (int64_t)c->Hkv * c->D &&
+              v->shape[0] == k->shape[0] && v->shape[1] == k->shape[1] && v->shape[2] == k->shape[2];
     if (!ok)
-        ag_fail(ctx, AG_ERR_SHAPE, "kv cache append %s: k %s, v %s (expected both [%lld, t, %lld])",
-                c->k_label, ag_shape_str(k, sk), ag_shape_str(v, sv), (long long)c->B,
-                (long long)c->Hkv * c->D);
+        ag_fail(ctx, AG_ERR_SHAPE, "kv cache append %s: k %s, v %s (expected both [%lld, t, %lld])", c->k_label,
+                ag_shape_str(k, sk), ag_shape_str(v, sv), (long long)c->B, (long long)c->Hkv * c->D);
     return ok;
 }
 
-bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v)
-{
-    if (!ctx || ctx->status != AG_OK)
-        return false;
+bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v) {
+    if (!ctx || ctx->status != AG_OK) return false;
     if (!c || !k || !v)
-        return ag_fail(ctx, AG_ERR_ARG, "kv cache append: %s is NULL",
-                       !c ? "the cache" : !k ? "k" : "v");
-    if (!no_grad(ctx, "kv cache append", c->k_label) || !append_shapes(ctx, c, k, v))
-        return false;
+        return ag_fail(ctx, AG_ERR_ARG, "kv cache append: %s is NULL", !c ? "the cache" : !k ? "k" : "v");
+    if (!no_grad(ctx, "kv cache append", c->k_label) || !append_shapes(ctx, c, k, v)) return false;
     if (c->n == c->cap) { // the list of chunks grows, never the chunks
         size_t cap = c->cap ? 2 * c->cap : 64;
         kv_chunk *grown = realloc(c->chunks, cap * sizeof *grown);
-        if (!grown)
-            return ag_fail(ctx, AG_ERR_NOMEM, "kv cache %s: out of memory for %zu chunks",
-                           c->k_label, cap);
+        if (!grown) return ag_fail(ctx, AG_ERR_NOMEM, "kv cache %s: out of memory for %zu chunks", c->k_label, cap);
         c->chunks = grown;
         c->cap = cap;
     }
     kv_chunk ch = {.t = k->shape[1]};
     size_t bytes = (size_t)k->numel * sizeof(float);
-    if (!ag_alloc_block(ctx, &ch.k, bytes, c->cat, c->k_label))
-        return false;
+    if (!ag_alloc_block(ctx, &ch.k, bytes, c->cat, c->k_label)) return false;
     if (!ag_alloc_block(ctx, &ch.v, bytes, c->cat, c->v_label)) {
         mp_free(&ch.k);
         return false;
@@ -140,34 +124,28 @@ int64_t ag_kv_cache_tokens(const ag_kv_cache *c) { return c ? c->tokens : 0; }
 
 size_t ag_kv_cache_chunks(const ag_kv_cache *c) { return c ? c->n : 0; }
 
-void ag_kv_cache_shape(const ag_kv_cache *c, int64_t shape[4])
-{
+void ag_kv_cache_shape(const ag_kv_cache *c, int64_t shape[4]) {
     shape[0] = c->B, shape[1] = c->Hkv, shape[2] = c->tokens, shape[3] = c->D;
 }
 
-uint64_t ag_kv_cache_bytes(const ag_kv_cache *c, uint64_t *usable)
-{
+uint64_t ag_kv_cache_bytes(const ag_kv_cache *c, uint64_t *usable) {
     uint64_t req = 0, use = 0;
     for (size_t i = 0; c && i < c->n; i++) {
         req += c->chunks[i].k.bytes + c->chunks[i].v.bytes;
         use += c->chunks[i].k.usable + c->chunks[i].v.usable;
     }
-    if (usable)
-        *usable = use;
+    if (usable) *usable = use;
     return req;
 }
 
-bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst)
-{
-    if (!c || !dst || mp_is_meta())
-        return false;
+bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst) {
+    if (!c || !dst || mp_is_meta()) return false;
     int64_t row = (int64_t)c->D, off = 0;
     for (size_t i = 0; i < c->n; i++) {
         const kv_chunk *ch = &c->chunks[i];
         const float *src = values ? ch->v.data : ch->k.data;
         for (int64_t bg = 0; bg < c->B * c->Hkv; bg++)
-            memcpy(dst + (bg * c->tokens + off) * row, src + bg * ch->t * row,
-                   (size_t)(ch->t * row) * sizeof(float));
+            memcpy(dst + (bg * c->tokens + off) * row, src + bg * ch->t * row, (size_t)(ch->t * row) * sizeof(float));
         off += ch->t;
     }
     return true;
@@ -185,18 +163,14 @@ typedef struct {
 } cat_dims;
 
 // Eight partial sums, so that the compiler may keep them in vector registers.
-static float dot(const float *a, const float *b, int n)
-{
+static float dot(const float *a, const float *b, int n) {
     float acc[8] = {0};
     int d = 0;
     for (; d + 8 <= n; d += 8)
-        for (int l = 0; l < 8; l++)
-            acc[l] += a[d + l] * b[d + l];
+        for (int l = 0; l < 8; l++) acc[l] += a[d + l] * b[d + l];
     float s = 0.0f;
-    for (; d < n; d++)
-        s += a[d] * b[d];
-    for (int l = 0; l < 8; l++)
-        s += acc[l];
+    for (; d < n; d++) s += a[d] * b[d];
+    for (int l = 0; l < 8; l++) s += acc[l];
     return s;
 }
 
@@ -204,9 +178,8 @@ static float dot(const float *a, const float *b, int n)
 // The plain loops of small chunks in 16 lanes: a decode step of a batch of 8 runs them for 72
 // (row, head) pairs times every cached token in each of the 30 blocks, where the portable loops
 // (built for SSE2) cost milliseconds a step.
-AG_AVX512 static void small_scores16(float *p, const float *q, int64_t ldq, const float *kc,
-                                     int64_t t, int64_t off, const cat_dims *a, float scale)
-{
+AG_AVX512 static void small_scores16(float *p, const float *q, int64_t ldq, const float *kc, int64_t t, int64_t off,
+                                     const cat_dims *a, float scale) {
     for (int64_t i = 0; i < a->Tq; i++)
         for (int64_t s = 0; s < t; s++) {
             __m512 acc = _mm512_setzero_ps();
@@ -219,9 +192,8 @@ AG_AVX512 static void small_scores16(float *p, const float *q, int64_t ldq, cons
         }
 }
 
-AG_AVX512 static void small_values16(float *o, int64_t ldo, const float *p, const float *vc,
-                                     int64_t t, int64_t off, const cat_dims *a, bool first)
-{
+AG_AVX512 static void small_values16(float *o, int64_t ldo, const float *p, const float *vc, int64_t t, int64_t off,
+                                     const cat_dims *a, bool first) {
     for (int64_t i = 0; i < a->Tq; i++)
         for (int d = 0; d < a->D; d += 16) {
             __mmask16 mk = ag_lanes16(a->D - d);
@@ -237,16 +209,13 @@ AG_AVX512 static void small_values16(float *o, int64_t ldo, const float *p, cons
 
 // p[Tq, Tk] (row stride Tk) of one (batch, query head), columns off .. off+t from one chunk's
 // keys kc[t, D]: p = scale q kcᵀ, q rows strided by ldq.
-static void chunk_scores(float *p, const float *q, int64_t ldq, const float *kc, int64_t t,
-                         int64_t off, const cat_dims *a, float scale)
-{
+static void chunk_scores(float *p, const float *q, int64_t ldq, const float *kc, int64_t t, int64_t off,
+                         const cat_dims *a, float scale) {
     if (t >= SGEMM_MIN_TOKENS) {
         if (!a->threaded)
-            ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, t, a->D, scale, q, ldq, kc, a->D, 0.0f,
-                     p + off, a->Tk);
+            ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, t, a->D, scale, q, ldq, kc, a->D, 0.0f, p + off, a->Tk);
         else
-            ag_sgemm_small(CblasNoTrans, CblasTrans, a->Tq, t, a->D, scale, q, ldq, kc, a->D,
-                           0.0f, p + off, a->Tk);
+            ag_sgemm_small(CblasNoTrans, CblasTrans, a->Tq, t, a->D, scale, q, ldq, kc, a->D, 0.0f, p + off, a->Tk);
         return;
     }
 #if defined(__x86_64__)
@@ -256,21 +225,19 @@ static void chunk_scores(float *p, const float *q, int64_t ldq, const float *kc,
     }
 #endif
     for (int64_t i = 0; i < a->Tq; i++)
-        for (int64_t s = 0; s < t; s++)
-            p[i * a->Tk + off + s] = scale * dot(q + i * ldq, kc + s * a->D, a->D);
+        for (int64_t s = 0; s < t; s++) p[i * a->Tk + off + s] = scale * dot(q + i * ldq, kc + s * a->D, a->D);
 }
 
 // o[Tq, D] (rows strided by ldo) += p[:, off .. off+t] vc[t, D]; the first chunk writes.
-static void chunk_values(float *o, int64_t ldo, const float *p, const float *vc, int64_t t,
-                         int64_t off, const cat_dims *a, bool first)
-{
+static void chunk_values(float *o, int64_t ldo, const float *p, const float *vc, int64_t t, int64_t off,
+                         const cat_dims *a, bool first) {
     if (t >= SGEMM_MIN_TOKENS) {
         if (!a->threaded)
-            ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, t, 1.0f, p + off, a->Tk, vc, a->D,
-                     first ? 0.0f : 1.0f, o, ldo);
+            ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, t, 1.0f, p + off, a->Tk, vc, a->D, first ? 0.0f : 1.0f, o,
+                     ldo);
         else
-            ag_sgemm_small(CblasNoTrans, CblasNoTrans, a->Tq, a->D, t, 1.0f, p + off, a->Tk, vc,
-                           a->D, first ? 0.0f : 1.0f, o, ldo);
+            ag_sgemm_small(CblasNoTrans, CblasNoTrans, a->Tq, a->D, t, 1.0f, p + off, a->Tk, vc, a->D,
+                           first ? 0.0f : 1.0f, o, ldo);
         return;
     }
 #if defined(__x86_64__)
@@ -281,13 +248,11 @@ static void chunk_values(float *o, int64_t ldo, const float *p, const float *vc,
 #endif
     for (int64_t i = 0; i < a->Tq; i++) {
         float *oi = o + i * ldo;
-        if (first)
-            memset(oi, 0, (size_t)a->D * sizeof(float));
+        if (first) memset(oi, 0, (size_t)a->D * sizeof(float));
         for (int64_t s = 0; s < t; s++) {
             float w = p[i * a->Tk + off + s];
             const float *vs = vc + s * a->D;
-            for (int d = 0; d < a->D; d++)
-                oi[d] += w * vs[d];
+            for (int d = 0; d < a->D; d++) oi[d] += w * vs[d];
         }
     }
 }
@@ -296,30 +261,24 @@ static void chunk_values(float *o, int64_t ldo, const float *p, const float *vc,
 // (Tk - Tq + i) that the mask does not hide. Hidden keys get probability 0; a query that sees
 // no key at all (a pad whose earlier keys are all pads) gets a row of zeros, so its output is
 // 0 rather than NaN, and it is never read by a real query, whose mask hides it.
-static void masked_softmax_row(float *row, int64_t b, int64_t i, const cat_dims *a)
-{
+static void masked_softmax_row(float *row, int64_t b, int64_t i, const cat_dims *a) {
     int64_t n = a->Tk - a->Tq + i + 1;
     const int32_t *m = a->mask ? a->mask + b * a->ld : NULL;
     float mx = -INFINITY;
     for (int64_t j = 0; j < n; j++)
-        if ((!m || m[j]) && row[j] > mx)
-            mx = row[j];
+        if ((!m || m[j]) && row[j] > mx) mx = row[j];
     double sum = 0.0;
     for (int64_t j = 0; j < n; j++) {
         row[j] = (!m || m[j]) ? expf(row[j] - mx) : 0.0f;
         sum += row[j];
     }
     float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
-    for (int64_t j = 0; j < n; j++)
-        row[j] *= inv;
-    for (int64_t j = n; j < a->Tk; j++)
-        row[j] = 0.0f;
+    for (int64_t j = 0; j < n; j++) row[j] *= inv;
+    for (int64_t j = n; j < a->Tk; j++) row[j] = 0.0f;
 }
 
 // Scores p[Tq, Tk] of row b, query head h, over every chunk.
-static void head_scores(float *p, const float *q, const ag_kv_cache *c, const cat_dims *a,
-                        int64_t b, int h)
-{
+static void head_scores(float *p, const float *q, const ag_kv_cache *c, const cat_dims *a, int64_t b, int h) {
     int rep = a->Hq / a->Hkv;
     int64_t ldq = (int64_t)a->Hq * a->D, off = 0;
     float scale = 1.0f / sqrtf((float)a->D);
@@ -333,9 +292,7 @@ static void head_scores(float *p, const float *q, const ag_kv_cache *c, const ca
 }
 
 // Output of row b, query head h, from its probabilities p[Tq, Tk] and every chunk's values.
-static void head_values(float *o, const float *p, const ag_kv_cache *c, const cat_dims *a,
-                        int64_t b, int h)
-{
+static void head_values(float *o, const float *p, const ag_kv_cache *c, const cat_dims *a, int64_t b, int h) {
     int rep = a->Hq / a->Hkv;
     int64_t ldq = (int64_t)a->Hq * a->D, off = 0;
     float *oh = o + b * a->Tq * ldq + (int64_t)h * a->D;
@@ -353,20 +310,15 @@ static void head_values(float *o, const float *p, const ag_kv_cache *c, const ca
 // about a tenth of a millisecond, 30 blocks a step.
 #define THREADED_MIN_MACS ((int64_t)1 << 17)
 
-static bool can_thread(const ag_kv_cache *c, const cat_dims *a)
-{
-    if (!ag_has_avx512() || a->B * a->Hq * a->Tq * a->Tk * a->D < THREADED_MIN_MACS)
-        return false;
+static bool can_thread(const ag_kv_cache *c, const cat_dims *a) {
+    if (!ag_has_avx512() || a->B * a->Hq * a->Tq * a->Tk * a->D < THREADED_MIN_MACS) return false;
     for (size_t i = 0; i < c->n; i++)
-        if (c->chunks[i].t >= SGEMM_MIN_TOKENS && a->Tq * c->chunks[i].t * a->D > AG_SMALL_GEMM_MAX)
-            return false;
+        if (c->chunks[i].t >= SGEMM_MIN_TOKENS && a->Tq * c->chunks[i].t * a->D > AG_SMALL_GEMM_MAX) return false;
     return true;
 }
 
 // o[B, Tq, Hq*D]; probs [B, Hq, Tq, Tk]; q[B, Tq, Hq*D]; keys and values from the chunks.
-static void cached_forward(float *o, float *probs, const float *q, const ag_kv_cache *c,
-                           cat_dims *a)
-{
+static void cached_forward(float *o, float *probs, const float *q, const ag_kv_cache *c, cat_dims *a) {
     int64_t heads = a->B * a->Hq, rows = heads * a->Tq;
     a->threaded = can_thread(c, a);
     if (a->threaded) {
@@ -375,78 +327,67 @@ static void cached_forward(float *o, float *probs, const float *q, const ag_kv_c
         for (int64_t bh = 0; bh < heads; bh++) {
             float *p = probs + bh * a->Tq * a->Tk;
             head_scores(p, q, c, a, bh / a->Hq, (int)(bh % a->Hq));
-            for (int64_t i = 0; i < a->Tq; i++)
-                masked_softmax_row(p + i * a->Tk, bh / a->Hq, i, a);
+            for (int64_t i = 0; i < a->Tq; i++) masked_softmax_row(p + i * a->Tk, bh / a->Hq, i, a);
             head_values(o, p, c, a, bh / a->Hq, (int)(bh % a->Hq));
         }
         // The products' time is the region's (softmax included), their count one per chunk.
-        ag_blas_account(t0, (int)(2 * heads * (int64_t)c->n),
-                        4.0 * (double)rows * (double)a->Tk * (double)a->D);
+        ag_blas_account(t0, (int)(2 * heads * (int64_t)c->n), 4.0 * (double)rows * (double)a->Tk * (double)a->D);
         return;
     }
     for (int64_t bh = 0; bh < heads; bh++)
         head_scores(probs + bh * a->Tq * a->Tk, q, c, a, bh / a->Hq, (int)(bh % a->Hq));
 #pragma omp parallel for if (rows * a->Tk >= AG_OMP_MIN_EXP)
-    for (int64_t r = 0; r < rows; r++)
-        masked_softmax_row(probs + r * a->Tk, r / (a->Hq * a->Tq), r % a->Tq, a);
+    for (int64_t r = 0; r < rows; r++) masked_softmax_row(probs + r * a->Tk, r / (a->Hq * a->Tq), r % a->Tq, a);
     for (int64_t bh = 0; bh < heads; bh++)
         head_values(o, probs + bh * a->Tq * a->Tk, c, a, bh / a->Hq, (int)(bh % a->Hq));
 }
 
-static bool cached_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q,
-                          const ag_kv_cache *c, int Hq, int64_t mask_ld)
-{
+static bool cached_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, const ag_kv_cache *c, int Hq,
+                          int64_t mask_ld) {
     char sq[64];
-    bool ok = Hq >= 1 && Hq % c->Hkv == 0 && q->ndim == 3 && q->shape[0] == c->B &&
-              q->shape[2] == (int64_t)Hq * c->D && c->tokens >= q->shape[1];
+    bool ok = Hq >= 1 && Hq % c->Hkv == 0 && q->ndim == 3 && q->shape[0] == c->B && q->shape[2] == (int64_t)Hq * c->D &&
+              c->tokens >= q->shape[1];
     if (!ok)
-        return ag_fail(ctx, AG_ERR_SHAPE, "attention_cached %s: q %s does not fit %d query heads "
+        return ag_fail(ctx, AG_ERR_SHAPE,
+                       "attention_cached %s: q %s does not fit %d query heads "
                        "over a cache of %lld rows, %d key-value heads of dimension %d and %lld "
                        "tokens (expected q[%lld, Tq, %lld], Tq <= cached tokens, key-value heads "
-                       "dividing query heads)", base, ag_shape_str(q, sq), Hq, (long long)c->B,
-                       c->Hkv, c->D, (long long)c->tokens, (long long)c->B,
-                       (long long)Hq * c->D);
+                       "dividing query heads)",
+                       base, ag_shape_str(q, sq), Hq, (long long)c->B, c->Hkv, c->D, (long long)c->tokens,
+                       (long long)c->B, (long long)Hq * c->D);
     if (mask_ld < c->tokens)
-        return ag_fail(ctx, AG_ERR_ARG, "attention_cached %s: key mask rows of %lld entries, "
-                       "expected at least the %lld cached tokens", base, (long long)mask_ld,
-                       (long long)c->tokens);
+        return ag_fail(ctx, AG_ERR_ARG,
+                       "attention_cached %s: key mask rows of %lld entries, "
+                       "expected at least the %lld cached tokens",
+                       base, (long long)mask_ld, (long long)c->tokens);
     return true;
 }
 
-ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q,
-                               const ag_kv_cache *cache, const int32_t *key_mask, int64_t mask_ld,
-                               int Hq)
-{
+ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                               const int32_t *key_mask, int64_t mask_ld, int Hq) {
     ag_tensor *ins[] = {q};
-    if (!ag_check_inputs(ctx, "attention_cached", site, 1, ins, (const char *[]){"q"}))
-        return NULL;
+    if (!ag_check_inputs(ctx, "attention_cached", site, 1, ins, (const char *[]){"q"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
-    if (!no_grad(ctx, "attention_cached", s.base))
-        return NULL;
+    if (!no_grad(ctx, "attention_cached", s.base)) return NULL;
     if (!cache) {
         ag_fail(ctx, AG_ERR_ARG, "attention_cached %s: the cache is NULL", s.base);
         return NULL;
     }
-    if (!key_mask)
-        mask_ld = cache->tokens;
-    if (!cached_shapes(ctx, s.base, q, cache, Hq, mask_ld))
-        return NULL;
-    cat_dims a = {q->shape[0], q->shape[1], cache->tokens, Hq, cache->Hkv, cache->D, key_mask,
-                  mask_ld, false};
+    if (!key_mask) mask_ld = cache->tokens;
+    if (!cached_shapes(ctx, s.base, q, cache, Hq, mask_ld)) return NULL;
+    cat_dims a = {q->shape[0], q->shape[1], cache->tokens, Hq, cache->Hkv, cache->D, key_mask, mask_ld, false};
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);
     // The probabilities only live inside the op: a decode step's are [B, Hq, 1, Tk].
-    ag_tensor *probs = ag_tensor_new(ctx, 4, (int64_t[]){a.B, Hq, a.Tq, a.Tk}, MP_ACTIVATION,
-                                     label);
+    ag_tensor *probs = ag_tensor_new(ctx, 4, (int64_t[]){a.B, Hq, a.Tq, a.Tk}, MP_ACTIVATION, label);
     if (!o || !probs) {
         ag_release(o);
         ag_release(probs);
         return NULL;
     }
-    if (!mp_is_meta())
-        cached_forward(o->data, probs->data, q->data, cache, &a);
+    if (!mp_is_meta()) cached_forward(o->data, probs->data, q->data, cache, &a);
     ag_release(probs);
     return o;
 }

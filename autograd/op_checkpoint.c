@@ -15,14 +15,14 @@ typedef struct {
 
 // The recomputed output gets the checkpoint's own gradient buffer (same size, no copy): its
 // node then backpropagates as in an ordinary backward.
-static bool seed_recomputed(ag_ctx *ctx, ag_node *n, ag_tensor *y)
-{
+static bool seed_recomputed(ag_ctx *ctx, ag_node *n, ag_tensor *y) {
     if (!y->node) // nothing in the block needs a gradient
         return false;
     if (y->numel != n->numel) {
-        ag_fail(ctx, AG_ERR_STATE, "checkpoint %s: the recomputed block gave %lld elements, "
-                "forward gave %lld", mp_site_name(n->site), (long long)y->numel,
-                (long long)n->numel);
+        ag_fail(ctx, AG_ERR_STATE,
+                "checkpoint %s: the recomputed block gave %lld elements, "
+                "forward gave %lld",
+                mp_site_name(n->site), (long long)y->numel, (long long)n->numel);
         return false;
     }
     y->node->grad = n->grad;
@@ -33,8 +33,7 @@ static bool seed_recomputed(ag_ctx *ctx, ag_node *n, ag_tensor *y)
 // Recompute under grad mode on a private part of the tape (the nodes above `floor`, the index
 // this node had), run its backward, and leave the tape as it was below. The block's edges to x
 // point at x's producer (or x itself, a leaf), so x's gradient lands there directly.
-static void checkpoint_backward(ag_ctx *ctx, ag_node *n, const float *dout)
-{
+static void checkpoint_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
     (void)dout; // handed over with the buffer that holds it
     const ckpt_state *st = n->aux;
     ag_tensor *x = n->saved[SAVED_X];
@@ -51,21 +50,20 @@ static void checkpoint_backward(ag_ctx *ctx, ag_node *n, const float *dout)
     ag_tape_clear_to(ctx, floor); // after an error: what the failed recomputation recorded
 }
 
-ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg,
-                         size_t arg_size, ag_tensor *x)
-{
+ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg, size_t arg_size,
+                         ag_tensor *x) {
     ag_tensor *ins[] = {x};
-    if (!ag_check_inputs(ctx, "checkpoint", site, 1, ins, (const char *[]){"x"}))
-        return NULL;
+    if (!ag_check_inputs(ctx, "checkpoint", site, 1, ins, (const char *[]){"x"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
     if (!fn || (arg_size && !arg)) {
-        ag_fail(ctx, AG_ERR_ARG, "checkpoint %s: no block function, or a NULL argument of "
-                "%zu bytes", s.base, arg_size);
+        ag_fail(ctx, AG_ERR_ARG,
+                "checkpoint %s: no block function, or a NULL argument of "
+                "%zu bytes",
+                s.base, arg_size);
         return NULL;
     }
-    if (!ag_is_grad_enabled(ctx))
-        return fn(ctx, arg, ag_retain(x));
+    if (!ag_is_grad_enabled(ctx)) return fn(ctx, arg, ag_retain(x));
     ckpt_state *st = malloc(sizeof *st + arg_size);
     if (!st) {
         ag_fail(ctx, AG_ERR_NOMEM, "checkpoint %s: out of memory for its state", s.base);
@@ -73,13 +71,12 @@ ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const vo
     }
     st->fn = fn;
     st->arg_size = arg_size;
-    if (arg_size)
-        memcpy(st->arg, arg, arg_size);
+    if (arg_size) memcpy(st->arg, arg, arg_size);
     ag_set_grad_enabled(ctx, false);
     ag_tensor *y = fn(ctx, st->arg_size ? st->arg : NULL, ag_retain(x));
     ag_set_grad_enabled(ctx, true);
     if (y && (y == x || y->node || y->requires_grad)) { // fn(x) = x, or a tensor made elsewhere:
-        free(st);                                        // its own graph already leads to it
+        free(st);                                       // its own graph already leads to it
         return y;
     }
     ag_node *n = y ? ag_record(ctx, "checkpoint", s.base, y, 1, ins, checkpoint_backward) : NULL;

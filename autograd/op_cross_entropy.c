@@ -10,21 +10,17 @@
 enum { SAVED_LOGITS, SAVED_LSE };
 
 // logsumexp of one row: max, then Σ e^(x - max) summed in double.
-static float row_lse(const float *x, int64_t V)
-{
+static float row_lse(const float *x, int64_t V) {
     float mx = x[0];
-    for (int64_t j = 1; j < V; j++)
-        mx = x[j] > mx ? x[j] : mx;
+    for (int64_t j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
     double sum = 0.0;
-    for (int64_t j = 0; j < V; j++)
-        sum += expf(x[j] - mx);
+    for (int64_t j = 0; j < V; j++) sum += expf(x[j] - mx);
     return mx + (float)log(sum);
 }
 
 #if defined(__x86_64__)
 // The same, 16 lanes at a time (the exponentials of a 49152-wide vocabulary dominate the op).
-AG_AVX512 static float row_lse_avx512(const float *x, int64_t V)
-{
+AG_AVX512 static float row_lse_avx512(const float *x, int64_t V) {
     __m512 mx = _mm512_set1_ps(x[0]);
     for (int64_t j = 0; j < V; j += 16) {
         __mmask16 mk = ag_mask16(V - j);
@@ -44,24 +40,20 @@ AG_AVX512 static float row_lse_avx512(const float *x, int64_t V)
 }
 
 // dlogits of one row: e^(x - lse) * scale, written or added.
-AG_AVX512 static void row_grad_avx512(float *g, const float *x, float lse, float scale, int64_t V,
-                                      bool fresh)
-{
+AG_AVX512 static void row_grad_avx512(float *g, const float *x, float lse, float scale, int64_t V, bool fresh) {
     __m512 m = _mm512_set1_ps(lse), sc = _mm512_set1_ps(scale);
     for (int64_t j = 0; j < V; j += 16) {
         __mmask16 mk = ag_mask16(V - j);
         __m512 e = ag_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), m));
         __m512 v = _mm512_mul_ps(e, sc);
-        if (!fresh)
-            v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, g + j), v);
+        if (!fresh) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, g + j), v);
         _mm512_mask_storeu_ps(g + j, mk, v);
     }
 }
 #endif
 
 // lse[b*(T-1) + t] for every predicting position.
-static void row_logsumexp(float *lse, const float *logits, int64_t B, int64_t T, int64_t V)
-{
+static void row_logsumexp(float *lse, const float *logits, int64_t B, int64_t T, int64_t V) {
 #if defined(__x86_64__)
     bool vec = ag_has_avx512();
 #endif
@@ -81,12 +73,10 @@ static void row_logsumexp(float *lse, const float *logits, int64_t B, int64_t T,
 // Backward needs the logits (kept by reference: the output head's result, not a copy), the
 // per-position logsumexp (one float each, instead of a second pass over V) and the labels
 // (copied into the node). dlogits = (softmax - onehot) * dloss / N; zero at last positions.
-static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss)
-{
+static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss) {
     int64_t B = n->p[0], T = n->p[1], V = n->p[2];
     ag_grad_dst d;
-    if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta())
-        return;
+    if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
     const float *logits = n->saved[SAVED_LOGITS]->data, *lse = n->saved[SAVED_LSE]->data;
     float scale = dloss[0] / (float)(B * (T - 1));
     float *dx = d.data;
@@ -100,8 +90,7 @@ static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss)
         const float *x = logits + r * V;
         float *g = dx + r * V;
         if (t == T - 1) {
-            if (fresh)
-                memset(g, 0, (size_t)V * sizeof(float));
+            if (fresh) memset(g, 0, (size_t)V * sizeof(float));
             continue;
         }
         float m = lse[(r / T) * (T - 1) + t];
@@ -120,9 +109,7 @@ static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss)
     }
 }
 
-static float mean_loss(const float *lse, const float *logits, const int32_t *ids, int64_t B,
-                       int64_t T, int64_t V)
-{
+static float mean_loss(const float *lse, const float *logits, const int32_t *ids, int64_t B, int64_t T, int64_t V) {
     double sum = 0.0; // serial: the same sum in the same order every run
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T - 1; t++) {
@@ -132,35 +119,34 @@ static float mean_loss(const float *lse, const float *logits, const int32_t *ids
     return (float)(sum / (double)(B * (T - 1)));
 }
 
-static bool ce_check(ag_ctx *ctx, const char *base, const ag_tensor *logits, const int32_t *ids)
-{
+static bool ce_check(ag_ctx *ctx, const char *base, const ag_tensor *logits, const int32_t *ids) {
     char sl[64];
     bool meta = mp_is_meta(); // meta mode reads no labels
     if (logits->ndim != 3 || logits->shape[1] < 2 || (!ids && !meta)) {
-        ag_fail(ctx, AG_ERR_SHAPE, "cross_entropy %s: expected logits [B, T >= 2, V] and ids, "
-                "got %s %s%s", base, ag_tensor_name(logits), ag_shape_str(logits, sl),
-                ids ? "" : " and no ids");
+        ag_fail(ctx, AG_ERR_SHAPE,
+                "cross_entropy %s: expected logits [B, T >= 2, V] and ids, "
+                "got %s %s%s",
+                base, ag_tensor_name(logits), ag_shape_str(logits, sl), ids ? "" : " and no ids");
         return false;
     }
     int64_t BT = logits->shape[0] * logits->shape[1], V = logits->shape[2];
     for (int64_t r = 0; !meta && r < BT; r++)
         if (ids[r] < 0 || ids[r] >= V) {
-            ag_fail(ctx, AG_ERR_ARG, "cross_entropy %s: label %d at position %lld is outside "
-                    "[0, %lld)", base, ids[r], (long long)r, (long long)V);
+            ag_fail(ctx, AG_ERR_ARG,
+                    "cross_entropy %s: label %d at position %lld is outside "
+                    "[0, %lld)",
+                    base, ids[r], (long long)r, (long long)V);
             return false;
         }
     return true;
 }
 
-ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, const int32_t *ids)
-{
+ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, const int32_t *ids) {
     ag_tensor *ins[] = {logits};
-    if (!ag_check_inputs(ctx, "cross_entropy", site, 1, ins, (const char *[]){"logits"}))
-        return NULL;
+    if (!ag_check_inputs(ctx, "cross_entropy", site, 1, ins, (const char *[]){"logits"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
-    if (!ce_check(ctx, s.base, logits, ids))
-        return NULL;
+    if (!ce_check(ctx, s.base, logits, ids)) return NULL;
     int64_t B = logits->shape[0], T = logits->shape[1], V = logits->shape[2], N = B * (T - 1);
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "lse");
@@ -182,8 +168,7 @@ ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, co
         loss->data[0] = mean_loss(lse->data, logits->data, ids, B, T, V);
     }
     if (n) {
-        if (!mp_is_meta())
-            memcpy(n->ints, ids, (size_t)(B * T) * sizeof(int32_t));
+        if (!mp_is_meta()) memcpy(n->ints, ids, (size_t)(B * T) * sizeof(int32_t));
         n->p[0] = B, n->p[1] = T, n->p[2] = V;
         ag_save(n, SAVED_LOGITS, logits);
         ag_save(n, SAVED_LSE, lse);

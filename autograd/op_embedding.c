@@ -7,66 +7,56 @@
 // Backward needs only the ids (copied into the node, not a tensor): the table gradient is
 // dy scattered back onto the rows they picked. Rows picked twice, and a table also used as
 // the output head (tied), accumulate.
-static void embedding_backward(ag_ctx *ctx, ag_node *n, const float *dy)
-{
+static void embedding_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     int64_t rows = n->p[0], H = n->p[1], V = n->p[2];
     ag_grad_dst d;
-    if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta())
-        return;
+    if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
     if (d.fresh) // a scatter-add: rows no id picked must read zero
         memset(d.data, 0, (size_t)(V * H) * sizeof(float));
     // Serial over rows: two rows may hit the same id, and the order keeps the sum deterministic.
     for (int64_t r = 0; r < rows; r++) {
         float *g = d.data + (int64_t)n->ints[r] * H;
         const float *src = dy + r * H;
-        for (int64_t j = 0; j < H; j++)
-            g[j] += src[j];
+        for (int64_t j = 0; j < H; j++) g[j] += src[j];
     }
 }
 
-ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T,
-                        ag_tensor *table)
-{
+ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T, ag_tensor *table) {
     ag_tensor *ins[] = {table};
-    if (!ag_check_inputs(ctx, "embedding", site, 1, ins, (const char *[]){"table"}))
-        return NULL;
+    if (!ag_check_inputs(ctx, "embedding", site, 1, ins, (const char *[]){"table"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
     char st[64];
     // Meta mode reads no ids: a bill of shapes takes no host memory per token.
     bool meta = mp_is_meta();
     if (table->ndim != 2 || (!ids && !meta) || B < 1 || T < 1) {
-        ag_fail(ctx, AG_ERR_ARG, "embedding %s: expected ids[B*T] with B, T >= 1 and a table "
-                "[V, H], got B=%lld T=%lld, %s %s", s.base, (long long)B, (long long)T,
-                ag_tensor_name(table), ag_shape_str(table, st));
+        ag_fail(ctx, AG_ERR_ARG,
+                "embedding %s: expected ids[B*T] with B, T >= 1 and a table "
+                "[V, H], got B=%lld T=%lld, %s %s",
+                s.base, (long long)B, (long long)T, ag_tensor_name(table), ag_shape_str(table, st));
         return NULL;
     }
     int64_t V = table->shape[0], H = table->shape[1];
     for (int64_t r = 0; !meta && r < B * T; r++)
         if (ids[r] < 0 || ids[r] >= V) {
-            ag_fail(ctx, AG_ERR_ARG, "embedding %s: id %d at position %lld is outside [0, %lld)",
-                    s.base, ids[r], (long long)r, (long long)V);
+            ag_fail(ctx, AG_ERR_ARG, "embedding %s: id %d at position %lld is outside [0, %lld)", s.base, ids[r],
+                    (long long)r, (long long)V);
             return NULL;
         }
     ag_tensor *y = ag_tensor_new(ctx, 3, (int64_t[]){B, T, H}, MP_ACTIVATION, s.out);
-    if (!y)
-        return NULL;
+    if (!y) return NULL;
     if (!meta)
         for (int64_t r = 0; r < B * T; r++)
             memcpy(y->data + r * H, table->data + (int64_t)ids[r] * H, (size_t)H * sizeof(float));
-    if (!ag_any_needs_grad(ctx, 1, ins))
-        return y;
+    if (!ag_any_needs_grad(ctx, 1, ins)) return y;
     ag_node *n = ag_record(ctx, "embedding", s.base, y, 1, ins, embedding_backward);
-    if (n && !meta)
-        n->ints = malloc((size_t)(B * T) * sizeof(int32_t));
+    if (n && !meta) n->ints = malloc((size_t)(B * T) * sizeof(int32_t));
     if (!n || (!meta && !n->ints)) {
-        if (n)
-            ag_fail(ctx, AG_ERR_NOMEM, "embedding %s: out of memory for the ids", s.base);
+        if (n) ag_fail(ctx, AG_ERR_NOMEM, "embedding %s: out of memory for the ids", s.base);
         ag_release(y); // its node stays on the tape, empty, until backward or clear
         return NULL;
     }
-    if (!meta)
-        memcpy(n->ints, ids, (size_t)(B * T) * sizeof(int32_t));
+    if (!meta) memcpy(n->ints, ids, (size_t)(B * T) * sizeof(int32_t));
     n->p[0] = B * T, n->p[1] = H, n->p[2] = V;
     return y;
 }

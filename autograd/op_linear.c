@@ -5,54 +5,47 @@ enum { SAVED_X, SAVED_W };
 
 // dx = dy · w needs w; dw = dyᵀ · x needs x. Each is kept only when the other side wants its
 // gradient, so a frozen weight saves no activation at all.
-static void linear_backward(ag_ctx *ctx, ag_node *n, const float *dy)
-{
+static void linear_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     int64_t M = n->p[0], in = n->p[1], out = n->p[2];
     ag_grad_dst d[2];
-    if (!ag_grad_get_all(ctx, n, d) || mp_is_meta())
-        return;
+    if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
     if (d[0].needed && d[1].needed && d[0].data != d[1].data && ag_skinny_available(M)) {
-        ag_skinny_backward(dy, n->saved[SAVED_X]->data, n->saved[SAVED_W]->data, d[0].data,
-                           d[1].data, M, out, in, d[0].fresh, d[1].fresh);
+        ag_skinny_backward(dy, n->saved[SAVED_X]->data, n->saved[SAVED_W]->data, d[0].data, d[1].data, M, out, in,
+                           d[0].fresh, d[1].fresh);
         return;
     }
     if (d[0].needed) // dx[M, in] = dy[M, out] · w[out, in]
-        ag_sgemm(CblasNoTrans, CblasNoTrans, M, in, out, 1.0f, dy, out,
-                 n->saved[SAVED_W]->data, in, d[0].fresh ? 0.0f : 1.0f, d[0].data, in);
+        ag_sgemm(CblasNoTrans, CblasNoTrans, M, in, out, 1.0f, dy, out, n->saved[SAVED_W]->data, in,
+                 d[0].fresh ? 0.0f : 1.0f, d[0].data, in);
     if (d[1].needed) // dw[out, in] = dy[M, out]ᵀ · x[M, in]
-        ag_sgemm(CblasTrans, CblasNoTrans, out, in, M, 1.0f, dy, out,
-                 n->saved[SAVED_X]->data, in, d[1].fresh ? 0.0f : 1.0f, d[1].data, in);
+        ag_sgemm(CblasTrans, CblasNoTrans, out, in, M, 1.0f, dy, out, n->saved[SAVED_X]->data, in,
+                 d[1].fresh ? 0.0f : 1.0f, d[1].data, in);
 }
 
-ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w)
-{
+ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w) {
     ag_tensor *ins[] = {x, w};
-    if (!ag_check_inputs(ctx, "linear", site, 2, ins, (const char *[]){"x", "w"}))
-        return NULL;
+    if (!ag_check_inputs(ctx, "linear", site, 2, ins, (const char *[]){"x", "w"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
     char sx[64], sw[64];
     if (w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1]) {
-        ag_fail(ctx, AG_ERR_SHAPE, "linear %s: x %s does not fit weight %s %s (expected "
-                "x[..., in] and w[out, in])", s.base, ag_shape_str(x, sx),
-                ag_tensor_name(w), ag_shape_str(w, sw));
+        ag_fail(ctx, AG_ERR_SHAPE,
+                "linear %s: x %s does not fit weight %s %s (expected "
+                "x[..., in] and w[out, in])",
+                s.base, ag_shape_str(x, sx), ag_tensor_name(w), ag_shape_str(w, sw));
         return NULL;
     }
     int64_t in = w->shape[1], out = w->shape[0], M = x->numel / in;
     int64_t shape[AG_MAX_DIMS];
-    for (int i = 0; i < x->ndim; i++)
-        shape[i] = x->shape[i];
+    for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
     shape[x->ndim - 1] = out;
     ag_tensor *y = ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s.out);
-    if (!y)
-        return NULL;
+    if (!y) return NULL;
     if (!mp_is_meta() && ag_skinny_forward_available(M))
         ag_skinny_forward(x->data, w->data, y->data, M, out, in);
     else if (!mp_is_meta()) // y[M, out] = x[M, in] · w[out, in]ᵀ
-        ag_sgemm(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x->data, in, w->data, in, 0.0f,
-                 y->data, out);
-    if (!ag_any_needs_grad(ctx, 2, ins))
-        return y;
+        ag_sgemm(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x->data, in, w->data, in, 0.0f, y->data, out);
+    if (!ag_any_needs_grad(ctx, 2, ins)) return y;
     ag_node *n = ag_record(ctx, "linear", s.base, y, 2, ins, linear_backward);
     if (!n) {
         ag_release(y);

@@ -3,42 +3,30 @@
 
 enum { SAVED_A, SAVED_B };
 
-static void mul_into(float *dst, bool fresh, const float *g, const float *other, int64_t n)
-{
+static void mul_into(float *dst, bool fresh, const float *g, const float *other, int64_t n) {
 #pragma omp parallel for if (n >= AG_OMP_MIN)
-    for (int64_t i = 0; i < n; i++)
-        dst[i] = fresh ? g[i] * other[i] : dst[i] + g[i] * other[i];
+    for (int64_t i = 0; i < n; i++) dst[i] = fresh ? g[i] * other[i] : dst[i] + g[i] * other[i];
 }
 
 // da = dy * b needs b; db = dy * a needs a: each is kept only when the other side wants its
 // gradient.
-static void mul_backward(ag_ctx *ctx, ag_node *n, const float *dy)
-{
+static void mul_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     ag_grad_dst d[2];
-    if (!ag_grad_get_all(ctx, n, d) || mp_is_meta())
-        return;
-    if (d[0].needed)
-        mul_into(d[0].data, d[0].fresh, dy, n->saved[SAVED_B]->data, n->numel);
-    if (d[1].needed)
-        mul_into(d[1].data, d[1].fresh, dy, n->saved[SAVED_A]->data, n->numel);
+    if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
+    if (d[0].needed) mul_into(d[0].data, d[0].fresh, dy, n->saved[SAVED_B]->data, n->numel);
+    if (d[1].needed) mul_into(d[1].data, d[1].fresh, dy, n->saved[SAVED_A]->data, n->numel);
 }
 
-ag_tensor *ag_mul(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b)
-{
+ag_tensor *ag_mul(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b) {
     ag_tensor *ins[] = {a, b};
-    if (!ag_check_inputs(ctx, "mul", site, 2, ins, (const char *[]){"a", "b"}))
-        return NULL;
+    if (!ag_check_inputs(ctx, "mul", site, 2, ins, (const char *[]){"a", "b"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
-    if (!ag_same_shape(ctx, "mul", s.base, a, b))
-        return NULL;
+    if (!ag_same_shape(ctx, "mul", s.base, a, b)) return NULL;
     ag_tensor *y = ag_tensor_like(ctx, a, MP_ACTIVATION, s.out);
-    if (!y)
-        return NULL;
-    if (!mp_is_meta())
-        mul_into(y->data, true, a->data, b->data, a->numel);
-    if (!ag_any_needs_grad(ctx, 2, ins))
-        return y;
+    if (!y) return NULL;
+    if (!mp_is_meta()) mul_into(y->data, true, a->data, b->data, a->numel);
+    if (!ag_any_needs_grad(ctx, 2, ins)) return y;
     ag_node *n = ag_record(ctx, "mul", s.base, y, 2, ins, mul_backward);
     if (!n) {
         ag_release(y);

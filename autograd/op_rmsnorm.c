@@ -7,39 +7,31 @@
 enum { SAVED_X, SAVED_RSTD, SAVED_W };
 
 // One row: returns rstd. The mean of squares is summed in double (H can be 8192).
-static float rms_row(float *y, const float *x, const float *w, int64_t H, float eps)
-{
+static float rms_row(float *y, const float *x, const float *w, int64_t H, float eps) {
     double ss = 0.0;
-    for (int64_t j = 0; j < H; j++)
-        ss += (double)x[j] * x[j];
+    for (int64_t j = 0; j < H; j++) ss += (double)x[j] * x[j];
     float r = 1.0f / sqrtf((float)(ss / (double)H) + eps);
-    for (int64_t j = 0; j < H; j++)
-        y[j] = w[j] * (x[j] * r); // HF's order: weight * (x * rstd)
+    for (int64_t j = 0; j < H; j++) y[j] = w[j] * (x[j] * r); // HF's order: weight * (x * rstd)
     return r;
 }
 
-static void rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int64_t rows,
-                            int64_t H, float eps)
-{
+static void rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int64_t rows, int64_t H, float eps) {
 #pragma omp parallel for if (rows * H >= AG_OMP_MIN)
     for (int64_t r = 0; r < rows; r++) {
         float v = rms_row(y + r * H, x + r * H, w, H, eps);
-        if (rstd)
-            rstd[r] = v;
+        if (rstd) rstd[r] = v;
     }
 }
 
 // dx_j = r w_j dy_j - x_j r³/H Σ_i dy_i w_i x_i
-static void rmsnorm_dx(float *dx, bool fresh, const float *dy, const float *x, const float *rstd,
-                       const float *w, int64_t rows, int64_t H)
-{
+static void rmsnorm_dx(float *dx, bool fresh, const float *dy, const float *x, const float *rstd, const float *w,
+                       int64_t rows, int64_t H) {
 #pragma omp parallel for if (rows * H >= AG_OMP_MIN)
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * H, *g = dy + r * H;
         float *o = dx + r * H;
         double dot = 0.0;
-        for (int64_t j = 0; j < H; j++)
-            dot += (double)g[j] * w[j] * xr[j];
+        for (int64_t j = 0; j < H; j++) dot += (double)g[j] * w[j] * xr[j];
         float rs = rstd[r], c = (float)(dot * rs * rs * rs / (double)H);
         for (int64_t j = 0; j < H; j++) {
             float v = rs * w[j] * g[j] - c * xr[j];
@@ -49,44 +41,34 @@ static void rmsnorm_dx(float *dx, bool fresh, const float *dy, const float *x, c
 }
 
 // dw_j = Σ_rows dy_j x_j r; serial over rows so that the sum is deterministic.
-static void rmsnorm_dw(float *dw, bool fresh, const float *dy, const float *x, const float *rstd,
-                       int64_t rows, int64_t H)
-{
-    if (fresh)
-        memset(dw, 0, (size_t)H * sizeof(float));
+static void rmsnorm_dw(float *dw, bool fresh, const float *dy, const float *x, const float *rstd, int64_t rows,
+                       int64_t H) {
+    if (fresh) memset(dw, 0, (size_t)H * sizeof(float));
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < H; j++)
-            dw[j] += dy[r * H + j] * x[r * H + j] * rstd[r];
+        for (int64_t j = 0; j < H; j++) dw[j] += dy[r * H + j] * x[r * H + j] * rstd[r];
 }
 
 // Backward needs x and rstd (one float per row, cheaper to keep than to recompute from x
 // with another pass) for both gradients, and w for dx. The output is not needed.
-static void rmsnorm_backward(ag_ctx *ctx, ag_node *n, const float *dy)
-{
+static void rmsnorm_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     int64_t rows = n->p[0], H = n->p[1];
     ag_grad_dst d[2];
-    if (!ag_grad_get_all(ctx, n, d) || mp_is_meta())
-        return;
+    if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
     const float *x = n->saved[SAVED_X]->data, *rstd = n->saved[SAVED_RSTD]->data;
-    if (d[0].needed)
-        rmsnorm_dx(d[0].data, d[0].fresh, dy, x, rstd, n->saved[SAVED_W]->data, rows, H);
-    if (d[1].needed)
-        rmsnorm_dw(d[1].data, d[1].fresh, dy, x, rstd, rows, H);
+    if (d[0].needed) rmsnorm_dx(d[0].data, d[0].fresh, dy, x, rstd, n->saved[SAVED_W]->data, rows, H);
+    if (d[1].needed) rmsnorm_dw(d[1].data, d[1].fresh, dy, x, rstd, rows, H);
 }
 
-ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps)
-{
+ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps) {
     ag_tensor *ins[] = {x, w};
-    if (!ag_check_inputs(ctx, "rmsnorm", site, 2, ins, (const char *[]){"x", "w"}))
-        return NULL;
+    if (!ag_check_inputs(ctx, "rmsnorm", site, 2, ins, (const char *[]){"x", "w"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
     char sx[64], sw[64];
     int64_t H = x->shape[x->ndim - 1], rows = x->numel / H;
     if (w->ndim != 1 || w->shape[0] != H) {
-        ag_fail(ctx, AG_ERR_SHAPE, "rmsnorm %s: weight %s %s does not fit x %s (expected [%lld])",
-                s.base, ag_tensor_name(w), ag_shape_str(w, sw), ag_shape_str(x, sx),
-                (long long)H);
+        ag_fail(ctx, AG_ERR_SHAPE, "rmsnorm %s: weight %s %s does not fit x %s (expected [%lld])", s.base,
+                ag_tensor_name(w), ag_shape_str(w, sw), ag_shape_str(x, sx), (long long)H);
         return NULL;
     }
     bool rec = ag_any_needs_grad(ctx, 2, ins);
@@ -94,15 +76,13 @@ ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w,
     ag_label(label, s.base, "rstd");
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
     ag_tensor *rstd = rec ? ag_tensor_new_f32(ctx, 1, &rows, MP_ACTIVATION, label) : NULL;
-    ag_node *n = y && rec && rstd ? ag_record(ctx, "rmsnorm", s.base, y, 2, ins, rmsnorm_backward)
-                                  : NULL;
+    ag_node *n = y && rec && rstd ? ag_record(ctx, "rmsnorm", s.base, y, 2, ins, rmsnorm_backward) : NULL;
     if (!y || (rec && !n)) {
         ag_release(rstd);
         ag_release(y);
         return NULL;
     }
-    if (!mp_is_meta())
-        rmsnorm_forward(y->data, rstd ? rstd->data : NULL, x->data, w->data, rows, H, eps);
+    if (!mp_is_meta()) rmsnorm_forward(y->data, rstd ? rstd->data : NULL, x->data, w->data, rows, H, eps);
     if (n) {
         n->p[0] = rows, n->p[1] = H;
         ag_save(n, SAVED_X, x);

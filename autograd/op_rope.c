@@ -10,14 +10,12 @@
 
 // y = R(±a) x over x[B, T, nh*hd]; `accumulate` adds into y. Angles are formed in float32
 // as HF does (inv_freq in float32, one float product with the position), so results match it.
-static void rope_rotate(float *y, bool accumulate, const float *x, int64_t B, int64_t T, int nh,
-                        int hd, float theta, const int32_t *pos, int64_t pos0, float sign)
-{
+static void rope_rotate(float *y, bool accumulate, const float *x, int64_t B, int64_t T, int nh, int hd, float theta,
+                        const int32_t *pos, int64_t pos0, float sign) {
     int half = hd / 2;
     int64_t width = (int64_t)nh * hd;
     float inv_freq[AG_ROPE_MAX_HEAD_DIM / 2];
-    for (int i = 0; i < half; i++)
-        inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+    for (int i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
 #pragma omp parallel for if (B * T * width >= AG_OMP_MIN)
     for (int64_t r = 0; r < B * T; r++) {
         float c[AG_ROPE_MAX_HEAD_DIM / 2], s[AG_ROPE_MAX_HEAD_DIM / 2];
@@ -41,39 +39,32 @@ static void rope_rotate(float *y, bool accumulate, const float *x, int64_t B, in
 
 // A rotation's gradient is the inverse rotation: backward saves nothing and recomputes the
 // angles from the positions (pos0, or the copied per-row positions).
-static void rope_backward(ag_ctx *ctx, ag_node *n, const float *dy)
-{
+static void rope_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     ag_grad_dst d;
-    if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta())
-        return;
-    rope_rotate(d.data, !d.fresh, dy, n->p[0], n->p[1], (int)n->p[2], (int)n->p[3], n->f[0],
-                n->ints, n->p[4], -1.0f);
+    if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
+    rope_rotate(d.data, !d.fresh, dy, n->p[0], n->p[1], (int)n->p[2], (int)n->p[3], n->f[0], n->ints, n->p[4], -1.0f);
 }
 
-static ag_tensor *rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta,
-                       const int32_t *pos, int64_t pos0)
-{
+static ag_tensor *rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta, const int32_t *pos,
+                       int64_t pos0) {
     ag_tensor *ins[] = {x};
-    if (!ag_check_inputs(ctx, "rope", site, 1, ins, (const char *[]){"x"}))
-        return NULL;
+    if (!ag_check_inputs(ctx, "rope", site, 1, ins, (const char *[]){"x"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
     char sx[64];
-    if (x->ndim != 3 || nh < 1 || hd < 2 || hd % 2 || hd > AG_ROPE_MAX_HEAD_DIM ||
-        x->shape[2] != (int64_t)nh * hd || !(theta > 0.0f)) {
-        ag_fail(ctx, AG_ERR_SHAPE, "rope %s: x %s does not fit %d heads of dimension %d "
+    if (x->ndim != 3 || nh < 1 || hd < 2 || hd % 2 || hd > AG_ROPE_MAX_HEAD_DIM || x->shape[2] != (int64_t)nh * hd ||
+        !(theta > 0.0f)) {
+        ag_fail(ctx, AG_ERR_SHAPE,
+                "rope %s: x %s does not fit %d heads of dimension %d "
                 "(expected [B, T, %lld], head dimension even and at most %d, theta > 0)",
                 s.base, ag_shape_str(x, sx), nh, hd, (long long)nh * hd, AG_ROPE_MAX_HEAD_DIM);
         return NULL;
     }
     int64_t B = x->shape[0], T = x->shape[1];
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
-    if (!y)
-        return NULL;
-    if (!mp_is_meta())
-        rope_rotate(y->data, false, x->data, B, T, nh, hd, theta, pos, pos0, 1.0f);
-    if (!ag_any_needs_grad(ctx, 1, ins))
-        return y;
+    if (!y) return NULL;
+    if (!mp_is_meta()) rope_rotate(y->data, false, x->data, B, T, nh, hd, theta, pos, pos0, 1.0f);
+    if (!ag_any_needs_grad(ctx, 1, ins)) return y;
     ag_node *n = ag_record(ctx, "rope", s.base, y, 1, ins, rope_backward);
     if (n && pos && !(n->ints = malloc((size_t)(B * T) * sizeof(int32_t))))
         ag_fail(ctx, AG_ERR_NOMEM, "rope %s: out of memory for the positions", s.base);
@@ -81,22 +72,18 @@ static ag_tensor *rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int 
         ag_release(y);
         return NULL;
     }
-    if (pos)
-        memcpy(n->ints, pos, (size_t)(B * T) * sizeof(int32_t));
+    if (pos) memcpy(n->ints, pos, (size_t)(B * T) * sizeof(int32_t));
     n->p[0] = B, n->p[1] = T, n->p[2] = nh, n->p[3] = hd, n->p[4] = pos0;
     n->f[0] = theta;
     return y;
 }
 
-ag_tensor *ag_rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta,
-                   int64_t pos0)
-{
+ag_tensor *ag_rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta, int64_t pos0) {
     return rope(ctx, site, x, nh, hd, theta, NULL, pos0);
 }
 
-ag_tensor *ag_rope_positions(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd,
-                             float theta, const int32_t *pos)
-{
+ag_tensor *ag_rope_positions(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta,
+                             const int32_t *pos) {
     if (ctx && ctx->status == AG_OK && !pos && !mp_is_meta()) { // meta mode has no positions
         ag_fail(ctx, AG_ERR_ARG, "rope %s: positions are NULL", site ? site : "");
         return NULL;

@@ -4,15 +4,13 @@
 #include "ag_internal.h"
 
 #if defined(__x86_64__)
-AG_AVX512 static __m512 neg16(__m512 x)
-{
+AG_AVX512 static __m512 neg16(__m512 x) {
     const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
     return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), sign));
 }
 
 // The loops below, 16 lanes at a time: the same operations in the same order, ag_exp16 for expf.
-AG_AVX512 static void silu_fwd_avx512(float *y, const float *x, int64_t n)
-{
+AG_AVX512 static void silu_fwd_avx512(float *y, const float *x, int64_t n) {
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 mk = ag_mask16(n - i);
@@ -22,9 +20,7 @@ AG_AVX512 static void silu_fwd_avx512(float *y, const float *x, int64_t n)
     }
 }
 
-AG_AVX512 static void silu_bwd_avx512(float *dx, const float *dy, const float *x, int64_t n,
-                                      bool fresh)
-{
+AG_AVX512 static void silu_bwd_avx512(float *dx, const float *dy, const float *x, int64_t n, bool fresh) {
     const __m512 one = _mm512_set1_ps(1.0f);
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 mk = ag_mask16(n - i);
@@ -32,27 +28,22 @@ AG_AVX512 static void silu_bwd_avx512(float *dx, const float *dy, const float *x
         __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, ag_exp16(neg16(xv))));
         __m512 t = _mm512_add_ps(one, _mm512_mul_ps(xv, _mm512_sub_ps(one, s)));
         __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, dy + i), s), t);
-        if (!fresh)
-            v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, dx + i), v);
+        if (!fresh) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, dx + i), v);
         _mm512_mask_storeu_ps(dx + i, mk, v);
     }
 }
 #endif
 
-static void silu_fwd(float *y, const float *x, int64_t n)
-{
+static void silu_fwd(float *y, const float *x, int64_t n) {
 #pragma omp parallel for if (n >= AG_OMP_MIN_EXP)
-    for (int64_t i = 0; i < n; i++)
-        y[i] = x[i] / (1.0f + expf(-x[i]));
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
 // Backward needs x: dy/dx = s (1 + x (1 - s)), s = sigmoid(x). Keeping y instead would not
 // spare x's sigmoid, and x is usually kept alive anyway (by the gate projection's output).
-static void silu_backward(ag_ctx *ctx, ag_node *n, const float *dy)
-{
+static void silu_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     ag_grad_dst d;
-    if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta())
-        return;
+    if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
     const float *x = n->saved[0]->data;
     float *dx = d.data;
     bool fresh = d.fresh;
@@ -70,16 +61,13 @@ static void silu_backward(ag_ctx *ctx, ag_node *n, const float *dy)
     }
 }
 
-ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x)
-{
+ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x) {
     ag_tensor *ins[] = {x};
-    if (!ag_check_inputs(ctx, "silu", site, 1, ins, (const char *[]){"x"}))
-        return NULL;
+    if (!ag_check_inputs(ctx, "silu", site, 1, ins, (const char *[]){"x"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
-    if (!y)
-        return NULL;
+    if (!y) return NULL;
     if (!mp_is_meta()) {
         const float *xd = x->data;
         float *yd = y->data;
@@ -90,8 +78,7 @@ ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x)
 #endif
             silu_fwd(yd, xd, x->numel);
     }
-    if (!ag_any_needs_grad(ctx, 1, ins))
-        return y;
+    if (!ag_any_needs_grad(ctx, 1, ins)) return y;
     ag_node *n = ag_record(ctx, "silu", s.base, y, 1, ins, silu_backward);
     if (!n) {
         ag_release(y);

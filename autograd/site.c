@@ -4,10 +4,8 @@
 
 #include "ag_internal.h"
 
-void ag_site_parse(ag_site *s, const char *site)
-{
-    if (!site || !*site)
-        site = "anon";
+void ag_site_parse(ag_site *s, const char *site) {
+    if (!site || !*site) site = "anon";
     const char *colon = strchr(site, ':');
     if (colon) {
         int len = (int)(colon - site);
@@ -19,7 +17,6 @@ void ag_site_parse(ag_site *s, const char *site)
     }
 }
 
-int ag_label(char *buf, const char *base, const char *suffix)
-{
+int ag_label(char *buf, const char *base, const char *suffix) {
     return snprintf(buf, AG_LABEL_MAX, "%s:%s", base, suffix);
 }

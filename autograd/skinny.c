@@ -22,8 +22,7 @@
 #define SK_NR 4 // forward tile: rows of w
 #define SK_BR 8 // backward tile: rows of w
 
-bool ag_has_avx512(void)
-{
+bool ag_has_avx512(void) {
     static int avx512 = -1;
     if (avx512 < 0) {
         __builtin_cpu_init();
@@ -34,21 +33,15 @@ bool ag_has_avx512(void)
 
 bool ag_skinny_available(int64_t M) { return ag_has_avx512() && M >= 1 && M <= AG_SKINNY_MAX_M; }
 
-bool ag_skinny_forward_available(int64_t M)
-{
-    return ag_has_avx512() && M >= 1 && M <= AG_SKINNY_FWD_MAX_M;
-}
+bool ag_skinny_forward_available(int64_t M) { return ag_has_avx512() && M >= 1 && M <= AG_SKINNY_FWD_MAX_M; }
 
 // y[mr, nr] = x[mr, K] · w[nr, K]ᵀ with y's rows ldy apart.
-AG_AVX512_INLINE void fwd_tile(int mr, int nr, const float *x, const float *w, int64_t K, float *y,
-                        int64_t ldy)
-{
+AG_AVX512_INLINE void fwd_tile(int mr, int nr, const float *x, const float *w, int64_t K, float *y, int64_t ldy) {
     __m512 acc[SK_MR][SK_NR];
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < nr; j++)
-            acc[i][j] = _mm512_setzero_ps();
+        for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k += 16) {
         __mmask16 mk = ag_lanes16(K - k);
         __m512 wv[SK_NR];
@@ -63,30 +56,24 @@ AG_AVX512_INLINE void fwd_tile(int mr, int nr, const float *x, const float *w, i
         for (int i = 0; i < mr; i++) {
             __m512 xv = _mm512_maskz_loadu_ps(mk, x + i * K + k);
 #pragma GCC unroll 8
-            for (int j = 0; j < nr; j++)
-                acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+            for (int j = 0; j < nr; j++) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
         }
     }
     if (nr == 4) {
 #pragma GCC unroll 8
-        for (int i = 0; i < mr; i++)
-            _mm_storeu_ps(y + i * ldy, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+        for (int i = 0; i < mr; i++) _mm_storeu_ps(y + i * ldy, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
         return;
     }
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < nr; j++)
-            y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
+        for (int j = 0; j < nr; j++) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
 }
 
 // One block of nr weight rows against all M rows of x, SK_MR rows at a time.
-AG_AVX512_INLINE void fwd_rows(int nr, const float *x, const float *w, int64_t M, int64_t K, float *y,
-                        int64_t N)
-{
+AG_AVX512_INLINE void fwd_rows(int nr, const float *x, const float *w, int64_t M, int64_t K, float *y, int64_t N) {
     int64_t i = 0;
-    for (; i + SK_MR <= M; i += SK_MR)
-        fwd_tile(SK_MR, nr, x + i * K, w, K, y + i * N, N);
+    for (; i + SK_MR <= M; i += SK_MR) fwd_tile(SK_MR, nr, x + i * K, w, K, y + i * N, N);
     switch (M - i) {
     case 5: fwd_tile(5, nr, x + i * K, w, K, y + i * N, N); break;
     case 4: fwd_tile(4, nr, x + i * K, w, K, y + i * N, N); break;
@@ -103,8 +90,7 @@ AG_AVX512_INLINE void fwd_rows(int nr, const float *x, const float *w, int64_t M
 #define SK_XBLOCK_BYTES ((int64_t)1 << 20)
 
 // Rows per pass: the fewest passes, rows split evenly between them in whole tiles.
-static int64_t fwd_block_rows(int64_t M, int64_t K)
-{
+static int64_t fwd_block_rows(int64_t M, int64_t K) {
     int64_t cap = SK_XBLOCK_BYTES / (K * (int64_t)sizeof(float)) / SK_MR * SK_MR;
     cap = cap < SK_MR ? SK_MR : cap;
     int64_t passes = (M + cap - 1) / cap;
@@ -112,9 +98,7 @@ static int64_t fwd_block_rows(int64_t M, int64_t K)
     return (rows + SK_MR - 1) / SK_MR * SK_MR;
 }
 
-AG_AVX512 static void skinny_forward(const float *x, const float *w, float *y, int64_t M,
-                                     int64_t N, int64_t K)
-{
+AG_AVX512 static void skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K) {
     int64_t blocks = N / SK_NR, rows = fwd_block_rows(M, K);
     // Every pass splits the weight's blocks the same way between threads (static schedule),
     // so each thread writes its own columns of y in every pass: no barrier between passes.
@@ -125,13 +109,10 @@ AG_AVX512 static void skinny_forward(const float *x, const float *w, float *y, i
         for (int64_t b = 0; b < blocks; b++)
             fwd_rows(SK_NR, x + m0 * K, w + b * SK_NR * K, mr, K, y + m0 * N + b * SK_NR, N);
     }
-    for (int64_t n = blocks * SK_NR; n < N; n++)
-        fwd_rows(1, x, w + n * K, M, K, y + n, N);
+    for (int64_t n = blocks * SK_NR; n < N; n++) fwd_rows(1, x, w + n * K, M, K, y + n, N);
 }
 
-void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N,
-                       int64_t K)
-{
+void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K) {
     double t0 = ag_blas_clock();
     skinny_forward(x, w, y, M, N, K);
     ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
@@ -141,10 +122,8 @@ void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int6
 // and dx[m, c] += Σ_n dy[m, n] w[n, c]. Fresh dw is written without being read; aligned, with
 // streaming stores (dw is not read again before the optimizer, and a streaming store skips
 // reading the line first).
-AG_AVX512_INLINE void bwd_tile(int nr, const float *dy, const float *x, const float *w, float *dx,
-                        float *dw, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t c,
-                        __mmask16 mk, bool fresh, bool stream)
-{
+AG_AVX512_INLINE void bwd_tile(int nr, const float *dy, const float *x, const float *w, float *dx, float *dw, int64_t M,
+                               int64_t N, int64_t K, int64_t n0, int64_t c, __mmask16 mk, bool fresh, bool stream) {
     __m512 wv[SK_BR], acc[SK_BR];
 #pragma GCC unroll 8
     for (int j = 0; j < nr; j++) {
@@ -177,10 +156,8 @@ AG_AVX512_INLINE void bwd_tile(int nr, const float *dy, const float *x, const fl
     }
 }
 
-AG_AVX512 static void skinny_backward(const float *dy, const float *x, const float *w, float *dx,
-                                      float *dw, int64_t M, int64_t N, int64_t K, bool dx_fresh,
-                                      bool dw_fresh)
-{
+AG_AVX512 static void skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw, int64_t M,
+                                      int64_t N, int64_t K, bool dx_fresh, bool dw_fresh) {
     int64_t chunks = (K + 15) / 16;
     // Streaming stores need every 16-column chunk 64-byte aligned: the base and K % 16 == 0.
     bool aligned = dw_fresh && K % 16 == 0 && ((uintptr_t)dw & 63) == 0;
@@ -190,42 +167,41 @@ AG_AVX512 static void skinny_backward(const float *dy, const float *x, const flo
         int64_t lo = chunks * t / nt * 16, hi = chunks * (t + 1) / nt * 16;
         hi = hi < K ? hi : K;
         if (dx_fresh)
-            for (int64_t m = 0; m < M && hi > lo; m++)
-                memset(dx + m * K + lo, 0, (size_t)(hi - lo) * sizeof(float));
+            for (int64_t m = 0; m < M && hi > lo; m++) memset(dx + m * K + lo, 0, (size_t)(hi - lo) * sizeof(float));
         int64_t n0 = 0;
         for (; n0 + SK_BR <= N; n0 += SK_BR)
             for (int64_t c = lo; c < hi; c += 16) {
                 __mmask16 mk = ag_lanes16(K - c);
-                bwd_tile(SK_BR, dy, x, w, dx, dw, M, N, K, n0, c, mk, dw_fresh,
-                         aligned && mk == 0xFFFF);
+                bwd_tile(SK_BR, dy, x, w, dx, dw, M, N, K, n0, c, mk, dw_fresh, aligned && mk == 0xFFFF);
             }
         for (; n0 < N; n0++)
             for (int64_t c = lo; c < hi; c += 16)
                 bwd_tile(1, dy, x, w, dx, dw, M, N, K, n0, c, ag_lanes16(K - c), dw_fresh, false);
-        if (aligned)
-            _mm_sfence(); // the streamed lines are visible before the threads join
+        if (aligned) _mm_sfence(); // the streamed lines are visible before the threads join
     }
 }
 
-void ag_skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw,
-                        int64_t M, int64_t N, int64_t K, bool dx_fresh, bool dw_fresh)
-{
+void ag_skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw, int64_t M, int64_t N,
+                        int64_t K, bool dx_fresh, bool dw_fresh) {
     double t0 = ag_blas_clock();
     skinny_backward(dy, x, w, dx, dw, M, N, K, dx_fresh, dw_fresh);
     ag_blas_account(t0, 2, 4.0 * (double)M * (double)N * (double)K);
 }
 #else // no AVX-512 kernels on this architecture: the callers use sgemm
 bool ag_has_avx512(void) { return false; }
-bool ag_skinny_available(int64_t M) { (void)M; return false; }
-bool ag_skinny_forward_available(int64_t M) { (void)M; return false; }
-void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N,
-                       int64_t K)
-{
+bool ag_skinny_available(int64_t M) {
+    (void)M;
+    return false;
+}
+bool ag_skinny_forward_available(int64_t M) {
+    (void)M;
+    return false;
+}
+void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K) {
     ag_sgemm(CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
 }
-void ag_skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw,
-                        int64_t M, int64_t N, int64_t K, bool dx_fresh, bool dw_fresh)
-{
+void ag_skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw, int64_t M, int64_t N,
+                        int64_t K, bool dx_fresh, bool dw_fresh) {
     ag_sgemm(CblasNoTrans, CblasNoTrans, M, K, N, 1.0f, dy, N, w, K, dx_fresh ? 0.0f : 1.0f, dx, K);
     ag_sgemm(CblasTrans, CblasNoTrans, N, K, M, 1.0f, dy, N, x, K, dw_fresh ? 0.0f : 1.0f, dw, K);
 }

@@ -4,8 +4,7 @@
 
 #include "ag_internal.h"
 
-static const char *status_text(mp_status st)
-{
+static const char *status_text(mp_status st) {
     switch (st) {
     case MP_ERR_BUDGET: return "over the memory budget";
     case MP_ERR_NOMEM: return "out of memory";
@@ -15,38 +14,33 @@ static const char *status_text(mp_status st)
     }
 }
 
-ag_meta_dtype ag_meta_dtype_f32(void)
-{
-    return (ag_meta_dtype){.act_bits = 32, .weight_bits = 32, .grad_bits = 32};
-}
+ag_meta_dtype ag_meta_dtype_f32(void) { return (ag_meta_dtype){.act_bits = 32, .weight_bits = 32, .grad_bits = 32}; }
 
 ag_meta_dtype ag_ctx_meta_dtype(const ag_ctx *ctx) { return ctx->dtype; }
 
-bool ag_ctx_set_meta_dtype(ag_ctx *ctx, const ag_meta_dtype *d)
-{
-    if (!ctx || ctx->status != AG_OK)
-        return false;
-    bool ok = d && (d->act_bits == 32 || d->act_bits == 16) &&
-              (d->grad_bits == 32 || d->grad_bits == 16) &&
-              (d->weight_bits == 32 || d->weight_bits == 16 || d->weight_bits == 8 ||
-               d->weight_bits == 4) &&
+bool ag_ctx_set_meta_dtype(ag_ctx *ctx, const ag_meta_dtype *d) {
+    if (!ctx || ctx->status != AG_OK) return false;
+    bool ok = d && (d->act_bits == 32 || d->act_bits == 16) && (d->grad_bits == 32 || d->grad_bits == 16) &&
+              (d->weight_bits == 32 || d->weight_bits == 16 || d->weight_bits == 8 || d->weight_bits == 4) &&
               d->group >= 0 && d->scale_bytes >= 0 && (d->group == 0 || d->weight_bits < 16);
     if (!ok)
-        return ag_fail(ctx, AG_ERR_ARG, "dtype: activations %d, weights %d, gradients %d bits, "
+        return ag_fail(ctx, AG_ERR_ARG,
+                       "dtype: activations %d, weights %d, gradients %d bits, "
                        "group %lld (expected 32 or 16 bits, weights also 8 or 4, a group only "
-                       "for weights under 16 bits)", d ? d->act_bits : 0, d ? d->weight_bits : 0,
-                       d ? d->grad_bits : 0, d ? (long long)d->group : 0LL);
+                       "for weights under 16 bits)",
+                       d ? d->act_bits : 0, d ? d->weight_bits : 0, d ? d->grad_bits : 0,
+                       d ? (long long)d->group : 0LL);
     bool f32 = d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32;
     if (!f32 && !mp_is_meta())
-        return ag_fail(ctx, AG_ERR_STATE, "dtype: real runs compute in float32; %d-bit weights, "
+        return ag_fail(ctx, AG_ERR_STATE,
+                       "dtype: real runs compute in float32; %d-bit weights, "
                        "%d-bit activations and %d-bit gradients are billed in meta mode only",
                        d->weight_bits, d->act_bits, d->grad_bits);
     ctx->dtype = *d;
     return true;
 }
 
-static int category_bits(const ag_ctx *ctx, mp_category cat)
-{
+static int category_bits(const ag_ctx *ctx, mp_category cat) {
     switch (cat) {
     case MP_WEIGHT: return ctx->dtype.weight_bits;
     case MP_GRADIENT: return ctx->dtype.grad_bits;
@@ -56,52 +50,39 @@ static int category_bits(const ag_ctx *ctx, mp_category cat)
     }
 }
 
-uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
-                         const char *label)
-{
+uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *label) {
     uint64_t numel = 1;
-    for (int i = 0; i < ndim; i++)
-        numel *= (uint64_t)shape[i];
+    for (int i = 0; i < ndim; i++) numel *= (uint64_t)shape[i];
     (void)label;
     int bits = category_bits(ctx, cat);
-    if (cat == MP_WEIGHT && bits < 16 && ndim == 1)
-        bits = ctx->dtype.act_bits; // norm weights are not quantised
-    if (cat != MP_WEIGHT || bits >= 16)
-        return numel * (uint64_t)bits / 8;
+    if (cat == MP_WEIGHT && bits < 16 && ndim == 1) bits = ctx->dtype.act_bits; // norm weights are not quantised
+    if (cat != MP_WEIGHT || bits >= 16) return numel * (uint64_t)bits / 8;
     // Quantised matrix: packed elements, then one scale per group of each row.
     uint64_t cols = (uint64_t)shape[ndim - 1], rows = numel / cols, g = (uint64_t)ctx->dtype.group;
     uint64_t bytes = (numel * (uint64_t)bits + 7) / 8;
-    if (g)
-        bytes += rows * ((cols + g - 1) / g) * (uint64_t)ctx->dtype.scale_bytes;
+    if (g) bytes += rows * ((cols + g - 1) / g) * (uint64_t)ctx->dtype.scale_bytes;
     return bytes;
 }
 
-static bool alloc_billed(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat,
-                         const char *label)
-{
+static bool alloc_billed(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label) {
     mp_status st = mp_alloc(b, bytes, cat, label);
-    if (st == MP_OK)
-        return true;
-    ag_status code = st == MP_ERR_BUDGET ? AG_ERR_BUDGET
+    if (st == MP_OK) return true;
+    ag_status code = st == MP_ERR_BUDGET  ? AG_ERR_BUDGET
                      : st == MP_ERR_NOMEM ? AG_ERR_NOMEM
                      : st == MP_ERR_STATE ? AG_ERR_STATE
                                           : AG_ERR_ARG;
-    return ag_fail(ctx, code, "cannot allocate %s (%zu bytes, %s): %s", label, bytes,
-                   mp_category_name(cat), status_text(st));
+    return ag_fail(ctx, code, "cannot allocate %s (%zu bytes, %s): %s", label, bytes, mp_category_name(cat),
+                   status_text(st));
 }
 
-bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label)
-{
+bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label) {
     uint64_t billed = (uint64_t)bytes / sizeof(float) * (uint64_t)category_bits(ctx, cat) / 8;
     return alloc_billed(ctx, b, bytes % sizeof(float) ? bytes : (size_t)billed, cat, label);
 }
 
-static bool shape_ok(ag_ctx *ctx, int ndim, const int64_t *shape, const char *label,
-                     int64_t *numel)
-{
+static bool shape_ok(ag_ctx *ctx, int ndim, const int64_t *shape, const char *label, int64_t *numel) {
     if (ndim < 1 || ndim > AG_MAX_DIMS || !shape)
-        return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: %d dimensions, expected 1 to %d", label,
-                       ndim, AG_MAX_DIMS);
+        return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: %d dimensions, expected 1 to %d", label, ndim, AG_MAX_DIMS);
     // A real tensor past 2^40 elements (4 TB) is a mistake; meta mode bills up to 2^48 (a
     // petabyte) so that a plan can say what does not fit. Both keep the byte sums far from
     // overflow.
@@ -109,10 +90,11 @@ static bool shape_ok(ag_ctx *ctx, int ndim, const int64_t *shape, const char *la
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 1)
-            return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: dimension %d is %lld, expected at least 1",
-                           label, i, (long long)shape[i]);
+            return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: dimension %d is %lld, expected at least 1", label, i,
+                           (long long)shape[i]);
         if (shape[i] > ((int64_t)1 << bits) / n)
-            return ag_fail(ctx, AG_ERR_SHAPE, "tensor %s: more than 2^%d elements (dimension %d is %lld "
+            return ag_fail(ctx, AG_ERR_SHAPE,
+                           "tensor %s: more than 2^%d elements (dimension %d is %lld "
                            "after %lld elements in the others): too large for one tensor",
                            label, bits, i, (long long)shape[i], (long long)n);
         n *= shape[i];
@@ -122,15 +104,12 @@ static bool shape_ok(ag_ctx *ctx, int ndim, const int64_t *shape, const char *la
 }
 
 // fp32: billed at 4 bytes an element whatever the dtype (statistics autocast keeps in float32).
-static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
-                             const char *site, bool fp32)
-{
-    if (!ctx || ctx->status != AG_OK)
-        return NULL;
+static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site,
+                             bool fp32) {
+    if (!ctx || ctx->status != AG_OK) return NULL;
     const char *label = site && *site ? site : "anon";
     int64_t numel = 0;
-    if (!shape_ok(ctx, ndim, shape, label, &numel))
-        return NULL;
+    if (!shape_ok(ctx, ndim, shape, label, &numel)) return NULL;
     ag_tensor *t = calloc(1, sizeof *t);
     if (!t) {
         ag_fail(ctx, AG_ERR_NOMEM, "out of memory for tensor %s", label);
@@ -142,8 +121,7 @@ static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
         return NULL;
     }
     t->ndim = ndim;
-    for (int i = 0; i < ndim; i++)
-        t->shape[i] = shape[i];
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
     t->numel = numel;
     t->data = t->block.data;
     t->refcount = 1;
@@ -151,25 +129,19 @@ static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
     return t;
 }
 
-ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
-                         const char *site)
-{
+ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site) {
     return tensor_new(ctx, ndim, shape, cat, site, false);
 }
 
-ag_tensor *ag_tensor_new_f32(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat,
-                             const char *site)
-{
+ag_tensor *ag_tensor_new_f32(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site) {
     return tensor_new(ctx, ndim, shape, cat, site, true);
 }
 
-ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, const char *label)
-{
+ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, const char *label) {
     return ag_tensor_new(ctx, t->ndim, t->shape, cat, label);
 }
 
-ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name)
-{
+ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name) {
     ag_tensor *t = ag_tensor_new(ctx, ndim, shape, MP_WEIGHT, name);
     if (t) {
         t->requires_grad = true;
@@ -178,28 +150,21 @@ ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char 
     return t;
 }
 
-ag_tensor *ag_retain(ag_tensor *t)
-{
-    if (t)
-        t->refcount++;
+ag_tensor *ag_retain(ag_tensor *t) {
+    if (t) t->refcount++;
     return t;
 }
 
-void ag_release(ag_tensor *t)
-{
-    if (!t || --t->refcount > 0)
-        return;
-    if (t->node)
-        t->node->out = NULL;
+void ag_release(ag_tensor *t) {
+    if (!t || --t->refcount > 0) return;
+    if (t->node) t->node->out = NULL;
     ag_release(t->grad);
     mp_free(&t->block);
     free(t);
 }
 
-void ag_zero_grad(ag_tensor *param)
-{
-    if (!param)
-        return;
+void ag_zero_grad(ag_tensor *param) {
+    if (!param) return;
     ag_release(param->grad);
     param->grad = NULL;
 }

@@ -12,8 +12,7 @@ const char *llama_site(char buf[96], int64_t i, const char *what) {
 }
 
 // x[B, T, H] -> x + down(silu(gate(norm(x))) * up(norm(x))); takes ownership of x.
-ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
-                           int64_t i) {
+ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
     char s[96];
     ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "post_attention_layernorm"), x, L->post_norm, (float)c->rms_eps);
     ag_tensor *g = ag_linear(ctx, llama_site(s, i, "mlp.gate_proj"), h, L->gate);
@@ -32,8 +31,8 @@ ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer
     return y;
 }
 
-void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i,
-               ag_tensor **q, ag_tensor **k, ag_tensor **v) {
+void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i, ag_tensor **q,
+               ag_tensor **k, ag_tensor **v) {
     char s[96];
     ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
     *q = ag_linear(ctx, llama_site(s, i, "self_attn.q_proj"), h, L->q);
@@ -53,8 +52,7 @@ ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_layer *L, ag_tensor *x, 
 }
 
 // x[B, T, H] -> x + attention(norm(x)); takes ownership of x.
-ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L,
-                                 ag_tensor *x, int64_t i) {
+ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
     char s[96];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
     const float theta = (float)c->rope_theta;
@@ -72,7 +70,6 @@ ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama
 }
 
 // One decoder block: x[B, T, H] -> mlp_block(attention_block(x)); takes ownership of x.
-ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
-                       int64_t i) {
+ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
     return llama_mlp_block(ctx, c, L, llama_attention_block(ctx, c, L, x, i), i);
 }

@@ -7,16 +7,13 @@
 const char *llama_site(char buf[96], int64_t i, const char *what);
 // The attention half's two ends, shared by training and generation. llama_qkv: q, k, v of
 // norm(x) (x stays the caller's). llama_attention_out: x + o_proj(a), taking ownership of x and a.
-void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i,
-               ag_tensor **q, ag_tensor **k, ag_tensor **v);
+void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i, ag_tensor **q,
+               ag_tensor **k, ag_tensor **v);
 ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_layer *L, ag_tensor *x, ag_tensor *a, int64_t i);
 // x[B, T, H] -> x + down(silu(gate(norm(x))) * up(norm(x))); takes ownership of x. Records on
 // the tape in grad mode, not otherwise.
-ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
-                           int64_t i);
+ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);
 // x[B, T, H] -> x + o_proj(attention(rope(q), rope(k), v)) of norm(x); takes ownership of x.
-ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L,
-                                 ag_tensor *x, int64_t i);
+ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);
 // One decoder block, the attention half then the MLP half; takes ownership of x.
-ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
-                       int64_t i);
+ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);

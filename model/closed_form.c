@@ -2,19 +2,19 @@
 // element sizes of a dtype; and the exact bytes of quantised weights.
 #include "model.h"
 
-void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq,
-                             const llama_dtype_bytes *d, llama_closed_form *out) {
-    const uint64_t B = (uint64_t)batch, T = (uint64_t)seq, H = (uint64_t)c->hidden,
-                   I = (uint64_t)c->intermediate, V = (uint64_t)c->vocab, D = (uint64_t)c->head_dim,
-                   hq = (uint64_t)c->heads, hkv = (uint64_t)c->kv_heads, L = (uint64_t)c->layers;
+void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
+                             llama_closed_form *out) {
+    const uint64_t B = (uint64_t)batch, T = (uint64_t)seq, H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate,
+                   V = (uint64_t)c->vocab, D = (uint64_t)c->head_dim, hq = (uint64_t)c->heads,
+                   hkv = (uint64_t)c->kv_heads, L = (uint64_t)c->layers;
     const uint64_t BT = B * T, a = d->activation, f32 = 4;
     out->params = llama_param_count(c);
     out->weights = out->params * d->weight;
     out->gradients = out->params * d->gradient;
     out->optimizer = out->params * d->optimizer;
     out->act_probs_per_block = B * hq * T * T * a;
-    out->act_per_block = (4 * BT * H + 2 * BT * hq * D + 2 * BT * hkv * D + 4 * BT * I) * a + 2 * BT * f32 +
-                         out->act_probs_per_block;
+    out->act_per_block =
+        (4 * BT * H + 2 * BT * hq * D + 2 * BT * hkv * D + 4 * BT * I) * a + 2 * BT * f32 + out->act_probs_per_block;
     // The head at the start of backward: the final norm's input and output, the logits and
     // their gradient, the float32 rstd and log-sum-exp rows.
     out->act_head = (2 * BT * H + 2 * BT * V) * a + 2 * BT * f32;
@@ -30,24 +30,22 @@ void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq,
 // MLP's backward, down_proj's allocating d(product) [B, T, I] next to d(down out) [B, T, H],
 // and the product's freeing its own [B, T, I] before the product's backward allocates
 // d(silu) and d(up) [B, T, I] each: the larger of the two is 2 x [B, T, I] or one of each.
-void llama_closed_form_checkpointing(const llama_config *c, int64_t batch, int64_t seq,
-                                     const llama_dtype_bytes *d, llama_closed_form *out) {
+void llama_closed_form_checkpointing(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
+                                     llama_closed_form *out) {
     const uint64_t B = (uint64_t)batch, T = (uint64_t)seq, a = d->activation;
-    const uint64_t BT = B * T, H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate,
-                   V = (uint64_t)c->vocab, L = (uint64_t)c->layers, f32 = 4;
+    const uint64_t BT = B * T, H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate, V = (uint64_t)c->vocab,
+                   L = (uint64_t)c->layers, f32 = 4;
     out->checkpointing = true;
     out->act_block_inputs = L * BT * H * a;
     out->act_head_moment = (2 * BT * H + 2 * BT * V) * a + 2 * BT * f32;
     // The loss tensor ([1]) is still held by the caller then.
     out->act_recompute = out->act_per_block + (BT * I + (I > H ? BT * I : BT * H) + 1) * a;
-    out->activations = out->act_block_inputs + (out->act_head_moment > out->act_recompute
-                                                    ? out->act_head_moment
-                                                    : out->act_recompute);
+    out->activations =
+        out->act_block_inputs + (out->act_head_moment > out->act_recompute ? out->act_head_moment : out->act_recompute);
 }
 
-void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq,
-                               uint64_t optimizer_bytes_per_param, bool checkpointing_on,
-                               llama_closed_form *out) {
+void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq, uint64_t optimizer_bytes_per_param,
+                               bool checkpointing_on, llama_closed_form *out) {
     llama_dtype_bytes d = {4, 4, 4, optimizer_bytes_per_param};
     llama_closed_form_dtype(c, batch, seq, &d, out);
     out->checkpointing = false;
@@ -55,8 +53,7 @@ void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq
     if (checkpointing_on) llama_closed_form_checkpointing(c, batch, seq, &d, out);
 }
 
-uint64_t llama_weight_bytes(const llama_config *c, int bits, int64_t group, int scale_bytes,
-                            int vector_bits) {
+uint64_t llama_weight_bytes(const llama_config *c, int bits, int64_t group, int scale_bytes, int vector_bits) {
     uint64_t total = 0;
     for (size_t i = 0; i < llama_param_count_tensors(c); i++) {
         char name[LLAMA_PARAM_NAME_MAX];
@@ -64,8 +61,10 @@ uint64_t llama_weight_bytes(const llama_config *c, int bits, int64_t group, int 
         int64_t shape[2];
         if (llama_param_spec(c, i, name, sizeof name, &ndim, shape) != 0) return 0;
         uint64_t rows = ndim == 2 ? (uint64_t)shape[0] : 1, cols = (uint64_t)shape[ndim - 1];
-        if (bits >= 16) total += rows * cols * (uint64_t)bits / 8;
-        else if (ndim == 1) total += cols * (uint64_t)vector_bits / 8;
+        if (bits >= 16)
+            total += rows * cols * (uint64_t)bits / 8;
+        else if (ndim == 1)
+            total += cols * (uint64_t)vector_bits / 8;
         else
             total += (rows * cols * (uint64_t)bits + 7) / 8 +
                      (group ? rows * ((cols + (uint64_t)group - 1) / (uint64_t)group) * (uint64_t)scale_bytes : 0);

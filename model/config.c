@@ -23,18 +23,15 @@ size_t llama_param_count_tensors(const llama_config *c) {
     return 2 + (size_t)c->layers * LLAMA_PARAMS_PER_LAYER + (c->tied ? 0 : 1);
 }
 
-int llama_param_spec(const llama_config *c, size_t i, char *name, size_t name_len, int *ndim,
-                     int64_t shape[2]) {
+int llama_param_spec(const llama_config *c, size_t i, char *name, size_t name_len, int *ndim, int64_t shape[2]) {
     static const char *const layer_names[LLAMA_PARAMS_PER_LAYER] = {
-        "input_layernorm",  "self_attn.q_proj", "self_attn.k_proj",
-        "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
-        "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj",
+        "input_layernorm",          "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "post_attention_layernorm", "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj",
     };
     size_t n = llama_param_count_tensors(c);
     if (i >= n) return -1;
     int64_t h = c->hidden, q, kv;
-    if (__builtin_mul_overflow(c->heads, c->head_dim, &q) ||
-        __builtin_mul_overflow(c->kv_heads, c->head_dim, &kv))
+    if (__builtin_mul_overflow(c->heads, c->head_dim, &q) || __builtin_mul_overflow(c->kv_heads, c->head_dim, &kv))
         return -1;
     int k;
     shape[1] = 1;
@@ -52,8 +49,7 @@ int llama_param_spec(const llama_config *c, size_t i, char *name, size_t name_le
         k = snprintf(name, name_len, "model.layers.%zu.%s.weight", layer, layer_names[j]);
         // rows (out features), columns (in features) of each tensor of a block, in order;
         // the two norms (j = 0 and 5) are vectors
-        const int64_t rows[LLAMA_PARAMS_PER_LAYER] = {h, q, kv, kv, h, h, c->intermediate,
-                                                      c->intermediate, h};
+        const int64_t rows[LLAMA_PARAMS_PER_LAYER] = {h, q, kv, kv, h, h, c->intermediate, c->intermediate, h};
         const int64_t cols[LLAMA_PARAMS_PER_LAYER] = {1, h, h, h, q, 1, h, h, c->intermediate};
         *ndim = (j == 0 || j == 5) ? 1 : 2;
         shape[0] = rows[j];
@@ -68,19 +64,17 @@ static bool add_ovf(uint64_t a, uint64_t b, uint64_t *r) { return __builtin_add_
 // Total parameters in closed form (the tests check it against the sum over
 // llama_param_spec), or -1 if a size is negative or a sum or product overflows 64 bits.
 static int param_total(const llama_config *c, uint64_t *out) {
-    const int64_t v[] = {c->hidden, c->intermediate, c->layers, c->heads, c->kv_heads,
-                         c->head_dim, c->vocab};
+    const int64_t v[] = {c->hidden, c->intermediate, c->layers, c->heads, c->kv_heads, c->head_dim, c->vocab};
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
         if (v[i] < 0) return -1;
     uint64_t h = (uint64_t)c->hidden, q, kv, attn, mlp, layer, embed, t;
     // per layer: q and o are q x h, k and v are kv x h, three MLP matrices, two norms
     if (mul_ovf((uint64_t)c->heads, (uint64_t)c->head_dim, &q) ||
-        mul_ovf((uint64_t)c->kv_heads, (uint64_t)c->head_dim, &kv) ||
-        add_ovf(q, kv, &attn) || mul_ovf(attn, h, &attn) || mul_ovf(attn, 2, &attn) ||
-        mul_ovf((uint64_t)c->intermediate, h, &mlp) || mul_ovf(mlp, 3, &mlp) ||
-        add_ovf(attn, mlp, &layer) || add_ovf(layer, h, &layer) || add_ovf(layer, h, &layer) ||
-        mul_ovf(layer, (uint64_t)c->layers, &t) || mul_ovf((uint64_t)c->vocab, h, &embed) ||
-        add_ovf(t, embed, &t) || add_ovf(t, h, &t) || (!c->tied && add_ovf(t, embed, &t)))
+        mul_ovf((uint64_t)c->kv_heads, (uint64_t)c->head_dim, &kv) || add_ovf(q, kv, &attn) ||
+        mul_ovf(attn, h, &attn) || mul_ovf(attn, 2, &attn) || mul_ovf((uint64_t)c->intermediate, h, &mlp) ||
+        mul_ovf(mlp, 3, &mlp) || add_ovf(attn, mlp, &layer) || add_ovf(layer, h, &layer) || add_ovf(layer, h, &layer) ||
+        mul_ovf(layer, (uint64_t)c->layers, &t) || mul_ovf((uint64_t)c->vocab, h, &embed) || add_ovf(t, embed, &t) ||
+        add_ovf(t, h, &t) || (!c->tied && add_ovf(t, embed, &t)))
         return -1;
     *out = t;
     return 0;
@@ -100,8 +94,7 @@ static int check_size(const char *field, int64_t v, int64_t max, ag_err *err) {
         return -1;
     }
     if (v > max) {
-        ag_err_set(err, "field %s (%lld) is absurd (at most %lld)", field, (long long)v,
-                   (long long)max);
+        ag_err_set(err, "field %s (%lld) is absurd (at most %lld)", field, (long long)v, (long long)max);
         return -1;
     }
     return 0;
@@ -129,31 +122,28 @@ static int validate(const llama_config *c, bool head_dim_derived, ag_err *err) {
                    (long long)c->kv_heads, (long long)c->heads);
         return -1;
     }
-    const char *hd = head_dim_derived ? ", hidden_size / num_attention_heads as head_dim is absent"
-                                      : "";
+    const char *hd = head_dim_derived ? ", hidden_size / num_attention_heads as head_dim is absent" : "";
     if (c->head_dim <= 0) {
         ag_err_set(err, "field head_dim (%lld%s) must be positive", (long long)c->head_dim, hd);
         return -1;
     }
     if (c->head_dim > AG_ROPE_MAX_HEAD_DIM) {
-        ag_err_set(err, "field head_dim (%lld%s) is too large (at most %d, RoPE's limit)",
-                   (long long)c->head_dim, hd, AG_ROPE_MAX_HEAD_DIM);
+        ag_err_set(err, "field head_dim (%lld%s) is too large (at most %d, RoPE's limit)", (long long)c->head_dim, hd,
+                   AG_ROPE_MAX_HEAD_DIM);
         return -1;
     }
     if (c->head_dim % 2 != 0) {
-        ag_err_set(err, "field head_dim (%lld%s) must be even (RoPE rotates pairs)",
-                   (long long)c->head_dim, hd);
+        ag_err_set(err, "field head_dim (%lld%s) must be even (RoPE rotates pairs)", (long long)c->head_dim, hd);
         return -1;
     }
     // written so that NaN fails every comparison
     if (!(c->rope_theta >= LLAMA_MIN_ROPE_THETA && c->rope_theta <= LLAMA_MAX_ROPE_THETA)) {
-        ag_err_set(err, "field rope_theta (%g) must be a number from %g to %g", c->rope_theta,
-                   LLAMA_MIN_ROPE_THETA, LLAMA_MAX_ROPE_THETA);
+        ag_err_set(err, "field rope_theta (%g) must be a number from %g to %g", c->rope_theta, LLAMA_MIN_ROPE_THETA,
+                   LLAMA_MAX_ROPE_THETA);
         return -1;
     }
     if (!(c->rms_eps >= LLAMA_MIN_RMS_EPS && c->rms_eps < 1)) {
-        ag_err_set(err, "field rms_norm_eps (%g) must be at least %g and below 1",
-                   c->rms_eps, LLAMA_MIN_RMS_EPS);
+        ag_err_set(err, "field rms_norm_eps (%g) must be at least %g and below 1", c->rms_eps, LLAMA_MIN_RMS_EPS);
         return -1;
     }
     uint64_t total;
@@ -174,8 +164,8 @@ static int read_small_file(const char *path, char **out, size_t *len, ag_err *er
     int fd = llama_open_regular(path, &size, err);
     if (fd < 0) return -1;
     if (size > CONFIG_MAX_BYTES) {
-        ag_err_set(err, "%s: %llu bytes is too large for a config.json (at most %u)", path,
-                   (unsigned long long)size, CONFIG_MAX_BYTES);
+        ag_err_set(err, "%s: %llu bytes is too large for a config.json (at most %u)", path, (unsigned long long)size,
+                   CONFIG_MAX_BYTES);
         close(fd);
         return -1;
     }
@@ -196,8 +186,7 @@ static int read_small_file(const char *path, char **out, size_t *len, ag_err *er
     }
     close(fd);
     if (got != size) {
-        ag_err_set(err, "%s: read failed: %s", path,
-                   errnum ? strerror(errnum) : "the file shrank while being read");
+        ag_err_set(err, "%s: read failed: %s", path, errnum ? strerror(errnum) : "the file shrank while being read");
         free(buf);
         return -1;
     }
@@ -221,8 +210,7 @@ static const char *json_kind(const json_t *v) {
 }
 
 // 1 found, 0 absent or null, -1 error (wrong type, or absent when required).
-static int get_int(const json_t *root, const char *path, const char *field, bool required,
-                   int64_t *out, ag_err *err) {
+static int get_int(const json_t *root, const char *path, const char *field, bool required, int64_t *out, ag_err *err) {
     const json_t *v = json_object_get(root, field);
     if (!v || json_is_null(v)) {
         if (!required) return 0;
@@ -231,19 +219,19 @@ static int get_int(const json_t *root, const char *path, const char *field, bool
     }
     if (!json_is_integer(v)) {
         if (json_is_real(v))
-            ag_err_set(err, "%s: field %s must be an integer written without a fraction or an "
-                       "exponent (it is the real number %g)", path, field, json_real_value(v));
+            ag_err_set(err,
+                       "%s: field %s must be an integer written without a fraction or an "
+                       "exponent (it is the real number %g)",
+                       path, field, json_real_value(v));
         else
-            ag_err_set(err, "%s: field %s must be an integer (it is %s)", path, field,
-                       json_kind(v));
+            ag_err_set(err, "%s: field %s must be an integer (it is %s)", path, field, json_kind(v));
         return -1;
     }
     *out = (int64_t)json_integer_value(v);
     return 1;
 }
 
-static int get_number(const json_t *root, const char *path, const char *field, double *out,
-                      ag_err *err) {
+static int get_number(const json_t *root, const char *path, const char *field, double *out, ag_err *err) {
     const json_t *v = json_object_get(root, field);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_number(v)) {
@@ -260,14 +248,12 @@ static int check_unsupported(const json_t *root, const char *path, ag_err *err) 
     for (size_t i = 0; i < 2; i++) {
         const json_t *v = json_object_get(root, bias_fields[i]);
         if (v && !json_is_null(v) && !json_is_false(v)) {
-            ag_err_set(err, "%s: field %s must be false (biases are not supported)", path,
-                       bias_fields[i]);
+            ag_err_set(err, "%s: field %s must be false (biases are not supported)", path, bias_fields[i]);
             return -1;
         }
     }
     const json_t *act = json_object_get(root, "hidden_act");
-    if (act && !json_is_null(act) &&
-        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+    if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
         ag_err_set(err, "%s: field hidden_act must be \"silu\"", path);
         return -1;
     }
@@ -276,8 +262,7 @@ static int check_unsupported(const json_t *root, const char *path, ag_err *err) 
 
 // The length of the UTF-8 sequence at p (at most n bytes there), or 0 if it is not one.
 static size_t utf8_len(const unsigned char *p, size_t n) {
-    size_t k = p[0] < 0x80 ? 1 : (p[0] & 0xe0) == 0xc0 ? 2 : (p[0] & 0xf0) == 0xe0 ? 3
-             : (p[0] & 0xf8) == 0xf0 ? 4 : 0;
+    size_t k = p[0] < 0x80 ? 1 : (p[0] & 0xe0) == 0xc0 ? 2 : (p[0] & 0xf0) == 0xe0 ? 3 : (p[0] & 0xf8) == 0xf0 ? 4 : 0;
     if (k == 0 || k > n) return 0;
     for (size_t i = 1; i < k; i++)
         if ((p[i] & 0xc0) != 0x80) return 0;
@@ -311,8 +296,7 @@ static void set_name(char *dst, size_t len, const char *src) {
     dst[used] = '\0';
 }
 
-static int parse_config(llama_config *c, bool *head_dim_derived, const json_t *root,
-                        const char *path, ag_err *err) {
+static int parse_config(llama_config *c, bool *head_dim_derived, const json_t *root, const char *path, ag_err *err) {
     const json_t *mt = json_object_get(root, "model_type");
     if (!mt) {
         ag_err_set(err, "%s: field model_type missing (expected \"llama\" or \"mistral\")", path);
@@ -356,14 +340,12 @@ static int parse_config(llama_config *c, bool *head_dim_derived, const json_t *r
     }
     const json_t *tied = json_object_get(root, "tie_word_embeddings");
     if (tied && !json_is_null(tied) && !json_is_boolean(tied)) {
-        ag_err_set(err, "%s: field tie_word_embeddings must be true or false (it is %s)", path,
-                   json_kind(tied));
+        ag_err_set(err, "%s: field tie_word_embeddings must be true or false (it is %s)", path, json_kind(tied));
         return -1;
     }
     c->tied = tied && json_is_true(tied);
     const json_t *nm = json_object_get(root, "_name_or_path");
-    set_name(c->name, sizeof c->name,
-             json_is_string(nm) && json_string_length(nm) ? json_string_value(nm) : path);
+    set_name(c->name, sizeof c->name, json_is_string(nm) && json_string_length(nm) ? json_string_value(nm) : path);
     return 0;
 }
 
@@ -390,8 +372,7 @@ static void field_at(char *out, size_t len, const char *text, size_t n, int pos)
     out[k] = '\0';
 }
 
-int llama_config_parse(llama_config *out, const char *text, size_t len, const char *origin,
-                       ag_err *err) {
+int llama_config_parse(llama_config *out, const char *text, size_t len, const char *origin, ag_err *err) {
     const char *path = origin ? origin : "config.json";
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -399,8 +380,7 @@ int llama_config_parse(llama_config *out, const char *text, size_t len, const ch
         char field[80], in[128] = "";
         field_at(field, sizeof field, text, len, jerr.position);
         if (field[0]) snprintf(in, sizeof in, ", in field %s", field);
-        ag_err_set(err, "%s: not valid JSON (line %d, column %d%s: %s)", path, jerr.line,
-                   jerr.column, in, jerr.text);
+        ag_err_set(err, "%s: not valid JSON (line %d, column %d%s: %s)", path, jerr.line, jerr.column, in, jerr.text);
         return -1;
     }
     int rc = -1;

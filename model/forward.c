@@ -19,8 +19,7 @@ static ag_tensor *block_fn(ag_ctx *ctx, const void *arg, ag_tensor *x) {
 }
 
 // Block i on x, taking ownership of x; checkpointed, only x stays for backward.
-static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, bool checkpointing, ag_tensor *x,
-                            int64_t i) {
+static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, bool checkpointing, ag_tensor *x, int64_t i) {
     if (!checkpointing) return llama_block(ctx, &m->cfg, &m->layers[i], x, i);
     char s[96];
     snprintf(s, sizeof s, "layers.%lld", (long long)i);
@@ -30,18 +29,19 @@ static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, bool checkpointin
     return y;
 }
 
-ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B,
-                              int64_t T, ag_err *err) {
+ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B, int64_t T, ag_err *err) {
     return llama_forward_loss_opts(ctx, m, NULL, ids, B, T, err);
 }
 
-ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forward_opts *opts,
-                                   const int32_t *ids, int64_t B, int64_t T, ag_err *err) {
+ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forward_opts *opts, const int32_t *ids,
+                                   int64_t B, int64_t T, ag_err *err) {
     const llama_config *c = &m->cfg;
     const bool checkpointing = opts && opts->checkpointing;
     if (B < 1 || T < 2 || T > c->max_positions) {
-        ag_err_set(err, "batch %lld x length %lld: a training step needs batch >= 1 and a length of 2 to %lld tokens "
-                   "(max_position_embeddings)", (long long)B, (long long)T, (long long)c->max_positions);
+        ag_err_set(err,
+                   "batch %lld x length %lld: a training step needs batch >= 1 and a length of 2 to %lld tokens "
+                   "(max_position_embeddings)",
+                   (long long)B, (long long)T, (long long)c->max_positions);
         return NULL;
     }
     if (!mp_is_meta() && B > INT32_MAX / T) { // meta mode holds no ids, so only a real run has this limit

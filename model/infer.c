@@ -17,9 +17,9 @@ typedef struct {
     ag_ctx *ctx;
     llama_model *m;
     const llama_config *c;
-    int64_t B, cap;    // batch, prompt + new tokens
-    int64_t len;       // tokens of each row so far
-    int32_t *ids, *mask, *pos; // [B, cap]
+    int64_t B, cap;               // batch, prompt + new tokens
+    int64_t len;                  // tokens of each row so far
+    int32_t *ids, *mask, *pos;    // [B, cap]
     int32_t *step_ids, *step_pos; // [B * cap]: the tokens one forward runs over, contiguous
     int32_t *next;                // [B]
     ag_kv_cache **kv;             // [layers] with the cache, else NULL
@@ -30,7 +30,6 @@ static double now(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // One forward
@@ -45,8 +44,8 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
     const float theta = (float)c->rope_theta;
     char s[96];
-    ag_kv_cache *kv = g->kv ? g->kv[i]
-                            : ag_kv_cache_new(ctx, llama_site(s, i, "self_attn"), MP_ACTIVATION, g->B, hkv, hd);
+    ag_kv_cache *kv =
+        g->kv ? g->kv[i] : ag_kv_cache_new(ctx, llama_site(s, i, "self_attn"), MP_ACTIVATION, g->B, hkv, hd);
     ag_tensor *q, *k, *v;
     llama_qkv(ctx, c, L, x, i, &q, &k, &v);
     ag_tensor *qr = ag_rope_positions(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, theta, g->step_pos);
@@ -61,7 +60,6 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     if (!g->kv) ag_kv_cache_free(kv);
     return llama_attention_out(ctx, L, x, a, i);
 }
-
 
 // x[B, t, H] -> x[B, 1, H], its last position; takes ownership of x.
 static ag_tensor *last_position(ag_ctx *ctx, ag_tensor *x) {
@@ -88,8 +86,7 @@ static ag_tensor *head(gen *g, ag_tensor *x, bool all_positions) {
 
 // dst[B, t] = src[:, from .. from + t) of a [B, cap] array.
 static void gather(int32_t *dst, const int32_t *src, const gen *g, int64_t from, int64_t t) {
-    for (int64_t b = 0; src && b < g->B; b++)
-        memcpy(dst + b * t, src + b * g->cap + from, (size_t)t * sizeof(int32_t));
+    for (int64_t b = 0; src && b < g->B; b++) memcpy(dst + b * t, src + b * g->cap + from, (size_t)t * sizeof(int32_t));
 }
 
 // Logits of tokens [from, len) of every row (all positions, or the last one).
@@ -138,37 +135,48 @@ static int check_mask(const int32_t *mask, int64_t B, int64_t T, ag_err *err) {
         const int32_t *m = mask + b * T;
         for (int64_t j = 0; j < T; j++) {
             if (m[j] != 0 && m[j] != 1) {
-                ag_err_set(err, "attention mask row %lld, column %lld: %d, expected 0 (pad) "
-                              "or 1 (real token)", (long long)b, (long long)j, m[j]);
+                ag_err_set(err,
+                           "attention mask row %lld, column %lld: %d, expected 0 (pad) "
+                           "or 1 (real token)",
+                           (long long)b, (long long)j, m[j]);
                 return -1;
             }
             if (j > 0 && m[j - 1] == 1 && m[j] == 0) {
-                ag_err_set(err, "attention mask row %lld: a pad at column %lld follows a real "
-                              "token; prompts must be left-padded (pads first)", (long long)b, (long long)j);
+                ag_err_set(err,
+                           "attention mask row %lld: a pad at column %lld follows a real "
+                           "token; prompts must be left-padded (pads first)",
+                           (long long)b, (long long)j);
                 return -1;
             }
         }
         if (m[T - 1] == 0) {
-            ag_err_set(err, "attention mask row %lld is all pads: every prompt needs at least "
-                          "one real token", (long long)b);
+            ag_err_set(err,
+                       "attention mask row %lld is all pads: every prompt needs at least "
+                       "one real token",
+                       (long long)b);
             return -1;
         }
     }
     return 0;
 }
 
-static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, const int32_t *mask,
-                      int64_t B, int64_t T, int64_t n, const int32_t *out, ag_err *err) {
+static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, const int32_t *mask, int64_t B, int64_t T,
+                      int64_t n, const int32_t *out, ag_err *err) {
     // Meta mode reads no ids: a bill of shapes takes no host memory per token.
     bool meta = mp_is_meta();
     if (!ctx || !m || (!ids && !meta) || !out) {
-        ag_err_set(err, "generate: %s is NULL", !ctx ? "the context" : !m ? "the model"
-                      : !ids ? "the prompt ids" : "the output ids");
+        ag_err_set(err, "generate: %s is NULL",
+                   !ctx   ? "the context"
+                   : !m   ? "the model"
+                   : !ids ? "the prompt ids"
+                          : "the output ids");
         return -1;
     }
     if (ag_is_grad_enabled(ctx) || ag_ctx_status(ctx) != AG_OK) {
-        ag_err_set(err, "generate: %s", ag_ctx_status(ctx) != AG_OK ? ag_ctx_error(ctx)
-                      : "grad mode is on; generation runs without a tape (ag_set_grad_enabled(ctx, false))");
+        ag_err_set(err, "generate: %s",
+                   ag_ctx_status(ctx) != AG_OK
+                       ? ag_ctx_error(ctx)
+                       : "grad mode is on; generation runs without a tape (ag_set_grad_enabled(ctx, false))");
         return -1;
     }
     const llama_config *c = &m->cfg;
@@ -176,15 +184,17 @@ static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, con
     if (B < 1 || (!meta && B > INT32_MAX / c->max_positions) || T < 1 || n < 1 || T > c->max_positions ||
         n - 1 > c->max_positions - T) {
         if (B > INT32_MAX / c->max_positions && B >= 1)
-            ag_err_set(err, "generate: batch %lld x max_position_embeddings %lld passes 2^31 (the positions of a real "
-                       "run are 32-bit): at most batch %lld, or meta mode", (long long)B,
-                       (long long)c->max_positions, (long long)(INT32_MAX / c->max_positions));
+            ag_err_set(err,
+                       "generate: batch %lld x max_position_embeddings %lld passes 2^31 (the positions of a real "
+                       "run are 32-bit): at most batch %lld, or meta mode",
+                       (long long)B, (long long)c->max_positions, (long long)(INT32_MAX / c->max_positions));
         else
-            ag_err_set(err, "generate: batch %lld, prompt of %lld tokens, %lld new tokens: expected "
-                      "batch >= 1, a prompt of at least 1 token, at least 1 new token, and the "
-                      "prompt + new tokens - 1 (the tokens run through the model) at most "
-                      "max_position_embeddings (%lld)", (long long)B, (long long)T, (long long)n,
-                      (long long)c->max_positions);
+            ag_err_set(err,
+                       "generate: batch %lld, prompt of %lld tokens, %lld new tokens: expected "
+                       "batch >= 1, a prompt of at least 1 token, at least 1 new token, and the "
+                       "prompt + new tokens - 1 (the tokens run through the model) at most "
+                       "max_position_embeddings (%lld)",
+                       (long long)B, (long long)T, (long long)n, (long long)c->max_positions);
         return -1;
     }
     if (ids && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return -1;
@@ -203,8 +213,8 @@ static void gen_free(gen *g) {
 }
 
 // Copies the prompt and its mask, sets the positions, makes the (empty) caches.
-static int gen_init(gen *g, ag_ctx *ctx, llama_model *m, bool use_cache, const int32_t *ids,
-                    const int32_t *mask, int64_t B, int64_t T, int64_t n, ag_err *err) {
+static int gen_init(gen *g, ag_ctx *ctx, llama_model *m, bool use_cache, const int32_t *ids, const int32_t *mask,
+                    int64_t B, int64_t T, int64_t n, ag_err *err) {
     memset(g, 0, sizeof *g);
     g->ctx = ctx, g->m = m, g->c = &m->cfg, g->B = B, g->cap = T + n, g->len = T;
     // Meta mode keeps no ids, positions or mask: nothing per token on the host.
@@ -219,8 +229,7 @@ static int gen_init(gen *g, ag_ctx *ctx, llama_model *m, bool use_cache, const i
     }
     g->next = malloc((size_t)B * sizeof(int32_t));
     g->kv = use_cache ? calloc((size_t)g->c->layers, sizeof *g->kv) : NULL;
-    bool ok = (meta || (g->ids && g->mask && g->pos && g->step_ids && g->step_pos)) && g->next &&
-              (g->kv || !use_cache);
+    bool ok = (meta || (g->ids && g->mask && g->pos && g->step_ids && g->step_pos)) && g->next && (g->kv || !use_cache);
     for (int64_t b = 0; ok && !meta && b < B; b++) {
         int64_t real = 0;
         for (int64_t j = 0; j < T; j++) {
@@ -233,8 +242,8 @@ static int gen_init(gen *g, ag_ctx *ctx, llama_model *m, bool use_cache, const i
     }
     char s[96];
     for (int64_t i = 0; ok && use_cache && i < g->c->layers; i++) {
-        g->kv[i] = ag_kv_cache_new(ctx, llama_site(s, i, "self_attn"), MP_CACHE, B, (int)g->c->kv_heads,
-                                   (int)g->c->head_dim);
+        g->kv[i] =
+            ag_kv_cache_new(ctx, llama_site(s, i, "self_attn"), MP_CACHE, B, (int)g->c->kv_heads, (int)g->c->head_dim);
         ok = g->kv[i] != NULL;
     }
     if (!ok) {
@@ -300,8 +309,7 @@ static int step(gen *g, int64_t k, ag_err *err) {
     ag_tensor *logits = forward(g, cached && k > 0 ? g->len - 1 : 0, k == 0);
     if (!logits) {
         const char *why = ag_ctx_error(g->ctx);
-        ag_err_set(err, "generate, %s %lld: %s", k ? "decode step" : "prefill", (long long)k,
-                      why ? why : "failed");
+        ag_err_set(err, "generate, %s %lld: %s", k ? "decode step" : "prefill", (long long)k, why ? why : "failed");
         return -1;
     }
     pick(g, logits);
@@ -309,10 +317,9 @@ static int step(gen *g, int64_t k, ag_err *err) {
     return 0;
 }
 
-static void record(gen *g, const llama_generate_opts *o, llama_generate_stats *st, int64_t k,
-                   double seconds) {
-    llama_generate_step s = {.step = k, .positions = g->kv && k > 0 ? 1 : g->len, .seconds = seconds,
-                             .next = g->next, .cache = g->kv};
+static void record(gen *g, const llama_generate_opts *o, llama_generate_stats *st, int64_t k, double seconds) {
+    llama_generate_step s = {
+        .step = k, .positions = g->kv && k > 0 ? 1 : g->len, .seconds = seconds, .next = g->next, .cache = g->kv};
     mp_counter cc = mp_get_counter(MP_CACHE);
     s.cache_bytes = cc.live, s.cache_usable = cc.live_usable;
     if (g->kv) ag_kv_cache_shape(g->kv[0], s.cache_shape);
@@ -326,10 +333,9 @@ static void record(gen *g, const llama_generate_opts *o, llama_generate_stats *s
     if (o->on_step) o->on_step(o->user, &s);
 }
 
-int llama_generate(ag_ctx *ctx, llama_model *m, const llama_generate_opts *opts,
-                   const int32_t *prompt_ids, const int32_t *mask, int64_t B, int64_t T,
-                   int64_t new_tokens, int32_t *out_ids, llama_generate_stats *stats,
-                   ag_err *err) {
+int llama_generate(ag_ctx *ctx, llama_model *m, const llama_generate_opts *opts, const int32_t *prompt_ids,
+                   const int32_t *mask, int64_t B, int64_t T, int64_t new_tokens, int32_t *out_ids,
+                   llama_generate_stats *stats, ag_err *err) {
     const llama_generate_opts defaults = {.use_cache = true};
     const llama_generate_opts *o = opts ? opts : &defaults;
     if (stats) memset(stats, 0, sizeof *stats);

@@ -39,13 +39,13 @@ typedef struct {
 // The bounds of llama_config_validate, which presets and config.json files both pass through.
 // Each is far past any published model and small enough that every product of two sizes stays
 // well inside 64 bits and that autograd's int-sized arguments hold any size.
-#define LLAMA_MAX_PARAMS 10000000000000ULL  // 10^13 parameters; past it the config is absurd
-#define LLAMA_MAX_HIDDEN (1 << 20)          // hidden_size
-#define LLAMA_MAX_INTERMEDIATE (1 << 22)    // intermediate_size
-#define LLAMA_MAX_LAYERS 100000             // num_hidden_layers
-#define LLAMA_MAX_HEADS (1 << 16)           // num_attention_heads (num_key_value_heads divides it)
-#define LLAMA_MAX_VOCAB (1 << 24)           // vocab_size
-#define LLAMA_MAX_POSITIONS (1 << 24)       // max_position_embeddings
+#define LLAMA_MAX_PARAMS 10000000000000ULL // 10^13 parameters; past it the config is absurd
+#define LLAMA_MAX_HIDDEN (1 << 20)         // hidden_size
+#define LLAMA_MAX_INTERMEDIATE (1 << 22)   // intermediate_size
+#define LLAMA_MAX_LAYERS 100000            // num_hidden_layers
+#define LLAMA_MAX_HEADS (1 << 16)          // num_attention_heads (num_key_value_heads divides it)
+#define LLAMA_MAX_VOCAB (1 << 24)          // vocab_size
+#define LLAMA_MAX_POSITIONS (1 << 24)      // max_position_embeddings
 // head_dim: even (RoPE rotates pairs) and at most AG_ROPE_MAX_HEAD_DIM (autograd.h).
 // rope_theta in [1, 10^12]: RoPE runs in float32, where a smaller base underflows to 0 or makes
 // every frequency collapse to 1, and a larger one leaves every frequency but the first at 0.
@@ -79,8 +79,7 @@ int llama_config_load(llama_config *out, const char *path, ag_err *err);
 
 // The same from text already in memory (len bytes, no terminator needed); origin names it in
 // messages and is the fallback name (NULL: "config.json").
-int llama_config_parse(llama_config *out, const char *text, size_t len, const char *origin,
-                       ag_err *err);
+int llama_config_parse(llama_config *out, const char *text, size_t len, const char *origin, ag_err *err);
 
 // Sanity of a config: every size positive and within the bounds above, num_key_value_heads
 // divides num_attention_heads, head_dim even and at most AG_ROPE_MAX_HEAD_DIM, rope_theta and
@@ -113,8 +112,7 @@ size_t llama_param_count_tensors(const llama_config *c);
 
 // Name and shape of parameter i. shape[1] is 1 when ndim is 1. Returns -1 when i is out of
 // range or the name does not fit in name_len bytes.
-int llama_param_spec(const llama_config *c, size_t i, char *name, size_t name_len, int *ndim,
-                     int64_t shape[2]);
+int llama_param_spec(const llama_config *c, size_t i, char *name, size_t name_len, int *ndim, int64_t shape[2]);
 
 // Sum of the parameter shapes; 0 if it would overflow (a config that passes
 // llama_config_validate never does).
@@ -169,35 +167,31 @@ int llama_st_open(llama_st_file **out, const char *path, ag_err *err);
 void llama_st_close(llama_st_file *f); // NULL is ignored
 const char *llama_st_path(const llama_st_file *f);
 size_t llama_st_count(const llama_st_file *f);
-const llama_st_tensor *llama_st_get(const llama_st_file *f, size_t i);       // NULL past the end
+const llama_st_tensor *llama_st_get(const llama_st_file *f, size_t i);          // NULL past the end
 const llama_st_tensor *llama_st_find(const llama_st_file *f, const char *name); // NULL if absent
-const char *llama_st_dtype_name(llama_st_dtype d);                            // "F32", "BF16"...
+const char *llama_st_dtype_name(llama_st_dtype d);                              // "F32", "BF16"...
 
 // Copy a floating-point tensor (F32, BF16 or F16) into dst as float32; every conversion is
 // exact. count must equal the tensor's numel. The data is read straight into dst (16-bit values
 // widened in place), so nothing of the file stays in the resident set beyond dst itself, and no
 // other buffer is allocated. A file that has shrunk since it was opened makes the read fail,
 // naming the file and the tensor (never a SIGBUS). Safe to call from several threads at once.
-int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *dst, size_t count,
-                      ag_err *err);
+int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *dst, size_t count, ag_err *err);
 // The same for an integer tensor (I64 or I32, e.g. token ids), as int64.
-int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t *dst,
-                      size_t count, ag_err *err);
+int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t *dst, size_t count, ag_err *err);
 
 // Every parameter of c is present, floating point, and shaped as the config says. A tied
 // config accepts lm_head.weight when it has the embedding's shape. Any other tensor is an
 // error naming it unless allow_extra. The message names the first tensor at fault and how
 // many more there are.
-int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool allow_extra,
-                          ag_err *err);
+int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool allow_extra, ag_err *err);
 
 // --weights PATH: a .safetensors file, or a folder holding config.json and model.safetensors.
 // For a folder both paths are filled and both files must be regular files that open (a FIFO, a
 // device or a folder in their place is refused, naming it); for a file st_path is the file and
 // config_path is "" (the config then comes from --model or --config). Any other kind of path (a
 // FIFO, a device) is refused at once. Both buffers hold len bytes.
-int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len,
-                          ag_err *err);
+int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len, ag_err *err);
 
 // ================================================================================================
 // Safetensors writing
@@ -213,14 +207,12 @@ int llama_weights_resolve(const char *path, char *config_path, char *st_path, si
 // followed (the file behind it is replaced, the link stays); a character device or FIFO
 // (/dev/null) is written in place, never replaced; a folder or block device is refused.
 int llama_st_write_f32(const char *path, size_t n, const char *const *names, const int *ndims,
-                       const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS],
-                       const float *const *data, ag_err *err);
+                       const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS], const float *const *data, ag_err *err);
 // The same file written to f from its current position, then flushed (f stays open). A bad
 // tensor list is refused before anything is written; a write error is reported from errno.
 // Messages name the tensor at fault, not the file (the caller knows it).
 int llama_st_write_f32_file(FILE *f, size_t n, const char *const *names, const int *ndims,
-                            const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS],
-                            const float *const *data, ag_err *err);
+                            const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS], const float *const *data, ag_err *err);
 
 // ================================================================================================
 // The model: parameters and the training forward
@@ -235,7 +227,7 @@ typedef struct {
 // Parameters as autograd leaves (category weight), named as Hugging Face names them.
 typedef struct {
     llama_config cfg;
-    ag_tensor *embed;   // [vocab, hidden]
+    ag_tensor *embed; // [vocab, hidden]
     llama_layer *layers;
     ag_tensor *norm;    // [hidden]
     ag_tensor *lm_head; // [vocab, hidden]; the embedding itself when tied
@@ -263,8 +255,7 @@ int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, ag_e
 // The training forward: embedding, the blocks, final norm, head, next-token cross-entropy of
 // ids[B*T] (labels = ids shifted by one, mean over B*(T-1) positions). Returns the loss
 // tensor [1] (owned by the caller), or NULL with the message in err.
-ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B,
-                              int64_t T, ag_err *err);
+ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B, int64_t T, ag_err *err);
 
 // How the training forward runs.
 typedef struct {
@@ -274,8 +265,8 @@ typedef struct {
 } llama_forward_opts;
 
 // llama_forward_loss with options (NULL: the defaults, all false).
-ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forward_opts *opts,
-                                   const int32_t *ids, int64_t B, int64_t T, ag_err *err);
+ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forward_opts *opts, const int32_t *ids,
+                                   int64_t B, int64_t T, ag_err *err);
 
 // ================================================================================================
 // The closed form of a training step's bill, term by term (float32, or other dtypes as meta
@@ -285,10 +276,10 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
 // What each category comes to, derived from the shapes and from what each op saves for
 // backward (autograd/op_*.c), so that it can be read beside the measured bill.
 typedef struct {
-    uint64_t params;           // P
-    uint64_t weights;          // P x 4 (x weight bytes)
-    uint64_t gradients;        // P x 4 (x gradient bytes)
-    uint64_t optimizer;        // P x state bytes per parameter
+    uint64_t params;    // P
+    uint64_t weights;   // P x 4 (x weight bytes)
+    uint64_t gradients; // P x 4 (x gradient bytes)
+    uint64_t optimizer; // P x state bytes per parameter
     // Saved per block (bytes): 4 hidden-sized tensors (block input, its norm, the attention
     // output + residual, its norm), 2 rows of rstd, q and the attention output, k and v, the
     // attention probabilities (heads x s^2), 4 intermediate-sized tensors (gate, silu, up, product).
@@ -299,8 +290,8 @@ typedef struct {
     // input and output, the logits and their gradient, and the rstd and log-sum-exp rows
     // (float32).
     uint64_t act_head;
-    uint64_t activations;      // layers x act_per_block + act_head: the activation peak
-    uint64_t kv_cache;         // 2 x layers x kv_heads x head_dim x seq x batch x act bytes
+    uint64_t activations; // layers x act_per_block + act_head: the activation peak
+    uint64_t kv_cache;    // 2 x layers x kv_heads x head_dim x seq x batch x act bytes
     // With checkpointing (full recomputation), activations = act_block_inputs + the larger of
     // act_head_moment and act_recompute; the three are 0 without it.
     bool checkpointing;
@@ -314,9 +305,8 @@ typedef struct {
 } llama_closed_form;
 
 // Float32 throughout; checkpointing: every block under ag_checkpoint (llama_forward_opts).
-void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq,
-                               uint64_t optimizer_bytes_per_param, bool checkpointing,
-                               llama_closed_form *out);
+void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq, uint64_t optimizer_bytes_per_param,
+                               bool checkpointing, llama_closed_form *out);
 
 // Bytes per element of each category (4 float32, 2 bf16 / fp16), and of optimizer state per
 // parameter (Adam 8 in float32, 4 in bf16; mixed precision 12: fp32 master, exp_avg, exp_avg_sq).
@@ -325,19 +315,18 @@ typedef struct {
     uint64_t optimizer;
 } llama_dtype_bytes;
 
-void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq,
-                             const llama_dtype_bytes *d, llama_closed_form *out);
+void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
+                             llama_closed_form *out);
 // Turns a closed form from llama_closed_form_dtype (the same arguments) into the one with
 // checkpointing: sets checkpointing, act_block_inputs, act_head_moment, act_recompute and
 // activations; the other fields stay.
-void llama_closed_form_checkpointing(const llama_config *c, int64_t batch, int64_t seq,
-                                     const llama_dtype_bytes *d, llama_closed_form *out);
+void llama_closed_form_checkpointing(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
+                                     llama_closed_form *out);
 
 // The exact bytes of the parameters at `bits` a weight element (32, 16, 8, 4). Under 16 bits
 // matrices pack their elements and add one scale of scale_bytes per group of `group` elements
 // of each row (group 0: no scales), and vectors (norm weights) keep vector_bits an element.
-uint64_t llama_weight_bytes(const llama_config *c, int bits, int64_t group, int scale_bytes,
-                            int vector_bits);
+uint64_t llama_weight_bytes(const llama_config *c, int bits, int64_t group, int scale_bytes, int vector_bits);
 
 // ================================================================================================
 // Inference: greedy generation with a KV cache (infer.c)
@@ -345,11 +334,11 @@ uint64_t llama_weight_bytes(const llama_config *c, int bits, int64_t group, int 
 
 // What one forward of a generation did, handed to the step callback while its cache is alive.
 typedef struct {
-    int64_t step;        // 0: the prefill (the prompt's forward); k >= 1: decode step k
-    int64_t positions;   // tokens the forward ran over: the prompt, 1 per cached decode step, or
-                         // the whole sequence so far without the cache
-    double seconds;      // the forward and the greedy choice
-    const int32_t *next; // [B]: the id each row chose
+    int64_t step;                       // 0: the prefill (the prompt's forward); k >= 1: decode step k
+    int64_t positions;                  // tokens the forward ran over: the prompt, 1 per cached decode step, or
+                                        // the whole sequence so far without the cache
+    double seconds;                     // the forward and the greedy choice
+    const int32_t *next;                // [B]: the id each row chose
     uint64_t cache_bytes, cache_usable; // live category cache: requested bytes, size classes
     int64_t cache_shape[4];             // layer 0's keys (B, kv_heads, tokens, head_dim); zeros
                                         // without the cache
@@ -396,7 +385,6 @@ void llama_generate_stats_free(llama_generate_stats *s); // NULL is ignored; zer
 // prompt + new_tokens - 1 (every token a forward runs over; the last new token is only chosen)
 // must fit max_position_embeddings. stats may be NULL; when not, free it
 // with llama_generate_stats_free, also after an error (it then holds the steps that ran).
-int llama_generate(ag_ctx *ctx, llama_model *m, const llama_generate_opts *opts,
-                   const int32_t *prompt_ids, const int32_t *mask, int64_t B, int64_t T,
-                   int64_t new_tokens, int32_t *out_ids, llama_generate_stats *stats,
-                   ag_err *err);
+int llama_generate(ag_ctx *ctx, llama_model *m, const llama_generate_opts *opts, const int32_t *prompt_ids,
+                   const int32_t *mask, int64_t B, int64_t T, int64_t new_tokens, int32_t *out_ids,
+                   llama_generate_stats *stats, ag_err *err);

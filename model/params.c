@@ -11,8 +11,8 @@ static ag_tensor **param_slot(llama_model *m, size_t i) {
     if (i == 0) return &m->embed;
     if (i <= nl * per) {
         llama_layer *L = &m->layers[(i - 1) / per];
-        ag_tensor **slots[LLAMA_PARAMS_PER_LAYER] = {&L->input_norm, &L->q, &L->k, &L->v, &L->o,
-                                                     &L->post_norm, &L->gate, &L->up, &L->down};
+        ag_tensor **slots[LLAMA_PARAMS_PER_LAYER] = {&L->input_norm, &L->q,    &L->k,  &L->v,   &L->o,
+                                                     &L->post_norm,  &L->gate, &L->up, &L->down};
         return slots[(i - 1) % per];
     }
     return i == nl * per + 1 ? &m->norm : &m->lm_head;
@@ -165,8 +165,8 @@ int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err
 int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, ag_err *err) {
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= c->vocab) {
-            ag_err_set(err, "token id %d at position %zu is out of range: the vocabulary has ids 0 to %lld",
-                          ids[i], i, (long long)c->vocab - 1);
+            ag_err_set(err, "token id %d at position %zu is out of range: the vocabulary has ids 0 to %lld", ids[i], i,
+                       (long long)c->vocab - 1);
             return -1;
         }
     return 0;

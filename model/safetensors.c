@@ -24,9 +24,9 @@
 
 struct llama_st_file {
     char *path;
-    int fd;              // -1 once closed or before open
-    uint64_t data_start; // 8 + header length
-    uint64_t data_len;   // bytes after the header when the file was opened
+    int fd;                   // -1 once closed or before open
+    uint64_t data_start;      // 8 + header length
+    uint64_t data_len;        // bytes after the header when the file was opened
     llama_st_tensor *tensors; // in data order
     size_t n;
     const llama_st_tensor **by_name; // sorted by name
@@ -57,8 +57,7 @@ static unsigned dtype_size(llama_st_dtype d) {
 static void format_shape(char *buf, size_t len, const int64_t *shape, int ndim) {
     size_t used = (size_t)snprintf(buf, len, "[");
     for (int d = 0; d < ndim && used < len; d++)
-        used += (size_t)snprintf(buf + used, len - used, "%s%lld", d ? ", " : "",
-                                 (long long)shape[d]);
+        used += (size_t)snprintf(buf + used, len - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
     if (used < len) snprintf(buf + used, len - used, "]");
 }
 
@@ -77,8 +76,7 @@ static int64_t json_index(const json_t *v) {
     return (int64_t)json_integer_value(v);
 }
 
-static int parse_dtype(llama_st_tensor *t, const json_t *entry, const char *path,
-                       ag_err *err) {
+static int parse_dtype(llama_st_tensor *t, const json_t *entry, const char *path, ag_err *err) {
     const json_t *d = json_object_get(entry, "dtype");
     if (!json_is_string(d)) {
         ag_err_set(err, "%s: tensor %s: field dtype missing or not a string", path, t->name);
@@ -90,18 +88,16 @@ static int parse_dtype(llama_st_tensor *t, const json_t *entry, const char *path
             return 0;
         }
     }
-    ag_err_set(err,
-                  "%s: tensor %s: unsupported dtype \"%s\" (expected F32, BF16, F16, I64 or I32)",
-                  path, t->name, json_string_value(d));
+    ag_err_set(err, "%s: tensor %s: unsupported dtype \"%s\" (expected F32, BF16, F16, I64 or I32)", path, t->name,
+               json_string_value(d));
     return -1;
 }
 
-static int parse_shape(llama_st_tensor *t, const json_t *entry, const char *path,
-                       ag_err *err) {
+static int parse_shape(llama_st_tensor *t, const json_t *entry, const char *path, ag_err *err) {
     const json_t *s = json_object_get(entry, "shape");
     if (!json_is_array(s) || json_array_size(s) > LLAMA_ST_MAX_DIMS) {
-        ag_err_set(err, "%s: tensor %s: field shape must be an array of at most %d integers",
-                      path, t->name, LLAMA_ST_MAX_DIMS);
+        ag_err_set(err, "%s: tensor %s: field shape must be an array of at most %d integers", path, t->name,
+                   LLAMA_ST_MAX_DIMS);
         return -1;
     }
     t->ndim = (int)json_array_size(s);
@@ -110,8 +106,7 @@ static int parse_shape(llama_st_tensor *t, const json_t *entry, const char *path
     for (int d = 0; d < t->ndim; d++) {
         t->shape[d] = json_index(json_array_get(s, (size_t)d));
         if (t->shape[d] < 0) {
-            ag_err_set(err, "%s: tensor %s: field shape must hold non-negative integers", path,
-                          t->name);
+            ag_err_set(err, "%s: tensor %s: field shape must hold non-negative integers", path, t->name);
             return -1;
         }
         overflow |= __builtin_mul_overflow(t->numel, (uint64_t)t->shape[d], &t->numel);
@@ -120,42 +115,45 @@ static int parse_shape(llama_st_tensor *t, const json_t *entry, const char *path
     if (overflow || __builtin_mul_overflow(t->numel, (uint64_t)size, &t->nbytes)) {
         char sh[160];
         format_shape(sh, sizeof sh, t->shape, t->ndim);
-        ag_err_set(err, "%s: tensor %s: shape %s is absurd (its byte size overflows 64 bits)",
-                      path, t->name, sh);
+        ag_err_set(err, "%s: tensor %s: shape %s is absurd (its byte size overflows 64 bits)", path, t->name, sh);
         return -1;
     }
     return 0;
 }
 
-static int parse_offsets(llama_st_tensor *t, const json_t *entry, uint64_t data_len,
-                         const char *path, ag_err *err) {
+static int parse_offsets(llama_st_tensor *t, const json_t *entry, uint64_t data_len, const char *path, ag_err *err) {
     const json_t *o = json_object_get(entry, "data_offsets");
     int64_t begin = json_index(json_array_get(o, 0)), end = json_index(json_array_get(o, 1));
     if (!json_is_array(o) || json_array_size(o) != 2 || begin < 0 || end < begin) {
-        ag_err_set(err, "%s: tensor %s: field data_offsets must be [begin, end] with "
-                      "0 <= begin <= end", path, t->name);
+        ag_err_set(err,
+                   "%s: tensor %s: field data_offsets must be [begin, end] with "
+                   "0 <= begin <= end",
+                   path, t->name);
         return -1;
     }
     if ((uint64_t)end > data_len) {
-        ag_err_set(err, "%s: tensor %s: data_offsets [%lld, %lld] go past the end of the data "
-                      "(%llu bytes; is the file truncated?)", path, t->name, (long long)begin,
-                      (long long)end, (unsigned long long)data_len);
+        ag_err_set(err,
+                   "%s: tensor %s: data_offsets [%lld, %lld] go past the end of the data "
+                   "(%llu bytes; is the file truncated?)",
+                   path, t->name, (long long)begin, (long long)end, (unsigned long long)data_len);
         return -1;
     }
     t->offset = (uint64_t)begin;
     if ((uint64_t)(end - begin) != t->nbytes) {
         char sh[160];
         format_shape(sh, sizeof sh, t->shape, t->ndim);
-        ag_err_set(err, "%s: tensor %s: data_offsets span %llu bytes but shape %s of %s "
-                      "needs %llu", path, t->name, (unsigned long long)(end - begin), sh,
-                      llama_st_dtype_name(t->dtype), (unsigned long long)t->nbytes);
+        ag_err_set(err,
+                   "%s: tensor %s: data_offsets span %llu bytes but shape %s of %s "
+                   "needs %llu",
+                   path, t->name, (unsigned long long)(end - begin), sh, llama_st_dtype_name(t->dtype),
+                   (unsigned long long)t->nbytes);
         return -1;
     }
     return 0;
 }
 
-static int parse_entry(llama_st_tensor *t, const char *key, const json_t *entry,
-                       uint64_t data_len, const char *path, ag_err *err) {
+static int parse_entry(llama_st_tensor *t, const char *key, const json_t *entry, uint64_t data_len, const char *path,
+                       ag_err *err) {
     if (key[0] == '\0') {
         ag_err_set(err, "%s: a tensor has an empty name", path);
         return -1;
@@ -166,8 +164,7 @@ static int parse_entry(llama_st_tensor *t, const char *key, const json_t *entry,
         return -1;
     }
     if (!json_is_object(entry)) {
-        ag_err_set(err, "%s: tensor %s: expected an object with dtype, shape, data_offsets",
-                      path, key);
+        ag_err_set(err, "%s: tensor %s: expected an object with dtype, shape, data_offsets", path, key);
         return -1;
     }
     if (parse_dtype(t, entry, path, err) != 0 || parse_shape(t, entry, path, err) != 0 ||
@@ -189,12 +186,9 @@ static int check_overlaps(const llama_st_file *f, ag_err *err) {
         const llama_st_tensor *t = &f->tensors[i];
         if (t->nbytes == 0) continue; // occupies no bytes
         if (prev && t->offset < prev->offset + prev->nbytes) {
-            ag_err_set(err,
-                          "%s: tensors %s and %s overlap (bytes [%llu, %llu) and [%llu, %llu))",
-                          f->path, prev->name, t->name, (unsigned long long)prev->offset,
-                          (unsigned long long)(prev->offset + prev->nbytes),
-                          (unsigned long long)t->offset,
-                          (unsigned long long)(t->offset + t->nbytes));
+            ag_err_set(err, "%s: tensors %s and %s overlap (bytes [%llu, %llu) and [%llu, %llu))", f->path, prev->name,
+                       t->name, (unsigned long long)prev->offset, (unsigned long long)(prev->offset + prev->nbytes),
+                       (unsigned long long)t->offset, (unsigned long long)(t->offset + t->nbytes));
             return -1;
         }
         prev = t;
@@ -203,8 +197,7 @@ static int check_overlaps(const llama_st_file *f, ag_err *err) {
 }
 
 static int by_name_cmp(const void *a, const void *b) {
-    return strcmp((*(const llama_st_tensor *const *)a)->name,
-                  (*(const llama_st_tensor *const *)b)->name);
+    return strcmp((*(const llama_st_tensor *const *)a)->name, (*(const llama_st_tensor *const *)b)->name);
 }
 
 static int parse_header(llama_st_file *f, const json_t *root, ag_err *err) {
@@ -223,8 +216,7 @@ static int parse_header(llama_st_file *f, const json_t *root, ag_err *err) {
     const json_t *value;
     json_object_foreach((json_t *)root, key, value) {
         if (strcmp(key, "__metadata__") == 0) continue;
-        if (parse_entry(&f->tensors[f->n++], key, value, f->data_len, f->path, err) != 0)
-            return -1;
+        if (parse_entry(&f->tensors[f->n++], key, value, f->data_len, f->path, err) != 0) return -1;
     }
     qsort(f->tensors, f->n, sizeof *f->tensors, by_offset);
     if (check_overlaps(f, err) != 0) return -1;
@@ -297,40 +289,41 @@ static int open_file(llama_st_file *f, ag_err *err) {
     f->fd = llama_open_regular(f->path, &size, err);
     if (f->fd < 0) return -1;
     if (size < 8) {
-        ag_err_set(err, "%s: %llu bytes is too short for a safetensors file (8-byte header "
-                      "length first)", f->path, (unsigned long long)size);
+        ag_err_set(err,
+                   "%s: %llu bytes is too short for a safetensors file (8-byte header "
+                   "length first)",
+                   f->path, (unsigned long long)size);
         return -1;
     }
     uint8_t len8[8];
     int64_t k = pread_full(f->fd, len8, 8, 0);
     if (k != 8) {
         ag_err_set(err, "%s: cannot read the header length: %s", f->path,
-                      k < 0 ? strerror(errno) : "the file shrank while being opened");
+                   k < 0 ? strerror(errno) : "the file shrank while being opened");
         return -1;
     }
     uint64_t hlen = load_le(len8, 8);
     if (hlen > size - 8) {
-        ag_err_set(err, "%s: header length %llu goes past the end of the file (%llu bytes)",
-                      f->path, (unsigned long long)hlen, (unsigned long long)size);
+        ag_err_set(err, "%s: header length %llu goes past the end of the file (%llu bytes)", f->path,
+                   (unsigned long long)hlen, (unsigned long long)size);
         return -1;
     }
     if (hlen > ST_HEADER_MAX) {
-        ag_err_set(err, "%s: header length %llu is absurd (at most %llu)", f->path,
-                      (unsigned long long)hlen, ST_HEADER_MAX);
+        ag_err_set(err, "%s: header length %llu is absurd (at most %llu)", f->path, (unsigned long long)hlen,
+                   ST_HEADER_MAX);
         return -1;
     }
     f->data_start = 8 + hlen;
     f->data_len = size - 8 - hlen;
     char *text = malloc(hlen ? (size_t)hlen : 1);
     if (!text) {
-        ag_err_set(err, "%s: out of memory for a header of %llu bytes", f->path,
-                      (unsigned long long)hlen);
+        ag_err_set(err, "%s: out of memory for a header of %llu bytes", f->path, (unsigned long long)hlen);
         return -1;
     }
     k = pread_full(f->fd, text, hlen, 8);
     if (k < 0 || (uint64_t)k != hlen) {
         ag_err_set(err, "%s: cannot read the header: %s", f->path,
-                      k < 0 ? strerror(errno) : "the file shrank while being opened");
+                   k < 0 ? strerror(errno) : "the file shrank while being opened");
         free(text);
         return -1;
     }
@@ -338,8 +331,7 @@ static int open_file(llama_st_file *f, ag_err *err) {
     json_t *root = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     free(text);
     if (!root) {
-        ag_err_set(err, "%s: header is not valid JSON (column %d: %s)", f->path, jerr.column,
-                      jerr.text);
+        ag_err_set(err, "%s: header is not valid JSON (column %d: %s)", f->path, jerr.column, jerr.text);
         return -1;
     }
     int rc = parse_header(f, root, err);
@@ -379,9 +371,7 @@ const char *llama_st_path(const llama_st_file *f) { return f->path; }
 
 size_t llama_st_count(const llama_st_file *f) { return f->n; }
 
-const llama_st_tensor *llama_st_get(const llama_st_file *f, size_t i) {
-    return i < f->n ? &f->tensors[i] : NULL;
-}
+const llama_st_tensor *llama_st_get(const llama_st_file *f, size_t i) { return i < f->n ? &f->tensors[i] : NULL; }
 
 const llama_st_tensor *llama_st_find(const llama_st_file *f, const char *name) {
     size_t lo = 0, hi = f->n;
@@ -390,8 +380,10 @@ const llama_st_tensor *llama_st_find(const llama_st_file *f, const char *name) {
         const llama_st_tensor *t = f->by_name[mid];
         int c = strcmp(name, t->name);
         if (c == 0) return t;
-        if (c < 0) hi = mid;
-        else lo = mid + 1;
+        if (c < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
     }
     return NULL;
 }
@@ -425,15 +417,14 @@ static float bits_to_float(uint32_t bits) {
     return f;
 }
 
-static int check_read(const llama_st_file *f, const llama_st_tensor *t, size_t count,
-                      ag_err *err) {
+static int check_read(const llama_st_file *f, const llama_st_tensor *t, size_t count, ag_err *err) {
     if (t < f->tensors || t >= f->tensors + f->n) {
         ag_err_set(err, "%s: tensor descriptor does not belong to this file", f->path);
         return -1;
     }
     if ((uint64_t)count != t->numel) {
-        ag_err_set(err, "%s: tensor %s holds %llu elements, the destination %zu", f->path,
-                      t->name, (unsigned long long)t->numel, count);
+        ag_err_set(err, "%s: tensor %s holds %llu elements, the destination %zu", f->path, t->name,
+                   (unsigned long long)t->numel, count);
         return -1;
     }
     return 0;
@@ -449,10 +440,11 @@ static int read_raw(const llama_st_file *f, const llama_st_tensor *t, void *dst,
         return -1;
     }
     if ((uint64_t)got != t->nbytes) {
-        ag_err_set(err, "%s: tensor %s: the file now ends at byte %llu, inside the tensor's "
-                      "bytes [%llu, %llu) (was it truncated while open?)", f->path, t->name,
-                      (unsigned long long)current_size(f->fd), (unsigned long long)begin,
-                      (unsigned long long)(begin + t->nbytes));
+        ag_err_set(err,
+                   "%s: tensor %s: the file now ends at byte %llu, inside the tensor's "
+                   "bytes [%llu, %llu) (was it truncated while open?)",
+                   f->path, t->name, (unsigned long long)current_size(f->fd), (unsigned long long)begin,
+                   (unsigned long long)(begin + t->nbytes));
         return -1;
     }
     return 0;
@@ -464,12 +456,11 @@ static int read_raw(const llama_st_file *f, const llama_st_tensor *t, void *dst,
 #define ST_HOST_LE 0
 #endif
 
-int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *dst, size_t count,
-                      ag_err *err) {
+int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *dst, size_t count, ag_err *err) {
     if (check_read(f, t, count, err) != 0) return -1;
     if (t->dtype != LLAMA_ST_F32 && t->dtype != LLAMA_ST_BF16 && t->dtype != LLAMA_ST_F16) {
-        ag_err_set(err, "%s: tensor %s has dtype %s, expected F32, BF16 or F16", f->path,
-                      t->name, llama_st_dtype_name(t->dtype));
+        ag_err_set(err, "%s: tensor %s has dtype %s, expected F32, BF16 or F16", f->path, t->name,
+                   llama_st_dtype_name(t->dtype));
         return -1;
     }
     if (count == 0) return 0;
@@ -480,27 +471,23 @@ int llama_st_read_f32(const llama_st_file *f, const llama_st_tensor *t, float *d
     switch (t->dtype) {
     case LLAMA_ST_F32:
         if (!ST_HOST_LE)
-            for (size_t i = 0; i < count; i++)
-                dst[i] = bits_to_float((uint32_t)load_le(raw + 4 * i, 4));
+            for (size_t i = 0; i < count; i++) dst[i] = bits_to_float((uint32_t)load_le(raw + 4 * i, 4));
         break;
     case LLAMA_ST_BF16: // the top half of a float32
-        for (size_t i = 0; i < count; i++)
-            dst[i] = bits_to_float((uint32_t)load_le(raw + 2 * i, 2) << 16);
+        for (size_t i = 0; i < count; i++) dst[i] = bits_to_float((uint32_t)load_le(raw + 2 * i, 2) << 16);
         break;
     default:
-        for (size_t i = 0; i < count; i++)
-            dst[i] = half_to_float((uint16_t)load_le(raw + 2 * i, 2));
+        for (size_t i = 0; i < count; i++) dst[i] = half_to_float((uint16_t)load_le(raw + 2 * i, 2));
         break;
     }
     return 0;
 }
 
-int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t *dst,
-                      size_t count, ag_err *err) {
+int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t *dst, size_t count, ag_err *err) {
     if (check_read(f, t, count, err) != 0) return -1;
     if (t->dtype != LLAMA_ST_I64 && t->dtype != LLAMA_ST_I32) {
         ag_err_set(err, "%s: tensor %s has dtype %s, expected I64 or I32", f->path, t->name,
-                      llama_st_dtype_name(t->dtype));
+                   llama_st_dtype_name(t->dtype));
         return -1;
     }
     if (count == 0) return 0;
@@ -519,13 +506,11 @@ int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t 
 // ---------------------------------------------------------------------------------------------
 // Parameters against a config
 
-static bool is_float(llama_st_dtype d) {
-    return d == LLAMA_ST_F32 || d == LLAMA_ST_BF16 || d == LLAMA_ST_F16;
-}
+static bool is_float(llama_st_dtype d) { return d == LLAMA_ST_F32 || d == LLAMA_ST_BF16 || d == LLAMA_ST_F16; }
 
 // The first fault of one expected tensor, or 0 if it is present and right.
-static int param_fault(const llama_st_file *f, const char *name, int ndim, const int64_t *shape,
-                       char *msg, size_t len) {
+static int param_fault(const llama_st_file *f, const char *name, int ndim, const int64_t *shape, char *msg,
+                       size_t len) {
     const llama_st_tensor *t = llama_st_find(f, name);
     if (!t) {
         snprintf(msg, len, "%s: tensor %s missing", f->path, name);
@@ -537,8 +522,7 @@ static int param_fault(const llama_st_file *f, const char *name, int ndim, const
         char got[160], want[160];
         format_shape(got, sizeof got, t->shape, t->ndim);
         format_shape(want, sizeof want, shape, ndim);
-        snprintf(msg, len, "%s: tensor %s has shape %s, the config expects %s", f->path, name, got,
-                 want);
+        snprintf(msg, len, "%s: tensor %s has shape %s, the config expects %s", f->path, name, got, want);
         return 1;
     }
     if (!is_float(t->dtype)) {
@@ -549,9 +533,7 @@ static int param_fault(const llama_st_file *f, const char *name, int ndim, const
     return 0;
 }
 
-static int str_cmp(const void *a, const void *b) {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
+static int str_cmp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
 // Tensors of the file that are not in the sorted list of expected names.
 static int check_extras(const llama_st_file *f, const char **names, size_t n, ag_err *err) {
@@ -565,16 +547,16 @@ static int check_extras(const llama_st_file *f, const char **names, size_t n, ag
     }
     if (!extra) return 0;
     if (extra == 1)
-        ag_err_set(err, "%s: unexpected tensor %s (not a parameter of this config)", f->path,
-                      first);
+        ag_err_set(err, "%s: unexpected tensor %s (not a parameter of this config)", f->path, first);
     else
-        ag_err_set(err, "%s: unexpected tensor %s (not a parameter of this config) and %zu "
-                      "more", f->path, first, extra - 1);
+        ag_err_set(err,
+                   "%s: unexpected tensor %s (not a parameter of this config) and %zu "
+                   "more",
+                   f->path, first, extra - 1);
     return -1;
 }
 
-int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool allow_extra,
-                          ag_err *err) {
+int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool allow_extra, ag_err *err) {
     ag_err verr;
     if (llama_config_validate(c, &verr) != 0) {
         ag_err_set(err, "%s: cannot check against an invalid config: %s", f->path, verr.msg);
@@ -596,17 +578,17 @@ int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool al
         char *name = store + i * LLAMA_PARAM_NAME_MAX;
         int ndim = 2;
         int64_t shape[2] = {c->vocab, c->hidden};
-        if (i < n) llama_param_spec(c, i, name, LLAMA_PARAM_NAME_MAX, &ndim, shape);
-        else snprintf(name, LLAMA_PARAM_NAME_MAX, "lm_head.weight");
+        if (i < n)
+            llama_param_spec(c, i, name, LLAMA_PARAM_NAME_MAX, &ndim, shape);
+        else
+            snprintf(name, LLAMA_PARAM_NAME_MAX, "lm_head.weight");
         names[i] = name;
         char msg[sizeof err->msg];
-        if (param_fault(f, name, ndim, shape, msg, sizeof msg) && faults++ == 0)
-            ag_err_set(err, "%s", msg);
+        if (param_fault(f, name, ndim, shape, msg, sizeof msg) && faults++ == 0) ag_err_set(err, "%s", msg);
     }
     if (faults > 1 && err) {
         size_t used = strlen(err->msg);
-        snprintf(err->msg + used, sizeof err->msg - used, " (and %zu more tensors at fault)",
-                 faults - 1);
+        snprintf(err->msg + used, sizeof err->msg - used, " (and %zu more tensors at fault)", faults - 1);
     }
     int rc = faults ? -1 : 0;
     if (rc == 0 && !allow_extra) {
@@ -646,8 +628,7 @@ static int folder_file(const char *path, ag_err *err) {
     return 0;
 }
 
-int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len,
-                          ag_err *err) {
+int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len, ag_err *err) {
     struct stat st;
     if (stat(path, &st) != 0) {
         ag_err_set(err, "%s: %s", path, strerror(errno));
@@ -663,8 +644,7 @@ int llama_weights_resolve(const char *path, char *config_path, char *st_path, si
         return 0;
     }
     if (!S_ISDIR(st.st_mode)) {
-        ag_err_set(err, "%s: neither a .safetensors file nor a folder (it is %s)", path,
-                      file_kind(st.st_mode));
+        ag_err_set(err, "%s: neither a .safetensors file nor a folder (it is %s)", path, file_kind(st.st_mode));
         return -1;
     }
     if (join(config_path, len, path, "config.json", err) != 0 ||
@@ -680,11 +660,11 @@ int llama_weights_resolve(const char *path, char *config_path, char *st_path, si
     if (r < 0) return -1;
     if (r > 0) {
         char index[4096];
-        bool sharded = join(index, sizeof index, path, "model.safetensors.index.json", NULL) == 0 &&
-                       is_regular(index);
+        bool sharded = join(index, sizeof index, path, "model.safetensors.index.json", NULL) == 0 && is_regular(index);
         ag_err_set(err, "%s: folder holds no model.safetensors%s", path,
-                      sharded ? " (sharded checkpoints are not supported: merge the shards into "
-                                "one model.safetensors)" : "");
+                   sharded ? " (sharded checkpoints are not supported: merge the shards into "
+                             "one model.safetensors)"
+                           : "");
         return -1;
     }
     return 0;

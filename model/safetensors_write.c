@@ -18,8 +18,8 @@
 #define WRITE_CHUNK 16384 // floats converted per write
 
 // Checks tensor i and adds its header entry at *offset, which it advances.
-static int add_entry(json_t *root, const char *name, int ndim,
-                     const int64_t *shape, const float *data, uint64_t *offset, ag_err *err) {
+static int add_entry(json_t *root, const char *name, int ndim, const int64_t *shape, const float *data,
+                     uint64_t *offset, ag_err *err) {
     if (!name || !name[0] || strcmp(name, "__metadata__") == 0) {
         ag_err_set(err, "a tensor has an empty or reserved name");
         return -1;
@@ -29,8 +29,7 @@ static int add_entry(json_t *root, const char *name, int ndim,
         return -1;
     }
     if (ndim < 0 || ndim > LLAMA_ST_WRITE_MAX_DIMS) {
-        ag_err_set(err, "tensor %s: ndim %d (expected 0 to %d)", name, ndim,
-                      LLAMA_ST_WRITE_MAX_DIMS);
+        ag_err_set(err, "tensor %s: ndim %d (expected 0 to %d)", name, ndim, LLAMA_ST_WRITE_MAX_DIMS);
         return -1;
     }
     uint64_t numel = 1, nbytes, end;
@@ -40,8 +39,8 @@ static int add_entry(json_t *root, const char *name, int ndim,
         bad |= shape[d] < 0 || __builtin_mul_overflow(numel, (uint64_t)shape[d], &numel);
         json_array_append_new(jshape, json_integer(shape[d]));
     }
-    if (bad || __builtin_mul_overflow(numel, 4, &nbytes) ||
-        __builtin_add_overflow(*offset, nbytes, &end) || end > INT64_MAX) {
+    if (bad || __builtin_mul_overflow(numel, 4, &nbytes) || __builtin_add_overflow(*offset, nbytes, &end) ||
+        end > INT64_MAX) {
         json_decref(jshape);
         ag_err_set(err, "tensor %s: negative or absurd shape", name);
         return -1;
@@ -51,8 +50,8 @@ static int add_entry(json_t *root, const char *name, int ndim,
         ag_err_set(err, "tensor %s: no data", name);
         return -1;
     }
-    json_t *entry = json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", jshape,
-                              "data_offsets", (json_int_t)*offset, (json_int_t)end);
+    json_t *entry = json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", jshape, "data_offsets",
+                              (json_int_t)*offset, (json_int_t)end);
     if (!entry || json_object_set_new(root, name, entry) != 0) {
         ag_err_set(err, "out of memory");
         return -1;
@@ -63,8 +62,8 @@ static int add_entry(json_t *root, const char *name, int ndim,
 
 // The header text, padded with spaces so that the data starts 8-byte aligned.
 static char *build_header(size_t n, const char *const *names, const int *ndims,
-                          const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS],
-                          const float *const *data, size_t *len, ag_err *err) {
+                          const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS], const float *const *data, size_t *len,
+                          ag_err *err) {
     json_t *root = json_pack("{s:{s:s}}", "__metadata__", "format", "pt");
     uint64_t offset = 0;
     for (size_t i = 0; root && i < n; i++) {
@@ -131,8 +130,7 @@ static int write_body(FILE *f, const char *header, size_t hlen, size_t n, const 
 }
 
 int llama_st_write_f32_file(FILE *f, size_t n, const char *const *names, const int *ndims,
-                            const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS],
-                            const float *const *data, ag_err *err) {
+                            const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS], const float *const *data, ag_err *err) {
     size_t hlen;
     char *header = build_header(n, names, ndims, shapes, data, &hlen, err);
     if (!header) return -1;
@@ -371,8 +369,7 @@ static int st_emit(FILE *f, void *arg, ag_err *err) {
 }
 
 int llama_st_write_f32(const char *path, size_t n, const char *const *names, const int *ndims,
-                       const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS],
-                       const float *const *data, ag_err *err) {
+                       const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS], const float *const *data, ag_err *err) {
     // A bad tensor list is reported before anything is created.
     size_t hlen;
     ag_err inner = {{0}};

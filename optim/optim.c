@@ -24,9 +24,7 @@ bool optim_parse_kind(const char *name, optim_kind *out) {
     return false;
 }
 
-const char *optim_kind_name(optim_kind kind) {
-    return (unsigned)kind <= OPTIM_NONE ? kind_names[kind] : "?";
-}
+const char *optim_kind_name(optim_kind kind) { return (unsigned)kind <= OPTIM_NONE ? kind_names[kind] : "?"; }
 
 size_t optim_state_bytes_per_element(optim_kind kind) {
     switch (kind) {
@@ -48,13 +46,12 @@ size_t optim_state_bytes(const optim_config *c) {
 // 16-bit state and master copies are a bill of meta mode: the updates compute in float32.
 static bool check_dtype(const optim_config *c, ag_err *err) {
     if (c->state_bits != 0 && c->state_bits != 32 && c->state_bits != 16) {
-        ag_err_set(err, "optimizer %s: state_bits is %d, expected 32 or 16", optim_kind_name(c->kind),
-                 c->state_bits);
+        ag_err_set(err, "optimizer %s: state_bits is %d, expected 32 or 16", optim_kind_name(c->kind), c->state_bits);
         return false;
     }
     if ((state_bits(c) != 32 || c->master) && !mp_is_meta()) {
         ag_err_set(err, "optimizer %s: %s is billed in meta mode only: real runs compute in float32",
-                 optim_kind_name(c->kind), c->master ? "a float32 master copy" : "16-bit state");
+                   optim_kind_name(c->kind), c->master ? "a float32 master copy" : "16-bit state");
         return false;
     }
     return true;
@@ -73,14 +70,19 @@ static bool check_config(const optim_config *c, ag_err *err) {
         return false;
     }
     bool adam = c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW;
-    if (!(c->lr >= 0)) bad = "lr", v = c->lr;
-    else if (!(c->weight_decay >= 0)) bad = "weight_decay", v = c->weight_decay;
-    else if (adam && !(c->eps >= 0)) bad = "eps", v = c->eps;
-    else if (adam && !(c->beta1 >= 0 && c->beta1 < 1)) bad = "beta1", v = c->beta1;
-    else if (adam && !(c->beta2 >= 0 && c->beta2 < 1)) bad = "beta2", v = c->beta2;
+    if (!(c->lr >= 0))
+        bad = "lr", v = c->lr;
+    else if (!(c->weight_decay >= 0))
+        bad = "weight_decay", v = c->weight_decay;
+    else if (adam && !(c->eps >= 0))
+        bad = "eps", v = c->eps;
+    else if (adam && !(c->beta1 >= 0 && c->beta1 < 1))
+        bad = "beta1", v = c->beta1;
+    else if (adam && !(c->beta2 >= 0 && c->beta2 < 1))
+        bad = "beta2", v = c->beta2;
     if (bad) {
-        ag_err_set(err, "optimizer %s: %s is %g, expected %s", optim_kind_name(c->kind), bad,
-                 v, bad[0] == 'b' ? "0 <= beta < 1" : "a number >= 0");
+        ag_err_set(err, "optimizer %s: %s is %g, expected %s", optim_kind_name(c->kind), bad, v,
+                   bad[0] == 'b' ? "0 <= beta < 1" : "a number >= 0");
         return false;
     }
     const char *msg = NULL;
@@ -91,8 +93,8 @@ static bool check_config(const optim_config *c, ag_err *err) {
     else if (c->nesterov && (c->kind != OPTIM_SGD_MOMENTUM || c->dampening != 0))
         msg = "nesterov requires sgd-momentum and zero dampening";
     if (msg) {
-        ag_err_set(err, "optimizer %s: %s (momentum %g, dampening %g)",
-                 optim_kind_name(c->kind), msg, (double)c->momentum, (double)c->dampening);
+        ag_err_set(err, "optimizer %s: %s (momentum %g, dampening %g)", optim_kind_name(c->kind), msg,
+                   (double)c->momentum, (double)c->dampening);
         return false;
     }
     return true;
@@ -147,7 +149,7 @@ static int alloc_one(mp_block *b, const ag_tensor *param, const char *what, size
     mp_status st = mp_alloc(b, bytes, MP_OPTIMIZER, site);
     if (st == MP_OK) return 0;
     ag_err_set(err, "optimizer: cannot allocate %s (%zu bytes): %s", site, bytes,
-             st == MP_ERR_BUDGET ? "over the memory budget" : "out of memory");
+               st == MP_ERR_BUDGET ? "over the memory budget" : "out of memory");
     return -1;
 }
 

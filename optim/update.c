@@ -14,13 +14,15 @@ typedef struct {
     bool decoupled, fresh;
 } adam_consts;
 
-static inline void adam_scalar(const adam_consts *k, float *w, const float *g, float *m, float *v,
-                               size_t lo, size_t hi) {
+static inline void adam_scalar(const adam_consts *k, float *w, const float *g, float *m, float *v, size_t lo,
+                               size_t hi) {
     const float b1 = k->b1, b2 = k->b2;
     for (size_t i = lo; i < hi; i++) {
         float gi = g[i], wi = w[i];
-        if (k->decoupled) wi *= k->decay;
-        else gi += k->wd * wi;
+        if (k->decoupled)
+            wi *= k->decay;
+        else
+            gi += k->wd * wi;
         float mi = k->fresh ? (1.0f - b1) * gi : m[i] + (gi - m[i]) * (1.0f - b1); // lerp, as torch
         float vi = k->fresh ? (1.0f - b2) * gi * gi : v[i] * b2 + (1.0f - b2) * gi * gi;
         m[i] = mi;
@@ -34,9 +36,8 @@ static inline void adam_scalar(const adam_consts *k, float *w, const float *g, f
 // the scalar loop (IEEE sqrt and division, no fused multiply-add), so results are bit-identical.
 // The scalar loop runs at a few cycles per element for its divisions and square root, slower
 // than memory delivers the seven streams it touches; this one keeps up with memory.
-__attribute__((target("avx512f"))) static void adam_avx512(const adam_consts *k, float *w,
-                                                           const float *g, float *m, float *v,
-                                                           size_t lo, size_t hi) {
+__attribute__((target("avx512f"))) static void adam_avx512(const adam_consts *k, float *w, const float *g, float *m,
+                                                           float *v, size_t lo, size_t hi) {
     const __m512 c1 = _mm512_set1_ps(1.0f - k->b1), c2 = _mm512_set1_ps(1.0f - k->b2);
     const __m512 b2 = _mm512_set1_ps(k->b2), eps = _mm512_set1_ps(k->eps);
     const __m512 ss = _mm512_set1_ps(k->step_size), bc2 = _mm512_set1_ps(k->bc2_sqrt);
@@ -50,8 +51,10 @@ __attribute__((target("avx512f"))) static void adam_avx512(const adam_consts *k,
         _mm_prefetch((const char *)(m + i + 512), _MM_HINT_T0);
         _mm_prefetch((const char *)(v + i + 512), _MM_HINT_T0);
         __m512 gi = _mm512_maskz_loadu_ps(mk, g + i), wi = _mm512_maskz_loadu_ps(mk, w + i);
-        if (k->decoupled) wi = _mm512_mul_ps(wi, decay);
-        else gi = _mm512_add_ps(gi, _mm512_mul_ps(wd, wi));
+        if (k->decoupled)
+            wi = _mm512_mul_ps(wi, decay);
+        else
+            gi = _mm512_add_ps(gi, _mm512_mul_ps(wd, wi));
         __m512 g2 = _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi), mi, vi;
         if (k->fresh) {
             mi = _mm512_mul_ps(c1, gi);
@@ -85,8 +88,8 @@ static bool has_avx512(void) {
 #endif
 }
 
-static void adam_range(const adam_consts *k, bool avx512, float *w, const float *g, float *m,
-                       float *v, size_t lo, size_t hi) {
+static void adam_range(const adam_consts *k, bool avx512, float *w, const float *g, float *m, float *v, size_t lo,
+                       size_t hi) {
 #if defined(__x86_64__)
     if (avx512) {
         adam_avx512(k, w, g, m, v, lo, hi);
@@ -100,10 +103,15 @@ static void adam_range(const adam_consts *k, bool avx512, float *w, const float 
 static void adam_update(const optim_config *c, optim_slot *s, float *w, const float *g, size_t n) {
     const double bc1 = 1.0 - pow(c->beta1, (double)s->step);
     const double bc2 = 1.0 - pow(c->beta2, (double)s->step);
-    const adam_consts k = {.b1 = c->beta1, .b2 = c->beta2, .eps = c->eps,
-                           .step_size = (float)(c->lr / bc1), .bc2_sqrt = (float)sqrt(bc2),
-                           .wd = c->weight_decay, .decay = 1.0f - c->lr * c->weight_decay,
-                           .decoupled = c->kind == OPTIM_ADAMW, .fresh = s->fresh};
+    const adam_consts k = {.b1 = c->beta1,
+                           .b2 = c->beta2,
+                           .eps = c->eps,
+                           .step_size = (float)(c->lr / bc1),
+                           .bc2_sqrt = (float)sqrt(bc2),
+                           .wd = c->weight_decay,
+                           .decay = 1.0f - c->lr * c->weight_decay,
+                           .decoupled = c->kind == OPTIM_ADAMW,
+                           .fresh = s->fresh};
     float *m = s->state[0].data, *v = s->state[1].data;
     const bool avx512 = has_avx512();
     // Contiguous ranges, whole lines of 16 floats per thread.
@@ -135,6 +143,8 @@ static void sgd_update(const optim_config *c, optim_slot *s, float *w, const flo
 }
 
 void optim_update(const optim_config *c, optim_slot *s, float *w, const float *g, size_t n) {
-    if (c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW) adam_update(c, s, w, g, n);
-    else if (c->kind == OPTIM_SGD || c->kind == OPTIM_SGD_MOMENTUM) sgd_update(c, s, w, g, n);
+    if (c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW)
+        adam_update(c, s, w, g, n);
+    else if (c->kind == OPTIM_SGD || c->kind == OPTIM_SGD_MOMENTUM)
+        sgd_update(c, s, w, g, n);
 }

@@ -6,18 +6,14 @@
 #include <unistd.h>
 #include <string.h>
 
-static const char *const category_names[MP_NCATEGORIES] = {
-    "weight", "gradient", "optimizer", "activation", "cache", "other"};
-static const char *const phase_names[MP_NPHASES] = {
-    "setup", "load", "forward", "backward", "optimizer", "prefill", "decode", "teardown"};
+static const char *const category_names[MP_NCATEGORIES] = {"weight",     "gradient", "optimizer",
+                                                           "activation", "cache",    "other"};
+static const char *const phase_names[MP_NPHASES] = {"setup",     "load",    "forward", "backward",
+                                                    "optimizer", "prefill", "decode",  "teardown"};
 
-const char *mp_category_name(mp_category c) {
-    return (unsigned)c < MP_NCATEGORIES ? category_names[c] : "?";
-}
+const char *mp_category_name(mp_category c) { return (unsigned)c < MP_NCATEGORIES ? category_names[c] : "?"; }
 
-const char *mp_phase_name(mp_phase p) {
-    return (unsigned)p < MP_NPHASES ? phase_names[p] : "?";
-}
+const char *mp_phase_name(mp_phase p) { return (unsigned)p < MP_NPHASES ? phase_names[p] : "?"; }
 
 // What is live now. A moment made by plain malloc is charged to the last tensor allocated before
 // it: "malloc" names no tensor, and the report must say which tensor work the peak came in.
@@ -95,9 +91,7 @@ void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint3
 
 // The same comparison for a tensor (before it is allocated) and for plain malloc (seen by a hook
 // after the fact), against the same total the peak is taken from.
-bool mp_over_budget_locked(uint64_t bytes) {
-    return mp_g.opt.budget && mp_g.live_total + bytes > mp_g.opt.budget;
-}
+bool mp_over_budget_locked(uint64_t bytes) { return mp_g.opt.budget && mp_g.live_total + bytes > mp_g.opt.budget; }
 
 void mp_record_oom_locked(mp_category cat, uint32_t site, uint64_t bytes) {
     mp_oom_record *r = &mp_g.oom;

@@ -50,7 +50,7 @@ typedef struct {
     double phase_started;
     mp_phase_stats phases[MP_NPHASES];
     mp_oom_record oom;
-    bool over_budget; // plain malloc went past the budget: every later mp_alloc is refused
+    bool over_budget;          // plain malloc went past the budget: every later mp_alloc is refused
     uint32_t last_tensor_site; // the site a peak made by plain malloc is charged to
     mp_process proc_peak;
 

@@ -147,8 +147,7 @@ static void other_budget_locked(size_t bytes) {
     mp_g.over_budget = true;
 }
 
-static void hook_alloc(void *extra, int type, void *result, uintptr_t result_raw,
-                       uintptr_t args_raw[3]) {
+static void hook_alloc(void *extra, int type, void *result, uintptr_t result_raw, uintptr_t args_raw[3]) {
     (void)extra, (void)type, (void)result_raw, (void)args_raw;
     if (mp_in_profiler || !result) return;
     mp_in_profiler++;
@@ -178,8 +177,8 @@ static void hook_dalloc(void *extra, int type, void *address, uintptr_t args_raw
     mp_in_profiler--;
 }
 
-static void hook_expand(void *extra, int type, void *address, size_t old_usize,
-                        size_t new_usize, uintptr_t result_raw, uintptr_t args_raw[4]) {
+static void hook_expand(void *extra, int type, void *address, size_t old_usize, size_t new_usize, uintptr_t result_raw,
+                        uintptr_t args_raw[4]) {
     (void)extra, (void)type, (void)result_raw, (void)args_raw;
     if (mp_in_profiler || !address) return;
     mp_in_profiler++;
@@ -225,8 +224,8 @@ static void hooks_remove(void) {
     memset(&mp_g.other_ptrs, 0, sizeof mp_g.other_ptrs);
 }
 
-static bool no_merge(extent_hooks_t *h, void *a, size_t size_a, void *b, size_t size_b,
-                     bool committed, unsigned arena) {
+static bool no_merge(extent_hooks_t *h, void *a, size_t size_a, void *b, size_t size_b, bool committed,
+                     unsigned arena) {
     (void)h, (void)a, (void)size_a, (void)b, (void)size_b, (void)committed, (void)arena;
     return true; // the two extents stay distinct
 }

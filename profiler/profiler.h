@@ -13,15 +13,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-typedef enum {
-    MP_WEIGHT,
-    MP_GRADIENT,
-    MP_OPTIMIZER,
-    MP_ACTIVATION,
-    MP_CACHE,
-    MP_OTHER,
-    MP_NCATEGORIES
-} mp_category;
+typedef enum { MP_WEIGHT, MP_GRADIENT, MP_OPTIMIZER, MP_ACTIVATION, MP_CACHE, MP_OTHER, MP_NCATEGORIES } mp_category;
 
 typedef enum {
     MP_PHASE_SETUP, // before any named phase: parsing arguments, config
@@ -54,13 +46,13 @@ typedef struct {
 } mp_block;
 
 typedef struct {
-    bool meta;           // count without allocating
+    bool meta; // count without allocating
     // 0: none. Compared with the same total the peak is taken from: the live requested bytes of
     // the tensor categories plus "other" (plain malloc, when tracked). A run passes when its
     // total peak is at most the budget.
     uint64_t budget;
-    bool track_other;    // bill plain malloc to "other" (jemalloc hooks, when available)
-    bool keep_timeline;  // record every event (time, phase, site, category, bytes)
+    bool track_other;   // bill plain malloc to "other" (jemalloc hooks, when available)
+    bool keep_timeline; // record every event (time, phase, site, category, bytes)
 } mp_options;
 
 typedef struct {
@@ -84,9 +76,9 @@ typedef struct {
 } mp_moment;
 
 typedef struct {
-    uint64_t peak;       // total live requested bytes, highest while the phase was current
-    double seconds;      // time spent in the phase
-    uint32_t entries;    // times the phase was entered
+    uint64_t peak;    // total live requested bytes, highest while the phase was current
+    double seconds;   // time spent in the phase
+    uint32_t entries; // times the phase was entered
     mp_moment at_peak;
 } mp_phase_stats;
 
@@ -124,7 +116,7 @@ typedef struct {
 
 // The cross-check of the counters against jemalloc's own per-arena statistics.
 typedef struct {
-    bool available;             // false in the sanitizer build or without stats
+    bool available; // false in the sanitizer build or without stats
     bool agrees;
     int64_t difference[MP_NCATEGORIES]; // jemalloc minus profiler, usable bytes
     uint64_t jemalloc_bytes[MP_NCATEGORIES];

@@ -19,10 +19,23 @@ bool mp_parse_bytes(const char *text, uint64_t *out) {
     for (const char *p = text; p < end; p++)
         if (!strchr("0123456789.eE+-", *p)) return false;
     while (*end == ' ') end++;
-    static const struct { const char *unit; double mult; } units[] = {
-        {"", 1}, {"b", 1}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
-        {"k", 1e3}, {"m", 1e6}, {"g", 1e9}, {"t", 1e12},
-        {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0}};
+    static const struct {
+        const char *unit;
+        double mult;
+    } units[] = {{"", 1},
+                 {"b", 1},
+                 {"kb", 1e3},
+                 {"mb", 1e6},
+                 {"gb", 1e9},
+                 {"tb", 1e12},
+                 {"k", 1e3},
+                 {"m", 1e6},
+                 {"g", 1e9},
+                 {"t", 1e12},
+                 {"kib", 1024.0},
+                 {"mib", 1048576.0},
+                 {"gib", 1073741824.0},
+                 {"tib", 1099511627776.0}};
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         if (strcasecmp(end, units[i].unit) == 0) {
             double b = nearbyint(v * units[i].mult);
@@ -161,8 +174,9 @@ int mp_report_json(json_t *root) {
     json_object_set_new(root, "phases", phases_json());
     json_object_set_new(root, "process", process_json());
     json_object_set_new(root, "jemalloc", jemalloc_json());
-    json_object_set_new(root, "timeline", json_pack("{s:I, s:I}", "events", (json_int_t)mp_timeline_count(),
-                                                    "dropped_events", (json_int_t)mp_timeline_dropped()));
+    json_object_set_new(root, "timeline",
+                        json_pack("{s:I, s:I}", "events", (json_int_t)mp_timeline_count(), "dropped_events",
+                                  (json_int_t)mp_timeline_dropped()));
     if (mp_budget()) json_object_set_new(root, "budget", oom_json());
     return 0;
 }
@@ -175,9 +189,12 @@ static void text_moment(FILE *f, const mp_moment *m) {
 
 // What made a moment: the tensor site, or plain malloc after the last tensor.
 static const char *moment_cause(char *buf, size_t n, const mp_moment *m) {
-    if (!m->by_malloc) snprintf(buf, n, "%s", mp_site_name(m->site));
-    else if (m->site) snprintf(buf, n, "plain malloc (not a tensor), after %s", mp_site_name(m->site));
-    else snprintf(buf, n, "plain malloc (not a tensor), before any tensor");
+    if (!m->by_malloc)
+        snprintf(buf, n, "%s", mp_site_name(m->site));
+    else if (m->site)
+        snprintf(buf, n, "plain malloc (not a tensor), after %s", mp_site_name(m->site));
+    else
+        snprintf(buf, n, "plain malloc (not a tensor), before any tensor");
     return buf;
 }
 
@@ -196,7 +213,8 @@ void mp_report_text(FILE *f) {
     if (meta)
         fprintf(f, "  %-11s %-36s %s\n", "category", "peak (requested)", "allocations");
     else
-        fprintf(f, "  %-11s %-36s %-36s %s\n", "category", "peak (requested)", "peak (allocator size classes)", "allocations");
+        fprintf(f, "  %-11s %-36s %-36s %s\n", "category", "peak (requested)", "peak (allocator size classes)",
+                "allocations");
     for (int c = 0; c < MP_NCATEGORIES; c++) {
         mp_counter k = mp_get_counter(c);
         if (c == MP_OTHER && !mp_other_available()) {
@@ -212,7 +230,8 @@ void mp_report_text(FILE *f) {
     }
     mp_moment pk = mp_peak();
     fprintf(f, "\n  total peak  %s\n    when: phase %s, %.3f s into the run, allocating %s\n    held then:\n",
-            mp_format_bytes(b, sizeof b, pk.total), mp_phase_name(pk.phase), pk.seconds, moment_cause(why, sizeof why, &pk));
+            mp_format_bytes(b, sizeof b, pk.total), mp_phase_name(pk.phase), pk.seconds,
+            moment_cause(why, sizeof why, &pk));
     text_moment(f, &pk);
     fprintf(f, "\n  %-10s %-36s %s\n", "phase", "peak", "seconds");
     for (int p = 0; p < MP_NPHASES; p++) {
@@ -250,8 +269,9 @@ void mp_report_text(FILE *f) {
     const mp_oom_record *r = mp_oom();
     if (r->happened && r->category == MP_OTHER) {
         // Seen after the fact, it could not be refused: the run fails at its next tensor or its end.
-        fprintf(f, "\n  OUT OF BUDGET: other (plain malloc, not a tensor) took %s %s%s in phase %s, past the budget %s;"
-                   " live before it:\n",
+        fprintf(f,
+                "\n  OUT OF BUDGET: other (plain malloc, not a tensor) took %s %s%s in phase %s, past the budget %s;"
+                " live before it:\n",
                 mp_format_bytes(b, sizeof b, r->requested), r->live.site ? "after " : "before any tensor",
                 r->live.site ? mp_site_name(r->live.site) : "", mp_phase_name(r->live.phase),
                 mp_format_bytes(u, sizeof u, r->budget));

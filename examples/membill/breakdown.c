@@ -27,8 +27,7 @@ static int by_bytes(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-size_t cli_breakdown(size_t events, mp_category cat, cli_site_row *rows, size_t cap, uint64_t *per_block,
-                     long layers) {
+size_t cli_breakdown(size_t events, mp_category cat, cli_site_row *rows, size_t cap, uint64_t *per_block, long layers) {
     size_t n = mp_sites_live_at(events, cat, NULL, 0);
     mp_site_bytes *sites = n ? malloc(n * sizeof *sites) : NULL;
     if (n && !sites) return 0;
@@ -88,7 +87,8 @@ void cli_breakdown_text(FILE *f, long layers) {
         fprintf(f, "\n  activations at their own peak (%s), by op:\n", mp_format_bytes(b, sizeof b, act.peak));
         print_rows(f, rows, n, 10);
         fprintf(f, "  and by block (MB):");
-        for (long i = 0; i < layers && i < 200; i++) fprintf(f, "%s%.2f", i % 10 ? " " : "\n    ", (double)blocks[i] / 1e6);
+        for (long i = 0; i < layers && i < 200; i++)
+            fprintf(f, "%s%.2f", i % 10 ? " " : "\n    ", (double)blocks[i] / 1e6);
         fprintf(f, "\n");
     }
     free(blocks);

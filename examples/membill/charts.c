@@ -8,7 +8,8 @@
 #include <string.h>
 
 static const char *const colors[MP_NCATEGORIES] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#bab0ac"};
-static const char *const phase_fill[MP_NPHASES] = {"#ffffff", "#f4f4f4", "#eef5fb", "#fbf1ea", "#f6eef6", "#eef7ee", "#f7f7e8", "#ffffff"};
+static const char *const phase_fill[MP_NPHASES] = {"#ffffff", "#f4f4f4", "#eef5fb", "#fbf1ea",
+                                                   "#f6eef6", "#eef7ee", "#f7f7e8", "#ffffff"};
 
 // One x position of the chart: the state after the event with the highest total among those
 // that fall in it, so that no peak is lost to the downsampling.
@@ -102,17 +103,22 @@ static void svg_axes(FILE *f, double ymax, double t_end) {
     double step = nice_step(ymax / 1e6);
     for (double v = 0; v * 1e6 <= ymax; v += step) {
         double y = PLOT_Y + PLOT_H - v * 1e6 / ymax * PLOT_H;
-        fprintf(f, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", PLOT_X, PLOT_X + PLOT_W, y, y);
+        fprintf(f, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", PLOT_X, PLOT_X + PLOT_W, y,
+                y);
         fprintf(f, "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%g</text>\n", PLOT_X - 6, y + 4, v);
     }
-    fprintf(f, "<text x=\"20\" y=\"%d\" font-size=\"12\" transform=\"rotate(-90 20 %d)\" text-anchor=\"middle\">live MB (10^6 bytes)</text>\n",
+    fprintf(f,
+            "<text x=\"20\" y=\"%d\" font-size=\"12\" transform=\"rotate(-90 20 %d)\" text-anchor=\"middle\">live MB "
+            "(10^6 bytes)</text>\n",
             PLOT_Y + PLOT_H / 2, PLOT_Y + PLOT_H / 2);
     for (int i = 0; i <= 4; i++)
-        fprintf(f, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%.*f</text>\n", PLOT_X + PLOT_W * i / 4.0,
-                PLOT_Y + PLOT_H + 16, mp_is_meta() ? 0 : 2, t_end * i / 4.0);
+        fprintf(f, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%.*f</text>\n",
+                PLOT_X + PLOT_W * i / 4.0, PLOT_Y + PLOT_H + 16, mp_is_meta() ? 0 : 2, t_end * i / 4.0);
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n", PLOT_X + PLOT_W / 2,
-            PLOT_Y + PLOT_H + 34, mp_is_meta() ? "allocations and frees (meta mode: no time passes)" : "seconds into the run");
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333\"/>\n", PLOT_X, PLOT_Y, PLOT_W, PLOT_H);
+            PLOT_Y + PLOT_H + 34,
+            mp_is_meta() ? "allocations and frees (meta mode: no time passes)" : "seconds into the run");
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333\"/>\n", PLOT_X, PLOT_Y,
+            PLOT_W, PLOT_H);
 }
 
 static void svg_legend_and_peak(FILE *f, double ymax, double t_end) {
@@ -122,13 +128,16 @@ static void svg_legend_and_peak(FILE *f, double ymax, double t_end) {
     double x = PLOT_X + at / t_end * PLOT_W;
     if (x > PLOT_X + PLOT_W) x = PLOT_X + PLOT_W;
     double y = PLOT_Y + PLOT_H - (double)pk.total / ymax * PLOT_H;
-    fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%d\" stroke=\"#000\" stroke-dasharray=\"4 3\"/>\n", x, x, y, PLOT_Y + PLOT_H);
+    fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%d\" stroke=\"#000\" stroke-dasharray=\"4 3\"/>\n", x, x,
+            y, PLOT_Y + PLOT_H);
     fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#000\"><title>total peak %s</title></circle>\n", x, y,
             mp_format_bytes(b, sizeof b, pk.total));
     int lx = PLOT_X + PLOT_W + 20, ly = PLOT_Y + 10;
     fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\" font-weight=\"bold\">total peak</text>\n", lx, ly);
-    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\">%s</text>\n", lx, ly + 16, mp_format_bytes(b, sizeof b, pk.total));
-    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\" fill=\"#555\">in %s; it held:</text>\n", lx, ly + 32, mp_phase_name(pk.phase));
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\">%s</text>\n", lx, ly + 16,
+            mp_format_bytes(b, sizeof b, pk.total));
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\" fill=\"#555\">in %s; it held:</text>\n", lx, ly + 32,
+            mp_phase_name(pk.phase));
     ly += 52;
     for (int c = MP_NCATEGORIES - 1; c >= 0; c--) {
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/>\n", lx, ly - 10, colors[c]);
@@ -137,7 +146,6 @@ static void svg_legend_and_peak(FILE *f, double ymax, double t_end) {
         ly += 20;
     }
 }
-
 
 // scale: the highest total the vertical axis must hold (0: this run's own peak), so that two
 // charts can share one scale.
@@ -150,14 +158,19 @@ int cli_svg_scaled(FILE *f, const char *title, double scale) {
     for (size_t i = 0; i < np; i++)
         if ((double)pts[i].total > ymax) ymax = (double)pts[i].total;
     // The highest plotted total, so a reader (or a test) can check the chart against the report.
-    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
-               "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" data-plotted-peak-bytes=\"%.0f\">\n"
-               "<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n",
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
+            "height=\"%d\" "
+            "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" data-plotted-peak-bytes=\"%.0f\">\n"
+            "<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n",
             SVG_W, SVG_H, SVG_W, SVG_H, ymax);
     fprintf(f, "<text x=\"%d\" y=\"28\" font-size=\"16\" font-weight=\"bold\">", PLOT_X);
     cli_xml_escape(f, title);
-    fprintf(f, "</text>\n<text x=\"%d\" y=\"46\" font-size=\"12\" fill=\"#555\">live bytes by category over the run (stacked); "
-               "phases shaded; the dashed line marks the total peak</text>\n", PLOT_X);
+    fprintf(f,
+            "</text>\n<text x=\"%d\" y=\"46\" font-size=\"12\" fill=\"#555\">live bytes by category over the run "
+            "(stacked); "
+            "phases shaded; the dashed line marks the total peak</text>\n",
+            PLOT_X);
     if (scale > ymax) ymax = scale;
     ymax *= 1.08; // headroom above the peak
     svg_phases(f, pts, np);
@@ -190,8 +203,8 @@ void cli_xml_escape(FILE *f, const char *s) {
 // ---- Chrome trace-event format ----
 
 static void trace_event(FILE *f, bool *first, const char *fmt_name, const char *ph, double ts_us, const char *extra) {
-    fprintf(f, "%s\n{\"name\":\"%s\",\"ph\":\"%s\",\"ts\":%.3f,\"pid\":1,\"tid\":1%s}", *first ? "" : ",", fmt_name, ph, ts_us,
-            extra);
+    fprintf(f, "%s\n{\"name\":\"%s\",\"ph\":\"%s\",\"ts\":%.3f,\"pid\":1,\"tid\":1%s}", *first ? "" : ",", fmt_name, ph,
+            ts_us, extra);
     *first = false;
 }
 
@@ -222,8 +235,8 @@ int cli_trace_writer(FILE *f, void *unused, ag_err *err) {
         trace_event(f, &first, mp_category_name(e->category), "C", t, extra);
     }
     mp_moment pk = mp_peak();
-    snprintf(extra, sizeof extra, ",\"s\":\"g\",\"args\":{\"bytes\":%llu,\"site\":\"%s\"}", (unsigned long long)pk.total,
-             mp_site_name(pk.site));
+    snprintf(extra, sizeof extra, ",\"s\":\"g\",\"args\":{\"bytes\":%llu,\"site\":\"%s\"}",
+             (unsigned long long)pk.total, mp_site_name(pk.site));
     trace_event(f, &first, "total peak", "i", pk.seconds * 1e6, extra);
     fprintf(f, "\n]}\n");
     return 0;

@@ -77,8 +77,10 @@ static int generate_dt(const llama_config *c, long B, long T, long N, bool cache
     infer_run r;
     memset(&r, 0, sizeof r);
     r.meta = meta;
-    if (dt) r.dtype = *dt;
-    else cli_parse_dtype("fp32", &r.dtype);
+    if (dt)
+        r.dtype = *dt;
+    else
+        cli_parse_dtype("fp32", &r.dtype);
     r.cfg = *c;
     r.batch = B;
     r.seq_len = T;
@@ -89,8 +91,10 @@ static int generate_dt(const llama_config *c, long B, long T, long N, bool cache
     int rc = r.ids || meta ? cli_infer_run(&r, err) : -1;
     if (rc == 0 && look) look(&r, arg);
     mp_shutdown();
-    if (out) *out = r;
-    else cli_infer_free(&r);
+    if (out)
+        *out = r;
+    else
+        cli_infer_free(&r);
     return rc;
 }
 
@@ -141,10 +145,10 @@ static int check_w2(checker *k, const llama_config *c, ag_err *err) {
     uint64_t vec = (uint64_t)(c->layers * 2 + 1) * (uint64_t)c->hidden; // norm weights, kept at 4 bytes
     uint64_t values4 = llama_weight_bytes(c, 4, 0, 0, 4), scales = billed[2] - values4 - vec * 4 + vec / 2;
     char m[200];
-    snprintf(m, sizeof m, "%.0f / %.0f / %.0f MB of values; int4 billed %.2f MB with %.2f MB of fp16 scales", billed[0] / 1e6,
-             (billed[1] - vec * 3) / 1e6, values4 / 1e6, billed[2] / 1e6, scales / 1e6);
-    claim_num(k, "W2", "bf16 / int8 / int4 weights (parameters x 2, 1, 0.5; the claim counts no scales)", "269 / 135 / 67 MB",
-              m, (double)values4,
+    snprintf(m, sizeof m, "%.0f / %.0f / %.0f MB of values; int4 billed %.2f MB with %.2f MB of fp16 scales",
+             billed[0] / 1e6, (billed[1] - vec * 3) / 1e6, values4 / 1e6, billed[2] / 1e6, scales / 1e6);
+    claim_num(k, "W2", "bf16 / int8 / int4 weights (parameters x 2, 1, 0.5; the claim counts no scales)",
+              "269 / 135 / 67 MB", m, (double)values4,
               billed[0] == 2 * P && llround((billed[1] - vec * 3) / 1e6) == 135 && llround(values4 / 1e6) == 67 &&
                   billed[2] == llama_weight_bytes(c, 4, 32, 2, 32));
     return 0;
@@ -154,30 +158,35 @@ static int check_weights_and_training(checker *k, const llama_config *c, ag_err 
     char m[128], f[64];
     uint64_t peak[MP_NCATEGORIES], peak2[MP_NCATEGORIES], peak_b[MP_NCATEGORIES];
     if (meta_train(c, 1, 25, peak, err) != 0) return -1;
-    claim_num(k, "W1", "float32 weights: parameters x 4", "538,060,032 bytes", mb(m, sizeof m, peak[MP_WEIGHT]), (double)(peak[MP_WEIGHT]),
-          peak[MP_WEIGHT] == 538060032ULL);
+    claim_num(k, "W1", "float32 weights: parameters x 4", "538,060,032 bytes", mb(m, sizeof m, peak[MP_WEIGHT]),
+              (double)(peak[MP_WEIGHT]), peak[MP_WEIGHT] == 538060032ULL);
     if (check_w2(k, c, err) != 0) return -1;
-    claim_num(k, "T1", "training step, float32, Adam: weights", "538 MB", mb(m, sizeof m, peak[MP_WEIGHT]), (double)(peak[MP_WEIGHT]),
-          llround(peak[MP_WEIGHT] / 1e6) == 538);
-    claim_num(k, "T2", "gradients, the same size as the weights", "538 MB", mb(m, sizeof m, peak[MP_GRADIENT]), (double)(peak[MP_GRADIENT]),
-          peak[MP_GRADIENT] == peak[MP_WEIGHT]);
-    claim_num(k, "T3", "Adam state (exp_avg + exp_avg_sq)", "1,076 MB", mb(m, sizeof m, peak[MP_OPTIMIZER]), (double)(peak[MP_OPTIMIZER]),
-          peak[MP_OPTIMIZER] == 2 * peak[MP_WEIGHT] && llround(peak[MP_OPTIMIZER] / 1e6) == 1076);
+    claim_num(k, "T1", "training step, float32, Adam: weights", "538 MB", mb(m, sizeof m, peak[MP_WEIGHT]),
+              (double)(peak[MP_WEIGHT]), llround(peak[MP_WEIGHT] / 1e6) == 538);
+    claim_num(k, "T2", "gradients, the same size as the weights", "538 MB", mb(m, sizeof m, peak[MP_GRADIENT]),
+              (double)(peak[MP_GRADIENT]), peak[MP_GRADIENT] == peak[MP_WEIGHT]);
+    claim_num(k, "T3", "Adam state (exp_avg + exp_avg_sq)", "1,076 MB", mb(m, sizeof m, peak[MP_OPTIMIZER]),
+              (double)(peak[MP_OPTIMIZER]),
+              peak[MP_OPTIMIZER] == 2 * peak[MP_WEIGHT] && llround(peak[MP_OPTIMIZER] / 1e6) == 1076);
     uint64_t four = peak[MP_WEIGHT] + peak[MP_GRADIENT] + peak[MP_OPTIMIZER];
-    claim_num(k, "T4", "weights + gradients + Adam: four copies", "2,152,240,128 bytes", mb(m, sizeof m, four), (double)(four),
-          four == 2152240128ULL);
+    claim_num(k, "T4", "weights + gradients + Adam: four copies", "2,152,240,128 bytes", mb(m, sizeof m, four),
+              (double)(four), four == 2152240128ULL);
     // T5: activations of every block until backward; they grow with batch x length.
     if (meta_train(c, 1, 50, peak2, err) != 0 || meta_train(c, 2, 25, peak_b, err) != 0) return -1;
     snprintf(m, sizeof m, "%.2f MB at 25 tokens, x%.2f at 50, x%.2f at batch 2", peak[MP_ACTIVATION] / 1e6,
-             (double)peak2[MP_ACTIVATION] / (double)peak[MP_ACTIVATION], (double)peak_b[MP_ACTIVATION] / (double)peak[MP_ACTIVATION]);
-    claim_num(k, "T5", "activations grow with batch x length", "grow", m, (double)((double)peak2[MP_ACTIVATION] / (double)peak[MP_ACTIVATION]),
-          peak2[MP_ACTIVATION] > 19 * peak[MP_ACTIVATION] / 10 && peak_b[MP_ACTIVATION] > 19 * peak[MP_ACTIVATION] / 10);
+             (double)peak2[MP_ACTIVATION] / (double)peak[MP_ACTIVATION],
+             (double)peak_b[MP_ACTIVATION] / (double)peak[MP_ACTIVATION]);
+    claim_num(k, "T5", "activations grow with batch x length", "grow", m,
+              (double)((double)peak2[MP_ACTIVATION] / (double)peak[MP_ACTIVATION]),
+              peak2[MP_ACTIVATION] > 19 * peak[MP_ACTIVATION] / 10 &&
+                  peak_b[MP_ACTIVATION] > 19 * peak[MP_ACTIVATION] / 10);
     llama_config big;
     if (llama_config_preset(&big, "llama-3-70b", err) != 0 || meta_train(&big, 1, 25, peak2, err) != 0) return -1;
     uint64_t P70 = llama_param_count(&big), states = peak2[MP_WEIGHT] + peak2[MP_GRADIENT] + peak2[MP_OPTIMIZER];
-    snprintf(m, sizeof m, "%s (%.1f bytes a parameter, %llu parameters)", mb(f, sizeof f, states), (double)states / (double)P70,
-             (unsigned long long)P70);
-    claim_num(k, "T7", "a 70B model in float32 with Adam: 16 bytes a parameter", "70e9 x 16 = 1,120 GB", m, (double)(states), states == 16 * P70);
+    snprintf(m, sizeof m, "%s (%.1f bytes a parameter, %llu parameters)", mb(f, sizeof f, states),
+             (double)states / (double)P70, (unsigned long long)P70);
+    claim_num(k, "T7", "a 70B model in float32 with Adam: 16 bytes a parameter", "70e9 x 16 = 1,120 GB", m,
+              (double)(states), states == 16 * P70);
     return 0;
 }
 
@@ -189,18 +198,24 @@ static int check_cache(checker *k, const llama_config *c, ag_err *err) {
     const llama_generate_stats *st = &r.stats;
     uint64_t per = st->cache_bytes[1] - st->cache_bytes[0];
     snprintf(m, sizeof m, "%llu bytes", (unsigned long long)per);
-    claim_num(k, "K1", "KV cache per token, float32: 2 x 30 x 3 x 64 x 4", "46,080 bytes", m, (double)(per), per == 46080);
+    claim_num(k, "K1", "KV cache per token, float32: 2 x 30 x 3 x 64 x 4", "46,080 bytes", m, (double)(per),
+              per == 46080);
     const int64_t *s0 = st->cache_shape[0], *s1 = st->cache_shape[1];
     snprintf(m, sizeof m, "%llu bytes, keys (%lld, %lld, %lld, %lld)", (unsigned long long)st->cache_bytes[0],
              (long long)s0[0], (long long)s0[1], (long long)s0[2], (long long)s0[3]);
-    claim_num(k, "K2", "KV cache of the 25-token prompt", "1,152,000 bytes; (1, 3, 25, 64)", m, (double)(st->cache_bytes[0]),
-          st->cache_bytes[0] == 1152000 && s0[0] == 1 && s0[1] == 3 && s0[2] == 25 && s0[3] == 64);
-    snprintf(m, sizeof m, "(%lld, %lld, %lld, %lld)", (long long)s1[0], (long long)s1[1], (long long)s1[2], (long long)s1[3]);
-    claim_num(k, "K3", "one decode step adds a token to every block's cache", "(1, 3, 26, 64)", m, (double)(s1[2]), s1[2] == 26 && s1[1] == 3);
+    claim_num(k, "K2", "KV cache of the 25-token prompt", "1,152,000 bytes; (1, 3, 25, 64)", m,
+              (double)(st->cache_bytes[0]),
+              st->cache_bytes[0] == 1152000 && s0[0] == 1 && s0[1] == 3 && s0[2] == 25 && s0[3] == 64);
+    snprintf(m, sizeof m, "(%lld, %lld, %lld, %lld)", (long long)s1[0], (long long)s1[1], (long long)s1[2],
+             (long long)s1[3]);
+    claim_num(k, "K3", "one decode step adds a token to every block's cache", "(1, 3, 26, 64)", m, (double)(s1[2]),
+              s1[2] == 26 && s1[1] == 3);
     snprintf(m, sizeof m, "%llu bytes", (unsigned long long)p.hidden);
-    claim_num(k, "A1", "one hidden state for 25 tokens, (1, 25, 576)", "57,600 bytes", m, (double)(p.hidden), p.hidden == 57600);
+    claim_num(k, "A1", "one hidden state for 25 tokens, (1, 25, 576)", "57,600 bytes", m, (double)(p.hidden),
+              p.hidden == 57600);
     snprintf(m, sizeof m, "%llu bytes", (unsigned long long)p.logits);
-    claim_num(k, "A2", "the logits for 25 tokens, (1, 25, 49152)", "4,915,200 bytes", m, (double)(p.logits), p.logits == 4915200);
+    claim_num(k, "A2", "the logits for 25 tokens, (1, 25, 49152)", "4,915,200 bytes", m, (double)(p.logits),
+              p.logits == 4915200);
     uint64_t probs25 = p.probs;
     cli_infer_free(&r);
     prefill_look p50;
@@ -208,10 +223,10 @@ static int check_cache(checker *k, const llama_config *c, ag_err *err) {
     snprintf(m, sizeof m, "%llu bytes (9 x 25 x 25 x 4); x%.1f at 50 tokens", (unsigned long long)probs25,
              (double)p50.probs / (double)probs25);
     claim_num(k, "A3", "attention scores of a block grow with length squared", "9 x 25 x 25", m, (double)(probs25),
-          probs25 == 9 * 25 * 25 * 4 && p50.probs == 4 * probs25);
+              probs25 == 9 * 25 * 25 * 4 && p50.probs == 4 * probs25);
     snprintf(m, sizeof m, "%.2f MB weights + %.2f MB cache", p.weights / 1e6, p.cache_peak / 1e6);
     claim_num(k, "T6", "inference: the weights plus a cache of a few MB", "538 MB + cache", m, (double)(p.cache_peak),
-          p.weights == 538060032ULL && p.cache_peak < 10000000);
+              p.weights == 538060032ULL && p.cache_peak < 10000000);
     // K4 and K6: long texts and many of them.
     uint64_t at[2];
     long lens[2] = {1024, 8192};
@@ -221,17 +236,19 @@ static int check_cache(checker *k, const llama_config *c, ag_err *err) {
     }
     snprintf(m, sizeof m, "%.0f MB / %.0f MB (%llu bytes)", at[0] / 1e6, at[1] / 1e6, (unsigned long long)at[1]);
     claim_num(k, "K4", "KV cache at 1,024 / 8,192 tokens", "47 MB / 377,487,360 bytes", m, (double)(at[1]),
-          llround(at[0] / 1e6) == 47 && at[1] == 377487360ULL);
+              llround(at[0] / 1e6) == 47 && at[1] == 377487360ULL);
     if (generate(c, 10, 1024, 1, true, true, look_prefill, &p, NULL, err) != 0) return -1;
-    snprintf(m, sizeof m, "%.0f + %.0f = %.0f MB", p.weights / 1e6, p.cache_peak / 1e6, (p.weights + p.cache_peak) / 1e6);
+    snprintf(m, sizeof m, "%.0f + %.0f = %.0f MB", p.weights / 1e6, p.cache_peak / 1e6,
+             (p.weights + p.cache_peak) / 1e6);
     claim_num(k, "K6", "10 texts of 1,024 tokens: weights + caches", "538 + 472 = 1,010 MB", m, (double)(p.cache_peak),
-          llround(p.cache_peak / 1e6) == 472 && llround((p.weights + p.cache_peak) / 1e6) == 1010);
+              llround(p.cache_peak / 1e6) == 472 && llround((p.weights + p.cache_peak) / 1e6) == 1010);
     llama_config mha = *c;
     mha.kv_heads = mha.heads;
     if (generate(&mha, 1, 8192, 1, true, true, look_prefill, &p, NULL, err) != 0) return -1;
-    snprintf(m, sizeof m, "%llu bytes a token; %.2f GB at 8,192", (unsigned long long)(p.cache_peak / 8192), p.cache_peak / 1e9);
-    claim_num(k, "K5", "9 key-value heads instead of 3 (no GQA)", "138,240 bytes; 1.13 GB", m, (double)(p.cache_peak / 8192),
-          p.cache_peak == 138240ULL * 8192 && llround(p.cache_peak / 1e7) == 113);
+    snprintf(m, sizeof m, "%llu bytes a token; %.2f GB at 8,192", (unsigned long long)(p.cache_peak / 8192),
+             p.cache_peak / 1e9);
+    claim_num(k, "K5", "9 key-value heads instead of 3 (no GQA)", "138,240 bytes; 1.13 GB", m,
+              (double)(p.cache_peak / 8192), p.cache_peak == 138240ULL * 8192 && llround(p.cache_peak / 1e7) == 113);
     return 0;
 }
 
@@ -249,13 +266,14 @@ static int check_speed(checker *k, const llama_config *c, ag_err *err) {
         return -1;
     }
     double s1 = without.stats.generate_s / with.stats.generate_s;
-    snprintf(m, sizeof m, "%.2f s vs %.2f s: x%.1f, same tokens: %s", with.stats.generate_s, without.stats.generate_s, s1,
-             same_tokens(&with, &without) ? "yes" : "no");
+    snprintf(m, sizeof m, "%.2f s vs %.2f s: x%.1f, same tokens: %s", with.stats.generate_s, without.stats.generate_s,
+             s1, same_tokens(&with, &without) ? "yes" : "no");
     claim_num(k, "S1", "40 new tokens with the cache vs without", "0.46 s vs 1.01 s (x2.2)", m, (double)(s1),
-          s1 > 1.2 && same_tokens(&with, &without));
+              s1 > 1.2 && same_tokens(&with, &without));
     double s3 = with.stats.prefill_s / with.stats.decode_step_s;
     snprintf(m, sizeof m, "%.4f s vs %.4f s (x%.1f)", with.stats.prefill_s, with.stats.decode_step_s, s3);
-    claim_num(k, "S3", "prefill of 25 tokens vs one decode step", "0.02 s vs 0.011 s (x1.8)", m, (double)(s3), s3 > 1.0);
+    claim_num(k, "S3", "prefill of 25 tokens vs one decode step", "0.02 s vs 0.011 s (x1.8)", m, (double)(s3),
+              s3 > 1.0);
     cli_infer_free(&with);
     cli_infer_free(&without);
     // S2: eight prompts one after another, then as one batch (the same prompt here).
@@ -270,7 +288,8 @@ static int check_speed(checker *k, const llama_config *c, ag_err *err) {
     if (generate(c, 8, 25, 20, true, false, NULL, NULL, &batch, err) != 0) return -1;
     double s2 = one_by_one / batch.stats.generate_s;
     snprintf(m, sizeof m, "%.2f s vs %.2f s: batching x%.1f faster", one_by_one, batch.stats.generate_s, s2);
-    claim_num(k, "S2", "8 prompts x 20 tokens: one after another vs a batch of 8", "1.92 s vs 0.47 s (x4)", m, (double)(s2), s2 > 1.5);
+    claim_num(k, "S2", "8 prompts x 20 tokens: one after another vs a batch of 8", "1.92 s vs 0.47 s (x4)", m,
+              (double)(s2), s2 > 1.5);
     cli_infer_free(&batch);
     return 0;
 }
@@ -331,7 +350,8 @@ int cmd_check(const cli_options *o) {
     qsort(k.rows, (size_t)k.n, sizeof k.rows[0], claim_order);
     char pc[32];
     if (!quiet) {
-        printf("membill check: the claims on %s (%s parameters)\n\n", c.name, cli_commas(pc, sizeof pc, llama_param_count(&c)));
+        printf("membill check: the claims on %s (%s parameters)\n\n", c.name,
+               cli_commas(pc, sizeof pc, llama_param_count(&c)));
         claims_text(stdout, &k);
     }
     json_t *root = claims_json(&k);

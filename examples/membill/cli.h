@@ -58,8 +58,8 @@ void cli_usage_error(const cli_options *o, const char *fmt, ...) __attribute__((
 // What each category is billed at. Real runs compute in float32; the others are bills of
 // meta mode (the same code, allocations at these element sizes).
 typedef struct {
-    const char *name;      // as --dtype names it: "fp32", "bf16", "bf16-mixed", ...
-    const char *long_name; // for reports: "float32", "bfloat16", ...
+    const char *name;                     // as --dtype names it: "fp32", "bf16", "bf16-mixed", ...
+    const char *long_name;                // for reports: "float32", "bfloat16", ...
     int act_bits, weight_bits, grad_bits; // activations and cache, parameters, .grad
     int state_bits;                       // optimizer state elements
     bool master;                          // a float32 master copy of the weights (mixed precision)
@@ -82,7 +82,6 @@ void cli_dtype_optim(const cli_dtype *d, optim_config *c);
 // The sum of the state of one parameter element, "2 + 2 + 4 + 4 + 4" style, into buf.
 const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf, size_t len);
 
-
 // What a run is made of (setup.c). These return an exit code: 0, EXIT_USAGE (an unknown preset,
 // a malformed id list, a length past the model's positions) or EXIT_RUN_FAILED (a file that
 // cannot be read), with the message in *err.
@@ -94,8 +93,8 @@ int cli_budget_check(ag_err *err);
 int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err);
 // Token ids [batch * seq_len]: --tokens repeated over the batch, or seeded random ids. In meta
 // mode no ids are made (*ids NULL): a bill of shapes takes no memory per token.
-int cli_make_tokens(const cli_options *o, const llama_config *cfg, bool meta, int32_t **ids, long *batch,
-                    long *seq_len, ag_err *err);
+int cli_make_tokens(const cli_options *o, const llama_config *cfg, bool meta, int32_t **ids, long *batch, long *seq_len,
+                    ag_err *err);
 
 int cli_svg_scaled(FILE *f, const char *title, double scale);
 typedef void (*cli_text_fn)(FILE *f, const void *arg);
@@ -111,8 +110,8 @@ struct json_t *cli_report_root(const llama_config *cfg);
 // One training run (load or init, N steps, teardown) inside an initialised profiler.
 typedef struct {
     double forward_s, backward_s, optimizer_s, step_s, loss;
-    int phases_done;   // 0 to 3: forward, backward, optimizer finished
-    size_t events[4];  // the timeline's length at the step's start and after each phase
+    int phases_done;  // 0 to 3: forward, backward, optimizer finished
+    size_t events[4]; // the timeline's length at the step's start and after each phase
 } step_record;
 
 // Writes --dump-grads (grads) or --save-weights of the model; NULL: the run writes neither.
@@ -152,8 +151,7 @@ typedef struct {
     uint64_t bytes;
     size_t sites;
 } cli_site_row;
-size_t cli_breakdown(size_t events, mp_category cat, cli_site_row *rows, size_t cap, uint64_t *per_block,
-                     long layers);
+size_t cli_breakdown(size_t events, mp_category cat, cli_site_row *rows, size_t cap, uint64_t *per_block, long layers);
 void cli_breakdown_text(FILE *f, long layers);
 struct json_t *cli_breakdown_json(long layers);
 
@@ -190,7 +188,7 @@ void cli_infer_free(infer_run *r);
 typedef struct {
     void *arg;
     int (*run)(void *arg, ag_err *err);                  // inside an initialised profiler
-    uint64_t (*meta_peak)(void *arg, ag_err *err);        // the same run in meta mode (NULL: none)
+    uint64_t (*meta_peak)(void *arg, ag_err *err);       // the same run in meta mode (NULL: none)
     void (*text)(FILE *f, const void *arg, bool failed); // the text report
     struct json_t *(*json)(const void *arg, bool failed);
     int (*svg)(FILE *f, void *arg, ag_err *err); // NULL: the profiler's timeline as a chart

@@ -65,8 +65,10 @@ static uint64_t meta_peak(void *arg, ag_err *err) {
     if (cli_train_run(&t, err) == 0) peak = mp_peak().total;
     mp_shutdown();
     if (peak && mp_init(&mo) == MP_OK) {
-        if (cli_infer_run(&g, err) != 0) peak = 0;
-        else if (mp_peak().total > peak) peak = mp_peak().total;
+        if (cli_infer_run(&g, err) != 0)
+            peak = 0;
+        else if (mp_peak().total > peak)
+            peak = mp_peak().total;
         mp_shutdown();
     }
     free(g.out);
@@ -96,9 +98,11 @@ static void print_table(FILE *f, const void *arg, bool failed) {
     const side *t = &c->s[0], *g = &c->s[1];
     if (failed) return; // a side that did not finish has no peak to compare
     char a[64], b[64];
-    fprintf(f, "membill compare: %s; training: batch %ld x %ld tokens, %s; inference: batch %ld x %ld-token prompt + %ld new, %s\n\n",
-            tr->cfg.name, tr->batch, tr->seq_len, optim_kind_name(tr->ocfg.kind), ir->batch, ir->seq_len, ir->new_tokens,
-            ir->use_cache ? "KV cache" : "no cache");
+    fprintf(f,
+            "membill compare: %s; training: batch %ld x %ld tokens, %s; inference: batch %ld x %ld-token prompt + %ld "
+            "new, %s\n\n",
+            tr->cfg.name, tr->batch, tr->seq_len, optim_kind_name(tr->ocfg.kind), ir->batch, ir->seq_len,
+            ir->new_tokens, ir->use_cache ? "KV cache" : "no cache");
     fprintf(f, "  %-11s %-36s %-36s\n", "category", "training step (peak)", "inference (peak)");
     for (int c = 0; c < MP_NCATEGORIES; c++)
         fprintf(f, "  %-11s %-36s %-36s\n", mp_category_name(c), mp_format_bytes(a, sizeof a, t->peak[c]),
@@ -111,7 +115,8 @@ static void print_table(FILE *f, const void *arg, bool failed) {
 
 static json_t *side_json(const side *s) {
     json_t *o = json_object(), *cats = json_object();
-    for (int c = 0; c < MP_NCATEGORIES; c++) json_object_set_new(cats, mp_category_name(c), json_integer((json_int_t)s->peak[c]));
+    for (int c = 0; c < MP_NCATEGORIES; c++)
+        json_object_set_new(cats, mp_category_name(c), json_integer((json_int_t)s->peak[c]));
     json_object_set_new(o, "categories", cats);
     json_object_set_new(o, "total_peak_bytes", json_integer((json_int_t)s->total.total));
     json_object_set_new(o, "peak_phase", json_string(mp_phase_name(s->total.phase)));
@@ -159,8 +164,14 @@ int cmd_compare(const cli_options *o) {
         cli_infer_free(&c.ir);
         return rc;
     }
-    cli_job job = {.arg = &c, .run = run, .meta_peak = meta_peak, .text = print_table, .json = compare_json,
-                   .svg = svg_pair, .svg_arg = c.s, .title = "membill compare"};
+    cli_job job = {.arg = &c,
+                   .run = run,
+                   .meta_peak = meta_peak,
+                   .text = print_table,
+                   .json = compare_json,
+                   .svg = svg_pair,
+                   .svg_arg = c.s,
+                   .title = "membill compare"};
     rc = cli_job_main(o, &job);
     free(c.s[0].svg);
     free(c.s[1].svg);

@@ -43,14 +43,17 @@ bool cli_parse_weight_dtype(const char *name, long group_size, cli_dtype *d) {
 }
 
 bool cli_dtype_is_f32(const cli_dtype *d) {
-    return !d->name || (d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32 && d->state_bits == 32 &&
-                        !d->master);
+    return !d->name ||
+           (d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32 && d->state_bits == 32 && !d->master);
 }
 
 ag_meta_dtype cli_meta_dtype(const cli_dtype *d) {
     if (!d->name) return ag_meta_dtype_f32();
-    return (ag_meta_dtype){.act_bits = d->act_bits, .weight_bits = d->weight_bits, .grad_bits = d->grad_bits,
-                           .group = d->group, .scale_bytes = d->scale_bytes};
+    return (ag_meta_dtype){.act_bits = d->act_bits,
+                           .weight_bits = d->weight_bits,
+                           .grad_bits = d->grad_bits,
+                           .group = d->group,
+                           .scale_bytes = d->scale_bytes};
 }
 
 void cli_dtype_optim(const cli_dtype *d, optim_config *c) {
@@ -64,6 +67,7 @@ const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf,
     int states = (int)(optim_state_bytes_per_element(kind) / sizeof(float)), n;
     n = snprintf(buf, len, "%d + %d", d->weight_bits / 8, d->grad_bits / 8);
     if (d->master && kind != OPTIM_NONE) n += snprintf(buf + n, len - (size_t)n, " + 4");
-    for (int i = 0; i < states && (size_t)n < len; i++) n += snprintf(buf + n, len - (size_t)n, " + %d", d->state_bits / 8);
+    for (int i = 0; i < states && (size_t)n < len; i++)
+        n += snprintf(buf + n, len - (size_t)n, " + %d", d->state_bits / 8);
     return buf;
 }

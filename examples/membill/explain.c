@@ -4,8 +4,8 @@
 
 static void line(FILE *f, const char *name, uint64_t measured, uint64_t formula, const char *how) {
     char a[64], b[64];
-    fprintf(f, "  %-10s measured %s\n             formula  %s = %s%s\n", name, mp_format_bytes(a, sizeof a, measured), how,
-            mp_format_bytes(b, sizeof b, formula), measured == formula ? " (equal)" : "");
+    fprintf(f, "  %-10s measured %s\n             formula  %s = %s%s\n", name, mp_format_bytes(a, sizeof a, measured),
+            how, mp_format_bytes(b, sizeof b, formula), measured == formula ? " (equal)" : "");
 }
 
 void cli_explain_train(FILE *f, const llama_config *c, long B, long T, optim_kind kind) {
@@ -19,7 +19,8 @@ void cli_explain_train(FILE *f, const llama_config *c, long B, long T, optim_kin
     line(f, "weight", mp_get_counter(MP_WEIGHT).peak, cf.weights, how);
     fprintf(f, "             allocated when the model is built or loaded; freed at the end of the run\n");
     line(f, "gradient", mp_get_counter(MP_GRADIENT).peak, cf.gradients, how);
-    fprintf(f, "             one .grad per parameter, at its first accumulation in backward; set to none after the step\n");
+    fprintf(
+        f, "             one .grad per parameter, at its first accumulation in backward; set to none after the step\n");
     snprintf(how, sizeof how, "P x %llu = %llu x %llu%s", (unsigned long long)per, P, (unsigned long long)per,
              per == 8 ? " (exp_avg + exp_avg_sq)" : "");
     line(f, "optimizer", mp_get_counter(MP_OPTIMIZER).peak, cf.optimizer, how);
@@ -27,10 +28,13 @@ void cli_explain_train(FILE *f, const llama_config *c, long B, long T, optim_kin
     snprintf(how, sizeof how, "%lld blocks x %s + head %s", (long long)c->layers,
              mp_format_bytes(x, sizeof x, cf.act_per_block), "(norm, logits and their gradient)");
     line(f, "activation", mp_get_counter(MP_ACTIVATION).peak, cf.activations, how);
-    fprintf(f, "             per block: the tensors its ops save for backward, growing with batch x tokens, and\n"
-               "             the attention probabilities with tokens squared (%s of each block here)\n",
+    fprintf(f,
+            "             per block: the tensors its ops save for backward, growing with batch x tokens, and\n"
+            "             the attention probabilities with tokens squared (%s of each block here)\n",
             mp_format_bytes(x, sizeof x, cf.act_probs_per_block));
-    fprintf(f, "  cache      none in training; inference keeps 2 x %lld layers x %lld kv heads x %lld x 4 = %llu bytes a token\n",
+    fprintf(f,
+            "  cache      none in training; inference keeps 2 x %lld layers x %lld kv heads x %lld x 4 = %llu bytes a "
+            "token\n",
             (long long)c->layers, (long long)c->kv_heads, (long long)c->head_dim,
             (unsigned long long)(2 * c->layers * c->kv_heads * c->head_dim * 4));
     uint64_t four = cf.weights + cf.gradients + cf.optimizer;

@@ -59,9 +59,10 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     }
     // The last new token is chosen but never run through the model: it needs no position.
     if (r->seq_len + r->new_tokens - 1 > r->cfg.max_positions) {
-        ag_err_set(err, "a %ld-token prompt and %ld new tokens run %ld tokens through the model, past its %lld positions "
-                   "(max_position_embeddings)", r->seq_len, r->new_tokens, r->seq_len + r->new_tokens - 1,
-                   (long long)r->cfg.max_positions);
+        ag_err_set(err,
+                   "a %ld-token prompt and %ld new tokens run %ld tokens through the model, past its %lld positions "
+                   "(max_position_embeddings)",
+                   r->seq_len, r->new_tokens, r->seq_len + r->new_tokens - 1, (long long)r->cfg.max_positions);
         return EXIT_USAGE;
     }
     return 0;
@@ -76,8 +77,10 @@ void cli_infer_free(infer_run *r) {
 
 static void on_step(void *user, const llama_generate_step *s) {
     const infer_run *r = user;
-    if (s->step == 0) cli_progress("prefill done, decode 0/%ld", r->new_tokens - 1);
-    else cli_progress("decode %lld/%ld", (long long)s->step, r->new_tokens - 1);
+    if (s->step == 0)
+        cli_progress("prefill done, decode 0/%ld", r->new_tokens - 1);
+    else
+        cli_progress("decode %lld/%ld", (long long)s->step, r->new_tokens - 1);
 }
 
 int cli_infer_run(infer_run *r, ag_err *err) {
@@ -109,8 +112,9 @@ done:
 
 bool cli_infer_dtype(const cli_options *o, cli_dtype *d, ag_err *err) {
     if (!cli_parse_dtype(o->dtype, d) || d->master || d->grad_bits != d->act_bits) {
-        ag_err_set(err, "--dtype of a generation must be fp32, bf16 or fp16 (mixed precision is a training setting), not '%s'",
-                   o->dtype);
+        ag_err_set(
+            err, "--dtype of a generation must be fp32, bf16 or fp16 (mixed precision is a training setting), not '%s'",
+            o->dtype);
         return false;
     }
     if (o->weight_dtype) cli_parse_weight_dtype(o->weight_dtype, o->group_size, d);
@@ -146,8 +150,10 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(run, "new_tokens", json_integer(r->new_tokens));
     json_object_set_new(run, "cache", json_boolean(r->use_cache));
     json_object_set_new(run, "dtype", json_string(r->dtype.name ? r->dtype.long_name : "float32"));
-    json_object_set_new(run, "weight_dtype", json_string(r->dtype.weight_name ? r->dtype.weight_name
-                                                         : r->dtype.name ? r->dtype.long_name : "float32"));
+    json_object_set_new(run, "weight_dtype",
+                        json_string(r->dtype.weight_name ? r->dtype.weight_name
+                                    : r->dtype.name      ? r->dtype.long_name
+                                                         : "float32"));
     json_object_set_new(run, "meta", json_boolean(r->meta));
     json_object_set_new(run, "threads", json_integer(o->threads));
     json_object_set_new(run, "weights", json_string(r->st_path[0] ? r->st_path : "random"));
@@ -155,7 +161,8 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_t *gen = json_array();
     for (long b = 0; b < r->batch && !failed && !r->meta; b++) {
         json_t *row = json_array();
-        for (long t = 0; t < r->new_tokens; t++) json_array_append_new(row, json_integer(r->out[b * r->new_tokens + t]));
+        for (long t = 0; t < r->new_tokens; t++)
+            json_array_append_new(row, json_integer(r->out[b * r->new_tokens + t]));
         json_array_append_new(gen, row);
     }
     json_object_set_new(root, "generated", gen);
@@ -177,9 +184,12 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(t, "decode_s", json_real(st->decode_s));
     json_object_set_new(t, "generate_s", json_real(st->generate_s));
     json_object_set_new(t, "decode_step_s", json_real(st->decode_step_s));
-    json_object_set_new(t, "tokens_per_s", json_real(st->generate_s > 0 ? (double)(r->batch * r->new_tokens) / st->generate_s : 0));
-    if (!failed) json_object_set_new(root, "timing", t);
-    else json_decref(t);
+    json_object_set_new(t, "tokens_per_s",
+                        json_real(st->generate_s > 0 ? (double)(r->batch * r->new_tokens) / st->generate_s : 0));
+    if (!failed)
+        json_object_set_new(root, "timing", t);
+    else
+        json_decref(t);
     json_object_set_new(root, "teardown_all_zero", json_boolean(r->torn_down_clean));
     return root;
 }
@@ -201,15 +211,17 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
             (unsigned long long)per);
     if (r->use_cache && st->steps > 0) {
         const int64_t *s0 = st->cache_shape[0], *s1 = st->cache_shape[st->steps - 1];
-        fprintf(f, "    after the prompt %s, each block's keys (%lld, %lld, %lld, %lld)\n", mp_format_bytes(b, sizeof b, st->cache_bytes[0]),
-                (long long)s0[0], (long long)s0[1], (long long)s0[2], (long long)s0[3]);
-        fprintf(f, "    at the end %s, keys (%lld, %lld, %lld, %lld)", mp_format_bytes(b, sizeof b, st->cache_bytes[st->steps - 1]),
-                (long long)s1[0], (long long)s1[1], (long long)s1[2], (long long)s1[3]);
+        fprintf(f, "    after the prompt %s, each block's keys (%lld, %lld, %lld, %lld)\n",
+                mp_format_bytes(b, sizeof b, st->cache_bytes[0]), (long long)s0[0], (long long)s0[1], (long long)s0[2],
+                (long long)s0[3]);
+        fprintf(f, "    at the end %s, keys (%lld, %lld, %lld, %lld)",
+                mp_format_bytes(b, sizeof b, st->cache_bytes[st->steps - 1]), (long long)s1[0], (long long)s1[1],
+                (long long)s1[2], (long long)s1[3]);
         fprintf(f, "; in allocator size classes %s\n", mp_format_bytes(b, sizeof b, st->cache_usable[st->steps - 1]));
     }
     if (!r->meta && !failed) {
-        fprintf(f, "\n  prefill %.4f s, decode %.4f s (median step %.4f s), together %.4f s: %.1f tokens/s\n", st->prefill_s,
-                st->decode_s, st->decode_step_s, st->generate_s,
+        fprintf(f, "\n  prefill %.4f s, decode %.4f s (median step %.4f s), together %.4f s: %.1f tokens/s\n",
+                st->prefill_s, st->decode_s, st->decode_step_s, st->generate_s,
                 st->generate_s > 0 ? (double)(r->batch * r->new_tokens) / st->generate_s : 0);
         for (long row = 0; row < r->batch && row < 8; row++) {
             fprintf(f, "  row %ld:", row);
@@ -248,7 +260,8 @@ int cmd_infer(const cli_options *o) {
     char title[256];
     snprintf(title, sizeof title, "membill infer: %s, batch %ld x %ld tokens + %ld new, %s", c.r.cfg.name, c.r.batch,
              c.r.seq_len, c.r.new_tokens, c.r.use_cache ? "KV cache" : "no cache");
-    cli_job job = {.arg = &c, .run = run, .meta_peak = meta_peak, .text = infer_text, .json = infer_json, .title = title};
+    cli_job job = {
+        .arg = &c, .run = run, .meta_peak = meta_peak, .text = infer_text, .json = infer_json, .title = title};
     rc = cli_job_main(o, &job);
     cli_infer_free(&c.r);
     return rc;

@@ -16,8 +16,12 @@ int cli_profiler_start(const cli_options *o, bool meta) {
 int cli_outputs_declare(const cli_options *o, cli_outputs **outs, ag_err *err) {
     const struct {
         const char *name, *path;
-    } list[] = {{"--json", o->json},   {"--timeline", o->timeline},     {"--svg", o->svg},
-                {"--trace", o->trace}, {"--html", o->html},             {"--dump-grads", o->dump_grads},
+    } list[] = {{"--json", o->json},
+                {"--timeline", o->timeline},
+                {"--svg", o->svg},
+                {"--trace", o->trace},
+                {"--html", o->html},
+                {"--dump-grads", o->dump_grads},
                 {"--save-weights", o->save_weights}},
       inputs[] = {{"--config", o->config}, {"--weights", o->weights}};
     *outs = cli_outputs_new();
@@ -69,7 +73,8 @@ static int fit_check(const cli_options *o, cli_job *j, ag_err *err) {
     if (!need) return err->msg[0] ? -1 : 0;
     if (have && need > have) {
         char a[80], b[80];
-        ag_err_set(err, "this run needs at least %s at its peak (its bill in meta mode) and this machine has %s available: "
+        ag_err_set(err,
+                   "this run needs at least %s at its peak (its bill in meta mode) and this machine has %s available: "
                    "--meta bills it without running it, and membill plan sizes it for another machine",
                    mp_format_bytes(a, sizeof a, need), mp_format_bytes(b, sizeof b, have));
         return -1;

@@ -19,12 +19,12 @@ typedef struct {
     const char *name, *value; // "--seq-len", "N" (NULL for a flag)
     opt_type type;
     size_t offset;
-    unsigned cmds;                 // the subcommands that take it
-    const char *def;               // the default as one would type it; NULL: none
-    unsigned alt_cmds;             // these subcommands default to alt_def instead
+    unsigned cmds;     // the subcommands that take it
+    const char *def;   // the default as one would type it; NULL: none
+    unsigned alt_cmds; // these subcommands default to alt_def instead
     const char *alt_def;
-    double min, max;               // T_LONG, T_DOUBLE, T_BYTES bounds
-    const char *choices;           // T_CHOICE: "a|b|c"
+    double min, max;     // T_LONG, T_DOUBLE, T_BYTES bounds
+    const char *choices; // T_CHOICE: "a|b|c"
     const char *help;
 } opt_spec;
 
@@ -159,7 +159,8 @@ static const char *command_names(unsigned cmds, char *buf, size_t len) {
     size_t n = 0;
     buf[0] = 0;
     for (size_t i = 0; i < cli_command_count(); i++)
-        if (cmds & commands[i].bit) n += (size_t)snprintf(buf + n, n < len ? len - n : 0, "%s%s", n ? ", " : "", commands[i].name);
+        if (cmds & commands[i].bit)
+            n += (size_t)snprintf(buf + n, n < len ? len - n : 0, "%s%s", n ? ", " : "", commands[i].name);
     return buf;
 }
 
@@ -206,7 +207,8 @@ static bool set_bytes(const cli_options *o, const opt_spec *s, const char *v, ch
     // A bare number is ambiguous (80: bytes or GB?) unless it is zero.
     bool bare = all_digits(v) && strspn(v, "0") != strlen(v);
     if (bare || !mp_parse_bytes(v, &x) || (double)x < s->min || (double)x > s->max) {
-        cli_usage_error(o, "%s expects a size with its unit, such as 80GB, 500MiB or %sB for bytes (units: B, kB, MB, GB, "
+        cli_usage_error(o,
+                        "%s expects a size with its unit, such as 80GB, 500MiB or %sB for bytes (units: B, kB, MB, GB, "
                         "TB = 10^3..10^12; KiB, MiB, GiB, TiB = 2^10..2^40), not '%s'",
                         s->name, bare ? v : "123456", v);
         return false;
@@ -279,8 +281,11 @@ bool cli_parse(cli_options *o, const cli_command *cmd, int argc, char **argv) {
         const opt_spec *s = strncmp(arg, "--", 2) == 0 ? find_spec(arg, len) : NULL;
         char names[64];
         if (!s) {
-            if (arg[0] == '-') cli_usage_error(o, "unknown option '%.*s' (see membill %s --help)", (int)len, arg, o->command);
-            else cli_usage_error(o, "unexpected argument '%s': options start with -- (see membill %s --help)", arg, o->command);
+            if (arg[0] == '-')
+                cli_usage_error(o, "unknown option '%.*s' (see membill %s --help)", (int)len, arg, o->command);
+            else
+                cli_usage_error(o, "unexpected argument '%s': options start with -- (see membill %s --help)", arg,
+                                o->command);
             return false;
         }
         if (!(s->cmds & o->cmd)) {
@@ -342,8 +347,10 @@ void cli_options_markdown(FILE *f) {
         const opt_spec *s = &specs[k];
         fprintf(f, "| `%s%s%s` |", s->name, s->value ? " " : "", s->value ? s->value : "");
         for (int c = 0; c < 5; c++) fputs(s->cmds & order[c] ? " x |" : "   |", f);
-        if (s->def && s->alt_cmds) fprintf(f, " %s (plan %s) |", s->def, s->alt_def);
-        else fprintf(f, " %s |", s->def ? s->def : "");
+        if (s->def && s->alt_cmds)
+            fprintf(f, " %s (plan %s) |", s->def, s->alt_def);
+        else
+            fprintf(f, " %s |", s->def ? s->def : "");
         fprintf(f, " %s", s->help);
         if (s->type == T_CHOICE) { // a '|' would split the cell
             fputs(": ", f);

@@ -25,7 +25,7 @@ typedef enum { OUT_STREAM, OUT_IN_PLACE, OUT_REPLACE } out_kind;
 typedef struct {
     char *key;   // what cli_outputs_write finds it by: the option, else the path
     char *path;  // as given
-    char *label;  // "--json out.json", for messages
+    char *label; // "--json out.json", for messages
     out_kind kind;
     int std_fd; // OUT_STREAM: 1 or 2
     // Identity, for refusing two outputs on one file: the file's device and inode when it
@@ -33,9 +33,9 @@ typedef struct {
     bool exists, null_device;
     dev_t dev;
     ino_t ino;
-    char *name;       // OUT_REPLACE: the name to replace in its folder, links followed
-    int dirfd;        // OUT_REPLACE: that folder
-    int fd;           // OUT_REPLACE: the temporary
+    char *name;                                  // OUT_REPLACE: the name to replace in its folder, links followed
+    int dirfd;                                   // OUT_REPLACE: that folder
+    int fd;                                      // OUT_REPLACE: the temporary
     char tmp[TEMP_NAME_LEN], bak[TEMP_NAME_LEN]; // names in dirfd ("" none)
     int tmp_slot, bak_slot;                      // their places in the signal registry
     bool written, failed, placed, committed;
@@ -97,8 +97,7 @@ static void install_handlers(void) {
         sigaddset(&sa.sa_mask, cleanup_signals[i]);
     for (size_t i = 0; i < sizeof cleanup_signals / sizeof *cleanup_signals; i++) {
         struct sigaction old;
-        if (sigaction(cleanup_signals[i], NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) &&
-            old.sa_handler == SIG_DFL)
+        if (sigaction(cleanup_signals[i], NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL)
             sigaction(cleanup_signals[i], &sa, NULL);
     }
 }
@@ -345,9 +344,7 @@ static output *find(cli_outputs *s, const char *key) {
     return NULL;
 }
 
-cli_outputs *cli_outputs_new(void) {
-    return calloc(1, sizeof(cli_outputs));
-}
+cli_outputs *cli_outputs_new(void) { return calloc(1, sizeof(cli_outputs)); }
 
 static char *make_label(const char *option, const char *path) {
     size_t n = (option ? strlen(option) + 1 : 0) + strlen(path) + 1;
@@ -616,7 +613,8 @@ int cli_outputs_commit(cli_outputs *s, ag_err *err) {
     for (size_t i = 0; i < s->n; i++) {
         const output *o = &s->outs[i];
         if (o->failed || !o->written) {
-            ag_err_set(err, "%s: %s; no output was replaced", o->label, o->failed ? "its write failed" : "was never written");
+            ag_err_set(err, "%s: %s; no output was replaced", o->label,
+                       o->failed ? "its write failed" : "was never written");
             return -1;
         }
     }

@@ -9,11 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-
-
 // One meta training step of the setting at batch B and length T, inside an initialised
 // profiler. Meta mode reads no ids, so none are made: a plan takes no memory per token.
-static int meta_step(const plan_setting *s, long B, long T, ag_err * err) {
+static int meta_step(const plan_setting *s, long B, long T, ag_err *err) {
     train_run r;
     memset(&r, 0, sizeof r);
     step_record rec;
@@ -31,7 +29,7 @@ static int meta_step(const plan_setting *s, long B, long T, ag_err * err) {
 }
 
 // One meta generation: the prefill over B prompts of T tokens, then new_tokens - 1 decode steps.
-static int meta_generate(const plan_setting *s, long B, long T, ag_err * err) {
+static int meta_generate(const plan_setting *s, long B, long T, ag_err *err) {
     infer_run r;
     memset(&r, 0, sizeof r);
     r.cfg = s->cfg;
@@ -70,7 +68,6 @@ static int measure(const plan_setting *s, long B, long T, plan_bill *b, ag_err *
 static uint64_t shard(uint64_t bytes, long gpus, bool sharded) {
     return sharded ? (bytes + (uint64_t)gpus - 1) / (uint64_t)gpus : bytes;
 }
-
 
 static gpu_share per_gpu(const plan_setting *s, const plan_bill *b) {
     gpu_share g;
@@ -115,8 +112,10 @@ static long largest(const plan_setting *s, bool vary_batch, long lo, long hi, ui
     while (bad - good > 1) {
         long mid = good + (bad - good) / 2;
         if (fits(s, vary_batch ? mid : s->batch, vary_batch ? s->seq_len : mid, device, &ok, err) != 0) return -1;
-        if (ok) good = mid;
-        else bad = mid;
+        if (ok)
+            good = mid;
+        else
+            bad = mid;
     }
     return good;
 }
@@ -192,14 +191,14 @@ static int plan_report(const cli_options *o, const plan_setting *s, const plan_f
     if (s->checkpointing) llama_closed_form_checkpointing(&s->cfg, s->batch, s->seq_len, &d, &cf);
     gpu_share g = per_gpu(s, &b);
     bool to_stdout = o->json && strcmp(o->json, "-") == 0;
-    plan_view view = {s, &b, &cf, &g, o->device_memory, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped,
-                      f->smallest};
+    plan_view view = {
+        s, &b, &cf, &g, o->device_memory, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped, f->smallest};
     if (!o->quiet && !to_stdout) plan_report_text(stdout, &view);
     json_t *root = plan_report_json(&view);
     char title[256];
-    snprintf(title, sizeof title, "membill plan%s: %s, batch %ld x %ld tokens, %s, %s (meta)", s->infer ? " --infer" : "",
-             s->cfg.name, s->batch, s->seq_len, s->infer ? plan_weight_dtype_name(&s->dt) : optim_kind_name(s->ocfg.kind),
-             s->dt.long_name);
+    snprintf(title, sizeof title, "membill plan%s: %s, batch %ld x %ld tokens, %s, %s (meta)",
+             s->infer ? " --infer" : "", s->cfg.name, s->batch, s->seq_len,
+             s->infer ? plan_weight_dtype_name(&s->dt) : optim_kind_name(s->ocfg.kind), s->dt.long_name);
     struct cli_outputs *outs = NULL;
     cli_report rep = {title, plan_report_text, &view, NULL, NULL};
     int rc = cli_outputs_declare(o, &outs, err);
@@ -229,7 +228,8 @@ int cmd_plan(const cli_options *o) {
             ag_err_set(&err, "cannot start the profiler");
             rc = EXIT_RUN_FAILED;
         } else {
-            if (meta_run(&s, s.batch, s.seq_len, &err) != 0 || plan_report(o, &s, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
+            if (meta_run(&s, s.batch, s.seq_len, &err) != 0 || plan_report(o, &s, &fit, &err) != 0)
+                rc = EXIT_RUN_FAILED;
             mp_shutdown();
         }
     }

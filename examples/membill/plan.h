@@ -17,7 +17,7 @@ typedef struct {
     uint64_t overhead;
     cli_dtype dt;
     bool infer;
-    long new_tokens; // --infer: tokens generated after the prompt (the cache ends at seq + new - 1)
+    long new_tokens;    // --infer: tokens generated after the prompt (the cache ends at seq + new - 1)
     bool checkpointing; // training: every block recomputed in backward
 } plan_setting;
 

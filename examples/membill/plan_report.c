@@ -12,8 +12,8 @@ static void row(FILE *out, const char *name, uint64_t measured, uint64_t closed,
 
 // The closed form's element sizes for the setting.
 llama_dtype_bytes plan_dtype_bytes(const plan_setting *s) {
-    llama_dtype_bytes d = {(uint64_t)s->dt.weight_bits / 8, (uint64_t)s->dt.grad_bits / 8,
-                           (uint64_t)s->dt.act_bits / 8, optim_state_bytes(&s->ocfg)};
+    llama_dtype_bytes d = {(uint64_t)s->dt.weight_bits / 8, (uint64_t)s->dt.grad_bits / 8, (uint64_t)s->dt.act_bits / 8,
+                           optim_state_bytes(&s->ocfg)};
     return d;
 }
 
@@ -24,7 +24,6 @@ static uint64_t infer_weight_bytes(const plan_setting *s) {
 
 // Tokens the cache holds at the end: the prompt, and every new token but the last (only chosen).
 long plan_cache_tokens(const plan_setting *s) { return s->seq_len + s->new_tokens - 1; }
-
 
 // ZeRO's model states a device holds (ZeRO paper, section 5: Psi parameters, K bytes of
 // optimizer state each, N devices): stage 0 (w+g+K)Psi; 1 wPsi + gPsi + KPsi/N; 2 wPsi +
@@ -49,17 +48,21 @@ static void text_states(FILE *out, const plan_view *v) {
     char f[200], x[64], y[64];
     unsigned long long P = (unsigned long long)v->cf->params;
     llama_dtype_bytes d = plan_dtype_bytes(s);
-    snprintf(f, sizeof f, "P x %llu = %llu x %llu (%s)", (unsigned long long)d.weight, P,
-             (unsigned long long)d.weight, s->dt.weight_bits == 32 ? "float32" : "16-bit");
+    snprintf(f, sizeof f, "P x %llu = %llu x %llu (%s)", (unsigned long long)d.weight, P, (unsigned long long)d.weight,
+             s->dt.weight_bits == 32 ? "float32" : "16-bit");
     row(out, "weight", b->peak[MP_WEIGHT], v->cf->weights, f);
     snprintf(f, sizeof f, "P x %llu%s", (unsigned long long)d.gradient,
-             s->dt.grad_bits > s->dt.weight_bits ? " (float32 main_grad beside 16-bit weights)" : ", the size of the weights");
+             s->dt.grad_bits > s->dt.weight_bits ? " (float32 main_grad beside 16-bit weights)"
+                                                 : ", the size of the weights");
     row(out, "gradient", b->peak[MP_GRADIENT], v->cf->gradients, f);
     int states = (int)(optim_state_bytes_per_element(s->ocfg.kind) / sizeof(float)), sb = s->dt.state_bits / 8;
     snprintf(f, sizeof f, "P x %llu (%s%s%s)", (unsigned long long)d.optimizer,
-             s->ocfg.master && states ? "fp32 master 4 + " : s->ocfg.master ? "fp32 master 4" : "",
+             s->ocfg.master && states ? "fp32 master 4 + "
+             : s->ocfg.master         ? "fp32 master 4"
+                                      : "",
              states == 2 ? (sb == 4 ? "exp_avg 4 + exp_avg_sq 4" : "exp_avg 2 + exp_avg_sq 2, in the parameters' dtype")
-             : states == 1 ? (sb == 4 ? "momentum_buffer 4" : "momentum_buffer 2") : "",
+             : states == 1 ? (sb == 4 ? "momentum_buffer 4" : "momentum_buffer 2")
+                           : "",
              !states && !s->ocfg.master ? "no state" : "");
     row(out, "optimizer", b->peak[MP_OPTIMIZER], v->cf->optimizer, f);
     if (s->checkpointing)
@@ -68,26 +71,37 @@ static void text_states(FILE *out, const plan_view *v) {
                  mp_format_bytes(y, sizeof y, v->cf->act_recompute));
     else
         snprintf(f, sizeof f, "%lld blocks x %s (attention probabilities %s of it) + head", (long long)s->cfg.layers,
-                 mp_format_bytes(x, sizeof x, v->cf->act_per_block), mp_format_bytes(y, sizeof y, v->cf->act_probs_per_block));
+                 mp_format_bytes(x, sizeof x, v->cf->act_per_block),
+                 mp_format_bytes(y, sizeof y, v->cf->act_probs_per_block));
     row(out, "activation", b->peak[MP_ACTIVATION], v->cf->activations, f);
     fprintf(out, "  %-11s %-36s\n", "total peak", mp_format_bytes(x, sizeof x, b->total));
     uint64_t states_bytes = b->peak[MP_WEIGHT] + b->peak[MP_GRADIENT] + b->peak[MP_OPTIMIZER];
     char sum[64];
     cli_dtype_bytes_text(&s->dt, s->ocfg.kind, sum, sizeof sum);
-    fprintf(out, "\n  bytes a parameter before activations: %s = %llu", sum, P ? (unsigned long long)(states_bytes / P) : 0ULL);
+    fprintf(out, "\n  bytes a parameter before activations: %s = %llu", sum,
+            P ? (unsigned long long)(states_bytes / P) : 0ULL);
     if (s->dt.master && s->dt.grad_bits == 16)
-        fprintf(out, " (mixed precision: 16-bit weights and gradients for the\n  forward and backward, a float32 master copy and "
-                     "float32 Adam state for the update: DeepSpeed's 2 + 2 + 12 = 16;\n  Megatron-LM accumulates gradients in a "
-                     "float32 main_grad: 2 + 4 + 12 = 18, --dtype bf16-mixed-fp32-grads)");
+        fprintf(
+            out,
+            " (mixed precision: 16-bit weights and gradients for the\n  forward and backward, a float32 master copy "
+            "and "
+            "float32 Adam state for the update: DeepSpeed's 2 + 2 + 12 = 16;\n  Megatron-LM accumulates gradients in a "
+            "float32 main_grad: 2 + 4 + 12 = 18, --dtype bf16-mixed-fp32-grads)");
     else if (s->dt.master)
-        fprintf(out, " (Megatron-LM's count: 16-bit weights, gradients accumulated\n  in a float32 main_grad, a float32 master "
-                     "copy and float32 Adam state: 2 + 4 + 12 = 18; DeepSpeed keeps 16-bit\n  gradients: 2 + 2 + 12 = 16, "
-                     "--dtype bf16-mixed)");
-    fprintf(out, "\n  activations at %s, except RMSNorm's rstd and the loss's log-sum-exp rows, float32 as autocast keeps them\n",
+        fprintf(
+            out,
+            " (Megatron-LM's count: 16-bit weights, gradients accumulated\n  in a float32 main_grad, a float32 master "
+            "copy and float32 Adam state: 2 + 4 + 12 = 18; DeepSpeed keeps 16-bit\n  gradients: 2 + 2 + 12 = 16, "
+            "--dtype bf16-mixed)");
+    fprintf(out,
+            "\n  activations at %s, except RMSNorm's rstd and the loss's log-sum-exp rows, float32 as autocast keeps "
+            "them\n",
             s->dt.act_bits == 32 ? "float32" : "16 bits");
-    fprintf(out, "\n  lesson claim T7: 70e9 parameters x 16 bytes = 1,120 GB before activations;\n"
-                 "  this model, %s: %llu x %llu = %s before activations, %s with them (batch %ld x %ld)\n",
-            s->dt.long_name, P, P ? (unsigned long long)(states_bytes / P) : 0ULL, mp_format_bytes(x, sizeof x, states_bytes),
+    fprintf(out,
+            "\n  lesson claim T7: 70e9 parameters x 16 bytes = 1,120 GB before activations;\n"
+            "  this model, %s: %llu x %llu = %s before activations, %s with them (batch %ld x %ld)\n",
+            s->dt.long_name, P, P ? (unsigned long long)(states_bytes / P) : 0ULL,
+            mp_format_bytes(x, sizeof x, states_bytes),
             mp_format_bytes(y, sizeof y, states_bytes + b->peak[MP_ACTIVATION]), s->batch, s->seq_len);
 }
 
@@ -116,24 +130,31 @@ static void text_fit(FILE *out, const plan_view *v) {
             v->g->total <= v->device ? "fits" : "does NOT fit");
     fprintf(out, "\n");
     if (v->max_batch == 0 && v->max_seq == 0) {
-        fprintf(out, "  nothing fits: even batch 1 x %d token%s needs %s on one device\n", s->infer ? 1 : 2, s->infer ? "" : "s",
-                mp_format_bytes(x, sizeof x, v->smallest));
+        fprintf(out, "  nothing fits: even batch 1 x %d token%s needs %s on one device\n", s->infer ? 1 : 2,
+                s->infer ? "" : "s", mp_format_bytes(x, sizeof x, v->smallest));
         return;
     }
-    if (v->max_batch == 0) fprintf(out, "  no batch fits at %ld tokens", s->seq_len);
-    else fprintf(out, "  largest batch at %ld tokens: %s%ld%s", s->seq_len, v->batch_capped ? "at least " : "", v->max_batch,
-                 v->batch_capped ? " (the search stops there)" : "");
-    if (v->max_seq == 0) fprintf(out, "; no length fits at batch %ld\n", s->batch);
-    else fprintf(out, "; longest %s at batch %ld: %ld tokens%s\n", s->infer ? "prompt" : "sequence", s->batch, v->max_seq,
-                 v->seq_capped ? ", the model's positions (max_position_embeddings), not memory, are the limit" : "");
+    if (v->max_batch == 0)
+        fprintf(out, "  no batch fits at %ld tokens", s->seq_len);
+    else
+        fprintf(out, "  largest batch at %ld tokens: %s%ld%s", s->seq_len, v->batch_capped ? "at least " : "",
+                v->max_batch, v->batch_capped ? " (the search stops there)" : "");
+    if (v->max_seq == 0)
+        fprintf(out, "; no length fits at batch %ld\n", s->batch);
+    else
+        fprintf(out, "; longest %s at batch %ld: %ld tokens%s\n", s->infer ? "prompt" : "sequence", s->batch,
+                v->max_seq,
+                v->seq_capped ? ", the model's positions (max_position_embeddings), not memory, are the limit" : "");
 }
 
 static void report_train_text(FILE *out, const plan_view *v) {
     const plan_setting *s = v->s;
     char pc[32];
     fprintf(out, "membill plan: %s, %s parameters, batch %ld x %ld tokens, %s, %s\n", s->cfg.name,
-            cli_commas(pc, sizeof pc, v->cf->params), s->batch, s->seq_len, optim_kind_name(s->ocfg.kind), s->dt.long_name);
-    fprintf(out, "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n");
+            cli_commas(pc, sizeof pc, v->cf->params), s->batch, s->seq_len, optim_kind_name(s->ocfg.kind),
+            s->dt.long_name);
+    fprintf(out,
+            "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n");
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     text_states(out, v);
@@ -149,25 +170,31 @@ static void report_infer_text(FILE *out, const plan_view *v) {
     const gpu_share *g = v->g;
     char f[200], x[64];
     unsigned long long P = (unsigned long long)v->cf->params;
-    fprintf(out, "membill plan --infer: %s, %llu parameters, batch %ld x %ld-token prompt, %ld new token%s, %s, weights %s\n",
-            s->cfg.name, P, s->batch, s->seq_len, s->new_tokens, s->new_tokens > 1 ? "s" : "", s->dt.long_name,
-            plan_weight_dtype_name(&s->dt));
+    fprintf(
+        out,
+        "membill plan --infer: %s, %llu parameters, batch %ld x %ld-token prompt, %ld new token%s, %s, weights %s\n",
+        s->cfg.name, P, s->batch, s->seq_len, s->new_tokens, s->new_tokens > 1 ? "s" : "", s->dt.long_name,
+        plan_weight_dtype_name(&s->dt));
     fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n\n");
     fprintf(out, "  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->dt.weight_bits < 16)
         snprintf(f, sizeof f, "matrices %d bits an element%s%lld%s, norms at %d bits", s->dt.weight_bits,
                  s->dt.group ? " + one fp16 scale per " : "", (long long)s->dt.group,
                  s->dt.group ? " elements of a row" : "", s->dt.act_bits);
-    else snprintf(f, sizeof f, "P x %d", s->dt.weight_bits / 8);
-    if (s->dt.weight_bits < 16 && !s->dt.group) snprintf(f, sizeof f, "P x 1 (no scales billed), norms at %d bits", s->dt.act_bits);
+    else
+        snprintf(f, sizeof f, "P x %d", s->dt.weight_bits / 8);
+    if (s->dt.weight_bits < 16 && !s->dt.group)
+        snprintf(f, sizeof f, "P x 1 (no scales billed), norms at %d bits", s->dt.act_bits);
     row(out, "weight", b->peak[MP_WEIGHT], infer_weight_bytes(s), f);
-    snprintf(f, sizeof f, "2 x %lld layers x %lld kv heads x %lld x %d bytes x %ld tokens x batch %ld", (long long)s->cfg.layers,
-             (long long)s->cfg.kv_heads, (long long)s->cfg.head_dim, s->dt.act_bits / 8, plan_cache_tokens(s), s->batch);
+    snprintf(f, sizeof f, "2 x %lld layers x %lld kv heads x %lld x %d bytes x %ld tokens x batch %ld",
+             (long long)s->cfg.layers, (long long)s->cfg.kv_heads, (long long)s->cfg.head_dim, s->dt.act_bits / 8,
+             plan_cache_tokens(s), s->batch);
     row(out, "cache", b->peak[MP_CACHE], v->cf->kv_cache, f);
     row(out, "activation", b->peak[MP_ACTIVATION], 0, "the prefill's peak (the logits of every prompt position)");
     fprintf(out, "  %-11s %-36s\n", "total peak", mp_format_bytes(x, sizeof x, b->total));
-    fprintf(out, "\n  the lesson: weights = parameters x bytes a parameter (fp32 4, bf16 2, int8 1, int4 about 0.5 plus\n"
-                 "  scales): %s here, %.4f bytes a parameter; inference = weights + KV cache + 1 to 2 GB of overhead\n",
+    fprintf(out,
+            "\n  the lesson: weights = parameters x bytes a parameter (fp32 4, bf16 2, int8 1, int4 about 0.5 plus\n"
+            "  scales): %s here, %.4f bytes a parameter; inference = weights + KV cache + 1 to 2 GB of overhead\n",
             mp_format_bytes(x, sizeof x, b->peak[MP_WEIGHT]), P ? (double)b->peak[MP_WEIGHT] / (double)P : 0.0);
     fprintf(out, "\n  one device: weights %s", mp_format_bytes(x, sizeof x, g->weights));
     fprintf(out, " + cache %s", mp_format_bytes(x, sizeof x, g->cache));
@@ -179,8 +206,10 @@ static void report_infer_text(FILE *out, const plan_view *v) {
 
 void plan_report_text(FILE *out, const void *arg) {
     const plan_view *v = arg;
-    if (v->s->infer) report_infer_text(out, v);
-    else report_train_text(out, v);
+    if (v->s->infer)
+        report_infer_text(out, v);
+    else
+        report_train_text(out, v);
 }
 
 static json_t *closed_form_json(const llama_closed_form *cf, const plan_bill *b, bool checkpointing) {
@@ -199,8 +228,9 @@ static json_t *closed_form_json(const llama_closed_form *cf, const plan_bill *b,
         json_object_set_new(o, "activation_head_moment", json_integer((json_int_t)cf->act_head_moment));
         json_object_set_new(o, "activation_recompute", json_integer((json_int_t)cf->act_recompute));
     }
-    json_object_set_new(o, "activation_ratio_to_meta",
-                        json_real(b->peak[MP_ACTIVATION] ? (double)cf->activations / (double)b->peak[MP_ACTIVATION] : 0));
+    json_object_set_new(
+        o, "activation_ratio_to_meta",
+        json_real(b->peak[MP_ACTIVATION] ? (double)cf->activations / (double)b->peak[MP_ACTIVATION] : 0));
     return o;
 }
 
@@ -256,8 +286,10 @@ static json_t *run_json(const plan_setting *s) {
     json_object_set_new(run, "infer", json_boolean(s->infer));
     json_object_set_new(run, "batch", json_integer(s->batch));
     json_object_set_new(run, "seq_len", json_integer(s->seq_len));
-    if (s->infer) json_object_set_new(run, "new_tokens", json_integer(s->new_tokens));
-    else json_object_set_new(run, "optimizer", json_string(optim_kind_name(s->ocfg.kind)));
+    if (s->infer)
+        json_object_set_new(run, "new_tokens", json_integer(s->new_tokens));
+    else
+        json_object_set_new(run, "optimizer", json_string(optim_kind_name(s->ocfg.kind)));
     json_object_set_new(run, "dtype", json_string(s->dt.long_name));
     json_object_set_new(run, "weight_dtype", json_string(plan_weight_dtype_name(&s->dt)));
     json_object_set_new(run, "meta", json_true());
@@ -274,8 +306,10 @@ json_t *plan_report_json(const plan_view *v) {
     json_object_set_new(root, "run", run_json(s));
     mp_report_json(root);
     json_object_set_new(root, "closed_form", closed_form_json(v->cf, v->b, s->checkpointing));
-    if (s->infer) json_object_set_new(root, "inference", infer_json(v));
-    else json_object_set_new(root, "bytes_per_parameter", states_json(v));
+    if (s->infer)
+        json_object_set_new(root, "inference", infer_json(v));
+    else
+        json_object_set_new(root, "bytes_per_parameter", states_json(v));
     json_object_set_new(root, "per_gpu", per_gpu_json(v->g));
     if (v->device) {
         json_t *fit = json_object();
@@ -286,7 +320,8 @@ json_t *plan_report_json(const plan_view *v) {
         json_object_set_new(fit, "longest_seq_len", json_integer(v->max_seq));
         json_object_set_new(fit, "largest_batch_is_search_cap", json_boolean(v->batch_capped));
         json_object_set_new(fit, "longest_seq_len_is_positions", json_boolean(v->seq_capped));
-        if (!v->max_batch && !v->max_seq) json_object_set_new(fit, "smallest_bytes", json_integer((json_int_t)v->smallest));
+        if (!v->max_batch && !v->max_seq)
+            json_object_set_new(fit, "smallest_bytes", json_integer((json_int_t)v->smallest));
         json_object_set_new(root, "fit", fit);
     }
     return root;

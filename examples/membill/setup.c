@@ -29,9 +29,10 @@ bool cli_check_combinations(const cli_options *o) {
     else if (o->cmd == CLI_PLAN && !o->infer &&
              (o->weight_dtype || cli_given(o, "--group-size") || cli_given(o, "--new-tokens")))
         bad = "--weight-dtype, --group-size and --new-tokens plan a generation: add --infer";
-    else if (infer_plan && (cli_given(o, "--optimizer") || cli_given(o, "--gpus") || cli_given(o, "--zero") ||
-                            o->checkpointing))
-        bad = "--infer plans one device's generation: --optimizer, --gpus, --zero and --checkpointing are training settings";
+    else if (infer_plan &&
+             (cli_given(o, "--optimizer") || cli_given(o, "--gpus") || cli_given(o, "--zero") || o->checkpointing))
+        bad = "--infer plans one device's generation: --optimizer, --gpus, --zero and --checkpointing are training "
+              "settings";
     else if (o->cmd == CLI_INFER && o->tokens && strchr(o->tokens, ';') && cli_given(o, "--batch"))
         bad = "--batch repeats one prompt: give several prompts with ';' or --batch, not both";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
@@ -83,7 +84,8 @@ int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err) {
         errno = 0;
         long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
         if (v < 0 || errno || v > INT32_MAX || (*end && *end != ',')) {
-            ag_err_set(err, "--tokens: item %ld is not a token id (expected comma-separated ids such as 1,2,3)", count + 1);
+            ag_err_set(err, "--tokens: item %ld is not a token id (expected comma-separated ids such as 1,2,3)",
+                       count + 1);
             free(ids);
             return -1;
         }
@@ -105,8 +107,8 @@ int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err) {
     return -1;
 }
 
-int cli_make_tokens(const cli_options *o, const llama_config *cfg, bool meta, int32_t **out, long *batch,
-                    long *seq_len, ag_err *err) {
+int cli_make_tokens(const cli_options *o, const llama_config *cfg, bool meta, int32_t **out, long *batch, long *seq_len,
+                    ag_err *err) {
     int32_t *row = NULL;
     long B = o->batch, T = o->seq_len;
     *out = NULL;

@@ -183,10 +183,12 @@ static void text_four_copies(FILE *f) {
     // The optimizer phase is where all three are live at once (its peak is after the state).
     mp_moment op = mp_get_phase_stats(MP_PHASE_OPTIMIZER).at_peak;
     bool together = op.bytes[MP_WEIGHT] + op.bytes[MP_GRADIENT] + op.bytes[MP_OPTIMIZER] == w + g + a;
-    fprintf(f, "\n  four copies: weights + gradients + optimizer state = %s\n", mp_format_bytes(b, sizeof b, w + g + a));
+    fprintf(f, "\n  four copies: weights + gradients + optimizer state = %s\n",
+            mp_format_bytes(b, sizeof b, w + g + a));
     fprintf(f, "    = %.3f x the weights (%s); all live at once during the optimizer step: %s\n",
             w ? (double)(w + g + a) / (double)w : 0.0, mp_format_bytes(c, sizeof c, w), together ? "yes" : "no");
-    fprintf(f, "    activations on top, at their peak: %s\n", mp_format_bytes(b, sizeof b, mp_get_counter(MP_ACTIVATION).peak));
+    fprintf(f, "    activations on top, at their peak: %s\n",
+            mp_format_bytes(b, sizeof b, mp_get_counter(MP_ACTIVATION).peak));
 }
 
 // One line per step: loss, total peak, each phase's time; and which step holds the peak.
@@ -195,8 +197,8 @@ static void text_steps(FILE *f, const train_run *r) {
     if (!fig) return;
     replay_steps(r, fig);
     char b[80];
-    fprintf(f, "\n  %-5s %-9s %-36s %-9s %-9s %-9s %s\n", "step", "loss", "total peak", "forward", "backward", "optimizer",
-            "step");
+    fprintf(f, "\n  %-5s %-9s %-36s %-9s %-9s %-9s %s\n", "step", "loss", "total peak", "forward", "backward",
+            "optimizer", "step");
     for (long s = 0; s < r->nsteps && r->steps[s].phases_done; s++) {
         const step_record *rec = &r->steps[s];
         char loss[32] = "-", t[3][24] = {"-", "-", "-"}, st[24] = "-";
@@ -204,8 +206,8 @@ static void text_steps(FILE *f, const train_run *r) {
         const double secs[3] = {rec->forward_s, rec->backward_s, rec->optimizer_s};
         for (int p = 0; p < rec->phases_done && !r->meta; p++) snprintf(t[p], sizeof t[p], "%.3f s", secs[p]);
         if (rec->phases_done == 3 && !r->meta) snprintf(st, sizeof st, "%.3f s", rec->step_s);
-        fprintf(f, "  %-5ld %-9s %-36s %-9s %-9s %-9s %s\n", s + 1, loss, mp_format_bytes(b, sizeof b, fig[s].peak), t[0],
-                t[1], t[2], st);
+        fprintf(f, "  %-5ld %-9s %-36s %-9s %-9s %-9s %s\n", s + 1, loss, mp_format_bytes(b, sizeof b, fig[s].peak),
+                t[0], t[1], t[2], st);
     }
     long ps = peak_step(r);
     if (ps) fprintf(f, "  the total peak is in step %ld\n", ps);
@@ -236,16 +238,20 @@ static void report_text(FILE *f, const void *arg, bool failed) {
                 s->backward_s, s->optimizer_s, s->step_s);
     }
     if (r->nsteps >= 2 && !r->meta && done == r->nsteps)
-        fprintf(f, "  steady state (median of steps 2..%ld): forward %.3f s, backward %.3f s, optimizer %.3f s, step %.3f s\n",
-                r->nsteps, steady(r, offsetof(step_record, forward_s)), steady(r, offsetof(step_record, backward_s)),
-                steady(r, offsetof(step_record, optimizer_s)), steady(r, offsetof(step_record, step_s)));
+        fprintf(
+            f,
+            "  steady state (median of steps 2..%ld): forward %.3f s, backward %.3f s, optimizer %.3f s, step %.3f s\n",
+            r->nsteps, steady(r, offsetof(step_record, forward_s)), steady(r, offsetof(step_record, backward_s)),
+            steady(r, offsetof(step_record, optimizer_s)), steady(r, offsetof(step_record, step_s)));
     fprintf(f, "  teardown: weight, gradient, optimizer, activation and cache back at zero: %s\n",
             r->torn_down_clean ? "yes" : "NO");
     if (failed || !t->o->explain) return;
-    if (cli_dtype_is_f32(&r->dtype)) cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind);
+    if (cli_dtype_is_f32(&r->dtype))
+        cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind);
     else // the worked formulas are float32's; plan has each dtype's closed form
-        fprintf(f, "\n  --explain works out the float32 formulas: membill plan --dtype %s gives this dtype's closed form\n",
-                r->dtype.name);
+        fprintf(
+            f, "\n  --explain works out the float32 formulas: membill plan --dtype %s gives this dtype's closed form\n",
+            r->dtype.name);
 }
 
 // --dump-grads and --save-weights go to their temporaries now, committed with the rest.
@@ -291,8 +297,8 @@ int cmd_train(const cli_options *o) {
              t.r.seq_len, optim_kind_name(t.r.ocfg.kind), t.r.dtype.long_name, o->meta ? ", meta" : "");
     t.r.save = save;
     t.r.save_arg = &t;
-    t.job = (cli_job){.arg = &t, .run = run, .meta_peak = meta_peak, .text = report_text, .json = report_json,
-                      .title = title};
+    t.job = (cli_job){
+        .arg = &t, .run = run, .meta_peak = meta_peak, .text = report_text, .json = report_json, .title = title};
     rc = cli_job_main(o, &t.job);
     cli_train_free(&t.r);
     return rc;

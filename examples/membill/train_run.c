@@ -31,7 +31,8 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
     if (rc == 0) rc = cli_make_tokens(o, &r->cfg, o->meta, &r->ids, &r->batch, &r->seq_len, err);
     if (rc == 0 && r->seq_len < 2) {
-        ag_err_set(err, "a training step needs at least 2 tokens (the loss predicts each next one), not %ld", r->seq_len);
+        ag_err_set(err, "a training step needs at least 2 tokens (the loss predicts each next one), not %ld",
+                   r->seq_len);
         rc = EXIT_USAGE;
     }
     if (rc == 0 && !(r->steps = calloc((size_t)r->nsteps, sizeof *r->steps))) {

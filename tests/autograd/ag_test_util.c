@@ -5,11 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int setup(void **state, bool meta)
-{
+static int setup(void **state, bool meta) {
     mp_options opt = {.meta = meta};
-    if (mp_init(&opt) != MP_OK)
-        return -1;
+    if (mp_init(&opt) != MP_OK) return -1;
     ag_fixture *fx = calloc(1, sizeof *fx);
     fx->ctx = ag_ctx_new();
     *state = fx;
@@ -20,28 +18,23 @@ int ag_setup(void **state) { return setup(state, false); }
 int ag_setup_meta(void **state) { return setup(state, true); }
 
 // The first category (other than "other", not tracked here) still holding bytes, or -1.
-static int leaking_category(uint64_t *bytes)
-{
+static int leaking_category(uint64_t *bytes) {
     for (int c = 0; c < MP_NCATEGORIES; c++) {
         *bytes = mp_get_counter((mp_category)c).live;
-        if (c != MP_OTHER && *bytes != 0)
-            return c;
+        if (c != MP_OTHER && *bytes != 0) return c;
     }
     return -1;
 }
 
-void ag_assert_all_zero(void)
-{
+void ag_assert_all_zero(void) {
     uint64_t bytes;
     int c = leaking_category(&bytes);
     if (c >= 0)
-        fail_msg("category %s still holds %llu bytes", mp_category_name((mp_category)c),
-                 (unsigned long long)bytes);
+        fail_msg("category %s still holds %llu bytes", mp_category_name((mp_category)c), (unsigned long long)bytes);
 }
 
 // Shuts the profiler down even after a leak, so that the next test starts clean.
-int ag_teardown(void **state)
-{
+int ag_teardown(void **state) {
     ag_fixture *fx = *state;
     ag_ctx_free(fx->ctx);
     free(fx);
@@ -56,74 +49,59 @@ int ag_teardown(void **state)
 
 ag_ctx *ag_fixture_ctx(void **state) { return ((ag_fixture *)*state)->ctx; }
 
-static uint64_t splitmix(uint64_t x)
-{
+static uint64_t splitmix(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
 }
 
-void ag_fill(ag_tensor *t, uint64_t seed, float lo, float hi)
-{
-    if (!t->data)
-        return;
+void ag_fill(ag_tensor *t, uint64_t seed, float lo, float hi) {
+    if (!t->data) return;
     for (int64_t i = 0; i < t->numel; i++) {
         double u = (double)(splitmix(seed * 1000003ull + (uint64_t)i) >> 11) / 9007199254740992.0;
         t->data[i] = lo + (hi - lo) * (float)u;
     }
 }
 
-ag_tensor *ag_test_param(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name,
-                         uint64_t seed)
-{
+ag_tensor *ag_test_param(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name, uint64_t seed) {
     ag_tensor *t = ag_param_new(ctx, ndim, shape, name);
     assert_non_null(t);
     ag_fill(t, seed, -1.0f, 1.0f);
     return t;
 }
 
-ag_tensor *ag_test_const(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name,
-                         uint64_t seed)
-{
+ag_tensor *ag_test_const(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name, uint64_t seed) {
     ag_tensor *t = ag_tensor_new(ctx, ndim, shape, MP_ACTIVATION, name);
     assert_non_null(t);
     ag_fill(t, seed, -1.0f, 1.0f);
     return t;
 }
 
-ag_tensor *ag_test_ones(ag_ctx *ctx, const ag_tensor *like)
-{
+ag_tensor *ag_test_ones(ag_ctx *ctx, const ag_tensor *like) {
     ag_tensor *t = ag_tensor_new(ctx, like->ndim, like->shape, MP_ACTIVATION, "test:ones");
     assert_non_null(t);
-    for (int64_t i = 0; t->data && i < t->numel; i++)
-        t->data[i] = 1.0f;
+    for (int64_t i = 0; t->data && i < t->numel; i++) t->data[i] = 1.0f;
     return t;
 }
 
 // Σ out · dout in double; dout NULL means the output is a scalar loss.
-static double objective(ag_ctx *ctx, ag_graph_fn f, const void *arg, ag_tensor **in,
-                        const float *dout)
-{
+static double objective(ag_ctx *ctx, ag_graph_fn f, const void *arg, ag_tensor **in, const float *dout) {
     bool was = ag_set_grad_enabled(ctx, false);
     ag_tensor *out = f(ctx, in, arg);
     ag_set_grad_enabled(ctx, was);
     assert_non_null(out);
     double l = 0.0;
-    for (int64_t i = 0; i < out->numel; i++)
-        l += (double)out->data[i] * (dout ? dout[i] : 1.0);
+    for (int64_t i = 0; i < out->numel; i++) l += (double)out->data[i] * (dout ? dout[i] : 1.0);
     ag_release(out);
     return l;
 }
 
 // Runs backward once; returns d(out) (NULL for a scalar) for the objective.
-static ag_tensor *analytic(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tensor **in)
-{
-    for (int i = 0; i < nin; i++)
-        ag_zero_grad(in[i]);
+static ag_tensor *analytic(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tensor **in) {
+    for (int i = 0; i < nin; i++) ag_zero_grad(in[i]);
     ag_tensor *out = f(ctx, in, arg);
-    if (!out)
-        fail_msg("graph failed: %s", ag_ctx_error(ctx));
+    if (!out) fail_msg("graph failed: %s", ag_ctx_error(ctx));
     ag_tensor *dout = NULL;
     if (out->numel == 1) {
         assert_int_equal(ag_backward(ctx, out), AG_OK);
@@ -138,18 +116,15 @@ static ag_tensor *analytic(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin,
     return dout;
 }
 
-double ag_fd_worst(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tensor **in,
-                   double h, double atol, double rtol, float corrupt)
-{
+double ag_fd_worst(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tensor **in, double h, double atol,
+                   double rtol, float corrupt) {
     ag_tensor *dout = analytic(ctx, f, arg, nin, in);
     const float *dd = dout ? dout->data : NULL;
     double worst = 0.0;
     bool corrupted = false;
     for (int i = 0; i < nin; i++) {
-        if (!in[i]->requires_grad)
-            continue;
-        if (!in[i]->grad)
-            fail_msg("input %s got no gradient", ag_tensor_name(in[i]));
+        if (!in[i]->requires_grad) continue;
+        if (!in[i]->grad) fail_msg("input %s got no gradient", ag_tensor_name(in[i]));
         float *g = in[i]->grad->data;
         if (!corrupted) {
             g[in[i]->numel / 2] += corrupt;
@@ -166,30 +141,24 @@ double ag_fd_worst(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tens
             *x = x0;
             double num = (lp - lm) / (hp + hm);
             double err = fabs((double)g[e] - num) / (atol + rtol * fabs(num));
-            if (err > worst)
-                worst = err;
+            if (err > worst) worst = err;
         }
     }
     ag_release(dout);
-    for (int i = 0; i < nin; i++)
-        ag_zero_grad(in[i]);
+    for (int i = 0; i < nin; i++) ag_zero_grad(in[i]);
     return worst;
 }
 
-void ag_fd_check(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tensor **in)
-{
+void ag_fd_check(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tensor **in) {
     double worst = ag_fd_worst(ctx, f, arg, nin, in, 1e-2, 2e-3, 1e-2, 0.0f);
-    if (!(worst < 1.0))
-        fail_msg("gradient differs from central differences: worst error ratio %g", worst);
+    if (!(worst < 1.0)) fail_msg("gradient differs from central differences: worst error ratio %g", worst);
 }
 
-double ag_max_diff(const float *a, const double *b, int64_t n)
-{
+double ag_max_diff(const float *a, const double *b, int64_t n) {
     double m = 0.0;
     for (int64_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - b[i]);
-        if (d > m || isnan(d))
-            m = isnan(d) ? INFINITY : d;
+        if (d > m || isnan(d)) m = isnan(d) ? INFINITY : d;
     }
     return m;
 }

@@ -23,10 +23,8 @@ void ag_assert_all_zero(void); // every category's live bytes
 
 // Deterministic uniform values in [lo, hi) (splitmix64 of seed and index).
 void ag_fill(ag_tensor *t, uint64_t seed, float lo, float hi);
-ag_tensor *ag_test_param(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name,
-                         uint64_t seed);
-ag_tensor *ag_test_const(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name,
-                         uint64_t seed);
+ag_tensor *ag_test_param(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name, uint64_t seed);
+ag_tensor *ag_test_const(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name, uint64_t seed);
 
 // A tensor shaped like `like`, all ones (category activation).
 ag_tensor *ag_test_ones(ag_ctx *ctx, const ag_tensor *like);
@@ -39,8 +37,8 @@ typedef ag_tensor *(*ag_graph_fn)(ag_ctx *ctx, ag_tensor **in, const void *arg);
 // L = Σ out · d(out) in double precision. Returns the worst |analytic - numeric| divided by
 // (atol + rtol |numeric|): below 1 passes. `corrupt` is added to one analytic gradient
 // element first, so that a test can prove the checker catches a wrong gradient.
-double ag_fd_worst(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tensor **in,
-                   double h, double atol, double rtol, float corrupt);
+double ag_fd_worst(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tensor **in, double h, double atol,
+                   double rtol, float corrupt);
 // The same, asserting that every gradient passes.
 void ag_fd_check(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tensor **in);
 

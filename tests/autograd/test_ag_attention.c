@@ -11,16 +11,13 @@ typedef struct {
     int Hq, Hkv, D;
 } att_case;
 
-static ag_tensor *g_attention(ag_ctx *ctx, ag_tensor **in, const void *arg)
-{
+static ag_tensor *g_attention(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     const att_case *c = arg;
     return ag_attention(ctx, "layers.0.self_attn", in[0], in[1], in[2], c->Hq, c->Hkv, c->D);
 }
 
 // out[b, i, h*D + d] = Σ_{j <= i + Tk - Tq} softmax_j(q·k / sqrt(D)) v[b, j, g*D + d]
-static void attention_reference(double *out, const float *q, const float *k, const float *v,
-                                const att_case *c)
-{
+static void attention_reference(double *out, const float *q, const float *k, const float *v, const att_case *c) {
     int rep = c->Hq / c->Hkv;
     for (int64_t b = 0; b < c->B; b++)
         for (int h = 0; h < c->Hq; h++)
@@ -32,24 +29,20 @@ static void attention_reference(double *out, const float *q, const float *k, con
                 for (int64_t j = 0; j < n; j++) {
                     const float *kj = k + ((b * c->Tk + j) * c->Hkv + g) * c->D;
                     s[j] = 0.0;
-                    for (int d = 0; d < c->D; d++)
-                        s[j] += (double)qi[d] * kj[d];
+                    for (int d = 0; d < c->D; d++) s[j] += (double)qi[d] * kj[d];
                     s[j] /= sqrt((double)c->D);
                     mx = fmax(mx, s[j]);
                 }
-                for (int64_t j = 0; j < n; j++)
-                    z += (s[j] = exp(s[j] - mx));
+                for (int64_t j = 0; j < n; j++) z += (s[j] = exp(s[j] - mx));
                 double *o = out + ((b * c->Tq + i) * c->Hq + h) * c->D;
                 for (int d = 0; d < c->D; d++) {
                     o[d] = 0.0;
-                    for (int64_t j = 0; j < n; j++)
-                        o[d] += s[j] / z * v[((b * c->Tk + j) * c->Hkv + g) * c->D + d];
+                    for (int64_t j = 0; j < n; j++) o[d] += s[j] / z * v[((b * c->Tk + j) * c->Hkv + g) * c->D + d];
                 }
             }
 }
 
-static void make_inputs(ag_ctx *ctx, const att_case *c, ag_tensor **in)
-{
+static void make_inputs(ag_ctx *ctx, const att_case *c, ag_tensor **in) {
     in[0] = ag_test_param(ctx, 3, (int64_t[]){c->B, c->Tq, c->Hq * c->D}, "q", 21);
     in[1] = ag_test_param(ctx, 3, (int64_t[]){c->B, c->Tk, c->Hkv * c->D}, "k", 22);
     in[2] = ag_test_param(ctx, 3, (int64_t[]){c->B, c->Tk, c->Hkv * c->D}, "v", 23);
@@ -57,8 +50,7 @@ static void make_inputs(ag_ctx *ctx, const att_case *c, ag_tensor **in)
     ag_fill(in[1], 22, -2.0f, 2.0f);
 }
 
-static void check_case(ag_ctx *ctx, const att_case *c)
-{
+static void check_case(ag_ctx *ctx, const att_case *c) {
     ag_tensor *in[3];
     make_inputs(ctx, c, in);
     ag_tensor *o = g_attention(ctx, in, c);
@@ -69,12 +61,10 @@ static void check_case(ag_ctx *ctx, const att_case *c)
     ag_release(o);
     ag_tape_clear(ctx);
     ag_fd_check(ctx, g_attention, c, 3, in);
-    for (int i = 0; i < 3; i++)
-        ag_release(in[i]);
+    for (int i = 0; i < 3; i++) ag_release(in[i]);
 }
 
-static void test_gqa_groups(void **state)
-{
+static void test_gqa_groups(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     const att_case cases[] = {
         {2, 4, 4, 2, 2, 3}, // 1 query head per key-value head
@@ -82,20 +72,17 @@ static void test_gqa_groups(void **state)
         {2, 4, 4, 3, 1, 3}, // 3
         {1, 5, 5, 6, 2, 2}, // 3, two groups
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-        check_case(ctx, &cases[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_case(ctx, &cases[i]);
 }
 
-static void test_query_after_keys(void **state)
-{
+static void test_query_after_keys(void **state) {
     const att_case c = {2, 2, 5, 3, 1, 2};
     check_case(ag_fixture_ctx(state), &c);
 }
 
 // A later key or value never changes an earlier output; the probabilities above the diagonal
 // are exact zeros.
-static void test_causal_mask(void **state)
-{
+static void test_causal_mask(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     const att_case c = {2, 5, 5, 4, 2, 3};
     ag_tensor *in[3];
@@ -139,21 +126,18 @@ static void test_causal_mask(void **state)
             assert_true(fabs(total - 1.0) < 1e-6);
         }
     ag_release(o);
-    for (int i = 0; i < 3; i++)
-        ag_release(in[i]);
+    for (int i = 0; i < 3; i++) ag_release(in[i]);
 }
 
 // Eager attention keeps q, k, v and the probabilities [B, Hq, Tq, Tk], labelled ":probs".
-static void test_saved_tensors(void **state)
-{
+static void test_saved_tensors(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     const att_case c = {2, 4, 4, 6, 2, 3};
     // Activations needing gradients, as the projections' outputs would be.
     ag_tensor *in[] = {ag_test_const(ctx, 3, (int64_t[]){2, 4, 18}, "q", 24),
                        ag_test_const(ctx, 3, (int64_t[]){2, 4, 6}, "k", 25),
                        ag_test_const(ctx, 3, (int64_t[]){2, 4, 6}, "v", 26)};
-    for (int i = 0; i < 3; i++)
-        in[i]->requires_grad = true;
+    for (int i = 0; i < 3; i++) in[i]->requires_grad = true;
     ag_tensor *o = g_attention(ctx, in, &c);
     ag_node_info info;
     assert_true(ag_tape_node(ctx, 0, &info));
@@ -162,10 +146,8 @@ static void test_saved_tensors(void **state)
     assert_string_equal(ag_tensor_name(p), "layers.0.self_attn:probs");
     assert_int_equal(p->ndim, 4);
     int64_t want[] = {2, 6, 4, 4};
-    for (int i = 0; i < 4; i++)
-        assert_int_equal(p->shape[i], want[i]);
-    for (int i = 0; i < 3; i++)
-        assert_ptr_equal(info.saved[i], in[i]);
+    for (int i = 0; i < 4; i++) assert_int_equal(p->shape[i], want[i]);
+    for (int i = 0; i < 3; i++) assert_ptr_equal(info.saved[i], in[i]);
     uint64_t bytes = (2 * 4 * 18 + 2 * 2 * 4 * 6 + 2 * 6 * 4 * 4) * sizeof(float);
     assert_int_equal(info.saved_bytes, bytes);
     assert_int_equal(ag_tape_saved_bytes(ctx), bytes);
@@ -180,12 +162,10 @@ static void test_saved_tensors(void **state)
     ag_fd_check(ctx, g_attention, &c, 3, in);
     ag_release(o);
     ag_tape_clear(ctx);
-    for (int i = 0; i < 3; i++)
-        ag_release(in[i]);
+    for (int i = 0; i < 3; i++) ag_release(in[i]);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_gqa_groups, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_query_after_keys, ag_setup, ag_teardown),

@@ -24,7 +24,8 @@ static void check_shape(ag_ctx *ctx, int64_t M, int64_t N, int64_t K) {
                 dw[j * K + k] += g * xv;
             }
     double tol = 1e-5 * sqrt((double)K + (double)M);
-    if (ag_max_diff(y->data, ref, M * N) > tol) print_error("forward M=%lld N=%lld K=%lld\n", (long long)M, (long long)N, (long long)K);
+    if (ag_max_diff(y->data, ref, M * N) > tol)
+        print_error("forward M=%lld N=%lld K=%lld\n", (long long)M, (long long)N, (long long)K);
     assert_true(ag_max_diff(y->data, ref, M * N) <= tol);
     assert_int_equal(ag_backward_grad(ctx, y, dy), AG_OK);
     assert_true(ag_max_diff(x->grad->data, dx, M * K) <= tol);

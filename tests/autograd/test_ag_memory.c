@@ -16,24 +16,19 @@ typedef struct {
 
 static const int32_t ids[B * T] = {3, 7, 1, 9, 10, 0, 7, 7, 2, 5};
 
-static ag_tensor *param(ag_ctx *ctx, int64_t r, int64_t c, const char *name, uint64_t seed,
-                        float lo, float hi)
-{
-    ag_tensor *t = c ? ag_param_new(ctx, 2, (int64_t[]){r, c}, name)
-                     : ag_param_new(ctx, 1, (int64_t[]){r}, name);
+static ag_tensor *param(ag_ctx *ctx, int64_t r, int64_t c, const char *name, uint64_t seed, float lo, float hi) {
+    ag_tensor *t = c ? ag_param_new(ctx, 2, (int64_t[]){r, c}, name) : ag_param_new(ctx, 1, (int64_t[]){r}, name);
     assert_non_null(t);
     ag_fill(t, seed, lo, hi);
     return t;
 }
 
-static void tiny_new(ag_ctx *ctx, tiny *m)
-{
+static void tiny_new(ag_ctx *ctx, tiny *m) {
     m->p[0] = param(ctx, V, H, "model.embed_tokens.weight", 1, -1.0f, 1.0f);
     m->p[1] = param(ctx, H, 0, "model.norm.weight", 2, 0.5f, 1.5f);
-    static const char *names[] = {"input_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-                                  "self_attn.v_proj", "self_attn.o_proj",
-                                  "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj",
-                                  "mlp.down_proj"};
+    static const char *names[] = {"input_layernorm",  "self_attn.q_proj", "self_attn.k_proj",
+                                  "self_attn.v_proj", "self_attn.o_proj", "post_attention_layernorm",
+                                  "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
     const int64_t rows[] = {H, HQ * HD, HKV * HD, HKV * HD, H, H, I, I, H};
     const int64_t cols[] = {0, H, H, H, HQ * HD, 0, H, H, I};
     for (int l = 0; l < L; l++)
@@ -41,41 +36,38 @@ static void tiny_new(ag_ctx *ctx, tiny *m)
             char name[96];
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, names[j]);
             bool norm = cols[j] == 0;
-            m->p[2 + 9 * l + j] = param(ctx, rows[j], cols[j], name, (uint64_t)(10 + 9 * l + j),
-                                        norm ? 0.5f : -0.6f, norm ? 1.5f : 0.6f);
+            m->p[2 + 9 * l + j] =
+                param(ctx, rows[j], cols[j], name, (uint64_t)(10 + 9 * l + j), norm ? 0.5f : -0.6f, norm ? 1.5f : 0.6f);
         }
 }
 
-static void tiny_free(tiny *m)
-{
-    for (int i = 0; i < NPARAMS; i++)
-        ag_release(m->p[i]);
+static void tiny_free(tiny *m) {
+    for (int i = 0; i < NPARAMS; i++) ag_release(m->p[i]);
 }
 
-static uint64_t param_bytes(const tiny *m)
-{
+static uint64_t param_bytes(const tiny *m) {
     uint64_t n = 0;
-    for (int i = 0; i < NPARAMS; i++)
-        n += m->p[i]->block.bytes;
+    for (int i = 0; i < NPARAMS; i++) n += m->p[i]->block.bytes;
     return n;
 }
 
 // Releases a and returns b: model code drops each intermediate once the next op made its own.
-static ag_tensor *step(ag_tensor *a, ag_tensor *b)
-{
+static ag_tensor *step(ag_tensor *a, ag_tensor *b) {
     ag_release(a);
     return b;
 }
 
-static ag_tensor *block(ag_ctx *ctx, ag_tensor **w, int l, ag_tensor *h)
-{
+static ag_tensor *block(ag_ctx *ctx, ag_tensor **w, int l, ag_tensor *h) {
     char s[8][64];
-    const char *fmt[] = {"layers.%d.input_layernorm", "layers.%d.self_attn.q_proj",
-                         "layers.%d.self_attn.k_proj", "layers.%d.self_attn.v_proj",
-                         "layers.%d.self_attn", "layers.%d.self_attn.o_proj",
-                         "layers.%d.post_attention_layernorm", "layers.%d.mlp"};
-    for (int i = 0; i < 8; i++)
-        snprintf(s[i], sizeof s[i], fmt[i], l);
+    const char *fmt[] = {"layers.%d.input_layernorm",
+                         "layers.%d.self_attn.q_proj",
+                         "layers.%d.self_attn.k_proj",
+                         "layers.%d.self_attn.v_proj",
+                         "layers.%d.self_attn",
+                         "layers.%d.self_attn.o_proj",
+                         "layers.%d.post_attention_layernorm",
+                         "layers.%d.mlp"};
+    for (int i = 0; i < 8; i++) snprintf(s[i], sizeof s[i], fmt[i], l);
     ag_tensor *x = ag_rmsnorm(ctx, s[0], h, w[0], 1e-5f);
     ag_tensor *q = ag_linear(ctx, s[1], x, w[1]);
     ag_tensor *k = ag_linear(ctx, s[2], x, w[2]);
@@ -105,33 +97,29 @@ static ag_tensor *block(ag_ctx *ctx, ag_tensor **w, int l, ag_tensor *h)
 }
 
 // The loss of the tied model on `ids`; every intermediate is released as soon as possible.
-static ag_tensor *tiny_loss(ag_ctx *ctx, ag_tensor **w)
-{
+static ag_tensor *tiny_loss(ag_ctx *ctx, ag_tensor **w) {
     ag_tensor *h = ag_embedding(ctx, "embed_tokens", ids, B, T, w[0]);
-    for (int l = 0; l < L; l++)
-        h = step(h, block(ctx, w + 2 + 9 * l, l, h));
+    for (int l = 0; l < L; l++) h = step(h, block(ctx, w + 2 + 9 * l, l, h));
     h = step(h, ag_rmsnorm(ctx, "norm", h, w[1], 1e-5f));
     h = step(h, ag_linear(ctx, "lm_head:logits", h, w[0]));
     return step(h, ag_cross_entropy(ctx, "loss", h, ids));
 }
 
-static ag_tensor *g_tiny(ag_ctx *ctx, ag_tensor **in, const void *arg)
-{
+static ag_tensor *g_tiny(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     (void)arg;
     return tiny_loss(ctx, in);
 }
 
 // What the ops declare they save, from the shapes alone, in floats.
-static uint64_t expected_saved_bytes(void)
-{
+static uint64_t expected_saved_bytes(void) {
     uint64_t bt = B * T;
-    uint64_t layer = bt * H * 4                   // ln1 input, q/k/v input, ln2 input, mlp input
-                     + bt * 2                     // two rstd
-                     + bt * HQ * HD * 2           // rotated q for attention, o_proj input
-                     + bt * HKV * HD * 2          // rotated k, v
-                     + (uint64_t)B * HQ * T * T   // probabilities
-                     + bt * I * 4;                // silu input, mul inputs, down_proj input
-    uint64_t head = bt * H * 2 + bt               // final norm input + rstd, lm_head input
+    uint64_t layer = bt * H * 4                       // ln1 input, q/k/v input, ln2 input, mlp input
+                     + bt * 2                         // two rstd
+                     + bt * HQ * HD * 2               // rotated q for attention, o_proj input
+                     + bt * HKV * HD * 2              // rotated k, v
+                     + (uint64_t)B * HQ * T * T       // probabilities
+                     + bt * I * 4;                    // silu input, mul inputs, down_proj input
+    uint64_t head = bt * H * 2 + bt                   // final norm input + rstd, lm_head input
                     + bt * V + (uint64_t)B * (T - 1); // logits, logsumexp
     return (L * layer + head) * sizeof(float);
 }
@@ -143,13 +131,11 @@ typedef struct {
 } chain_stats;
 
 // One forward and backward of the tiny model, with the counters read along the way.
-static chain_stats run_chain(ag_ctx *ctx, tiny *m)
-{
+static chain_stats run_chain(ag_ctx *ctx, tiny *m) {
     chain_stats st = {0};
     mp_reset_peaks();
     ag_tensor *loss = tiny_loss(ctx, m->p);
-    if (!loss)
-        fail_msg("forward failed: %s", ag_ctx_error(ctx));
+    if (!loss) fail_msg("forward failed: %s", ag_ctx_error(ctx));
     st.tape = ag_tape_size(ctx);
     st.saved = ag_tape_saved_bytes(ctx);
     st.forward_live = mp_get_counter(MP_ACTIVATION).live;
@@ -167,8 +153,7 @@ static chain_stats run_chain(ag_ctx *ctx, tiny *m)
     return st;
 }
 
-static void test_chain_memory(void **state)
-{
+static void test_chain_memory(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     tiny m;
     tiny_new(ctx, &m);
@@ -190,8 +175,7 @@ static void test_chain_memory(void **state)
     assert_string_equal(ag_tensor_name(m.p[0]->grad), label);
     // The backward peak: saved tensors are dropped as fast as gradients appear.
     assert_true(st.backward_peak <= st.forward_peak + 2 * B * T * V * sizeof(float));
-    for (int i = 0; i < NPARAMS; i++)
-        ag_zero_grad(m.p[i]);
+    for (int i = 0; i < NPARAMS; i++) ag_zero_grad(m.p[i]);
     assert_int_equal(mp_get_counter(MP_GRADIENT).live, 0);
     assert_int_equal(mp_get_counter(MP_WEIGHT).live, param_bytes(&m));
     tiny_free(&m);
@@ -199,8 +183,7 @@ static void test_chain_memory(void **state)
 
 // Each node's declared saved bytes add up to the tape's total, which counts a tensor shared by
 // several nodes (the input of q, k and v) once.
-static void test_saved_per_node(void **state)
-{
+static void test_saved_per_node(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     tiny m;
     tiny_new(ctx, &m);
@@ -212,8 +195,7 @@ static void test_saved_per_node(void **state)
         for (int j = 0; j < info.nsaved; j++) {
             const char *name = ag_tensor_name(info.saved[j]);
             size_t n = strlen(name);
-            if (n > 6 && strcmp(name + n - 6, ":probs") == 0)
-                probs += info.saved[j]->block.bytes;
+            if (n > 6 && strcmp(name + n - 6, ":probs") == 0) probs += info.saved[j]->block.bytes;
         }
     }
     // k and v re-read q's input, up re-reads gate's input: three extra copies per layer.
@@ -226,22 +208,19 @@ static void test_saved_per_node(void **state)
     tiny_free(&m);
 }
 
-static void test_chain_gradients(void **state)
-{
+static void test_chain_gradients(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     tiny m;
     tiny_new(ctx, &m);
     // Two layers deep the loss curves enough that h = 1e-2 leaves a truncation error near the
     // tolerance; h = 2.5e-3 sits where truncation and float32 rounding are both small.
     double worst = ag_fd_worst(ctx, g_tiny, NULL, NPARAMS, m.p, 2.5e-3, 2e-3, 1e-2, 0.0f);
-    if (!(worst < 1.0))
-        fail_msg("gradient differs from central differences: worst error ratio %g", worst);
+    if (!(worst < 1.0)) fail_msg("gradient differs from central differences: worst error ratio %g", worst);
     tiny_free(&m);
 }
 
 // Meta mode: no data, the same allocations and the same bill as a real run.
-static void test_meta_matches_real(void **state)
-{
+static void test_meta_matches_real(void **state) {
     (void)state;
     chain_stats st[2];
     for (int meta = 0; meta < 2; meta++) {
@@ -268,14 +247,12 @@ static void test_meta_matches_real(void **state)
 }
 
 // Inference: nothing recorded, nothing saved, the same loss.
-static void test_no_grad(void **state)
-{
+static void test_no_grad(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     tiny m;
     tiny_new(ctx, &m);
     chain_stats st = run_chain(ctx, &m);
-    for (int i = 0; i < NPARAMS; i++)
-        ag_zero_grad(m.p[i]);
+    for (int i = 0; i < NPARAMS; i++) ag_zero_grad(m.p[i]);
     assert_true(ag_set_grad_enabled(ctx, false));
     mp_reset_peaks();
     ag_tensor *loss = tiny_loss(ctx, m.p);
@@ -294,8 +271,7 @@ static void test_no_grad(void **state)
 }
 
 // Two backward passes without zero_grad add up, as in PyTorch; zero_grad frees.
-static void test_grad_accumulates(void **state)
-{
+static void test_grad_accumulates(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     tiny m;
     tiny_new(ctx, &m);
@@ -321,8 +297,7 @@ static void test_grad_accumulates(void **state)
 
 // A branch the loss does not use: its parameter gets no gradient, its node never runs, and
 // everything is freed by backward all the same. The tape also grows past its first size.
-static void test_unused_branch_and_long_tape(void **state)
-{
+static void test_unused_branch_and_long_tape(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_param(ctx, 2, (int64_t[]){3, 4}, "x", 31);
     ag_tensor *w1 = ag_test_param(ctx, 2, (int64_t[]){2, 4}, "w1", 32);
@@ -352,17 +327,14 @@ static void test_unused_branch_and_long_tape(void **state)
     assert_int_equal(mp_get_counter(MP_GRADIENT).live, 0); // released with their parameters
 }
 
-static void expect_error(ag_ctx *ctx, ag_status st, const char *part)
-{
+static void expect_error(ag_ctx *ctx, ag_status st, const char *part) {
     assert_int_equal(ag_ctx_status(ctx), st);
-    if (!strstr(ag_ctx_error(ctx), part))
-        fail_msg("error \"%s\" does not mention \"%s\"", ag_ctx_error(ctx), part);
+    if (!strstr(ag_ctx_error(ctx), part)) fail_msg("error \"%s\" does not mention \"%s\"", ag_ctx_error(ctx), part);
     ag_ctx_clear_error(ctx);
     assert_null(ag_ctx_error(ctx));
 }
 
-static void test_errors(void **state)
-{
+static void test_errors(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_param(ctx, 2, (int64_t[]){3, 4}, "x", 41);
     ag_tensor *w = ag_test_param(ctx, 2, (int64_t[]){2, 5}, "w", 42);
@@ -395,16 +367,15 @@ static void test_errors(void **state)
 
 // A budget: the op that crosses it fails with the site in the message, and a backward after
 // the error gives every byte back.
-static void test_budget(void **state)
-{
+static void test_budget(void **state) {
     (void)state;
     assert_int_equal(mp_init(&(mp_options){.budget = 4096}), MP_OK);
     ag_ctx *ctx = ag_ctx_new();
     ag_tensor *x = ag_test_param(ctx, 2, (int64_t[]){8, 32}, "x", 51); // 1024 bytes
     ag_tensor *w = ag_test_param(ctx, 2, (int64_t[]){8, 32}, "w", 52);
-    ag_tensor *y = ag_linear(ctx, "small", x, w);    // 256 bytes
+    ag_tensor *y = ag_linear(ctx, "small", x, w); // 256 bytes
     assert_non_null(y);
-    ag_tensor *s = ag_silu(ctx, "big", x);             // 1024: 3328 live
+    ag_tensor *s = ag_silu(ctx, "big", x);                  // 1024: 3328 live
     ag_tensor *too_far = ag_mul(ctx, "layers.7.mlp", s, x); // would make 4352
     assert_null(too_far);
     assert_int_equal(ag_ctx_status(ctx), AG_ERR_BUDGET);
@@ -421,8 +392,7 @@ static void test_budget(void **state)
     mp_shutdown();
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_chain_memory, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_saved_per_node, ag_setup, ag_teardown),

@@ -5,8 +5,7 @@
 
 #include "ag_test_util.h"
 
-static ag_tensor *sum_of(ag_ctx *ctx, ag_tensor *a, ag_tensor *b)
-{
+static ag_tensor *sum_of(ag_ctx *ctx, ag_tensor *a, ag_tensor *b) {
     ag_tensor *s = ag_add(ctx, "t.sum", a, b);
     ag_release(a);
     ag_release(b);
@@ -14,14 +13,12 @@ static ag_tensor *sum_of(ag_ctx *ctx, ag_tensor *a, ag_tensor *b)
 }
 
 // ---- linear ----
-static ag_tensor *g_linear(ag_ctx *ctx, ag_tensor **in, const void *twice)
-{
+static ag_tensor *g_linear(ag_ctx *ctx, ag_tensor **in, const void *twice) {
     ag_tensor *y = ag_linear(ctx, "t.linear", in[0], in[1]);
     return *(const bool *)twice ? sum_of(ctx, y, ag_linear(ctx, "t.linear2", in[0], in[1])) : y;
 }
 
-static void test_fd_checker_catches_wrong_gradient(void **state)
-{
+static void test_fd_checker_catches_wrong_gradient(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *in[] = {ag_test_param(ctx, 2, (int64_t[]){3, 4}, "x", 1),
                        ag_test_param(ctx, 2, (int64_t[]){2, 4}, "w", 2)};
@@ -32,8 +29,7 @@ static void test_fd_checker_catches_wrong_gradient(void **state)
     ag_release(in[1]);
 }
 
-static void test_linear(void **state)
-{
+static void test_linear(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_param(ctx, 3, (int64_t[]){2, 3, 4}, "x", 3);
     ag_tensor *w = ag_test_param(ctx, 2, (int64_t[]){5, 4}, "w", 4);
@@ -45,23 +41,20 @@ static void test_linear(void **state)
     for (int m = 0; m < 6; m++)
         for (int o = 0; o < 5; o++) {
             ref[m * 5 + o] = 0.0;
-            for (int i = 0; i < 4; i++)
-                ref[m * 5 + o] += (double)x->data[m * 4 + i] * w->data[o * 4 + i];
+            for (int i = 0; i < 4; i++) ref[m * 5 + o] += (double)x->data[m * 4 + i] * w->data[o * 4 + i];
         }
     assert_true(ag_max_diff(y->data, ref, 30) < 1e-5);
     assert_string_equal(ag_tensor_name(y), "t.linear:out");
     ag_release(y);
     ag_tape_clear(ctx);
     ag_tensor *in[] = {x, w};
-    for (int twice = 0; twice < 2; twice++)
-        ag_fd_check(ctx, g_linear, &(bool){twice}, 2, in);
+    for (int twice = 0; twice < 2; twice++) ag_fd_check(ctx, g_linear, &(bool){twice}, 2, in);
     ag_release(x);
     ag_release(w);
 }
 
 // A frozen weight: only dx is computed, and the node keeps no activation (x is not needed).
-static void test_linear_frozen_weight(void **state)
-{
+static void test_linear_frozen_weight(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_param(ctx, 2, (int64_t[]){3, 4}, "x", 5);
     ag_tensor *w = ag_test_param(ctx, 2, (int64_t[]){2, 4}, "w", 6);
@@ -84,30 +77,25 @@ static void test_linear_frozen_weight(void **state)
 // ---- embedding ----
 static const int32_t emb_ids[] = {1, 4, 1, 0, 4, 4};
 
-static ag_tensor *g_embedding(ag_ctx *ctx, ag_tensor **in, const void *twice)
-{
+static ag_tensor *g_embedding(ag_ctx *ctx, ag_tensor **in, const void *twice) {
     ag_tensor *y = ag_embedding(ctx, "t.embed", emb_ids, 2, 3, in[0]);
-    return *(const bool *)twice ? sum_of(ctx, y, ag_embedding(ctx, "t.e2", emb_ids, 2, 3, in[0]))
-                                : y;
+    return *(const bool *)twice ? sum_of(ctx, y, ag_embedding(ctx, "t.e2", emb_ids, 2, 3, in[0])) : y;
 }
 
-static void test_embedding(void **state)
-{
+static void test_embedding(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *table = ag_test_param(ctx, 2, (int64_t[]){6, 4}, "embed", 7);
     ag_tensor *y = ag_embedding(ctx, "t.embed", emb_ids, 2, 3, table);
     assert_int_equal(y->shape[0], 2);
     assert_int_equal(y->shape[1], 3);
     assert_int_equal(y->shape[2], 4);
-    for (int r = 0; r < 6; r++)
-        assert_memory_equal(y->data + r * 4, table->data + emb_ids[r] * 4, 4 * sizeof(float));
+    for (int r = 0; r < 6; r++) assert_memory_equal(y->data + r * 4, table->data + emb_ids[r] * 4, 4 * sizeof(float));
     ag_node_info info;
     assert_true(ag_tape_node(ctx, 0, &info));
     assert_int_equal(info.saved_bytes, 0);
     ag_release(y);
     ag_tape_clear(ctx);
-    for (int twice = 0; twice < 2; twice++)
-        ag_fd_check(ctx, g_embedding, &(bool){twice}, 1, &table);
+    for (int twice = 0; twice < 2; twice++) ag_fd_check(ctx, g_embedding, &(bool){twice}, 1, &table);
     // Rows no id picked get a zero gradient, rows picked three times three contributions.
     y = ag_embedding(ctx, "t.embed", emb_ids, 2, 3, table);
     ag_tensor *ones = ag_test_ones(ctx, y);
@@ -125,8 +113,7 @@ static void test_embedding(void **state)
 // ---- tied embedding: the table is both the input embedding and the output head ----
 static const int32_t tied_ids[] = {2, 0, 3, 3, 1, 4, 2, 0};
 
-static ag_tensor *g_tied(ag_ctx *ctx, ag_tensor **in, const void *arg)
-{
+static ag_tensor *g_tied(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     (void)arg;
     ag_tensor *emb = in[0], *head = in[1] ? in[1] : in[0];
     ag_tensor *h = ag_embedding(ctx, "embed_tokens", tied_ids, 2, 4, emb);
@@ -137,8 +124,7 @@ static ag_tensor *g_tied(ag_ctx *ctx, ag_tensor **in, const void *arg)
     return loss;
 }
 
-static void test_tied_embedding(void **state)
-{
+static void test_tied_embedding(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *table = ag_test_param(ctx, 2, (int64_t[]){5, 3}, "embed_tokens.weight", 8);
     ag_tensor *in[] = {table, NULL};
@@ -168,14 +154,12 @@ static void test_tied_embedding(void **state)
 }
 
 // ---- rmsnorm ----
-static ag_tensor *g_rmsnorm(ag_ctx *ctx, ag_tensor **in, const void *twice)
-{
+static ag_tensor *g_rmsnorm(ag_ctx *ctx, ag_tensor **in, const void *twice) {
     ag_tensor *y = ag_rmsnorm(ctx, "t.norm", in[0], in[1], 1e-5f);
     return *(const bool *)twice ? sum_of(ctx, y, ag_rmsnorm(ctx, "t.n2", in[0], in[1], 1e-5f)) : y;
 }
 
-static void test_rmsnorm(void **state)
-{
+static void test_rmsnorm(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_const(ctx, 3, (int64_t[]){2, 3, 6}, "x", 9); // an activation
     x->requires_grad = true;
@@ -184,11 +168,9 @@ static void test_rmsnorm(void **state)
     double ref[36];
     for (int r = 0; r < 6; r++) {
         double ss = 0.0;
-        for (int j = 0; j < 6; j++)
-            ss += (double)x->data[r * 6 + j] * x->data[r * 6 + j];
+        for (int j = 0; j < 6; j++) ss += (double)x->data[r * 6 + j] * x->data[r * 6 + j];
         double rs = 1.0 / sqrt(ss / 6.0 + 1e-5);
-        for (int j = 0; j < 6; j++)
-            ref[r * 6 + j] = x->data[r * 6 + j] * rs * w->data[j];
+        for (int j = 0; j < 6; j++) ref[r * 6 + j] = x->data[r * 6 + j] * rs * w->data[j];
     }
     assert_true(ag_max_diff(y->data, ref, 36) < 1e-5);
     // Saved: x and one rstd per row, labelled; not the output.
@@ -204,8 +186,7 @@ static void test_rmsnorm(void **state)
     ag_release(y);
     ag_tape_clear(ctx);
     ag_tensor *in[] = {x, w};
-    for (int twice = 0; twice < 2; twice++)
-        ag_fd_check(ctx, g_rmsnorm, &(bool){twice}, 2, in);
+    for (int twice = 0; twice < 2; twice++) ag_fd_check(ctx, g_rmsnorm, &(bool){twice}, 2, in);
     ag_release(x);
     ag_release(w);
 }
@@ -218,22 +199,19 @@ typedef struct {
     bool twice;
 } rope_arg;
 
-static ag_tensor *rope_once(ag_ctx *ctx, ag_tensor *x, const rope_arg *a)
-{
+static ag_tensor *rope_once(ag_ctx *ctx, ag_tensor *x, const rope_arg *a) {
     return a->pos ? ag_rope_positions(ctx, "t.rope", x, 2, 4, a->theta, a->pos)
                   : ag_rope(ctx, "t.rope", x, 2, 4, a->theta, a->pos0);
 }
 
-static ag_tensor *g_rope(ag_ctx *ctx, ag_tensor **in, const void *arg)
-{
+static ag_tensor *g_rope(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     const rope_arg *a = arg;
     ag_tensor *y = rope_once(ctx, in[0], a);
     return a->twice ? sum_of(ctx, y, rope_once(ctx, in[0], a)) : y;
 }
 
 // x[2, 3, 2 heads * 4]: rotate_half pairs i with i + 2 inside each head.
-static void rope_reference(double *ref, const float *x, const rope_arg *a)
-{
+static void rope_reference(double *ref, const float *x, const rope_arg *a) {
     for (int r = 0; r < 6; r++) {
         double p = a->pos ? a->pos[r] : (double)(a->pos0 + r % 3);
         for (int h = 0; h < 2; h++)
@@ -246,20 +224,18 @@ static void rope_reference(double *ref, const float *x, const rope_arg *a)
     }
 }
 
-static void test_rope(void **state)
-{
+static void test_rope(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_param(ctx, 3, (int64_t[]){2, 3, 8}, "x", 11);
     static const int32_t pos[] = {0, 0, 1, 5, 6, 7}; // a left-padded first row
-    rope_arg cases[] = {{10000.0f, 0, NULL, false}, {100000.0f, 7, NULL, false},
-                        {10000.0f, 0, pos, false}, {500.0f, 3, NULL, true}};
+    rope_arg cases[] = {
+        {10000.0f, 0, NULL, false}, {100000.0f, 7, NULL, false}, {10000.0f, 0, pos, false}, {500.0f, 3, NULL, true}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         ag_tensor *y = g_rope(ctx, &x, &cases[c]);
         double ref[48];
         rope_reference(ref, x->data, &cases[c]);
         if (cases[c].twice)
-            for (int i = 0; i < 48; i++)
-                ref[i] *= 2.0;
+            for (int i = 0; i < 48; i++) ref[i] *= 2.0;
         assert_true(ag_max_diff(y->data, ref, 48) < 2e-5);
         assert_int_equal(ag_tape_saved_bytes(ctx), 0);
         ag_release(y);
@@ -270,50 +246,42 @@ static void test_rope(void **state)
 }
 
 // ---- silu, mul, add ----
-static ag_tensor *g_silu(ag_ctx *ctx, ag_tensor **in, const void *twice)
-{
+static ag_tensor *g_silu(ag_ctx *ctx, ag_tensor **in, const void *twice) {
     ag_tensor *y = ag_silu(ctx, "t.silu", in[0]);
     return *(const bool *)twice ? sum_of(ctx, y, ag_silu(ctx, "t.silu2", in[0])) : y;
 }
 
-static void test_silu(void **state)
-{
+static void test_silu(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_param(ctx, 3, (int64_t[]){2, 3, 5}, "x", 12);
     ag_fill(x, 12, -4.0f, 4.0f);
     ag_tensor *y = ag_silu(ctx, "t.silu", x);
     double ref[30];
-    for (int i = 0; i < 30; i++)
-        ref[i] = x->data[i] / (1.0 + exp(-(double)x->data[i]));
+    for (int i = 0; i < 30; i++) ref[i] = x->data[i] / (1.0 + exp(-(double)x->data[i]));
     assert_true(ag_max_diff(y->data, ref, 30) < 1e-5);
     ag_release(y);
     ag_tape_clear(ctx);
-    for (int twice = 0; twice < 2; twice++)
-        ag_fd_check(ctx, g_silu, &(bool){twice}, 1, &x);
+    for (int twice = 0; twice < 2; twice++) ag_fd_check(ctx, g_silu, &(bool){twice}, 1, &x);
     ag_release(x);
 }
 
-static ag_tensor *g_mul(ag_ctx *ctx, ag_tensor **in, const void *arg)
-{
+static ag_tensor *g_mul(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     (void)arg;
     return ag_mul(ctx, "t.mul", in[0], in[1]);
 }
 
-static ag_tensor *g_square(ag_ctx *ctx, ag_tensor **in, const void *arg)
-{
+static ag_tensor *g_square(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     (void)arg;
     return ag_mul(ctx, "t.mul", in[0], in[0]);
 }
 
-static void test_mul(void **state)
-{
+static void test_mul(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *a = ag_test_param(ctx, 2, (int64_t[]){3, 4}, "a", 13);
     ag_tensor *b = ag_test_param(ctx, 2, (int64_t[]){3, 4}, "b", 14);
     ag_tensor *in[] = {a, b};
     ag_tensor *y = g_mul(ctx, in, NULL);
-    for (int i = 0; i < 12; i++)
-        assert_true(y->data[i] == a->data[i] * b->data[i]);
+    for (int i = 0; i < 12; i++) assert_true(y->data[i] == a->data[i] * b->data[i]);
     ag_release(y);
     ag_tape_clear(ctx);
     ag_fd_check(ctx, g_mul, NULL, 2, in);
@@ -332,21 +300,18 @@ static void test_mul(void **state)
     ag_release(b);
 }
 
-static ag_tensor *g_add(ag_ctx *ctx, ag_tensor **in, const void *arg)
-{
+static ag_tensor *g_add(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     (void)arg;
     return ag_add(ctx, "t.add", in[0], in[1]);
 }
 
-static ag_tensor *g_double(ag_ctx *ctx, ag_tensor **in, const void *arg)
-{
+static ag_tensor *g_double(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     (void)arg;
     return ag_add(ctx, "t.add", in[0], in[0]);
 }
 
 // Residual shape: y = silu(a) + mul(silu(a), b): a's node gets add's buffer, then accumulates.
-static ag_tensor *g_residual(ag_ctx *ctx, ag_tensor **in, const void *arg)
-{
+static ag_tensor *g_residual(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     (void)arg;
     ag_tensor *s = ag_silu(ctx, "t.silu", in[0]);
     ag_tensor *m = ag_mul(ctx, "t.mul", s, in[1]);
@@ -356,15 +321,13 @@ static ag_tensor *g_residual(ag_ctx *ctx, ag_tensor **in, const void *arg)
     return y;
 }
 
-static void test_add(void **state)
-{
+static void test_add(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *a = ag_test_param(ctx, 2, (int64_t[]){3, 4}, "a", 16);
     ag_tensor *b = ag_test_param(ctx, 2, (int64_t[]){3, 4}, "b", 17);
     ag_tensor *in[] = {a, b};
     ag_tensor *y = g_add(ctx, in, NULL);
-    for (int i = 0; i < 12; i++)
-        assert_true(y->data[i] == a->data[i] + b->data[i]);
+    for (int i = 0; i < 12; i++) assert_true(y->data[i] == a->data[i] + b->data[i]);
     assert_int_equal(ag_tape_saved_bytes(ctx), 0);
     ag_release(y);
     ag_tape_clear(ctx);
@@ -378,28 +341,24 @@ static void test_add(void **state)
 // ---- cross-entropy ----
 static const int32_t ce_ids[] = {3, 0, 6, 2, 5, 5, 1, 4};
 
-static ag_tensor *g_ce(ag_ctx *ctx, ag_tensor **in, const void *arg)
-{
+static ag_tensor *g_ce(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     (void)arg;
     return ag_cross_entropy(ctx, "loss", in[0], ce_ids);
 }
 
-static double ce_reference(const float *logits, const int32_t *ids, int B, int T, int V)
-{
+static double ce_reference(const float *logits, const int32_t *ids, int B, int T, int V) {
     double sum = 0.0;
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T - 1; t++) {
             const float *x = logits + (b * T + t) * V;
             double z = 0.0;
-            for (int j = 0; j < V; j++)
-                z += exp((double)x[j]);
+            for (int j = 0; j < V; j++) z += exp((double)x[j]);
             sum += log(z) - x[ids[b * T + t + 1]];
         }
     return sum / (B * (T - 1));
 }
 
-static void test_cross_entropy(void **state)
-{
+static void test_cross_entropy(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *logits = ag_test_param(ctx, 3, (int64_t[]){2, 4, 7}, "logits", 18);
     ag_fill(logits, 18, -3.0f, 3.0f);
@@ -432,11 +391,9 @@ static void test_cross_entropy(void **state)
     ag_release(logits);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_fd_checker_catches_wrong_gradient, ag_setup,
-                                        ag_teardown),
+        cmocka_unit_test_setup_teardown(test_fd_checker_catches_wrong_gradient, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_linear, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_linear_frozen_weight, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_embedding, ag_setup, ag_teardown),

@@ -32,7 +32,8 @@ static int parse(bench_args *a, int argc, char **argv) {
         } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
             a->json = argv[++i];
         } else if (!dst || i + 1 >= argc || (*dst = atoi(argv[++i])) < 1) {
-            fprintf(stderr, "bench_infer: bad argument %s (options: --threads N --tokens T "
+            fprintf(stderr,
+                    "bench_infer: bad argument %s (options: --threads N --tokens T "
                     "--new-tokens N --repeat R --batch-claim --steps --json FILE, numbers >= 1)\n",
                     argv[i]);
             return -1;
@@ -42,8 +43,8 @@ static int parse(bench_args *a, int argc, char **argv) {
 }
 
 // The best of `repeat` runs (timings: the fastest generate_s); exits on error.
-static llama_generate_stats run(ag_ctx *ctx, llama_model *m, bool cache, const int32_t *ids,
-                                int64_t B, int64_t T, int64_t n, int repeat, int32_t *out) {
+static llama_generate_stats run(ag_ctx *ctx, llama_model *m, bool cache, const int32_t *ids, int64_t B, int64_t T,
+                                int64_t n, int repeat, int32_t *out) {
     llama_generate_stats best = {0};
     for (int r = 0; r < repeat; r++) {
         llama_generate_stats st;
@@ -65,8 +66,7 @@ static llama_generate_stats run(ag_ctx *ctx, llama_model *m, bool cache, const i
 
 // S2: 8 prompts of `tokens` ids, 20 new tokens each, one after another and as one batch (whose
 // rows must be what each prompt generates alone). Figures go to `report` when not NULL.
-static bool batch_claim(ag_ctx *ctx, llama_model *m, const int32_t *ids, int T, int repeat,
-                        json_t *report) {
+static bool batch_claim(ag_ctx *ctx, llama_model *m, const int32_t *ids, int T, int repeat, json_t *report) {
     enum { B = 8, N = 20 };
     int32_t solo[B * N], batch[B * N];
     double seq = 0;
@@ -78,24 +78,25 @@ static bool batch_claim(ag_ctx *ctx, llama_model *m, const int32_t *ids, int T, 
     llama_generate_stats st = run(ctx, m, true, ids, B, T, N, repeat, batch);
     bool same = memcmp(solo, batch, sizeof solo) == 0;
     printf("S2: 8 prompts x 20 new tokens: one after another %.3f s, one batch of 8 %.3f s "
-           "(%.2fx); same tokens: %s\n", seq, st.generate_s, seq / st.generate_s, same ? "yes" : "NO");
-    printf("    the batch: prefill of 8 x %d tokens %.4f s, median decode step %.4f s\n", T,
-           st.prefill_s, st.decode_step_s);
+           "(%.2fx); same tokens: %s\n",
+           seq, st.generate_s, seq / st.generate_s, same ? "yes" : "NO");
+    printf("    the batch: prefill of 8 x %d tokens %.4f s, median decode step %.4f s\n", T, st.prefill_s,
+           st.decode_step_s);
     if (report)
-        json_object_set_new(report, "batch", json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:b}",
-            "prompts", B, "new_tokens", N, "sequential_s", seq, "batched_s", st.generate_s,
-            "speedup", seq / st.generate_s, "batch_prefill_s", st.prefill_s,
-            "batch_decode_step_s", st.decode_step_s, "same_tokens", same));
+        json_object_set_new(report, "batch",
+                            json_pack("{s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:b}", "prompts", B, "new_tokens", N,
+                                      "sequential_s", seq, "batched_s", st.generate_s, "speedup", seq / st.generate_s,
+                                      "batch_prefill_s", st.prefill_s, "batch_decode_step_s", st.decode_step_s,
+                                      "same_tokens", same));
     llama_generate_stats_free(&st);
     return same;
 }
 
-static json_t *single_report(const bench_args *a, const llama_generate_stats *c,
-                             const llama_generate_stats *u, bool same) {
-    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:b}", "engine", "membill",
-                     "threads", a->threads, "tokens", a->tokens, "new_tokens", a->new_tokens,
-                     "repeat", a->repeat, "prefill_s", c->prefill_s, "decode_step_s",
-                     c->decode_step_s, "cached_s", c->generate_s, "uncached_s", u->generate_s,
+static json_t *single_report(const bench_args *a, const llama_generate_stats *c, const llama_generate_stats *u,
+                             bool same) {
+    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:b}", "engine", "membill", "threads", a->threads,
+                     "tokens", a->tokens, "new_tokens", a->new_tokens, "repeat", a->repeat, "prefill_s", c->prefill_s,
+                     "decode_step_s", c->decode_step_s, "cached_s", c->generate_s, "uncached_s", u->generate_s,
                      "same_tokens", same);
 }
 
@@ -111,8 +112,7 @@ int main(int argc, char **argv) {
     llama_config cfg;
     llama_model *m = NULL;
     ag_err err = {{0}};
-    if (!ctx || llama_config_preset(&cfg, "smollm2-135m", &err) != 0 ||
-        llama_model_new(&m, ctx, &cfg, &err) != 0) {
+    if (!ctx || llama_config_preset(&cfg, "smollm2-135m", &err) != 0 || llama_model_new(&m, ctx, &cfg, &err) != 0) {
         fprintf(stderr, "bench_infer: %s\n", err.msg[0] ? err.msg : "out of memory");
         return 1;
     }
@@ -126,7 +126,8 @@ int main(int argc, char **argv) {
         ids[i] = (int32_t)((s >> 33) % (uint64_t)cfg.vocab);
     }
     printf("SmolLM2-135M, random init, float32, %d threads, prompt %d tokens, %d new tokens, "
-           "best of %d\n", a.threads, a.tokens, a.new_tokens, a.repeat);
+           "best of %d\n",
+           a.threads, a.tokens, a.new_tokens, a.repeat);
     run(ctx, m, true, ids, 1, a.tokens, 2, 1, out); // warm-up: thread pools, page faults
     llama_generate_stats c = run(ctx, m, true, ids, 1, a.tokens, a.new_tokens, a.repeat, out);
     int32_t *out2 = malloc(sizeof(int32_t) * (size_t)a.new_tokens);
@@ -138,10 +139,10 @@ int main(int argc, char **argv) {
            (unsigned long long)c.cache_bytes[0], (unsigned long long)c.cache_usable[0], last,
            (unsigned long long)c.cache_bytes[last], (unsigned long long)c.cache_usable[last]);
     printf("S1: %d new tokens with the cache %.3f s (%.1f tokens/s), without %.3f s: %.2fx; "
-           "same tokens: %s\n", a.new_tokens, c.generate_s, a.new_tokens / c.generate_s,
-           u.generate_s, u.generate_s / c.generate_s, same ? "yes" : "NO");
-    printf("    without the cache: first step %.4f s, last step %.4f s\n", u.step_s[0],
-           u.step_s[a.new_tokens - 1]);
+           "same tokens: %s\n",
+           a.new_tokens, c.generate_s, a.new_tokens / c.generate_s, u.generate_s, u.generate_s / c.generate_s,
+           same ? "yes" : "NO");
+    printf("    without the cache: first step %.4f s, last step %.4f s\n", u.step_s[0], u.step_s[a.new_tokens - 1]);
     for (int k = 0; a.steps && k < a.new_tokens; k++)
         printf("    step %2d: with the cache %.4f s, without %.4f s\n", k, c.step_s[k], u.step_s[k]);
     json_t *report = a.json ? single_report(&a, &c, &u, same) : NULL;

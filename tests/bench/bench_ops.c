@@ -19,8 +19,7 @@ typedef struct {
     int32_t *ids;
 } bench_case;
 
-static double now(void)
-{
+static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -28,14 +27,12 @@ static double now(void)
 
 static uint64_t rng = 88172645463325252ull;
 
-static float uniform(void)
-{
+static float uniform(void) {
     rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
     return (float)(rng >> 40) / 16777216.0f;
 }
 
-static ag_tensor *checked(bench_case *c, ag_tensor *t)
-{
+static ag_tensor *checked(bench_case *c, ag_tensor *t) {
     if (!t) {
         fprintf(stderr, "bench_ops: %s\n", ag_ctx_error(c->ctx));
         exit(1);
@@ -43,22 +40,16 @@ static ag_tensor *checked(bench_case *c, ag_tensor *t)
     return t;
 }
 
-static void add_leaf(bench_case *c, int ndim, const int64_t *shape, mp_category cat)
-{
+static void add_leaf(bench_case *c, int ndim, const int64_t *shape, mp_category cat) {
     ag_tensor *t = checked(c, ag_tensor_new(c->ctx, ndim, shape, cat, "bench:input"));
     t->requires_grad = true;
-    for (int64_t i = 0; i < t->numel; i++)
-        t->data[i] = 0.1f * (uniform() - 0.5f);
+    for (int64_t i = 0; i < t->numel; i++) t->data[i] = 0.1f * (uniform() - 0.5f);
     c->in[c->nin++] = t;
 }
 
-static void activation(bench_case *c, int64_t width)
-{
-    add_leaf(c, 3, (int64_t[]){1, c->T, width}, MP_ACTIVATION);
-}
+static void activation(bench_case *c, int64_t width) { add_leaf(c, 3, (int64_t[]){1, c->T, width}, MP_ACTIVATION); }
 
-static void weight(bench_case *c, int64_t rows, int64_t cols)
-{
+static void weight(bench_case *c, int64_t rows, int64_t cols) {
     if (cols)
         add_leaf(c, 2, (int64_t[]){rows, cols}, MP_WEIGHT);
     else
@@ -66,8 +57,7 @@ static void weight(bench_case *c, int64_t rows, int64_t cols)
 }
 
 // Each op: `make` creates the inputs (first call), then the op runs on them.
-static ag_tensor *linear(bench_case *c, bool make, int64_t in, int64_t out)
-{
+static ag_tensor *linear(bench_case *c, bool make, int64_t in, int64_t out) {
     if (make) {
         activation(c, in);
         weight(c, out, in);
@@ -81,15 +71,12 @@ static ag_tensor *op_gate(bench_case *c, bool make) { return linear(c, make, HID
 static ag_tensor *op_down(bench_case *c, bool make) { return linear(c, make, INTER, HID); }
 static ag_tensor *op_lm_head(bench_case *c, bool make) { return linear(c, make, HID, VOCAB); }
 
-static ag_tensor *op_embedding(bench_case *c, bool make)
-{
-    if (make)
-        weight(c, VOCAB, HID);
+static ag_tensor *op_embedding(bench_case *c, bool make) {
+    if (make) weight(c, VOCAB, HID);
     return ag_embedding(c->ctx, "embed", c->ids, 1, c->T, c->in[0]);
 }
 
-static ag_tensor *op_rmsnorm(bench_case *c, bool make)
-{
+static ag_tensor *op_rmsnorm(bench_case *c, bool make) {
     if (make) {
         activation(c, HID);
         weight(c, HID, 0);
@@ -97,15 +84,12 @@ static ag_tensor *op_rmsnorm(bench_case *c, bool make)
     return ag_rmsnorm(c->ctx, "norm", c->in[0], c->in[1], 1e-5f);
 }
 
-static ag_tensor *op_rope(bench_case *c, bool make)
-{
-    if (make)
-        activation(c, HQ * HD);
+static ag_tensor *op_rope(bench_case *c, bool make) {
+    if (make) activation(c, HQ * HD);
     return ag_rope(c->ctx, "rope", c->in[0], HQ, HD, 100000.0f, 0);
 }
 
-static ag_tensor *op_attention(bench_case *c, bool make)
-{
+static ag_tensor *op_attention(bench_case *c, bool make) {
     if (make) {
         activation(c, HQ * HD);
         activation(c, HKV * HD);
@@ -114,15 +98,12 @@ static ag_tensor *op_attention(bench_case *c, bool make)
     return ag_attention(c->ctx, "attn", c->in[0], c->in[1], c->in[2], HQ, HKV, HD);
 }
 
-static ag_tensor *op_silu(bench_case *c, bool make)
-{
-    if (make)
-        activation(c, INTER);
+static ag_tensor *op_silu(bench_case *c, bool make) {
+    if (make) activation(c, INTER);
     return ag_silu(c->ctx, "silu", c->in[0]);
 }
 
-static ag_tensor *op_mul(bench_case *c, bool make)
-{
+static ag_tensor *op_mul(bench_case *c, bool make) {
     if (make) {
         activation(c, INTER);
         activation(c, INTER);
@@ -130,8 +111,7 @@ static ag_tensor *op_mul(bench_case *c, bool make)
     return ag_mul(c->ctx, "mul", c->in[0], c->in[1]);
 }
 
-static ag_tensor *op_add(bench_case *c, bool make)
-{
+static ag_tensor *op_add(bench_case *c, bool make) {
     if (make) {
         activation(c, HID);
         activation(c, HID);
@@ -139,10 +119,8 @@ static ag_tensor *op_add(bench_case *c, bool make)
     return ag_add(c->ctx, "add", c->in[0], c->in[1]);
 }
 
-static ag_tensor *op_cross_entropy(bench_case *c, bool make)
-{
-    if (make)
-        activation(c, VOCAB);
+static ag_tensor *op_cross_entropy(bench_case *c, bool make) {
+    if (make) activation(c, VOCAB);
     return ag_cross_entropy(c->ctx, "loss", c->in[0], c->ids);
 }
 
@@ -172,22 +150,19 @@ typedef struct {
     double fwd_share, bwd_share; // of the time summed over all runs, the part in sgemm
 } bench_result;
 
-static int cmp_double(const void *a, const void *b)
-{
+static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-static double median(double *v, int n)
-{
+static double median(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Forward then backward (seeded with ones), gradients dropped between repetitions as a
 // training step's zero_grad would; one repetition first to warm up.
-static bench_result run_op(ag_ctx *ctx, const bench_op *op, int64_t T, int32_t *ids, int reps)
-{
+static bench_result run_op(ag_ctx *ctx, const bench_op *op, int64_t T, int32_t *ids, int reps) {
     bench_case c = {.ctx = ctx, .T = T, .ids = ids};
     double fwd[64], bwd[64], sum_fwd = 0.0, sum_bwd = 0.0, sg_fwd = 0.0, sg_bwd = 0.0;
     for (int r = -1; r < reps; r++) {
@@ -197,51 +172,41 @@ static bench_result run_op(ag_ctx *ctx, const bench_op *op, int64_t T, int32_t *
         double t1 = now();
         ag_blas_stats s1 = ag_get_blas_stats();
         ag_tensor *seed = checked(&c, ag_tensor_new(ctx, y->ndim, y->shape, MP_ACTIVATION, "seed"));
-        for (int64_t i = 0; i < seed->numel; i++)
-            seed->data[i] = 1.0f;
+        for (int64_t i = 0; i < seed->numel; i++) seed->data[i] = 1.0f;
         double t2 = now();
-        if (ag_backward_grad(ctx, y, seed) != AG_OK)
-            checked(&c, NULL);
+        if (ag_backward_grad(ctx, y, seed) != AG_OK) checked(&c, NULL);
         double t3 = now();
         ag_blas_stats s2 = ag_get_blas_stats();
         ag_release(seed);
         ag_release(y);
-        for (int i = 0; i < c.nin; i++)
-            ag_zero_grad(c.in[i]);
-        if (r < 0)
-            continue;
+        for (int i = 0; i < c.nin; i++) ag_zero_grad(c.in[i]);
+        if (r < 0) continue;
         fwd[r] = t1 - t0, bwd[r] = t3 - t2;
         sum_fwd += fwd[r], sum_bwd += bwd[r];
         sg_fwd += s1.seconds - s0.seconds, sg_bwd += s2.seconds - s1.seconds;
     }
-    for (int i = 0; i < c.nin; i++)
-        ag_release(c.in[i]);
-    return (bench_result){median(fwd, reps), median(bwd, reps), sg_fwd / sum_fwd,
-                          sg_bwd / sum_bwd};
+    for (int i = 0; i < c.nin; i++) ag_release(c.in[i]);
+    return (bench_result){median(fwd, reps), median(bwd, reps), sg_fwd / sum_fwd, sg_bwd / sum_bwd};
 }
 
-static void run_tokens(ag_ctx *ctx, int64_t T, int reps)
-{
+static void run_tokens(ag_ctx *ctx, int64_t T, int reps) {
     int32_t *ids = malloc((size_t)T * sizeof *ids);
-    for (int64_t i = 0; i < T; i++)
-        ids[i] = (int32_t)(uniform() * VOCAB);
+    for (int64_t i = 0; i < T; i++) ids[i] = (int32_t)(uniform() * VOCAB);
     printf("\n%lld tokens (batch 1), median of %d runs\n", (long long)T, reps);
     printf("%-26s %10s %10s %8s %8s\n", "op", "fwd ms", "bwd ms", "sgemm%f", "sgemm%b");
     double total = 0.0, total_sgemm = 0.0;
     for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
         bench_result r = run_op(ctx, &ops[i], T, ids, reps);
-        printf("%-26s %10.3f %10.3f %7.0f%% %7.0f%%\n", ops[i].name, 1e3 * r.fwd, 1e3 * r.bwd,
-               100.0 * r.fwd_share, 100.0 * r.bwd_share);
+        printf("%-26s %10.3f %10.3f %7.0f%% %7.0f%%\n", ops[i].name, 1e3 * r.fwd, 1e3 * r.bwd, 100.0 * r.fwd_share,
+               100.0 * r.bwd_share);
         total += r.fwd + r.bwd;
         total_sgemm += r.fwd * r.fwd_share + r.bwd * r.bwd_share;
     }
-    printf("%-26s %21.3f %16.0f%%\n", "all ops, fwd + bwd", 1e3 * total,
-           100.0 * total_sgemm / total);
+    printf("%-26s %21.3f %16.0f%%\n", "all ops, fwd + bwd", 1e3 * total, 100.0 * total_sgemm / total);
     free(ids);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     int reps = argc > 1 ? atoi(argv[1]) : 5;
     if (reps < 1 || reps > 64) {
         fprintf(stderr, "usage: bench_ops [reps 1..64] [tokens...]\n");
@@ -254,8 +219,7 @@ int main(int argc, char **argv)
     ag_ctx *ctx = ag_ctx_new();
     printf("bench_ops: SmolLM2-135M shapes, float32\n");
     if (argc > 2)
-        for (int i = 2; i < argc; i++)
-            run_tokens(ctx, atoll(argv[i]), reps);
+        for (int i = 2; i < argc; i++) run_tokens(ctx, atoll(argv[i]), reps);
     else {
         run_tokens(ctx, 25, reps);
         run_tokens(ctx, 512, reps);

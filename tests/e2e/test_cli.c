@@ -121,12 +121,15 @@ static void test_train_checkpointing(void **state) {
     for (int ck = 0; ck < 2; ck++) {
         run_result r;
         char args[2048], path[512];
-        snprintf(args, sizeof args, "train --weights %s/tiny_tied --tokens 5,9,17,33,65,129,250 --batch 2 --json %s/c%d.json "
-                 "--dump-grads %s/c%d.safetensors%s", MEMBILL_GOLDEN_DIR, dir, ck, dir, ck, ck ? " --checkpointing" : "");
+        snprintf(args, sizeof args,
+                 "train --weights %s/tiny_tied --tokens 5,9,17,33,65,129,250 --batch 2 --json %s/c%d.json "
+                 "--dump-grads %s/c%d.safetensors%s",
+                 MEMBILL_GOLDEN_DIR, dir, ck, dir, ck, ck ? " --checkpointing" : "");
         membill(&r, args);
         if (r.code != 0) print_error("%s: %s\n", args, r.err);
         assert_int_equal(r.code, 0);
-        assert_int_equal(strstr(r.out, "checkpointing: each block's input kept, activations recomputed in backward") != NULL, ck);
+        assert_int_equal(
+            strstr(r.out, "checkpointing: each block's input kept, activations recomputed in backward") != NULL, ck);
         snprintf(path, sizeof path, "%s/c%d.json", dir, ck);
         root[ck] = json_load_file(path, 0, NULL);
         assert_non_null(root[ck]);
@@ -140,10 +143,12 @@ static void test_train_checkpointing(void **state) {
         grads[ck] = malloc(n[ck] * sizeof(float));
         assert_non_null(grads[ck]);
         for (size_t i = 0, off = 0; i < llama_st_count(f); off += llama_st_get(f, i)->numel, i++)
-            assert_int_equal(llama_st_read_f32(f, llama_st_get(f, i), grads[ck] + off, llama_st_get(f, i)->numel, &err), 0);
+            assert_int_equal(llama_st_read_f32(f, llama_st_get(f, i), grads[ck] + off, llama_st_get(f, i)->numel, &err),
+                             0);
         llama_st_close(f);
     }
-    double l0 = json_real_value(json_object_get(root[0], "loss")), l1 = json_real_value(json_object_get(root[1], "loss"));
+    double l0 = json_real_value(json_object_get(root[0], "loss")),
+           l1 = json_real_value(json_object_get(root[1], "loss"));
     assert_true(l0 > 0);
     assert_true(fabs(l0 - l1) <= 1e-6 * l0);
     assert_int_equal(n[0], n[1]);
@@ -206,7 +211,8 @@ static void test_bad_input(void **state) {
     snprintf(a, sizeof a, "train --weights %s/tiny_tied --tokens 1,x,3", MEMBILL_GOLDEN_DIR);
     expect_failure(a, 2, "--tokens");
     write_file("bad.safetensors", "\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":1}");
-    snprintf(a, sizeof a, "train --config %s/tiny_tied/config.json --weights %s/bad.safetensors", MEMBILL_GOLDEN_DIR, dir);
+    snprintf(a, sizeof a, "train --config %s/tiny_tied/config.json --weights %s/bad.safetensors", MEMBILL_GOLDEN_DIR,
+             dir);
     expect_failure(a, 1, "bad.safetensors");
     expect_failure("train --meta --dump-grads x.safetensors", 2, "--meta");
 
@@ -259,30 +265,37 @@ static void test_plan_closed_form_sweep(void **state) {
     char tiny[2][256];
     snprintf(tiny[0], sizeof tiny[0], "--config %s/tiny_tied/config.json", MEMBILL_GOLDEN_DIR);
     snprintf(tiny[1], sizeof tiny[1], "--config %s/tiny_mha/config.json", MEMBILL_GOLDEN_DIR);
-    const char *models[] = {tiny[0], tiny[1], "--model smollm2-135m", "--model smollm2-360m", "--model llama-2-7b",
-                            "--model mistral-7b", "--model llama-3-70b", "--model llama-3.1-405b"};
+    const char *models[] = {tiny[0],
+                            tiny[1],
+                            "--model smollm2-135m",
+                            "--model smollm2-360m",
+                            "--model llama-2-7b",
+                            "--model mistral-7b",
+                            "--model llama-3-70b",
+                            "--model llama-3.1-405b"};
     const char *lens[] = {"25", "1024", "4096", "8192"};
     for (int ck = 0; ck < 2; ck++)
-    for (int m = 0; m < 8; m++)
-        for (int l = 0; l < 4; l++) {
-            char a[512];
-            if (m < 2 && l > 0) continue;   // the tiny configs have 128 positions
-            if (l == 3 && m == 4) continue; // Llama-2 has 4,096 positions
-            snprintf(a, sizeof a, "%s --seq-len %s --batch 2%s", models[m], lens[l], ck ? " --checkpointing" : "");
-            json_t *root = plan_json(a);
-            assert_true(json_is_boolean(json_object_get(json_object_get(root, "run"), "checkpointing")));
-            assert_int_equal(json_is_true(json_object_get(json_object_get(root, "run"), "checkpointing")), ck);
-            json_int_t p = jint(root, "closed_form", "parameters");
-            assert_int_equal(cat_peak(root, "weight"), 4 * p);
-            assert_int_equal(cat_peak(root, "gradient"), 4 * p);
-            assert_int_equal(cat_peak(root, "optimizer"), 8 * p);
-            double meta = (double)cat_peak(root, "activation"), closed = (double)jint(root, "closed_form", "activation");
-            if (fabs(closed / meta - 1) > 0.01) print_error("%s: closed %g meta %g\n", a, closed, meta);
-            assert_true(fabs(closed / meta - 1) <= 0.01);
-            // In float32 the closed form names every tensor live at the peak: equal to the byte.
-            assert_true(fabs(closed - meta) <= 4);
-            json_decref(root);
-        }
+        for (int m = 0; m < 8; m++)
+            for (int l = 0; l < 4; l++) {
+                char a[512];
+                if (m < 2 && l > 0) continue;   // the tiny configs have 128 positions
+                if (l == 3 && m == 4) continue; // Llama-2 has 4,096 positions
+                snprintf(a, sizeof a, "%s --seq-len %s --batch 2%s", models[m], lens[l], ck ? " --checkpointing" : "");
+                json_t *root = plan_json(a);
+                assert_true(json_is_boolean(json_object_get(json_object_get(root, "run"), "checkpointing")));
+                assert_int_equal(json_is_true(json_object_get(json_object_get(root, "run"), "checkpointing")), ck);
+                json_int_t p = jint(root, "closed_form", "parameters");
+                assert_int_equal(cat_peak(root, "weight"), 4 * p);
+                assert_int_equal(cat_peak(root, "gradient"), 4 * p);
+                assert_int_equal(cat_peak(root, "optimizer"), 8 * p);
+                double meta = (double)cat_peak(root, "activation"),
+                       closed = (double)jint(root, "closed_form", "activation");
+                if (fabs(closed / meta - 1) > 0.01) print_error("%s: closed %g meta %g\n", a, closed, meta);
+                assert_true(fabs(closed / meta - 1) <= 0.01);
+                // In float32 the closed form names every tensor live at the peak: equal to the byte.
+                assert_true(fabs(closed - meta) <= 4);
+                json_decref(root);
+            }
 }
 
 static void test_plan_zero_and_fit(void **state) {
@@ -326,7 +339,7 @@ static void test_plan_dtype_bytes_per_param(void **state) {
     const struct {
         const char *dtype;
         int w, g, state, master;
-    } dt[] = {{"fp32", 4, 4, 4, 0}, {"bf16", 2, 2, 2, 0}, {"fp16", 2, 2, 2, 0},
+    } dt[] = {{"fp32", 4, 4, 4, 0},       {"bf16", 2, 2, 2, 0},       {"fp16", 2, 2, 2, 0},
               {"bf16-mixed", 2, 2, 4, 4}, {"fp16-mixed", 2, 2, 4, 4}, {"bf16-mixed-fp32-grads", 2, 4, 4, 4}};
     const struct {
         const char *name;
@@ -406,7 +419,7 @@ static void test_plan_zero_formulas(void **state) {
                 json_t *root = plan_json(a);
                 double P = (double)jint(root, "closed_form", "parameters"), N = (double)gpus[n];
                 double w = dt[d].w, g = dt[d].g, K = dt[d].k;
-                double formula = z == 0 ? (w + g + K) * P
+                double formula = z == 0   ? (w + g + K) * P
                                  : z == 1 ? w * P + g * P + K * P / N
                                  : z == 2 ? w * P + (g + K) * P / N
                                           : (w + g + K) * P / N;
@@ -414,7 +427,8 @@ static void test_plan_zero_formulas(void **state) {
                                          jint(root, "per_gpu", "optimizer"));
                 if (fabs(states - formula) > 3) print_error("%s: per device %.0f, formula %.0f\n", a, states, formula);
                 assert_true(fabs(states - formula) <= 3);
-                json_int_t zf = json_integer_value(json_object_get(json_object_get(root, "bytes_per_parameter"), "zero_formula_bytes"));
+                json_int_t zf = json_integer_value(
+                    json_object_get(json_object_get(root, "bytes_per_parameter"), "zero_formula_bytes"));
                 assert_true(fabs((double)zf - formula) <= 3);
                 json_decref(root);
             }
@@ -434,8 +448,10 @@ static void test_plan_closed_form_dtypes(void **state) {
                 snprintf(a, sizeof a, "--model %s --seq-len %s --batch 2 --dtype %s", models[m], lens[l], dtypes[d]);
                 json_t *root = plan_json(a);
                 const char *cats[] = {"weight", "gradient", "optimizer"};
-                for (int c = 0; c < 3; c++) assert_int_equal(cat_peak(root, cats[c]), jint(root, "closed_form", cats[c]));
-                double meta = (double)cat_peak(root, "activation"), closed = (double)jint(root, "closed_form", "activation");
+                for (int c = 0; c < 3; c++)
+                    assert_int_equal(cat_peak(root, cats[c]), jint(root, "closed_form", cats[c]));
+                double meta = (double)cat_peak(root, "activation"),
+                       closed = (double)jint(root, "closed_form", "activation");
                 if (fabs(closed / meta - 1) > 0.01) print_error("%s: closed %g meta %g\n", a, closed, meta);
                 assert_true(fabs(closed / meta - 1) <= 0.01);
                 json_decref(root);
@@ -481,7 +497,7 @@ static void test_plan_infer(void **state) {
     (void)state;
     const json_int_t P = 134515008;
     json_t *root = plan_json("--infer --model smollm2-135m");
-    assert_int_equal(cat_peak(root, "weight"), 4 * P);     // W1
+    assert_int_equal(cat_peak(root, "weight"), 4 * P);    // W1
     assert_int_equal(jinf(root, "cache_bytes"), 1152000); // K2: 25 tokens x 46,080
     assert_int_equal(jint(root, "closed_form", "kv_cache"), 1152000);
     assert_int_equal(cat_peak(root, "gradient"), 0);
@@ -506,7 +522,8 @@ static void test_plan_infer(void **state) {
         snprintf(a, sizeof a, "--infer --model smollm2-135m %s", q[i].args);
         root = plan_json(a);
         json_int_t want = expected_weights("smollm2-135m", q[i].bits, q[i].group, q[i].norm_bits);
-        if (cat_peak(root, "weight") != want) print_error("%s: weights %lld, expected %lld\n", a, (long long)cat_peak(root, "weight"), (long long)want);
+        if (cat_peak(root, "weight") != want)
+            print_error("%s: weights %lld, expected %lld\n", a, (long long)cat_peak(root, "weight"), (long long)want);
         assert_int_equal(cat_peak(root, "weight"), want);
         assert_int_equal(jinf(root, "weights_closed_form"), want);
         assert_int_equal(jinf(root, "group_size"), q[i].group);
@@ -526,12 +543,14 @@ static void test_plan_infer(void **state) {
     assert_true(best >= 1);
     json_decref(root);
     char a[256];
-    snprintf(a, sizeof a, "--infer --model llama-3-8b --dtype bf16 --seq-len 4096 --device-memory 24GB --overhead 1GB --batch %lld",
+    snprintf(a, sizeof a,
+             "--infer --model llama-3-8b --dtype bf16 --seq-len 4096 --device-memory 24GB --overhead 1GB --batch %lld",
              (long long)best);
     root = plan_json(a);
     assert_true(json_is_true(json_object_get(json_object_get(root, "fit"), "fits")));
     json_decref(root);
-    snprintf(a, sizeof a, "--infer --model llama-3-8b --dtype bf16 --seq-len 4096 --device-memory 24GB --overhead 1GB --batch %lld",
+    snprintf(a, sizeof a,
+             "--infer --model llama-3-8b --dtype bf16 --seq-len 4096 --device-memory 24GB --overhead 1GB --batch %lld",
              (long long)best + 1);
     root = plan_json(a);
     assert_true(json_is_false(json_object_get(json_object_get(root, "fit"), "fits")));
@@ -597,7 +616,8 @@ static void test_infer_matches_reference(void **state) {
     for (int i = 0; i < 4; i++) snprintf(second + strlen(second), 16, "%s%lld", i ? "," : "", (long long)ids[7 + i]);
     const char *modes[] = {"", "--no-cache"};
     for (int m = 0; m < 2; m++) {
-        snprintf(a, sizeof a, "infer --weights %s/tiny_tied --tokens %s --new-tokens 8 %s", MEMBILL_GOLDEN_DIR, prompt, modes[m]);
+        snprintf(a, sizeof a, "infer --weights %s/tiny_tied --tokens %s --new-tokens 8 %s", MEMBILL_GOLDEN_DIR, prompt,
+                 modes[m]);
         json_t *root = json_run(a);
         json_t *row = json_array_get(json_object_get(root, "generated"), 0);
         assert_int_equal(json_array_size(row), 8);
@@ -606,12 +626,14 @@ static void test_infer_matches_reference(void **state) {
         json_decref(root);
     }
     // Two prompts of different lengths, left-padded into one batch.
-    snprintf(a, sizeof a, "infer --weights %s/tiny_tied --tokens '%s;%s' --new-tokens 8", MEMBILL_GOLDEN_DIR, prompt, second);
+    snprintf(a, sizeof a, "infer --weights %s/tiny_tied --tokens '%s;%s' --new-tokens 8", MEMBILL_GOLDEN_DIR, prompt,
+             second);
     json_t *root = json_run(a);
     for (int b = 0; b < 2; b++)
         for (int t = 0; t < 8; t++)
-            assert_int_equal(json_integer_value(json_array_get(json_array_get(json_object_get(root, "generated"), b), t)),
-                             batch[b * 8 + t]);
+            assert_int_equal(
+                json_integer_value(json_array_get(json_array_get(json_object_get(root, "generated"), b), t)),
+                batch[b * 8 + t]);
     json_decref(root);
 }
 
@@ -670,8 +692,10 @@ static void test_meta_equals_real_360m(void **state) {
     json_t *meta = json_run("train --model smollm2-360m --seq-len 64 --batch 2 --meta");
     for (int i = 0; i < 5; i++) {
         assert_int_equal(cat_peak(meta, cats[i]), cat_peak(real, cats[i]));
-        json_int_t a = json_integer_value(json_object_get(json_object_get(json_object_get(real, "categories"), cats[i]), "allocations"));
-        json_int_t b = json_integer_value(json_object_get(json_object_get(json_object_get(meta, "categories"), cats[i]), "allocations"));
+        json_int_t a = json_integer_value(
+            json_object_get(json_object_get(json_object_get(real, "categories"), cats[i]), "allocations"));
+        json_int_t b = json_integer_value(
+            json_object_get(json_object_get(json_object_get(meta, "categories"), cats[i]), "allocations"));
         assert_int_equal(a, b);
     }
     assert_int_equal(cat_peak(real, "weight"), 361821120LL * 4);

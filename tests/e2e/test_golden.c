@@ -34,9 +34,8 @@
 // Worst figures seen per check, printed at the end of the run.
 typedef enum { W_LOSS, W_GRAD, W_ADAM, W_ADAMW, W_SGDM, W_STEP_LOSS, W_BF16_LOSS, W_BF16_GRAD, W_N } worst_kind;
 static const char *const worst_names[W_N] = {
-    "loss (relative)", "grad.* (x max|golden|)", "adam.* (x max|golden|)",
-    "adamw.* (x max|golden|)", "sgdm.* (x max|golden|)", "*_losses (relative)",
-    "loss_bf16 (relative)", "grad_bf16.* (x max|golden|)"};
+    "loss (relative)",        "grad.* (x max|golden|)", "adam.* (x max|golden|)", "adamw.* (x max|golden|)",
+    "sgdm.* (x max|golden|)", "*_losses (relative)",    "loss_bf16 (relative)",   "grad_bf16.* (x max|golden|)"};
 static double worst[W_N];
 
 static void note(worst_kind k, double v) {
@@ -60,9 +59,7 @@ static llama_st_file *golden_open(const char *folder) {
     return f;
 }
 
-static bool golden_has(const llama_st_file *g, const char *key) {
-    return llama_st_find(g, key) != NULL;
-}
+static bool golden_has(const llama_st_file *g, const char *key) { return llama_st_find(g, key) != NULL; }
 
 // The tensor `key` as float32 (malloc'd); fails the test if absent.
 static float *golden_f32(const llama_st_file *g, const char *key, size_t *n) {
@@ -129,8 +126,8 @@ static void check_loss(float got, float want, worst_kind k, const char *what) {
 }
 
 // Every parameter (data, or .grad when grads) against "<prefix><name>".
-static void check_params(const llama_model *m, const llama_st_file *g, const char *prefix,
-                         bool grads, double tol, worst_kind k) {
+static void check_params(const llama_model *m, const llama_st_file *g, const char *prefix, bool grads, double tol,
+                         worst_kind k) {
     assert_int_equal(golden_count_prefix(g, prefix), m->nparams);
     for (size_t i = 0; i < m->nparams; i++) {
         const ag_tensor *p = m->params[i];
@@ -165,8 +162,7 @@ static void assert_all_zero(void) {
     for (size_t c = 0; c < sizeof tensor_cats / sizeof *tensor_cats; c++) {
         mp_counter k = mp_get_counter(tensor_cats[c]);
         if (k.live != 0)
-            fail_msg("%s still holds %llu bytes", mp_category_name(tensor_cats[c]),
-                     (unsigned long long)k.live);
+            fail_msg("%s still holds %llu bytes", mp_category_name(tensor_cats[c]), (unsigned long long)k.live);
     }
 }
 
@@ -224,8 +220,8 @@ static float forward_backward(run *r) { return forward_backward_opts(r, NULL); }
 // ---------------------------------------------------------------------------------------------
 // Loss and gradients
 
-static void check_grads(const char *folder, const char *weights, const char *loss_key,
-                        const char *grad_prefix, worst_kind wl, worst_kind wg) {
+static void check_grads(const char *folder, const char *weights, const char *loss_key, const char *grad_prefix,
+                        worst_kind wl, worst_kind wg) {
     run r;
     run_open(&r, folder, weights);
     float l = forward_backward(&r);
@@ -250,13 +246,11 @@ static void test_mha_grads(void **s) {
 }
 static void test_tied_bf16(void **s) {
     (void)s;
-    check_grads("tiny_tied", "model_bf16.safetensors", "loss_bf16", "grad_bf16.", W_BF16_LOSS,
-                W_BF16_GRAD);
+    check_grads("tiny_tied", "model_bf16.safetensors", "loss_bf16", "grad_bf16.", W_BF16_LOSS, W_BF16_GRAD);
 }
 static void test_untied_bf16(void **s) {
     (void)s;
-    check_grads("tiny_untied", "model_bf16.safetensors", "loss_bf16", "grad_bf16.",
-                W_BF16_LOSS, W_BF16_GRAD);
+    check_grads("tiny_untied", "model_bf16.safetensors", "loss_bf16", "grad_bf16.", W_BF16_LOSS, W_BF16_GRAD);
 }
 
 // The BF16 file is a different model: its golden loss and every gradient differ from the F32
@@ -328,9 +322,8 @@ static void test_tied_checkpointing(void **s) {
 // ---------------------------------------------------------------------------------------------
 // Two optimizer steps
 
-static void check_optim(const char *folder, optim_kind kind, float lr, float wd,
-                        float momentum, const char *prefix, const char *losses_key,
-                        worst_kind wk) {
+static void check_optim(const char *folder, optim_kind kind, float lr, float wd, float momentum, const char *prefix,
+                        const char *losses_key, worst_kind wk) {
     run r;
     run_open(&r, folder, "model.safetensors");
     optim_config oc = optim_defaults(kind);
@@ -381,18 +374,15 @@ static void test_tied_adamw(void **s) {
 }
 static void test_untied_adamw(void **s) {
     (void)s;
-    check_optim("tiny_untied", OPTIM_ADAMW, 1e-3f, 0.01f, 0.0f, "adamw.", "adamw_losses",
-                W_ADAMW);
+    check_optim("tiny_untied", OPTIM_ADAMW, 1e-3f, 0.01f, 0.0f, "adamw.", "adamw_losses", W_ADAMW);
 }
 static void test_tied_sgdm(void **s) {
     (void)s;
-    check_optim("tiny_tied", OPTIM_SGD_MOMENTUM, 1e-2f, 0.0f, 0.9f, "sgdm.", "sgdm_losses",
-                W_SGDM);
+    check_optim("tiny_tied", OPTIM_SGD_MOMENTUM, 1e-2f, 0.0f, 0.9f, "sgdm.", "sgdm_losses", W_SGDM);
 }
 static void test_untied_sgdm(void **s) {
     (void)s;
-    check_optim("tiny_untied", OPTIM_SGD_MOMENTUM, 1e-2f, 0.0f, 0.9f, "sgdm.", "sgdm_losses",
-                W_SGDM);
+    check_optim("tiny_untied", OPTIM_SGD_MOMENTUM, 1e-2f, 0.0f, 0.9f, "sgdm.", "sgdm_losses", W_SGDM);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -431,14 +421,13 @@ static int print_worst(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tied_grads),      cmocka_unit_test(test_untied_grads),
-        cmocka_unit_test(test_mha_grads),       cmocka_unit_test(test_tied_bf16),
-        cmocka_unit_test(test_untied_bf16),     cmocka_unit_test(test_bf16_is_distinct),
-        cmocka_unit_test(test_tied_adam),       cmocka_unit_test(test_untied_adam),
-        cmocka_unit_test(test_tied_adamw),      cmocka_unit_test(test_untied_adamw),
-        cmocka_unit_test(test_tied_sgdm),       cmocka_unit_test(test_untied_sgdm),
-        cmocka_unit_test(test_detects_wrong_batch),
-        cmocka_unit_test(test_tied_checkpointing),
+        cmocka_unit_test(test_tied_grads),          cmocka_unit_test(test_untied_grads),
+        cmocka_unit_test(test_mha_grads),           cmocka_unit_test(test_tied_bf16),
+        cmocka_unit_test(test_untied_bf16),         cmocka_unit_test(test_bf16_is_distinct),
+        cmocka_unit_test(test_tied_adam),           cmocka_unit_test(test_untied_adam),
+        cmocka_unit_test(test_tied_adamw),          cmocka_unit_test(test_untied_adamw),
+        cmocka_unit_test(test_tied_sgdm),           cmocka_unit_test(test_untied_sgdm),
+        cmocka_unit_test(test_detects_wrong_batch), cmocka_unit_test(test_tied_checkpointing),
     };
     return cmocka_run_group_tests(tests, NULL, print_worst);
 }

@@ -85,13 +85,27 @@ static void test_every_option_against_every_command(void **state) {
 // The cases seen accepted and ignored before the table.
 static void test_refused_not_ignored(void **state) {
     (void)state;
-    const char *cases[] = {"train --gpus 4",       "train --zero 2",         "train --no-cache",
-                           "train --list",         "train --device-memory 80GB", "plan --budget 1GB",
-                           "plan --explain",       "infer --checkpointing",  "infer --lr 0.5",
-                           "check --weights X",    "check --model llama-2-7b", "compare --steps 3",
-                           "plan --device-memory 80", "train --seed ' -1'",  "train --json --quiet",
-                           "train --svg - --json -", "plan --infer --group-size 8", "train --lr 0.1 --optimizer none",
-                           "train --steps 2 --steps 3", "train --meta=1", "train stray"};
+    const char *cases[] = {"train --gpus 4",
+                           "train --zero 2",
+                           "train --no-cache",
+                           "train --list",
+                           "train --device-memory 80GB",
+                           "plan --budget 1GB",
+                           "plan --explain",
+                           "infer --checkpointing",
+                           "infer --lr 0.5",
+                           "check --weights X",
+                           "check --model llama-2-7b",
+                           "compare --steps 3",
+                           "plan --device-memory 80",
+                           "train --seed ' -1'",
+                           "train --json --quiet",
+                           "train --svg - --json -",
+                           "plan --infer --group-size 8",
+                           "train --lr 0.1 --optimizer none",
+                           "train --steps 2 --steps 3",
+                           "train --meta=1",
+                           "train stray"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_result r;
         membill(&r, cases[i]);
@@ -106,9 +120,15 @@ static void test_refused_not_ignored(void **state) {
     }
     // Usage, not a failed run: an unknown preset, and a length past the model's positions in
     // every subcommand alike.
-    const char *usage[] = {"train --model nope", "infer --model nope", "plan --model nope", "compare --model nope",
-                           "train --seq-len 9000 --meta", "infer --seq-len 9000 --meta", "compare --seq-len 9000 --meta",
-                           "plan --seq-len 9000", "infer --seq-len 8190 --new-tokens 5 --meta"};
+    const char *usage[] = {"train --model nope",
+                           "infer --model nope",
+                           "plan --model nope",
+                           "compare --model nope",
+                           "train --seq-len 9000 --meta",
+                           "infer --seq-len 9000 --meta",
+                           "compare --seq-len 9000 --meta",
+                           "plan --seq-len 9000",
+                           "infer --seq-len 8190 --new-tokens 5 --meta"};
     for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
         run_result r;
         membill(&r, usage[i]);
@@ -174,7 +194,8 @@ static void test_failed_run_report(void **state) {
     snprintf(a, sizeof a, "train --weights %s/tiny_tied --json -", MEMBILL_GOLDEN_DIR);
     membill(&r, a);
     json_t *ok = load_json(r.out);
-    json_int_t w = json_integer_value(json_object_get(json_object_get(json_object_get(ok, "categories"), "weight"), "peak_bytes"));
+    json_int_t w =
+        json_integer_value(json_object_get(json_object_get(json_object_get(ok, "categories"), "weight"), "peak_bytes"));
     json_int_t total = json_integer_value(json_object_get(json_object_get(ok, "peak"), "total_bytes"));
     json_decref(ok);
     long long budget = (long long)(w + total) / 2;
@@ -217,7 +238,8 @@ static void test_budget_is_the_peak(void **state) {
     root = load_json(r.out);
     assert_true(json_is_false(json_object_get(json_object_get(root, "budget"), "exceeded")));
     json_decref(root);
-    snprintf(a, sizeof a, "train --weights %s/tiny_tied --steps 2 --budget %lldB --json -", MEMBILL_GOLDEN_DIR, peak - 1);
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --steps 2 --budget %lldB --json -", MEMBILL_GOLDEN_DIR,
+             peak - 1);
     membill(&r, a);
     assert_int_equal(r.code, 1);
     assert_int_equal(count_lines(r.err), 1);

@@ -125,10 +125,10 @@ static int write_one(const char *option, const char *path, const char *text, ag_
     return rc;
 }
 
-#define MENTIONS(msg, part)                                                                                  \
-    do {                                                                                                     \
-        if (!strstr((msg), (part))) fail_msg("\"%s\" does not mention \"%s\"", (msg), (part));              \
-        assert_null(strchr((msg), '\n'));                                                                    \
+#define MENTIONS(msg, part)                                                                                            \
+    do {                                                                                                               \
+        if (!strstr((msg), (part))) fail_msg("\"%s\" does not mention \"%s\"", (msg), (part));                         \
+        assert_null(strchr((msg), '\n'));                                                                              \
     } while (0)
 
 static void expect_char_device(const char *path, unsigned maj, unsigned min) {
@@ -410,9 +410,9 @@ static void test_all_or_none_when_a_folder_goes(void **state) {
 
 // Checks in a child process that has given up root, so that permissions bite; each returns 0
 // or the line that failed.
-#define CHECK(c)                                                                                             \
-    do {                                                                                                     \
-        if (!(c)) return __LINE__;                                                                           \
+#define CHECK(c)                                                                                                       \
+    do {                                                                                                               \
+        if (!(c)) return __LINE__;                                                                                     \
     } while (0)
 
 static int unwritable_folders(const char *d1, const char *d2, const char *ro) {

@@ -34,7 +34,8 @@ static char *slurp(const char *name) {
 }
 
 static json_int_t peak_of(const char *cat) {
-    return json_integer_value(json_object_get(json_object_get(json_object_get(report, "categories"), cat), "peak_bytes"));
+    return json_integer_value(
+        json_object_get(json_object_get(json_object_get(report, "categories"), cat), "peak_bytes"));
 }
 
 static int run_once(void **state) {
@@ -74,7 +75,7 @@ static void test_svg(void **state) {
     long long plotted = atoll(p + strlen("data-plotted-peak-bytes=\""));
     assert_int_equal(plotted, json_integer_value(json_object_get(json_object_get(report, "peak"), "total_bytes")));
     for (int c = 0; c < 6; c++) assert_non_null(strstr(svg, cats[c])); // the legend
-    assert_non_null(strstr(svg, "forward"));                              // a phase label
+    assert_non_null(strstr(svg, "forward"));                           // a phase label
     free(svg);
 }
 
@@ -91,7 +92,8 @@ static void test_trace(void **state) {
     size_t i;
     json_t *e;
     json_array_foreach(ev, i, e) {
-        const char *ph = json_string_value(json_object_get(e, "ph")), *name = json_string_value(json_object_get(e, "name"));
+        const char *ph = json_string_value(json_object_get(e, "ph")),
+                   *name = json_string_value(json_object_get(e, "name"));
         assert_non_null(ph);
         assert_non_null(name);
         if (strcmp(ph, "C") == 0) {
@@ -107,7 +109,7 @@ static void test_trace(void **state) {
         }
     }
     for (int c = 0; c < 5; c++) assert_int_equal(maxc[c], peak_of(cats[c])); // each counter reaches its peak
-    assert_true(phases >= 6); // two steps of three phases
+    assert_true(phases >= 6);                                                // two steps of three phases
     assert_int_equal(peaks, 1);
     json_decref(t);
 }

@@ -45,8 +45,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     bool ok = parsed && cli_check_combinations(&o);
     stderr = saved;
     fclose(mem);
-    if (!ok) check_refusal(out, len, cmd->name);
-    else FZ_REQUIRE(len == 0 && o.cmd == cmd->bit && (o.threads >= 1 || !(cmd->bit & (CLI_TRAIN | CLI_INFER))));
+    if (!ok)
+        check_refusal(out, len, cmd->name);
+    else
+        FZ_REQUIRE(len == 0 && o.cmd == cmd->bit && (o.threads >= 1 || !(cmd->bit & (CLI_TRAIN | CLI_INFER))));
     free(out);
     // Every argument as an id list: ids on success, one printable line naming --tokens otherwise.
     for (int i = 2; i < argc; i++) {

@@ -13,8 +13,7 @@ static void check_config(const llama_config *c) {
     FZ_REQUIRE(llama_config_validate(c, &err) == 0);
     size_t len = strnlen(c->name, LLAMA_NAME_MAX);
     FZ_REQUIRE(len < LLAMA_NAME_MAX);
-    for (size_t i = 0; i < len; i++)
-        FZ_REQUIRE((unsigned char)c->name[i] >= 0x20 && c->name[i] != 0x7f);
+    for (size_t i = 0; i < len; i++) FZ_REQUIRE((unsigned char)c->name[i] >= 0x20 && c->name[i] != 0x7f);
     json_t *s = json_stringn(c->name, len); // valid UTF-8
     FZ_REQUIRE(s);
     json_decref(s);
@@ -32,25 +31,28 @@ static void check_config(const llama_config *c) {
 }
 
 static bool same_shape(const llama_config *a, const llama_config *b) {
-    return a->hidden == b->hidden && a->intermediate == b->intermediate &&
-           a->layers == b->layers && a->heads == b->heads && a->kv_heads == b->kv_heads &&
-           a->head_dim == b->head_dim && a->vocab == b->vocab &&
-           a->max_positions == b->max_positions && a->rope_theta == b->rope_theta &&
-           a->rms_eps == b->rms_eps && a->tied == b->tied;
+    return a->hidden == b->hidden && a->intermediate == b->intermediate && a->layers == b->layers &&
+           a->heads == b->heads && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim && a->vocab == b->vocab &&
+           a->max_positions == b->max_positions && a->rope_theta == b->rope_theta && a->rms_eps == b->rms_eps &&
+           a->tied == b->tied;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     llama_config c, d;
     ag_err err = {{0}}, lerr = {{0}};
     int rc = llama_config_parse(&c, (const char *)data, size, ORIGIN, &err);
-    if (rc == 0) check_config(&c);
-    else fz_check_message(err.msg, ORIGIN ": ");
+    if (rc == 0)
+        check_config(&c);
+    else
+        fz_check_message(err.msg, ORIGIN ": ");
     // from a file: the same verdict and the same config
     static fz_file file;
     fz_file_write(&file, data, size);
     int lrc = llama_config_load(&d, file.path, &lerr);
     FZ_REQUIRE(lrc == rc);
-    if (lrc == 0) FZ_REQUIRE(same_shape(&c, &d));
-    else fz_check_message(lerr.msg, file.path);
+    if (lrc == 0)
+        FZ_REQUIRE(same_shape(&c, &d));
+    else
+        fz_check_message(lerr.msg, file.path);
     return 0;
 }

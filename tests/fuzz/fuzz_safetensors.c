@@ -6,14 +6,21 @@
 #include "model.h"
 
 static const llama_config tiny = {
-    .name = "tiny", .hidden = 8, .intermediate = 12, .layers = 1, .heads = 2, .kv_heads = 1,
-    .head_dim = 4, .vocab = 16, .max_positions = 32, .rope_theta = 10000.0, .rms_eps = 1e-5,
+    .name = "tiny",
+    .hidden = 8,
+    .intermediate = 12,
+    .layers = 1,
+    .heads = 2,
+    .kv_heads = 1,
+    .head_dim = 4,
+    .vocab = 16,
+    .max_positions = 32,
+    .rope_theta = 10000.0,
+    .rms_eps = 1e-5,
     .tied = true,
 };
 
-static bool is_float(llama_st_dtype d) {
-    return d == LLAMA_ST_F32 || d == LLAMA_ST_BF16 || d == LLAMA_ST_F16;
-}
+static bool is_float(llama_st_dtype d) { return d == LLAMA_ST_F32 || d == LLAMA_ST_BF16 || d == LLAMA_ST_F16; }
 
 // Reads t with the reader of its kind: 0 or -1; the other reader and a wrong count must fail.
 static int read_tensor(const llama_st_file *f, const llama_st_tensor *t, const char *path) {

@@ -31,8 +31,7 @@ static inline void it_assert_only_weights(void) {
     const mp_category cats[] = {MP_GRADIENT, MP_OPTIMIZER, MP_ACTIVATION, MP_CACHE};
     for (size_t i = 0; i < sizeof cats / sizeof *cats; i++)
         if (it_live(cats[i]) != 0)
-            fail_msg("%s still holds %llu bytes", mp_category_name(cats[i]),
-                     (unsigned long long)it_live(cats[i]));
+            fail_msg("%s still holds %llu bytes", mp_category_name(cats[i]), (unsigned long long)it_live(cats[i]));
 }
 
 static inline void it_path(char *out, size_t len, const char *folder, const char *file) {

@@ -32,9 +32,7 @@ static ag_tensor *rows(ag_ctx *ctx, const ag_tensor *x, int64_t from, int64_t t)
     return y;
 }
 
-static void setup(void) {
-    assert_int_equal(mp_init(&(mp_options){0}), MP_OK);
-}
+static void setup(void) { assert_int_equal(mp_init(&(mp_options){0}), MP_OK); }
 
 static void teardown(ag_ctx *ctx) {
     ag_ctx_free(ctx);
@@ -101,8 +99,8 @@ static void test_matches_eager(void **s) {
 }
 
 // float64 reference of one query (b, h, i) over Tk keys with a key mask.
-static void reference(double *out, const float *q, const float *k, const float *v,
-                      const int32_t *mask, int64_t Tq, int64_t Tk, int64_t b, int h, int64_t i) {
+static void reference(double *out, const float *q, const float *k, const float *v, const int32_t *mask, int64_t Tq,
+                      int64_t Tk, int64_t b, int h, int64_t i) {
     int g = h / (HQ / HKV);
     double sc[64], mx = -INFINITY, sum = 0;
     int64_t pos = Tk - Tq + i;
@@ -133,15 +131,14 @@ static void test_key_mask(void **s) {
     ag_set_grad_enabled(ctx, false);
     enum { T = 9 };
     int32_t mask[B * T] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1};
-    ag_tensor *q = tensor(ctx, T, HQ, 4, "q"), *k = tensor(ctx, T, HKV, 5, "k"),
-              *v = tensor(ctx, T, HKV, 6, "v");
+    ag_tensor *q = tensor(ctx, T, HQ, 4, "q"), *k = tensor(ctx, T, HKV, 5, "k"), *v = tensor(ctx, T, HKV, 6, "v");
     ag_kv_cache *c = ag_kv_cache_new(ctx, "l", MP_ACTIVATION, B, HKV, D);
     ag_tensor *k1 = rows(ctx, k, 0, 5), *v1 = rows(ctx, v, 0, 5);
     ag_tensor *k2 = rows(ctx, k, 5, 4), *v2 = rows(ctx, v, 5, 4);
     assert_true(ag_kv_cache_append(ctx, c, k1, v1));
     assert_true(ag_kv_cache_append(ctx, c, k2, v2));
     assert_int_equal(it_live(MP_CACHE), 0); // billed to the category asked for
-    ag_tensor *qn = rows(ctx, q, 3, 6); // the last 6 queries: positions 3 .. 8
+    ag_tensor *qn = rows(ctx, q, 3, 6);     // the last 6 queries: positions 3 .. 8
     ag_tensor *o = ag_attention_cached(ctx, "l", qn, c, mask, T, HQ);
     assert_non_null(o);
     double worst = 0;
@@ -150,8 +147,7 @@ static void test_key_mask(void **s) {
             for (int64_t i = 0; i < 6; i++) {
                 double ref[D];
                 reference(ref, qn->data, k->data, v->data, mask, 6, T, b, h, i);
-                for (int d = 0; d < D; d++)
-                    worst = fmax(worst, fabs(ref[d] - o->data[((b * 6 + i) * HQ + h) * D + d]));
+                for (int d = 0; d < D; d++) worst = fmax(worst, fabs(ref[d] - o->data[((b * 6 + i) * HQ + h) * D + d]));
             }
     if (!(worst < 1e-5)) fail_msg("max|cached - float64| = %g", worst);
     // Without the mask, row 1's real queries read the pads and differ.

@@ -50,8 +50,7 @@ static void on_step(void *user, const llama_generate_step *s) {
 
 // Generates n tokens after a prompt of T ids (batch B, id 1 + position) and checks the cache
 // bill after every forward; returns the stats (to be freed by the caller).
-static void run_checked(it_run *r, bool cache, int64_t B, int64_t T, int64_t n,
-                        llama_generate_stats *st) {
+static void run_checked(it_run *r, bool cache, int64_t B, int64_t T, int64_t n, llama_generate_stats *st) {
     const llama_config *c = &r->m->cfg;
     int32_t *ids = malloc((size_t)(B * T) * sizeof *ids), *out = malloc((size_t)(B * n) * sizeof *out);
     assert_non_null(ids);
@@ -67,8 +66,7 @@ static void run_checked(it_run *r, bool cache, int64_t B, int64_t T, int64_t n,
         uint64_t want = cache ? per_token(c) * (uint64_t)((T + k) * B) : 0;
         assert_int_equal(st->cache_bytes[k], want);
         assert_int_equal(st->cache_shape[k][2], cache ? T + k : 0);
-        if (k > 0 && cache)
-            assert_int_equal(st->cache_bytes[k] - st->cache_bytes[k - 1], per_token(c) * (uint64_t)B);
+        if (k > 0 && cache) assert_int_equal(st->cache_bytes[k] - st->cache_bytes[k - 1], per_token(c) * (uint64_t)B);
     }
     it_assert_only_weights();
     free(ids);
@@ -223,8 +221,8 @@ static void test_smollm2_batch(void **s) {
 }
 
 // Bad input: one clear message, nothing allocated, the context still usable.
-static void expect_error(it_run *r, const int32_t *ids, const int32_t *mask, int64_t B, int64_t T,
-                         int64_t n, const char *needle) {
+static void expect_error(it_run *r, const int32_t *ids, const int32_t *mask, int64_t B, int64_t T, int64_t n,
+                         const char *needle) {
     int32_t out[256];
     ag_err err = {{0}};
     llama_generate_stats st;

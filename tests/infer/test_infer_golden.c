@@ -7,13 +7,12 @@
 #define N 8 // golden new tokens
 
 // new ids [B, N] of prompt [B, t] (mask may be NULL), checking the bill on the way out.
-static void generate(it_run *r, bool cache, const int32_t *ids, const int32_t *mask, int64_t B,
-                     int64_t t, int32_t *out) {
+static void generate(it_run *r, bool cache, const int32_t *ids, const int32_t *mask, int64_t B, int64_t t,
+                     int32_t *out) {
     ag_err err = {{0}};
     llama_generate_opts o = {.use_cache = cache};
     llama_generate_stats st;
-    if (llama_generate(r->ctx, r->m, &o, ids, mask, B, t, N, out, &st, &err) != 0)
-        fail_msg("%s", err.msg);
+    if (llama_generate(r->ctx, r->m, &o, ids, mask, B, t, N, out, &st, &err) != 0) fail_msg("%s", err.msg);
     assert_int_equal(st.steps, N);
     for (int k = 0; k < N; k++) assert_true(st.step_s[k] >= 0);
     llama_generate_stats_free(&st);
@@ -97,9 +96,8 @@ static void test_mask_matters(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tied_solo),  cmocka_unit_test(test_untied_solo),
-        cmocka_unit_test(test_tied_batch), cmocka_unit_test(test_untied_batch),
-        cmocka_unit_test(test_mask_matters),
+        cmocka_unit_test(test_tied_solo),    cmocka_unit_test(test_untied_solo),  cmocka_unit_test(test_tied_batch),
+        cmocka_unit_test(test_untied_batch), cmocka_unit_test(test_mask_matters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

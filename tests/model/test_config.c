@@ -12,11 +12,10 @@ static const struct {
     const char *name;
     uint64_t params;
 } published[] = {
-    {"smollm2-135m", 134515008ULL},     {"smollm2-360m", 361821120ULL},
-    {"smollm2-1.7b", 1711376384ULL},    {"llama-2-7b", 6738415616ULL},
-    {"llama-2-13b", 13015864320ULL},    {"llama-2-70b", 68976648192ULL},
-    {"llama-3-8b", 8030261248ULL},      {"llama-3-70b", 70553706496ULL},
-    {"llama-3.1-405b", 405853388800ULL}, {"mistral-7b", 7241732096ULL},
+    {"smollm2-135m", 134515008ULL}, {"smollm2-360m", 361821120ULL},  {"smollm2-1.7b", 1711376384ULL},
+    {"llama-2-7b", 6738415616ULL},  {"llama-2-13b", 13015864320ULL}, {"llama-2-70b", 68976648192ULL},
+    {"llama-3-8b", 8030261248ULL},  {"llama-3-70b", 70553706496ULL}, {"llama-3.1-405b", 405853388800ULL},
+    {"mistral-7b", 7241732096ULL},
 };
 #define NPUBLISHED (sizeof published / sizeof published[0])
 
@@ -31,8 +30,7 @@ static void test_preset_param_counts(void **state) {
         assert_int_equal(llama_config_validate(&c, &err), 0);
         if (llama_param_count(&c) != published[i].params)
             fail_msg("%s: %llu parameters, published %llu", published[i].name,
-                     (unsigned long long)llama_param_count(&c),
-                     (unsigned long long)published[i].params);
+                     (unsigned long long)llama_param_count(&c), (unsigned long long)published[i].params);
     }
 }
 
@@ -89,8 +87,7 @@ static void expect_same_shape(const llama_config *a, const llama_config *b) {
     assert_int_equal(a->tied, b->tied);
 }
 
-static void expect_spec(const llama_config *c, size_t i, const char *name, int ndim, int64_t rows,
-                        int64_t cols) {
+static void expect_spec(const llama_config *c, size_t i, const char *name, int ndim, int64_t rows, int64_t cols) {
     char got[LLAMA_PARAM_NAME_MAX];
     int nd;
     int64_t shape[2];
@@ -176,9 +173,18 @@ static void test_validate_messages(void **state) {
 static void test_validate_bounds(void **state) {
     (void)state;
     llama_config base = {
-        .name = "small", .hidden = 64, .intermediate = 96, .layers = 2, .heads = 4,
-        .kv_heads = 2, .head_dim = 16, .vocab = 100, .max_positions = 128,
-        .rope_theta = 10000.0, .rms_eps = 1e-5, .tied = true,
+        .name = "small",
+        .hidden = 64,
+        .intermediate = 96,
+        .layers = 2,
+        .heads = 4,
+        .kv_heads = 2,
+        .head_dim = 16,
+        .vocab = 100,
+        .max_positions = 128,
+        .rope_theta = 10000.0,
+        .rms_eps = 1e-5,
+        .tied = true,
     };
     ag_err err = {{0}};
     assert_int_equal(llama_config_validate(&base, &err), 0);
@@ -262,8 +268,8 @@ static void test_many_layers(void **state) {
     assert_int_equal(c.layers, 30000);
     assert_int_equal(llama_config_validate(&c, &err), 0);
     assert_int_equal(llama_param_count_tensors(&c), 2 + 30000 * LLAMA_PARAMS_PER_LAYER);
-    expect_spec(&c, 1 + 29999 * LLAMA_PARAMS_PER_LAYER + 5,
-                "model.layers.29999.post_attention_layernorm.weight", 1, 64, 1);
+    expect_spec(&c, 1 + 29999 * LLAMA_PARAMS_PER_LAYER + 5, "model.layers.29999.post_attention_layernorm.weight", 1, 64,
+                1);
     expect_spec(&c, 1 + 30000 * LLAMA_PARAMS_PER_LAYER, "model.norm.weight", 1, 64, 1);
     uint64_t sum = 0;
     for (size_t i = 0; i < llama_param_count_tensors(&c); i++) {
@@ -284,37 +290,36 @@ static void test_many_layers(void **state) {
 // config.json
 
 // SmolLM2-135M's config.json, in the hub's layout.
-static const char smollm2_json[] =
-    "{\n"
-    "  \"_name_or_path\": \"HuggingFaceTB/SmolLM2-135M\",\n"
-    "  \"architectures\": [\"LlamaForCausalLM\"],\n"
-    "  \"attention_bias\": false,\n"
-    "  \"attention_dropout\": 0.0,\n"
-    "  \"bos_token_id\": 0,\n"
-    "  \"eos_token_id\": 0,\n"
-    "  \"head_dim\": 64,\n"
-    "  \"hidden_act\": \"silu\",\n"
-    "  \"hidden_size\": 576,\n"
-    "  \"initializer_range\": 0.041666666666666664,\n"
-    "  \"intermediate_size\": 1536,\n"
-    "  \"is_llama_config\": true,\n"
-    "  \"max_position_embeddings\": 8192,\n"
-    "  \"mlp_bias\": false,\n"
-    "  \"model_type\": \"llama\",\n"
-    "  \"num_attention_heads\": 9,\n"
-    "  \"num_hidden_layers\": 30,\n"
-    "  \"num_key_value_heads\": 3,\n"
-    "  \"pretraining_tp\": 1,\n"
-    "  \"rms_norm_eps\": 1e-05,\n"
-    "  \"rope_interleaved\": false,\n"
-    "  \"rope_scaling\": null,\n"
-    "  \"rope_theta\": 100000,\n"
-    "  \"tie_word_embeddings\": true,\n"
-    "  \"torch_dtype\": \"bfloat16\",\n"
-    "  \"transformers_version\": \"4.40.1\",\n"
-    "  \"use_cache\": true,\n"
-    "  \"vocab_size\": 49152\n"
-    "}\n";
+static const char smollm2_json[] = "{\n"
+                                   "  \"_name_or_path\": \"HuggingFaceTB/SmolLM2-135M\",\n"
+                                   "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+                                   "  \"attention_bias\": false,\n"
+                                   "  \"attention_dropout\": 0.0,\n"
+                                   "  \"bos_token_id\": 0,\n"
+                                   "  \"eos_token_id\": 0,\n"
+                                   "  \"head_dim\": 64,\n"
+                                   "  \"hidden_act\": \"silu\",\n"
+                                   "  \"hidden_size\": 576,\n"
+                                   "  \"initializer_range\": 0.041666666666666664,\n"
+                                   "  \"intermediate_size\": 1536,\n"
+                                   "  \"is_llama_config\": true,\n"
+                                   "  \"max_position_embeddings\": 8192,\n"
+                                   "  \"mlp_bias\": false,\n"
+                                   "  \"model_type\": \"llama\",\n"
+                                   "  \"num_attention_heads\": 9,\n"
+                                   "  \"num_hidden_layers\": 30,\n"
+                                   "  \"num_key_value_heads\": 3,\n"
+                                   "  \"pretraining_tp\": 1,\n"
+                                   "  \"rms_norm_eps\": 1e-05,\n"
+                                   "  \"rope_interleaved\": false,\n"
+                                   "  \"rope_scaling\": null,\n"
+                                   "  \"rope_theta\": 100000,\n"
+                                   "  \"tie_word_embeddings\": true,\n"
+                                   "  \"torch_dtype\": \"bfloat16\",\n"
+                                   "  \"transformers_version\": \"4.40.1\",\n"
+                                   "  \"use_cache\": true,\n"
+                                   "  \"vocab_size\": 49152\n"
+                                   "}\n";
 
 // Mistral-7B-v0.1's config.json (head_dim absent, sliding_window present).
 static const char mistral_json[] =
@@ -401,11 +406,10 @@ static void test_load_defaults(void **state) {
 }
 
 // A small valid config.json that each bad case alters in one field.
-static const char base_json[] =
-    "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
-    "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
-    "\"vocab_size\":100,\"max_position_embeddings\":128,\"rope_theta\":10000.0,"
-    "\"rms_norm_eps\":1e-5,\"tie_word_embeddings\":true}";
+static const char base_json[] = "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":96,"
+                                "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                                "\"vocab_size\":100,\"max_position_embeddings\":128,\"rope_theta\":10000.0,"
+                                "\"rms_norm_eps\":1e-5,\"tie_word_embeddings\":true}";
 
 static const struct {
     const char *field; // the field to set (NULL: the raw text is the whole file)
@@ -417,10 +421,9 @@ static const struct {
     {NULL, "", "not valid JSON", NULL},
     {NULL, "{\"model_type\": \"llama\", \"hidden_size\": 5", "not valid JSON", NULL},
     {NULL, "[1, 2, 3]", "JSON object", NULL},
-    {NULL, "{\"model_type\":\"llama\",\"hidden_size\":64,\"hidden_size\":64}", "not valid JSON",
-     "duplicate"},
-    {NULL, "{\"model_type\":\"llama\",\"hidden_size\":100000000000000000000000000000}",
-     "not valid JSON", "in field hidden_size"},
+    {NULL, "{\"model_type\":\"llama\",\"hidden_size\":64,\"hidden_size\":64}", "not valid JSON", "duplicate"},
+    {NULL, "{\"model_type\":\"llama\",\"hidden_size\":100000000000000000000000000000}", "not valid JSON",
+     "in field hidden_size"},
     {"hidden_size", NULL, "hidden_size", "missing"},
     {"intermediate_size", NULL, "intermediate_size", "missing"},
     {"num_hidden_layers", NULL, "num_hidden_layers", "missing"},
@@ -435,8 +438,7 @@ static const struct {
     {"hidden_size", "1099511627776", "hidden_size", "absurd"},
     {"intermediate_size", "-96", "intermediate_size", "positive"},
     {"num_hidden_layers", "0", "num_hidden_layers", "positive"},
-    {"num_key_value_heads", "3", "num_key_value_heads (3) must divide num_attention_heads (4)",
-     NULL},
+    {"num_key_value_heads", "3", "num_key_value_heads (3) must divide num_attention_heads (4)", NULL},
     {"num_key_value_heads", "0", "num_key_value_heads", "positive"},
     {"num_attention_heads", "5", "hidden_size (64)", "head_dim"},
     {"head_dim", "15", "head_dim (15)", "even"},
@@ -653,8 +655,7 @@ static void test_name_sanitised(void **state) {
     free(text);
     json_decref(root);
     // without _name_or_path the origin is the name: bytes that are not UTF-8 become '?'
-    assert_int_equal(llama_config_parse(&c, base_json, strlen(base_json), "/x/\xff\xfe\x01.json",
-                                        &err), 0);
+    assert_int_equal(llama_config_parse(&c, base_json, strlen(base_json), "/x/\xff\xfe\x01.json", &err), 0);
     assert_string_equal(c.name, "/x/??\\x01.json");
     expect_clean_name(c.name);
 }

@@ -93,7 +93,8 @@ static void write_16bit(const char *path, const char *dtype, const uint16_t *v, 
     char header[256];
     snprintf(header, sizeof header,
              "{\"__metadata__\":{\"format\":\"pt\"},\"x\":{\"dtype\":\"%s\",\"shape\":[%zu],"
-             "\"data_offsets\":[0,%zu]}}", dtype, n, 2 * n);
+             "\"data_offsets\":[0,%zu]}}",
+             dtype, n, 2 * n);
     unsigned char *bytes = malloc(2 * n);
     assert_non_null(bytes);
     for (size_t i = 0; i < n; i++) tu_put_le(bytes + 2 * i, v[i], 2);
@@ -121,8 +122,7 @@ static void test_known_values(void **state) {
     // IEEE half: 1, -2, 65504 (largest), 2^-24 (smallest subnormal), 1023 * 2^-24 (largest
     // subnormal), 2^-14 (smallest normal), 0x3555 = 1365/4096, -0
     const uint16_t h[] = {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x03FF, 0x0400, 0x3555, 0x8000};
-    const float hf[] = {1.0f, -2.0f, 65504.0f, 0x1p-24f, 1023 * 0x1p-24f, 0x1p-14f,
-                        1365.0f / 4096.0f, -0.0f};
+    const float hf[] = {1.0f, -2.0f, 65504.0f, 0x1p-24f, 1023 * 0x1p-24f, 0x1p-14f, 1365.0f / 4096.0f, -0.0f};
     write_16bit(path, "F16", h, 8);
     float *got = read_x(path, 8);
     assert_memory_equal(got, hf, sizeof hf);
@@ -196,11 +196,10 @@ static void test_int_tensors(void **state) {
     (void)state;
     char *dir = tu_tmpdir(), path[8192];
     tu_path(path, sizeof path, dir, "ids.safetensors");
-    const char header[] =
-        "{\"input_ids\":{\"dtype\":\"I64\",\"shape\":[2,3],\"data_offsets\":[0,48]},"
-        "\"lens\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[48,60]},"
-        "\"__metadata__\":{\"source\":\"test\"},"
-        "\"loss\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[60,64]}}";
+    const char header[] = "{\"input_ids\":{\"dtype\":\"I64\",\"shape\":[2,3],\"data_offsets\":[0,48]},"
+                          "\"lens\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[48,60]},"
+                          "\"__metadata__\":{\"source\":\"test\"},"
+                          "\"loss\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[60,64]}}";
     const int64_t ids[6] = {1, 49151, 0, -7, 5000000000LL, INT64_MIN};
     const int32_t lens[3] = {25, -1, INT32_MAX};
     unsigned char data[64];
@@ -241,8 +240,17 @@ static void test_int_tensors(void **state) {
 // Parameters against a config
 
 static const llama_config tiny = {
-    .name = "tiny", .hidden = 8, .intermediate = 12, .layers = 2, .heads = 2, .kv_heads = 1,
-    .head_dim = 4, .vocab = 16, .max_positions = 32, .rope_theta = 10000.0, .rms_eps = 1e-5,
+    .name = "tiny",
+    .hidden = 8,
+    .intermediate = 12,
+    .layers = 2,
+    .heads = 2,
+    .kv_heads = 1,
+    .head_dim = 4,
+    .vocab = 16,
+    .max_positions = 32,
+    .rope_theta = 10000.0,
+    .rms_eps = 1e-5,
     .tied = true,
 };
 
@@ -250,13 +258,12 @@ enum { DROP_NONE = -1 };
 
 // Writes the parameters of c (except tensor `drop`; tensor `reshape` gets one more row), plus
 // `extra` when not NULL, with shape (1).
-static void write_params(const char *path, const llama_config *c, int drop, int reshape,
-                         const char *extra) {
+static void write_params(const char *path, const llama_config *c, int drop, int reshape, const char *extra) {
     size_t n = llama_param_count_tensors(c), m = 0;
-    char (*names)[LLAMA_PARAM_NAME_MAX] = calloc(n + 1, sizeof *names);
+    char(*names)[LLAMA_PARAM_NAME_MAX] = calloc(n + 1, sizeof *names);
     const char **np = calloc(n + 1, sizeof *np);
     int *nd = calloc(n + 1, sizeof *nd);
-    int64_t (*shapes)[4] = calloc(n + 1, sizeof *shapes);
+    int64_t(*shapes)[4] = calloc(n + 1, sizeof *shapes);
     const float **data = calloc(n + 1, sizeof *data);
     float *zeros = calloc(4096, sizeof *zeros);
     assert_true(names && np && nd && shapes && data && zeros);
@@ -337,8 +344,8 @@ static void test_check_params(void **state) {
 }
 
 // A header for the parameters of c, all BF16 but for `odd`, which gets dtype odd_dtype.
-static void write_params_header(const char *path, const llama_config *c, const char *odd,
-                                const char *odd_dtype, unsigned odd_size) {
+static void write_params_header(const char *path, const llama_config *c, const char *odd, const char *odd_dtype,
+                                unsigned odd_size) {
     size_t n = llama_param_count_tensors(c), cap = 64 + n * 160, used = 0;
     char *header = malloc(cap);
     assert_non_null(header);
@@ -352,12 +359,14 @@ static void write_params_header(const char *path, const llama_config *c, const c
         bool is_odd = strcmp(name, odd) == 0;
         uint64_t bytes = (uint64_t)(sh[0] * sh[1]) * (is_odd ? odd_size : 2);
         char shape[64];
-        if (nd == 1) snprintf(shape, sizeof shape, "[%lld]", (long long)sh[0]);
-        else snprintf(shape, sizeof shape, "[%lld,%lld]", (long long)sh[0], (long long)sh[1]);
+        if (nd == 1)
+            snprintf(shape, sizeof shape, "[%lld]", (long long)sh[0]);
+        else
+            snprintf(shape, sizeof shape, "[%lld,%lld]", (long long)sh[0], (long long)sh[1]);
         used += (size_t)snprintf(header + used, cap - used,
                                  "%s\"%s\":{\"dtype\":\"%s\",\"shape\":%s,"
-                                 "\"data_offsets\":[%llu,%llu]}", i ? "," : "", name,
-                                 is_odd ? odd_dtype : "BF16", shape, (unsigned long long)offset,
+                                 "\"data_offsets\":[%llu,%llu]}",
+                                 i ? "," : "", name, is_odd ? odd_dtype : "BF16", shape, (unsigned long long)offset,
                                  (unsigned long long)(offset + bytes));
         offset += bytes;
         assert_true(used < cap);
@@ -618,12 +627,17 @@ static void test_weights_resolve_special(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip),        cmocka_unit_test(test_known_values),
-        cmocka_unit_test(test_f16_exhaustive),   cmocka_unit_test(test_bf16_exhaustive),
-        cmocka_unit_test(test_int_tensors),      cmocka_unit_test(test_check_params),
-        cmocka_unit_test(test_check_params_dtype), cmocka_unit_test(test_write_failures),
+        cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_known_values),
+        cmocka_unit_test(test_f16_exhaustive),
+        cmocka_unit_test(test_bf16_exhaustive),
+        cmocka_unit_test(test_int_tensors),
+        cmocka_unit_test(test_check_params),
+        cmocka_unit_test(test_check_params_dtype),
+        cmocka_unit_test(test_write_failures),
         cmocka_unit_test(test_write_targets),
-        cmocka_unit_test(test_weights_resolve), cmocka_unit_test(test_weights_resolve_special),
+        cmocka_unit_test(test_weights_resolve),
+        cmocka_unit_test(test_weights_resolve_special),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,74 +17,60 @@ static const struct {
     {"header length 2^64 - 2", UINT64_MAX - 1, "{}", 16, "18446744073709551614", NULL, NULL},
     {"empty header", HDR_ACTUAL, "", 16, "not valid JSON", NULL, NULL},
     {"non-JSON header", HDR_ACTUAL, "this is not json", 0, "not valid JSON", NULL, NULL},
-    {"truncated JSON", HDR_ACTUAL, "{\"w\":{\"dtype\":\"F32\",\"sha", 0, "not valid JSON", NULL,
-     NULL},
+    {"truncated JSON", HDR_ACTUAL, "{\"w\":{\"dtype\":\"F32\",\"sha", 0, "not valid JSON", NULL, NULL},
     {"header is an array", HDR_ACTUAL, "[1,2]", 0, "JSON object", NULL, NULL},
     {"duplicate tensor", HDR_ACTUAL,
      "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
      "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
      8, "not valid JSON", "duplicate", NULL},
     {"integer past 64 bits", HDR_ACTUAL,
-     "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,100000000000000000000000]}}",
-     4, "not valid JSON", NULL, NULL},
+     "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,100000000000000000000000]}}", 4, "not valid JSON",
+     NULL, NULL},
     {"entry not an object", HDR_ACTUAL, "{\"emb\":5}", 0, "tensor emb", "object", NULL},
-    {"empty name", HDR_ACTUAL, "{\"\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
-     4, "empty name", NULL, NULL},
-    {"unknown dtype F64", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, "tensor emb",
-     "F64", "expected F32, BF16, F16"},
-    {"made-up dtype", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"Q4_K\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, "tensor emb",
-     "Q4_K", NULL},
-    {"dtype missing", HDR_ACTUAL, "{\"emb\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
-     "tensor emb", "dtype", NULL},
-    {"dtype a number", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor emb", "dtype",
+    {"empty name", HDR_ACTUAL, "{\"\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "empty name", NULL,
      NULL},
-    {"shape missing", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4,
+    {"unknown dtype F64", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8,
+     "tensor emb", "F64", "expected F32, BF16, F16"},
+    {"made-up dtype", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"Q4_K\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8,
+     "tensor emb", "Q4_K", NULL},
+    {"dtype missing", HDR_ACTUAL, "{\"emb\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor emb", "dtype", NULL},
+    {"dtype a number", HDR_ACTUAL, "{\"emb\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor emb",
+     "dtype", NULL},
+    {"shape missing", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "tensor emb", "shape",
+     NULL},
+    {"shape a string", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"shape\":\"[1]\",\"data_offsets\":[0,4]}}", 4,
      "tensor emb", "shape", NULL},
-    {"shape a string", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F32\",\"shape\":\"[1]\",\"data_offsets\":[0,4]}}", 4, "tensor emb",
-     "shape", NULL},
-    {"negative dimension", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, "tensor emb",
-     "shape", "non-negative"},
-    {"fractional dimension", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, "tensor emb",
-     "shape", NULL},
+    {"negative dimension", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+     "tensor emb", "shape", "non-negative"},
+    {"fractional dimension", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4,
+     "tensor emb", "shape", NULL},
     {"nine dimensions", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
-     "tensor emb", "shape", "at most 8"},
+     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, "tensor emb", "shape",
+     "at most 8"},
     {"shape product overflows", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,16]}}",
-     16, "tensor emb", "[4294967296, 4294967296]", "overflow"},
+     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,16]}}", 16, "tensor emb",
+     "[4294967296, 4294967296]", "overflow"},
     {"byte size overflows", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904],\"data_offsets\":[0,16]}}", 16,
-     "tensor emb", "overflow", NULL},
-    {"data_offsets missing", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4,
+     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904],\"data_offsets\":[0,16]}}", 16, "tensor emb",
+     "overflow", NULL},
+    {"data_offsets missing", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, "tensor emb", "data_offsets",
+     NULL},
+    {"data_offsets reversed", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 8,
      "tensor emb", "data_offsets", NULL},
-    {"data_offsets reversed", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 8, "tensor emb",
-     "data_offsets", NULL},
-    {"data_offsets of one", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 8, "tensor emb",
-     "data_offsets", NULL},
-    {"negative offset", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 8, "tensor emb",
-     "data_offsets", NULL},
-    {"offsets past the data", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[6],\"data_offsets\":[0,24]}}", 16, "tensor emb",
-     "past the end", "16 bytes"},
+    {"data_offsets of one", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 8,
+     "tensor emb", "data_offsets", NULL},
+    {"negative offset", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 8,
+     "tensor emb", "data_offsets", NULL},
+    {"offsets past the data", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"shape\":[6],\"data_offsets\":[0,24]}}", 16,
+     "tensor emb", "past the end", "16 bytes"},
     {"huge offsets", HDR_ACTUAL,
      "{\"emb\":{\"dtype\":\"F32\",\"shape\":[1],"
      "\"data_offsets\":[9223372036854775800,9223372036854775804]}}",
      16, "tensor emb", "past the end", NULL},
-    {"byte size not shape x dtype", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 24, "tensor emb",
-     "20 bytes", "needs 24"},
-    {"BF16 sized as F32", HDR_ACTUAL,
-     "{\"emb\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,16]}}", 16, "tensor emb",
-     "BF16", "needs 8"},
+    {"byte size not shape x dtype", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}",
+     24, "tensor emb", "20 bytes", "needs 24"},
+    {"BF16 sized as F32", HDR_ACTUAL, "{\"emb\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[0,16]}}", 16,
+     "tensor emb", "BF16", "needs 8"},
     {"overlapping offsets", HDR_ACTUAL,
      "{\"a.weight\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
      "\"b.weight\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}",
@@ -120,11 +106,10 @@ static void test_corpus_control(void **state) {
     (void)state;
     char *dir = tu_tmpdir(), path[8192];
     tu_path(path, sizeof path, dir, "good.safetensors");
-    const char *header =
-        "{\"a.weight\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
-        "\"b.weight\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[16,24]},"
-        "\"none\":{\"dtype\":\"F16\",\"shape\":[0,7],\"data_offsets\":[8,8]},"
-        "\"__metadata__\":{\"format\":\"pt\",\"n\":[1,2]}}   ";
+    const char *header = "{\"a.weight\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                         "\"b.weight\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[16,24]},"
+                         "\"none\":{\"dtype\":\"F16\",\"shape\":[0,7],\"data_offsets\":[8,8]},"
+                         "\"__metadata__\":{\"format\":\"pt\",\"n\":[1,2]}}   ";
     tu_write_st(path, strlen(header), header, NULL, 24);
     llama_st_file *f;
     ag_err err = {{0}};
@@ -230,12 +215,11 @@ static void test_truncated_while_open(void **state) {
     char *dir = tu_tmpdir(), path[8192];
     tu_path(path, sizeof path, dir, "shrinks.safetensors");
     // F32 [4] at 0, BF16 [4] at 16, F16 [2] at 24, I32 [2] at 28, I64 [2] at 36: 52 bytes
-    const char header[] =
-        "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
-        "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[16,24]},"
-        "\"h\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[24,28]},"
-        "\"i\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[28,36]},"
-        "\"l\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[36,52]}}";
+    const char header[] = "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                          "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[16,24]},"
+                          "\"h\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[24,28]},"
+                          "\"i\":{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[28,36]},"
+                          "\"l\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[36,52]}}";
     size_t hlen = strlen(header);
     tu_write_st(path, hlen, header, NULL, 52);
     llama_st_file *f;
@@ -261,8 +245,7 @@ static void test_truncated_while_open(void **state) {
     for (int k = 0; k < 3; k++) {
         const llama_st_tensor *t = llama_st_find(f, gone[k]);
         memset(&err, 0, sizeof err);
-        int rc = t->dtype == LLAMA_ST_F16 ? llama_st_read_f32(f, t, fl, 2, &err)
-                                          : llama_st_read_i64(f, t, il, 2, &err);
+        int rc = t->dtype == LLAMA_ST_F16 ? llama_st_read_f32(f, t, fl, 2, &err) : llama_st_read_i64(f, t, il, 2, &err);
         assert_int_equal(rc, -1);
         char tensor[32];
         snprintf(tensor, sizeof tensor, "tensor %s", gone[k]);

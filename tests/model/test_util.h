@@ -81,8 +81,8 @@ static inline unsigned char *tu_read(const char *path, size_t *len) {
 
 // A safetensors file from its parts: the stated header length (which may lie), the header
 // text, and data_len bytes of data (when data is NULL, byte i holds i & 0xff).
-static inline void tu_write_st(const char *path, uint64_t stated_len, const char *header,
-                               const void *data, size_t data_len) {
+static inline void tu_write_st(const char *path, uint64_t stated_len, const char *header, const void *data,
+                               size_t data_len) {
     size_t hlen = strlen(header);
     unsigned char *buf = malloc(8 + hlen + data_len + 1);
     assert_non_null(buf);
@@ -131,8 +131,10 @@ static inline const char *const *tu_char_devices(void) {
     size_t n = 0;
     for (size_t i = 0; i < 3; i++) {
         struct stat st;
-        if (stat(all[i], &st) == 0 && S_ISCHR(st.st_mode)) found[n++] = all[i];
-        else print_message("%s is not a character device here: left out\n", all[i]);
+        if (stat(all[i], &st) == 0 && S_ISCHR(st.st_mode))
+            found[n++] = all[i];
+        else
+            print_message("%s is not a character device here: left out\n", all[i]);
     }
     found[n] = NULL;
     assert_true(n > 0);

@@ -15,7 +15,7 @@
 
 #include "optim.h"
 
-#define N 8     // elements of the main test parameter
+#define N 8 // elements of the main test parameter
 #define STEPS 3
 
 // |got - want| <= TOL x max(1, |want|). The worst seen is ~1e-7 (float32 rounding of values
@@ -106,10 +106,12 @@ static void ref_adam(const optim_config *c, ref_param *r, const float *g) {
     const double bc1 = 1 - pow(b1, (double)r->step), bc2 = 1 - pow(b2, (double)r->step);
     for (int i = 0; i < r->n; i++) {
         double gi = g[i];
-        if (c->kind == OPTIM_ADAMW) r->w[i] *= 1 - lr * wd; // decoupled: param.mul_(1 - lr*wd)
-        else gi += wd * r->w[i];                           // L2: grad.add(param, alpha=wd)
-        r->m[i] += (gi - r->m[i]) * (1 - b1);              // exp_avg.lerp_(grad, 1 - beta1)
-        r->v[i] = r->v[i] * b2 + (1 - b2) * gi * gi;       // exp_avg_sq.mul_(b2).addcmul_(..)
+        if (c->kind == OPTIM_ADAMW)
+            r->w[i] *= 1 - lr * wd; // decoupled: param.mul_(1 - lr*wd)
+        else
+            gi += wd * r->w[i];                      // L2: grad.add(param, alpha=wd)
+        r->m[i] += (gi - r->m[i]) * (1 - b1);        // exp_avg.lerp_(grad, 1 - beta1)
+        r->v[i] = r->v[i] * b2 + (1 - b2) * gi * gi; // exp_avg_sq.mul_(b2).addcmul_(..)
         double denom = sqrt(r->v[i]) / sqrt(bc2) + eps;
         r->w[i] -= lr / bc1 * r->m[i] / denom;
     }
@@ -122,8 +124,10 @@ static void ref_sgd(const optim_config *c, ref_param *r, const float *g, bool da
     for (int i = 0; i < r->n; i++) {
         double d = g[i] + wd * r->w[i];
         if (mom != 0) {
-            if (!r->has_buf) r->buf[i] = damp_first ? (1 - damp) * d : d; // torch.clone(d_p)
-            else r->buf[i] = mom * r->buf[i] + (1 - damp) * d;
+            if (!r->has_buf)
+                r->buf[i] = damp_first ? (1 - damp) * d : d; // torch.clone(d_p)
+            else
+                r->buf[i] = mom * r->buf[i] + (1 - damp) * d;
             d = c->nesterov ? d + mom * r->buf[i] : r->buf[i];
         }
         r->w[i] -= lr * d;
@@ -133,8 +137,10 @@ static void ref_sgd(const optim_config *c, ref_param *r, const float *g, bool da
 }
 
 static void ref_step(const optim_config *c, ref_param *r, const float *g) {
-    if (c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW) ref_adam(c, r, g);
-    else if (c->kind == OPTIM_SGD || c->kind == OPTIM_SGD_MOMENTUM) ref_sgd(c, r, g, false);
+    if (c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW)
+        ref_adam(c, r, g);
+    else if (c->kind == OPTIM_SGD || c->kind == OPTIM_SGD_MOMENTUM)
+        ref_sgd(c, r, g, false);
 }
 
 static double ref_worst(const float *got, const ref_param *r) {
@@ -150,8 +156,7 @@ static void assert_matches(const float *got, const ref_param *r, const char *wha
     double e = ref_worst(got, r);
     if (e > worst_seen) worst_seen = e;
     if (!(e <= TOL)) {
-        for (int i = 0; i < r->n; i++)
-            print_message("  [%d] got %.9g want %.9g\n", i, got[i], r->w[i]);
+        for (int i = 0; i < r->n; i++) print_message("  [%d] got %.9g want %.9g\n", i, got[i], r->w[i]);
         fail_msg("%s, step %d: error %.3g x max(1, |w|), tolerance %g", what, step, e, TOL);
     }
 }
@@ -335,8 +340,7 @@ static size_t optimizer_events(size_t from, const char *const *sites, size_t n, 
     return count;
 }
 
-static void lazy_state(ag_ctx *ctx, optim_kind kind, size_t per_elem, const char *const *sites,
-                       size_t nsites) {
+static void lazy_state(ag_ctx *ctx, optim_kind kind, size_t per_elem, const char *const *sites, size_t nsites) {
     assert_int_equal(optim_state_bytes_per_element(kind), per_elem);
     ag_tensor *p[2] = {param(ctx, "layers.0.a", N, w0), param(ctx, "layers.0.b", 3, w0)};
     optim_config c = optim_defaults(kind);
@@ -438,10 +442,14 @@ static void test_skip_without_grad(void **state) {
         if (has[s][1]) give_grad(ctx, p[1], gb);
         assert_int_equal(optim_step(o, &e_), 0);
         assert_int_equal(live(MP_OPTIMIZER), state_after[s]);
-        if (has[s][0]) ref_step(&c, &ra, g);
-        else assert_memory_equal(p[0]->data, before_a, sizeof before_a);
-        if (has[s][1]) ref_step(&c, &rb, gb);
-        else assert_memory_equal(p[1]->data, before_b, sizeof before_b);
+        if (has[s][0])
+            ref_step(&c, &ra, g);
+        else
+            assert_memory_equal(p[0]->data, before_a, sizeof before_a);
+        if (has[s][1])
+            ref_step(&c, &rb, gb);
+        else
+            assert_memory_equal(p[1]->data, before_b, sizeof before_b);
         // Each parameter's bias correction follows its own step count (3 for both at the end).
         assert_matches(p[0]->data, &ra, "a", s + 1);
         assert_matches(p[1]->data, &rb, "b", s + 1);
@@ -566,10 +574,10 @@ static void dtype_run(optim_kind kind, int state_bits, bool master, uint64_t per
 
 static void test_meta_dtypes(void **state) {
     (void)state;
-    dtype_run(OPTIM_ADAM, 16, false, 4);          // bf16 Adam: exp_avg 2 + exp_avg_sq 2
-    dtype_run(OPTIM_ADAMW, 32, true, 12);         // mixed precision: master 4 + 4 + 4
-    dtype_run(OPTIM_SGD_MOMENTUM, 16, false, 2);  // momentum_buffer 2
-    dtype_run(OPTIM_SGD, 32, true, 4);            // the master copy alone
+    dtype_run(OPTIM_ADAM, 16, false, 4);         // bf16 Adam: exp_avg 2 + exp_avg_sq 2
+    dtype_run(OPTIM_ADAMW, 32, true, 12);        // mixed precision: master 4 + 4 + 4
+    dtype_run(OPTIM_SGD_MOMENTUM, 16, false, 2); // momentum_buffer 2
+    dtype_run(OPTIM_SGD, 32, true, 4);           // the master copy alone
     optim_config none = optim_defaults(OPTIM_NONE);
     none.master = true;
     assert_int_equal(optim_state_bytes(&none), 0); // no step, nothing kept
@@ -607,8 +615,8 @@ static void test_dtypes_refused_in_real_runs(void **state) {
 // Budget: a step whose state does not fit fails, naming the parameter, and changes nothing
 
 // One step from fresh state of n elements (any n), checked N elements at a time.
-static void check_chunks(const optim_config *c, const float *got, const float *w, const float *g,
-                         int n, const char *what) {
+static void check_chunks(const optim_config *c, const float *got, const float *w, const float *g, int n,
+                         const char *what) {
     for (int i = 0; i < n; i += N) {
         ref_param r;
         ref_init(&r, w + i, n - i < N ? n - i : N);
@@ -637,8 +645,7 @@ static void budget_run(optim_kind kind) {
     // Ballast leaves room for the first parameter's state and a part of the second's.
     const uint64_t room = per * NA + per * NB - 4;
     mp_block ballast;
-    assert_int_equal(mp_alloc(&ballast, budget - mp_live_total() - room, MP_ACTIVATION, "ballast"),
-                     MP_OK);
+    assert_int_equal(mp_alloc(&ballast, budget - mp_live_total() - room, MP_ACTIVATION, "ballast"), MP_OK);
     optim_config c = cfg_of(kind, 0.1f);
     ag_err e_ = {""};
     char *err = e_.msg;
@@ -658,9 +665,8 @@ static void budget_run(optim_kind kind) {
     // Nothing changed: no state kept, no weight moved, no step counted.
     for (int k = 0; k < MP_NCATEGORIES; k++)
         if (live((mp_category)k) != before[k])
-            fail_msg("%s: %llu bytes live after the failed step, %llu before",
-                     mp_category_name((mp_category)k), (unsigned long long)live((mp_category)k),
-                     (unsigned long long)before[k]);
+            fail_msg("%s: %llu bytes live after the failed step, %llu before", mp_category_name((mp_category)k),
+                     (unsigned long long)live((mp_category)k), (unsigned long long)before[k]);
     uint64_t sum = 0;
     for (int k = 0; k < MP_NCATEGORIES; k++) sum += live((mp_category)k);
     assert_int_equal(sum, mp_live_total());
@@ -712,8 +718,7 @@ static void test_parse_kind(void **state) {
         assert_int_equal(k, ok[i].kind);
         assert_string_equal(optim_kind_name(k), ok[i].name);
     }
-    const char *bad[] = {"", "adam ", "adamax", "sgd_momentum", "momentum", "sgdm", "rmsprop",
-                         "adamw2", NULL};
+    const char *bad[] = {"", "adam ", "adamax", "sgd_momentum", "momentum", "sgdm", "rmsprop", "adamw2", NULL};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         optim_kind k = OPTIM_SGD;
         assert_false(optim_parse_kind(bad[i], &k));
