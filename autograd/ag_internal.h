@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #endif
 
+#include "ag_op_state.h"
 #include "autograd.h"
 
 #define AG_MAX_INPUTS 3
@@ -13,6 +14,15 @@
 
 // Writes the gradients of the node's inputs from dout, the gradient of its output.
 typedef void (*ag_backward_fn)(ag_ctx *ctx, ag_node *n, const float *dout);
+
+// What the nodes of one op share (one static instance per op, in its file): it tags the node's
+// state, so the generic code knows how many saved tensors to release and what else to free.
+typedef struct {
+    const char *name; // "linear", ...
+    ag_backward_fn backward;
+    int nsaved;                       // saved tensors leading its state (AG_NSAVED), NULL ones included
+    void (*release)(ag_op_state *st); // frees the host memory the state owns; NULL: none
+} ag_op;
 
 typedef enum { AG_EDGE_NONE, AG_EDGE_NODE, AG_EDGE_LEAF } ag_edge_kind;
 
@@ -24,21 +34,15 @@ typedef struct {
 } ag_edge;
 
 struct ag_node {
-    const char *op;
-    uint32_t site; // the site prefix
-    ag_backward_fn backward;
-    size_t index; // on the tape
+    const ag_op *op; // tags `state`
+    uint32_t site;   // the site prefix
+    size_t index;    // on the tape
     int ninputs;
     ag_edge in[AG_MAX_INPUTS];
-    int nsaved;
-    ag_tensor *saved[AG_MAX_SAVED]; // retained until the node's backward ran
-    ag_tensor *out;                 // weak: cleared when the output tensor is freed
-    int64_t numel;                  // of the output
-    mp_block grad;                  // gradient of the output; bytes == 0 until a consumer wrote it
-    int64_t p[6];                   // op sizes
-    float f[2];                     // op scalars
-    int32_t *ints;                  // malloc'd copy of ids, labels or positions
-    void *aux;                      // malloc'd op state (checkpoint: its block), freed with it
+    ag_tensor *out;    // weak: cleared when the output tensor is freed
+    int64_t numel;     // of the output
+    mp_block grad;     // gradient of the output; bytes == 0 until a consumer wrote it
+    ag_op_state state; // the member op names; its saved tensors are retained until backward ran
 };
 
 struct ag_ctx {
@@ -91,11 +95,9 @@ int ag_label(char *buf, const char *base, const char *suffix);
 // node.c
 bool ag_needs_grad(const ag_ctx *ctx, const ag_tensor *t);
 bool ag_any_needs_grad(const ag_ctx *ctx, int n, ag_tensor *const *ins);
-// Appends a node making `out` from the inputs; NULL with the error set if out of memory.
-ag_node *ag_record(ag_ctx *ctx, const char *op, const char *base, ag_tensor *out, int n, ag_tensor *const *ins,
-                   ag_backward_fn fn);
-// Keeps t (retained) in a fixed slot for backward; NULL leaves the slot empty.
-void ag_save(ag_node *n, int slot, ag_tensor *t);
+// Appends a node making `out` from the inputs, its state zeroed for the op to fill (saved
+// tensors retained); NULL with the error set if out of memory.
+ag_node *ag_record(ag_ctx *ctx, const ag_op *op, const char *base, ag_tensor *out, int n, ag_tensor *const *ins);
 static inline bool ag_wants_grad(const ag_node *n, int i) { return n->in[i].kind != AG_EDGE_NONE; }
 void ag_node_free(ag_node *n);
 

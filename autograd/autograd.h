@@ -23,7 +23,7 @@
 #include "profiler.h"
 
 #define AG_MAX_DIMS 4
-#define AG_MAX_SAVED 4
+#define AG_MAX_SAVED 8
 #define AG_ROPE_MAX_HEAD_DIM 1024
 
 // The one error of the layers above the profiler (autograd, model, optim): a function that can

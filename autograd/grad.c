@@ -69,7 +69,7 @@ bool ag_grad_pass(ag_node *n, int i) {
 ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor) {
     while (ctx->ntape > floor) {
         ag_node *n = ctx->tape[--ctx->ntape];
-        if (n->grad.bytes != 0 && ctx->status == AG_OK) n->backward(ctx, n, n->grad.data);
+        if (n->grad.bytes != 0 && ctx->status == AG_OK) n->op->backward(ctx, n, n->grad.data);
         ag_node_free(n);
     }
     return ctx->status;

@@ -18,16 +18,14 @@ static ag_edge edge_to(ag_tensor *t) {
     return (ag_edge){.kind = AG_EDGE_NONE};
 }
 
-ag_node *ag_record(ag_ctx *ctx, const char *op, const char *base, ag_tensor *out, int n, ag_tensor *const *ins,
-                   ag_backward_fn fn) {
+ag_node *ag_record(ag_ctx *ctx, const ag_op *op, const char *base, ag_tensor *out, int n, ag_tensor *const *ins) {
     ag_node *node = calloc(1, sizeof *node);
     if (!node) {
-        ag_fail(ctx, AG_ERR_NOMEM, "%s %s: out of memory for its tape node", op, base);
+        ag_fail(ctx, AG_ERR_NOMEM, "%s %s: out of memory for its tape node", op->name, base);
         return NULL;
     }
     node->op = op;
     node->site = mp_site_id(base);
-    node->backward = fn;
     node->ninputs = n;
     for (int i = 0; i < n; i++) node->in[i] = edge_to(ins[i]);
     node->numel = out->numel;
@@ -41,13 +39,8 @@ ag_node *ag_record(ag_ctx *ctx, const char *op, const char *base, ag_tensor *out
     return node;
 }
 
-void ag_save(ag_node *n, int slot, ag_tensor *t) {
-    n->saved[slot] = ag_retain(t);
-    if (t && slot >= n->nsaved) n->nsaved = slot + 1;
-}
-
 void ag_node_free(ag_node *n) {
-    for (int i = 0; i < n->nsaved; i++) ag_release(n->saved[i]);
+    for (int i = 0; i < n->op->nsaved; i++) ag_release(n->state.saved[i]);
     for (int i = 0; i < n->ninputs; i++)
         if (n->in[i].kind == AG_EDGE_LEAF) ag_release(n->in[i].leaf);
     mp_free(&n->grad);
@@ -55,17 +48,16 @@ void ag_node_free(ag_node *n) {
         n->out->node = NULL;
         n->out->requires_grad = false;
     }
-    free(n->ints);
-    free(n->aux);
+    if (n->op->release) n->op->release(&n->state);
     free(n);
 }
 
 bool ag_tape_node(const ag_ctx *ctx, size_t i, ag_node_info *info) {
     if (i >= ctx->ntape) return false;
     const ag_node *n = ctx->tape[i];
-    *info = (ag_node_info){.op = n->op, .site = mp_site_name(n->site)};
-    for (int j = 0; j < n->nsaved; j++) {
-        const ag_tensor *t = n->saved[j];
+    *info = (ag_node_info){.op = n->op->name, .site = mp_site_name(n->site)};
+    for (int j = 0; j < n->op->nsaved; j++) {
+        const ag_tensor *t = n->state.saved[j];
         if (!t) continue;
         info->saved[info->nsaved++] = t;
         if (t->block.category == MP_ACTIVATION) info->saved_bytes += t->block.bytes;
@@ -76,16 +68,16 @@ bool ag_tape_node(const ag_ctx *ctx, size_t i, ag_node_info *info) {
 // Whether t is saved by an earlier slot than (node i, slot j): shared tensors count once.
 static bool saved_before(const ag_ctx *ctx, const ag_tensor *t, size_t i, int j) {
     for (size_t a = 0; a <= i; a++)
-        for (int b = 0; b < (a == i ? j : ctx->tape[a]->nsaved); b++)
-            if (ctx->tape[a]->saved[b] == t) return true;
+        for (int b = 0; b < (a == i ? j : ctx->tape[a]->op->nsaved); b++)
+            if (ctx->tape[a]->state.saved[b] == t) return true;
     return false;
 }
 
 uint64_t ag_tape_saved_bytes(const ag_ctx *ctx) {
     uint64_t bytes = 0;
     for (size_t i = 0; i < ctx->ntape; i++)
-        for (int j = 0; j < ctx->tape[i]->nsaved; j++) {
-            const ag_tensor *t = ctx->tape[i]->saved[j];
+        for (int j = 0; j < ctx->tape[i]->op->nsaved; j++) {
+            const ag_tensor *t = ctx->tape[i]->state.saved[j];
             if (t && t->block.category == MP_ACTIVATION && !saved_before(ctx, t, i, j)) bytes += t->block.bytes;
         }
     return bytes;

@@ -23,6 +23,8 @@ static void add_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     if (d.needed && !mp_is_meta()) add_into(d.data, d.fresh, dy, n->numel);
 }
 
+static const ag_op add_op = {.name = "add", .backward = add_backward};
+
 ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b) {
     ag_tensor *ins[] = {a, b};
     if (!ag_check_inputs(ctx, "add", site, 2, ins, (const char *[]){"a", "b"})) return NULL;
@@ -37,7 +39,7 @@ ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b) {
 #pragma omp parallel for if (a->numel >= AG_OMP_MIN)
         for (int64_t i = 0; i < a->numel; i++) yd[i] = ad[i] + bd[i];
     }
-    if (ag_any_needs_grad(ctx, 2, ins) && !ag_record(ctx, "add", s.base, y, 2, ins, add_backward)) {
+    if (ag_any_needs_grad(ctx, 2, ins) && !ag_record(ctx, &add_op, s.base, y, 2, ins)) {
         ag_release(y);
         return NULL;
     }

@@ -6,20 +6,13 @@
 
 #include "ag_internal.h"
 
-enum { SAVED_Q, SAVED_K, SAVED_V, SAVED_P };
-
-typedef struct {
-    int64_t B, Tq, Tk;
-    int Hq, Hkv, D;
-} att_dims;
-
 // Pointers to one (batch, head) slice; rows are strided by the width of all heads.
 #define QH(base, a, b, h) ((base) + ((b) * (a).Tq * (a).Hq + (h)) * (a).D)
 #define KH(base, a, b, g) ((base) + ((b) * (a).Tk * (a).Hkv + (g)) * (a).D)
 #define PH(base, a, b, h) ((base) + ((b) * (a).Hq + (h)) * (a).Tq * (a).Tk)
 
 // In place over one row of scores (query i): causal softmax; masked entries become zeros.
-static void causal_softmax_row(float *row, int64_t i, const att_dims *a) {
+static void causal_softmax_row(float *row, int64_t i, const ag_att_dims *a) {
     int64_t n = i + a->Tk - a->Tq + 1; // keys 0 .. i + Tk - Tq are visible
     float mx = row[0];
     for (int64_t j = 1; j < n; j++) mx = row[j] > mx ? row[j] : mx;
@@ -36,7 +29,7 @@ static void causal_softmax_row(float *row, int64_t i, const att_dims *a) {
 // Three phases rather than one pass per head: OpenMP's and OpenBLAS's thread pools then hand
 // the cores over twice per call instead of twice per head.
 static void attention_forward(float *o, float *probs, const float *q, const float *k, const float *v,
-                              const att_dims *a) {
+                              const ag_att_dims *a) {
     int rep = a->Hq / a->Hkv;
     int64_t ldq = (int64_t)a->Hq * a->D, ldk = (int64_t)a->Hkv * a->D;
     float scale = 1.0f / sqrtf((float)a->D);
@@ -55,7 +48,7 @@ static void attention_forward(float *o, float *probs, const float *q, const floa
 
 // In place: dP -> dS = P ∘ (dP - rowsum(P ∘ dP)), the softmax backward. Serial: it sits
 // between sgemm calls, where an OpenMP region would wait for cores OpenBLAS still spins on.
-static void softmax_backward(float *dp, const float *p, const att_dims *a) {
+static void softmax_backward(float *dp, const float *p, const ag_att_dims *a) {
     for (int64_t i = 0; i < a->Tq; i++) {
         float *g = dp + i * a->Tk;
         const float *pr = p + i * a->Tk;
@@ -67,33 +60,35 @@ static void softmax_backward(float *dp, const float *p, const att_dims *a) {
 
 // One (batch, head): dV += Pᵀ dO; dP = dO Vᵀ; dS; dQ = dS K / sqrt(D); dK += dSᵀ Q / sqrt(D).
 // dK and dV sum over the query heads of a group: the group's first head writes, if fresh.
-static void attention_head_backward(const ag_grad_dst *d, const float *dout, float *dp, ag_node *n, const att_dims *a,
+static void attention_head_backward(const ag_grad_dst *d, const float *dout, float *dp, const ag_attention_state *st,
                                     int64_t b, int h) {
+    const ag_att_dims *a = &st->dims;
     int rep = a->Hq / a->Hkv, g = h / rep;
     int64_t ldq = (int64_t)a->Hq * a->D, ldk = (int64_t)a->Hkv * a->D;
     float scale = 1.0f / sqrtf((float)a->D);
-    const float *p = PH(n->saved[SAVED_P]->data, *a, b, h), *dO = QH(dout, *a, b, h);
+    const float *p = PH(st->probs->data, *a, b, h), *dO = QH(dout, *a, b, h);
     bool first = h % rep == 0;
     if (d[2].needed)
         ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, p, a->Tk, dO, ldq,
                  first && d[2].fresh ? 0.0f : 1.0f, KH(d[2].data, *a, b, g), ldk);
     if (!d[0].needed && !d[1].needed) return;
-    ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldq, KH(n->saved[SAVED_V]->data, *a, b, g), ldk,
-             0.0f, dp, a->Tk);
+    ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldq, KH(st->v->data, *a, b, g), ldk, 0.0f, dp,
+             a->Tk);
     softmax_backward(dp, p, a);
     if (d[0].needed)
-        ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, scale, dp, a->Tk,
-                 KH(n->saved[SAVED_K]->data, *a, b, g), ldk, d[0].fresh ? 0.0f : 1.0f, QH(d[0].data, *a, b, h), ldq);
+        ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, scale, dp, a->Tk, KH(st->k->data, *a, b, g), ldk,
+                 d[0].fresh ? 0.0f : 1.0f, QH(d[0].data, *a, b, h), ldq);
     if (d[1].needed)
-        ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, scale, dp, a->Tk, QH(n->saved[SAVED_Q]->data, *a, b, h),
-                 ldq, first && d[1].fresh ? 0.0f : 1.0f, KH(d[1].data, *a, b, g), ldk);
+        ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, scale, dp, a->Tk, QH(st->q->data, *a, b, h), ldq,
+                 first && d[1].fresh ? 0.0f : 1.0f, KH(d[1].data, *a, b, g), ldk);
 }
 
 // Backward needs P for dV and for the softmax backward; V for dP (when q or k wants a
 // gradient); K for dQ; Q for dK. Recomputing P would cost the forward's QKᵀ again: eager
 // attention keeps it, which is why its memory grows with the square of the length.
 static void attention_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
-    att_dims a = {n->p[0], n->p[1], n->p[2], (int)n->p[3], (int)n->p[4], (int)n->p[5]};
+    const ag_attention_state *st = &n->state.attention;
+    ag_att_dims a = st->dims;
     ag_grad_dst d[3];
     if (!ag_grad_get_all(ctx, n, d)) return;
     mp_block dp = {0}; // dP of one head, reused across heads
@@ -103,9 +98,11 @@ static void attention_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
     if (need_dp && !ag_alloc_block(ctx, &dp, (size_t)(a.Tq * a.Tk) * sizeof(float), MP_ACTIVATION, label)) return;
     if (!mp_is_meta())
         for (int64_t b = 0; b < a.B; b++)
-            for (int h = 0; h < a.Hq; h++) attention_head_backward(d, dout, dp.data, n, &a, b, h);
+            for (int h = 0; h < a.Hq; h++) attention_head_backward(d, dout, dp.data, st, b, h);
     mp_free(&dp);
 }
+
+static const ag_op attention_op = {.name = "attention", .backward = attention_backward, .nsaved = AG_NSAVED(attention)};
 
 static bool attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, const ag_tensor *k, const ag_tensor *v,
                              int Hq, int Hkv, int D) {
@@ -131,14 +128,13 @@ ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *
     ag_site s;
     ag_site_parse(&s, site);
     if (!attention_shapes(ctx, s.base, q, k, v, Hq, Hkv, D)) return NULL;
-    att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D};
+    ag_att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D};
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);
     ag_tensor *probs = ag_tensor_new(ctx, 4, (int64_t[]){a.B, Hq, a.Tq, a.Tk}, MP_ACTIVATION, label);
     ag_node *n = NULL;
-    if (o && probs && ag_any_needs_grad(ctx, 3, ins))
-        n = ag_record(ctx, "attention", s.base, o, 3, ins, attention_backward);
+    if (o && probs && ag_any_needs_grad(ctx, 3, ins)) n = ag_record(ctx, &attention_op, s.base, o, 3, ins);
     if (!o || !probs || ctx->status != AG_OK) {
         ag_release(probs);
         ag_release(o);
@@ -146,12 +142,14 @@ ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *
     }
     if (!mp_is_meta()) attention_forward(o->data, probs->data, q->data, k->data, v->data, &a);
     if (n) {
-        n->p[0] = a.B, n->p[1] = a.Tq, n->p[2] = a.Tk, n->p[3] = Hq, n->p[4] = Hkv, n->p[5] = D;
         bool dq = ag_wants_grad(n, 0), dk = ag_wants_grad(n, 1);
-        ag_save(n, SAVED_Q, dk ? q : NULL);
-        ag_save(n, SAVED_K, dq ? k : NULL);
-        ag_save(n, SAVED_V, dq || dk ? v : NULL);
-        ag_save(n, SAVED_P, probs);
+        n->state.attention = (ag_attention_state){
+            .q = ag_retain(dk ? q : NULL),
+            .k = ag_retain(dq ? k : NULL),
+            .v = ag_retain(dq || dk ? v : NULL),
+            .probs = ag_retain(probs),
+            .dims = a,
+        };
     }
     ag_release(probs); // without a node (no-grad mode), the probabilities go now
     return o;

@@ -4,15 +4,6 @@
 
 #include "ag_internal.h"
 
-enum { SAVED_X };
-
-// The node's state (in aux): the block function and its copied argument.
-typedef struct {
-    ag_block_fn fn;
-    size_t arg_size;
-    unsigned char arg[]; // arg_size bytes, malloc'd with the struct
-} ckpt_state;
-
 // The recomputed output gets the checkpoint's own gradient buffer (same size, no copy): its
 // node then backpropagates as in an ordinary backward.
 static bool seed_recomputed(ag_ctx *ctx, ag_node *n, ag_tensor *y) {
@@ -35,11 +26,11 @@ static bool seed_recomputed(ag_ctx *ctx, ag_node *n, ag_tensor *y) {
 // point at x's producer (or x itself, a leaf), so x's gradient lands there directly.
 static void checkpoint_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
     (void)dout; // handed over with the buffer that holds it
-    const ckpt_state *st = n->aux;
-    ag_tensor *x = n->saved[SAVED_X];
+    const ag_checkpoint_state *st = &n->state.checkpoint;
+    ag_tensor *x = st->x;
     size_t floor = ctx->ntape;
     bool was = ag_set_grad_enabled(ctx, true);
-    ag_tensor *y = st->fn(ctx, st->arg_size ? st->arg : NULL, ag_retain(x));
+    ag_tensor *y = st->fn(ctx, st->arg, ag_retain(x));
     ag_set_grad_enabled(ctx, was);
     if (y && seed_recomputed(ctx, n, y)) {
         ag_release(y); // its node keeps the gradient; nothing needs the value
@@ -49,6 +40,13 @@ static void checkpoint_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
     }
     ag_tape_clear_to(ctx, floor); // after an error: what the failed recomputation recorded
 }
+
+static void checkpoint_release(ag_op_state *st) { free(st->checkpoint.arg); }
+
+static const ag_op checkpoint_op = {.name = "checkpoint",
+                                    .backward = checkpoint_backward,
+                                    .nsaved = AG_NSAVED(checkpoint),
+                                    .release = checkpoint_release};
 
 ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg, size_t arg_size,
                          ag_tensor *x) {
@@ -64,28 +62,26 @@ ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const vo
         return NULL;
     }
     if (!ag_is_grad_enabled(ctx)) return fn(ctx, arg, ag_retain(x));
-    ckpt_state *st = malloc(sizeof *st + arg_size);
-    if (!st) {
-        ag_fail(ctx, AG_ERR_NOMEM, "checkpoint %s: out of memory for its state", s.base);
+    // The copy, not the caller's argument, serves both runs: the block sees the same bytes.
+    void *copy = arg_size ? malloc(arg_size) : NULL;
+    if (arg_size && !copy) {
+        ag_fail(ctx, AG_ERR_NOMEM, "checkpoint %s: out of memory for its argument", s.base);
         return NULL;
     }
-    st->fn = fn;
-    st->arg_size = arg_size;
-    if (arg_size) memcpy(st->arg, arg, arg_size);
+    if (arg_size) memcpy(copy, arg, arg_size);
     ag_set_grad_enabled(ctx, false);
-    ag_tensor *y = fn(ctx, st->arg_size ? st->arg : NULL, ag_retain(x));
+    ag_tensor *y = fn(ctx, copy, ag_retain(x));
     ag_set_grad_enabled(ctx, true);
     if (y && (y == x || y->node || y->requires_grad)) { // fn(x) = x, or a tensor made elsewhere:
-        free(st);                                       // its own graph already leads to it
+        free(copy);                                     // its own graph already leads to it
         return y;
     }
-    ag_node *n = y ? ag_record(ctx, "checkpoint", s.base, y, 1, ins, checkpoint_backward) : NULL;
+    ag_node *n = y ? ag_record(ctx, &checkpoint_op, s.base, y, 1, ins) : NULL;
     if (!n) {
-        free(st);
+        free(copy);
         ag_release(y);
         return NULL;
     }
-    n->aux = st;
-    ag_save(n, SAVED_X, x);
+    n->state.checkpoint = (ag_checkpoint_state){.x = ag_retain(x), .fn = fn, .arg = copy};
     return y;
 }

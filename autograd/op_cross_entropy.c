@@ -7,8 +7,6 @@
 
 #include "ag_internal.h"
 
-enum { SAVED_LOGITS, SAVED_LSE };
-
 // logsumexp of one row: max, then Σ e^(x - max) summed in double.
 static float row_lse(const float *x, int64_t V) {
     float mx = x[0];
@@ -74,10 +72,12 @@ static void row_logsumexp(float *lse, const float *logits, int64_t B, int64_t T,
 // per-position logsumexp (one float each, instead of a second pass over V) and the labels
 // (copied into the node). dlogits = (softmax - onehot) * dloss / N; zero at last positions.
 static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss) {
-    int64_t B = n->p[0], T = n->p[1], V = n->p[2];
+    const ag_cross_entropy_state *st = &n->state.cross_entropy;
+    int64_t B = st->B, T = st->T, V = st->V;
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
-    const float *logits = n->saved[SAVED_LOGITS]->data, *lse = n->saved[SAVED_LSE]->data;
+    const float *logits = st->logits->data, *lse = st->lse->data;
+    const int32_t *labels = st->labels;
     float scale = dloss[0] / (float)(B * (T - 1));
     float *dx = d.data;
     bool fresh = d.fresh;
@@ -97,7 +97,7 @@ static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss) 
 #if defined(__x86_64__)
         if (vec) {
             row_grad_avx512(g, x, m, scale, V, fresh);
-            g[n->ints[r + 1]] -= scale;
+            g[labels[r + 1]] -= scale;
             continue;
         }
 #endif
@@ -105,9 +105,16 @@ static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss) 
             float v = expf(x[j] - m) * scale;
             g[j] = fresh ? v : g[j] + v;
         }
-        g[n->ints[r + 1]] -= scale;
+        g[labels[r + 1]] -= scale;
     }
 }
+
+static void cross_entropy_release(ag_op_state *st) { free(st->cross_entropy.labels); }
+
+static const ag_op cross_entropy_op = {.name = "cross_entropy",
+                                       .backward = cross_entropy_backward,
+                                       .nsaved = AG_NSAVED(cross_entropy),
+                                       .release = cross_entropy_release};
 
 static float mean_loss(const float *lse, const float *logits, const int32_t *ids, int64_t B, int64_t T, int64_t V) {
     double sum = 0.0; // serial: the same sum in the same order every run
@@ -154,8 +161,8 @@ ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, co
     ag_tensor *lse = ag_tensor_new_f32(ctx, 1, &N, MP_ACTIVATION, label);
     ag_node *n = NULL;
     if (loss && lse && ag_any_needs_grad(ctx, 1, ins)) {
-        n = ag_record(ctx, "cross_entropy", s.base, loss, 1, ins, cross_entropy_backward);
-        if (n && !mp_is_meta() && !(n->ints = malloc((size_t)(B * T) * sizeof(int32_t))))
+        n = ag_record(ctx, &cross_entropy_op, s.base, loss, 1, ins);
+        if (n && !mp_is_meta() && !(n->state.cross_entropy.labels = malloc((size_t)(B * T) * sizeof(int32_t))))
             ag_fail(ctx, AG_ERR_NOMEM, "cross_entropy %s: out of memory for the labels", s.base);
     }
     if (!loss || !lse || ctx->status != AG_OK) {
@@ -168,10 +175,11 @@ ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, co
         loss->data[0] = mean_loss(lse->data, logits->data, ids, B, T, V);
     }
     if (n) {
-        if (!mp_is_meta()) memcpy(n->ints, ids, (size_t)(B * T) * sizeof(int32_t));
-        n->p[0] = B, n->p[1] = T, n->p[2] = V;
-        ag_save(n, SAVED_LOGITS, logits);
-        ag_save(n, SAVED_LSE, lse);
+        ag_cross_entropy_state *st = &n->state.cross_entropy;
+        if (!mp_is_meta()) memcpy(st->labels, ids, (size_t)(B * T) * sizeof(int32_t));
+        st->logits = ag_retain(logits);
+        st->lse = ag_retain(lse);
+        st->B = B, st->T = T, st->V = V;
     }
     ag_release(lse); // the node holds it; without one it was only needed for the mean
     return loss;

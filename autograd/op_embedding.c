@@ -8,18 +8,23 @@
 // dy scattered back onto the rows they picked. Rows picked twice, and a table also used as
 // the output head (tied), accumulate.
 static void embedding_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
-    int64_t rows = n->p[0], H = n->p[1], V = n->p[2];
+    const ag_embedding_state *st = &n->state.embedding;
+    int64_t rows = st->rows, H = st->hidden, V = st->vocab;
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
     if (d.fresh) // a scatter-add: rows no id picked must read zero
         memset(d.data, 0, (size_t)(V * H) * sizeof(float));
     // Serial over rows: two rows may hit the same id, and the order keeps the sum deterministic.
     for (int64_t r = 0; r < rows; r++) {
-        float *g = d.data + (int64_t)n->ints[r] * H;
+        float *g = d.data + (int64_t)st->ids[r] * H;
         const float *src = dy + r * H;
         for (int64_t j = 0; j < H; j++) g[j] += src[j];
     }
 }
+
+static void embedding_release(ag_op_state *st) { free(st->embedding.ids); }
+
+static const ag_op embedding_op = {.name = "embedding", .backward = embedding_backward, .release = embedding_release};
 
 ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T, ag_tensor *table) {
     ag_tensor *ins[] = {table};
@@ -49,14 +54,15 @@ ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64
         for (int64_t r = 0; r < B * T; r++)
             memcpy(y->data + r * H, table->data + (int64_t)ids[r] * H, (size_t)H * sizeof(float));
     if (!ag_any_needs_grad(ctx, 1, ins)) return y;
-    ag_node *n = ag_record(ctx, "embedding", s.base, y, 1, ins, embedding_backward);
-    if (n && !meta) n->ints = malloc((size_t)(B * T) * sizeof(int32_t));
-    if (!n || (!meta && !n->ints)) {
+    ag_node *n = ag_record(ctx, &embedding_op, s.base, y, 1, ins);
+    ag_embedding_state *sn = n ? &n->state.embedding : NULL;
+    if (sn && !meta) sn->ids = malloc((size_t)(B * T) * sizeof(int32_t));
+    if (!n || (!meta && !sn->ids)) {
         if (n) ag_fail(ctx, AG_ERR_NOMEM, "embedding %s: out of memory for the ids", s.base);
         ag_release(y); // its node stays on the tape, empty, until backward or clear
         return NULL;
     }
-    if (!meta) memcpy(n->ints, ids, (size_t)(B * T) * sizeof(int32_t));
-    n->p[0] = B * T, n->p[1] = H, n->p[2] = V;
+    if (!meta) memcpy(sn->ids, ids, (size_t)(B * T) * sizeof(int32_t));
+    sn->rows = B * T, sn->hidden = H, sn->vocab = V;
     return y;
 }

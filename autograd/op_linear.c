@@ -1,26 +1,26 @@
 // linear: y[M, out] = x[M, in] · w[out, in]ᵀ, M the product of x's leading dimensions.
 #include "ag_internal.h"
 
-enum { SAVED_X, SAVED_W };
-
 // dx = dy · w needs w; dw = dyᵀ · x needs x. Each is kept only when the other side wants its
 // gradient, so a frozen weight saves no activation at all.
 static void linear_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
-    int64_t M = n->p[0], in = n->p[1], out = n->p[2];
+    const ag_linear_state *st = &n->state.linear;
+    int64_t M = st->rows, in = st->in, out = st->out;
     ag_grad_dst d[2];
     if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
     if (d[0].needed && d[1].needed && d[0].data != d[1].data && ag_skinny_available(M)) {
-        ag_skinny_backward(dy, n->saved[SAVED_X]->data, n->saved[SAVED_W]->data, d[0].data, d[1].data, M, out, in,
-                           d[0].fresh, d[1].fresh);
+        ag_skinny_backward(dy, st->x->data, st->w->data, d[0].data, d[1].data, M, out, in, d[0].fresh, d[1].fresh);
         return;
     }
     if (d[0].needed) // dx[M, in] = dy[M, out] · w[out, in]
-        ag_sgemm(CblasNoTrans, CblasNoTrans, M, in, out, 1.0f, dy, out, n->saved[SAVED_W]->data, in,
-                 d[0].fresh ? 0.0f : 1.0f, d[0].data, in);
+        ag_sgemm(CblasNoTrans, CblasNoTrans, M, in, out, 1.0f, dy, out, st->w->data, in, d[0].fresh ? 0.0f : 1.0f,
+                 d[0].data, in);
     if (d[1].needed) // dw[out, in] = dy[M, out]ᵀ · x[M, in]
-        ag_sgemm(CblasTrans, CblasNoTrans, out, in, M, 1.0f, dy, out, n->saved[SAVED_X]->data, in,
-                 d[1].fresh ? 0.0f : 1.0f, d[1].data, in);
+        ag_sgemm(CblasTrans, CblasNoTrans, out, in, M, 1.0f, dy, out, st->x->data, in, d[1].fresh ? 0.0f : 1.0f,
+                 d[1].data, in);
 }
+
+static const ag_op linear_op = {.name = "linear", .backward = linear_backward, .nsaved = AG_NSAVED(linear)};
 
 ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w) {
     ag_tensor *ins[] = {x, w};
@@ -46,13 +46,17 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w) 
     else if (!mp_is_meta()) // y[M, out] = x[M, in] · w[out, in]ᵀ
         ag_sgemm(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x->data, in, w->data, in, 0.0f, y->data, out);
     if (!ag_any_needs_grad(ctx, 2, ins)) return y;
-    ag_node *n = ag_record(ctx, "linear", s.base, y, 2, ins, linear_backward);
+    ag_node *n = ag_record(ctx, &linear_op, s.base, y, 2, ins);
     if (!n) {
         ag_release(y);
         return NULL;
     }
-    n->p[0] = M, n->p[1] = in, n->p[2] = out;
-    ag_save(n, SAVED_X, ag_wants_grad(n, 1) ? x : NULL);
-    ag_save(n, SAVED_W, ag_wants_grad(n, 0) ? w : NULL);
+    n->state.linear = (ag_linear_state){
+        .x = ag_retain(ag_wants_grad(n, 1) ? x : NULL),
+        .w = ag_retain(ag_wants_grad(n, 0) ? w : NULL),
+        .rows = M,
+        .in = in,
+        .out = out,
+    };
     return y;
 }

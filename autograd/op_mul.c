@@ -1,8 +1,6 @@
 // mul: y = a * b, elementwise, same shapes.
 #include "ag_internal.h"
 
-enum { SAVED_A, SAVED_B };
-
 static void mul_into(float *dst, bool fresh, const float *g, const float *other, int64_t n) {
 #pragma omp parallel for if (n >= AG_OMP_MIN)
     for (int64_t i = 0; i < n; i++) dst[i] = fresh ? g[i] * other[i] : dst[i] + g[i] * other[i];
@@ -11,11 +9,14 @@ static void mul_into(float *dst, bool fresh, const float *g, const float *other,
 // da = dy * b needs b; db = dy * a needs a: each is kept only when the other side wants its
 // gradient.
 static void mul_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
+    const ag_mul_state *st = &n->state.mul;
     ag_grad_dst d[2];
     if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
-    if (d[0].needed) mul_into(d[0].data, d[0].fresh, dy, n->saved[SAVED_B]->data, n->numel);
-    if (d[1].needed) mul_into(d[1].data, d[1].fresh, dy, n->saved[SAVED_A]->data, n->numel);
+    if (d[0].needed) mul_into(d[0].data, d[0].fresh, dy, st->b->data, n->numel);
+    if (d[1].needed) mul_into(d[1].data, d[1].fresh, dy, st->a->data, n->numel);
 }
+
+static const ag_op mul_op = {.name = "mul", .backward = mul_backward, .nsaved = AG_NSAVED(mul)};
 
 ag_tensor *ag_mul(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b) {
     ag_tensor *ins[] = {a, b};
@@ -27,12 +28,12 @@ ag_tensor *ag_mul(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b) {
     if (!y) return NULL;
     if (!mp_is_meta()) mul_into(y->data, true, a->data, b->data, a->numel);
     if (!ag_any_needs_grad(ctx, 2, ins)) return y;
-    ag_node *n = ag_record(ctx, "mul", s.base, y, 2, ins, mul_backward);
+    ag_node *n = ag_record(ctx, &mul_op, s.base, y, 2, ins);
     if (!n) {
         ag_release(y);
         return NULL;
     }
-    ag_save(n, SAVED_A, ag_wants_grad(n, 1) ? a : NULL);
-    ag_save(n, SAVED_B, ag_wants_grad(n, 0) ? b : NULL);
+    n->state.mul.a = ag_retain(ag_wants_grad(n, 1) ? a : NULL);
+    n->state.mul.b = ag_retain(ag_wants_grad(n, 0) ? b : NULL);
     return y;
 }

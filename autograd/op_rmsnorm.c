@@ -4,8 +4,6 @@
 
 #include "ag_internal.h"
 
-enum { SAVED_X, SAVED_RSTD, SAVED_W };
-
 // One row: returns rstd. The mean of squares is summed in double (H can be 8192).
 static float rms_row(float *y, const float *x, const float *w, int64_t H, float eps) {
     double ss = 0.0;
@@ -51,13 +49,16 @@ static void rmsnorm_dw(float *dw, bool fresh, const float *dy, const float *x, c
 // Backward needs x and rstd (one float per row, cheaper to keep than to recompute from x
 // with another pass) for both gradients, and w for dx. The output is not needed.
 static void rmsnorm_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
-    int64_t rows = n->p[0], H = n->p[1];
+    const ag_rmsnorm_state *st = &n->state.rmsnorm;
+    int64_t rows = st->rows, H = st->hidden;
     ag_grad_dst d[2];
     if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
-    const float *x = n->saved[SAVED_X]->data, *rstd = n->saved[SAVED_RSTD]->data;
-    if (d[0].needed) rmsnorm_dx(d[0].data, d[0].fresh, dy, x, rstd, n->saved[SAVED_W]->data, rows, H);
+    const float *x = st->x->data, *rstd = st->rstd->data;
+    if (d[0].needed) rmsnorm_dx(d[0].data, d[0].fresh, dy, x, rstd, st->w->data, rows, H);
     if (d[1].needed) rmsnorm_dw(d[1].data, d[1].fresh, dy, x, rstd, rows, H);
 }
+
+static const ag_op rmsnorm_op = {.name = "rmsnorm", .backward = rmsnorm_backward, .nsaved = AG_NSAVED(rmsnorm)};
 
 ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps) {
     ag_tensor *ins[] = {x, w};
@@ -76,7 +77,7 @@ ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w,
     ag_label(label, s.base, "rstd");
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
     ag_tensor *rstd = rec ? ag_tensor_new_f32(ctx, 1, &rows, MP_ACTIVATION, label) : NULL;
-    ag_node *n = y && rec && rstd ? ag_record(ctx, "rmsnorm", s.base, y, 2, ins, rmsnorm_backward) : NULL;
+    ag_node *n = y && rec && rstd ? ag_record(ctx, &rmsnorm_op, s.base, y, 2, ins) : NULL;
     if (!y || (rec && !n)) {
         ag_release(rstd);
         ag_release(y);
@@ -84,11 +85,13 @@ ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w,
     }
     if (!mp_is_meta()) rmsnorm_forward(y->data, rstd ? rstd->data : NULL, x->data, w->data, rows, H, eps);
     if (n) {
-        n->p[0] = rows, n->p[1] = H;
-        ag_save(n, SAVED_X, x);
-        ag_save(n, SAVED_RSTD, rstd);
-        ag_save(n, SAVED_W, ag_wants_grad(n, 0) ? w : NULL);
-        ag_release(rstd); // the node holds it now
+        n->state.rmsnorm = (ag_rmsnorm_state){
+            .x = ag_retain(x),
+            .rstd = rstd, // the node takes the reference over
+            .w = ag_retain(ag_wants_grad(n, 0) ? w : NULL),
+            .rows = rows,
+            .hidden = H,
+        };
     }
     return y;
 }

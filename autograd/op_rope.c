@@ -40,10 +40,15 @@ static void rope_rotate(float *y, bool accumulate, const float *x, int64_t B, in
 // A rotation's gradient is the inverse rotation: backward saves nothing and recomputes the
 // angles from the positions (pos0, or the copied per-row positions).
 static void rope_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
+    const ag_rope_state *st = &n->state.rope;
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
-    rope_rotate(d.data, !d.fresh, dy, n->p[0], n->p[1], (int)n->p[2], (int)n->p[3], n->f[0], n->ints, n->p[4], -1.0f);
+    rope_rotate(d.data, !d.fresh, dy, st->B, st->T, st->heads, st->head_dim, st->theta, st->pos, st->pos0, -1.0f);
 }
+
+static void rope_release(ag_op_state *st) { free(st->rope.pos); }
+
+static const ag_op rope_op = {.name = "rope", .backward = rope_backward, .release = rope_release};
 
 static ag_tensor *rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta, const int32_t *pos,
                        int64_t pos0) {
@@ -65,16 +70,17 @@ static ag_tensor *rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int 
     if (!y) return NULL;
     if (!mp_is_meta()) rope_rotate(y->data, false, x->data, B, T, nh, hd, theta, pos, pos0, 1.0f);
     if (!ag_any_needs_grad(ctx, 1, ins)) return y;
-    ag_node *n = ag_record(ctx, "rope", s.base, y, 1, ins, rope_backward);
-    if (n && pos && !(n->ints = malloc((size_t)(B * T) * sizeof(int32_t))))
+    ag_node *n = ag_record(ctx, &rope_op, s.base, y, 1, ins);
+    ag_rope_state *sn = n ? &n->state.rope : NULL;
+    if (sn && pos && !(sn->pos = malloc((size_t)(B * T) * sizeof(int32_t))))
         ag_fail(ctx, AG_ERR_NOMEM, "rope %s: out of memory for the positions", s.base);
     if (!n || ctx->status != AG_OK) {
         ag_release(y);
         return NULL;
     }
-    if (pos) memcpy(n->ints, pos, (size_t)(B * T) * sizeof(int32_t));
-    n->p[0] = B, n->p[1] = T, n->p[2] = nh, n->p[3] = hd, n->p[4] = pos0;
-    n->f[0] = theta;
+    if (pos) memcpy(sn->pos, pos, (size_t)(B * T) * sizeof(int32_t));
+    sn->B = B, sn->T = T, sn->pos0 = pos0;
+    sn->heads = nh, sn->head_dim = hd, sn->theta = theta;
     return y;
 }
 

@@ -44,7 +44,7 @@ static void silu_fwd(float *y, const float *x, int64_t n) {
 static void silu_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
-    const float *x = n->saved[0]->data;
+    const float *x = n->state.silu.x->data;
     float *dx = d.data;
     bool fresh = d.fresh;
 #if defined(__x86_64__)
@@ -60,6 +60,8 @@ static void silu_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
         dx[i] = fresh ? v : dx[i] + v;
     }
 }
+
+static const ag_op silu_op = {.name = "silu", .backward = silu_backward, .nsaved = AG_NSAVED(silu)};
 
 ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x) {
     ag_tensor *ins[] = {x};
@@ -79,11 +81,11 @@ ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x) {
             silu_fwd(yd, xd, x->numel);
     }
     if (!ag_any_needs_grad(ctx, 1, ins)) return y;
-    ag_node *n = ag_record(ctx, "silu", s.base, y, 1, ins, silu_backward);
+    ag_node *n = ag_record(ctx, &silu_op, s.base, y, 1, ins);
     if (!n) {
         ag_release(y);
         return NULL;
     }
-    ag_save(n, 0, x);
+    n->state.silu.x = ag_retain(x);
     return y;
 }

@@ -1,0 +1,150 @@
+// The state each op keeps on its tape node for backward: one struct per op with named fields,
+// held in the node as the union ag_op_state, tagged by the node's op.
+//
+// An op's saved tensors (retained, released right after its node's backward ran) come first in
+// its struct, named and overlaid with an array `saved`: node.c releases and lists them through
+// the union's generic view without knowing the op. Host memory an op copies (ids, positions,
+// labels) is a named field too, freed by the op's release function.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "autograd.h"
+
+// The n saved tensors of a state lie in a row from its start, as its array `saved` and the
+// generic view read them.
+#define AG_SAVED_IN_A_ROW(type, last, n)                                                                               \
+    _Static_assert(offsetof(type, last) == ((n)-1) * sizeof(ag_tensor *) &&                                            \
+                       sizeof(((type *)0)->saved) == (n) * sizeof(ag_tensor *) && (n) <= AG_MAX_SAVED,                 \
+                   #type ": saved tensors in a row, at most AG_MAX_SAVED")
+
+// linear: y[rows, out] = x[rows, in] · w[out, in]ᵀ.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *x; // for dw; NULL when w wants no gradient
+            ag_tensor *w; // for dx; NULL when x wants no gradient
+        };
+        ag_tensor *saved[2];
+    };
+    int64_t rows, in, out;
+} ag_linear_state;
+AG_SAVED_IN_A_ROW(ag_linear_state, w, 2);
+
+// embedding: y[rows, hidden] = table[ids[r]] from a table [vocab, hidden]; no tensor is saved.
+typedef struct {
+    int64_t rows, hidden, vocab;
+    int32_t *ids; // malloc'd copy of the rows' ids; NULL in meta mode
+} ag_embedding_state;
+
+// rmsnorm over rows of `hidden` elements.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *x;
+            ag_tensor *rstd; // [rows], float32 whatever the dtype
+            ag_tensor *w;    // for dx; NULL when x wants no gradient
+        };
+        ag_tensor *saved[3];
+    };
+    int64_t rows, hidden;
+} ag_rmsnorm_state;
+AG_SAVED_IN_A_ROW(ag_rmsnorm_state, w, 3);
+
+// rope over x[B, T, heads * head_dim]; saves nothing, backward recomputes the angles.
+typedef struct {
+    int64_t B, T;
+    int64_t pos0; // the position of t = 0 when pos is NULL
+    int heads, head_dim;
+    float theta;
+    int32_t *pos; // malloc'd copy of one position per row [B*T], or NULL
+} ag_rope_state;
+
+// The sizes of a grouped-query attention: q[B, Tq, Hq*D], k and v [B, Tk, Hkv*D].
+typedef struct {
+    int64_t B, Tq, Tk;
+    int Hq, Hkv, D;
+} ag_att_dims;
+
+// attention (eager): the probabilities and what each gradient reads.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *q;     // for dk; NULL when k wants no gradient
+            ag_tensor *k;     // for dq; NULL when q wants no gradient
+            ag_tensor *v;     // for dP; NULL when neither q nor k wants a gradient
+            ag_tensor *probs; // [B, Hq, Tq, Tk]
+        };
+        ag_tensor *saved[4];
+    };
+    ag_att_dims dims;
+} ag_attention_state;
+AG_SAVED_IN_A_ROW(ag_attention_state, probs, 4);
+
+// silu: y = x * sigmoid(x).
+typedef struct {
+    union {
+        struct {
+            ag_tensor *x;
+        };
+        ag_tensor *saved[1];
+    };
+} ag_silu_state;
+AG_SAVED_IN_A_ROW(ag_silu_state, x, 1);
+
+// mul: y = a * b.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *a; // for db; NULL when b wants no gradient
+            ag_tensor *b; // for da; NULL when a wants no gradient
+        };
+        ag_tensor *saved[2];
+    };
+} ag_mul_state;
+AG_SAVED_IN_A_ROW(ag_mul_state, b, 2);
+
+// cross_entropy of logits[B, T, V].
+typedef struct {
+    union {
+        struct {
+            ag_tensor *logits;
+            ag_tensor *lse; // [B*(T-1)], float32 whatever the dtype
+        };
+        ag_tensor *saved[2];
+    };
+    int64_t B, T, V;
+    int32_t *labels; // malloc'd copy of the ids [B*T]; NULL in meta mode
+} ag_cross_entropy_state;
+AG_SAVED_IN_A_ROW(ag_cross_entropy_state, lse, 2);
+
+// checkpoint: y = fn(x), recomputed in backward.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *x;
+        };
+        ag_tensor *saved[1];
+    };
+    ag_block_fn fn;
+    void *arg; // malloc'd copy of the block's argument; NULL when it has no bytes
+} ag_checkpoint_state;
+AG_SAVED_IN_A_ROW(ag_checkpoint_state, x, 1);
+
+// One node's state: the member named after the node's op (add keeps none).
+typedef union {
+    ag_tensor *saved[AG_MAX_SAVED]; // the generic view of any op's saved tensors
+    ag_linear_state linear;
+    ag_embedding_state embedding;
+    ag_rmsnorm_state rmsnorm;
+    ag_rope_state rope;
+    ag_attention_state attention;
+    ag_silu_state silu;
+    ag_mul_state mul;
+    ag_cross_entropy_state cross_entropy;
+    ag_checkpoint_state checkpoint;
+} ag_op_state;
+
+// The number of saved tensors of the state member `m`.
+#define AG_NSAVED(m) ((int)(sizeof(((ag_op_state *)0)->m.saved) / sizeof(ag_tensor *)))
