@@ -1,0 +1,323 @@
+"""Hugging Face LlamaForCausalLM, eager path, as torch.nn modules (torch only).
+
+The op sequence follows transformers' modeling_llama.py (the 4.4x-4.5x eager code: rotary
+embedding computed once per forward as cos/sin of shape [B, T, head_dim], eager_attention_forward
+with repeat_kv, a float causal mask added to the scores, softmax in float32, ForCausalLMLoss with
+labels padded by -100 then shifted, a DynamicCache when use_cache) op for op, so that every
+tensor PyTorch allocates, saves for backward or frees is the one transformers would. It exists
+to measure memory (tests/reference/profile_step.py); llama_ref.py stays the numerical reference.
+
+Differences with transformers that change no allocation: no config object beyond the fields
+used, no output_attentions / output_hidden_states / gradient checkpointing / flash or sdpa paths
+(with PyTorch 1.13 transformers picks "eager" anyway: there is no scaled_dot_product_attention),
+no pretraining_tp > 1, no rope scaling. The embedding has no padding_idx (it only zeroes one row
+of the gradient in place).
+
+scope(name) wraps each module's work in a profiler record_function range when TRACE is set, so
+that the profiler can attribute allocations to the module that made them.
+"""
+import contextlib
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+TRACE = False
+
+
+def scope(name):
+    if TRACE:
+        return torch.profiler.record_function(name)
+    return contextlib.nullcontext()
+
+
+class DynamicCache:
+    """transformers.cache_utils.DynamicCache: per layer the key and value states [B, KV, S, hd].
+    The first update of a layer stores the tensors it is given (no copy); later ones cat."""
+
+    def __init__(self):
+        self.key_cache = []
+        self.value_cache = []
+
+    def update(self, key_states, value_states, layer_idx):
+        if len(self.key_cache) <= layer_idx:
+            self.key_cache.append(key_states)
+            self.value_cache.append(value_states)
+        else:
+            self.key_cache[layer_idx] = torch.cat([self.key_cache[layer_idx], key_states], dim=-2)
+            self.value_cache[layer_idx] = torch.cat([self.value_cache[layer_idx], value_states],
+                                                    dim=-2)
+        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+
+    def get_seq_length(self, layer_idx=0):
+        if len(self.key_cache) <= layer_idx:
+            return 0
+        return self.key_cache[layer_idx].shape[-2]
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, hidden_size, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class LlamaRotaryEmbedding(nn.Module):
+    """Default rope: inv_freq buffer; forward gives cos, sin [B, T, hd] in x's dtype."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        dim = cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float()
+                                             / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_scaling = 1.0
+
+    @torch.no_grad()
+    def forward(self, x, position_ids):
+        inv_freq_expanded = self.inv_freq[None, :, None].float().expand(position_ids.shape[0],
+                                                                        -1, 1)
+        position_ids_expanded = position_ids[:, None, :].float()
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos = emb.cos()
+            sin = emb.sin()
+        cos = cos * self.attention_scaling
+        sin = sin * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(h, i, bias=False)
+        self.up_proj = nn.Linear(h, i, bias=False)
+        self.down_proj = nn.Linear(i, h, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, x):
+        with scope("mlp"):
+            return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+def repeat_kv(hidden_states, n_rep):
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep,
+                                                           slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0):
+    with scope("attn.repeat_kv"):
+        key_states = repeat_kv(key, module.num_key_value_groups)
+        value_states = repeat_kv(value, module.num_key_value_groups)
+    with scope("attn.probs"):
+        attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            causal_mask = attention_mask[:, :, :, : key_states.shape[-2]]
+            attn_weights = attn_weights + causal_mask
+        attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+        attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
+    with scope("attn.context"):
+        attn_output = torch.matmul(attn_weights, value_states)
+        attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.head_dim = cfg.head_dim
+        self.num_key_value_groups = cfg.num_attention_heads // cfg.num_key_value_heads
+        self.scaling = self.head_dim ** -0.5
+        self.attention_dropout = 0.0
+        h, nq = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
+        nkv = cfg.num_key_value_heads * cfg.head_dim
+        self.q_proj = nn.Linear(h, nq, bias=False)
+        self.k_proj = nn.Linear(h, nkv, bias=False)
+        self.v_proj = nn.Linear(h, nkv, bias=False)
+        self.o_proj = nn.Linear(nq, h, bias=False)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask, past_key_value=None):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        with scope("attn.qkv"):
+            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        with scope("attn.rope"):
+            cos, sin = position_embeddings
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if past_key_value is not None:
+            key_states, value_states = past_key_value.update(key_states, value_states,
+                                                             self.layer_idx)
+        attn_output, attn_weights = eager_attention_forward(
+            self, query_states, key_states, value_states, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling)
+        with scope("attn.o_proj"):
+            attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+            attn_output = self.o_proj(attn_output)
+        return attn_output, attn_weights
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg, layer_idx):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, layer_idx)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, hidden_states, attention_mask, past_key_value, position_embeddings):
+        residual = hidden_states
+        with scope("norm"):
+            hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, self_attn_weights = self.self_attn(
+            hidden_states=hidden_states, position_embeddings=position_embeddings,
+            attention_mask=attention_mask, past_key_value=past_key_value)
+        with scope("residual"):
+            hidden_states = residual + hidden_states
+        residual = hidden_states
+        with scope("norm"):
+            hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        with scope("residual"):
+            hidden_states = residual + hidden_states
+        return (hidden_states,)
+
+
+def causal_mask_4d(sequence_length, target_length, dtype, device, cache_position, batch_size):
+    """LlamaModel._prepare_4d_causal_attention_mask_with_cache_position without a 2D mask:
+    [B, 1, T, target] (an expand of one [T, target] tensor), 0 allowed, dtype min masked."""
+    min_dtype = torch.finfo(dtype).min
+    causal_mask = torch.full((sequence_length, target_length), fill_value=min_dtype, dtype=dtype,
+                             device=device)
+    if sequence_length != 1:
+        causal_mask = torch.triu(causal_mask, diagonal=1)
+    causal_mask *= torch.arange(target_length, device=device) > cache_position.reshape(-1, 1)
+    return causal_mask[None, None, :, :].expand(batch_size, 1, -1, -1)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, i)
+                                     for i in range(cfg.num_hidden_layers)])
+        self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(cfg)
+
+    def forward(self, input_ids, use_cache=True):
+        with scope("embed"):
+            inputs_embeds = self.embed_tokens(input_ids)
+        past_key_values = DynamicCache() if use_cache else None
+        with scope("mask"):
+            past_seen_tokens = past_key_values.get_seq_length() if past_key_values else 0
+            cache_position = torch.arange(past_seen_tokens,
+                                          past_seen_tokens + inputs_embeds.shape[1])
+            position_ids = cache_position.unsqueeze(0)
+            # attention_mask None: target length past + T + 1, as transformers does
+            causal_mask = causal_mask_4d(inputs_embeds.shape[1],
+                                         past_seen_tokens + inputs_embeds.shape[1] + 1,
+                                         inputs_embeds.dtype, inputs_embeds.device,
+                                         cache_position, inputs_embeds.shape[0])
+        hidden_states = inputs_embeds
+        with scope("rope.cos_sin"):
+            position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        for decoder_layer in self.layers:
+            layer_outputs = decoder_layer(hidden_states, attention_mask=causal_mask,
+                                          past_key_value=past_key_values,
+                                          position_embeddings=position_embeddings)
+            hidden_states = layer_outputs[0]
+        with scope("final_norm"):
+            hidden_states = self.norm(hidden_states)
+        return hidden_states, past_key_values
+
+
+def for_causal_lm_loss(logits, labels, vocab_size, ignore_index=-100):
+    """transformers.loss.loss_utils.ForCausalLMLoss (num_items_in_batch None: mean)."""
+    logits = logits.float()
+    labels = labels.to(logits.device)
+    labels = F.pad(labels, (0, 1), value=ignore_index)
+    shift_labels = labels[..., 1:].contiguous()
+    logits = logits.view(-1, vocab_size)
+    shift_labels = shift_labels.view(-1)
+    shift_labels = shift_labels.to(logits.device)
+    return F.cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction="mean")
+
+
+class CausalLMOutput:
+    """CausalLMOutputWithPast: holds loss, logits and past_key_values while it lives."""
+
+    def __init__(self, loss, logits, past_key_values):
+        self.loss = loss
+        self.logits = logits
+        self.past_key_values = past_key_values
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, labels=None, use_cache=True, logits_to_keep=0):
+        hidden_states, past_key_values = self.model(input_ids, use_cache=use_cache)
+        with scope("logits"):
+            slice_indices = slice(-logits_to_keep, None)
+            logits = self.lm_head(hidden_states[:, slice_indices, :])
+        loss = None
+        if labels is not None:
+            with scope("loss"):
+                loss = for_causal_lm_loss(logits, labels, self.cfg.vocab_size)
+        return CausalLMOutput(loss, logits, past_key_values)
+
+
+def init_weights(model, seed, std=0.02):
+    """transformers' _init_weights: Linear and Embedding weights ~ N(0, std), RMSNorm weights 1;
+    drawn in named_parameters() order from one seeded generator (a tied weight once)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+    return model
+
+
+def load_params(model, params):
+    """Copy llama_ref-style {HF name: tensor} into the model (same names)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])
+    return model
