@@ -9,7 +9,7 @@
 #include <string.h>
 
 int cli_profiler_start(const cli_options *o, bool meta) {
-    mp_options mo = {.meta = meta, .budget = meta ? 0 : o->budget, .track_other = !meta, .keep_timeline = true};
+    mp_options mo = {.meta = meta, .budget = o->budget, .track_other = !meta, .keep_timeline = true};
     return mp_init(&mo) == MP_OK ? 0 : -1;
 }
 

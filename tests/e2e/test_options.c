@@ -250,6 +250,12 @@ static void test_budget_is_the_peak(void **state) {
     assert_non_null(e);
     assert_string_not_equal(json_string_value(json_object_get(e, "site")), "malloc");
     json_decref(root);
+    // Meta mode bills the same run, so the same budget stops it.
+    membill(&r, "train --meta --budget 1GB --json -");
+    assert_int_equal(r.code, 1);
+    root = load_json(r.out);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(root, "error"), "category")), "gradient");
+    json_decref(root);
 }
 
 // A real run larger than this machine is refused from its meta bill, before anything runs.
