@@ -200,17 +200,10 @@ int llama_weights_resolve(const char *path, char *config_path, char *st_path, si
 #define LLAMA_ST_WRITE_MAX_DIMS 4
 
 // Write n float32 tensors (names unique and non-empty, 0 <= ndims[i] <= 4, shapes[i][0..ndim)
-// non-negative, data[i] holding the product of the shape) as an F32 safetensors file. A
-// regular file (or a path that does not exist yet) is written to a temporary in the same folder
-// and renamed into place only once complete and synced, keeping the old file's mode, so a
-// failure leaves no partial file and never touches what was at path before; a symbolic link is
-// followed (the file behind it is replaced, the link stays); a character device or FIFO
-// (/dev/null) is written in place, never replaced; a folder or block device is refused.
-int llama_st_write_f32(const char *path, size_t n, const char *const *names, const int *ndims,
-                       const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS], const float *const *data, ag_err *err);
-// The same file written to f from its current position, then flushed (f stays open). A bad
-// tensor list is refused before anything is written; a write error is reported from errno.
-// Messages name the tensor at fault, not the file (the caller knows it).
+// non-negative, data[i] holding the product of the shape) as an F32 safetensors file to f from
+// its current position, then flush (f stays open). A bad tensor list is refused before anything
+// is written; a write error is reported from errno. Messages name the tensor at fault, not the
+// file (the caller knows it, and decides where the file lands).
 int llama_st_write_f32_file(FILE *f, size_t n, const char *const *names, const int *ndims,
                             const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS], const float *const *data, ag_err *err);
 
@@ -243,10 +236,8 @@ void llama_model_free(llama_model *m); // NULL is ignored; frees the weights and
 void llama_model_init_random(llama_model *m, uint64_t seed);
 // Reads every parameter from a safetensors file (F32, BF16, F16), checking names and shapes.
 int llama_model_load(llama_model *m, const char *st_path, ag_err *err);
-// Writes the weights (or, with grads, each parameter's .grad) as F32 safetensors with HF names,
-// as llama_st_write_f32 writes a path.
-int llama_model_save(const llama_model *m, const char *path, bool grads, ag_err *err);
-// The same to f (as llama_st_write_f32_file): for a caller that stages its own output files.
+// Writes the weights (or, with grads, each parameter's .grad) as F32 safetensors with HF names
+// to f, as llama_st_write_f32_file does.
 int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err);
 
 // Every id in [0, vocab).

@@ -117,25 +117,22 @@ int llama_model_load(llama_model *m, const char *st_path, ag_err *err) {
     return rc;
 }
 
-// Writes the tensors to f, or (f NULL) to path through llama_st_write_f32.
-static int save_to(const llama_model *m, FILE *f, const char *path, bool grads, ag_err *err) {
+int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err) {
     size_t n = m->nparams;
     const char **names = calloc(n, sizeof *names);
     int *ndims = calloc(n, sizeof *ndims);
     int64_t(*shapes)[LLAMA_ST_WRITE_MAX_DIMS] = calloc(n, sizeof *shapes);
     const float **data = calloc(n, sizeof *data);
-    const char *pre = path ? path : "", *sep = path ? ": " : "";
     int rc = -1;
     if (!names || !ndims || !shapes || !data) {
-        ag_err_set(err, "%s%sout of memory", pre, sep);
+        ag_err_set(err, "out of memory");
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
         const ag_tensor *p = m->params[i];
         const ag_tensor *src = grads ? p->grad : p;
         if (!src || !src->data) {
-            ag_err_set(err, "%s%s%s has no %s to write", pre, sep, ag_tensor_name(p),
-                       grads ? "gradient" : "data (meta mode)");
+            ag_err_set(err, "%s has no %s to write", ag_tensor_name(p), grads ? "gradient" : "data (meta mode)");
             goto done;
         }
         names[i] = ag_tensor_name(p);
@@ -144,22 +141,13 @@ static int save_to(const llama_model *m, FILE *f, const char *path, bool grads, 
         data[i] = src->data;
     }
     const int64_t(*cshapes)[LLAMA_ST_WRITE_MAX_DIMS] = (const int64_t(*)[LLAMA_ST_WRITE_MAX_DIMS])shapes;
-    rc = f ? llama_st_write_f32_file(f, n, names, ndims, cshapes, data, err)
-           : llama_st_write_f32(path, n, names, ndims, cshapes, data, err);
+    rc = llama_st_write_f32_file(f, n, names, ndims, cshapes, data, err);
 done:
     free(names);
     free(ndims);
     free(shapes);
     free(data);
     return rc;
-}
-
-int llama_model_save(const llama_model *m, const char *path, bool grads, ag_err *err) {
-    return save_to(m, NULL, path, grads, err);
-}
-
-int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err) {
-    return save_to(m, f, NULL, grads, err);
 }
 
 int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, ag_err *err) {

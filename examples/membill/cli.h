@@ -86,9 +86,10 @@ const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf,
 // a malformed id list, a length past the model's positions) or EXIT_RUN_FAILED (a file that
 // cannot be read), with the message in *err.
 int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len, ag_err *err);
-// After a run that succeeded: plain malloc past the budget cannot be refused when it happens, so
-// the run fails here (mp_oom()). Returns 0, or -1 with the message in err.
-int cli_budget_check(ag_err *err);
+// The end of a run, after its teardown: whether every tensor category is back at zero, and, for
+// a run that succeeded, plain malloc past the budget (which cannot be refused when it happens)
+// failing it now. Returns rc, or -1 with the message in err.
+int cli_run_end(int rc, bool *clean, ag_err *err);
 // "1,2,3" -> ids (malloc'd); a malformed list names the item at fault.
 int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err);
 // Token ids [batch * seq_len]: --tokens repeated over the batch, or seeded random ids. In meta

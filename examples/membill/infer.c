@@ -103,11 +103,7 @@ done:
     mp_set_phase(MP_PHASE_TEARDOWN);
     llama_model_free(m);
     ag_ctx_free(ctx);
-    r->torn_down_clean = true;
-    for (int c = 0; c < MP_OTHER; c++)
-        if (mp_get_counter(c).live != 0) r->torn_down_clean = false;
-    if (rc == 0) rc = cli_budget_check(err);
-    return rc;
+    return cli_run_end(rc, &r->torn_down_clean, err);
 }
 
 bool cli_infer_dtype(const cli_options *o, cli_dtype *d, ag_err *err) {

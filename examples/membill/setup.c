@@ -53,9 +53,12 @@ bool cli_check_combinations(const cli_options *o) {
     return !bad;
 }
 
-int cli_budget_check(ag_err *err) {
+int cli_run_end(int rc, bool *clean, ag_err *err) {
+    *clean = true;
+    for (int c = 0; c < MP_OTHER; c++)
+        if (mp_get_counter(c).live != 0) *clean = false;
     const mp_oom_record *r = mp_oom();
-    if (!r->happened) return 0;
+    if (rc != 0 || !r->happened) return rc;
     ag_err_set(err, "over the memory budget of %llu bytes: %s %s took %llu bytes in phase %s",
                (unsigned long long)r->budget, r->category == MP_OTHER ? "plain malloc after" : "tensor",
                r->category == MP_OTHER ? mp_site_name(r->live.site) : mp_site_name(r->site),

@@ -128,9 +128,5 @@ done:
     optim_free(opt);
     llama_model_free(m);
     ag_ctx_free(ctx);
-    r->torn_down_clean = true;
-    for (int c = 0; c < MP_OTHER; c++)
-        if (mp_get_counter(c).live != 0) r->torn_down_clean = false;
-    if (rc == 0) rc = cli_budget_check(err);
-    return rc;
+    return cli_run_end(rc, &r->torn_down_clean, err);
 }

@@ -158,7 +158,7 @@ static void test_short_and_truncated(void **state) {
     const int nd[] = {2, 1};
     const int64_t shapes[][4] = {{8, 4}, {32}};
     const float *data[] = {x, x};
-    assert_int_equal(llama_st_write_f32(path, 2, names, nd, shapes, data, &err), 0);
+    assert_int_equal(tu_write_f32(path, 2, names, nd, shapes, data, &err), 0);
     assert_int_equal(llama_st_open(&f, path, &err), 0);
     llama_st_close(f);
     size_t len;

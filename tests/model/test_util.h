@@ -40,6 +40,19 @@ static inline void tu_rmtree(char *dir) {
     free(dir);
 }
 
+// A safetensors file at path through the stream writer (tests own their folders: no staging).
+static inline int tu_write_f32(const char *path, size_t n, const char *const *names, const int *ndims,
+                               const int64_t (*shapes)[LLAMA_ST_WRITE_MAX_DIMS], const float *const *data,
+                               ag_err *err) {
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        ag_err_set(err, "%s: cannot write", path);
+        return -1;
+    }
+    int rc = llama_st_write_f32_file(f, n, names, ndims, shapes, data, err);
+    return fclose(f) != 0 ? -1 : rc;
+}
+
 static inline size_t tu_count_entries(const char *dir) {
     DIR *d = opendir(dir);
     assert_non_null(d);
