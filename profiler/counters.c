@@ -6,10 +6,10 @@
 #include <unistd.h>
 #include <string.h>
 
-static const char *const category_names[MP_NCATEGORIES] = {"weight",     "gradient", "optimizer",
-                                                           "activation", "cache",    "other"};
-static const char *const phase_names[MP_NPHASES] = {"setup",     "load",    "forward", "backward",
-                                                    "optimizer", "prefill", "decode",  "teardown"};
+static const char *const category_names[MP_NCATEGORIES] = {"weight", "gradient",  "optimizer", "activation",
+                                                           "cache",  "temporary", "other"};
+static const char *const phase_names[MP_NPHASES] = {"setup",     "load",    "zero_grad", "forward", "backward",
+                                                    "optimizer", "prefill", "decode",    "teardown"};
 
 const char *mp_category_name(mp_category c) { return (unsigned)c < MP_NCATEGORIES ? category_names[c] : "?"; }
 

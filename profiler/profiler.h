@@ -13,11 +13,24 @@
 #include <stdint.h>
 #include <stdio.h>
 
-typedef enum { MP_WEIGHT, MP_GRADIENT, MP_OPTIMIZER, MP_ACTIVATION, MP_CACHE, MP_OTHER, MP_NCATEGORIES } mp_category;
+// temporary: scratch that is neither saved for backward, nor a gradient, nor optimizer state
+// (an optimizer's per-step temporaries, the autograd engine's out-of-place gradient sums), as
+// PyTorch's memory profiler calls it TEMPORARY.
+typedef enum {
+    MP_WEIGHT,
+    MP_GRADIENT,
+    MP_OPTIMIZER,
+    MP_ACTIVATION,
+    MP_CACHE,
+    MP_TEMPORARY,
+    MP_OTHER,
+    MP_NCATEGORIES
+} mp_category;
 
 typedef enum {
     MP_PHASE_SETUP, // before any named phase: parsing arguments, config
     MP_PHASE_LOAD,
+    MP_PHASE_ZERO_GRAD, // optimizer.zero_grad(set_to_none=True) at the start of a step
     MP_PHASE_FORWARD,
     MP_PHASE_BACKWARD,
     MP_PHASE_OPTIMIZER,

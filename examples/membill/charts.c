@@ -7,8 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const colors[MP_NCATEGORIES] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#bab0ac"};
-static const char *const phase_fill[MP_NPHASES] = {"#ffffff", "#f4f4f4", "#eef5fb", "#fbf1ea",
+static const char *const colors[MP_NCATEGORIES] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
+                                                   "#59a14f", "#edc948", "#bab0ac"};
+static const char *const phase_fill[MP_NPHASES] = {"#ffffff", "#f4f4f4", "#f9f9f4", "#eef5fb", "#fbf1ea",
                                                    "#f6eef6", "#eef7ee", "#f7f7e8", "#ffffff"};
 
 // One x position of the chart: the state after the event with the highest total among those
