@@ -48,6 +48,7 @@ struct ag_node {
 struct ag_ctx {
     bool grad_enabled;
     ag_meta_dtype dtype; // element sizes billed (meta mode); float32 by default
+    ag_framework framework;
     ag_node **tape;
     size_t ntape, cap;
     ag_status status;
@@ -83,6 +84,8 @@ ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, cons
 // same size in real runs, which are float32 only).
 // A block of `bytes` float32 bytes, billed at the category's dtype in meta mode.
 bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label);
+// A block of exactly `bytes`, whatever the dtype (a float64 scalar, int64 labels).
+bool ag_alloc_exact(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label);
 // A tensor billed at float32 whatever the dtype: the statistics PyTorch's autocast keeps in
 // float32 (RMSNorm's rstd, the cross-entropy's log-sum-exp).
 ag_tensor *ag_tensor_new_f32(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site);
@@ -98,10 +101,13 @@ bool ag_any_needs_grad(const ag_ctx *ctx, int n, ag_tensor *const *ins);
 // Appends a node making `out` from the inputs, its state zeroed for the op to fill (saved
 // tensors retained); NULL with the error set if out of memory.
 ag_node *ag_record(ag_ctx *ctx, const ag_op *op, const char *base, ag_tensor *out, int n, ag_tensor *const *ins);
+// Whether input i is the node's first edge to its leaf (a leaf counts each node once).
+bool ag_first_edge_to(const ag_node *n, int i);
 static inline bool ag_wants_grad(const ag_node *n, int i) { return n->in[i].kind != AG_EDGE_NONE; }
 void ag_node_free(ag_node *n);
 
 // grad.c
+static inline bool ag_is_pytorch(const ag_ctx *ctx) { return ctx->framework != AG_FRAMEWORK_LEAN; }
 bool ag_grad_get(ag_ctx *ctx, ag_node *n, int i, ag_grad_dst *dst);
 // All inputs at once; inputs sharing one target are resolved so every write accumulates.
 bool ag_grad_get_all(ag_ctx *ctx, ag_node *n, ag_grad_dst *dst);
@@ -195,6 +201,13 @@ AG_AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 #endif
+
+// op_attention_eager.c: ag_attention under PYTORCH semantics (shapes already checked).
+ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
+                              const ag_att_dims *a, bool rec);
+
+// op_cross_entropy_hf.c: ag_cross_entropy under PYTORCH semantics (inputs already checked).
+ag_tensor *ag_cross_entropy_hf(ag_ctx *ctx, const ag_site *s, ag_tensor *logits, const int32_t *ids, bool rec);
 
 // Backward of the nodes above `floor` only, newest first, each freed after it ran (the tape
 // below stays as it was): how a checkpoint runs its block's private part of the tape.

@@ -45,12 +45,14 @@ typedef struct {
             ag_tensor *x;
             ag_tensor *rstd; // [rows], float32 whatever the dtype
             ag_tensor *w;    // for dx; NULL when x wants no gradient
+            ag_tensor *h;    // PYTORCH: x * rstd, kept by the weight's mul
+            ag_tensor *sq;   // PYTORCH_113: x², kept by MeanBackward1
         };
-        ag_tensor *saved[3];
+        ag_tensor *saved[5];
     };
     int64_t rows, hidden;
 } ag_rmsnorm_state;
-AG_SAVED_IN_A_ROW(ag_rmsnorm_state, w, 3);
+AG_SAVED_IN_A_ROW(ag_rmsnorm_state, sq, 5);
 
 // rope over x[B, T, heads * head_dim]; saves nothing, backward recomputes the angles.
 typedef struct {
@@ -60,6 +62,19 @@ typedef struct {
     float theta;
     int32_t *pos; // malloc'd copy of one position per row [B*T], or NULL
 } ag_rope_state;
+
+// rope_cs over x[B, T, heads * head_dim] with HF's tables, kept for backward.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *cos, *sin; // [1, T, head_dim]
+        };
+        ag_tensor *saved[2];
+    };
+    int64_t B, T;
+    int heads, head_dim;
+} ag_rope_cs_state;
+AG_SAVED_IN_A_ROW(ag_rope_cs_state, sin, 2);
 
 // The sizes of a grouped-query attention: q[B, Tq, Hq*D], k and v [B, Tk, Hkv*D].
 typedef struct {
@@ -75,12 +90,16 @@ typedef struct {
             ag_tensor *k;     // for dq; NULL when q wants no gradient
             ag_tensor *v;     // for dP; NULL when neither q nor k wants a gradient
             ag_tensor *probs; // [B, Hq, Tq, Tk]
+            // PYTORCH (HF eager attention): q is the rope output (B = 1) or the contiguous copy the
+            // score matmul makes of it (B > 1); k and v are NULL, repeat_kv's copies kept instead.
+            ag_tensor *k_rep, *v_rep; // [B, Hq, Tk, D]
+            ag_tensor *scale;         // the float64 scalar that `* scaling` wraps: 8 bytes
         };
-        ag_tensor *saved[4];
+        ag_tensor *saved[7];
     };
     ag_att_dims dims;
 } ag_attention_state;
-AG_SAVED_IN_A_ROW(ag_attention_state, probs, 4);
+AG_SAVED_IN_A_ROW(ag_attention_state, scale, 7);
 
 // silu: y = x * sigmoid(x).
 typedef struct {
@@ -111,13 +130,17 @@ typedef struct {
         struct {
             ag_tensor *logits;
             ag_tensor *lse; // [B*(T-1)], float32 whatever the dtype
+            // PYTORCH (transformers' ForCausalLMLoss): logits and lse NULL; log_softmax of every
+            // row [B*T, V], the int64 labels nll_loss keeps (padded [B, T+1] for B = 1, the
+            // shifted copy [B, T] otherwise) and nll_loss's 4-byte total_weight.
+            ag_tensor *logp, *labels_t, *total_weight;
         };
-        ag_tensor *saved[2];
+        ag_tensor *saved[5];
     };
     int64_t B, T, V;
     int32_t *labels; // malloc'd copy of the ids [B*T]; NULL in meta mode
 } ag_cross_entropy_state;
-AG_SAVED_IN_A_ROW(ag_cross_entropy_state, lse, 2);
+AG_SAVED_IN_A_ROW(ag_cross_entropy_state, total_weight, 5);
 
 // checkpoint: y = fn(x), recomputed in backward.
 typedef struct {
@@ -139,6 +162,7 @@ typedef union {
     ag_embedding_state embedding;
     ag_rmsnorm_state rmsnorm;
     ag_rope_state rope;
+    ag_rope_cs_state rope_cs;
     ag_attention_state attention;
     ag_silu_state silu;
     ag_mul_state mul;

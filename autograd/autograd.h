@@ -63,6 +63,9 @@ struct ag_tensor {
     ag_tensor *grad; // leaves only (category gradient, site "<name>:grad"); NULL until backward
     ag_node *node;   // the node that made it, while the tape holds it; NULL for leaves
     int refcount;
+    int tape_nodes;     // leaves: nodes on the tape with an edge to it
+    mp_block grad_wait; // leaves, PYTORCH semantics: a gradient waiting for the others to be summed
+    mp_block grad_new;  // ... and the one just written, summed with it after its node's backward
     uint32_t site; // interned label (mp_site_name); a parameter's name
 };
 
@@ -74,6 +77,25 @@ bool ag_is_grad_enabled(const ag_ctx *ctx);
 ag_status ag_ctx_status(const ag_ctx *ctx);
 const char *ag_ctx_error(const ag_ctx *ctx); // NULL when there was no error
 void ag_ctx_clear_error(ag_ctx *ctx);
+
+// Memory semantics: the same math, with what a framework allocates, keeps for backward and frees.
+//   LEAN: minimal saved sets, what fused kernels keep (a fused RMSNorm keeps its input and rstd,
+//     GQA-aware attention keeps k and v at the key-value heads, a fused cross-entropy keeps a
+//     log-sum-exp per row). Leaf gradients accumulate in place into .grad.
+//   PYTORCH: PyTorch's eager ops as Hugging Face transformers composes them. RMSNorm keeps x,
+//     rstd and x * rstd; attention keeps k and v repeated to every query head, the probabilities
+//     and the 8-byte scaling scalar, and materialises the scores three times over (matmul, scaled,
+//     masked); RoPE keeps cos and sin (made once per forward by ag_rope_tables); the loss keeps a
+//     log-softmax of every row and the padded int64 labels, and backward allocates the dense
+//     gradients of nll_loss and log_softmax. A leaf reached by several nodes (a tied embedding)
+//     gets each gradient in a buffer of its own and sums them out of place, as the autograd
+//     engine's input buffer does (category temporary until the sum becomes .grad).
+//   PYTORCH_113: the same on PyTorch 1.13, whose MeanBackward1 also keeps x² inside RMSNorm.
+typedef enum { AG_FRAMEWORK_LEAN, AG_FRAMEWORK_PYTORCH, AG_FRAMEWORK_PYTORCH_113 } ag_framework;
+
+// LEAN by default. Applies to ops recorded afterwards.
+void ag_ctx_set_framework(ag_ctx *ctx, ag_framework f);
+ag_framework ag_ctx_framework(const ag_ctx *ctx);
 
 // Meta mode can bill other dtypes. Real runs compute in float32; in meta mode (no data) a
 // context may bill its allocations at other element sizes, so that one run of the same code
@@ -149,6 +171,14 @@ ag_tensor *ag_rope_positions(ag_ctx *ctx, const char *site, ag_tensor *x, int nh
 // Eager: the softmax probabilities [B, Hq, Tq, Tk] are materialised (site "<prefix>:probs").
 ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                         int D);
+// HF's LlamaRotaryEmbedding: cos and sin [1, T, hd] of positions pos0 .. pos0+T-1 (need no
+// gradient), made once per forward and shared by every layer's ag_rope_cs. Both are new tensors
+// owned by the caller ("<prefix>:cos", "<prefix>:sin"); false with the error set.
+bool ag_rope_tables(ag_ctx *ctx, const char *site, int64_t T, int hd, float theta, int64_t pos0, ag_tensor **cos,
+                    ag_tensor **sin);
+// HF's apply_rotary_pos_emb of x[B, T, nh*hd]: x * cos + rotate_half(x) * sin, with its
+// transients (the two products, -x2 and the cat); the node keeps cos and sin.
+ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, ag_tensor *cos, ag_tensor *sin);
 ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x);
 ag_tensor *ag_mul(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b); // same shapes
 ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b); // same shapes

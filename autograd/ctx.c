@@ -29,6 +29,12 @@ bool ag_set_grad_enabled(ag_ctx *ctx, bool on) {
 
 bool ag_is_grad_enabled(const ag_ctx *ctx) { return ctx->grad_enabled; }
 
+void ag_ctx_set_framework(ag_ctx *ctx, ag_framework f) {
+    if (ctx && (unsigned)f <= AG_FRAMEWORK_PYTORCH_113) ctx->framework = f;
+}
+
+ag_framework ag_ctx_framework(const ag_ctx *ctx) { return ctx ? ctx->framework : AG_FRAMEWORK_LEAN; }
+
 ag_status ag_ctx_status(const ag_ctx *ctx) { return ctx->status; }
 
 const char *ag_ctx_error(const ag_ctx *ctx) { return ctx->status == AG_OK ? NULL : ctx->msg; }

@@ -15,6 +15,59 @@ static bool leaf_grad(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
     return true;
 }
 
+// PyTorch's engine: each gradient of a leaf without .grad is a tensor of its own. Alone, it
+// becomes .grad; when more nodes will reach the leaf, it waits in the input buffer, and the next
+// one is summed with it out of place once its node's backward is done (ag_leaf_grads_settle).
+static bool leaf_grad_pytorch(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
+    if (leaf->grad_new.bytes) { // a second edge of the same node: write into the same buffer
+        dst->data = leaf->grad_new.data;
+        return true;
+    }
+    if (leaf->grad || (leaf->tape_nodes <= 1 && !leaf->grad_wait.bytes)) return leaf_grad(ctx, leaf, dst);
+    mp_block *b = leaf->grad_wait.bytes ? &leaf->grad_new : &leaf->grad_wait;
+    char label[AG_LABEL_MAX];
+    ag_label(label, ag_tensor_name(leaf), "grad_buffer");
+    if (!ag_alloc_block(ctx, b, (size_t)leaf->numel * sizeof(float), MP_TEMPORARY, label)) return false;
+    dst->fresh = true;
+    dst->data = b->data;
+    return true;
+}
+
+static void add_into(float *dst, const float *a, const float *b, int64_t n) {
+    if (!dst) return;
+#pragma omp parallel for if (n >= AG_OMP_MIN)
+    for (int64_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+}
+
+// After node n's backward: each leaf gradient it wrote beside a waiting one is summed out of
+// place (3 leaf-sized buffers at that moment), into .grad when n is the last node to reach the
+// leaf, else into the new waiting buffer. A waiting gradient whose last node wrote none becomes
+// .grad as it is.
+static void leaf_grads_settle(ag_ctx *ctx, ag_node *n) {
+    for (int i = 0; i < n->ninputs; i++) {
+        if (n->in[i].kind != AG_EDGE_LEAF || !ag_first_edge_to(n, i)) continue;
+        ag_tensor *leaf = n->in[i].leaf;
+        bool last = leaf->tape_nodes <= 1;
+        if (!leaf->grad_wait.bytes || (!leaf->grad_new.bytes && !last)) continue;
+        mp_block sum = {0};
+        char label[AG_LABEL_MAX];
+        ag_label(label, ag_tensor_name(leaf), last ? "grad" : "grad_buffer");
+        if (last) {
+            leaf->grad = ag_tensor_like(ctx, leaf, MP_GRADIENT, label);
+            if (leaf->grad) sum = leaf->grad->block;
+        } else {
+            ag_alloc_block(ctx, &sum, (size_t)leaf->numel * sizeof(float), MP_TEMPORARY, label);
+        }
+        if (sum.bytes && leaf->grad_new.bytes)
+            add_into(sum.data, leaf->grad_wait.data, leaf->grad_new.data, leaf->numel);
+        else if (sum.data && leaf->grad_wait.data)
+            memcpy(sum.data, leaf->grad_wait.data, (size_t)leaf->numel * sizeof(float));
+        mp_free(&leaf->grad_new);
+        mp_free(&leaf->grad_wait);
+        if (!last) leaf->grad_wait = sum;
+    }
+}
+
 static bool node_grad(ag_ctx *ctx, ag_node *node, ag_grad_dst *dst) {
     if (node->grad.bytes == 0) {
         char label[AG_LABEL_MAX];
@@ -30,7 +83,9 @@ bool ag_grad_get(ag_ctx *ctx, ag_node *n, int i, ag_grad_dst *dst) {
     *dst = (ag_grad_dst){0};
     switch (n->in[i].kind) {
     case AG_EDGE_NODE: dst->needed = true; return node_grad(ctx, n->in[i].node, dst);
-    case AG_EDGE_LEAF: dst->needed = true; return leaf_grad(ctx, n->in[i].leaf, dst);
+    case AG_EDGE_LEAF:
+        dst->needed = true;
+        return ag_is_pytorch(ctx) ? leaf_grad_pytorch(ctx, n->in[i].leaf, dst) : leaf_grad(ctx, n->in[i].leaf, dst);
     default: return true;
     }
 }
@@ -70,6 +125,7 @@ ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor) {
     while (ctx->ntape > floor) {
         ag_node *n = ctx->tape[--ctx->ntape];
         if (n->grad.bytes != 0 && ctx->status == AG_OK) n->op->backward(ctx, n, n->grad.data);
+        if (ag_is_pytorch(ctx)) leaf_grads_settle(ctx, n);
         ag_node_free(n);
     }
     return ctx->status;

@@ -18,6 +18,12 @@ static ag_edge edge_to(ag_tensor *t) {
     return (ag_edge){.kind = AG_EDGE_NONE};
 }
 
+bool ag_first_edge_to(const ag_node *n, int i) {
+    for (int j = 0; j < i; j++)
+        if (n->in[j].kind == AG_EDGE_LEAF && n->in[j].leaf == n->in[i].leaf) return false;
+    return true;
+}
+
 ag_node *ag_record(ag_ctx *ctx, const ag_op *op, const char *base, ag_tensor *out, int n, ag_tensor *const *ins) {
     ag_node *node = calloc(1, sizeof *node);
     if (!node) {
@@ -27,7 +33,10 @@ ag_node *ag_record(ag_ctx *ctx, const ag_op *op, const char *base, ag_tensor *ou
     node->op = op;
     node->site = mp_site_id(base);
     node->ninputs = n;
-    for (int i = 0; i < n; i++) node->in[i] = edge_to(ins[i]);
+    for (int i = 0; i < n; i++) {
+        node->in[i] = edge_to(ins[i]);
+        if (node->in[i].kind == AG_EDGE_LEAF && ag_first_edge_to(node, i)) node->in[i].leaf->tape_nodes++;
+    }
     node->numel = out->numel;
     if (!ag_tape_push(ctx, node)) {
         ag_node_free(node);
@@ -41,8 +50,11 @@ ag_node *ag_record(ag_ctx *ctx, const ag_op *op, const char *base, ag_tensor *ou
 
 void ag_node_free(ag_node *n) {
     for (int i = 0; i < n->op->nsaved; i++) ag_release(n->state.saved[i]);
-    for (int i = 0; i < n->ninputs; i++)
-        if (n->in[i].kind == AG_EDGE_LEAF) ag_release(n->in[i].leaf);
+    for (int i = n->ninputs - 1; i >= 0; i--) // the last edge to a leaf uncounts it
+        if (n->in[i].kind == AG_EDGE_LEAF) {
+            if (ag_first_edge_to(n, i)) n->in[i].leaf->tape_nodes--;
+            ag_release(n->in[i].leaf);
+        }
     mp_free(&n->grad);
     if (n->out) { // the output outlives its graph: it is a constant from now on
         n->out->node = NULL;

@@ -129,6 +129,7 @@ ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *
     ag_site_parse(&s, site);
     if (!attention_shapes(ctx, s.base, q, k, v, Hq, Hkv, D)) return NULL;
     ag_att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D};
+    if (ag_is_pytorch(ctx)) return ag_attention_eager(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);

@@ -60,6 +60,67 @@ static void rmsnorm_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
 
 static const ag_op rmsnorm_op = {.name = "rmsnorm", .backward = rmsnorm_backward, .nsaved = AG_NSAVED(rmsnorm)};
 
+// HF's LlamaRMSNorm as PyTorch runs it, op by op: sq = x.pow(2); rstd = rsqrt(sq.mean(-1) + eps);
+// h = x * rstd; y = w * h. sq is freed after the mean (1.13: kept by MeanBackward1); h and
+// rstd are kept by the two muls, x by pow and the first mul. The [rows] transients (the mean
+// and mean + eps) are left out: one float a row each.
+static void rms_squares(float *sq, float *rstd, const float *x, int64_t rows, int64_t H, float eps) {
+#pragma omp parallel for if (rows * H >= AG_OMP_MIN)
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0.0;
+        for (int64_t j = 0; j < H; j++) {
+            sq[r * H + j] = x[r * H + j] * x[r * H + j];
+            ss += sq[r * H + j];
+        }
+        rstd[r] = 1.0f / sqrtf((float)(ss / (double)H) + eps);
+    }
+}
+
+static void rms_scale(float *y, float *h, const float *x, const float *rstd, const float *w, int64_t rows, int64_t H) {
+#pragma omp parallel for if (rows * H >= AG_OMP_MIN)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < H; j++) {
+            h[r * H + j] = x[r * H + j] * rstd[r];
+            y[r * H + j] = w[j] * h[r * H + j];
+        }
+}
+
+static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tensor *w, float eps, bool rec) {
+    ag_tensor *ins[] = {x, w};
+    int64_t H = x->shape[x->ndim - 1], rows = x->numel / H;
+    bool keep_sq = ctx->framework == AG_FRAMEWORK_PYTORCH_113 && rec;
+    char l_sq[AG_LABEL_MAX], l_rstd[AG_LABEL_MAX], l_h[AG_LABEL_MAX];
+    ag_label(l_sq, s->base, "pow");
+    ag_label(l_rstd, s->base, "rstd");
+    ag_label(l_h, s->base, "normed");
+    ag_tensor *sq = ag_tensor_like(ctx, x, MP_ACTIVATION, l_sq);
+    ag_tensor *rstd = ag_tensor_new_f32(ctx, 1, &rows, MP_ACTIVATION, l_rstd);
+    if (sq && rstd && !mp_is_meta()) rms_squares(sq->data, rstd->data, x->data, rows, H, eps);
+    if (!keep_sq) ag_release(sq), sq = NULL;
+    ag_tensor *h = ag_tensor_like(ctx, x, MP_ACTIVATION, l_h);
+    ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s->out);
+    ag_node *n = y && h && rstd && rec ? ag_record(ctx, &rmsnorm_op, s->base, y, 2, ins) : NULL;
+    if (!y || !h || !rstd || (rec && !n) || (keep_sq && !sq)) {
+        ag_release(sq), ag_release(rstd), ag_release(h), ag_release(y);
+        return NULL;
+    }
+    if (!mp_is_meta()) rms_scale(y->data, h->data, x->data, rstd->data, w->data, rows, H);
+    if (!n) {
+        ag_release(rstd), ag_release(h);
+        return y;
+    }
+    n->state.rmsnorm = (ag_rmsnorm_state){
+        .x = ag_retain(x),
+        .rstd = rstd, // the node takes these references over
+        .w = ag_retain(ag_wants_grad(n, 0) ? w : NULL),
+        .h = h,
+        .sq = sq,
+        .rows = rows,
+        .hidden = H,
+    };
+    return y;
+}
+
 ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps) {
     ag_tensor *ins[] = {x, w};
     if (!ag_check_inputs(ctx, "rmsnorm", site, 2, ins, (const char *[]){"x", "w"})) return NULL;
@@ -73,6 +134,7 @@ ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w,
         return NULL;
     }
     bool rec = ag_any_needs_grad(ctx, 2, ins);
+    if (ag_is_pytorch(ctx)) return rmsnorm_pt(ctx, &s, x, w, eps, rec);
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "rstd");
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);

@@ -75,6 +75,10 @@ static bool alloc_billed(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat
                    status_text(st));
 }
 
+bool ag_alloc_exact(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label) {
+    return !ctx || ctx->status != AG_OK ? false : alloc_billed(ctx, b, bytes, cat, label);
+}
+
 bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label) {
     uint64_t billed = (uint64_t)bytes / sizeof(float) * (uint64_t)category_bits(ctx, cat) / 8;
     return alloc_billed(ctx, b, bytes % sizeof(float) ? bytes : (size_t)billed, cat, label);
@@ -159,6 +163,8 @@ void ag_release(ag_tensor *t) {
     if (!t || --t->refcount > 0) return;
     if (t->node) t->node->out = NULL;
     ag_release(t->grad);
+    mp_free(&t->grad_wait);
+    mp_free(&t->grad_new);
     mp_free(&t->block);
     free(t);
 }

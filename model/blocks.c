@@ -52,16 +52,26 @@ ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_layer *L, ag_tensor *x, 
 }
 
 // x[B, T, H] -> x + attention(norm(x)); takes ownership of x.
-ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
+ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, const llama_shared *sh,
+                                 ag_tensor *x, int64_t i) {
     char s[96];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
     const float theta = (float)c->rope_theta;
-    ag_tensor *q, *k, *v;
+    ag_tensor *q, *k, *v, *qr, *kr;
     llama_qkv(ctx, c, L, x, i, &q, &k, &v);
-    ag_tensor *qr = ag_rope(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, theta, 0);
-    ag_tensor *kr = ag_rope(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, theta, 0);
+    if (sh && sh->cos) {
+        qr = ag_rope_cs(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, sh->cos, sh->sin);
+        kr = ag_rope_cs(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, sh->cos, sh->sin);
+    } else {
+        qr = ag_rope(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, theta, 0);
+        kr = ag_rope(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, theta, 0);
+    }
     REL(q);
     REL(k);
+    if (sh && sh->cache && kr && v) { // DynamicCache.update keeps the layer's k and v as they are
+        sh->cache[2 * i] = ag_retain(kr);
+        sh->cache[2 * i + 1] = ag_retain(v);
+    }
     ag_tensor *a = ag_attention(ctx, llama_site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd);
     REL(qr);
     REL(kr);
@@ -70,6 +80,7 @@ ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama
 }
 
 // One decoder block: x[B, T, H] -> mlp_block(attention_block(x)); takes ownership of x.
-ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
-    return llama_mlp_block(ctx, c, L, llama_attention_block(ctx, c, L, x, i), i);
+ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, const llama_shared *sh, ag_tensor *x,
+                       int64_t i) {
+    return llama_mlp_block(ctx, c, L, llama_attention_block(ctx, c, L, sh, x, i), i);
 }

@@ -13,7 +13,17 @@ ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_layer *L, ag_tensor *x, 
 // x[B, T, H] -> x + down(silu(gate(norm(x))) * up(norm(x))); takes ownership of x. Records on
 // the tape in grad mode, not otherwise.
 ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);
+// What a training forward shares across its blocks as transformers' LlamaModel runs it
+// (PYTORCH semantics); all NULL for the lean forward and under checkpointing.
+typedef struct {
+    ag_tensor *cos, *sin; // LlamaRotaryEmbedding's tables [1, T, head_dim]: ag_rope_cs, else ag_rope
+    ag_tensor **cache;    // [2 * layers]: the DynamicCache of the output (k after RoPE, v), kept
+                          // until the output is dropped; NULL: none
+} llama_shared;
+
 // x[B, T, H] -> x + o_proj(attention(rope(q), rope(k), v)) of norm(x); takes ownership of x.
-ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);
-// One decoder block, the attention half then the MLP half; takes ownership of x.
-ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);
+ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, const llama_shared *sh,
+                                 ag_tensor *x, int64_t i);
+// One decoder block, the attention half then the MLP half; takes ownership of x. sh may be NULL.
+ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, const llama_shared *sh, ag_tensor *x,
+                       int64_t i);

@@ -3,8 +3,10 @@
 // checkpointing, a block's tape is rebuilt in backward and only its input stays meanwhile.
 #include "blocks.h"
 
+#include <float.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 // What a checkpointed block needs again in backward (copied by ag_checkpoint).
 typedef struct {
@@ -15,18 +17,38 @@ typedef struct {
 
 static ag_tensor *block_fn(ag_ctx *ctx, const void *arg, ag_tensor *x) {
     const block_arg *a = arg;
-    return llama_block(ctx, a->c, a->L, x, a->i);
+    return llama_block(ctx, a->c, a->L, NULL, x, a->i);
 }
 
 // Block i on x, taking ownership of x; checkpointed, only x stays for backward.
-static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, bool checkpointing, ag_tensor *x, int64_t i) {
-    if (!checkpointing) return llama_block(ctx, &m->cfg, &m->layers[i], x, i);
+static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, const llama_shared *sh, bool checkpointing, ag_tensor *x,
+                            int64_t i) {
+    if (!checkpointing) return llama_block(ctx, &m->cfg, &m->layers[i], sh, x, i);
     char s[96];
     snprintf(s, sizeof s, "layers.%lld", (long long)i);
     block_arg a = {&m->cfg, &m->layers[i], i};
     ag_tensor *y = ag_checkpoint(ctx, s, block_fn, &a, sizeof a, x);
     ag_release(x);
     return y;
+}
+
+// What transformers' LlamaModel.forward makes before its first layer: the rotary tables, the 4-D
+// causal mask (PyTorch 1.13's transformers: torch.full((T, T + 1), min) then triu, target length
+// T + 1 without an attention mask; current transformers: [B, 1, T, T] from a boolean mask), and
+// the DynamicCache (use_cache defaults to true). The mask is billed and filled as transformers
+// fills it; ag_attention applies the same causal pattern itself.
+static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, llama_shared *sh, ag_tensor **mask) {
+    const llama_config *c = &m->cfg;
+    if (!ag_rope_tables(ctx, "rotary_emb", T, (int)c->head_dim, (float)c->rope_theta, 0, &sh->cos, &sh->sin))
+        return false;
+    bool old = ag_ctx_framework(ctx) == AG_FRAMEWORK_PYTORCH_113;
+    int64_t cols = old ? T + 1 : T, rows = old ? T : B * T;
+    *mask = ag_tensor_new(ctx, 2, (int64_t[]){rows, cols}, MP_ACTIVATION, "causal_mask");
+    if (*mask && !mp_is_meta())
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t j = 0; j < cols; j++) (*mask)->data[r * cols + j] = j > r % T ? -FLT_MAX : 0.0f;
+    sh->cache = *mask ? calloc((size_t)(2 * c->layers), sizeof *sh->cache) : NULL;
+    return sh->cache != NULL;
 }
 
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B, int64_t T, ag_err *err) {
@@ -51,13 +73,25 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     }
     if (!mp_is_meta() && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return NULL;
     ag_tensor *x = ag_embedding(ctx, "embed_tokens", ids, B, T, m->embed);
-    for (int64_t i = 0; i < c->layers && x; i++) x = run_block(ctx, m, checkpointing, x, i);
+    llama_shared sh = {0};
+    ag_tensor *mask = NULL;
+    if (x && ag_ctx_framework(ctx) != AG_FRAMEWORK_LEAN && !checkpointing && !hf_prepare(ctx, m, B, T, &sh, &mask))
+        ag_release(x), x = NULL;
+    for (int64_t i = 0; i < c->layers && x; i++) x = run_block(ctx, m, &sh, checkpointing, x, i);
     ag_tensor *n = ag_rmsnorm(ctx, "norm", x, m->norm, (float)c->rms_eps);
     ag_release(x);
+    // LlamaModel.forward returns: its mask and its references to the tables go.
+    ag_release(mask);
+    ag_release(sh.cos);
+    ag_release(sh.sin);
     ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head);
     ag_release(n);
     ag_tensor *loss = ag_cross_entropy(ctx, "loss", logits, ids);
+    // The output (logits and the DynamicCache) is dropped once the loss is out of it, as the
+    // Trainer's compute_loss does.
     ag_release(logits);
+    for (int64_t i = 0; sh.cache && i < 2 * c->layers; i++) ag_release(sh.cache[i]);
+    free(sh.cache);
     if (!loss) ag_err_set(err, "forward: %s", ag_ctx_error(ctx) ? ag_ctx_error(ctx) : "failed");
     return loss;
 }

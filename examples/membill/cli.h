@@ -37,7 +37,7 @@ typedef struct {
     const char *model, *config, *weights, *tokens;
     long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size;
     uint64_t seed, budget, device_memory, overhead;
-    const char *optimizer, *dtype, *weight_dtype;
+    const char *optimizer, *dtype, *weight_dtype, *framework;
     double lr;
     bool meta, help, quiet, explain, checkpointing, no_cache, no_speed, list, infer, progress;
     const char *json, *timeline, *dump_grads, *save_weights, *svg, *trace, *html;
@@ -54,6 +54,12 @@ void cli_usage_all(FILE *f);
 void cli_options_markdown(FILE *f);
 // "membill <command>: <message>" on stderr, control characters escaped.
 void cli_usage_error(const cli_options *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// --framework: "pytorch", "pytorch-1.13", "lean" (NULL is pytorch). False for anything else.
+bool cli_parse_framework(const char *name, ag_framework *out);
+const char *cli_framework_name(ag_framework f);
+// One line for reports: the name and what it means.
+const char *cli_framework_text(ag_framework f);
 
 // What each category is billed at. Real runs compute in float32; the others are bills of
 // meta mode (the same code, allocations at these element sizes).
@@ -110,9 +116,13 @@ struct json_t *cli_report_root(const llama_config *cfg);
 
 // One training run (load or init, N steps, teardown) inside an initialised profiler.
 typedef struct {
-    double forward_s, backward_s, optimizer_s, step_s, loss;
+    double zero_grad_s, forward_s, backward_s, optimizer_s, step_s, loss;
     int phases_done;  // 0 to 3: forward, backward, optimizer finished
     size_t events[4]; // the timeline's length at the step's start and after each phase
+    // PYTORCH frameworks: the timeline's length before and after the zero_grad that opens the
+    // step (events[0] is then the forward's start); zeros when the step has none.
+    size_t zero_grad_events[2];
+    bool zero_grad; // the step opened with zero_grad
 } step_record;
 
 // Writes --dump-grads (grads) or --save-weights of the model; NULL: the run writes neither.
@@ -128,6 +138,7 @@ typedef struct {
     long nsteps;
     bool torn_down_clean; // every tensor category back at zero afterwards
     cli_dtype dtype;      // anything but float32 needs meta
+    ag_framework framework;
     bool meta, checkpointing;
     uint64_t seed;
     bool dump_grads, save_weights; // through save, after the last backward / optimizer step
@@ -171,6 +182,7 @@ typedef struct {
     llama_generate_stats stats;
     bool torn_down_clean;
     cli_dtype dtype; // anything but float32 needs meta
+    ag_framework framework;
     bool meta;
     uint64_t seed;
 } infer_run;

@@ -71,3 +71,27 @@ const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf,
         n += snprintf(buf + n, len - (size_t)n, " + %d", d->state_bits / 8);
     return buf;
 }
+
+static const char *const framework_names[] = {"lean", "pytorch", "pytorch-1.13"};
+
+bool cli_parse_framework(const char *name, ag_framework *out) {
+    if (!name) name = "pytorch";
+    for (int f = 0; f <= AG_FRAMEWORK_PYTORCH_113; f++)
+        if (strcmp(name, framework_names[f]) == 0) {
+            *out = (ag_framework)f;
+            return true;
+        }
+    return false;
+}
+
+const char *cli_framework_name(ag_framework f) {
+    return (unsigned)f <= AG_FRAMEWORK_PYTORCH_113 ? framework_names[f] : "?";
+}
+
+const char *cli_framework_text(ag_framework f) {
+    switch (f) {
+    case AG_FRAMEWORK_PYTORCH: return "pytorch (Hugging Face transformers' LlamaForCausalLM, eager attention, current PyTorch)";
+    case AG_FRAMEWORK_PYTORCH_113: return "pytorch-1.13 (Hugging Face transformers' LlamaForCausalLM on PyTorch 1.13)";
+    default: return "lean (minimal saved sets: fused RMSNorm, GQA-aware attention, fused cross-entropy)";
+    }
+}

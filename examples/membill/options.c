@@ -45,6 +45,10 @@ static const opt_spec specs[] = {
      "tokens to generate (plan: with --infer)"},
     {"--steps", "N", T_LONG, OFF(steps), TR, "1", 0, NULL, 1, 100000, NULL,
      "training steps; with 2 or more the timings are the median of steps 2..N"},
+    {"--framework", "NAME", T_CHOICE, OFF(framework), TR | IN | CO | PL | CH, "pytorch", 0, NULL, 0, 0,
+     "pytorch|pytorch-1.13|lean",
+     "memory semantics: pytorch (HF transformers on current PyTorch, eager attention), pytorch-1.13 (the same "
+     "on PyTorch 1.13), lean (minimal saved sets, as fused kernels keep)"},
     {"--optimizer", "NAME", T_CHOICE, OFF(optimizer), TR | CO | PL, "adam", 0, NULL, 0, 0,
      "adam|adamw|sgd|sgd-momentum|none", "the optimizer, with torch.optim's defaults"},
     {"--lr", "X", T_DOUBLE, OFF(lr), TR | CO, "1e-5", 0, NULL, 0, 1e6, NULL, "learning rate"},

@@ -14,25 +14,37 @@ static const char *const phase_names[3] = {"forward", "backward", "optimizer"};
 typedef struct {
     uint64_t peak, phase_peak[3];
     int64_t end_live[3][MP_NCATEGORIES];
+    bool zero_grad; // the step opened with zero_grad (PYTORCH frameworks)
+    uint64_t zero_grad_peak;
+    int64_t zero_grad_end[MP_NCATEGORIES];
 } step_figures;
+
+// Applies events [*i, end) to the live bytes; returns the highest total on the way.
+static int64_t replay_to(size_t *i, size_t end, int64_t *live, int64_t *total) {
+    int64_t pk = *total;
+    for (size_t n = mp_timeline_count(); *i < end && *i < n; (*i)++) {
+        const mp_event *e = mp_timeline_get(*i);
+        live[e->category] += e->bytes, *total += e->bytes;
+        if (*total > pk) pk = *total;
+    }
+    return pk;
+}
 
 static void replay_steps(const train_run *r, step_figures *out) {
     int64_t live[MP_NCATEGORIES] = {0}, total = 0;
-    size_t i = 0, n = mp_timeline_count();
+    size_t i = 0;
     for (long s = 0; s < r->nsteps; s++) {
         const step_record *rec = &r->steps[s];
         memset(&out[s], 0, sizeof out[s]);
+        if (rec->zero_grad) {
+            replay_to(&i, rec->zero_grad_events[0], live, &total);
+            out[s].zero_grad = true;
+            out[s].zero_grad_peak = (uint64_t)replay_to(&i, rec->zero_grad_events[1], live, &total);
+            memcpy(out[s].zero_grad_end, live, sizeof live);
+        }
         for (int p = 0; p < rec->phases_done; p++) {
-            for (; i < rec->events[p] && i < n; i++) {
-                const mp_event *e = mp_timeline_get(i);
-                live[e->category] += e->bytes, total += e->bytes;
-            }
-            int64_t pk = total;
-            for (; i < rec->events[p + 1] && i < n; i++) {
-                const mp_event *e = mp_timeline_get(i);
-                live[e->category] += e->bytes, total += e->bytes;
-                if (total > pk) pk = total;
-            }
+            replay_to(&i, rec->events[p], live, &total);
+            int64_t pk = replay_to(&i, rec->events[p + 1], live, &total);
             out[s].phase_peak[p] = (uint64_t)pk;
             memcpy(out[s].end_live[p], live, sizeof live);
             if ((uint64_t)pk > out[s].peak) out[s].peak = (uint64_t)pk;
@@ -100,6 +112,16 @@ static json_t *steps_json(const train_run *r, const step_figures *fig) {
         json_object_set_new(o, "loss", r->meta ? json_null() : json_real(rec->loss));
         json_object_set_new(o, "peak_bytes", json_integer((json_int_t)fig[s].peak));
         const double secs[3] = {rec->forward_s, rec->backward_s, rec->optimizer_s};
+        if (fig[s].zero_grad) {
+            json_t *ph = json_object(), *end = json_object();
+            json_object_set_new(ph, "name", json_string("zero_grad"));
+            json_object_set_new(ph, "peak_bytes", json_integer((json_int_t)fig[s].zero_grad_peak));
+            json_object_set_new(ph, "seconds", json_real(rec->zero_grad_s));
+            for (int c = 0; c < MP_NCATEGORIES; c++)
+                json_object_set_new(end, mp_category_name(c), json_integer((json_int_t)fig[s].zero_grad_end[c]));
+            json_object_set_new(ph, "end_live", end);
+            json_array_append_new(phases, ph);
+        }
         for (int p = 0; p < rec->phases_done; p++) {
             json_t *ph = json_object(), *end = json_object();
             json_object_set_new(ph, "name", json_string(phase_names[p]));
@@ -145,6 +167,7 @@ static json_t *report_json(const void *arg, bool failed) {
     json_object_set_new(run, "seq_len", json_integer(r->seq_len));
     json_object_set_new(run, "steps", json_integer(r->nsteps));
     json_object_set_new(run, "optimizer", json_string(optim_kind_name(r->ocfg.kind)));
+    json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
     json_object_set_new(run, "lr", json_real(t->o->lr));
     json_object_set_new(run, "dtype", json_string(r->dtype.long_name));
     json_object_set_new(run, "meta", json_boolean(r->meta));
@@ -222,6 +245,7 @@ static void report_text(FILE *f, const void *arg, bool failed) {
     fprintf(f, "membill train: %s, %s parameters, batch %ld x %ld tokens, %s lr %g, %s%s%s\n", r->cfg.name,
             cli_commas(p, sizeof p, llama_param_count(&r->cfg)), r->batch, r->seq_len, optim_kind_name(r->ocfg.kind),
             t->o->lr, r->dtype.long_name, r->meta ? ", meta (shapes only)" : "", failed ? " (FAILED: see below)" : "");
+    fprintf(f, "framework: %s\n", cli_framework_text(r->framework));
     if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
     if (!r->meta && r->steps[0].phases_done >= 1)
         fprintf(f, "loss %.4f (a random init is near ln(vocab) = %.4f)\n", r->steps[0].loss, log((double)r->cfg.vocab));

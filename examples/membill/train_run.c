@@ -19,6 +19,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     optim_kind kind = OPTIM_ADAM;
     optim_parse_kind(o->optimizer, &kind); // the table allows only known names
     cli_parse_dtype(o->dtype, &r->dtype);
+    cli_parse_framework(o->framework, &r->framework); // the table allows only known names
     r->ocfg = optim_defaults(kind);
     r->ocfg.lr = (float)o->lr;
     cli_dtype_optim(&r->dtype, &r->ocfg);
@@ -53,8 +54,16 @@ void cli_train_free(train_run *r) {
 // optimizer.zero_grad(set_to_none=True) would at the start of the next step.
 static int run_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s, ag_err *err) {
     step_record *rec = &r->steps[s];
-    rec->events[0] = mp_timeline_count();
     double t0 = now_s();
+    if (r->framework != AG_FRAMEWORK_LEAN) { // the Trainer's loop: zero_grad(set_to_none=True) first
+        rec->zero_grad = true;
+        rec->zero_grad_events[0] = mp_timeline_count();
+        mp_set_phase(MP_PHASE_ZERO_GRAD);
+        optim_zero_grad(opt);
+        rec->zero_grad_events[1] = mp_timeline_count();
+        rec->zero_grad_s = now_s() - t0;
+    }
+    rec->events[0] = mp_timeline_count();
     cli_progress("step %ld/%ld: forward", s + 1, r->nsteps);
     mp_set_phase(MP_PHASE_FORWARD);
     llama_forward_opts fo = {.checkpointing = r->checkpointing};
@@ -81,7 +90,7 @@ static int run_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long 
     cli_progress("step %ld/%ld: optimizer", s + 1, r->nsteps);
     mp_set_phase(MP_PHASE_OPTIMIZER);
     if (optim_step(opt, err) != 0) return -1;
-    optim_zero_grad(opt);
+    if (r->framework == AG_FRAMEWORK_LEAN) optim_zero_grad(opt);
     double t3 = now_s();
     rec->optimizer_s = t3 - t2;
     rec->step_s = t3 - t0;
@@ -114,6 +123,7 @@ int cli_train_run(train_run *r, ag_err *err) {
         ag_err_set(err, "out of memory");
         return -1;
     }
+    ag_ctx_set_framework(ctx, r->framework);
     mp_set_phase(MP_PHASE_LOAD);
     cli_progress("building the model");
     if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, &m, err) != 0) goto done;

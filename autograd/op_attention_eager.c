@@ -1,0 +1,244 @@
+// attention under PYTORCH semantics: transformers' eager_attention_forward, op by op, as PyTorch
+// allocates it. k and v are repeated to every query head (repeat_kv's expand + reshape copies);
+// the scores are materialised three times (matmul, `* scaling`, `+ causal_mask`), the softmax
+// output is kept, the context goes through bmm and transpose(1, 2).contiguous(). Backward
+// allocates what PyTorch's nodes do: dP and dV at every query head, the softmax backward, the
+// scaled scores' gradient, dK at every query head, then the sums over each group.
+#include <math.h>
+#include <string.h>
+
+#include "ag_internal.h"
+
+// [B, H, T, D] contiguous: one (batch, head) slice.
+#define BH(base, b, h, H, T, D) ((base) + (((b) * (H) + (h)) * (T)) * (D))
+
+static float *blk(mp_block *b) { return (float *)b->data; }
+
+// dst[B, Hq, T, D] = src[B, T, Hs*D] with head h reading source head h / (Hq / Hs).
+static void to_heads(float *dst, const float *src, int64_t B, int64_t T, int Hq, int Hs, int D) {
+    int rep = Hq / Hs;
+    for (int64_t b = 0; b < B; b++)
+        for (int h = 0; h < Hq; h++)
+            for (int64_t t = 0; t < T; t++)
+                memcpy(BH(dst, b, h, Hq, T, D) + t * D, src + ((b * T + t) * Hs + h / rep) * D,
+                       (size_t)D * sizeof(float));
+}
+
+// dst[B, T, Hs*D] (+)= the sum over each group of src[B, Hq, T, D].
+static void from_heads(float *dst, bool fresh, const float *src, int64_t B, int64_t T, int Hq, int Hs, int D) {
+    int rep = Hq / Hs;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int g = 0; g < Hs; g++) {
+                float *o = dst + ((b * T + t) * Hs + g) * D;
+                for (int j = 0; j < D; j++) {
+                    float sum = fresh ? 0.0f : o[j];
+                    for (int r = 0; r < rep; r++) sum += BH(src, b, g * rep + r, Hq, T, D)[t * D + j];
+                    o[j] = sum;
+                }
+            }
+}
+
+// Q of one (batch, head): the rope output [B, Tq, Hq*D] itself (B = 1) or its copy [B, Hq, Tq, D].
+static const float *q_head(const ag_tensor *q, bool copied, const ag_att_dims *a, int64_t b, int h, int64_t *ld) {
+    *ld = copied ? a->D : (int64_t)a->Hq * a->D;
+    return copied ? BH(q->data, b, h, a->Hq, a->Tq, a->D) : q->data + (b * a->Tq * a->Hq + h) * a->D;
+}
+
+static void scores(float *S, const ag_tensor *q, bool copied, const float *krep, const ag_att_dims *a) {
+    for (int64_t b = 0; b < a->B; b++)
+        for (int h = 0; h < a->Hq; h++) {
+            int64_t ldq;
+            const float *qh = q_head(q, copied, a, b, h, &ldq);
+            ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, qh, ldq, BH(krep, b, h, a->Hq, a->Tk, a->D),
+                     a->D, 0.0f, BH(S, b, h, a->Hq, a->Tq, a->Tk), a->Tk);
+        }
+}
+
+// masked = scaled + the causal mask (-inf where a query may not look).
+static void add_mask(float *masked, const float *scaled, const ag_att_dims *a) {
+    int64_t rows = a->B * a->Hq * a->Tq;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t n = r % a->Tq + a->Tk - a->Tq + 1;
+        for (int64_t j = 0; j < a->Tk; j++) masked[r * a->Tk + j] = j < n ? scaled[r * a->Tk + j] : -INFINITY;
+    }
+}
+
+static void softmax_rows(float *p, const float *m, int64_t rows, int64_t n) {
+#pragma omp parallel for if (rows * n >= AG_OMP_MIN_EXP)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = m + r * n;
+        float *y = p + r * n, mx = x[0];
+        for (int64_t j = 1; j < n; j++) mx = x[j] > mx ? x[j] : mx;
+        double sum = 0.0;
+        for (int64_t j = 0; j < n; j++) sum += (y[j] = expf(x[j] - mx));
+        float inv = (float)(1.0 / sum);
+        for (int64_t j = 0; j < n; j++) y[j] *= inv;
+    }
+}
+
+static ag_tensor *act(ag_ctx *ctx, const char *base, const char *what, int64_t d0, int64_t d1, int64_t d2,
+                      int64_t d3) {
+    char l[AG_LABEL_MAX];
+    ag_label(l, base, what);
+    return ag_tensor_new(ctx, 4, (int64_t[]){d0, d1, d2, d3}, MP_ACTIVATION, l);
+}
+
+static void eager_backward(ag_ctx *ctx, ag_node *n, const float *dout);
+
+static const ag_op eager_op = {.name = "attention", .backward = eager_backward, .nsaved = AG_NSAVED(attention)};
+
+static void context(float *o, const float *probs, const float *vrep, const ag_att_dims *a) {
+    for (int64_t b = 0; b < a->B; b++)
+        for (int h = 0; h < a->Hq; h++)
+            ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, BH(probs, b, h, a->Hq, a->Tq, a->Tk), a->Tk,
+                     BH(vrep, b, h, a->Hq, a->Tk, a->D), a->D, 0.0f, BH(o, b, h, a->Hq, a->Tq, a->D), a->D);
+}
+
+// out[B, Tq, Hq*D] = ctx[B, Hq, Tq, D].transpose(1, 2).contiguous()
+static void untranspose(float *out, const float *c, const ag_att_dims *a) {
+    for (int64_t b = 0; b < a->B; b++)
+        for (int h = 0; h < a->Hq; h++)
+            for (int64_t t = 0; t < a->Tq; t++)
+                memcpy(out + ((b * a->Tq + t) * a->Hq + h) * a->D, BH(c, b, h, a->Hq, a->Tq, a->D) + t * a->D,
+                       (size_t)a->D * sizeof(float));
+}
+
+#define SWAP_FREE(t) (ag_release(t), (t) = NULL)
+
+// The scores: S = q k_repᵀ, scaled = S * scaling (S freed), masked = scaled + mask (scaled
+// freed), probs = softmax(masked) (masked freed). Returns probs; *scale gets the 8-byte scalar.
+static ag_tensor *eager_probs(ag_ctx *ctx, const char *base, const ag_tensor *qk, bool copied, const ag_tensor *krep,
+                              const ag_att_dims *a, ag_tensor **scale) {
+    const bool meta = mp_is_meta();
+    const int64_t B = a->B, Hq = a->Hq, Tq = a->Tq, Tk = a->Tk;
+    ag_tensor *S = act(ctx, base, "scores", B, Hq, Tq, Tk);
+    if (S && !meta) scores(S->data, qk, copied, krep->data, a);
+    char l[AG_LABEL_MAX];
+    ag_label(l, base, "scaling");
+    *scale = ag_tensor_new_f32(ctx, 1, (int64_t[]){2}, MP_ACTIVATION, l); // a float64 scalar: 8 bytes
+    ag_tensor *scaled = act(ctx, base, "scores_scaled", B, Hq, Tq, Tk);
+    const float sc = 1.0f / sqrtf((float)a->D);
+    if (S && scaled && !meta)
+        for (int64_t i = 0; i < S->numel; i++) scaled->data[i] = S->data[i] * sc;
+    SWAP_FREE(S);
+    ag_tensor *masked = act(ctx, base, "scores_masked", B, Hq, Tq, Tk);
+    if (scaled && masked && !meta) add_mask(masked->data, scaled->data, a);
+    SWAP_FREE(scaled);
+    ag_tensor *probs = act(ctx, base, "probs", B, Hq, Tq, Tk);
+    if (masked && probs && !meta) softmax_rows(probs->data, masked->data, B * Hq * Tq, Tk);
+    SWAP_FREE(masked);
+    return ctx->status == AG_OK ? probs : (ag_release(probs), NULL);
+}
+
+ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
+                              const ag_att_dims *a, bool rec) {
+    const bool meta = mp_is_meta(), copied = a->B > 1;
+    const int64_t B = a->B, Hq = a->Hq, Tq = a->Tq, Tk = a->Tk, D = a->D;
+    ag_tensor *krep = act(ctx, s->base, "k_repeated", B, Hq, Tk, D);
+    ag_tensor *vrep = act(ctx, s->base, "v_repeated", B, Hq, Tk, D);
+    if (krep && vrep && !meta) {
+        to_heads(krep->data, k->data, B, Tk, a->Hq, a->Hkv, a->D);
+        to_heads(vrep->data, v->data, B, Tk, a->Hq, a->Hkv, a->D);
+    }
+    // B > 1: the score matmul cannot view q [B, Hq, Tq, D] (laid out [B, Tq, Hq, D]) as a batch of
+    // matrices, so it keeps a contiguous copy instead of q.
+    ag_tensor *qk = copied ? act(ctx, s->base, "q_bmm", B, Hq, Tq, D) : ag_retain(q);
+    if (copied && qk && !meta) to_heads(qk->data, q->data, B, Tq, a->Hq, a->Hq, a->D);
+    ag_tensor *scale = NULL, *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale) : NULL;
+    ag_tensor *c = probs ? act(ctx, s->base, "context", B, Hq, Tq, D) : NULL;
+    if (c && vrep && !meta) context(c->data, probs->data, vrep->data, a);
+    ag_tensor *out = c ? ag_tensor_new(ctx, 3, (int64_t[]){B, Tq, Hq * D}, MP_ACTIVATION, s->out) : NULL;
+    if (out && !meta) untranspose(out->data, c->data, a);
+    ag_release(c);
+    ag_tensor *ins[] = {q, k, v};
+    ag_node *n = out && rec ? ag_record(ctx, &eager_op, s->base, out, 3, ins) : NULL;
+    if (n) {
+        n->state.attention = (ag_attention_state){
+            .q = qk, .probs = probs, .k_rep = krep, .v_rep = vrep, .scale = scale, .dims = *a};
+        return out;
+    }
+    ag_release(qk), ag_release(probs), ag_release(krep), ag_release(vrep), ag_release(scale);
+    if (rec || ctx->status != AG_OK) ag_release(out), out = NULL; // no node: failed, or no grad
+    return out;
+}
+
+static bool blocks(ag_ctx *ctx, const char *base, mp_block *b, const char *what, size_t bytes) {
+    char l[AG_LABEL_MAX];
+    ag_label(l, base, what);
+    return ag_alloc_block(ctx, b, bytes, MP_ACTIVATION, l);
+}
+
+// BmmBackward (probs @ v_rep): dP = dO v_repᵀ, dV_rep = Pᵀ dO, at every query head.
+static void bmm_backward(const ag_attention_state *st, const float *dout, float *dP, float *dV) {
+    const ag_att_dims *a = &st->dims;
+    int64_t ldo = (int64_t)a->Hq * a->D;
+    for (int64_t b = 0; b < a->B; b++)
+        for (int h = 0; h < a->Hq; h++) {
+            const float *dO = dout + (b * a->Tq * a->Hq + h) * a->D, *P = BH(st->probs->data, b, h, a->Hq, a->Tq, a->Tk);
+            ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, P, a->Tk, dO, ldo, 0.0f,
+                     BH(dV, b, h, a->Hq, a->Tk, a->D), a->D);
+            ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldo,
+                     BH(st->v_rep->data, b, h, a->Hq, a->Tk, a->D), a->D, 0.0f, BH(dP, b, h, a->Hq, a->Tq, a->Tk),
+                     a->Tk);
+        }
+}
+
+// SoftmaxBackward then MulBackward (the scaling): dS = P ∘ (dP - rowsum(P ∘ dP)) * scaling.
+static void softmax_scale_backward(float *dS, const float *dP, const float *P, int64_t rows, int64_t n, float sc) {
+    for (int64_t r = 0; r < rows; r++) {
+        double dot = 0.0;
+        for (int64_t j = 0; j < n; j++) dot += (double)P[r * n + j] * dP[r * n + j];
+        for (int64_t j = 0; j < n; j++) dS[r * n + j] = P[r * n + j] * (dP[r * n + j] - (float)dot);
+    }
+    if (sc != 1.0f)
+        for (int64_t i = 0; i < rows * n; i++) dS[i] *= sc;
+}
+
+// The score matmul's backward: dQ (+)= dS k_rep into q's gradient, dK_rep = dSᵀ Q.
+static void scores_backward(const ag_attention_state *st, const float *dS, const ag_grad_dst *dq, float *dK) {
+    const ag_att_dims *a = &st->dims;
+    bool copied = a->B > 1;
+    int64_t ldo = (int64_t)a->Hq * a->D;
+    for (int64_t b = 0; b < a->B; b++)
+        for (int h = 0; h < a->Hq; h++) {
+            const float *S = BH(dS, b, h, a->Hq, a->Tq, a->Tk);
+            int64_t ldq;
+            const float *qh = q_head(st->q, copied, a, b, h, &ldq);
+            if (dq->needed)
+                ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, S, a->Tk,
+                         BH(st->k_rep->data, b, h, a->Hq, a->Tk, a->D), a->D, dq->fresh ? 0.0f : 1.0f,
+                         dq->data + (b * a->Tq * a->Hq + h) * a->D, ldo);
+            if (dK)
+                ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, S, a->Tk, qh, ldq, 0.0f,
+                         BH(dK, b, h, a->Hq, a->Tk, a->D), a->D);
+        }
+}
+
+static void eager_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
+    const ag_attention_state *st = &n->state.attention;
+    const ag_att_dims *a = &st->dims;
+    const char *base = mp_site_name(n->site);
+    const bool meta = mp_is_meta();
+    size_t scores_bytes = (size_t)(a->B * a->Hq * a->Tq * a->Tk) * sizeof(float);
+    size_t kv_bytes = (size_t)(a->B * a->Hq * a->Tk * a->D) * sizeof(float);
+    mp_block dP = {0}, dV = {0}, dS = {0}, dK = {0};
+    ag_grad_dst d[3];
+    if (!blocks(ctx, base, &dP, "dprobs", scores_bytes) || !blocks(ctx, base, &dV, "dv_repeated", kv_bytes)) goto done;
+    if (!meta) bmm_backward(st, dout, blk(&dP), blk(&dV));
+    if (!blocks(ctx, base, &dS, "dscores", scores_bytes)) goto done;
+    if (!meta)
+        softmax_scale_backward(blk(&dS), blk(&dP), st->probs->data, a->B * a->Hq * a->Tq, a->Tk,
+                               1.0f / sqrtf((float)a->D));
+    mp_free(&dP);
+    if (!ag_grad_get(ctx, n, 0, &d[0]) || !ag_grad_get(ctx, n, 1, &d[1])) goto done;
+    if (d[1].needed && !blocks(ctx, base, &dK, "dk_repeated", kv_bytes)) goto done;
+    if (!meta) scores_backward(st, blk(&dS), &d[0], d[1].needed ? blk(&dK) : NULL);
+    mp_free(&dS);
+    if (d[1].needed && !meta) from_heads(d[1].data, d[1].fresh, blk(&dK), a->B, a->Tk, a->Hq, a->Hkv, a->D);
+    mp_free(&dK);
+    if (ag_grad_get(ctx, n, 2, &d[2]) && d[2].needed && !meta)
+        from_heads(d[2].data, d[2].fresh, blk(&dV), a->B, a->Tk, a->Hq, a->Hkv, a->D);
+done:
+    mp_free(&dK), mp_free(&dS), mp_free(&dV), mp_free(&dP);
+}

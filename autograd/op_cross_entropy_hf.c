@@ -1,0 +1,124 @@
+// cross_entropy under PYTORCH semantics: transformers' ForCausalLMLoss as PyTorch runs it.
+// labels = pad(ids, (0, 1), -100); shift = labels[..., 1:].contiguous() (a copy only for B > 1);
+// log_softmax over all B*T rows (kept: LogSoftmaxBackward keeps its result, nll_loss its input);
+// nll_loss with mean reduction over the B*(T-1) labels that are not -100, keeping total_weight.
+// Backward: NllLossBackward's dense [B*T, V] gradient (the labels go with it), then
+// LogSoftmaxBackward's, which is the logits' gradient.
+#include <math.h>
+#include <string.h>
+
+#include "ag_internal.h"
+
+static float row_logsoftmax(float *y, const float *x, int64_t V) {
+    float mx = x[0];
+    for (int64_t j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
+    double sum = 0.0;
+    for (int64_t j = 0; j < V; j++) sum += expf(x[j] - mx);
+    float lse = mx + (float)log(sum);
+    for (int64_t j = 0; j < V; j++) y[j] = x[j] - lse;
+    return lse;
+}
+
+// The label of row r (b*T + t) in the kept tensor: ids[r + 1], or -100 at a row's last position.
+static int64_t label_at(const ag_tensor *lab, int64_t B, int64_t T, int64_t r) {
+    const int64_t *l = (const int64_t *)(const void *)lab->data;
+    int64_t b = r / T, t = r % T;
+    return B == 1 ? l[t + 1] : l[b * T + t];
+}
+
+static void hf_backward(ag_ctx *ctx, ag_node *n, const float *dloss) {
+    ag_cross_entropy_state *st = &n->state.cross_entropy;
+    int64_t B = st->B, T = st->T, V = st->V;
+    const bool meta = mp_is_meta();
+    mp_block g = {0};
+    char label[AG_LABEL_MAX];
+    ag_label(label, mp_site_name(n->site), "nll_grad");
+    if (!ag_alloc_block(ctx, &g, (size_t)(B * T * V) * sizeof(float), MP_ACTIVATION, label)) return;
+    float *gd = (float *)g.data, scale = meta ? 0.0f : dloss[0] / (float)(B * (T - 1));
+    if (!meta) {
+        memset(gd, 0, (size_t)(B * T * V) * sizeof(float));
+        for (int64_t r = 0; r < B * T; r++) {
+            int64_t y = label_at(st->labels_t, B, T, r);
+            if (y >= 0) gd[r * V + y] = -scale;
+        }
+    }
+    ag_release(st->labels_t); // NllLossBackward releases what it saved
+    st->labels_t = NULL;
+    ag_grad_dst d;
+    if (ag_grad_get(ctx, n, 0, &d) && !meta) {
+#pragma omp parallel for if (B * T * V >= AG_OMP_MIN_EXP)
+        for (int64_t r = 0; r < B * T; r++) {
+            const float *lp = st->logp->data + r * V, *gr = gd + r * V;
+            float *o = d.data + r * V, sum = 0.0f;
+            for (int64_t j = 0; j < V; j++) sum += gr[j];
+            for (int64_t j = 0; j < V; j++) {
+                float v = gr[j] - expf(lp[j]) * sum;
+                o[j] = d.fresh ? v : o[j] + v;
+            }
+        }
+    }
+    mp_free(&g);
+}
+
+static const ag_op hf_op = {.name = "cross_entropy", .backward = hf_backward, .nsaved = AG_NSAVED(cross_entropy)};
+
+// The labels as ForCausalLMLoss makes them: padded with -100, shifted (copied when B > 1).
+static ag_tensor *hf_labels(ag_ctx *ctx, const char *base, const int32_t *ids, int64_t B, int64_t T) {
+    char l[AG_LABEL_MAX];
+    ag_label(l, base, "labels_padded");
+    ag_tensor *pad = ag_tensor_new_f32(ctx, 1, (int64_t[]){2 * B * (T + 1)}, MP_ACTIVATION, l);
+    if (pad && !mp_is_meta()) {
+        int64_t *p = (int64_t *)(void *)pad->data;
+        for (int64_t b = 0; b < B; b++) {
+            for (int64_t t = 0; t < T; t++) p[b * (T + 1) + t] = ids[b * T + t];
+            p[b * (T + 1) + T] = -100;
+        }
+    }
+    if (!pad || B == 1) return pad;
+    ag_label(l, base, "labels");
+    ag_tensor *shift = ag_tensor_new_f32(ctx, 1, (int64_t[]){2 * B * T}, MP_ACTIVATION, l);
+    if (shift && !mp_is_meta()) {
+        const int64_t *p = (const int64_t *)(const void *)pad->data;
+        int64_t *s = (int64_t *)(void *)shift->data;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T; t++) s[b * T + t] = p[b * (T + 1) + t + 1];
+    }
+    ag_release(pad);
+    return shift;
+}
+
+ag_tensor *ag_cross_entropy_hf(ag_ctx *ctx, const ag_site *s, ag_tensor *logits, const int32_t *ids, bool rec) {
+    int64_t B = logits->shape[0], T = logits->shape[1], V = logits->shape[2];
+    const bool meta = mp_is_meta();
+    ag_tensor *lab = hf_labels(ctx, s->base, ids, B, T);
+    char l[AG_LABEL_MAX];
+    ag_label(l, s->base, "log_softmax");
+    ag_tensor *logp = ag_tensor_new(ctx, 2, (int64_t[]){B * T, V}, MP_ACTIVATION, l);
+    ag_tensor *loss = ag_tensor_new(ctx, 1, (int64_t[]){1}, MP_ACTIVATION, s->out);
+    ag_label(l, s->base, "total_weight");
+    ag_tensor *tw = ag_tensor_new_f32(ctx, 1, (int64_t[]){1}, MP_ACTIVATION, l);
+    ag_tensor *ins[] = {logits};
+    ag_node *n = lab && logp && loss && tw && rec ? ag_record(ctx, &hf_op, s->base, loss, 1, ins) : NULL;
+    if (!lab || !logp || !loss || !tw || (rec && !n)) {
+        ag_release(lab), ag_release(logp), ag_release(loss), ag_release(tw);
+        return NULL;
+    }
+    if (!meta) {
+#pragma omp parallel for if (B * T * V >= AG_OMP_MIN_EXP)
+        for (int64_t r = 0; r < B * T; r++) row_logsoftmax(logp->data + r * V, logits->data + r * V, V);
+        double sum = 0.0; // serial: the same sum in the same order every run
+        for (int64_t r = 0; r < B * T; r++) {
+            int64_t y = label_at(lab, B, T, r);
+            if (y >= 0) sum -= logp->data[r * V + y];
+        }
+        tw->data[0] = (float)(B * (T - 1));
+        loss->data[0] = (float)(sum / (double)(B * (T - 1)));
+    }
+    if (!n) {
+        ag_release(lab), ag_release(logp), ag_release(tw);
+        return loss;
+    }
+    n->state.cross_entropy = (ag_cross_entropy_state){
+        .logp = logp, .labels_t = lab, .total_weight = tw, .B = B, .T = T, .V = V};
+    return loss;
+}

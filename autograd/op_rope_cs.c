@@ -1,0 +1,149 @@
+// rope_cs: HF's LlamaRotaryEmbedding and apply_rotary_pos_emb as PyTorch runs them. The
+// tables cos, sin [1, T, hd] (emb = cat(freqs, freqs)) are made once per forward and kept by
+// every layer's products; y = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1).
+#include <math.h>
+#include <string.h>
+
+#include "ag_internal.h"
+
+bool ag_rope_tables(ag_ctx *ctx, const char *site, int64_t T, int hd, float theta, int64_t pos0, ag_tensor **cos_t,
+                    ag_tensor **sin_t) {
+    *cos_t = *sin_t = NULL;
+    if (!ctx || ctx->status != AG_OK) return false;
+    ag_site s;
+    ag_site_parse(&s, site);
+    if (T < 1 || hd < 2 || hd % 2 || hd > AG_ROPE_MAX_HEAD_DIM || !(theta > 0.0f))
+        return ag_fail(ctx, AG_ERR_SHAPE, "rope tables %s: %lld positions of dimension %d (expected an even dimension "
+                       "of at most %d, theta > 0)", s.base, (long long)T, hd, AG_ROPE_MAX_HEAD_DIM);
+    char lc[AG_LABEL_MAX], ls[AG_LABEL_MAX];
+    ag_label(lc, s.base, "cos");
+    ag_label(ls, s.base, "sin");
+    int64_t shape[3] = {1, T, hd};
+    *cos_t = ag_tensor_new(ctx, 3, shape, MP_ACTIVATION, lc);
+    *sin_t = ag_tensor_new(ctx, 3, shape, MP_ACTIVATION, ls);
+    if (!*cos_t || !*sin_t) {
+        ag_release(*cos_t), ag_release(*sin_t);
+        *cos_t = *sin_t = NULL;
+        return false;
+    }
+    if (mp_is_meta()) return true;
+    int half = hd / 2;
+    for (int64_t t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) { // angles in float32, as the ag_rope kernel and HF form them
+            float a = (float)(pos0 + t) * (1.0f / powf(theta, (float)(2 * i) / (float)hd));
+            float c = (float)cos((double)a), sn = (float)sin((double)a);
+            (*cos_t)->data[t * hd + i] = (*cos_t)->data[t * hd + half + i] = c;
+            (*sin_t)->data[t * hd + i] = (*sin_t)->data[t * hd + half + i] = sn;
+        }
+    return true;
+}
+
+// y (+)= x * cos + rotate_half(x) * (sign * sin); sign -1 is the transpose, the backward.
+static void rotate(float *y, bool accumulate, const float *x, const float *cs, const float *sn, int64_t B, int64_t T,
+                   int nh, int hd, float sign) {
+    int half = hd / 2;
+    int64_t width = (int64_t)nh * hd;
+#pragma omp parallel for if (B * T * width >= AG_OMP_MIN)
+    for (int64_t r = 0; r < B * T; r++) {
+        const float *c = cs + (r % T) * hd, *s = sn + (r % T) * hd;
+        for (int h = 0; h < nh; h++) {
+            const float *xa = x + r * width + h * hd, *xb = xa + half;
+            float *ya = y + r * width + h * hd, *yb = ya + half;
+            for (int i = 0; i < half; i++) {
+                float va = xa[i] * c[i] - xb[i] * sign * s[i], vb = xb[i] * c[half + i] + xa[i] * sign * s[half + i];
+                ya[i] = accumulate ? ya[i] + va : va;
+                yb[i] = accumulate ? yb[i] + vb : vb;
+            }
+        }
+    }
+}
+
+// Backward: dy * cos and the sliced gradient of rotate_half(x) * sin, two x-sized tensors,
+// summed into dx.
+static void rope_cs_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
+    const ag_rope_cs_state *st = &n->state.rope_cs;
+    ag_grad_dst d;
+    if (!ag_grad_get(ctx, n, 0, &d)) return;
+    mp_block t1 = {0}, t2 = {0};
+    char label[AG_LABEL_MAX];
+    size_t bytes = (size_t)(st->B * st->T * st->heads * st->head_dim) * sizeof(float);
+    ag_label(label, mp_site_name(n->site), "dcos");
+    if (!ag_alloc_block(ctx, &t1, bytes, MP_ACTIVATION, label)) return;
+    ag_label(label, mp_site_name(n->site), "dsin");
+    if (ag_alloc_block(ctx, &t2, bytes, MP_ACTIVATION, label) && !mp_is_meta())
+        rotate(d.data, !d.fresh, dy, st->cos->data, st->sin->data, st->B, st->T, st->heads, st->head_dim, -1.0f);
+    mp_free(&t2);
+    mp_free(&t1);
+}
+
+static const ag_op rope_cs_op = {.name = "rope", .backward = rope_cs_backward, .nsaved = AG_NSAVED(rope_cs)};
+
+// The forward as HF writes it, each product a tensor of its own: xc = x * cos, neg = -x2,
+// rot = cat(neg, x1) (neg freed), rs = rot * sin (rot freed); the caller then makes y = xc + rs
+// and frees xc and rs.
+static bool rope_cs_products(ag_ctx *ctx, const char *base, const ag_tensor *x, const ag_tensor *cs,
+                             const ag_tensor *sn, int hd, mp_block *xc, mp_block *rs) {
+    mp_block neg = {0}, rot = {0};
+    size_t bytes = (size_t)x->numel * sizeof(float);
+    int64_t rows = x->numel / hd, T = x->shape[1], width = x->shape[2];
+    int half = hd / 2;
+    char l[4][AG_LABEL_MAX];
+    ag_label(l[0], base, "x_cos");
+    ag_label(l[1], base, "neg_x2");
+    ag_label(l[2], base, "rotated");
+    ag_label(l[3], base, "rotated_sin");
+    bool ok = ag_alloc_block(ctx, xc, bytes, MP_ACTIVATION, l[0]) &&
+              ag_alloc_block(ctx, &neg, bytes / 2, MP_ACTIVATION, l[1]) &&
+              ag_alloc_block(ctx, &rot, bytes, MP_ACTIVATION, l[2]);
+    if (ok && !mp_is_meta())
+        for (int64_t r = 0; r < rows; r++) { // r: one (row, head) of hd elements
+            const float *xr = x->data + r * hd, *c = cs->data + ((r * hd / width) % T) * hd;
+            float *o = (float *)xc->data + r * hd, *ng = (float *)neg.data + r * half, *rt = (float *)rot.data + r * hd;
+            for (int i = 0; i < hd; i++) o[i] = xr[i] * c[i];
+            for (int i = 0; i < half; i++) ng[i] = -xr[half + i];
+            for (int i = 0; i < half; i++) rt[i] = ng[i], rt[half + i] = xr[i];
+        }
+    mp_free(&neg);
+    ok = ok && ag_alloc_block(ctx, rs, bytes, MP_ACTIVATION, l[3]);
+    if (ok && !mp_is_meta())
+        for (int64_t r = 0; r < rows; r++) {
+            const float *s = sn->data + ((r * hd / width) % T) * hd, *rt = (const float *)rot.data + r * hd;
+            for (int i = 0; i < hd; i++) ((float *)rs->data)[r * hd + i] = rt[i] * s[i];
+        }
+    mp_free(&rot);
+    if (!ok) mp_free(xc), mp_free(rs);
+    return ok;
+}
+
+ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, ag_tensor *cos_t,
+                      ag_tensor *sin_t) {
+    ag_tensor *ins[] = {x, cos_t, sin_t};
+    if (!ag_check_inputs(ctx, "rope", site, 3, ins, (const char *[]){"x", "cos", "sin"})) return NULL;
+    ag_site s;
+    ag_site_parse(&s, site);
+    char sx[64], sc[64];
+    if (x->ndim != 3 || nh < 1 || hd < 2 || hd % 2 || x->shape[2] != (int64_t)nh * hd || cos_t->ndim != 3 ||
+        cos_t->shape[1] != x->shape[1] || cos_t->shape[2] != hd || sin_t->numel != cos_t->numel) {
+        ag_fail(ctx, AG_ERR_SHAPE, "rope %s: x %s and cos %s do not fit %d heads of dimension %d", s.base,
+                ag_shape_str(x, sx), ag_shape_str(cos_t, sc), nh, hd);
+        return NULL;
+    }
+    int64_t B = x->shape[0], T = x->shape[1];
+    mp_block xc = {0}, rs = {0};
+    if (!rope_cs_products(ctx, s.base, x, cos_t, sin_t, hd, &xc, &rs)) return NULL;
+    ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
+    if (y && !mp_is_meta())
+        for (int64_t i = 0; i < x->numel; i++) y->data[i] = ((float *)xc.data)[i] + ((float *)rs.data)[i];
+    mp_free(&rs);
+    mp_free(&xc);
+    if (!y) return NULL;
+    if (!ag_needs_grad(ctx, x)) return y;
+    ag_node *n = ag_record(ctx, &rope_cs_op, s.base, y, 1, ins);
+    if (!n) {
+        ag_release(y);
+        return NULL;
+    }
+    n->state.rope_cs =
+        (ag_rope_cs_state){.cos = ag_retain(cos_t), .sin = ag_retain(sin_t), .B = B, .T = T, .heads = nh, .head_dim = hd};
+    return y;
+}
