@@ -66,7 +66,7 @@ struct ag_tensor {
     int tape_nodes;     // leaves: nodes on the tape with an edge to it
     mp_block grad_wait; // leaves, PYTORCH semantics: a gradient waiting for the others to be summed
     mp_block grad_new;  // ... and the one just written, summed with it after its node's backward
-    uint32_t site; // interned label (mp_site_name); a parameter's name
+    uint32_t site;      // interned label (mp_site_name); a parameter's name
 };
 
 // Context: grad mode, the tape, a sticky error.

@@ -77,8 +77,7 @@ static void softmax_rows(float *p, const float *m, int64_t rows, int64_t n) {
     }
 }
 
-static ag_tensor *act(ag_ctx *ctx, const char *base, const char *what, int64_t d0, int64_t d1, int64_t d2,
-                      int64_t d3) {
+static ag_tensor *act(ag_ctx *ctx, const char *base, const char *what, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
     char l[AG_LABEL_MAX];
     ag_label(l, base, what);
     return ag_tensor_new(ctx, 4, (int64_t[]){d0, d1, d2, d3}, MP_ACTIVATION, l);
@@ -145,7 +144,8 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     // matrices, so it keeps a contiguous copy instead of q.
     ag_tensor *qk = copied ? act(ctx, s->base, "q_bmm", B, Hq, Tq, D) : ag_retain(q);
     if (copied && qk && !meta) to_heads(qk->data, q->data, B, Tq, a->Hq, a->Hq, a->D);
-    ag_tensor *scale = NULL, *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale) : NULL;
+    ag_tensor *scale = NULL,
+              *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale) : NULL;
     ag_tensor *c = probs ? act(ctx, s->base, "context", B, Hq, Tq, D) : NULL;
     if (c && vrep && !meta) context(c->data, probs->data, vrep->data, a);
     ag_tensor *out = c ? ag_tensor_new(ctx, 3, (int64_t[]){B, Tq, Hq * D}, MP_ACTIVATION, s->out) : NULL;
@@ -154,8 +154,8 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     ag_tensor *ins[] = {q, k, v};
     ag_node *n = out && rec ? ag_record(ctx, &eager_op, s->base, out, 3, ins) : NULL;
     if (n) {
-        n->state.attention = (ag_attention_state){
-            .q = qk, .probs = probs, .k_rep = krep, .v_rep = vrep, .scale = scale, .dims = *a};
+        n->state.attention =
+            (ag_attention_state){.q = qk, .probs = probs, .k_rep = krep, .v_rep = vrep, .scale = scale, .dims = *a};
         return out;
     }
     ag_release(qk), ag_release(probs), ag_release(krep), ag_release(vrep), ag_release(scale);
@@ -175,7 +175,8 @@ static void bmm_backward(const ag_attention_state *st, const float *dout, float 
     int64_t ldo = (int64_t)a->Hq * a->D;
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++) {
-            const float *dO = dout + (b * a->Tq * a->Hq + h) * a->D, *P = BH(st->probs->data, b, h, a->Hq, a->Tq, a->Tk);
+            const float *dO = dout + (b * a->Tq * a->Hq + h) * a->D,
+                        *P = BH(st->probs->data, b, h, a->Hq, a->Tq, a->Tk);
             ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, P, a->Tk, dO, ldo, 0.0f,
                      BH(dV, b, h, a->Hq, a->Tk, a->D), a->D);
             ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldo,

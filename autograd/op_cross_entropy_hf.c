@@ -118,7 +118,7 @@ ag_tensor *ag_cross_entropy_hf(ag_ctx *ctx, const ag_site *s, ag_tensor *logits,
         ag_release(lab), ag_release(logp), ag_release(tw);
         return loss;
     }
-    n->state.cross_entropy = (ag_cross_entropy_state){
-        .logp = logp, .labels_t = lab, .total_weight = tw, .B = B, .T = T, .V = V};
+    n->state.cross_entropy =
+        (ag_cross_entropy_state){.logp = logp, .labels_t = lab, .total_weight = tw, .B = B, .T = T, .V = V};
     return loss;
 }

@@ -13,8 +13,10 @@ bool ag_rope_tables(ag_ctx *ctx, const char *site, int64_t T, int hd, float thet
     ag_site s;
     ag_site_parse(&s, site);
     if (T < 1 || hd < 2 || hd % 2 || hd > AG_ROPE_MAX_HEAD_DIM || !(theta > 0.0f))
-        return ag_fail(ctx, AG_ERR_SHAPE, "rope tables %s: %lld positions of dimension %d (expected an even dimension "
-                       "of at most %d, theta > 0)", s.base, (long long)T, hd, AG_ROPE_MAX_HEAD_DIM);
+        return ag_fail(ctx, AG_ERR_SHAPE,
+                       "rope tables %s: %lld positions of dimension %d (expected an even dimension "
+                       "of at most %d, theta > 0)",
+                       s.base, (long long)T, hd, AG_ROPE_MAX_HEAD_DIM);
     char lc[AG_LABEL_MAX], ls[AG_LABEL_MAX];
     ag_label(lc, s.base, "cos");
     ag_label(ls, s.base, "sin");
@@ -115,8 +117,7 @@ static bool rope_cs_products(ag_ctx *ctx, const char *base, const ag_tensor *x, 
     return ok;
 }
 
-ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, ag_tensor *cos_t,
-                      ag_tensor *sin_t) {
+ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, ag_tensor *cos_t, ag_tensor *sin_t) {
     ag_tensor *ins[] = {x, cos_t, sin_t};
     if (!ag_check_inputs(ctx, "rope", site, 3, ins, (const char *[]){"x", "cos", "sin"})) return NULL;
     ag_site s;
@@ -143,7 +144,7 @@ ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int h
         ag_release(y);
         return NULL;
     }
-    n->state.rope_cs =
-        (ag_rope_cs_state){.cos = ag_retain(cos_t), .sin = ag_retain(sin_t), .B = B, .T = T, .heads = nh, .head_dim = hd};
+    n->state.rope_cs = (ag_rope_cs_state){
+        .cos = ag_retain(cos_t), .sin = ag_retain(sin_t), .B = B, .T = T, .heads = nh, .head_dim = hd};
     return y;
 }

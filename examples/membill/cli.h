@@ -114,6 +114,28 @@ struct json_t *cli_model_json(const llama_config *cfg);
 // A report's first keys: membill_version and model.
 struct json_t *cli_report_root(const llama_config *cfg);
 
+// The roles of saved tensors, as tests/reference names PyTorch's (roles.c).
+enum {
+    CLI_ROLE_EMBED,
+    CLI_ROLE_NORM,
+    CLI_ROLE_RESIDUAL,
+    CLI_ROLE_ATTN_QKV,
+    CLI_ROLE_ATTN_ROPE,
+    CLI_ROLE_ATTN_REPEAT_KV,
+    CLI_ROLE_ATTN_PROBS,
+    CLI_ROLE_ATTN_CONTEXT,
+    CLI_ROLE_MLP,
+    CLI_ROLE_FINAL_NORM,
+    CLI_ROLE_LOGITS,
+    CLI_ROLE_LOSS,
+    CLI_ROLE_ROPE_COS_SIN,
+    CLI_ROLE_OTHER,
+    CLI_NROLES
+};
+const char *cli_role_name(int role);
+// The activation bytes the tape saves, each tensor once, by role; -1 if out of memory.
+int cli_saved_by_role(const ag_ctx *ctx, uint64_t bytes[CLI_NROLES]);
+
 // One training run (load or init, N steps, teardown) inside an initialised profiler.
 typedef struct {
     double zero_grad_s, forward_s, backward_s, optimizer_s, step_s, loss;
@@ -122,7 +144,8 @@ typedef struct {
     // PYTORCH frameworks: the timeline's length before and after the zero_grad that opens the
     // step (events[0] is then the forward's start); zeros when the step has none.
     size_t zero_grad_events[2];
-    bool zero_grad; // the step opened with zero_grad
+    bool zero_grad;                     // the step opened with zero_grad
+    uint64_t saved_by_role[CLI_NROLES]; // what the tape saved when the forward ended
 } step_record;
 
 // Writes --dump-grads (grads) or --save-weights of the model; NULL: the run writes neither.

@@ -154,6 +154,7 @@ int cmd_compare(const cli_options *o) {
         c.tr.nsteps = 1;
         c.tr.meta = o->meta;
         c.tr.seed = o->seed;
+        c.tr.framework = c.ir.framework;
         if (c.tr.seq_len < 2) {
             ag_err_set(&err, "a training step needs at least 2 tokens, not %ld", c.tr.seq_len);
             rc = EXIT_USAGE;

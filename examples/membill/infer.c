@@ -47,6 +47,7 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     r->use_cache = !o->no_cache;
     r->meta = o->meta;
     r->seed = o->seed;
+    cli_parse_framework(o->framework, &r->framework);
     if (o->cmd == CLI_INFER && !cli_infer_dtype(o, &r->dtype, err)) return EXIT_USAGE;
     if (o->cmd != CLI_INFER) cli_parse_dtype("fp32", &r->dtype);
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
@@ -93,6 +94,7 @@ int cli_infer_run(infer_run *r, ag_err *err) {
         ag_err_set(err, "out of memory");
         return -1;
     }
+    ag_ctx_set_framework(ctx, r->framework);
     ag_set_grad_enabled(ctx, false);
     mp_set_phase(MP_PHASE_LOAD);
     if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, &m, err) != 0) goto done;
@@ -145,6 +147,7 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(run, "seq_len", json_integer(r->seq_len));
     json_object_set_new(run, "new_tokens", json_integer(r->new_tokens));
     json_object_set_new(run, "cache", json_boolean(r->use_cache));
+    json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
     json_object_set_new(run, "dtype", json_string(r->dtype.name ? r->dtype.long_name : "float32"));
     json_object_set_new(run, "weight_dtype",
                         json_string(r->dtype.weight_name ? r->dtype.weight_name

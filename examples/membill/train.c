@@ -133,6 +133,15 @@ static json_t *steps_json(const train_run *r, const step_figures *fig) {
             json_array_append_new(phases, ph);
         }
         json_object_set_new(o, "phases", phases);
+        json_t *roles = json_object();
+        uint64_t saved = 0;
+        for (int k = 0; k < CLI_NROLES; k++) {
+            saved += rec->saved_by_role[k];
+            if (rec->saved_by_role[k])
+                json_object_set_new(roles, cli_role_name(k), json_integer((json_int_t)rec->saved_by_role[k]));
+        }
+        json_object_set_new(o, "saved_after_forward_bytes", json_integer((json_int_t)saved));
+        json_object_set_new(o, "saved_by_role", roles);
         json_array_append_new(arr, o);
     }
     return arr;

@@ -49,7 +49,7 @@ static void membill(run_result *r, const char *args) {
     slurp(p, r->err, sizeof r->err);
 }
 
-static int count_lines(const char *s) {
+static inline int count_lines(const char *s) {
     int n = 0;
     for (; *s; s++) n += *s == '\n';
     return n;

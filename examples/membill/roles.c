@@ -1,0 +1,56 @@
+// The saved set after a forward, by the role each tensor plays in a transformers Llama block: the
+// names tests/reference/profile_step.py gives PyTorch's own allocations, so the two compare.
+#include "cli.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const role_names[CLI_NROLES] = {
+    "embed",        "norm", "residual",   "attn_qkv", "attn_rope", "attn_repeat_kv", "attn_probs",
+    "attn_context", "mlp",  "final_norm", "logits",   "loss",      "rope_cos_sin",   "other"};
+
+const char *cli_role_name(int role) { return role >= 0 && role < CLI_NROLES ? role_names[role] : "?"; }
+
+static bool has(const char *s, const char *part) { return strstr(s, part) != NULL; }
+
+// By the op's site label (autograd.h: "<prefix>:<what>").
+static int role_of(const char *label) {
+    if (!strncmp(label, "embed_tokens:", 13)) return CLI_ROLE_EMBED;
+    if (!strncmp(label, "norm:", 5)) return CLI_ROLE_FINAL_NORM;
+    if (!strncmp(label, "rotary_emb:", 11)) return CLI_ROLE_ROPE_COS_SIN;
+    if (!strncmp(label, "loss:", 5)) return CLI_ROLE_LOSS;
+    if (!strncmp(label, "lm_head:", 8)) return CLI_ROLE_LOGITS;
+    if (strncmp(label, "layers.", 7)) return CLI_ROLE_OTHER;
+    if (has(label, "layernorm:")) return CLI_ROLE_NORM;
+    if (has(label, "_residual:")) return CLI_ROLE_RESIDUAL;
+    if (has(label, ".mlp.")) return CLI_ROLE_MLP;
+    if (has(label, "_rope:")) return CLI_ROLE_ATTN_ROPE;
+    if (has(label, "_proj:")) return CLI_ROLE_ATTN_QKV; // q, k, v projections (o_proj's output is not saved)
+    if (has(label, ":k_repeated") || has(label, ":v_repeated")) return CLI_ROLE_ATTN_REPEAT_KV;
+    if (has(label, ":probs") || has(label, ":scaling") || has(label, ":q_bmm")) return CLI_ROLE_ATTN_PROBS;
+    if (has(label, "self_attn:out")) return CLI_ROLE_ATTN_CONTEXT;
+    return CLI_ROLE_OTHER;
+}
+
+static int cmp_ptr(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t) * (const void *const *)a, y = (uintptr_t) * (const void *const *)b;
+    return (x > y) - (x < y);
+}
+
+int cli_saved_by_role(const ag_ctx *ctx, uint64_t bytes[CLI_NROLES]) {
+    memset(bytes, 0, CLI_NROLES * sizeof bytes[0]);
+    size_t n = ag_tape_size(ctx), count = 0;
+    const ag_tensor **all = malloc((n * AG_MAX_SAVED + 1) * sizeof *all);
+    if (!all) return -1;
+    for (size_t i = 0; i < n; i++) {
+        ag_node_info info;
+        if (!ag_tape_node(ctx, i, &info)) continue;
+        for (int j = 0; j < info.nsaved; j++)
+            if (info.saved[j]->block.category == MP_ACTIVATION) all[count++] = info.saved[j];
+    }
+    qsort(all, count, sizeof *all, cmp_ptr); // a tensor saved by several nodes counts once
+    for (size_t i = 0; i < count; i++)
+        if (i == 0 || all[i] != all[i - 1]) bytes[role_of(ag_tensor_name(all[i]))] += all[i]->block.bytes;
+    free(all);
+    return 0;
+}

@@ -1,0 +1,226 @@
+// --framework: the bill of PyTorch + transformers against PyTorch 1.13's own profiler
+// (tests/golden/pytorch, written by tests/reference/profile_step.py), the lean bill unchanged,
+// and meta == real under every framework.
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "cli_run.h"
+
+#ifndef MEMBILL_GOLDEN_DIR
+#error "MEMBILL_GOLDEN_DIR must name the tests/golden folder"
+#endif
+
+static run_result res;
+
+static json_t *run_json(const char *args) {
+    char cmd[4096], path[256];
+    snprintf(path, sizeof path, "%s/run.json", cli_run_dir);
+    snprintf(cmd, sizeof cmd, "%s --json %s --quiet", args, path);
+    membill(&res, cmd);
+    if (res.code != 0) print_error("membill %s: exit %d: %s\n", cmd, res.code, res.err);
+    assert_int_equal(res.code, 0);
+    json_t *j = json_load_file(path, 0, NULL);
+    assert_non_null(j);
+    return j;
+}
+
+static int64_t num(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v)) print_error("no integer %s\n", key);
+    assert_true(json_is_integer(v));
+    return (int64_t)json_integer_value(v);
+}
+
+static int64_t live_sum(const json_t *end_live) {
+    const char *k;
+    const json_t *v;
+    int64_t s = 0;
+    json_object_foreach((json_t *)end_live, k, v) s += (int64_t)json_integer_value(v);
+    return s;
+}
+
+static double worst_phase, worst_role;
+
+static void close_to(const char *what, int64_t got, int64_t want, double rtol, double *worst) {
+    double rel = want ? fabs((double)(got - want)) / (double)want : (double)(got != 0);
+    if (rel > *worst) *worst = rel;
+    if (rel > rtol)
+        print_error("%s: membill %lld, PyTorch %lld (%.4f%%)\n", what, (long long)got, (long long)want, 100 * rel);
+    assert_true(rel <= rtol);
+}
+
+static const json_t *phase_named(const json_t *phases, const char *name) {
+    size_t i;
+    const json_t *p;
+    json_array_foreach((json_t *)phases, i,
+                       p) if (!strcmp(json_string_value(json_object_get(p, "name")), name)) return p;
+    print_error("no phase %s\n", name);
+    fail();
+    return NULL;
+}
+
+// One configuration of the golden set: every phase's peak and end-live of both steps within
+// 0.05%, the saved set after the forward by role within 0.1%.
+static void against_golden(const char *name, const char *extra) {
+    char path[512], args[512];
+    snprintf(path, sizeof path, "%s/pytorch/%s.json", MEMBILL_GOLDEN_DIR, name);
+    json_t *g = json_load_file(path, 0, NULL);
+    assert_non_null(g);
+    const json_t *cfg = json_object_get(g, "config");
+    snprintf(args, sizeof args, "train --meta --framework pytorch-1.13 --steps 2 --batch %lld --seq-len %lld %s",
+             (long long)num(cfg, "batch"), (long long)num(cfg, "seq_len"), extra);
+    json_t *m = run_json(args);
+    const json_t *gsteps = json_object_get(g, "steps"), *msteps = json_object_get(m, "steps");
+    assert_int_equal(json_array_size(msteps), 2);
+    for (size_t s = 0; s < 2; s++) {
+        const json_t *gs = json_array_get(gsteps, s), *ms = json_array_get(msteps, s);
+        size_t i;
+        const json_t *gp;
+        json_array_foreach(json_object_get(gs, "phases"), i, gp) {
+            const char *ph = json_string_value(json_object_get(gp, "name"));
+            const json_t *mp = phase_named(json_object_get(ms, "phases"), ph);
+            char what[256];
+            snprintf(what, sizeof what, "%s step %zu %s peak", name, s + 1, ph);
+            close_to(what, num(mp, "peak_bytes"), num(gp, "peak_bytes"), 5e-4, &worst_phase);
+            snprintf(what, sizeof what, "%s step %zu %s end live", name, s + 1, ph);
+            close_to(what, live_sum(json_object_get(mp, "end_live")), num(gp, "end_live_bytes"), 5e-4, &worst_phase);
+        }
+        const char *role;
+        const json_t *gv;
+        json_object_foreach(json_object_get(gs, "saved_by_role"), role, gv) {
+            const json_t *mv = json_object_get(json_object_get(ms, "saved_by_role"), role);
+            char what[256];
+            snprintf(what, sizeof what, "%s step %zu saved %s", name, s + 1, role);
+            close_to(what, mv ? (int64_t)json_integer_value(mv) : 0, (int64_t)json_integer_value(gv), 1e-3,
+                     &worst_role);
+        }
+    }
+    json_decref(m);
+    json_decref(g);
+}
+
+static void golden_fp32_forloop(void **state) {
+    (void)state;
+    against_golden("smollm2_135m_b1_t25_fp32_forloop", "--adam-impl for-loop");
+    against_golden("smollm2_135m_b1_t128_fp32_forloop", "--adam-impl for-loop");
+    against_golden("smollm2_135m_b1_t512_fp32_forloop", "--adam-impl for-loop");
+    against_golden("smollm2_135m_b2_t64_fp32_forloop", "--adam-impl for-loop");
+}
+
+static void golden_fp32_foreach(void **state) {
+    (void)state;
+    against_golden("smollm2_135m_b1_t25_fp32_foreach", "--adam-impl foreach");
+    against_golden("smollm2_135m_b1_t128_fp32_foreach", "--adam-impl foreach");
+    against_golden("smollm2_135m_b1_t512_fp32_foreach", "--adam-impl foreach");
+    against_golden("smollm2_135m_b2_t64_fp32_foreach", "--adam-impl foreach");
+    print_message("worst against PyTorch 1.13: phase peaks and end-live %.5f%%, saved set by role %.5f%%\n",
+                  100 * worst_phase, 100 * worst_role);
+}
+
+static int64_t cat_peak(const json_t *j, const char *cat) {
+    return num(json_object_get(json_object_get(j, "categories"), cat), "peak_bytes");
+}
+
+// The lean framework is the bill membill gave before frameworks existed.
+static void lean_unchanged(void **state) {
+    (void)state;
+    json_t *j = run_json("train --meta --framework lean --adam-impl fused");
+    assert_int_equal(cat_peak(j, "activation"), 40578804);
+    assert_int_equal(cat_peak(j, "weight") + cat_peak(j, "gradient") + cat_peak(j, "optimizer"), 2152240128);
+    assert_int_equal(cat_peak(j, "temporary"), 0);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "run"), "framework")), "lean");
+    json_decref(j);
+}
+
+// A real run and a meta run bill every tensor category, and every phase, alike.
+static void meta_equals_real_at(const char *model_args) {
+    static const char *const fws[] = {"pytorch", "pytorch-1.13", "lean"};
+    static const char *const cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary"};
+    for (int f = 0; f < 3; f++) {
+        char a[512];
+        snprintf(a, sizeof a, "train --framework %s --steps 2 %s", fws[f], model_args);
+        json_t *real = run_json(a);
+        snprintf(a, sizeof a, "train --meta --framework %s --steps 2 %s", fws[f], model_args);
+        json_t *meta = run_json(a);
+        for (int c = 0; c < 6; c++) assert_int_equal(cat_peak(meta, cats[c]), cat_peak(real, cats[c]));
+        for (size_t s = 0; s < 2; s++) {
+            const json_t *rs = json_array_get(json_object_get(real, "steps"), s),
+                         *ms = json_array_get(json_object_get(meta, "steps"), s);
+            assert_int_equal(num(rs, "saved_after_forward_bytes"), num(ms, "saved_after_forward_bytes"));
+            size_t i;
+            const json_t *rp;
+            json_array_foreach(json_object_get(rs, "phases"), i, rp) {
+                const json_t *mp = json_array_get(json_object_get(ms, "phases"), i);
+                const json_t *re = json_object_get(rp, "end_live"), *me = json_object_get(mp, "end_live");
+                for (int c = 0; c < 6; c++) assert_int_equal(num(re, cats[c]), num(me, cats[c]));
+            }
+        }
+        json_decref(real);
+        json_decref(meta);
+    }
+}
+
+static const char *write_tiny_config(void) {
+    static char path[256];
+    snprintf(path, sizeof path, "%s/tiny.json", cli_run_dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2, "
+               "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 300, "
+               "\"tie_word_embeddings\": true}\n");
+    fclose(f);
+    return path;
+}
+
+static void meta_equals_real_tiny(void **state) {
+    (void)state;
+    char a[512];
+    const char *cfg = write_tiny_config();
+    snprintf(a, sizeof a, "--config %s --seq-len 9", cfg);
+    meta_equals_real_at(a);
+    snprintf(a, sizeof a, "--config %s --seq-len 6 --batch 3 --adam-impl foreach", cfg);
+    meta_equals_real_at(a);
+}
+
+// The same math under every framework: the same losses, step after step.
+static void same_losses(void **state) {
+    (void)state;
+    char a[512];
+    const char *cfg = write_tiny_config();
+    double loss[3][3];
+    static const char *const fws[] = {"pytorch", "pytorch-1.13", "lean"};
+    for (int f = 0; f < 3; f++) {
+        snprintf(a, sizeof a, "train --config %s --seq-len 9 --batch 2 --steps 3 --lr 1e-2 --framework %s", cfg,
+                 fws[f]);
+        json_t *j = run_json(a);
+        for (int s = 0; s < 3; s++)
+            loss[f][s] = json_real_value(json_object_get(json_array_get(json_object_get(j, "steps"), s), "loss"));
+        json_decref(j);
+    }
+    for (int s = 0; s < 3; s++)
+        for (int f = 1; f < 3; f++) assert_true(fabs(loss[f][s] - loss[0][s]) <= 1e-5 * fabs(loss[0][s]));
+    assert_true(loss[0][2] < loss[0][0]); // and it learns
+}
+
+static void meta_equals_real_smollm2(void **state) {
+    (void)state;
+    if (!getenv("MEMBILL_HEAVY")) skip();
+    meta_equals_real_at("--seq-len 25");
+    meta_equals_real_at("--seq-len 128");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(golden_fp32_forloop), cmocka_unit_test(golden_fp32_foreach),
+        cmocka_unit_test(lean_unchanged),      cmocka_unit_test(meta_equals_real_tiny),
+        cmocka_unit_test(same_losses),         cmocka_unit_test(meta_equals_real_smollm2),
+    };
+    return cmocka_run_group_tests(tests, cli_run_make_dir, cli_run_remove_dir);
+}
