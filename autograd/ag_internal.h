@@ -41,6 +41,7 @@ struct ag_node {
     ag_edge in[AG_MAX_INPUTS];
     ag_tensor *out;    // weak: cleared when the output tensor is freed
     int64_t numel;     // of the output
+    int out_bits;      // the output's element size: its gradient's, under PYTORCH semantics
     mp_block grad;     // gradient of the output; bytes == 0 until a consumer wrote it
     ag_op_state state; // the member op names; its saved tensors are retained until backward ran
 };
@@ -84,6 +85,13 @@ ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, cons
 // same size in real runs, which are float32 only).
 // A block of `bytes` float32 bytes, billed at the category's dtype in meta mode.
 bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label);
+// A tensor billed at `bits` an element whatever its category (a float32 copy in a 16-bit model).
+ag_tensor *ag_tensor_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site,
+                              int bits);
+static inline int ag_max_bits(int a, int b) { return a > b ? a : b; } // PyTorch's type promotion
+// The output of an elementwise op of a and b (a's shape): under PYTORCH semantics at the wider
+// of their element sizes, else as ag_tensor_like(a).
+ag_tensor *ag_tensor_promoted(ag_ctx *ctx, const ag_tensor *a, const ag_tensor *b, const char *label);
 // A block of exactly `bytes`, whatever the dtype (a float64 scalar, int64 labels).
 bool ag_alloc_exact(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label);
 // A tensor billed at float32 whatever the dtype: the statistics PyTorch's autocast keeps in

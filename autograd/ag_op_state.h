@@ -94,12 +94,16 @@ typedef struct {
             // score matmul makes of it (B > 1); k and v are NULL, repeat_kv's copies kept instead.
             ag_tensor *k_rep, *v_rep; // [B, Hq, Tk, D]
             ag_tensor *scale;         // the float64 scalar that `* scaling` wraps: 8 bytes
+            // 16 bits (meta mode): the probabilities as `probs @ v` takes them, a 16-bit copy of
+            // the float32 softmax (`.to(query.dtype)` in a 16-bit model, autocast's cast); NULL
+            // when that is probs itself. k_rep, v_rep and q are then the matmuls' operands.
+            ag_tensor *probs_cast;
         };
-        ag_tensor *saved[7];
+        ag_tensor *saved[8];
     };
     ag_att_dims dims;
 } ag_attention_state;
-AG_SAVED_IN_A_ROW(ag_attention_state, scale, 7);
+AG_SAVED_IN_A_ROW(ag_attention_state, probs_cast, 8);
 
 // silu: y = x * sigmoid(x).
 typedef struct {
@@ -138,6 +142,7 @@ typedef struct {
         ag_tensor *saved[5];
     };
     int64_t B, T, V;
+    int logits_bits; // PYTORCH: the logits' element size (16: a float32 copy feeds log_softmax)
     int32_t *labels; // malloc'd copy of the ids [B*T]; NULL in meta mode
 } ag_cross_entropy_state;
 AG_SAVED_IN_A_ROW(ag_cross_entropy_state, total_weight, 5);

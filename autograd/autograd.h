@@ -63,6 +63,7 @@ struct ag_tensor {
     ag_tensor *grad; // leaves only (category gradient, site "<name>:grad"); NULL until backward
     ag_node *node;   // the node that made it, while the tape holds it; NULL for leaves
     int refcount;
+    int bits;           // the element size it is billed at: 32 in real runs, the dtype's in meta mode
     int tape_nodes;     // leaves: nodes on the tape with an edge to it
     mp_block grad_wait; // leaves, PYTORCH semantics: a gradient waiting for the others to be summed
     mp_block grad_new;  // ... and the one just written, summed with it after its node's backward
@@ -110,6 +111,10 @@ typedef struct {
     int grad_bits;   // .grad of parameters: 32 or 16
     int64_t group;   // weights under 16 bits: elements of a row sharing one scale; 0: no scales
     int scale_bytes; // bytes of one scale (2: fp16)
+    // torch.autocast(bfloat16) over float32 parameters (PYTORCH semantics only): each matmul casts
+    // its float32 operands to 16 bits (the casts of weights and inputs kept for backward) and
+    // returns 16 bits; other ops follow PyTorch's type promotion from their inputs.
+    bool autocast;
 } ag_meta_dtype;
 
 // Every size float32 (the default of a new context).

@@ -27,7 +27,8 @@ static bool leaf_grad_pytorch(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
     mp_block *b = leaf->grad_wait.bytes ? &leaf->grad_new : &leaf->grad_wait;
     char label[AG_LABEL_MAX];
     ag_label(label, ag_tensor_name(leaf), "grad_buffer");
-    if (!ag_alloc_block(ctx, b, (size_t)leaf->numel * sizeof(float), MP_TEMPORARY, label)) return false;
+    size_t bytes = (size_t)leaf->numel * (size_t)ctx->dtype.grad_bits / 8;
+    if (!ag_alloc_exact(ctx, b, bytes, MP_TEMPORARY, label)) return false;
     dst->fresh = true;
     dst->data = b->data;
     return true;
@@ -56,7 +57,7 @@ static void leaf_grads_settle(ag_ctx *ctx, ag_node *n) {
             leaf->grad = ag_tensor_like(ctx, leaf, MP_GRADIENT, label);
             if (leaf->grad) sum = leaf->grad->block;
         } else {
-            ag_alloc_block(ctx, &sum, (size_t)leaf->numel * sizeof(float), MP_TEMPORARY, label);
+            ag_alloc_exact(ctx, &sum, (size_t)leaf->numel * (size_t)ctx->dtype.grad_bits / 8, MP_TEMPORARY, label);
         }
         if (sum.bytes && leaf->grad_new.bytes)
             add_into(sum.data, leaf->grad_wait.data, leaf->grad_new.data, leaf->numel);
@@ -72,7 +73,11 @@ static bool node_grad(ag_ctx *ctx, ag_node *node, ag_grad_dst *dst) {
     if (node->grad.bytes == 0) {
         char label[AG_LABEL_MAX];
         ag_label(label, mp_site_name(node->site), "grad");
-        if (!ag_alloc_block(ctx, &node->grad, (size_t)node->numel * sizeof(float), MP_ACTIVATION, label)) return false;
+        bool ok = ag_is_pytorch(ctx) // a gradient has its tensor's dtype
+                      ? ag_alloc_exact(ctx, &node->grad, (size_t)node->numel * (size_t)node->out_bits / 8,
+                                       MP_ACTIVATION, label)
+                      : ag_alloc_block(ctx, &node->grad, (size_t)node->numel * sizeof(float), MP_ACTIVATION, label);
+        if (!ok) return false;
         dst->fresh = true;
     }
     dst->data = node->grad.data;
@@ -125,7 +130,10 @@ ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor) {
     while (ctx->ntape > floor) {
         ag_node *n = ctx->tape[--ctx->ntape];
         if (n->grad.bytes != 0 && ctx->status == AG_OK) n->op->backward(ctx, n, n->grad.data);
-        if (ag_is_pytorch(ctx)) leaf_grads_settle(ctx, n);
+        if (ag_is_pytorch(ctx)) { // the engine drops the node's input gradient before summing its outputs
+            mp_free(&n->grad);
+            leaf_grads_settle(ctx, n);
+        }
         ag_node_free(n);
     }
     return ctx->status;

@@ -38,6 +38,7 @@ ag_node *ag_record(ag_ctx *ctx, const ag_op *op, const char *base, ag_tensor *ou
         if (node->in[i].kind == AG_EDGE_LEAF && ag_first_edge_to(node, i)) node->in[i].leaf->tape_nodes++;
     }
     node->numel = out->numel;
+    node->out_bits = out->bits;
     if (!ag_tape_push(ctx, node)) {
         ag_node_free(node);
         return NULL;

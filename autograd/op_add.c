@@ -31,7 +31,7 @@ ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b) {
     ag_site s;
     ag_site_parse(&s, site);
     if (!ag_same_shape(ctx, "add", s.base, a, b)) return NULL;
-    ag_tensor *y = ag_tensor_like(ctx, a, MP_ACTIVATION, s.out);
+    ag_tensor *y = ag_tensor_promoted(ctx, a, b, s.out);
     if (!y) return NULL;
     if (!mp_is_meta()) {
         const float *ad = a->data, *bd = b->data;

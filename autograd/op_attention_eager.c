@@ -77,10 +77,18 @@ static void softmax_rows(float *p, const float *m, int64_t rows, int64_t n) {
     }
 }
 
-static ag_tensor *act(ag_ctx *ctx, const char *base, const char *what, int64_t d0, int64_t d1, int64_t d2, int64_t d3) {
+static ag_tensor *act_bits(ag_ctx *ctx, const char *base, const char *what, const int64_t shape[4], int bits) {
     char l[AG_LABEL_MAX];
     ag_label(l, base, what);
-    return ag_tensor_new(ctx, 4, (int64_t[]){d0, d1, d2, d3}, MP_ACTIVATION, l);
+    return ag_tensor_new_bits(ctx, 4, shape, MP_ACTIVATION, l, bits);
+}
+
+// An operand of a matmul under autocast: a 16-bit cast of a wider tensor (t is released), else t.
+static ag_tensor *autocast_operand(ag_ctx *ctx, const char *base, const char *what, ag_tensor *t) {
+    if (!t || !ctx->dtype.autocast || t->bits <= 16) return t;
+    ag_tensor *c = act_bits(ctx, base, what, t->shape, 16);
+    ag_release(t);
+    return c;
 }
 
 static void eager_backward(ag_ctx *ctx, ag_node *n, const float *dout);
@@ -106,59 +114,80 @@ static void untranspose(float *out, const float *c, const ag_att_dims *a) {
 #define SWAP_FREE(t) (ag_release(t), (t) = NULL)
 
 // The scores: S = q k_repᵀ, scaled = S * scaling (S freed), masked = scaled + mask (scaled
-// freed), probs = softmax(masked) (masked freed). Returns probs; *scale gets the 8-byte scalar.
+// freed), probs = softmax(masked, dtype=float32) (masked freed). Returns probs (float32); *scale
+// gets the 8-byte scalar. The mask has the model's dtype, so a 16-bit S added to autocast's
+// float32 mask is float32; softmax converts a 16-bit input to float32 first.
 static ag_tensor *eager_probs(ag_ctx *ctx, const char *base, const ag_tensor *qk, bool copied, const ag_tensor *krep,
                               const ag_att_dims *a, ag_tensor **scale) {
     const bool meta = mp_is_meta();
-    const int64_t B = a->B, Hq = a->Hq, Tq = a->Tq, Tk = a->Tk;
-    ag_tensor *S = act(ctx, base, "scores", B, Hq, Tq, Tk);
+    const int64_t sh[4] = {a->B, a->Hq, a->Tq, a->Tk};
+    const int sbits = ctx->dtype.autocast ? 16 : qk->bits, mbits = ag_max_bits(sbits, ctx->dtype.act_bits);
+    ag_tensor *S = act_bits(ctx, base, "scores", sh, sbits);
     if (S && !meta) scores(S->data, qk, copied, krep->data, a);
     char l[AG_LABEL_MAX];
     ag_label(l, base, "scaling");
     *scale = ag_tensor_new_f32(ctx, 1, (int64_t[]){2}, MP_ACTIVATION, l); // a float64 scalar: 8 bytes
-    ag_tensor *scaled = act(ctx, base, "scores_scaled", B, Hq, Tq, Tk);
+    ag_tensor *scaled = act_bits(ctx, base, "scores_scaled", sh, sbits);
     const float sc = 1.0f / sqrtf((float)a->D);
     if (S && scaled && !meta)
         for (int64_t i = 0; i < S->numel; i++) scaled->data[i] = S->data[i] * sc;
     SWAP_FREE(S);
-    ag_tensor *masked = act(ctx, base, "scores_masked", B, Hq, Tq, Tk);
+    ag_tensor *masked = act_bits(ctx, base, "scores_masked", sh, mbits);
     if (scaled && masked && !meta) add_mask(masked->data, scaled->data, a);
     SWAP_FREE(scaled);
-    ag_tensor *probs = act(ctx, base, "probs", B, Hq, Tq, Tk);
-    if (masked && probs && !meta) softmax_rows(probs->data, masked->data, B * Hq * Tq, Tk);
+    ag_tensor *wide = mbits < 32 ? act_bits(ctx, base, "scores_float", sh, 32) : NULL;
+    ag_tensor *probs = act_bits(ctx, base, "probs", sh, 32);
+    if (masked && probs && !meta) softmax_rows(probs->data, masked->data, a->B * a->Hq * a->Tq, a->Tk);
+    SWAP_FREE(wide);
     SWAP_FREE(masked);
     return ctx->status == AG_OK ? probs : (ag_release(probs), NULL);
 }
 
 ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
                               const ag_att_dims *a, bool rec) {
-    const bool meta = mp_is_meta(), copied = a->B > 1;
+    const bool meta = mp_is_meta(), cast = ctx->dtype.autocast;
     const int64_t B = a->B, Hq = a->Hq, Tq = a->Tq, Tk = a->Tk, D = a->D;
-    ag_tensor *krep = act(ctx, s->base, "k_repeated", B, Hq, Tk, D);
-    ag_tensor *vrep = act(ctx, s->base, "v_repeated", B, Hq, Tk, D);
+    const int64_t kv_shape[4] = {B, Hq, Tk, D}, q_shape[4] = {B, Hq, Tq, D};
+    ag_tensor *krep = act_bits(ctx, s->base, "k_repeated", kv_shape, k->bits);
+    ag_tensor *vrep = act_bits(ctx, s->base, "v_repeated", kv_shape, v->bits);
     if (krep && vrep && !meta) {
         to_heads(krep->data, k->data, B, Tk, a->Hq, a->Hkv, a->D);
         to_heads(vrep->data, v->data, B, Tk, a->Hq, a->Hkv, a->D);
     }
-    // B > 1: the score matmul cannot view q [B, Hq, Tq, D] (laid out [B, Tq, Hq, D]) as a batch of
-    // matrices, so it keeps a contiguous copy instead of q.
-    ag_tensor *qk = copied ? act(ctx, s->base, "q_bmm", B, Hq, Tq, D) : ag_retain(q);
+    // The score matmul's operands. B > 1: it cannot view q [B, Hq, Tq, D] (laid out [B, Tq, Hq, D])
+    // as a batch of matrices, so it keeps a contiguous copy instead of q (autocast's cast is one).
+    const bool copied = B > 1 || (cast && q->bits > 16);
+    ag_tensor *qk = !copied ? ag_retain(q)
+                            : act_bits(ctx, s->base, cast && q->bits > 16 ? "q_bf16" : "q_bmm", q_shape,
+                                       cast ? 16 : q->bits);
     if (copied && qk && !meta) to_heads(qk->data, q->data, B, Tq, a->Hq, a->Hq, a->D);
-    ag_tensor *scale = NULL,
-              *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale) : NULL;
-    ag_tensor *c = probs ? act(ctx, s->base, "context", B, Hq, Tq, D) : NULL;
+    krep = autocast_operand(ctx, s->base, "k_bf16", krep);
+    ag_tensor *scale = NULL, *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale) : NULL;
+    // probs @ v: `.to(query.dtype)` casts a 16-bit model's probabilities back; autocast casts both.
+    ag_tensor *pc = NULL;
+    if (probs && (q->bits < 32 || cast))
+        pc = act_bits(ctx, s->base, "probs_bf16", probs->shape, cast ? 16 : q->bits);
+    vrep = autocast_operand(ctx, s->base, "v_bf16", vrep);
+    const int cbits = cast ? 16 : (pc ? pc->bits : 32);
+    ag_tensor *c = probs ? act_bits(ctx, s->base, "context", q_shape, cbits) : NULL;
     if (c && vrep && !meta) context(c->data, probs->data, vrep->data, a);
-    ag_tensor *out = c ? ag_tensor_new(ctx, 3, (int64_t[]){B, Tq, Hq * D}, MP_ACTIVATION, s->out) : NULL;
+    ag_tensor *out =
+        c ? ag_tensor_new_bits(ctx, 3, (int64_t[]){B, Tq, Hq * D}, MP_ACTIVATION, s->out, cbits) : NULL;
     if (out && !meta) untranspose(out->data, c->data, a);
     ag_release(c);
     ag_tensor *ins[] = {q, k, v};
-    ag_node *n = out && rec ? ag_record(ctx, &eager_op, s->base, out, 3, ins) : NULL;
+    ag_node *n = out && vrep && rec && ctx->status == AG_OK ? ag_record(ctx, &eager_op, s->base, out, 3, ins) : NULL;
     if (n) {
-        n->state.attention =
-            (ag_attention_state){.q = qk, .probs = probs, .k_rep = krep, .v_rep = vrep, .scale = scale, .dims = *a};
+        n->state.attention = (ag_attention_state){.q = qk,
+                                                  .probs = probs,
+                                                  .k_rep = krep,
+                                                  .v_rep = vrep,
+                                                  .scale = scale,
+                                                  .probs_cast = pc,
+                                                  .dims = *a};
         return out;
     }
-    ag_release(qk), ag_release(probs), ag_release(krep), ag_release(vrep), ag_release(scale);
+    ag_release(qk), ag_release(probs), ag_release(krep), ag_release(vrep), ag_release(scale), ag_release(pc);
     if (rec || ctx->status != AG_OK) ag_release(out), out = NULL; // no node: failed, or no grad
     return out;
 }

@@ -33,7 +33,8 @@ static void hf_backward(ag_ctx *ctx, ag_node *n, const float *dloss) {
     mp_block g = {0};
     char label[AG_LABEL_MAX];
     ag_label(label, mp_site_name(n->site), "nll_grad");
-    if (!ag_alloc_block(ctx, &g, (size_t)(B * T * V) * sizeof(float), MP_ACTIVATION, label)) return;
+    const size_t f32_bytes = (size_t)(B * T * V) * sizeof(float);
+    if (!ag_alloc_exact(ctx, &g, f32_bytes, MP_ACTIVATION, label)) return;
     float *gd = (float *)g.data, scale = meta ? 0.0f : dloss[0] / (float)(B * (T - 1));
     if (!meta) {
         memset(gd, 0, (size_t)(B * T * V) * sizeof(float));
@@ -44,6 +45,18 @@ static void hf_backward(ag_ctx *ctx, ag_node *n, const float *dloss) {
     }
     ag_release(st->labels_t); // NllLossBackward releases what it saved
     st->labels_t = NULL;
+    if (st->logits_bits < 32) { // meta mode: LogSoftmaxBackward in float32, then ToCopyBackward
+        mp_block lg = {0};
+        ag_label(label, mp_site_name(n->site), "log_softmax_grad");
+        ag_grad_dst d;
+        if (ag_alloc_exact(ctx, &lg, f32_bytes, MP_ACTIVATION, label)) {
+            mp_free(&g);
+            ag_grad_get(ctx, n, 0, &d);
+        }
+        mp_free(&lg);
+        mp_free(&g);
+        return;
+    }
     ag_grad_dst d;
     if (ag_grad_get(ctx, n, 0, &d) && !meta) {
 #pragma omp parallel for if (B * T * V >= AG_OMP_MIN_EXP)
@@ -92,15 +105,17 @@ ag_tensor *ag_cross_entropy_hf(ag_ctx *ctx, const ag_site *s, ag_tensor *logits,
     const bool meta = mp_is_meta();
     ag_tensor *lab = hf_labels(ctx, s->base, ids, B, T);
     char l[AG_LABEL_MAX];
+    ag_label(l, s->base, "logits_float"); // logits.float(): a copy unless they are float32
+    ag_tensor *lf = logits->bits < 32 ? ag_tensor_new_bits(ctx, 2, (int64_t[]){B * T, V}, MP_ACTIVATION, l, 32) : NULL;
     ag_label(l, s->base, "log_softmax");
-    ag_tensor *logp = ag_tensor_new(ctx, 2, (int64_t[]){B * T, V}, MP_ACTIVATION, l);
-    ag_tensor *loss = ag_tensor_new(ctx, 1, (int64_t[]){1}, MP_ACTIVATION, s->out);
+    ag_tensor *logp = ag_tensor_new_bits(ctx, 2, (int64_t[]){B * T, V}, MP_ACTIVATION, l, 32);
+    ag_tensor *loss = ag_tensor_new_f32(ctx, 1, (int64_t[]){1}, MP_ACTIVATION, s->out);
     ag_label(l, s->base, "total_weight");
     ag_tensor *tw = ag_tensor_new_f32(ctx, 1, (int64_t[]){1}, MP_ACTIVATION, l);
     ag_tensor *ins[] = {logits};
     ag_node *n = lab && logp && loss && tw && rec ? ag_record(ctx, &hf_op, s->base, loss, 1, ins) : NULL;
     if (!lab || !logp || !loss || !tw || (rec && !n)) {
-        ag_release(lab), ag_release(logp), ag_release(loss), ag_release(tw);
+        ag_release(lab), ag_release(logp), ag_release(loss), ag_release(tw), ag_release(lf);
         return NULL;
     }
     if (!meta) {
@@ -114,11 +129,12 @@ ag_tensor *ag_cross_entropy_hf(ag_ctx *ctx, const ag_site *s, ag_tensor *logits,
         tw->data[0] = (float)(B * (T - 1));
         loss->data[0] = (float)(sum / (double)(B * (T - 1)));
     }
+    ag_release(lf); // the float32 copy goes when ForCausalLMLoss returns
     if (!n) {
         ag_release(lab), ag_release(logp), ag_release(tw);
         return loss;
     }
-    n->state.cross_entropy =
-        (ag_cross_entropy_state){.logp = logp, .labels_t = lab, .total_weight = tw, .B = B, .T = T, .V = V};
+    n->state.cross_entropy = (ag_cross_entropy_state){
+        .logp = logp, .labels_t = lab, .total_weight = tw, .B = B, .T = T, .V = V, .logits_bits = logits->bits};
     return loss;
 }

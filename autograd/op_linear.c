@@ -3,9 +3,33 @@
 
 // dx = dy · w needs w; dw = dyᵀ · x needs x. Each is kept only when the other side wants its
 // gradient, so a frozen weight saves no activation at all.
+// Under autocast (meta mode only): MmBackward's 16-bit gradients of the two casts, then each
+// ToCopyBackward's float32 one into the input's and the weight's gradient.
+static void linear_backward_autocast(ag_ctx *ctx, ag_node *n) {
+    const ag_linear_state *st = &n->state.linear;
+    const char *base = mp_site_name(n->site);
+    char l[AG_LABEL_MAX];
+    mp_block dx16 = {0}, dw16 = {0};
+    bool want_x = ag_wants_grad(n, 0), want_w = ag_wants_grad(n, 1);
+    ag_label(l, base, "dx_bf16");
+    if (want_x && !ag_alloc_exact(ctx, &dx16, (size_t)(st->rows * st->in) * 2, MP_ACTIVATION, l)) return;
+    ag_label(l, base, "dw_bf16");
+    if (want_w && !ag_alloc_exact(ctx, &dw16, (size_t)(st->out * st->in) * 2, MP_ACTIVATION, l)) goto done;
+    ag_grad_dst d;
+    if (want_x && ag_grad_get(ctx, n, 0, &d)) mp_free(&dx16);
+    if (want_w) ag_grad_get(ctx, n, 1, &d);
+done:
+    mp_free(&dx16);
+    mp_free(&dw16);
+}
+
 static void linear_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     const ag_linear_state *st = &n->state.linear;
     int64_t M = st->rows, in = st->in, out = st->out;
+    if (ctx->dtype.autocast && ag_is_pytorch(ctx)) {
+        linear_backward_autocast(ctx, n);
+        return;
+    }
     ag_grad_dst d[2];
     if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
     if (d[0].needed && d[1].needed && d[0].data != d[1].data && ag_skinny_available(M)) {
@@ -21,6 +45,46 @@ static void linear_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
 }
 
 static const ag_op linear_op = {.name = "linear", .backward = linear_backward, .nsaved = AG_NSAVED(linear)};
+
+// Under PYTORCH semantics the output has the input's dtype; under autocast the matmul casts a
+// float32 input and the weight to 16 bits (new tensors, kept for backward as its operands) and
+// returns 16 bits.
+static ag_tensor *linear_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tensor *w, const int64_t *shape) {
+    ag_tensor *ins[] = {x, w};
+    int64_t in = w->shape[1], out = w->shape[0], M = x->numel / in;
+    const bool cast = ctx->dtype.autocast;
+    char l[AG_LABEL_MAX];
+    ag_tensor *xc = ag_retain(x), *wc = ag_retain(w);
+    if (cast && x->bits > 16) {
+        ag_label(l, s->base, "input_bf16");
+        ag_release(xc);
+        xc = ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l, 16);
+    }
+    if (cast && w->bits > 16) {
+        ag_label(l, s->base, "weight_bf16");
+        ag_release(wc);
+        wc = ag_tensor_new_bits(ctx, 2, w->shape, MP_ACTIVATION, l, 16);
+    }
+    ag_tensor *y = xc && wc ? ag_tensor_new_bits(ctx, x->ndim, shape, MP_ACTIVATION, s->out, cast ? 16 : x->bits) : NULL;
+    if (y && !mp_is_meta()) { // real runs are float32: xc and wc are x and w
+        if (ag_skinny_forward_available(M))
+            ag_skinny_forward(x->data, w->data, y->data, M, out, in);
+        else
+            ag_sgemm(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x->data, in, w->data, in, 0.0f, y->data, out);
+    }
+    ag_node *n = y && ag_any_needs_grad(ctx, 2, ins) ? ag_record(ctx, &linear_op, s->base, y, 2, ins) : NULL;
+    if (n)
+        n->state.linear = (ag_linear_state){
+            .x = ag_retain(ag_wants_grad(n, 1) ? xc : NULL),
+            .w = ag_retain(ag_wants_grad(n, 0) ? wc : NULL),
+            .rows = M,
+            .in = in,
+            .out = out,
+        };
+    ag_release(xc), ag_release(wc);
+    if (y && !n && ctx->status != AG_OK) ag_release(y), y = NULL;
+    return y;
+}
 
 ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w) {
     ag_tensor *ins[] = {x, w};
@@ -39,6 +103,7 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w) 
     int64_t shape[AG_MAX_DIMS];
     for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
     shape[x->ndim - 1] = out;
+    if (ag_is_pytorch(ctx)) return linear_pt(ctx, &s, x, w, shape);
     ag_tensor *y = ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s.out);
     if (!y) return NULL;
     if (!mp_is_meta() && ag_skinny_forward_available(M))

@@ -24,7 +24,7 @@ ag_tensor *ag_mul(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b) {
     ag_site s;
     ag_site_parse(&s, site);
     if (!ag_same_shape(ctx, "mul", s.base, a, b)) return NULL;
-    ag_tensor *y = ag_tensor_like(ctx, a, MP_ACTIVATION, s.out);
+    ag_tensor *y = ag_tensor_promoted(ctx, a, b, s.out);
     if (!y) return NULL;
     if (!mp_is_meta()) mul_into(y->data, true, a->data, b->data, a->numel);
     if (!ag_any_needs_grad(ctx, 2, ins)) return y;

@@ -85,33 +85,46 @@ static void rms_scale(float *y, float *h, const float *x, const float *rstd, con
         }
 }
 
+// In a 16-bit model, `hidden_states.to(torch.float32)` first: the float32 copy is what pow and the
+// first mul keep (the 16-bit input is kept by nobody), h is float32 and freed once cast back to
+// the model's dtype, and that cast is what the weight's mul keeps. Meta mode only (real runs are
+// float32, where every cast is a no-op).
 static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tensor *w, float eps, bool rec) {
     ag_tensor *ins[] = {x, w};
     int64_t H = x->shape[x->ndim - 1], rows = x->numel / H;
-    bool keep_sq = ctx->framework == AG_FRAMEWORK_PYTORCH_113 && rec;
-    char l_sq[AG_LABEL_MAX], l_rstd[AG_LABEL_MAX], l_h[AG_LABEL_MAX];
-    ag_label(l_sq, s->base, "pow");
-    ag_label(l_rstd, s->base, "rstd");
-    ag_label(l_h, s->base, "normed");
-    ag_tensor *sq = ag_tensor_like(ctx, x, MP_ACTIVATION, l_sq);
-    ag_tensor *rstd = ag_tensor_new_f32(ctx, 1, &rows, MP_ACTIVATION, l_rstd);
+    const bool keep_sq = ctx->framework == AG_FRAMEWORK_PYTORCH_113 && rec, half = x->bits < 32;
+    char l[5][AG_LABEL_MAX];
+    ag_label(l[0], s->base, "float");
+    ag_label(l[1], s->base, "pow");
+    ag_label(l[2], s->base, "rstd");
+    ag_label(l[3], s->base, half ? "normed_float" : "normed");
+    ag_label(l[4], s->base, "normed");
+    ag_tensor *xf = half ? ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l[0], 32) : ag_retain(x);
+    ag_tensor *sq = ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l[1], 32);
+    ag_tensor *rstd = ag_tensor_new_f32(ctx, 1, &rows, MP_ACTIVATION, l[2]);
     if (sq && rstd && !mp_is_meta()) rms_squares(sq->data, rstd->data, x->data, rows, H, eps);
     if (!keep_sq) ag_release(sq), sq = NULL;
-    ag_tensor *h = ag_tensor_like(ctx, x, MP_ACTIVATION, l_h);
-    ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s->out);
-    ag_node *n = y && h && rstd && rec ? ag_record(ctx, &rmsnorm_op, s->base, y, 2, ins) : NULL;
-    if (!y || !h || !rstd || (rec && !n) || (keep_sq && !sq)) {
-        ag_release(sq), ag_release(rstd), ag_release(h), ag_release(y);
+    ag_tensor *h = ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l[3], 32);
+    if (half) { // h.to(input_dtype): the cast is kept, the float32 h goes
+        ag_tensor *hb = ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l[4], x->bits);
+        ag_release(h);
+        h = hb;
+    }
+    ag_tensor *y = h ? ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, s->out, ag_max_bits(w->bits, h->bits))
+                     : NULL;
+    ag_node *n = y && xf && rstd && rec ? ag_record(ctx, &rmsnorm_op, s->base, y, 2, ins) : NULL;
+    if (!y || !xf || !rstd || (rec && !n) || (keep_sq && !sq)) {
+        ag_release(xf), ag_release(sq), ag_release(rstd), ag_release(h), ag_release(y);
         return NULL;
     }
     if (!mp_is_meta()) rms_scale(y->data, h->data, x->data, rstd->data, w->data, rows, H);
     if (!n) {
-        ag_release(rstd), ag_release(h);
+        ag_release(xf), ag_release(rstd), ag_release(h);
         return y;
     }
     n->state.rmsnorm = (ag_rmsnorm_state){
-        .x = ag_retain(x),
-        .rstd = rstd, // the node takes these references over
+        .x = xf, // the node takes these references over
+        .rstd = rstd,
         .w = ag_retain(ag_wants_grad(n, 0) ? w : NULL),
         .h = h,
         .sq = sq,

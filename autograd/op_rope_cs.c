@@ -21,8 +21,16 @@ bool ag_rope_tables(ag_ctx *ctx, const char *site, int64_t T, int hd, float thet
     ag_label(lc, s.base, "cos");
     ag_label(ls, s.base, "sin");
     int64_t shape[3] = {1, T, hd};
+    // Computed in float32 (autocast is off inside), then `.to(x.dtype)`: a 16-bit model keeps the
+    // casts, the float32 tables going with the forward of the rotary embedding.
+    ag_tensor *cf = NULL, *sf = NULL;
+    if (ctx->dtype.act_bits < 32) {
+        cf = ag_tensor_new_bits(ctx, 3, shape, MP_ACTIVATION, lc, 32);
+        sf = ag_tensor_new_bits(ctx, 3, shape, MP_ACTIVATION, ls, 32);
+    }
     *cos_t = ag_tensor_new(ctx, 3, shape, MP_ACTIVATION, lc);
     *sin_t = ag_tensor_new(ctx, 3, shape, MP_ACTIVATION, ls);
+    ag_release(cf), ag_release(sf);
     if (!*cos_t || !*sin_t) {
         ag_release(*cos_t), ag_release(*sin_t);
         *cos_t = *sin_t = NULL;
@@ -86,7 +94,9 @@ static const ag_op rope_cs_op = {.name = "rope", .backward = rope_cs_backward, .
 static bool rope_cs_products(ag_ctx *ctx, const char *base, const ag_tensor *x, const ag_tensor *cs,
                              const ag_tensor *sn, int hd, mp_block *xc, mp_block *rs) {
     mp_block neg = {0}, rot = {0};
-    size_t bytes = (size_t)x->numel * sizeof(float);
+    // Type promotion: a 16-bit q times float32 cos is float32 (autocast); the rotation keeps x's.
+    size_t n = (size_t)x->numel, bytes = n * (size_t)ag_max_bits(x->bits, cs->bits) / 8,
+           xbytes = n * (size_t)x->bits / 8;
     int64_t rows = x->numel / hd, T = x->shape[1], width = x->shape[2];
     int half = hd / 2;
     char l[4][AG_LABEL_MAX];
@@ -94,9 +104,9 @@ static bool rope_cs_products(ag_ctx *ctx, const char *base, const ag_tensor *x, 
     ag_label(l[1], base, "neg_x2");
     ag_label(l[2], base, "rotated");
     ag_label(l[3], base, "rotated_sin");
-    bool ok = ag_alloc_block(ctx, xc, bytes, MP_ACTIVATION, l[0]) &&
-              ag_alloc_block(ctx, &neg, bytes / 2, MP_ACTIVATION, l[1]) &&
-              ag_alloc_block(ctx, &rot, bytes, MP_ACTIVATION, l[2]);
+    bool ok = ag_alloc_exact(ctx, xc, bytes, MP_ACTIVATION, l[0]) &&
+              ag_alloc_exact(ctx, &neg, xbytes / 2, MP_ACTIVATION, l[1]) &&
+              ag_alloc_exact(ctx, &rot, xbytes, MP_ACTIVATION, l[2]);
     if (ok && !mp_is_meta())
         for (int64_t r = 0; r < rows; r++) { // r: one (row, head) of hd elements
             const float *xr = x->data + r * hd, *c = cs->data + ((r * hd / width) % T) * hd;
@@ -106,7 +116,7 @@ static bool rope_cs_products(ag_ctx *ctx, const char *base, const ag_tensor *x, 
             for (int i = 0; i < half; i++) rt[i] = ng[i], rt[half + i] = xr[i];
         }
     mp_free(&neg);
-    ok = ok && ag_alloc_block(ctx, rs, bytes, MP_ACTIVATION, l[3]);
+    ok = ok && ag_alloc_exact(ctx, rs, bytes, MP_ACTIVATION, l[3]);
     if (ok && !mp_is_meta())
         for (int64_t r = 0; r < rows; r++) {
             const float *s = sn->data + ((r * hd / width) % T) * hd, *rt = (const float *)rot.data + r * hd;
@@ -132,7 +142,7 @@ ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int h
     int64_t B = x->shape[0], T = x->shape[1];
     mp_block xc = {0}, rs = {0};
     if (!rope_cs_products(ctx, s.base, x, cos_t, sin_t, hd, &xc, &rs)) return NULL;
-    ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
+    ag_tensor *y = ag_tensor_new_bits(ctx, 3, x->shape, MP_ACTIVATION, s.out, ag_max_bits(x->bits, cos_t->bits));
     if (y && !mp_is_meta())
         for (int64_t i = 0; i < x->numel; i++) y->data[i] = ((float *)xc.data)[i] + ((float *)rs.data)[i];
     mp_free(&rs);

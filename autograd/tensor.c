@@ -30,7 +30,7 @@ bool ag_ctx_set_meta_dtype(ag_ctx *ctx, const ag_meta_dtype *d) {
                        "for weights under 16 bits)",
                        d ? d->act_bits : 0, d ? d->weight_bits : 0, d ? d->grad_bits : 0,
                        d ? (long long)d->group : 0LL);
-    bool f32 = d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32;
+    bool f32 = d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32 && !d->autocast;
     if (!f32 && !mp_is_meta())
         return ag_fail(ctx, AG_ERR_STATE,
                        "dtype: real runs compute in float32; %d-bit weights, "
@@ -108,8 +108,9 @@ static bool shape_ok(ag_ctx *ctx, int ndim, const int64_t *shape, const char *la
 }
 
 // fp32: billed at 4 bytes an element whatever the dtype (statistics autocast keeps in float32).
+// bits 0: the category's size under the context's dtype (ag_billed_bytes).
 static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site,
-                             bool fp32) {
+                             int bits) {
     if (!ctx || ctx->status != AG_OK) return NULL;
     const char *label = site && *site ? site : "anon";
     int64_t numel = 0;
@@ -119,7 +120,7 @@ static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
         ag_fail(ctx, AG_ERR_NOMEM, "out of memory for tensor %s", label);
         return NULL;
     }
-    uint64_t bytes = fp32 ? (uint64_t)numel * sizeof(float) : ag_billed_bytes(ctx, ndim, shape, cat, label);
+    uint64_t bytes = bits ? (uint64_t)numel * (uint64_t)bits / 8 : ag_billed_bytes(ctx, ndim, shape, cat, label);
     if (!alloc_billed(ctx, &t->block, (size_t)bytes, cat, label)) {
         free(t);
         return NULL;
@@ -129,19 +130,32 @@ static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
     t->numel = numel;
     t->data = t->block.data;
     t->refcount = 1;
+    t->bits = bits ? bits : category_bits(ctx, cat);
     t->site = t->block.site;
     return t;
 }
 
 ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site) {
-    return tensor_new(ctx, ndim, shape, cat, site, false);
+    return tensor_new(ctx, ndim, shape, cat, site, 0);
+}
+
+ag_tensor *ag_tensor_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site,
+                              int bits) {
+    return tensor_new(ctx, ndim, shape, cat, site, bits);
 }
 
 ag_tensor *ag_tensor_new_f32(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site) {
-    return tensor_new(ctx, ndim, shape, cat, site, true);
+    return tensor_new(ctx, ndim, shape, cat, site, 32);
+}
+
+ag_tensor *ag_tensor_promoted(ag_ctx *ctx, const ag_tensor *a, const ag_tensor *b, const char *label) {
+    if (!ag_is_pytorch(ctx)) return ag_tensor_like(ctx, a, MP_ACTIVATION, label);
+    return tensor_new(ctx, a->ndim, a->shape, MP_ACTIVATION, label, ag_max_bits(a->bits, b->bits));
 }
 
 ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, const char *label) {
+    if (ag_is_pytorch(ctx) && cat == MP_ACTIVATION && t->block.category == MP_ACTIVATION) // keeps its dtype
+        return tensor_new(ctx, t->ndim, t->shape, cat, label, t->bits);
     return ag_tensor_new(ctx, t->ndim, t->shape, cat, label);
 }
 

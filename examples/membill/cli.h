@@ -72,6 +72,7 @@ typedef struct {
     int64_t group;                        // weights under 16 bits: elements of a row per scale
     int scale_bytes;                      // bytes of one such scale (fp16: 2)
     const char *weight_name;              // --weight-dtype ("int4", ...); NULL: as name
+    bool autocast;                        // float32 parameters under torch.autocast(bfloat16)
 } cli_dtype;
 
 // fp32, bf16, fp16, bf16-mixed, fp16-mixed, bf16-mixed-fp32-grads; NULL is fp32. False for
@@ -116,6 +117,7 @@ struct json_t *cli_report_root(const llama_config *cfg);
 
 // The roles of saved tensors, as tests/reference names PyTorch's (roles.c).
 enum {
+    CLI_ROLE_AUTOCAST_WEIGHT_CAST,
     CLI_ROLE_EMBED,
     CLI_ROLE_NORM,
     CLI_ROLE_RESIDUAL,

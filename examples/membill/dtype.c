@@ -9,12 +9,15 @@
 // with float32 Adam state (DeepSpeed's 2 + 2 + 12 = 16 bytes a parameter). Megatron-LM
 // accumulates the gradients in float32 ("main_grad"): 2 + 4 + 12 = 18.
 static const cli_dtype dtypes[] = {
-    {"fp32", "float32", 32, 32, 32, 32, false, 0, 0, NULL},
-    {"bf16", "bfloat16", 16, 16, 16, 16, false, 0, 0, NULL},
-    {"fp16", "float16", 16, 16, 16, 16, false, 0, 0, NULL},
-    {"bf16-mixed", "bf16-mixed", 16, 16, 16, 32, true, 0, 0, NULL},
-    {"fp16-mixed", "fp16-mixed", 16, 16, 16, 32, true, 0, 0, NULL},
-    {"bf16-mixed-fp32-grads", "bf16-mixed-fp32-grads", 16, 16, 32, 32, true, 0, 0, NULL},
+    {"fp32", "float32", 32, 32, 32, 32, false, 0, 0, NULL, false},
+    {"bf16", "bfloat16", 16, 16, 16, 16, false, 0, 0, NULL, false},
+    {"fp16", "float16", 16, 16, 16, 16, false, 0, 0, NULL, false},
+    {"bf16-mixed", "bf16-mixed", 16, 16, 16, 32, true, 0, 0, NULL, false},
+    {"fp16-mixed", "fp16-mixed", 16, 16, 16, 32, true, 0, 0, NULL, false},
+    {"bf16-mixed-fp32-grads", "bf16-mixed-fp32-grads", 16, 16, 32, 32, true, 0, 0, NULL, false},
+    // torch.autocast(bfloat16) over a float32 model: float32 parameters, gradients and Adam state;
+    // each op's output in the dtype autocast gives it (ag_meta_dtype.autocast).
+    {"autocast-bf16", "float32 under torch.autocast(bfloat16)", 32, 32, 32, 32, false, 0, 0, NULL, true},
 };
 
 bool cli_parse_dtype(const char *name, cli_dtype *out) {
@@ -44,7 +47,8 @@ bool cli_parse_weight_dtype(const char *name, long group_size, cli_dtype *d) {
 
 bool cli_dtype_is_f32(const cli_dtype *d) {
     return !d->name ||
-           (d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32 && d->state_bits == 32 && !d->master);
+           (d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32 && d->state_bits == 32 && !d->master &&
+            !d->autocast);
 }
 
 ag_meta_dtype cli_meta_dtype(const cli_dtype *d) {
@@ -53,7 +57,8 @@ ag_meta_dtype cli_meta_dtype(const cli_dtype *d) {
                            .weight_bits = d->weight_bits,
                            .grad_bits = d->grad_bits,
                            .group = d->group,
-                           .scale_bytes = d->scale_bytes};
+                           .scale_bytes = d->scale_bytes,
+                           .autocast = d->autocast};
 }
 
 void cli_dtype_optim(const cli_dtype *d, optim_config *c) {

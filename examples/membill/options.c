@@ -61,9 +61,10 @@ static const opt_spec specs[] = {
     {"--meta", NULL, T_FLAG, OFF(meta), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "shapes only: the same allocations and bill, no data, no compute"},
     {"--dtype", "NAME", T_CHOICE, OFF(dtype), TR | IN | PL, "fp32", 0, NULL, 0, 0,
-     "fp32|bf16|fp16|bf16-mixed|fp16-mixed|bf16-mixed-fp32-grads",
-     "what weights, gradients, state and activations are stored in; anything but fp32 needs --meta in "
-     "train and infer; a generation takes fp32, bf16 or fp16"},
+     "fp32|bf16|fp16|bf16-mixed|fp16-mixed|bf16-mixed-fp32-grads|autocast-bf16",
+     "what weights, gradients, state and activations are stored in (bf16: the model cast, as "
+     "model.to(torch.bfloat16); autocast-bf16: float32 parameters under torch.autocast, with a pytorch "
+     "framework); anything but fp32 needs --meta in train and infer; a generation takes fp32, bf16 or fp16"},
     {"--weight-dtype", "NAME", T_CHOICE, OFF(weight_dtype), IN | PL, NULL, 0, NULL, 0, 0, "fp32|bf16|fp16|int8|int4",
      "a generation's weights (plan: with --infer): int8 1 byte, int4 half a byte and a 2-byte scale per group"},
     {"--group-size", "N", T_LONG, OFF(group_size), IN | PL, "32", 0, NULL, 1, 1 << 20, NULL,

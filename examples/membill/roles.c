@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const role_names[CLI_NROLES] = {
+static const char *const role_names[CLI_NROLES] = {"autocast_weight_cast",
     "embed",        "norm", "residual",   "attn_qkv", "attn_rope", "attn_repeat_kv", "attn_probs",
     "attn_context", "mlp",  "final_norm", "logits",   "loss",      "rope_cos_sin",   "other"};
 
@@ -15,6 +15,7 @@ static bool has(const char *s, const char *part) { return strstr(s, part) != NUL
 
 // By the op's site label (autograd.h: "<prefix>:<what>").
 static int role_of(const char *label) {
+    if (has(label, ":weight_bf16")) return CLI_ROLE_AUTOCAST_WEIGHT_CAST;
     if (!strncmp(label, "embed_tokens:", 13)) return CLI_ROLE_EMBED;
     if (!strncmp(label, "norm:", 5)) return CLI_ROLE_FINAL_NORM;
     if (!strncmp(label, "rotary_emb:", 11)) return CLI_ROLE_ROPE_COS_SIN;
@@ -27,7 +28,10 @@ static int role_of(const char *label) {
     if (has(label, "_rope:")) return CLI_ROLE_ATTN_ROPE;
     if (has(label, "_proj:")) return CLI_ROLE_ATTN_QKV; // q, k, v projections (o_proj's output is not saved)
     if (has(label, ":k_repeated") || has(label, ":v_repeated")) return CLI_ROLE_ATTN_REPEAT_KV;
-    if (has(label, ":probs") || has(label, ":scaling") || has(label, ":q_bmm")) return CLI_ROLE_ATTN_PROBS;
+    if (has(label, ":probs_bf16")) return CLI_ROLE_ATTN_CONTEXT; // the operand of probs @ v
+    if (has(label, ":probs") || has(label, ":scaling") || has(label, ":q_bmm") || has(label, ":q_bf16") ||
+        has(label, ":k_bf16"))
+        return CLI_ROLE_ATTN_PROBS;
     if (has(label, "self_attn:out")) return CLI_ROLE_ATTN_CONTEXT;
     return CLI_ROLE_OTHER;
 }

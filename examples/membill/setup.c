@@ -22,6 +22,10 @@ bool cli_check_combinations(const cli_options *o) {
         snprintf(buf, sizeof buf, "--dtype %s%s%s needs --meta: real runs compute in float32", o->dtype,
                  o->weight_dtype ? " --weight-dtype " : "", o->weight_dtype ? o->weight_dtype : ""),
             bad = buf;
+    else if (o->dtype && !strcmp(o->dtype, "autocast-bf16") && o->framework && !strcmp(o->framework, "lean"))
+        bad = "--dtype autocast-bf16 is torch.autocast's semantics: it needs --framework pytorch or pytorch-1.13";
+    else if (o->cmd == CLI_INFER && o->dtype && !strcmp(o->dtype, "autocast-bf16"))
+        bad = "--dtype autocast-bf16 is a training setting: a generation takes fp32, bf16 or fp16";
     else if (cli_given(o, "--group-size") && !(o->weight_dtype && strcmp(o->weight_dtype, "int4") == 0))
         bad = "--group-size sets the elements per scale of --weight-dtype int4";
     else if (cli_given(o, "--lr") && o->optimizer && strcmp(o->optimizer, "none") == 0)
