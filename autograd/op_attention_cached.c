@@ -92,6 +92,37 @@ static bool append_shapes(ag_ctx *ctx, const ag_kv_cache *c, const ag_tensor *k,
     return ok;
 }
 
+// dst[B, Hkv, t0 + t, D] = cat(old[B, Hkv, t0, D], new[B, t, Hkv*D] as heads), along the tokens.
+static void cat_heads(float *dst, const float *old, int64_t t0, const float *add, int64_t t, const ag_kv_cache *c) {
+    for (int64_t b = 0; b < c->B; b++)
+        for (int g = 0; g < c->Hkv; g++) {
+            float *o = dst + (b * c->Hkv + g) * (t0 + t) * c->D;
+            memcpy(o, old + (b * c->Hkv + g) * t0 * c->D, (size_t)(t0 * c->D) * sizeof(float));
+            for (int64_t s = 0; s < t; s++)
+                memcpy(o + (t0 + s) * c->D, add + ((b * t + s) * c->Hkv + g) * c->D, (size_t)c->D * sizeof(float));
+        }
+}
+
+// PYTORCH semantics: transformers' DynamicCache.update keeps one tensor per layer and grows it
+// with torch.cat, so each append allocates the whole new keys (then values) beside the old,
+// copies, and frees the old: for a moment the layer's cache is held twice.
+static bool append_cat(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v) {
+    kv_chunk *old = &c->chunks[0], ch = {.t = old->t + k->shape[1]};
+    size_t bytes = (size_t)(c->B * c->Hkv * ch.t * c->D) * sizeof(float);
+    if (!ag_alloc_block(ctx, &ch.k, bytes, c->cat, c->k_label)) return false;
+    if (!mp_is_meta()) cat_heads(ch.k.data, old->k.data, old->t, k->data, k->shape[1], c);
+    mp_free(&old->k);
+    if (!ag_alloc_block(ctx, &ch.v, bytes, c->cat, c->v_label)) {
+        old->k = ch.k; // keep the cache whole: the keys hold the new tokens, the values do not
+        return false;
+    }
+    if (!mp_is_meta()) cat_heads(ch.v.data, old->v.data, old->t, v->data, v->shape[1], c);
+    mp_free(&old->v);
+    *old = ch;
+    c->tokens = ch.t;
+    return true;
+}
+
 bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v) {
     if (!ctx || ctx->status != AG_OK) return false;
     if (!c || !k || !v)
@@ -104,6 +135,7 @@ bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const a
         c->chunks = grown;
         c->cap = cap;
     }
+    if (ag_is_pytorch(ctx) && c->n > 0) return append_cat(ctx, c, k, v);
     kv_chunk ch = {.t = k->shape[1]};
     size_t bytes = (size_t)k->numel * sizeof(float);
     if (!ag_alloc_block(ctx, &ch.k, bytes, c->cat, c->k_label)) return false;
@@ -363,6 +395,41 @@ static bool cached_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, con
     return true;
 }
 
+// PYTORCH semantics: what transformers' eager attention allocates over the cache besides the
+// probabilities and the output: repeat_kv's copies of the whole cache at every query head (made
+// here from the one chunk DynamicCache keeps), the scores, scaled and masked (two at a time),
+// and the context before its transpose. The products themselves run over the chunk.
+static bool eager_transients(ag_ctx *ctx, const char *base, const ag_kv_cache *c, const cat_dims *a) {
+    const size_t kv = (size_t)(a->B * a->Hq * a->Tk * a->D) * sizeof(float),
+                 sc = (size_t)(a->B * a->Hq * a->Tq * a->Tk) * sizeof(float),
+                 cx = (size_t)(a->B * a->Hq * a->Tq * a->D) * sizeof(float);
+    mp_block kr = {0}, vr = {0}, s1 = {0}, s2 = {0}, cb = {0};
+    char l[5][AG_LABEL_MAX];
+    ag_label(l[0], base, "k_repeated");
+    ag_label(l[1], base, "v_repeated");
+    ag_label(l[2], base, "scores");
+    ag_label(l[3], base, "scores_scaled");
+    ag_label(l[4], base, "context");
+    bool ok = ag_alloc_block(ctx, &kr, kv, MP_ACTIVATION, l[0]) && ag_alloc_block(ctx, &vr, kv, MP_ACTIVATION, l[1]);
+    int rep = a->Hq / a->Hkv;
+    if (ok && !mp_is_meta() && c->n == 1)
+        for (int64_t b = 0; b < a->B; b++)
+            for (int h = 0; h < a->Hq; h++) {
+                size_t n = (size_t)(a->Tk * a->D), src = (size_t)((b * a->Hkv + h / rep) * a->Tk * a->D);
+                memcpy((float *)kr.data + (b * a->Hq + h) * (int64_t)n, (const float *)c->chunks[0].k.data + src,
+                       n * sizeof(float));
+                memcpy((float *)vr.data + (b * a->Hq + h) * (int64_t)n, (const float *)c->chunks[0].v.data + src,
+                       n * sizeof(float));
+            }
+    ok = ok && ag_alloc_block(ctx, &s1, sc, MP_ACTIVATION, l[2]) && ag_alloc_block(ctx, &s2, sc, MP_ACTIVATION, l[3]);
+    mp_free(&s1); // the scores go once scaled; the masked scores then take their place
+    ok = ok && ag_alloc_block(ctx, &s1, sc, MP_ACTIVATION, l[3]);
+    mp_free(&s2);
+    ok = ok && ag_alloc_block(ctx, &cb, cx, MP_ACTIVATION, l[4]);
+    mp_free(&cb), mp_free(&s1), mp_free(&vr), mp_free(&kr);
+    return ok;
+}
+
 ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                const int32_t *key_mask, int64_t mask_ld, int Hq) {
     ag_tensor *ins[] = {q};
@@ -383,6 +450,11 @@ ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, cons
     // The probabilities only live inside the op: a decode step's are [B, Hq, 1, Tk].
     ag_tensor *probs = ag_tensor_new(ctx, 4, (int64_t[]){a.B, Hq, a.Tq, a.Tk}, MP_ACTIVATION, label);
     if (!o || !probs) {
+        ag_release(o);
+        ag_release(probs);
+        return NULL;
+    }
+    if (ag_is_pytorch(ctx) && !eager_transients(ctx, s.base, cache, &a)) {
         ag_release(o);
         ag_release(probs);
         return NULL;

@@ -306,7 +306,9 @@ static void stats_finish(llama_generate_stats *st) {
 // new token, else over the whole sequence. Returns -1 with err set.
 static int step(gen *g, int64_t k, ag_err *err) {
     bool cached = g->kv != NULL;
-    ag_tensor *logits = forward(g, cached && k > 0 ? g->len - 1 : 0, k == 0);
+    // transformers' generate asks for the last position's logits only (logits_to_keep=1).
+    bool all = k == 0 && ag_ctx_framework(g->ctx) == AG_FRAMEWORK_LEAN;
+    ag_tensor *logits = forward(g, cached && k > 0 ? g->len - 1 : 0, all);
     if (!logits) {
         const char *why = ag_ctx_error(g->ctx);
         ag_err_set(err, "generate, %s %lld: %s", k ? "decode step" : "prefill", (long long)k, why ? why : "failed");

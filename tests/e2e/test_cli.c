@@ -648,6 +648,11 @@ static void test_infer_cache_bill(void **state) {
     assert_int_equal(cat_peak(root, "weight"), 538060032);
     assert_int_equal(cat_peak(root, "gradient"), 0);
     assert_int_equal(cat_peak(root, "optimizer"), 0);
+    // transformers' DynamicCache grows by torch.cat: when the last layer's keys are concatenated,
+    // its old keys (25 tokens x 3 heads x 64 x 4) are still there beside the new.
+    assert_int_equal(cat_peak(root, "cache"), 1152000 + 46080 + 25 * 3 * 64 * 4);
+    json_decref(root);
+    root = json_run("infer --meta --new-tokens 2 --framework lean"); // chunks: never copied
     assert_int_equal(cat_peak(root, "cache"), 1152000 + 46080);
     json_decref(root);
 }
