@@ -122,3 +122,41 @@ json_t *cli_breakdown_json(long layers) {
     free(blocks);
     return o;
 }
+
+// "2.38 GB": the figure without the exact count, for a line that names several.
+static const char *short_bytes(char *buf, size_t n, uint64_t bytes) {
+    mp_format_bytes(buf, n, bytes);
+    char *cut = strstr(buf, " (");
+    if (cut) *cut = 0;
+    return buf;
+}
+
+void cli_above_four_copies_text(FILE *f, const char *indent, uint64_t peak, const uint64_t at_peak[MP_NCATEGORIES],
+                                uint64_t four, size_t events) {
+    if (peak <= four) return;
+    static cli_site_row rows[MAX_KINDS];
+    char a[64], b[64];
+    fprintf(f, "%stotal peak %s is %s above the four copies:", indent, short_bytes(a, sizeof a, peak),
+            short_bytes(b, sizeof b, peak - four));
+    // The categories beyond the model states, largest first, the first with its largest site
+    // (but "other": plain malloc's one site is "malloc").
+    int order[MP_NCATEGORIES], n = 0;
+    for (int c = 0; c < MP_NCATEGORIES; c++)
+        if (c != MP_WEIGHT && c != MP_GRADIENT && c != MP_OPTIMIZER && at_peak[c]) order[n++] = c;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && at_peak[order[j]] > at_peak[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "%s %s %s", i ? "," : "", short_bytes(a, sizeof a, at_peak[order[i]]), mp_category_name(order[i]));
+        size_t k = i == 0 && order[i] != MP_OTHER ? cli_breakdown(events, order[i], rows, MAX_KINDS, NULL, 0) : 0;
+        if (k) fprintf(f, " (largest %s, %s)", rows[0].kind, short_bytes(b, sizeof b, rows[0].bytes));
+    }
+    uint64_t states = at_peak[MP_WEIGHT] + at_peak[MP_GRADIENT] + at_peak[MP_OPTIMIZER];
+    fprintf(f, "%s held then", n ? "" : " nothing else");
+    if (states < four)
+        fprintf(f, ", with the model states %s short of the four copies", short_bytes(a, sizeof a, four - states));
+    fprintf(f, "\n");
+}

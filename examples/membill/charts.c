@@ -219,6 +219,10 @@ int cli_trace_writer(FILE *f, void *unused, ag_err *err) {
     size_t n = mp_timeline_count();
     int phase = -1;
     double phase_start = 0;
+    // Every category's track starts at zero, so each has one even when it never holds a byte.
+    double t0 = n ? mp_timeline_get(0)->seconds * 1e6 : 0;
+    for (int c = 0; c < MP_NCATEGORIES; c++)
+        trace_event(f, &first, mp_category_name(c), "C", t0, ",\"args\":{\"bytes\":0}");
     for (size_t i = 0; i <= n; i++) {
         const mp_event *e = i < n ? mp_timeline_get(i) : NULL;
         double t = e ? e->seconds * 1e6 : (n ? mp_timeline_get(n - 1)->seconds * 1e6 : 0);
@@ -255,6 +259,10 @@ static const char *const explanation =
     "<li><b>activation</b>: what the forward saves for backward (each block's inputs, attention probabilities, MLP "
     "intermediates, the logits), freed as backward consumes it; it grows with batch and sequence length.</li>"
     "<li><b>cache</b>: the KV cache of inference.</li>"
+    "<li><b>temporary</b>: scratch that is neither saved for backward, nor a gradient, nor optimizer state (an "
+    "optimizer's per-step temporaries, the autograd engine's out-of-place gradient sums), as PyTorch's memory profiler "
+    "calls it TEMPORARY; freed within the op or step that made it. Not one of the four copies, but it can lift the "
+    "total peak above them.</li>"
     "<li><b>other</b>: plain malloc no tensor owns (tape nodes, parsers, libraries).</li></ul>"
     "<p>Requested bytes are what tensors asked for; the allocator's size classes are what jemalloc reserved. "
     "MB means 10<sup>6</sup> bytes. The peak, not the current allocation, decides an out-of-memory error.</p>";

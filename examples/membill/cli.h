@@ -180,6 +180,28 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err);
 void cli_train_free(train_run *r);
 int cli_train_run(train_run *r, ag_err *err);
 
+// What the timeline says of one step (train.c): its total peak and the moment of it, and per
+// phase the peak and what each category held at the phase's end.
+typedef struct {
+    uint64_t peak, phase_peak[3];
+    uint64_t at_peak[MP_NCATEGORIES]; // what each category held at the step's peak
+    size_t peak_events;               // timeline events up to that moment (mp_sites_live_at)
+    mp_phase peak_phase;
+    int64_t end_live[3][MP_NCATEGORIES];
+    bool zero_grad; // the step opened with zero_grad (PYTORCH frameworks): its own phase
+    uint64_t zero_grad_peak;
+    int64_t zero_grad_end[MP_NCATEGORIES];
+} step_figures;
+// The timeline (keep_timeline) replayed step by step into out[r->nsteps]. With `divide`, each
+// category's live bytes count as one device's share, ceil(live / divide[c]) (ZeRO's shards; 1:
+// whole), at every event; NULL counts every category whole.
+void cli_replay_steps(const train_run *r, const uint64_t *divide, step_figures *out);
+// One line, when the total peak goes past the four copies (weights + gradients + optimizer
+// state, each at its own peak): by how much, and what the other categories held at the peak's
+// moment (the largest site of the largest of them, when the timeline has it); nothing otherwise.
+void cli_above_four_copies_text(FILE *f, const char *indent, uint64_t peak, const uint64_t at_peak[MP_NCATEGORIES],
+                                uint64_t four, size_t events);
+
 // Which tensors held the memory at a moment of the timeline, summed across blocks.
 #define CLI_KIND_MAX 112
 typedef struct {

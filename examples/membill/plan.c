@@ -9,22 +9,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-// One meta training step of the setting at batch B and length T, inside an initialised
-// profiler. Meta mode reads no ids, so none are made: a plan takes no memory per token.
-static int meta_step(const plan_setting *s, long B, long T, ag_err *err) {
+// Two meta training steps of the setting at batch B and length T, inside an initialised
+// profiler: the first allocates the optimizer's state, the second is the steady state. Meta mode
+// reads no ids, so none are made: a plan takes no memory per token.
+#define PLAN_STEPS 2
+
+static int meta_step(const plan_setting *s, long B, long T, step_record *steps, ag_err *err) {
     train_run r;
     memset(&r, 0, sizeof r);
-    step_record rec;
-    memset(&rec, 0, sizeof rec);
+    memset(steps, 0, PLAN_STEPS * sizeof *steps);
     r.cfg = s->cfg;
     r.batch = B;
     r.seq_len = T;
     r.ocfg = s->ocfg;
     r.dtype = s->dt;
-    r.steps = &rec;
-    r.nsteps = 1;
+    r.steps = steps;
+    r.nsteps = PLAN_STEPS;
     r.meta = true;
     r.checkpointing = s->checkpointing;
+    r.framework = s->framework;
     return cli_train_run(&r, err);
 }
 
@@ -39,45 +42,91 @@ static int meta_generate(const plan_setting *s, long B, long T, ag_err *err) {
     r.use_cache = true;
     r.dtype = s->dt;
     r.meta = true;
+    r.framework = s->framework;
     int rc = cli_infer_run(&r, err);
     cli_infer_free(&r);
     return rc;
 }
 
-static int meta_run(const plan_setting *s, long B, long T, ag_err *err) {
-    return s->infer ? meta_generate(s, B, T, err) : meta_step(s, B, T, err);
-}
-
-static void read_bill(plan_bill *b) {
-    for (int c = 0; c < MP_NCATEGORIES; c++) b->peak[c] = mp_get_counter(c).peak;
-    b->total = mp_peak().total;
-}
-
-static int measure(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err) {
-    mp_options mo = {.meta = true};
-    if (mp_init(&mo) != MP_OK) {
-        ag_err_set(err, "cannot start the profiler");
-        return -1;
-    }
-    int rc = meta_run(s, B, T, err);
-    read_bill(b);
-    mp_shutdown();
-    return rc;
+static int meta_run(const plan_setting *s, long B, long T, step_record *steps, ag_err *err) {
+    return s->infer ? meta_generate(s, B, T, err) : meta_step(s, B, T, steps, err);
 }
 
 static uint64_t shard(uint64_t bytes, long gpus, bool sharded) {
     return sharded ? (bytes + (uint64_t)gpus - 1) / (uint64_t)gpus : bytes;
 }
 
+// How many devices share each category: ZeRO's stages shard the model states.
+static void device_divisors(const plan_setting *s, uint64_t div[MP_NCATEGORIES]) {
+    for (int c = 0; c < MP_NCATEGORIES; c++) div[c] = 1;
+    if (s->zero >= 3) div[MP_WEIGHT] = (uint64_t)s->gpus;
+    if (s->zero >= 2) div[MP_GRADIENT] = (uint64_t)s->gpus;
+    if (s->zero >= 1) div[MP_OPTIMIZER] = (uint64_t)s->gpus;
+}
+
+// The bill of the run just made (its step records for training). Training replays the timeline
+// step by step: the headline is step 2's total peak, and one device's peak is step 2 replayed
+// with each category at the device's share.
+static void read_bill(const plan_setting *s, const step_record *steps, plan_bill *b) {
+    memset(b, 0, sizeof *b);
+    for (int c = 0; c < MP_NCATEGORIES; c++) b->peak[c] = mp_get_counter(c).peak;
+    mp_moment pk = mp_peak();
+    b->total = pk.total;
+    memcpy(b->at_peak, pk.bytes, sizeof b->at_peak);
+    b->peak_events = pk.events;
+    b->peak_phase = pk.phase;
+    if (s->infer) return;
+    train_run r;
+    memset(&r, 0, sizeof r);
+    r.steps = (step_record *)steps;
+    r.nsteps = PLAN_STEPS;
+    step_figures whole[PLAN_STEPS], device[PLAN_STEPS];
+    uint64_t div[MP_NCATEGORIES];
+    device_divisors(s, div);
+    cli_replay_steps(&r, NULL, whole);
+    cli_replay_steps(&r, div, device);
+    const step_figures *last = &whole[PLAN_STEPS - 1], *dev = &device[PLAN_STEPS - 1];
+    b->first_step = whole[0].peak;
+    b->total = last->peak;
+    memcpy(b->at_peak, last->at_peak, sizeof b->at_peak);
+    b->peak_events = last->peak_events;
+    b->peak_phase = last->peak_phase;
+    b->device_peak = dev->peak;
+    memcpy(b->device_at, dev->at_peak, sizeof b->device_at);
+    b->device_phase = dev->peak_phase;
+}
+
+static int measure(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err) {
+    mp_options mo = {.meta = true, .keep_timeline = !s->infer}; // the steps are replayed from it
+    if (mp_init(&mo) != MP_OK) {
+        ag_err_set(err, "cannot start the profiler");
+        return -1;
+    }
+    step_record steps[PLAN_STEPS];
+    int rc = meta_run(s, B, T, steps, err);
+    read_bill(s, steps, b);
+    mp_shutdown();
+    return rc;
+}
+
 static gpu_share per_gpu(const plan_setting *s, const plan_bill *b) {
     gpu_share g;
-    g.weights = shard(b->peak[MP_WEIGHT], s->gpus, s->zero >= 3);
-    g.gradients = shard(b->peak[MP_GRADIENT], s->gpus, s->zero >= 2);
-    g.optimizer = shard(b->peak[MP_OPTIMIZER], s->gpus, s->zero >= 1);
-    g.activations = b->peak[MP_ACTIVATION];
-    g.cache = b->peak[MP_CACHE];
+    memset(&g, 0, sizeof g);
+    uint64_t div[MP_NCATEGORIES];
+    device_divisors(s, div);
+    for (int c = 0; c < MP_NCATEGORIES; c++) g.own_peak[c] = shard(b->peak[c], s->gpus, div[c] > 1);
+    // Training: the moment of the device's own peak; a generation: each category's peak.
+    const uint64_t *at = s->infer ? g.own_peak : b->device_at;
+    g.weights = at[MP_WEIGHT];
+    g.gradients = at[MP_GRADIENT];
+    g.optimizer = at[MP_OPTIMIZER];
+    g.activations = at[MP_ACTIVATION];
+    g.cache = at[MP_CACHE];
+    g.temporary = at[MP_TEMPORARY];
     g.overhead = s->overhead;
-    g.total = g.weights + g.gradients + g.optimizer + g.activations + g.cache + g.overhead;
+    g.phase = s->infer ? b->peak_phase : b->device_phase;
+    g.total = g.overhead + at[MP_OTHER]; // "other" is not tracked in meta mode: 0
+    g.total += g.weights + g.gradients + g.optimizer + g.activations + g.cache + g.temporary;
     return g;
 }
 
@@ -134,6 +183,7 @@ static void list_presets(void) {
 static void plan_setting_from(const cli_options *o, plan_setting *s) {
     optim_kind kind = OPTIM_ADAM;
     s->infer = o->infer;
+    cli_parse_framework(o->framework, &s->framework);
     optim_parse_kind(o->optimizer, &kind);
     if (s->infer) {
         ag_err e;
@@ -182,17 +232,16 @@ static int plan_fit(const plan_setting *s, uint64_t device, plan_fit_result *f, 
     return 0;
 }
 
-static int plan_report(const cli_options *o, const plan_setting *s, const plan_fit_result *f, ag_err *err) {
-    plan_bill b;
-    read_bill(&b);
+static int plan_report(const cli_options *o, const plan_setting *s, const plan_bill *b, const plan_fit_result *f,
+                       ag_err *err) {
     llama_closed_form cf;
     llama_dtype_bytes d = plan_dtype_bytes(s);
     llama_closed_form_dtype(&s->cfg, s->batch, s->infer ? plan_cache_tokens(s) : s->seq_len, &d, &cf);
     if (s->checkpointing) llama_closed_form_checkpointing(&s->cfg, s->batch, s->seq_len, &d, &cf);
-    gpu_share g = per_gpu(s, &b);
+    gpu_share g = per_gpu(s, b);
     bool to_stdout = o->json && strcmp(o->json, "-") == 0;
     plan_view view = {
-        s, &b, &cf, &g, o->device_memory, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped, f->smallest};
+        s, b, &cf, &g, o->device_memory, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped, f->smallest};
     if (!o->quiet && !to_stdout) plan_report_text(stdout, &view);
     json_t *root = plan_report_json(&view);
     char title[256];
@@ -228,8 +277,13 @@ int cmd_plan(const cli_options *o) {
             ag_err_set(&err, "cannot start the profiler");
             rc = EXIT_RUN_FAILED;
         } else {
-            if (meta_run(&s, s.batch, s.seq_len, &err) != 0 || plan_report(o, &s, &fit, &err) != 0)
+            step_record steps[PLAN_STEPS];
+            plan_bill b;
+            if (meta_run(&s, s.batch, s.seq_len, steps, &err) != 0)
                 rc = EXIT_RUN_FAILED;
+            else
+                read_bill(&s, steps, &b);
+            if (rc == 0 && plan_report(o, &s, &b, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
             mp_shutdown();
         }
     }

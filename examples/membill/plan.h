@@ -5,9 +5,19 @@
 
 #include <jansson.h>
 
+// The meta bill. Training runs two steps: the second is the steady state (the optimizer's state
+// kept from the first, the gradients set to none), and its total peak is the headline.
 typedef struct {
-    uint64_t peak[MP_NCATEGORIES];
-    uint64_t total;
+    uint64_t peak[MP_NCATEGORIES];    // each category's own peak over the run
+    uint64_t total;                   // training: step 2's total peak; a generation: its total peak
+    uint64_t first_step;              // training: step 1's total peak
+    uint64_t at_peak[MP_NCATEGORIES]; // what each category held at the headline's moment
+    size_t peak_events;               // timeline events up to it (the main run keeps a timeline)
+    mp_phase peak_phase;
+    // Training: one device's steady-state peak, step 2 replayed with each category at the
+    // device's share (ZeRO's shards), and each category's share at that moment.
+    uint64_t device_peak, device_at[MP_NCATEGORIES];
+    mp_phase device_phase;
 } plan_bill;
 
 typedef struct {
@@ -19,14 +29,19 @@ typedef struct {
     bool infer;
     long new_tokens;    // --infer: tokens generated after the prompt (the cache ends at seq + new - 1)
     bool checkpointing; // training: every block recomputed in backward
+    ag_framework framework;
 } plan_setting;
 
 // One device's share: model states as ZeRO shards them (stage 1 the optimizer state, 2 also
-// the gradients, 3 also the weights), its own activations (and, generating, its KV cache), and
-// the framework overhead. Each category's peak is added: an upper bound, since the activations
-// are mostly gone by the optimizer step.
+// the gradients, 3 also the weights), its own activations and temporaries (and, generating, its
+// KV cache), and the framework overhead. Training: each category's share at the moment of the
+// device's steady-state peak (step 2 replayed at these shares), so that they add up to it; a
+// generation: each category's own peak added. own_peak: each category's own peak at the
+// device's share (the model states there are what ZeRO's formula counts).
 typedef struct {
-    uint64_t weights, gradients, optimizer, activations, cache, overhead, total;
+    uint64_t weights, gradients, optimizer, activations, cache, temporary, overhead, total;
+    uint64_t own_peak[MP_NCATEGORIES];
+    mp_phase phase; // training: the phase of that moment
 } gpu_share;
 
 typedef struct {

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define TEMPORARY_TEXT "scratch neither saved, nor a gradient, nor state (optimizer temporaries, gradient sums)"
+
 static void row(FILE *out, const char *name, uint64_t measured, uint64_t closed, const char *formula) {
     char a[64], b[64];
     fprintf(out, "  %-11s %-36s %-36s %s\n", name, mp_format_bytes(a, sizeof a, measured),
@@ -74,8 +76,12 @@ static void text_states(FILE *out, const plan_view *v) {
                  mp_format_bytes(x, sizeof x, v->cf->act_per_block),
                  mp_format_bytes(y, sizeof y, v->cf->act_probs_per_block));
     row(out, "activation", b->peak[MP_ACTIVATION], v->cf->activations, f);
-    fprintf(out, "  %-11s %-36s\n", "total peak", mp_format_bytes(x, sizeof x, b->total));
+    row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
+    fprintf(out, "  %-11s %-36s step 2, the steady state (%sgradients set to none); step 1 peak %s\n", "total peak",
+            mp_format_bytes(x, sizeof x, b->total), b->peak[MP_OPTIMIZER] ? "optimizer state kept, " : "",
+            mp_format_bytes(y, sizeof y, b->first_step));
     uint64_t states_bytes = b->peak[MP_WEIGHT] + b->peak[MP_GRADIENT] + b->peak[MP_OPTIMIZER];
+    cli_above_four_copies_text(out, "  ", b->total, b->at_peak, states_bytes, b->peak_events);
     char sum[64];
     cli_dtype_bytes_text(&s->dt, s->ocfg.kind, sum, sizeof sum);
     fprintf(out, "\n  bytes a parameter before activations: %s = %llu", sum,
@@ -110,15 +116,19 @@ static void text_per_gpu(FILE *out, const plan_view *v) {
     const gpu_share *g = v->g;
     char x[64], y[64], f[128];
     llama_dtype_bytes d = plan_dtype_bytes(s);
-    fprintf(out, "\n  per device (%ld GPU%s, ZeRO stage %ld; activations of its own batch of %ld):\n", s->gpus,
-            s->gpus > 1 ? "s" : "", s->zero, s->batch);
-    const char *names[] = {"weights", "gradients", "optimizer", "activations", "overhead allowance"};
-    const uint64_t vals[] = {g->weights, g->gradients, g->optimizer, g->activations, g->overhead};
-    for (int i = 0; i < 5; i++) fprintf(out, "    %-19s %s\n", names[i], mp_format_bytes(x, sizeof x, vals[i]));
+    fprintf(
+        out,
+        "\n  per device (%ld GPU%s, ZeRO stage %ld; activations of its own batch of %ld), at its steady-state peak\n"
+        "  (step 2 replayed with each category at the device's share; phase %s):\n",
+        s->gpus, s->gpus > 1 ? "s" : "", s->zero, s->batch, mp_phase_name(g->phase));
+    const char *names[] = {"weights", "gradients", "optimizer", "activations", "temporary", "overhead allowance"};
+    const uint64_t vals[] = {g->weights, g->gradients, g->optimizer, g->activations, g->temporary, g->overhead};
+    for (int i = 0; i < 6; i++) fprintf(out, "    %-19s %s\n", names[i], mp_format_bytes(x, sizeof x, vals[i]));
     fprintf(out, "    %-19s %s\n", "total", mp_format_bytes(x, sizeof x, g->total));
     uint64_t formula = zero_formula(s, &d, v->cf->params, f, sizeof f);
-    fprintf(out, "    model states %s; ZeRO's formula %s, N = %ld: %s\n",
-            mp_format_bytes(x, sizeof x, g->weights + g->gradients + g->optimizer), f, s->gpus,
+    const uint64_t *own = g->own_peak;
+    fprintf(out, "    model states (each at its own peak) %s; ZeRO's formula %s, N = %ld: %s\n",
+            mp_format_bytes(x, sizeof x, own[MP_WEIGHT] + own[MP_GRADIENT] + own[MP_OPTIMIZER]), f, s->gpus,
             mp_format_bytes(y, sizeof y, formula));
 }
 
@@ -155,6 +165,7 @@ static void report_train_text(FILE *out, const plan_view *v) {
             s->dt.long_name);
     fprintf(out,
             "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n");
+    fprintf(out, "framework: %s\n", cli_framework_text(s->framework));
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     text_states(out, v);
@@ -191,6 +202,7 @@ static void report_infer_text(FILE *out, const plan_view *v) {
              plan_cache_tokens(s), s->batch);
     row(out, "cache", b->peak[MP_CACHE], v->cf->kv_cache, f);
     row(out, "activation", b->peak[MP_ACTIVATION], 0, "the prefill's peak (the logits of every prompt position)");
+    row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
     fprintf(out, "  %-11s %-36s\n", "total peak", mp_format_bytes(x, sizeof x, b->total));
     fprintf(out,
             "\n  the lesson: weights = parameters x bytes a parameter (fp32 4, bf16 2, int8 1, int4 about 0.5 plus\n"
@@ -199,6 +211,7 @@ static void report_infer_text(FILE *out, const plan_view *v) {
     fprintf(out, "\n  one device: weights %s", mp_format_bytes(x, sizeof x, g->weights));
     fprintf(out, " + cache %s", mp_format_bytes(x, sizeof x, g->cache));
     fprintf(out, " + activations %s", mp_format_bytes(x, sizeof x, g->activations));
+    if (g->temporary) fprintf(out, " + temporary %s", mp_format_bytes(x, sizeof x, g->temporary));
     fprintf(out, " + overhead %s", mp_format_bytes(x, sizeof x, g->overhead));
     fprintf(out, " = %s\n", mp_format_bytes(x, sizeof x, g->total));
     if (v->device) text_fit(out, v);
@@ -234,15 +247,25 @@ static json_t *closed_form_json(const llama_closed_form *cf, const plan_bill *b,
     return o;
 }
 
-static json_t *per_gpu_json(const gpu_share *g) {
-    json_t *pg = json_object();
+// Training: each category's share at the device's steady-state peak (they add up to
+// total_bytes with the overhead), and own_peak, each category's own peak at the device's share.
+static json_t *per_gpu_json(const gpu_share *g, bool infer) {
+    json_t *pg = json_object(), *own = json_object();
     json_object_set_new(pg, "weight", json_integer((json_int_t)g->weights));
     json_object_set_new(pg, "gradient", json_integer((json_int_t)g->gradients));
     json_object_set_new(pg, "optimizer", json_integer((json_int_t)g->optimizer));
     json_object_set_new(pg, "activation", json_integer((json_int_t)g->activations));
     json_object_set_new(pg, "cache", json_integer((json_int_t)g->cache));
+    json_object_set_new(pg, "temporary", json_integer((json_int_t)g->temporary));
     json_object_set_new(pg, "overhead", json_integer((json_int_t)g->overhead));
     json_object_set_new(pg, "total_bytes", json_integer((json_int_t)g->total));
+    if (!infer) {
+        json_object_set_new(pg, "step", json_integer(2));
+        json_object_set_new(pg, "phase", json_string(mp_phase_name(g->phase)));
+    }
+    for (int c = 0; c < MP_NCATEGORIES; c++)
+        json_object_set_new(own, mp_category_name(c), json_integer((json_int_t)g->own_peak[c]));
+    json_object_set_new(pg, "own_peak", own);
     return pg;
 }
 
@@ -277,6 +300,7 @@ static json_t *infer_json(const plan_view *v) {
     json_object_set_new(o, "cache_closed_form", json_integer((json_int_t)v->cf->kv_cache));
     json_object_set_new(o, "cache_tokens", json_integer(plan_cache_tokens(s)));
     json_object_set_new(o, "activation_bytes", json_integer((json_int_t)v->b->peak[MP_ACTIVATION]));
+    json_object_set_new(o, "temporary_bytes", json_integer((json_int_t)v->b->peak[MP_TEMPORARY]));
     return o;
 }
 
@@ -293,6 +317,7 @@ static json_t *run_json(const plan_setting *s) {
     json_object_set_new(run, "dtype", json_string(s->dt.long_name));
     json_object_set_new(run, "weight_dtype", json_string(plan_weight_dtype_name(&s->dt)));
     json_object_set_new(run, "meta", json_true());
+    json_object_set_new(run, "framework", json_string(cli_framework_name(s->framework)));
     if (!s->infer) json_object_set_new(run, "checkpointing", json_boolean(s->checkpointing));
     json_object_set_new(run, "gpus", json_integer(s->gpus));
     json_object_set_new(run, "zero", json_integer(s->zero));
@@ -304,13 +329,25 @@ json_t *plan_report_json(const plan_view *v) {
     const plan_setting *s = v->s;
     json_t *root = cli_report_root(&s->cfg);
     json_object_set_new(root, "run", run_json(s));
-    mp_report_json(root);
+    // The profiler's report, with the headline beside its "peak" (the whole run's): training,
+    // step 2's total peak (the steady state) and step 1's; a generation, its total peak.
+    json_t *rep = json_object();
+    mp_report_json(rep);
+    const char *key;
+    json_t *val;
+    json_object_foreach(rep, key, val) {
+        json_object_set(root, key, val);
+        if (strcmp(key, "peak") != 0) continue;
+        json_object_set_new(root, "total_peak_bytes", json_integer((json_int_t)v->b->total));
+        if (!s->infer) json_object_set_new(root, "first_step_peak_bytes", json_integer((json_int_t)v->b->first_step));
+    }
+    json_decref(rep);
     json_object_set_new(root, "closed_form", closed_form_json(v->cf, v->b, s->checkpointing));
     if (s->infer)
         json_object_set_new(root, "inference", infer_json(v));
     else
         json_object_set_new(root, "bytes_per_parameter", states_json(v));
-    json_object_set_new(root, "per_gpu", per_gpu_json(v->g));
+    json_object_set_new(root, "per_gpu", per_gpu_json(v->g, s->infer));
     if (v->device) {
         json_t *fit = json_object();
         json_object_set_new(fit, "device_memory_bytes", json_integer((json_int_t)v->device));

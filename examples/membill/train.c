@@ -9,45 +9,75 @@
 
 static const char *const phase_names[3] = {"forward", "backward", "optimizer"};
 
-// What the timeline says of one step: its total peak, and per phase the peak and what each
-// category held at the phase's end.
-typedef struct {
-    uint64_t peak, phase_peak[3];
-    int64_t end_live[3][MP_NCATEGORIES];
-    bool zero_grad; // the step opened with zero_grad (PYTORCH frameworks)
-    uint64_t zero_grad_peak;
-    int64_t zero_grad_end[MP_NCATEGORIES];
-} step_figures;
-
-// Applies events [*i, end) to the live bytes; returns the highest total on the way.
-static int64_t replay_to(size_t *i, size_t end, int64_t *live, int64_t *total) {
-    int64_t pk = *total;
-    for (size_t n = mp_timeline_count(); *i < end && *i < n; (*i)++) {
-        const mp_event *e = mp_timeline_get(*i);
-        live[e->category] += e->bytes, *total += e->bytes;
-        if (*total > pk) pk = *total;
-    }
-    return pk;
+// A category's live bytes as one device holds them: its share of `divide` devices, rounded up.
+static uint64_t share_of(int64_t live, uint64_t divide) {
+    uint64_t b = live > 0 ? (uint64_t)live : 0;
+    return divide > 1 ? (b + divide - 1) / divide : b;
 }
 
-static void replay_steps(const train_run *r, step_figures *out) {
-    int64_t live[MP_NCATEGORIES] = {0}, total = 0;
-    size_t i = 0;
+static uint64_t total_of(const int64_t *live, const uint64_t *divide) {
+    uint64_t t = 0;
+    for (int c = 0; c < MP_NCATEGORIES; c++) t += share_of(live[c], divide ? divide[c] : 1);
+    return t;
+}
+
+// The step's peak so far: its total, the events up to it, its phase and composition.
+static void note_moment(step_figures *f, uint64_t total, const int64_t *live, const uint64_t *divide, size_t events,
+                        mp_phase ph) {
+    f->peak = total;
+    f->peak_events = events;
+    f->peak_phase = ph;
+    for (int c = 0; c < MP_NCATEGORIES; c++) f->at_peak[c] = share_of(live[c], divide ? divide[c] : 1);
+}
+
+void cli_replay_steps(const train_run *r, const uint64_t *divide, step_figures *out) {
+    int64_t live[MP_NCATEGORIES] = {0};
+    size_t i = 0, n = mp_timeline_count();
+    mp_phase last = MP_PHASE_SETUP; // the phase of the last event replayed
     for (long s = 0; s < r->nsteps; s++) {
         const step_record *rec = &r->steps[s];
-        memset(&out[s], 0, sizeof out[s]);
-        if (rec->zero_grad) {
-            replay_to(&i, rec->zero_grad_events[0], live, &total);
-            out[s].zero_grad = true;
-            out[s].zero_grad_peak = (uint64_t)replay_to(&i, rec->zero_grad_events[1], live, &total);
-            memcpy(out[s].zero_grad_end, live, sizeof live);
+        step_figures *f = &out[s];
+        memset(f, 0, sizeof *f);
+        bool seen = false;
+        if (rec->zero_grad) { // PYTORCH frameworks: the step opens with zero_grad, a phase of its own
+            for (; i < rec->zero_grad_events[0] && i < n; i++)
+                live[mp_timeline_get(i)->category] += mp_timeline_get(i)->bytes;
+            uint64_t pk = total_of(live, divide);
+            for (; i < rec->zero_grad_events[1] && i < n; i++) {
+                const mp_event *e = mp_timeline_get(i);
+                live[e->category] += e->bytes;
+                last = (mp_phase)e->phase;
+                uint64_t t = total_of(live, divide);
+                if (t > pk) pk = t;
+            }
+            f->zero_grad = true;
+            f->zero_grad_peak = pk;
+            for (int c = 0; c < MP_NCATEGORIES; c++)
+                f->zero_grad_end[c] = (int64_t)share_of(live[c], divide ? divide[c] : 1);
         }
         for (int p = 0; p < rec->phases_done; p++) {
-            replay_to(&i, rec->events[p], live, &total);
-            int64_t pk = replay_to(&i, rec->events[p + 1], live, &total);
-            out[s].phase_peak[p] = (uint64_t)pk;
-            memcpy(out[s].end_live[p], live, sizeof live);
-            if ((uint64_t)pk > out[s].peak) out[s].peak = (uint64_t)pk;
+            for (; i < rec->events[p] && i < n; i++) {
+                const mp_event *e = mp_timeline_get(i);
+                live[e->category] += e->bytes;
+                last = (mp_phase)e->phase;
+            }
+            // A phase's peak is at least what was live as it began.
+            uint64_t pk = total_of(live, divide);
+            if (!seen || pk > f->peak) {
+                note_moment(f, pk, live, divide, i, last);
+                seen = true;
+            }
+            for (; i < rec->events[p + 1] && i < n; i++) {
+                const mp_event *e = mp_timeline_get(i);
+                live[e->category] += e->bytes;
+                last = (mp_phase)e->phase;
+                uint64_t t = total_of(live, divide);
+                if (t > pk) pk = t;
+                if (t > f->peak) note_moment(f, t, live, divide, i + 1, last);
+            }
+            f->phase_peak[p] = pk;
+            for (int c = 0; c < MP_NCATEGORIES; c++)
+                f->end_live[p][c] = (int64_t)share_of(live[c], divide ? divide[c] : 1);
         }
     }
 }
@@ -158,6 +188,10 @@ static json_t *four_copies_json(void) {
     json_object_set_new(o, "total_bytes", json_integer((json_int_t)(w + g + a)));
     json_object_set_new(o, "four_times_weights_bytes", json_integer((json_int_t)(4 * w)));
     json_object_set_new(o, "ratio_to_weights", json_real(w ? (double)(w + g + a) / (double)w : 0));
+    // What lifts the total peak past them (temporaries, activations, plain malloc): 0 if nothing.
+    uint64_t peak = mp_peak().total;
+    json_object_set_new(o, "total_peak_above_bytes",
+                        json_integer((json_int_t)(peak > w + g + a ? peak - (w + g + a) : 0)));
     return o;
 }
 
@@ -194,7 +228,7 @@ static json_t *report_json(const void *arg, bool failed) {
     mp_report_json(root);
     step_figures *fig = calloc((size_t)r->nsteps, sizeof *fig);
     if (fig) {
-        replay_steps(r, fig);
+        cli_replay_steps(r, NULL, fig);
         json_object_set_new(root, "steps", steps_json(r, fig));
         free(fig);
     }
@@ -221,13 +255,15 @@ static void text_four_copies(FILE *f) {
             w ? (double)(w + g + a) / (double)w : 0.0, mp_format_bytes(c, sizeof c, w), together ? "yes" : "no");
     fprintf(f, "    activations on top, at their peak: %s\n",
             mp_format_bytes(b, sizeof b, mp_get_counter(MP_ACTIVATION).peak));
+    mp_moment pk = mp_peak();
+    cli_above_four_copies_text(f, "    ", pk.total, pk.bytes, w + g + a, pk.events);
 }
 
 // One line per step: loss, total peak, each phase's time; and which step holds the peak.
 static void text_steps(FILE *f, const train_run *r) {
     step_figures *fig = calloc((size_t)r->nsteps, sizeof *fig);
     if (!fig) return;
-    replay_steps(r, fig);
+    cli_replay_steps(r, NULL, fig);
     char b[80];
     fprintf(f, "\n  %-5s %-9s %-36s %-9s %-9s %-9s %s\n", "step", "loss", "total peak", "forward", "backward",
             "optimizer", "step");
@@ -276,7 +312,7 @@ static void report_text(FILE *f, const void *arg, bool failed) {
             "  steady state (median of steps 2..%ld): forward %.3f s, backward %.3f s, optimizer %.3f s, step %.3f s\n",
             r->nsteps, steady(r, offsetof(step_record, forward_s)), steady(r, offsetof(step_record, backward_s)),
             steady(r, offsetof(step_record, optimizer_s)), steady(r, offsetof(step_record, step_s)));
-    fprintf(f, "  teardown: weight, gradient, optimizer, activation and cache back at zero: %s\n",
+    fprintf(f, "  teardown: weight, gradient, optimizer, activation, cache and temporary back at zero: %s\n",
             r->torn_down_clean ? "yes" : "NO");
     if (failed || !t->o->explain) return;
     if (cli_dtype_is_f32(&r->dtype))

@@ -16,7 +16,10 @@
 static char dir[64];
 static json_t *report;
 
-static const char *const cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "other"};
+// Every category, "other" last; the first NTENSOR are the tensor categories.
+static const char *const cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary", "other"};
+#define NCATS 7
+#define NTENSOR 6
 
 static char *slurp(const char *name) {
     char path[256];
@@ -74,8 +77,8 @@ static void test_svg(void **state) {
     assert_non_null(p);
     long long plotted = atoll(p + strlen("data-plotted-peak-bytes=\""));
     assert_int_equal(plotted, json_integer_value(json_object_get(json_object_get(report, "peak"), "total_bytes")));
-    for (int c = 0; c < 6; c++) assert_non_null(strstr(svg, cats[c])); // the legend
-    assert_non_null(strstr(svg, "forward"));                           // a phase label
+    for (int c = 0; c < NCATS; c++) assert_non_null(strstr(svg, cats[c])); // the legend
+    assert_non_null(strstr(svg, "forward"));                               // a phase label
     free(svg);
 }
 
@@ -87,7 +90,8 @@ static void test_trace(void **state) {
     assert_non_null(t);
     json_t *ev = json_object_get(t, "traceEvents");
     assert_true(json_array_size(ev) > 10);
-    json_int_t maxc[6] = {0};
+    json_int_t maxc[NCATS] = {0};
+    bool track[NCATS] = {false};
     int phases = 0, peaks = 0;
     size_t i;
     json_t *e;
@@ -98,8 +102,11 @@ static void test_trace(void **state) {
         assert_non_null(name);
         if (strcmp(ph, "C") == 0) {
             json_int_t b = json_integer_value(json_object_get(json_object_get(e, "args"), "bytes"));
-            for (int c = 0; c < 6; c++)
-                if (strcmp(name, cats[c]) == 0 && b > maxc[c]) maxc[c] = b;
+            for (int c = 0; c < NCATS; c++)
+                if (strcmp(name, cats[c]) == 0) {
+                    track[c] = true;
+                    if (b > maxc[c]) maxc[c] = b;
+                }
         } else if (strcmp(ph, "X") == 0) {
             phases += strcmp(name, "forward") == 0 || strcmp(name, "backward") == 0 || strcmp(name, "optimizer") == 0;
         } else if (strcmp(ph, "i") == 0) {
@@ -108,8 +115,9 @@ static void test_trace(void **state) {
                              json_integer_value(json_object_get(json_object_get(report, "peak"), "total_bytes")));
         }
     }
-    for (int c = 0; c < 5; c++) assert_int_equal(maxc[c], peak_of(cats[c])); // each counter reaches its peak
-    assert_true(phases >= 6);                                                // two steps of three phases
+    for (int c = 0; c < NCATS; c++) assert_true(track[c]);                         // a track per category
+    for (int c = 0; c < NTENSOR; c++) assert_int_equal(maxc[c], peak_of(cats[c])); // each reaches its peak
+    assert_true(phases >= 6);                                                      // two steps of three phases
     assert_int_equal(peaks, 1);
     json_decref(t);
 }
@@ -118,19 +126,20 @@ static void test_timeline_csv(void **state) {
     (void)state;
     char *csv = slurp("t.csv");
     assert_non_null(csv);
-    long long maxc[6] = {0}, last[6] = {0};
+    long long maxc[NCATS] = {0}, last[NCATS] = {0};
     char *line = strtok(csv, "\n"); // header
     assert_non_null(strstr(line, "activation_live"));
+    assert_non_null(strstr(line, ",temporary_live,other_live"));
     while ((line = strtok(NULL, "\n"))) {
         char *p = line;
         for (int k = 0; k < 5; k++) p = strchr(p, ',') + 1; // past seconds, phase, site, category, bytes
-        for (int c = 0; c < 6; c++) {
+        for (int c = 0; c < NCATS; c++) {
             last[c] = strtoll(p, &p, 10);
             if (last[c] > maxc[c]) maxc[c] = last[c];
             if (*p == ',') p++;
         }
     }
-    for (int c = 0; c < 5; c++) {
+    for (int c = 0; c < NTENSOR; c++) {
         assert_int_equal(maxc[c], peak_of(cats[c]));
         assert_int_equal(last[c], 0);
     }
@@ -160,6 +169,39 @@ static void test_text_breakdown_and_explain(void **state) {
     free(out);
 }
 
+// Every category has the same keys in the report, temporary included;
+// the text bill lists it, and says what lifts the total peak past the four copies when it does.
+static void test_categories_and_four_copies(void **state) {
+    (void)state;
+    json_t *cs = json_object_get(report, "categories"), *w = json_object_get(cs, "weight");
+    for (int c = 0; c < NCATS; c++) {
+        json_t *o = json_object_get(cs, cats[c]);
+        assert_non_null(o);
+        const char *key;
+        json_t *v;
+        json_object_foreach(w, key, v) assert_non_null(json_object_get(o, key));
+        assert_non_null(json_object_get(json_object_get(json_object_get(report, "peak"), "composition"), cats[c]));
+    }
+    assert_true(json_is_integer(json_object_get(json_object_get(cs, "temporary"), "peak_bytes")));
+    json_t *steps = json_object_get(report, "steps");
+    assert_int_equal(json_array_size(steps), 2);
+    json_t *end = json_object_get(json_array_get(json_object_get(json_array_get(steps, 0), "phases"), 0), "end_live");
+    for (int c = 0; c < NCATS; c++) assert_non_null(json_object_get(end, cats[c]));
+    char *out = slurp("out.txt");
+    assert_non_null(out);
+    assert_non_null(strstr(out, "\n  temporary   "));
+    assert_non_null(strstr(out, "cache and temporary back at zero: yes"));
+    json_t *four = json_object_get(report, "four_copies");
+    json_int_t total = json_integer_value(json_object_get(json_object_get(report, "peak"), "total_bytes")),
+               copies = json_integer_value(json_object_get(four, "total_bytes"));
+    assert_int_equal(copies, peak_of("weight") + peak_of("gradient") + peak_of("optimizer")); // no temporary
+    assert_int_equal(json_integer_value(json_object_get(four, "total_peak_above_bytes")),
+                     total > copies ? total - copies : 0);
+    const char *line = strstr(out, "above the four copies:");
+    assert_int_equal(line != NULL, total > copies);
+    free(out);
+}
+
 static void test_html(void **state) {
     (void)state;
     char *html = slurp("p.html");
@@ -168,6 +210,7 @@ static void test_html(void **state) {
     assert_non_null(strstr(html, "four copies"));
     assert_non_null(strstr(html, "held at the total peak"));
     assert_non_null(strstr(html, "Reading the bill"));
+    assert_non_null(strstr(html, "<b>temporary</b>"));
     free(html);
 }
 
@@ -261,6 +304,7 @@ int main(void) {
         cmocka_unit_test(test_trace),
         cmocka_unit_test(test_timeline_csv),
         cmocka_unit_test(test_text_breakdown_and_explain),
+        cmocka_unit_test(test_categories_and_four_copies),
         cmocka_unit_test(test_html),
         cmocka_unit_test(test_dev_null_survives),
         cmocka_unit_test(test_outputs_all_or_none),

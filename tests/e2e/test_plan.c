@@ -1,0 +1,231 @@
+// membill plan's steady state: its headline is the total peak of a second training step (the
+// optimizer's state kept from the first, the gradients set to none), the same figure as
+// `membill train --meta --steps 2` for the same setting, for every preset; one device's figure
+// is that step replayed with each category at the device's ZeRO share.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_run.h"
+
+#define dir cli_run_dir
+#define NCATS 7 // the timeline's *_live columns: weight .. temporary, other
+
+static const char *const cats[NCATS] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary", "other"};
+
+static json_t *json_run(const char *args) {
+    static run_result r;
+    char a[2048], path[512];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    snprintf(a, sizeof a, "%s --json %s --quiet", args, path);
+    membill(&r, a);
+    if (r.code != 0) print_error("%s: exit %d: %s\n", args, r.code, r.err);
+    assert_int_equal(r.code, 0);
+    json_t *root = json_load_file(path, 0, NULL);
+    assert_non_null(root);
+    return root;
+}
+
+static json_int_t jget(json_t *o, const char *a, const char *b) {
+    json_t *v = json_object_get(o, a);
+    if (b) v = json_object_get(v, b);
+    assert_true(json_is_integer(v));
+    return json_integer_value(v);
+}
+
+static json_int_t step_peak(json_t *train, size_t i) {
+    json_t *s = json_array_get(json_object_get(train, "steps"), i);
+    assert_non_null(s);
+    return jget(s, "peak_bytes", NULL);
+}
+
+// The presets as `membill plan --list` names them.
+static int presets(char names[][32], int cap) {
+    static run_result r;
+    membill(&r, "plan --list");
+    assert_int_equal(r.code, 0);
+    int n = 0;
+    char *save = NULL;
+    char *line = strtok_r(r.out, "\n", &save); // the header
+    while ((line = strtok_r(NULL, "\n", &save)) && n < cap)
+        if (sscanf(line, "%31s", names[n]) == 1) n++;
+    return n;
+}
+
+static void test_headline_is_train_step_2_for_every_preset(void **state) {
+    (void)state;
+    char names[32][32];
+    int n = presets(names, 32);
+    assert_true(n >= 10);
+    const char *settings[] = {"", "--seq-len 256 --batch 2 --dtype bf16-mixed --optimizer adamw --checkpointing",
+                              "--seq-len 64 --dtype bf16 --optimizer sgd-momentum", "--optimizer none"};
+    for (int p = 0; p < n; p++)
+        for (size_t k = 0; k < sizeof settings / sizeof *settings; k++) {
+            char a[512];
+            assert_true(snprintf(a, sizeof a, "plan --model %s %s", names[p], settings[k]) < (int)sizeof a);
+            json_t *plan = json_run(a);
+            assert_true(snprintf(a, sizeof a, "train --meta --steps 2 --model %s %s", names[p], settings[k]) <
+                        (int)sizeof a);
+            json_t *train = json_run(a);
+            json_int_t headline = jget(plan, "total_peak_bytes", NULL),
+                       first = jget(plan, "first_step_peak_bytes", NULL);
+            if (headline != step_peak(train, 1) || first != step_peak(train, 0))
+                print_error("%s %s: plan %lld / %lld, train steps %lld / %lld\n", names[p], settings[k],
+                            (long long)headline, (long long)first, (long long)step_peak(train, 1),
+                            (long long)step_peak(train, 0));
+            assert_int_equal(headline, step_peak(train, 1));
+            assert_int_equal(headline, jget(train, "peak", "total_bytes"));
+            assert_int_equal(first, step_peak(train, 0));
+            assert_true(first <= headline);
+            assert_int_equal(jget(plan, "peak", "total_bytes"), jget(train, "peak", "total_bytes"));
+            for (int c = 0; c < NCATS; c++) {
+                json_t *pc = json_object_get(json_object_get(plan, "categories"), cats[c]),
+                       *tc = json_object_get(json_object_get(train, "categories"), cats[c]);
+                assert_int_equal(jget(pc, "peak_bytes", NULL), jget(tc, "peak_bytes", NULL));
+            }
+            assert_true(jget(json_object_get(plan, "categories"), "temporary", "peak_bytes") >= 0);
+            // One device, whole: the steady-state peak and the overhead allowance.
+            json_t *g = json_object_get(plan, "per_gpu");
+            assert_int_equal(jget(g, "total_bytes", NULL), headline + jget(g, "overhead", NULL));
+            json_decref(plan);
+            json_decref(train);
+        }
+}
+
+// A ZeRO device's share of a category's live bytes, rounded up.
+static uint64_t share(long long live, int c, int zero, long gpus) {
+    bool sharded = (c == 0 && zero >= 3) || (c == 1 && zero >= 2) || (c == 2 && zero >= 1);
+    return sharded ? ((uint64_t)live + (uint64_t)gpus - 1) / (uint64_t)gpus : (uint64_t)live;
+}
+
+typedef struct {
+    uint64_t peak, at[NCATS];
+} replayed;
+
+// Step 2 of a --steps 2 timeline replayed by this test on its own: from the first row after
+// step 1's optimizer phase to the teardown, each category at the device's share.
+static replayed replay_csv(const char *path, int zero, long gpus) {
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    static char line[4096];
+    assert_non_null(fgets(line, sizeof line, f)); // header
+    long long live[NCATS] = {0};
+    replayed out = {0};
+    int state = 0; // 0 step 1, 1 in step 1's optimizer, 2 step 2, 3 done
+    while (state < 3 && fgets(line, sizeof line, f)) {
+        char *fields[5 + NCATS], *save = NULL;
+        int nf = 0;
+        for (char *t = strtok_r(line, ",\n", &save); t && nf < 5 + NCATS; t = strtok_r(NULL, ",\n", &save))
+            fields[nf++] = t;
+        assert_int_equal(nf, 5 + NCATS);
+        const char *phase = fields[1];
+        if (state == 0 && strcmp(phase, "optimizer") == 0) state = 1;
+        if (state == 1 && strcmp(phase, "optimizer") != 0) {
+            state = 2; // what was live as step 2 began
+            for (int c = 0; c < NCATS; c++) out.at[c] = share(live[c], c, zero, gpus), out.peak += out.at[c];
+        }
+        if (state == 2 && strcmp(phase, "teardown") == 0) state = 3;
+        if (state == 3) break;
+        for (int c = 0; c < NCATS; c++) live[c] = atoll(fields[5 + c]);
+        if (state != 2) continue;
+        uint64_t t = 0, at[NCATS];
+        for (int c = 0; c < NCATS; c++) t += at[c] = share(live[c], c, zero, gpus);
+        if (t > out.peak) {
+            out.peak = t;
+            memcpy(out.at, at, sizeof at);
+        }
+    }
+    fclose(f);
+    assert_true(state == 3);
+    return out;
+}
+
+// per_gpu is step 2 of train's own timeline, replayed here with each category at the device's
+// share: its total and each category's share at that moment; own_peak each category's own peak.
+static void test_device_share_is_step_2_replayed(void **state) {
+    (void)state;
+    const char *models[] = {"smollm2-135m", "llama-3-8b"};
+    const char *keys[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary"};
+    for (int m = 0; m < 2; m++)
+        for (int z = 0; z <= 3; z++) {
+            char a[2048], csv[512];
+            snprintf(csv, sizeof csv, "%s/steps.csv", dir);
+            snprintf(a, sizeof a, "train --meta --steps 2 --model %s --seq-len 512 --timeline %s", models[m], csv);
+            json_t *train = json_run(a);
+            snprintf(a, sizeof a, "plan --model %s --seq-len 512 --gpus 8 --zero %d", models[m], z);
+            json_t *plan = json_run(a);
+            replayed whole = replay_csv(csv, 0, 1), dev = replay_csv(csv, z, 8);
+            assert_int_equal(whole.peak, jget(plan, "total_peak_bytes", NULL));
+            json_t *g = json_object_get(plan, "per_gpu");
+            if (jget(g, "total_bytes", NULL) != (json_int_t)dev.peak + jget(g, "overhead", NULL))
+                print_error("%s zero %d: per_gpu %lld, replayed %llu\n", models[m], z,
+                            (long long)jget(g, "total_bytes", NULL), (unsigned long long)dev.peak);
+            assert_int_equal(jget(g, "total_bytes", NULL), (json_int_t)dev.peak + jget(g, "overhead", NULL));
+            json_int_t sum = jget(g, "overhead", NULL);
+            for (int c = 0; c < 6; c++) {
+                assert_int_equal(jget(g, keys[c], NULL), (json_int_t)dev.at[c]);
+                sum += jget(g, keys[c], NULL);
+                json_int_t own =
+                    jget(json_object_get(json_object_get(train, "categories"), keys[c]), "peak_bytes", NULL);
+                assert_int_equal(jget(g, "own_peak", keys[c]), (json_int_t)share(own, c, z, 8));
+            }
+            assert_int_equal(sum, jget(g, "total_bytes", NULL));
+            assert_int_equal(jget(g, "step", NULL), 2);
+            json_decref(train);
+            json_decref(plan);
+        }
+}
+
+// The text names both figures; a generation keeps its one run and its headline.
+static void test_text_and_infer(void **state) {
+    (void)state;
+    static run_result r;
+    membill(&r, "plan --model llama-3-70b --seq-len 4096");
+    assert_int_equal(r.code, 0);
+    assert_int_equal(count_lines(r.err), 0);
+    assert_non_null(strstr(r.out, "step 2, the steady state"));
+    assert_non_null(strstr(r.out, "step 1 peak"));
+    assert_non_null(strstr(r.out, "above the four copies:"));
+    assert_non_null(strstr(r.out, "\n  temporary   "));
+    json_t *root = json_run("plan --infer --model smollm2-135m");
+    assert_null(json_object_get(root, "first_step_peak_bytes"));
+    assert_int_equal(jget(root, "total_peak_bytes", NULL), jget(root, "peak", "total_bytes"));
+    json_t *g = json_object_get(root, "per_gpu");
+    assert_int_equal(jget(g, "temporary", NULL), 0);
+    assert_int_equal(jget(root, "inference", "temporary_bytes"), 0);
+    assert_int_equal(jget(g, "total_bytes", NULL), jget(g, "weight", NULL) + jget(g, "cache", NULL) +
+                                                       jget(g, "activation", NULL) + jget(g, "temporary", NULL) +
+                                                       jget(g, "overhead", NULL));
+    json_decref(root);
+    // The largest batch that fits does, on the steady state's figure; one more does not.
+    root = json_run("plan --model smollm2-360m --seq-len 256 --gpus 4 --zero 2 --device-memory 16GB");
+    json_int_t best = jget(root, "fit", "largest_batch");
+    assert_true(best >= 1);
+    json_decref(root);
+    char a[256];
+    for (int extra = 0; extra < 2; extra++) {
+        snprintf(a, sizeof a,
+                 "plan --model smollm2-360m --seq-len 256 --gpus 4 --zero 2 --device-memory 16GB --batch %lld",
+                 (long long)best + extra);
+        root = json_run(a);
+        assert_int_equal(jget(root, "per_gpu", "total_bytes") <= 16000000000LL, extra == 0);
+        assert_int_equal(json_is_true(json_object_get(json_object_get(root, "fit"), "fits")), extra == 0);
+        json_decref(root);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_headline_is_train_step_2_for_every_preset),
+        cmocka_unit_test(test_device_share_is_step_2_replayed),
+        cmocka_unit_test(test_text_and_infer),
+    };
+    return cmocka_run_group_tests_name("plan", tests, cli_run_make_dir, cli_run_remove_dir);
+}
