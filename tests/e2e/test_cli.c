@@ -280,7 +280,9 @@ static void test_plan_closed_form_sweep(void **state) {
                 char a[512];
                 if (m < 2 && l > 0) continue;   // the tiny configs have 128 positions
                 if (l == 3 && m == 4) continue; // Llama-2 has 4,096 positions
-                snprintf(a, sizeof a, "%s --seq-len %s --batch 2%s", models[m], lens[l], ck ? " --checkpointing" : "");
+                // The closed form is the lean framework's (what fused kernels keep).
+                snprintf(a, sizeof a, "%s --seq-len %s --batch 2%s --framework lean", models[m], lens[l],
+                         ck ? " --checkpointing" : "");
                 json_t *root = plan_json(a);
                 assert_true(json_is_boolean(json_object_get(json_object_get(root, "run"), "checkpointing")));
                 assert_int_equal(json_is_true(json_object_get(json_object_get(root, "run"), "checkpointing")), ck);
@@ -448,7 +450,8 @@ static void test_plan_closed_form_dtypes(void **state) {
         for (int l = 0; l < 3; l++)
             for (int d = 0; d < 4; d++) {
                 char a[256];
-                snprintf(a, sizeof a, "--model %s --seq-len %s --batch 2 --dtype %s", models[m], lens[l], dtypes[d]);
+                snprintf(a, sizeof a, "--model %s --seq-len %s --batch 2 --dtype %s --framework lean", models[m],
+                         lens[l], dtypes[d]);
                 json_t *root = plan_json(a);
                 const char *cats[] = {"weight", "gradient", "optimizer"};
                 for (int c = 0; c < 3; c++)
@@ -459,9 +462,10 @@ static void test_plan_closed_form_dtypes(void **state) {
                 assert_true(fabs(closed / meta - 1) <= 0.01);
                 json_decref(root);
             }
-    // 16-bit activations are half the float32 ones but for the float32 statistics.
-    json_t *f32 = plan_json("--model smollm2-135m --seq-len 512");
-    json_t *b16 = plan_json("--model smollm2-135m --seq-len 512 --dtype bf16");
+    // 16-bit activations are half the float32 ones but for the float32 statistics (lean; under
+    // --framework pytorch a bf16 model keeps float32 copies in RMSNorm, softmax and the loss).
+    json_t *f32 = plan_json("--model smollm2-135m --seq-len 512 --framework lean");
+    json_t *b16 = plan_json("--model smollm2-135m --seq-len 512 --dtype bf16 --framework lean");
     double ratio = (double)cat_peak(b16, "activation") / (double)cat_peak(f32, "activation");
     assert_true(ratio > 0.5 && ratio < 0.51);
     json_decref(f32);
@@ -536,8 +540,12 @@ static void test_plan_infer(void **state) {
     assert_true(llabs(expected_weights("smollm2-135m", 8, 0, 32) - 134515008) < 1000000);
     assert_true(llabs(expected_weights("smollm2-135m", 4, 32, 32) - (67257504 + 134515008 / 16)) < 1000000);
     // New tokens grow the cache one token each (but the last, which is only chosen).
-    root = plan_json("--infer --model smollm2-135m --new-tokens 5");
+    root = plan_json("--infer --model smollm2-135m --new-tokens 5 --framework lean");
     assert_int_equal(jinf(root, "cache_bytes"), 46080 * 29);
+    json_decref(root);
+    // transformers' DynamicCache grows by torch.cat: the last layer's old keys (28 tokens) beside.
+    root = plan_json("--infer --model smollm2-135m --new-tokens 5");
+    assert_int_equal(jinf(root, "cache_bytes"), 46080 * 29 + 28 * 3 * 64 * 4);
     json_decref(root);
     // Device fit: the largest batch fits, one more does not; the overhead is counted.
     root = plan_json("--infer --model llama-3-8b --dtype bf16 --seq-len 4096 --device-memory 24GB --overhead 1GB");
