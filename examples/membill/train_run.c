@@ -21,6 +21,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     cli_parse_dtype(o->dtype, &r->dtype);
     r->ocfg = optim_defaults(kind);
     r->ocfg.lr = (float)o->lr;
+    optim_parse_adam_impl(o->adam_impl, &r->ocfg.adam_impl); // the table allows only known names
     cli_dtype_optim(&r->dtype, &r->ocfg);
     r->nsteps = o->steps ? o->steps : 1;
     r->meta = o->meta;
