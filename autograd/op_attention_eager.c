@@ -166,7 +166,7 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     // probs @ v: `.to(query.dtype)` casts a 16-bit model's probabilities back; autocast casts both.
     ag_tensor *pc = NULL;
     if (probs && (q->bits < 32 || cast))
-        pc = act_bits(ctx, s->base, "probs_bf16", probs->shape, cast ? 16 : q->bits);
+        pc = act_bits(ctx, s->base, cast ? "probs_bf16" : "probs_to_q_dtype", probs->shape, cast ? 16 : q->bits);
     vrep = autocast_operand(ctx, s->base, "v_bf16", vrep);
     const int cbits = cast ? 16 : (pc ? pc->bits : 32);
     ag_tensor *c = probs ? act_bits(ctx, s->base, "context", q_shape, cbits) : NULL;

@@ -26,6 +26,23 @@ bool optim_parse_kind(const char *name, optim_kind *out) {
 
 const char *optim_kind_name(optim_kind kind) { return (unsigned)kind <= OPTIM_NONE ? kind_names[kind] : "?"; }
 
+static const char *const impl_names[] = {"fused", "for-loop", "foreach"};
+
+bool optim_parse_adam_impl(const char *name, optim_adam_impl *out) {
+    for (int k = 0; k <= OPTIM_ADAM_FOREACH; k++)
+        if (name && strcmp(name, impl_names[k]) == 0) {
+            *out = (optim_adam_impl)k;
+            return true;
+        }
+    return false;
+}
+
+const char *optim_adam_impl_name(optim_adam_impl impl) {
+    return (unsigned)impl <= OPTIM_ADAM_FOREACH ? impl_names[impl] : "?";
+}
+
+static bool is_adam(const optim_config *c) { return c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW; }
+
 size_t optim_state_bytes_per_element(optim_kind kind) {
     switch (kind) {
     case OPTIM_ADAM:
@@ -35,12 +52,10 @@ size_t optim_state_bytes_per_element(optim_kind kind) {
     }
 }
 
-static int state_bits(const optim_config *c) { return c->state_bits ? c->state_bits : 32; }
-
 size_t optim_state_bytes(const optim_config *c) {
     if (!c || c->kind == OPTIM_NONE) return 0;
     size_t states = optim_state_bytes_per_element(c->kind) / sizeof(float);
-    return states * (size_t)state_bits(c) / 8 + (c->master ? sizeof(float) : 0);
+    return states * (size_t)optim_state_bits(c) / 8 + (c->master ? sizeof(float) : 0);
 }
 
 // 16-bit state and master copies are a bill of meta mode: the updates compute in float32.
@@ -49,7 +64,7 @@ static bool check_dtype(const optim_config *c, ag_err *err) {
         ag_err_set(err, "optimizer %s: state_bits is %d, expected 32 or 16", optim_kind_name(c->kind), c->state_bits);
         return false;
     }
-    if ((state_bits(c) != 32 || c->master) && !mp_is_meta()) {
+    if ((optim_state_bits(c) != 32 || c->master) && !mp_is_meta()) {
         ag_err_set(err, "optimizer %s: %s is billed in meta mode only: real runs compute in float32",
                    optim_kind_name(c->kind), c->master ? "a float32 master copy" : "16-bit state");
         return false;
@@ -69,7 +84,11 @@ static bool check_config(const optim_config *c, ag_err *err) {
         ag_err_set(err, "optimizer: unknown kind %d", (int)c->kind);
         return false;
     }
-    bool adam = c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW;
+    bool adam = is_adam(c);
+    if (adam && (unsigned)c->adam_impl > OPTIM_ADAM_FOREACH) {
+        ag_err_set(err, "optimizer %s: unknown adam_impl %d", optim_kind_name(c->kind), (int)c->adam_impl);
+        return false;
+    }
     if (!(c->lr >= 0))
         bad = "lr", v = c->lr;
     else if (!(c->weight_decay >= 0))
@@ -126,6 +145,7 @@ void optim_free(optim *o) {
         mp_free(&o->slots[i].state[0]);
         mp_free(&o->slots[i].state[1]);
         mp_free(&o->slots[i].master);
+        for (int t = 0; t < OPTIM_NTMP; t++) mp_free(&o->slots[i].tmp[t]); // none outside a step
     }
     free(o->slots);
     free(o);
@@ -155,12 +175,15 @@ static int alloc_one(mp_block *b, const ag_tensor *param, const char *what, size
 
 // Lazily, at the first step that sees a gradient, as torch.optim does (a mixed-precision
 // framework makes its master copy at setup; it is billed here with the rest of the state). On
-// failure the slot keeps no state at all.
+// failure the slot keeps no state at all. torch.optim's state also holds a 0-dim float32
+// state["step"] tensor per parameter, P x 4 bytes for P parameter tensors (1,088 for
+// SmolLM2-135M's 272): left out, so that the state is exactly Adam's two moments (the four
+// copies of the weights).
 static int alloc_state(optim_slot *s, const optim_config *c, ag_err *err) {
     static const char *const names[2][2] = {{"exp_avg", "exp_avg_sq"}, {"momentum_buffer", ""}};
     int count = (int)(optim_state_bytes_per_element(c->kind) / sizeof(float));
     const char *const *nm = names[c->kind == OPTIM_SGD_MOMENTUM];
-    size_t numel = (size_t)s->param->numel, bytes = numel * (size_t)state_bits(c) / 8;
+    size_t numel = (size_t)s->param->numel, bytes = numel * (size_t)optim_state_bits(c) / 8;
     int rc = c->master ? alloc_one(&s->master, s->param, "master", numel * sizeof(float), err) : 0;
     for (int j = 0; j < count && rc == 0; j++) rc = alloc_one(&s->state[j], s->param, nm[j], bytes, err);
     if (rc != 0) {
@@ -171,19 +194,25 @@ static int alloc_state(optim_slot *s, const optim_config *c, ag_err *err) {
     return 0;
 }
 
-// The state of every parameter that has a gradient, before any update: a step that cannot
-// get its memory gives back what it took and changes nothing, so the caller may retry it.
+// Gives back the state this step allocated (a step that failed before changing anything).
+static void drop_fresh_state(optim *o) {
+    for (size_t j = 0; j < o->n; j++)
+        if (o->slots[j].fresh) {
+            free_state(&o->slots[j]);
+            o->slots[j].fresh = false;
+        }
+}
+
+// The state of every parameter that has a gradient, before any update (as torch.optim makes
+// it in its gathering loop, before the update function runs): a step that cannot get its
+// memory gives back what it took and changes nothing, so the caller may retry it.
 static int alloc_all_state(optim *o, ag_err *err) {
     if (!optim_state_bytes(&o->cfg)) return 0;
     for (size_t i = 0; i < o->n; i++) {
         optim_slot *s = &o->slots[i];
         if (!s->param->grad || s->state[0].bytes || s->master.bytes) continue;
         if (alloc_state(s, &o->cfg, err) == 0) continue;
-        for (size_t j = 0; j < i; j++)
-            if (o->slots[j].fresh) {
-                free_state(&o->slots[j]);
-                o->slots[j].fresh = false;
-            }
+        drop_fresh_state(o);
         return -1;
     }
     return 0;
@@ -193,6 +222,15 @@ int optim_step(optim *o, ag_err *err) {
     if (!o) return -1;
     if (o->cfg.kind == OPTIM_NONE) return 0;
     if (alloc_all_state(o, err) != 0) return -1;
+    if (is_adam(&o->cfg) && o->cfg.adam_impl != OPTIM_ADAM_FUSED) {
+        bool changed = false;
+        if (optim_adam_unfused(o, &changed, err) != 0) {
+            if (!changed) drop_fresh_state(o);
+            return -1;
+        }
+        o->steps++;
+        return 0;
+    }
     o->steps++;
     bool meta = mp_is_meta();
     for (size_t i = 0; i < o->n; i++) {

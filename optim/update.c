@@ -1,4 +1,5 @@
-// The per-element updates, one fused loop per parameter (torch.optim's single-tensor path).
+// The fused per-element updates, one loop per parameter (SGD, and Adam's fused implementation);
+// Adam's for-loop and foreach implementations are in unfused.c.
 #include "optim_internal.h"
 
 #include <math.h>
@@ -9,10 +10,21 @@
 
 // Adam and AdamW (torch.optim.Adam / AdamW, amsgrad off, maximize off). A fresh state starts
 // from zeros, so its first update writes (1-b)·g directly and saves a pass of memset.
-typedef struct {
-    float b1, b2, eps, step_size, bc2_sqrt, wd, decay;
-    bool decoupled, fresh;
-} adam_consts;
+typedef optim_adam_consts adam_consts;
+
+optim_adam_consts optim_adam_consts_of(const optim_config *c, const optim_slot *s) {
+    const double bc1 = 1.0 - pow(c->beta1, (double)s->step);
+    const double bc2 = 1.0 - pow(c->beta2, (double)s->step);
+    return (optim_adam_consts){.b1 = c->beta1,
+                               .b2 = c->beta2,
+                               .eps = c->eps,
+                               .step_size = (float)(c->lr / bc1),
+                               .bc2_sqrt = (float)sqrt(bc2),
+                               .wd = c->weight_decay,
+                               .decay = 1.0f - c->lr * c->weight_decay,
+                               .decoupled = c->kind == OPTIM_ADAMW,
+                               .fresh = s->fresh};
+}
 
 static inline void adam_scalar(const adam_consts *k, float *w, const float *g, float *m, float *v, size_t lo,
                                size_t hi) {
@@ -101,17 +113,7 @@ static void adam_range(const adam_consts *k, bool avx512, float *w, const float 
 }
 
 static void adam_update(const optim_config *c, optim_slot *s, float *w, const float *g, size_t n) {
-    const double bc1 = 1.0 - pow(c->beta1, (double)s->step);
-    const double bc2 = 1.0 - pow(c->beta2, (double)s->step);
-    const adam_consts k = {.b1 = c->beta1,
-                           .b2 = c->beta2,
-                           .eps = c->eps,
-                           .step_size = (float)(c->lr / bc1),
-                           .bc2_sqrt = (float)sqrt(bc2),
-                           .wd = c->weight_decay,
-                           .decay = 1.0f - c->lr * c->weight_decay,
-                           .decoupled = c->kind == OPTIM_ADAMW,
-                           .fresh = s->fresh};
+    const adam_consts k = optim_adam_consts_of(c, s);
     float *m = s->state[0].data, *v = s->state[1].data;
     const bool avx512 = has_avx512();
     // Contiguous ranges, whole lines of 16 floats per thread.

@@ -37,7 +37,7 @@ typedef struct {
     const char *model, *config, *weights, *tokens;
     long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size;
     uint64_t seed, budget, device_memory, overhead;
-    const char *optimizer, *dtype, *weight_dtype, *framework;
+    const char *optimizer, *adam_impl, *dtype, *weight_dtype, *framework;
     double lr;
     bool meta, help, quiet, explain, checkpointing, no_cache, no_speed, list, infer, progress;
     const char *json, *timeline, *dump_grads, *save_weights, *svg, *trace, *html;

@@ -146,6 +146,7 @@ int cmd_compare(const cli_options *o) {
         optim_parse_kind(o->optimizer, &kind);
         c.tr.ocfg = optim_defaults(kind);
         c.tr.ocfg.lr = (float)o->lr;
+        optim_parse_adam_impl(o->adam_impl, &c.tr.ocfg.adam_impl);
         cli_parse_dtype("fp32", &c.tr.dtype);
         c.tr.ids = c.ir.ids;
         c.tr.batch = c.ir.batch;

@@ -51,6 +51,10 @@ static const opt_spec specs[] = {
      "on PyTorch 1.13), lean (minimal saved sets, as fused kernels keep)"},
     {"--optimizer", "NAME", T_CHOICE, OFF(optimizer), TR | CO | PL, "adam", 0, NULL, 0, 0,
      "adam|adamw|sgd|sgd-momentum|none", "the optimizer, with torch.optim's defaults"},
+    {"--adam-impl", "NAME", T_CHOICE, OFF(adam_impl), TR | CO | PL, "for-loop", PL, "foreach", 0, 0,
+     "for-loop|foreach|fused",
+     "Adam's implementation as torch.optim runs it: for-loop (the CPU default: 2 parameter-sized temporaries at a "
+     "time), foreach (the accelerators' default: whole-model temporaries), fused (none)"},
     {"--lr", "X", T_DOUBLE, OFF(lr), TR | CO, "1e-5", 0, NULL, 0, 1e6, NULL, "learning rate"},
     {"--seed", "S", T_U64, OFF(seed), RUNS, "0", 0, NULL, 0, 0, NULL, "seed of the random init and random ids"},
     {"--threads", "N", T_LONG, OFF(threads), RUNS | CH, "2", 0, NULL, 1, 1024, NULL, "compute threads"},

@@ -192,6 +192,7 @@ static void plan_setting_from(const cli_options *o, plan_setting *s) {
         cli_parse_dtype(o->dtype, &s->dt);
     }
     s->ocfg = optim_defaults(kind);
+    optim_parse_adam_impl(o->adam_impl, &s->ocfg.adam_impl);
     cli_dtype_optim(&s->dt, &s->ocfg);
     s->batch = o->batch;
     s->seq_len = o->seq_len;

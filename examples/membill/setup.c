@@ -30,13 +30,17 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--group-size sets the elements per scale of --weight-dtype int4";
     else if (cli_given(o, "--lr") && o->optimizer && strcmp(o->optimizer, "none") == 0)
         bad = "--lr does not apply to --optimizer none";
+    else if (cli_given(o, "--adam-impl") && o->optimizer && strcmp(o->optimizer, "adam") != 0 &&
+             strcmp(o->optimizer, "adamw") != 0)
+        snprintf(buf, sizeof buf, "--adam-impl is how Adam runs: it does not apply to --optimizer %s", o->optimizer),
+            bad = buf;
     else if (o->cmd == CLI_PLAN && !o->infer &&
              (o->weight_dtype || cli_given(o, "--group-size") || cli_given(o, "--new-tokens")))
         bad = "--weight-dtype, --group-size and --new-tokens plan a generation: add --infer";
-    else if (infer_plan &&
-             (cli_given(o, "--optimizer") || cli_given(o, "--gpus") || cli_given(o, "--zero") || o->checkpointing))
-        bad = "--infer plans one device's generation: --optimizer, --gpus, --zero and --checkpointing are training "
-              "settings";
+    else if (infer_plan && (cli_given(o, "--optimizer") || cli_given(o, "--adam-impl") || cli_given(o, "--gpus") ||
+                            cli_given(o, "--zero") || o->checkpointing))
+        bad = "--infer plans one device's generation: --optimizer, --adam-impl, --gpus, --zero and --checkpointing are "
+              "training settings";
     else if (o->cmd == CLI_INFER && o->tokens && strchr(o->tokens, ';') && cli_given(o, "--batch"))
         bad = "--batch repeats one prompt: give several prompts with ';' or --batch, not both";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))

@@ -201,6 +201,8 @@ typedef struct {
     cli_job job;
 } train_cmd;
 
+static bool adam(const train_run *r) { return r->ocfg.kind == OPTIM_ADAM || r->ocfg.kind == OPTIM_ADAMW; }
+
 static json_t *report_json(const void *arg, bool failed) {
     const train_cmd *t = arg;
     const train_run *r = &t->r;
@@ -211,6 +213,7 @@ static json_t *report_json(const void *arg, bool failed) {
     json_object_set_new(run, "steps", json_integer(r->nsteps));
     json_object_set_new(run, "optimizer", json_string(optim_kind_name(r->ocfg.kind)));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    json_object_set_new(run, "adam_impl", adam(r) ? json_string(optim_adam_impl_name(r->ocfg.adam_impl)) : json_null());
     json_object_set_new(run, "lr", json_real(t->o->lr));
     json_object_set_new(run, "dtype", json_string(r->dtype.long_name));
     json_object_set_new(run, "meta", json_boolean(r->meta));
@@ -286,10 +289,12 @@ static void text_steps(FILE *f, const train_run *r) {
 static void report_text(FILE *f, const void *arg, bool failed) {
     const train_cmd *t = arg;
     const train_run *r = &t->r;
-    char p[32];
-    fprintf(f, "membill train: %s, %s parameters, batch %ld x %ld tokens, %s lr %g, %s%s%s\n", r->cfg.name,
+    char p[32], impl[32] = "";
+    if (adam(r)) snprintf(impl, sizeof impl, " (%s)", optim_adam_impl_name(r->ocfg.adam_impl));
+    fprintf(f, "membill train: %s, %s parameters, batch %ld x %ld tokens, %s%s lr %g, %s%s%s\n", r->cfg.name,
             cli_commas(p, sizeof p, llama_param_count(&r->cfg)), r->batch, r->seq_len, optim_kind_name(r->ocfg.kind),
-            t->o->lr, r->dtype.long_name, r->meta ? ", meta (shapes only)" : "", failed ? " (FAILED: see below)" : "");
+            impl, t->o->lr, r->dtype.long_name, r->meta ? ", meta (shapes only)" : "",
+            failed ? " (FAILED: see below)" : "");
     fprintf(f, "framework: %s\n", cli_framework_text(r->framework));
     if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
     if (!r->meta && r->steps[0].phases_done >= 1)

@@ -22,6 +22,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     cli_parse_framework(o->framework, &r->framework); // the table allows only known names
     r->ocfg = optim_defaults(kind);
     r->ocfg.lr = (float)o->lr;
+    optim_parse_adam_impl(o->adam_impl, &r->ocfg.adam_impl); // the table allows only known names
     cli_dtype_optim(&r->dtype, &r->ocfg);
     r->nsteps = o->steps ? o->steps : 1;
     r->meta = o->meta;
@@ -128,7 +129,9 @@ int cli_train_run(train_run *r, ag_err *err) {
     mp_set_phase(MP_PHASE_LOAD);
     cli_progress("building the model");
     if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, &m, err) != 0) goto done;
-    opt = optim_new(&r->ocfg, m->params, m->nparams, err);
+    optim_config oc = r->ocfg; // foreach's temporaries are the framework's version's
+    oc.torch_113_foreach = r->framework == AG_FRAMEWORK_PYTORCH_113;
+    opt = optim_new(&oc, m->params, m->nparams, err);
     if (!opt) goto done;
     for (long s = 0; s < r->nsteps; s++)
         if (run_step(r, ctx, m, opt, s, err) != 0) goto done;

@@ -63,6 +63,11 @@ static void test_smollm2_training_step_bill(void **state) {
     assert_non_null(meta);
     const char *cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary"};
     for (int i = 0; i < 6; i++) assert_int_equal(cat_peak(meta, cats[i]), cat_peak(real, cats[i]));
+    // The default for-loop Adam: the embedding's sqrt and denominator (2 x 49152 x 576 x 4 bytes)
+    // on top of the four copies at the total peak.
+    assert_int_equal(cat_peak(real, "temporary"), 2 * 113246208);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(meta, "peak"), "total_bytes")),
+                     2152240128LL + 2 * 113246208);
     json_decref(real);
     json_decref(meta);
 }
@@ -682,8 +687,82 @@ static void test_compare(void **state) {
     assert_int_equal(json_integer_value(json_object_get(in, "optimizer")), 0);
     assert_int_equal(json_integer_value(json_object_get(in, "weight")), 538060032);
     assert_true(json_integer_value(json_object_get(in, "cache")) > 0);
+    // The default for-loop Adam peaks at the embedding's two temporaries (49152 x 576 x 4 bytes
+    // each) on top of the four copies.
+    assert_int_equal(json_integer_value(json_object_get(tr, "temporary")), 2 * 113246208);
+    json_int_t train_total = json_integer_value(json_object_get(json_object_get(root, "train"), "total_peak_bytes"));
+    json_int_t infer_total = json_integer_value(json_object_get(json_object_get(root, "infer"), "total_peak_bytes"));
+    assert_int_equal(train_total, 2152240128 + 2 * 113246208);
     double ratio = json_real_value(json_object_get(root, "ratio"));
+    assert_true(fabs(ratio - (double)train_total / (double)infer_total) < 1e-6);
+    assert_true(ratio > 4.2 && ratio < 4.5); // four copies and two embeddings against one copy
+    json_decref(root);
+    root = json_run("compare --meta --adam-impl fused");
+    ratio = json_real_value(json_object_get(root, "ratio"));
     assert_true(ratio > 3.5 && ratio < 4.1); // four copies against one, plus what each adds
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(root, "train"), "total_peak_bytes")),
+                     2152240128);
+    json_decref(root);
+}
+
+// --adam-impl on SmolLM2-135M in meta mode (W = 538,060,032 bytes of weights, E = 113,246,208 of
+// embedding, the largest parameter and the first): the four copies and the state are the same in
+// every implementation; for-loop adds two embedding-sized temporaries at its peak, foreach one
+// copy of the whole model, fused none. plan defaults to foreach.
+static void test_adam_impl(void **state) {
+    (void)state;
+    const long long W = 538060032, E = 113246208;
+    const struct {
+        const char *args, *impl;
+        long long temporary;
+    } cases[] = {{"train --meta", "for-loop", 2 * E},
+                 {"train --meta --adam-impl for-loop", "for-loop", 2 * E},
+                 {"train --meta --adam-impl foreach", "foreach", W},
+                 {"train --meta --adam-impl fused", "fused", 0},
+                 {"train --meta --optimizer adamw --adam-impl foreach", "foreach", W}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *root = json_run(cases[i].args);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(root, "run"), "adam_impl")),
+                            cases[i].impl);
+        assert_int_equal(cat_peak(root, "optimizer"), 2 * W);
+        assert_int_equal(cat_peak(root, "temporary"), cases[i].temporary);
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(root, "four_copies"), "total_bytes")),
+                         4 * W);
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(root, "peak"), "total_bytes")),
+                         4 * W + cases[i].temporary);
+        assert_all_live_zero(root);
+        json_decref(root);
+    }
+    json_t *root = json_run("train --meta --optimizer sgd-momentum");
+    assert_true(json_is_null(json_object_get(json_object_get(root, "run"), "adam_impl")));
+    assert_int_equal(cat_peak(root, "temporary"), 0);
+    json_decref(root);
+    root = json_run("plan");
+    assert_int_equal(cat_peak(root, "temporary"), W);
+    json_decref(root);
+    run_result r;
+    membill(&r, "train --meta --adam-impl foreach");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "tokens, adam (foreach) lr 1e-05, float32"));
+    membill(&r, "train --meta --optimizer sgd");
+    assert_non_null(strstr(r.out, "tokens, sgd lr 1e-05, float32"));
+    expect_failure("train --optimizer sgd --adam-impl fused", 2, "--adam-impl");
+    expect_failure("compare --optimizer none --adam-impl foreach", 2, "--optimizer none");
+    expect_failure("plan --infer --adam-impl foreach", 2, "--adam-impl");
+    expect_failure("train --adam-impl multi-tensor", 2, "for-loop,foreach,fused");
+    // A budget one byte under the for-loop's peak stops at the embedding's denominator, before
+    // any weight moved.
+    char a[256];
+    snprintf(a, sizeof a, "train --meta --budget %lldB", 4 * W + 2 * E - 1);
+    expect_failure(a, 1, "model.embed_tokens.weight:denom");
+    snprintf(a, sizeof a, "train --meta --budget %lldB --json -", 4 * W + 2 * E - 1);
+    membill(&r, a);
+    assert_int_equal(r.code, 1);
+    root = json_loads(r.out, 0, NULL);
+    assert_non_null(root);
+    json_t *e = json_object_get(root, "error");
+    assert_string_equal(json_string_value(json_object_get(e, "category")), "temporary");
+    assert_string_equal(json_string_value(json_object_get(e, "site")), "model.embed_tokens.weight:denom");
     json_decref(root);
 }
 
@@ -744,6 +823,7 @@ int main(void) {
         cmocka_unit_test(test_infer_matches_reference),
         cmocka_unit_test(test_infer_cache_bill),
         cmocka_unit_test(test_compare),
+        cmocka_unit_test(test_adam_impl),
         cmocka_unit_test(test_check_memory_claims),
     };
     const struct CMUnitTest heavy[] = {

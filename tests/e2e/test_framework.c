@@ -120,6 +120,14 @@ static void golden_fp32_foreach(void **state) {
     against_golden("smollm2_135m_b1_t128_fp32_foreach", "--adam-impl foreach");
     against_golden("smollm2_135m_b1_t512_fp32_foreach", "--adam-impl foreach");
     against_golden("smollm2_135m_b2_t64_fp32_foreach", "--adam-impl foreach");
+}
+
+// The model cast to bfloat16 (model.to(torch.bfloat16)) and float32 parameters under
+// torch.autocast(bfloat16): a dtype per tensor, as PyTorch's type promotion and autocast give.
+static void golden_16_bit(void **state) {
+    (void)state;
+    against_golden("smollm2_135m_b1_t128_bf16_forloop", "--adam-impl for-loop --dtype bf16");
+    against_golden("smollm2_135m_b1_t128_autocast_forloop", "--adam-impl for-loop --dtype autocast-bf16");
     print_message("worst against PyTorch 1.13: phase peaks and end-live %.5f%%, saved set by role %.5f%%\n",
                   100 * worst_phase, 100 * worst_role);
 }
@@ -218,9 +226,13 @@ static void meta_equals_real_smollm2(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(golden_fp32_forloop), cmocka_unit_test(golden_fp32_foreach),
-        cmocka_unit_test(lean_unchanged),      cmocka_unit_test(meta_equals_real_tiny),
-        cmocka_unit_test(same_losses),         cmocka_unit_test(meta_equals_real_smollm2),
+        cmocka_unit_test(golden_fp32_forloop),
+        cmocka_unit_test(golden_fp32_foreach),
+        cmocka_unit_test(golden_16_bit),
+        cmocka_unit_test(lean_unchanged),
+        cmocka_unit_test(meta_equals_real_tiny),
+        cmocka_unit_test(same_losses),
+        cmocka_unit_test(meta_equals_real_smollm2),
     };
     return cmocka_run_group_tests(tests, cli_run_make_dir, cli_run_remove_dir);
 }

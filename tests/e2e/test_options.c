@@ -23,6 +23,7 @@ static const char *value_for(const char *opt, const char *value) {
     if (!value) return "";
     if (strcmp(opt, "--model") == 0) return "smollm2-135m";
     if (strcmp(opt, "--optimizer") == 0) return "sgd";
+    if (strcmp(opt, "--adam-impl") == 0) return "fused";
     if (strcmp(opt, "--dtype") == 0) return "fp32";
     if (strcmp(opt, "--framework") == 0) return "lean";
     if (strcmp(opt, "--adam-impl") == 0) return "fused";

@@ -1,7 +1,9 @@
 // optim against torch.optim's documented algorithms (single-tensor path, maximize and amsgrad
 // off), recomputed here in double precision; the state's bill (lazy, exact bytes, category
 // optimizer); parameters without a gradient; zero_grad; meta mode; the memory budget; names
-// and settings.
+// and settings; Adam's for-loop and foreach implementations: their temporaries to the byte and
+// in torch's order, their results against the fused pass, a step whose temporaries do not fit.
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,7 +24,23 @@
 // of order 1); a wrong formula moves the result by a sizeable fraction of lr (0.1 here).
 #define TOL 2e-6
 
-static double worst_seen;
+static double worst_seen, worst_vs_fused;
+
+// ---------------------------------------------------------------------------------------------
+// Fault injection: the test links with -Wl,--wrap=mp_alloc, so every mp_alloc of the libraries
+// comes here; an allocation labelled fail_site fails as if the allocator were out of memory
+// (what the budget cannot foretell).
+
+mp_status __real_mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site);
+static const char *fail_site;
+
+mp_status __wrap_mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site) {
+    if (fail_site && site && strcmp(site, fail_site) == 0) {
+        memset(out, 0, sizeof *out);
+        return MP_ERR_NOMEM;
+    }
+    return __real_mp_alloc(out, bytes, cat, site);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Fixture
@@ -700,6 +718,441 @@ static void test_budget(void **state) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Adam's implementations: for-loop and foreach allocate torch.optim's temporaries (category
+// temporary), in its order, and compute the update from them; fused keeps none
+
+typedef struct {
+    optim_adam_impl impl;
+    bool t113;
+    const char *name;
+} impl_case;
+
+static const impl_case impls[] = {{OPTIM_ADAM_FUSED, false, "fused"},
+                                  {OPTIM_ADAM_FOR_LOOP, false, "for-loop"},
+                                  {OPTIM_ADAM_FOREACH, false, "foreach"},
+                                  {OPTIM_ADAM_FOREACH, true, "foreach (1.13)"}};
+#define NIMPLS (sizeof impls / sizeof impls[0])
+
+static optim_config impl_cfg(optim_kind kind, const impl_case *ic) {
+    optim_config c = cfg_of(kind, 0.1f);
+    c.adam_impl = ic->impl;
+    c.torch_113_foreach = ic->t113;
+    return c;
+}
+
+// A gradient of n elements for step s, with the data of grad_at spread over it.
+static float *grad_n(int64_t n, int s, float scale) {
+    float *g = malloc((size_t)n * sizeof(float));
+    assert_non_null(g);
+    for (int64_t i = 0; i < n; i++) g[i] = scale * (float)(0.8 * sin(1.3 * (double)i + 2.1 * s) * (1 + i % 3));
+    if (n > 2) g[0] = 0.0f, g[1] = 3e-9f, g[2] = s % 2 ? -4.0f : 6.0f;
+    return g;
+}
+
+static ag_tensor *param_n(ag_ctx *ctx, const char *name, int64_t n, float phase) {
+    ag_tensor *p = ag_param_new(ctx, 1, (int64_t[]){n}, name);
+    assert_non_null(p);
+    for (int64_t i = 0; p->data && i < n; i++) p->data[i] = (float)cos(0.37 * (double)i + phase);
+    return p;
+}
+
+static void grads_for(ag_ctx *ctx, ag_tensor *const *p, int np, int s) {
+    for (int i = 0; i < np; i++) {
+        float *g = mp_is_meta() ? NULL : grad_n(p[i]->numel, s + 7 * i, 1.0f);
+        give_grad(ctx, p[i], g);
+        free(g);
+    }
+}
+
+// The temporaries' allocations and frees since timeline event `from`: "+a:sqrt +a:denom -a:sqrt".
+static const char *tmp_events(size_t from, char *buf, size_t len) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (size_t i = from; i < mp_timeline_count(); i++) {
+        const mp_event *e = mp_timeline_get(i);
+        if (e->category != MP_TEMPORARY) continue;
+        k += (size_t)snprintf(buf + k, k < len ? len - k : 0, "%s%c%s", k ? " " : "", e->bytes > 0 ? '+' : '-',
+                              mp_site_name(e->site));
+    }
+    return buf;
+}
+
+// Three parameters a, b, c of the sizes given, two steps (the first makes the state): after each,
+// the temporaries' peak (in elements of 4 bytes, or of `elem` bytes), the step's total peak
+// (what was live + the state made + the temporaries' peak), torch's sequence of temporaries and
+// none left over.
+static void impl_peak_run(bool meta, optim_kind kind, const impl_case *ic, float wd, const int64_t sz[3],
+                          uint64_t want_elems, const char *want_events) {
+    assert_int_equal(mp_init(&(mp_options){.meta = meta, .keep_timeline = true}), MP_OK);
+    ag_ctx *ctx = ag_ctx_new();
+    assert_non_null(ctx);
+    ag_tensor *p[3] = {param_n(ctx, "a", sz[0], 0), param_n(ctx, "b", sz[1], 1), param_n(ctx, "c", sz[2], 2)};
+    optim_config c = impl_cfg(kind, ic);
+    if (wd >= 0) c.weight_decay = wd;
+    ag_err e_ = {""};
+    optim *o = optim_new(&c, p, 3, &e_);
+    assert_non_null(o);
+    for (int s = 0; s < 2; s++) {
+        grads_for(ctx, p, 3, s);
+        uint64_t before = mp_live_total(), state_before = live(MP_OPTIMIZER);
+        mp_reset_peaks();
+        size_t from = mp_timeline_count();
+        if (optim_step(o, &e_) != 0) fail_msg("%s: %s", ic->name, e_.msg);
+        uint64_t state_made = live(MP_OPTIMIZER) - state_before;
+        assert_int_equal(state_made, s == 0 ? 8 * (uint64_t)(sz[0] + sz[1] + sz[2]) : 0);
+        assert_int_equal(live(MP_TEMPORARY), 0); // back at zero after the step
+        if (mp_get_counter(MP_TEMPORARY).peak != 4 * want_elems)
+            fail_msg("%s%s, step %d: temporaries peak at %llu bytes, want %llu", ic->name, meta ? " (meta)" : "", s + 1,
+                     (unsigned long long)mp_get_counter(MP_TEMPORARY).peak, (unsigned long long)(4 * want_elems));
+        assert_int_equal(mp_peak().total, before + state_made + 4 * want_elems);
+        char ev[1024];
+        if (strcmp(tmp_events(from, ev, sizeof ev), want_events) != 0)
+            fail_msg("%s%s, step %d: temporaries\n  %s\nwant\n  %s", ic->name, meta ? " (meta)" : "", s + 1, ev,
+                     want_events);
+        optim_zero_grad(o);
+    }
+    assert_int_equal(optim_steps_taken(o), 2);
+    optim_free(o);
+    for (int i = 0; i < 3; i++) ag_release(p[i]);
+    ag_ctx_free(ctx);
+    assert_all_zero();
+    mp_shutdown();
+}
+
+// With b_k the k-th parameter's elements and W their sum: for-loop max_k (b_{k-1} + 2 b_k), the
+// last denom living until the next one replaces it (2 x the largest when it comes first);
+// foreach W; PyTorch 1.13's foreach 2W; fused none. Adam's L2 weight decay adds grad + wd x
+// param: for-loop one b_k more (b_{k-1} + 3 b_k), foreach a list W freed before the sqrt list.
+static void test_impl_temporaries(void **state) {
+    (void)state;
+    const int64_t largest_first[3] = {1000, 8, 300}, largest_second[3] = {8, 1000, 3};
+    const char *const seq[NIMPLS] = {
+        "", "+a:sqrt +a:denom -a:sqrt +b:sqrt +b:denom -b:sqrt -a:denom +c:sqrt +c:denom -c:sqrt -b:denom -c:denom",
+        "+a:sqrt +b:sqrt +c:sqrt -c:sqrt -b:sqrt -a:sqrt",
+        "+a:sqrt +b:sqrt +c:sqrt +a:denom +b:denom +c:denom -c:sqrt -b:sqrt -a:sqrt -c:denom -b:denom -a:denom"};
+    const uint64_t first[NIMPLS] = {0, 2 * 1000, 1308, 2 * 1308};
+    const uint64_t second[NIMPLS] = {0, 8 + 2 * 1000, 1011, 2 * 1011};
+    for (int meta = 0; meta < 2; meta++)
+        for (size_t k = 0; k < NIMPLS; k++) {
+            impl_peak_run(meta, OPTIM_ADAM, &impls[k], -1, largest_first, first[k], seq[k]);
+            impl_peak_run(meta, OPTIM_ADAM, &impls[k], -1, largest_second, second[k], seq[k]);
+            impl_peak_run(meta, OPTIM_ADAMW, &impls[k], 0.5f, largest_second, second[k], seq[k]); // decay in place
+        }
+    // Adam with L2 weight decay: grad.add(param, alpha=wd) is a new tensor (1.13's foreach adds it
+    // into .grad in place instead).
+    const char *const seq_l2[NIMPLS] = {
+        "",
+        "+a:grad_wd +a:sqrt +a:denom -a:sqrt -a:grad_wd +b:grad_wd +b:sqrt +b:denom -b:sqrt -a:denom -b:grad_wd "
+        "+c:grad_wd +c:sqrt +c:denom -c:sqrt -b:denom -c:grad_wd -c:denom",
+        "+a:grad_wd +b:grad_wd +c:grad_wd -c:grad_wd -b:grad_wd -a:grad_wd +a:sqrt +b:sqrt +c:sqrt -c:sqrt -b:sqrt "
+        "-a:sqrt",
+        seq[3]};
+    const uint64_t l2[NIMPLS] = {0, 8 + 3 * 1000, 1011, 2 * 1011};
+    for (int meta = 0; meta < 2; meta++)
+        for (size_t k = 0; k < NIMPLS; k++)
+            impl_peak_run(meta, OPTIM_ADAM, &impls[k], 0.5f, largest_second, l2[k], seq_l2[k]);
+}
+
+// The temporaries take the element size of the state (exp_avg_sq.sqrt() has its dtype): 2 bytes
+// in a pure 16-bit run, 4 with a float32 master copy.
+static void test_impl_temporaries_dtypes(void **state) {
+    (void)state;
+    for (int master = 0; master < 2; master++) {
+        assert_int_equal(mp_init(&(mp_options){.meta = true}), MP_OK);
+        ag_ctx *ctx = ag_ctx_new();
+        ag_meta_dtype d = {.act_bits = 16, .weight_bits = 16, .grad_bits = 16};
+        assert_true(ag_ctx_set_meta_dtype(ctx, &d));
+        enum { BIG = 1 << 20 };
+        ag_tensor *p = param(ctx, "a", BIG, NULL);
+        optim_config c = impl_cfg(OPTIM_ADAMW, &impls[1]);
+        c.state_bits = master ? 32 : 16;
+        c.master = master;
+        ag_err e_ = {""};
+        optim *o = optim_new(&c, &p, 1, &e_);
+        assert_non_null(o);
+        give_grad(ctx, p, NULL);
+        assert_int_equal(optim_step(o, &e_), 0);
+        assert_int_equal(mp_get_counter(MP_TEMPORARY).peak, 2 * (master ? 4 : 2) * (uint64_t)BIG);
+        assert_int_equal(live(MP_TEMPORARY), 0);
+        optim_free(o);
+        ag_release(p);
+        ag_ctx_free(ctx);
+        assert_all_zero();
+        mp_shutdown();
+    }
+}
+
+// SGD takes no notice of adam_impl; the default is fused.
+static void test_impl_sgd_and_default(void **state) {
+    for (int k = 0; k <= OPTIM_NONE; k++) {
+        optim_config d = optim_defaults((optim_kind)k);
+        assert_int_equal(d.adam_impl, OPTIM_ADAM_FUSED);
+        assert_false(d.torch_113_foreach);
+    }
+    optim_config c = cfg_of(OPTIM_SGD_MOMENTUM, 0.1f);
+    c.adam_impl = OPTIM_ADAM_FOREACH;
+    run_against_ref(*state, &c, "sgd-momentum, adam_impl foreach");
+    assert_int_equal(mp_get_counter(MP_TEMPORARY).allocations, 0);
+}
+
+// Every implementation against the double-precision reference, and against the fused pass
+// within a few float32 roundings (they differ only in how the last operations round:
+// w + (-lr/bc1·m)/denom against w - lr/bc1·(m/denom), and 1.13's exp_avg·b1 + (1-b1)·g against
+// exp_avg + (g - exp_avg)·(1-b1)), over several steps, on a parameter large enough for the
+// passes to run on several threads. The temporary category is back at zero after every step.
+#define FUSED_ULPS 8
+
+static void impl_vs_fused(ag_ctx *ctx, optim_kind kind, float wd, const impl_case *ic) {
+    enum { NP = 2, STEPS_F = 5 };
+    const int64_t sz[NP] = {70000, 5};
+    ag_tensor *pf[NP], *pi[NP];
+    for (int i = 0; i < NP; i++) pf[i] = param_n(ctx, "f", sz[i], (float)i), pi[i] = param_n(ctx, "i", sz[i], (float)i);
+    optim_config cf = impl_cfg(kind, &impls[0]), ci = impl_cfg(kind, ic);
+    if (wd >= 0) cf.weight_decay = ci.weight_decay = wd;
+    ag_err e_ = {""};
+    optim *of = optim_new(&cf, pf, NP, &e_), *oi = optim_new(&ci, pi, NP, &e_);
+    assert_non_null(of);
+    assert_non_null(oi);
+    for (int s = 0; s < STEPS_F; s++) {
+        for (int i = 0; i < NP; i++) {
+            float *g = grad_n(sz[i], s + 3 * i, 1.0f);
+            give_grad(ctx, pf[i], g);
+            give_grad(ctx, pi[i], g);
+            free(g);
+        }
+        assert_int_equal(optim_step(of, &e_), 0);
+        assert_int_equal(optim_step(oi, &e_), 0);
+        assert_int_equal(live(MP_TEMPORARY), 0);
+        for (int i = 0; i < NP; i++)
+            for (int64_t j = 0; j < sz[i]; j++) {
+                double a = pi[i]->data[j], b = pf[i]->data[j], scale = fmax(1.0, fabs(b));
+                double ulps = fabs(a - b) / (FLT_EPSILON * scale);
+                if (ulps > worst_vs_fused) worst_vs_fused = ulps;
+                if (!(ulps <= FUSED_ULPS))
+                    fail_msg("%s %s wd %g, step %d, element %lld of %lld: %.9g, fused %.9g (%.1f ulps of max(1, |w|))",
+                             ic->name, optim_kind_name(kind), (double)ci.weight_decay, s + 1, (long long)j,
+                             (long long)sz[i], a, b, ulps);
+            }
+        optim_zero_grad(of);
+        optim_zero_grad(oi);
+    }
+    optim_free(of);
+    optim_free(oi);
+    for (int i = 0; i < NP; i++) ag_release(pf[i]), ag_release(pi[i]);
+}
+
+static void test_impl_numerics(void **state) {
+    ag_ctx *ctx = *state;
+    for (size_t k = 1; k < NIMPLS; k++) {
+        impl_vs_fused(ctx, OPTIM_ADAM, -1, &impls[k]);
+        impl_vs_fused(ctx, OPTIM_ADAMW, -1, &impls[k]);
+        impl_vs_fused(ctx, OPTIM_ADAM, 0.25f, &impls[k]); // L2
+        char what[64];
+        optim_config c = impl_cfg(OPTIM_ADAM, &impls[k]);
+        snprintf(what, sizeof what, "adam %s", impls[k].name);
+        run_against_ref(ctx, &c, what);
+        c.beta1 = 0.5f, c.beta2 = 0.75f, c.eps = 1e-2f;
+        run_against_ref(ctx, &c, what);
+        c = impl_cfg(OPTIM_ADAM, &impls[k]);
+        c.weight_decay = 0.5f;
+        snprintf(what, sizeof what, "adam %s, weight_decay 0.5 (L2)", impls[k].name);
+        run_against_ref(ctx, &c, what);
+        c = impl_cfg(OPTIM_ADAMW, &impls[k]);
+        c.weight_decay = 0.5f;
+        snprintf(what, sizeof what, "adamw %s, weight_decay 0.5", impls[k].name);
+        run_against_ref(ctx, &c, what);
+    }
+    assert_int_equal(live(MP_TEMPORARY), 0);
+}
+
+// A step whose temporaries do not fit the budget fails and changes nothing, in every
+// implementation, at the first step (the state it made is given back) and at a later one (the
+// state keeps its values): the refused allocation is the one that crosses, named with the
+// budget; everything is back as before; with room again the same step runs. a is smaller than
+// b, so that a's temporaries fit and b's do not: a step that did not check first would have
+// updated a already.
+static void impl_budget_run(bool meta, optim_kind kind, const impl_case *ic, float wd, bool later, uint64_t peak_elems,
+                            const char *refused) {
+    enum { NA = 256, NB = 1024 };
+    const uint64_t budget = 1u << 20;
+    assert_int_equal(mp_init(&(mp_options){.meta = meta, .budget = budget}), MP_OK);
+    ag_ctx *ctx = ag_ctx_new();
+    assert_non_null(ctx);
+    ag_tensor *p[2] = {param_n(ctx, "a", NA, 0), param_n(ctx, "b", NB, 1)};
+    optim_config c = impl_cfg(kind, ic);
+    if (wd >= 0) c.weight_decay = wd;
+    ag_err e_ = {""};
+    char *err = e_.msg;
+    optim *o = optim_new(&c, p, 2, &e_);
+    assert_non_null(o);
+    ref_param ra[NB / N], rb[NB / N]; // the reference, N elements at a time
+    for (int i = 0; i < NA / N; i++) ref_init(&ra[i], meta ? w0 : p[0]->data + i * N, N);
+    for (int i = 0; i < NB / N; i++) ref_init(&rb[i], meta ? w0 : p[1]->data + i * N, N);
+    float *g[2] = {grad_n(NA, 0, 1.0f), grad_n(NB, 1, 1.0f)};
+    if (later) { // one step first, so that the state holds values
+        give_grad(ctx, p[0], meta ? NULL : g[0]);
+        give_grad(ctx, p[1], meta ? NULL : g[1]);
+        assert_int_equal(optim_step(o, &e_), 0);
+        for (int i = 0; i < NA / N; i++) ref_step(&c, &ra[i], g[0] + i * N);
+        for (int i = 0; i < NB / N; i++) ref_step(&c, &rb[i], g[1] + i * N);
+        optim_zero_grad(o);
+    }
+    give_grad(ctx, p[0], meta ? NULL : g[0]);
+    give_grad(ctx, p[1], meta ? NULL : g[1]);
+    // Room for the state (at the first step) and all but 4 bytes of the temporaries' peak.
+    const uint64_t room = (later ? 0 : 8 * (NA + NB)) + 4 * peak_elems - 4;
+    mp_block ballast;
+    assert_int_equal(mp_alloc(&ballast, budget - mp_live_total() - room, MP_ACTIVATION, "ballast"), MP_OK);
+    uint64_t before[MP_NCATEGORIES];
+    for (int k = 0; k < MP_NCATEGORIES; k++) before[k] = live((mp_category)k);
+    float wa[NA], wb[NB];
+    if (!meta) memcpy(wa, p[0]->data, sizeof wa), memcpy(wb, p[1]->data, sizeof wb);
+    long steps = optim_steps_taken(o);
+
+    assert_int_equal(optim_step(o, &e_), -1);
+    if (!strstr(err, refused) || !strstr(err, "budget"))
+        fail_msg("%s: the message does not name %s and the budget: \"%s\"", ic->name, refused, err);
+    const mp_oom_record *oom = mp_oom();
+    assert_true(oom->happened);
+    assert_int_equal(oom->category, MP_TEMPORARY);
+    assert_string_equal(mp_site_name(oom->site), refused);
+    for (int k = 0; k < MP_NCATEGORIES; k++)
+        if (live((mp_category)k) != before[k])
+            fail_msg("%s: %s holds %llu bytes after the failed step, %llu before", ic->name,
+                     mp_category_name((mp_category)k), (unsigned long long)live((mp_category)k),
+                     (unsigned long long)before[k]);
+    if (!meta) {
+        assert_memory_equal(p[0]->data, wa, sizeof wa);
+        assert_memory_equal(p[1]->data, wb, sizeof wb);
+    }
+    assert_int_equal(optim_steps_taken(o), steps);
+
+    // With room again the same step runs, from the state as it was.
+    mp_free(&ballast);
+    assert_int_equal(optim_step(o, &e_), 0);
+    assert_int_equal(live(MP_OPTIMIZER), 8 * (NA + NB));
+    assert_int_equal(live(MP_TEMPORARY), 0);
+    assert_int_equal(optim_steps_taken(o), steps + 1);
+    for (int i = 0; !meta && i < NA / N; i++) {
+        ref_step(&c, &ra[i], g[0] + i * N);
+        assert_matches(p[0]->data + i * N, &ra[i], "a, after the retried step", later ? 2 : 1);
+    }
+    for (int i = 0; !meta && i < NB / N; i++) {
+        ref_step(&c, &rb[i], g[1] + i * N);
+        assert_matches(p[1]->data + i * N, &rb[i], "b, after the retried step", later ? 2 : 1);
+    }
+    optim_zero_grad(o);
+    optim_free(o);
+    ag_release(p[0]);
+    ag_release(p[1]);
+    ag_ctx_free(ctx);
+    free(g[0]);
+    free(g[1]);
+    assert_all_zero();
+    mp_shutdown();
+}
+
+static void test_impl_budget(void **state) {
+    (void)state;
+    // a 1 KiB, b 4 KiB: for-loop a:sqrt a:denom, a:sqrt goes, b:sqrt b:denom = 1 + 4 + 4 KiB;
+    // foreach 1 + 4; 1.13 2 x (1 + 4); L2 for-loop 1 + 3 x 4, L2 foreach its grad list 1 + 4.
+    for (int meta = 0; meta < 2; meta++)
+        for (int later = 0; later < 2; later++) {
+            impl_budget_run(meta, OPTIM_ADAM, &impls[1], -1, later, 256 + 2 * 1024, "b:denom");
+            impl_budget_run(meta, OPTIM_ADAMW, &impls[2], -1, later, 256 + 1024, "b:sqrt");
+            impl_budget_run(meta, OPTIM_ADAM, &impls[3], -1, later, 2 * (256 + 1024), "b:denom");
+            impl_budget_run(meta, OPTIM_ADAM, &impls[1], 0.25f, later, 256 + 3 * 1024, "b:denom");
+            impl_budget_run(meta, OPTIM_ADAM, &impls[2], 0.25f, later, 256 + 1024, "b:grad_wd");
+        }
+}
+
+// An allocation the budget did not foretell (the allocator out of memory) stopping a step part
+// way: the for-loop leaves a (before the failure) stepped and b untouched, its state kept and its
+// temporaries freed, no step counted; a retry steps a again and b for the first time. foreach
+// asks for its whole list first and changes nothing, state included; foreach with L2 weight
+// decay fails at its sqrt list after the moments, leaving them (and the step counts) updated and
+// no weight moved.
+static void test_impl_unforeseen_failure(void **state) {
+    ag_ctx *ctx = *state;
+    enum { NA = 16, NB = 8 };
+    for (int k = 0; k < 3; k++) {
+        const impl_case *ic = &impls[k == 0 ? 1 : 2];
+        ag_tensor *p[2] = {param_n(ctx, "a", NA, 0), param_n(ctx, "b", NB, 1)};
+        optim_config c = impl_cfg(OPTIM_ADAM, ic);
+        if (k == 2) c.weight_decay = 0.25f;
+        ag_err e_ = {""};
+        optim *o = optim_new(&c, p, 2, &e_);
+        assert_non_null(o);
+        ref_param ra[NA / N], rb;
+        for (int i = 0; i < NA / N; i++) ref_init(&ra[i], p[0]->data + i * N, N);
+        ref_init(&rb, p[1]->data, NB);
+        float *g[2] = {grad_n(NA, 0, 1.0f), grad_n(NB, 1, 1.0f)};
+        float wa[NA], wb[NB];
+        memcpy(wa, p[0]->data, sizeof wa);
+        memcpy(wb, p[1]->data, sizeof wb);
+        give_grad(ctx, p[0], g[0]);
+        give_grad(ctx, p[1], g[1]);
+        fail_site = "b:sqrt";
+        assert_int_equal(optim_step(o, &e_), -1);
+        fail_site = NULL;
+        if (!strstr(e_.msg, "b:sqrt") || !strstr(e_.msg, "out of memory"))
+            fail_msg("%s: \"%s\" does not name b:sqrt and the allocator", ic->name, e_.msg);
+        assert_int_equal(live(MP_TEMPORARY), 0);
+        assert_int_equal(optim_steps_taken(o), 0);
+        assert_memory_equal(p[1]->data, wb, sizeof wb);
+        if (k == 1) { // nothing changed
+            assert_int_equal(live(MP_OPTIMIZER), 0);
+            assert_memory_equal(p[0]->data, wa, sizeof wa);
+        } else if (k == 2) { // the moments moved, no weight did
+            assert_int_equal(live(MP_OPTIMIZER), 8 * (NA + NB));
+            assert_memory_equal(p[0]->data, wa, sizeof wa);
+        } else { // a stepped, b untouched
+            assert_int_equal(live(MP_OPTIMIZER), 8 * (NA + NB));
+            for (int i = 0; i < NA / N; i++) {
+                ref_step(&c, &ra[i], g[0] + i * N);
+                assert_matches(p[0]->data + i * N, &ra[i], "a, stepped before the failure", 1);
+            }
+        }
+        assert_int_equal(optim_step(o, &e_), 0);
+        assert_int_equal(live(MP_TEMPORARY), 0);
+        assert_int_equal(optim_steps_taken(o), 1);
+        if (k < 2) {
+            for (int i = 0; i < NA / N; i++) {
+                ref_step(&c, &ra[i], g[0] + i * N); // for-loop: a's second step
+                assert_matches(p[0]->data + i * N, &ra[i], "a, after the retry", k == 0 ? 2 : 1);
+            }
+            ref_step(&c, &rb, g[1]);
+            assert_matches(p[1]->data, &rb, "b, after the retry", 1);
+        }
+        optim_zero_grad(o);
+        optim_free(o);
+        ag_release(p[0]);
+        ag_release(p[1]);
+        free(g[0]);
+        free(g[1]);
+    }
+}
+
+static void test_parse_adam_impl(void **state) {
+    (void)state;
+    const char *names[] = {"fused", "for-loop", "foreach"};
+    for (int k = 0; k < 3; k++) {
+        optim_adam_impl i = (optim_adam_impl)-1;
+        assert_true(optim_parse_adam_impl(names[k], &i));
+        assert_int_equal(i, k);
+        assert_string_equal(optim_adam_impl_name(i), names[k]);
+    }
+    assert_int_equal(OPTIM_ADAM_FUSED, 0);
+    const char *bad[] = {"", "for_loop", "forloop", "Foreach", "fused ", "multi-tensor", NULL};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        optim_adam_impl k = OPTIM_ADAM_FOREACH;
+        assert_false(optim_parse_adam_impl(bad[i], &k));
+        assert_int_equal(k, OPTIM_ADAM_FOREACH); // untouched
+    }
+    assert_string_equal(optim_adam_impl_name((optim_adam_impl)7), "?");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Names and settings
 
 static void test_parse_kind(void **state) {
@@ -814,6 +1267,8 @@ static void test_invalid_settings(void **state) {
 static int print_worst(void **state) {
     (void)state;
     printf("worst error against the double-precision reference: %.3g x max(1, |w|)\n", worst_seen);
+    printf("worst for-loop / foreach difference to the fused pass: %.2f float32 epsilons x max(1, |w|)\n",
+           worst_vs_fused);
     return 0;
 }
 
@@ -839,6 +1294,13 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_dtypes_refused_in_real_runs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parse_kind, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_settings, setup, teardown),
+        cmocka_unit_test(test_impl_temporaries),
+        cmocka_unit_test(test_impl_temporaries_dtypes),
+        cmocka_unit_test_setup_teardown(test_impl_sgd_and_default, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_impl_numerics, setup, teardown),
+        cmocka_unit_test(test_impl_budget),
+        cmocka_unit_test_setup_teardown(test_impl_unforeseen_failure, setup, teardown),
+        cmocka_unit_test(test_parse_adam_impl),
     };
     return cmocka_run_group_tests(tests, NULL, print_worst);
 }
