@@ -64,8 +64,12 @@ static void test_headline_is_train_step_2_for_every_preset(void **state) {
     char names[32][32];
     int n = presets(names, 32);
     assert_true(n >= 10);
-    const char *settings[] = {"", "--seq-len 256 --batch 2 --dtype bf16-mixed --optimizer adamw --checkpointing",
-                              "--seq-len 64 --dtype bf16 --optimizer sgd-momentum", "--optimizer none"};
+    // --adam-impl foreach: plan's default (train's is for-loop).
+    const char *settings[] = {
+        "--adam-impl foreach",
+        "--seq-len 256 --batch 2 --dtype bf16-mixed --optimizer adamw --checkpointing --adam-impl "
+        "foreach",
+        "--seq-len 64 --dtype bf16 --optimizer sgd-momentum", "--optimizer none"};
     for (int p = 0; p < n; p++)
         for (size_t k = 0; k < sizeof settings / sizeof *settings; k++) {
             char a[512];
@@ -157,7 +161,8 @@ static void test_device_share_is_step_2_replayed(void **state) {
         for (int z = 0; z <= 3; z++) {
             char a[2048], csv[512];
             snprintf(csv, sizeof csv, "%s/steps.csv", dir);
-            snprintf(a, sizeof a, "train --meta --steps 2 --model %s --seq-len 512 --timeline %s", models[m], csv);
+            snprintf(a, sizeof a, "train --meta --steps 2 --adam-impl foreach --model %s --seq-len 512 --timeline %s",
+                     models[m], csv);
             json_t *train = json_run(a);
             snprintf(a, sizeof a, "plan --model %s --seq-len 512 --gpus 8 --zero %d", models[m], z);
             json_t *plan = json_run(a);
