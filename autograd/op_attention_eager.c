@@ -157,12 +157,13 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     // The score matmul's operands. B > 1: it cannot view q [B, Hq, Tq, D] (laid out [B, Tq, Hq, D])
     // as a batch of matrices, so it keeps a contiguous copy instead of q (autocast's cast is one).
     const bool copied = B > 1 || (cast && q->bits > 16);
-    ag_tensor *qk = !copied ? ag_retain(q)
-                            : act_bits(ctx, s->base, cast && q->bits > 16 ? "q_bf16" : "q_bmm", q_shape,
-                                       cast ? 16 : q->bits);
+    ag_tensor *qk =
+        !copied ? ag_retain(q)
+                : act_bits(ctx, s->base, cast && q->bits > 16 ? "q_bf16" : "q_bmm", q_shape, cast ? 16 : q->bits);
     if (copied && qk && !meta) to_heads(qk->data, q->data, B, Tq, a->Hq, a->Hq, a->D);
     krep = autocast_operand(ctx, s->base, "k_bf16", krep);
-    ag_tensor *scale = NULL, *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale) : NULL;
+    ag_tensor *scale = NULL,
+              *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale) : NULL;
     // probs @ v: `.to(query.dtype)` casts a 16-bit model's probabilities back; autocast casts both.
     ag_tensor *pc = NULL;
     if (probs && (q->bits < 32 || cast))
@@ -171,20 +172,14 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     const int cbits = cast ? 16 : (pc ? pc->bits : 32);
     ag_tensor *c = probs ? act_bits(ctx, s->base, "context", q_shape, cbits) : NULL;
     if (c && vrep && !meta) context(c->data, probs->data, vrep->data, a);
-    ag_tensor *out =
-        c ? ag_tensor_new_bits(ctx, 3, (int64_t[]){B, Tq, Hq * D}, MP_ACTIVATION, s->out, cbits) : NULL;
+    ag_tensor *out = c ? ag_tensor_new_bits(ctx, 3, (int64_t[]){B, Tq, Hq * D}, MP_ACTIVATION, s->out, cbits) : NULL;
     if (out && !meta) untranspose(out->data, c->data, a);
     ag_release(c);
     ag_tensor *ins[] = {q, k, v};
     ag_node *n = out && vrep && rec && ctx->status == AG_OK ? ag_record(ctx, &eager_op, s->base, out, 3, ins) : NULL;
     if (n) {
-        n->state.attention = (ag_attention_state){.q = qk,
-                                                  .probs = probs,
-                                                  .k_rep = krep,
-                                                  .v_rep = vrep,
-                                                  .scale = scale,
-                                                  .probs_cast = pc,
-                                                  .dims = *a};
+        n->state.attention = (ag_attention_state){
+            .q = qk, .probs = probs, .k_rep = krep, .v_rep = vrep, .scale = scale, .probs_cast = pc, .dims = *a};
         return out;
     }
     ag_release(qk), ag_release(probs), ag_release(krep), ag_release(vrep), ag_release(scale), ag_release(pc);

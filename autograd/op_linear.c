@@ -65,7 +65,8 @@ static ag_tensor *linear_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tens
         ag_release(wc);
         wc = ag_tensor_new_bits(ctx, 2, w->shape, MP_ACTIVATION, l, 16);
     }
-    ag_tensor *y = xc && wc ? ag_tensor_new_bits(ctx, x->ndim, shape, MP_ACTIVATION, s->out, cast ? 16 : x->bits) : NULL;
+    ag_tensor *y =
+        xc && wc ? ag_tensor_new_bits(ctx, x->ndim, shape, MP_ACTIVATION, s->out, cast ? 16 : x->bits) : NULL;
     if (y && !mp_is_meta()) { // real runs are float32: xc and wc are x and w
         if (ag_skinny_forward_available(M))
             ag_skinny_forward(x->data, w->data, y->data, M, out, in);

@@ -110,8 +110,8 @@ static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_ten
         ag_release(h);
         h = hb;
     }
-    ag_tensor *y = h ? ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, s->out, ag_max_bits(w->bits, h->bits))
-                     : NULL;
+    ag_tensor *y =
+        h ? ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, s->out, ag_max_bits(w->bits, h->bits)) : NULL;
     ag_node *n = y && xf && rstd && rec ? ag_record(ctx, &rmsnorm_op, s->base, y, 2, ins) : NULL;
     if (!y || !xf || !rstd || (rec && !n) || (keep_sq && !sq)) {
         ag_release(xf), ag_release(sq), ag_release(rstd), ag_release(h), ag_release(y);

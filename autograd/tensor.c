@@ -109,8 +109,7 @@ static bool shape_ok(ag_ctx *ctx, int ndim, const int64_t *shape, const char *la
 
 // fp32: billed at 4 bytes an element whatever the dtype (statistics autocast keeps in float32).
 // bits 0: the category's size under the context's dtype (ag_billed_bytes).
-static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site,
-                             int bits) {
+static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site, int bits) {
     if (!ctx || ctx->status != AG_OK) return NULL;
     const char *label = site && *site ? site : "anon";
     int64_t numel = 0;

@@ -46,9 +46,8 @@ bool cli_parse_weight_dtype(const char *name, long group_size, cli_dtype *d) {
 }
 
 bool cli_dtype_is_f32(const cli_dtype *d) {
-    return !d->name ||
-           (d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32 && d->state_bits == 32 && !d->master &&
-            !d->autocast);
+    return !d->name || (d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32 && d->state_bits == 32 &&
+                        !d->master && !d->autocast);
 }
 
 ag_meta_dtype cli_meta_dtype(const cli_dtype *d) {

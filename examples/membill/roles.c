@@ -6,8 +6,20 @@
 #include <string.h>
 
 static const char *const role_names[CLI_NROLES] = {"autocast_weight_cast",
-    "embed",        "norm", "residual",   "attn_qkv", "attn_rope", "attn_repeat_kv", "attn_probs",
-    "attn_context", "mlp",  "final_norm", "logits",   "loss",      "rope_cos_sin",   "other"};
+                                                   "embed",
+                                                   "norm",
+                                                   "residual",
+                                                   "attn_qkv",
+                                                   "attn_rope",
+                                                   "attn_repeat_kv",
+                                                   "attn_probs",
+                                                   "attn_context",
+                                                   "mlp",
+                                                   "final_norm",
+                                                   "logits",
+                                                   "loss",
+                                                   "rope_cos_sin",
+                                                   "other"};
 
 const char *cli_role_name(int role) { return role >= 0 && role < CLI_NROLES ? role_names[role] : "?"; }
 
