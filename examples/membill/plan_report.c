@@ -160,8 +160,11 @@ static void text_fit(FILE *out, const plan_view *v) {
 static void report_train_text(FILE *out, const plan_view *v) {
     const plan_setting *s = v->s;
     char pc[32];
-    fprintf(out, "membill plan: %s, %s parameters, batch %ld x %ld tokens, %s, %s\n", s->cfg.name,
-            cli_commas(pc, sizeof pc, v->cf->params), s->batch, s->seq_len, optim_kind_name(s->ocfg.kind),
+    char impl[32] = "";
+    if (s->ocfg.kind == OPTIM_ADAM || s->ocfg.kind == OPTIM_ADAMW)
+        snprintf(impl, sizeof impl, " (%s)", optim_adam_impl_name(s->ocfg.adam_impl));
+    fprintf(out, "membill plan: %s, %s parameters, batch %ld x %ld tokens, %s%s, %s\n", s->cfg.name,
+            cli_commas(pc, sizeof pc, v->cf->params), s->batch, s->seq_len, optim_kind_name(s->ocfg.kind), impl,
             s->dt.long_name);
     fprintf(out,
             "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n");
@@ -314,6 +317,8 @@ static json_t *run_json(const plan_setting *s) {
         json_object_set_new(run, "new_tokens", json_integer(s->new_tokens));
     else
         json_object_set_new(run, "optimizer", json_string(optim_kind_name(s->ocfg.kind)));
+    bool adam = !s->infer && (s->ocfg.kind == OPTIM_ADAM || s->ocfg.kind == OPTIM_ADAMW);
+    json_object_set_new(run, "adam_impl", adam ? json_string(optim_adam_impl_name(s->ocfg.adam_impl)) : json_null());
     json_object_set_new(run, "dtype", json_string(s->dt.long_name));
     json_object_set_new(run, "weight_dtype", json_string(plan_weight_dtype_name(&s->dt)));
     json_object_set_new(run, "meta", json_true());
