@@ -100,9 +100,12 @@ static void print_table(FILE *f, const void *arg, bool failed) {
     char a[64], b[64];
     fprintf(f,
             "membill compare: %s; training: batch %ld x %ld tokens, %s; inference: batch %ld x %ld-token prompt + %ld "
-            "new, %s\n\n",
+            "new, %s\n",
             tr->cfg.name, tr->batch, tr->seq_len, optim_kind_name(tr->ocfg.kind), ir->batch, ir->seq_len,
             ir->new_tokens, ir->use_cache ? "KV cache" : "no cache");
+    if (tr->ocfg.kind == OPTIM_ADAM || tr->ocfg.kind == OPTIM_ADAMW)
+        fprintf(f, "adam: %s; ", optim_adam_impl_name(tr->ocfg.adam_impl));
+    fprintf(f, "framework: %s\n\n", cli_framework_text(tr->framework));
     fprintf(f, "  %-11s %-36s %-36s\n", "category", "training step (peak)", "inference (peak)");
     for (int c = 0; c < MP_NCATEGORIES; c++)
         fprintf(f, "  %-11s %-36s %-36s\n", mp_category_name(c), mp_format_bytes(a, sizeof a, t->peak[c]),

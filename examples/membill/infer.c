@@ -197,10 +197,11 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
     const infer_run *r = &((const infer_cmd *)arg)->r;
     const llama_generate_stats *st = &r->stats;
     char b[80];
-    fprintf(f, "membill infer: %s, batch %ld x %ld-token prompt, %ld new tokens, greedy, %s, %s%s%s%s\n\n", r->cfg.name,
+    fprintf(f, "membill infer: %s, batch %ld x %ld-token prompt, %ld new tokens, greedy, %s, %s%s%s%s\n", r->cfg.name,
             r->batch, r->seq_len, r->new_tokens, r->use_cache ? "with the KV cache" : "without a cache (recomputing)",
             r->dtype.name ? r->dtype.long_name : "float32", r->dtype.weight_name ? ", weights " : "",
             r->dtype.weight_name ? r->dtype.weight_name : "", r->meta ? ", meta (shapes only)" : "");
+    fprintf(f, "framework: %s\n\n", cli_framework_text(r->framework));
     if (failed) fprintf(f, "(FAILED after %lld of %ld forwards: see below)\n\n", (long long)st->steps, r->new_tokens);
     mp_report_text(f);
     cli_breakdown_text(f, (long)r->cfg.layers);
