@@ -50,6 +50,7 @@ struct ag_ctx {
     bool grad_enabled;
     ag_meta_dtype dtype; // element sizes billed (meta mode); float32 by default
     ag_framework framework;
+    ag_attention_kind attention;
     ag_node **tape;
     size_t ntape, cap;
     ag_status status;

@@ -98,6 +98,13 @@ typedef enum { AG_FRAMEWORK_LEAN, AG_FRAMEWORK_PYTORCH, AG_FRAMEWORK_PYTORCH_113
 void ag_ctx_set_framework(ag_ctx *ctx, ag_framework f);
 ag_framework ag_ctx_framework(const ag_ctx *ctx);
 
+// Which attention ag_attention and ag_attention_cached compute: EAGER materialises the T x T
+// probabilities; FLASH walks key/value tiles with an online softmax and keeps a log-sum-exp
+// per query row instead (FlashAttention-2). EAGER by default.
+typedef enum { AG_ATTENTION_EAGER, AG_ATTENTION_FLASH } ag_attention_kind;
+void ag_ctx_set_attention(ag_ctx *ctx, ag_attention_kind a);
+ag_attention_kind ag_ctx_attention(const ag_ctx *ctx);
+
 // Meta mode can bill other dtypes. Real runs compute in float32; in meta mode (no data) a
 // context may bill its allocations at other element sizes, so that one run of the same code
 // gives the bill of a 16-bit, mixed-precision or quantised setting. Categories: weight at

@@ -35,6 +35,12 @@ void ag_ctx_set_framework(ag_ctx *ctx, ag_framework f) {
 
 ag_framework ag_ctx_framework(const ag_ctx *ctx) { return ctx ? ctx->framework : AG_FRAMEWORK_LEAN; }
 
+void ag_ctx_set_attention(ag_ctx *ctx, ag_attention_kind a) {
+    if (ctx && (a == AG_ATTENTION_EAGER || a == AG_ATTENTION_FLASH)) ctx->attention = a;
+}
+
+ag_attention_kind ag_ctx_attention(const ag_ctx *ctx) { return ctx ? ctx->attention : AG_ATTENTION_EAGER; }
+
 ag_status ag_ctx_status(const ag_ctx *ctx) { return ctx->status; }
 
 const char *ag_ctx_error(const ag_ctx *ctx) { return ctx->status == AG_OK ? NULL : ctx->msg; }

@@ -45,6 +45,7 @@ static int claim_order(const void *a, const void *b) {
 
 // --framework: the memory semantics every run of the check is billed under.
 static ag_framework check_framework = AG_FRAMEWORK_PYTORCH;
+static ag_attention_kind check_attention = AG_ATTENTION_EAGER;
 
 static const char *mb(char *buf, size_t n, uint64_t bytes) { return mp_format_bytes(buf, n, bytes); }
 
@@ -69,6 +70,7 @@ static int meta_train(const llama_config *c, long B, long T, uint64_t peak[MP_NC
     r.nsteps = 1;
     r.meta = true;
     r.framework = check_framework;
+    r.attention = check_attention;
     int rc = cli_train_run(&r, err);
     for (int i = 0; i < MP_NCATEGORIES; i++) peak[i] = mp_get_counter(i).peak;
     if (logits) *logits = first_alloc_at("lm_head:logits");
@@ -96,6 +98,7 @@ static int generate_dt(const llama_config *c, long B, long T, long N, bool cache
     r.new_tokens = N;
     r.use_cache = cache;
     r.framework = check_framework;
+    r.attention = check_attention;
     r.ids = meta ? NULL : malloc((size_t)(B * T) * sizeof *r.ids);
     for (long i = 0; r.ids && i < B * T; i++) r.ids[i] = (int32_t)((i * 7919 + 13) % c->vocab);
     int rc = r.ids || meta ? cli_infer_run(&r, err) : -1;
@@ -351,6 +354,7 @@ int cmd_check(const cli_options *o) {
     bool quiet = o->quiet || (o->json && strcmp(o->json, "-") == 0);
     ag_set_num_threads((int)o->threads);
     cli_parse_framework(o->framework, &check_framework);
+    cli_parse_attention(o->attention, &check_attention);
     cli_progress_begin(o);
     int rc = check_weights_and_training(&k, &c, &err);
     if (rc == 0) rc = check_cache(&k, &c, &err);

@@ -37,7 +37,7 @@ typedef struct {
     const char *model, *config, *weights, *tokens;
     long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size;
     uint64_t seed, budget, device_memory, overhead;
-    const char *optimizer, *adam_impl, *dtype, *weight_dtype, *framework;
+    const char *optimizer, *adam_impl, *dtype, *weight_dtype, *framework, *attention;
     double lr;
     bool meta, help, quiet, explain, checkpointing, no_cache, no_speed, list, infer, progress;
     const char *json, *timeline, *dump_grads, *save_weights, *svg, *trace, *html;
@@ -60,6 +60,10 @@ bool cli_parse_framework(const char *name, ag_framework *out);
 const char *cli_framework_name(ag_framework f);
 // One line for reports: the name and what it means.
 const char *cli_framework_text(ag_framework f);
+// --attention: "eager", "flash" (NULL is eager). False for anything else.
+bool cli_parse_attention(const char *name, ag_attention_kind *out);
+const char *cli_attention_name(ag_attention_kind a);
+const char *cli_attention_text(ag_attention_kind a);
 
 // What each category is billed at. Real runs compute in float32; the others are bills of
 // meta mode (the same code, allocations at these element sizes).
@@ -164,6 +168,7 @@ typedef struct {
     bool torn_down_clean; // every tensor category back at zero afterwards
     cli_dtype dtype;      // anything but float32 needs meta
     ag_framework framework;
+    ag_attention_kind attention;
     bool meta, checkpointing;
     uint64_t seed;
     bool dump_grads, save_weights; // through save, after the last backward / optimizer step
@@ -230,6 +235,7 @@ typedef struct {
     bool torn_down_clean;
     cli_dtype dtype; // anything but float32 needs meta
     ag_framework framework;
+    ag_attention_kind attention;
     bool meta;
     uint64_t seed;
 } infer_run;

@@ -105,7 +105,8 @@ static void print_table(FILE *f, const void *arg, bool failed) {
             ir->new_tokens, ir->use_cache ? "KV cache" : "no cache");
     if (tr->ocfg.kind == OPTIM_ADAM || tr->ocfg.kind == OPTIM_ADAMW)
         fprintf(f, "adam: %s; ", optim_adam_impl_name(tr->ocfg.adam_impl));
-    fprintf(f, "framework: %s\n\n", cli_framework_text(tr->framework));
+    fprintf(f, "framework: %s; attention: %s\n\n", cli_framework_text(tr->framework),
+            cli_attention_text(tr->attention));
     fprintf(f, "  %-11s %-36s %-36s\n", "category", "training step (peak)", "inference (peak)");
     for (int c = 0; c < MP_NCATEGORIES; c++)
         fprintf(f, "  %-11s %-36s %-36s\n", mp_category_name(c), mp_format_bytes(a, sizeof a, t->peak[c]),
@@ -159,6 +160,7 @@ int cmd_compare(const cli_options *o) {
         c.tr.meta = o->meta;
         c.tr.seed = o->seed;
         c.tr.framework = c.ir.framework;
+        c.tr.attention = c.ir.attention;
         if (c.tr.seq_len < 2) {
             ag_err_set(&err, "a training step needs at least 2 tokens, not %ld", c.tr.seq_len);
             rc = EXIT_USAGE;

@@ -95,8 +95,25 @@ const char *cli_framework_name(ag_framework f) {
 const char *cli_framework_text(ag_framework f) {
     switch (f) {
     case AG_FRAMEWORK_PYTORCH:
-        return "pytorch (Hugging Face transformers' LlamaForCausalLM, eager attention, current PyTorch)";
+        return "pytorch (Hugging Face transformers' LlamaForCausalLM on current PyTorch)";
     case AG_FRAMEWORK_PYTORCH_113: return "pytorch-1.13 (Hugging Face transformers' LlamaForCausalLM on PyTorch 1.13)";
     default: return "lean (minimal saved sets: fused RMSNorm, GQA-aware attention, fused cross-entropy)";
     }
+}
+
+bool cli_parse_attention(const char *name, ag_attention_kind *out) {
+    if (!name || strcmp(name, "eager") == 0)
+        *out = AG_ATTENTION_EAGER;
+    else if (strcmp(name, "flash") == 0)
+        *out = AG_ATTENTION_FLASH;
+    else
+        return false;
+    return true;
+}
+
+const char *cli_attention_name(ag_attention_kind a) { return a == AG_ATTENTION_FLASH ? "flash" : "eager"; }
+
+const char *cli_attention_text(ag_attention_kind a) {
+    return a == AG_ATTENTION_FLASH ? "flash (no T x T tensor: log-sum-exp rows kept)"
+                                   : "eager (the probabilities materialised)";
 }

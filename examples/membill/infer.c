@@ -48,6 +48,7 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     r->meta = o->meta;
     r->seed = o->seed;
     cli_parse_framework(o->framework, &r->framework);
+    cli_parse_attention(o->attention, &r->attention);
     if (o->cmd == CLI_INFER && !cli_infer_dtype(o, &r->dtype, err)) return EXIT_USAGE;
     if (o->cmd != CLI_INFER) cli_parse_dtype("fp32", &r->dtype);
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
@@ -95,6 +96,7 @@ int cli_infer_run(infer_run *r, ag_err *err) {
         return -1;
     }
     ag_ctx_set_framework(ctx, r->framework);
+    ag_ctx_set_attention(ctx, r->attention);
     ag_set_grad_enabled(ctx, false);
     mp_set_phase(MP_PHASE_LOAD);
     if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, &m, err) != 0) goto done;
@@ -148,6 +150,7 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(run, "new_tokens", json_integer(r->new_tokens));
     json_object_set_new(run, "cache", json_boolean(r->use_cache));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
     json_object_set_new(run, "dtype", json_string(r->dtype.name ? r->dtype.long_name : "float32"));
     json_object_set_new(run, "weight_dtype",
                         json_string(r->dtype.weight_name ? r->dtype.weight_name
@@ -201,7 +204,7 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
             r->batch, r->seq_len, r->new_tokens, r->use_cache ? "with the KV cache" : "without a cache (recomputing)",
             r->dtype.name ? r->dtype.long_name : "float32", r->dtype.weight_name ? ", weights " : "",
             r->dtype.weight_name ? r->dtype.weight_name : "", r->meta ? ", meta (shapes only)" : "");
-    fprintf(f, "framework: %s\n\n", cli_framework_text(r->framework));
+    fprintf(f, "framework: %s; attention: %s\n\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
     if (failed) fprintf(f, "(FAILED after %lld of %ld forwards: see below)\n\n", (long long)st->steps, r->new_tokens);
     mp_report_text(f);
     cli_breakdown_text(f, (long)r->cfg.layers);

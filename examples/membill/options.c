@@ -49,6 +49,9 @@ static const opt_spec specs[] = {
      "pytorch|pytorch-1.13|lean",
      "memory semantics: pytorch (HF transformers on current PyTorch, eager attention), pytorch-1.13 (the same "
      "on PyTorch 1.13), lean (minimal saved sets, as fused kernels keep)"},
+    {"--attention", "NAME", T_CHOICE, OFF(attention), TR | IN | CO | PL | CH, "eager", 0, NULL, 0, 0, "eager|flash",
+     "eager (the T x T probabilities materialised, as HF's eager path) or flash (FlashAttention-2: key/value tiles "
+     "with an online softmax, no T x T tensor, as SDPA's flash kernel)"},
     {"--optimizer", "NAME", T_CHOICE, OFF(optimizer), TR | CO | PL, "adam", 0, NULL, 0, 0,
      "adam|adamw|sgd|sgd-momentum|none", "the optimizer, with torch.optim's defaults"},
     {"--adam-impl", "NAME", T_CHOICE, OFF(adam_impl), TR | CO | PL, "for-loop", PL, "foreach", 0, 0,

@@ -28,6 +28,7 @@ static int meta_step(const plan_setting *s, long B, long T, step_record *steps, 
     r.meta = true;
     r.checkpointing = s->checkpointing;
     r.framework = s->framework;
+    r.attention = s->attention;
     return cli_train_run(&r, err);
 }
 
@@ -43,6 +44,7 @@ static int meta_generate(const plan_setting *s, long B, long T, ag_err *err) {
     r.dtype = s->dt;
     r.meta = true;
     r.framework = s->framework;
+    r.attention = s->attention;
     int rc = cli_infer_run(&r, err);
     cli_infer_free(&r);
     return rc;
@@ -184,6 +186,7 @@ static void plan_setting_from(const cli_options *o, plan_setting *s) {
     optim_kind kind = OPTIM_ADAM;
     s->infer = o->infer;
     cli_parse_framework(o->framework, &s->framework);
+    cli_parse_attention(o->attention, &s->attention);
     optim_parse_kind(o->optimizer, &kind);
     if (s->infer) {
         ag_err e;

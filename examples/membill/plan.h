@@ -30,6 +30,7 @@ typedef struct {
     long new_tokens;    // --infer: tokens generated after the prompt (the cache ends at seq + new - 1)
     bool checkpointing; // training: every block recomputed in backward
     ag_framework framework;
+    ag_attention_kind attention;
 } plan_setting;
 
 // One device's share: model states as ZeRO shards them (stage 1 the optimizer state, 2 also

@@ -168,7 +168,7 @@ static void report_train_text(FILE *out, const plan_view *v) {
             s->dt.long_name);
     fprintf(out,
             "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n");
-    fprintf(out, "framework: %s\n", cli_framework_text(s->framework));
+    fprintf(out, "framework: %s; attention: %s\n", cli_framework_text(s->framework), cli_attention_text(s->attention));
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     text_states(out, v);
@@ -323,6 +323,7 @@ static json_t *run_json(const plan_setting *s) {
     json_object_set_new(run, "weight_dtype", json_string(plan_weight_dtype_name(&s->dt)));
     json_object_set_new(run, "meta", json_true());
     json_object_set_new(run, "framework", json_string(cli_framework_name(s->framework)));
+    json_object_set_new(run, "attention", json_string(cli_attention_name(s->attention)));
     if (!s->infer) json_object_set_new(run, "checkpointing", json_boolean(s->checkpointing));
     json_object_set_new(run, "gpus", json_integer(s->gpus));
     json_object_set_new(run, "zero", json_integer(s->zero));

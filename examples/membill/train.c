@@ -213,6 +213,7 @@ static json_t *report_json(const void *arg, bool failed) {
     json_object_set_new(run, "steps", json_integer(r->nsteps));
     json_object_set_new(run, "optimizer", json_string(optim_kind_name(r->ocfg.kind)));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
     json_object_set_new(run, "adam_impl", adam(r) ? json_string(optim_adam_impl_name(r->ocfg.adam_impl)) : json_null());
     json_object_set_new(run, "lr", json_real(t->o->lr));
     json_object_set_new(run, "dtype", json_string(r->dtype.long_name));
@@ -295,7 +296,7 @@ static void report_text(FILE *f, const void *arg, bool failed) {
             cli_commas(p, sizeof p, llama_param_count(&r->cfg)), r->batch, r->seq_len, optim_kind_name(r->ocfg.kind),
             impl, t->o->lr, r->dtype.long_name, r->meta ? ", meta (shapes only)" : "",
             failed ? " (FAILED: see below)" : "");
-    fprintf(f, "framework: %s\n", cli_framework_text(r->framework));
+    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
     if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
     if (!r->meta && r->steps[0].phases_done >= 1)
         fprintf(f, "loss %.4f (a random init is near ln(vocab) = %.4f)\n", r->steps[0].loss, log((double)r->cfg.vocab));

@@ -20,6 +20,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     optim_parse_kind(o->optimizer, &kind); // the table allows only known names
     cli_parse_dtype(o->dtype, &r->dtype);
     cli_parse_framework(o->framework, &r->framework); // the table allows only known names
+    cli_parse_attention(o->attention, &r->attention);
     r->ocfg = optim_defaults(kind);
     r->ocfg.lr = (float)o->lr;
     optim_parse_adam_impl(o->adam_impl, &r->ocfg.adam_impl); // the table allows only known names
@@ -126,6 +127,7 @@ int cli_train_run(train_run *r, ag_err *err) {
         return -1;
     }
     ag_ctx_set_framework(ctx, r->framework);
+    ag_ctx_set_attention(ctx, r->attention);
     mp_set_phase(MP_PHASE_LOAD);
     cli_progress("building the model");
     if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, &m, err) != 0) goto done;

@@ -26,6 +26,7 @@ static const char *value_for(const char *opt, const char *value) {
     if (strcmp(opt, "--adam-impl") == 0) return "fused";
     if (strcmp(opt, "--dtype") == 0) return "fp32";
     if (strcmp(opt, "--framework") == 0) return "lean";
+    if (strcmp(opt, "--attention") == 0) return "flash";
     if (strcmp(opt, "--adam-impl") == 0) return "fused";
     if (strcmp(opt, "--weight-dtype") == 0) return "int4";
     if (strcmp(opt, "--tokens") == 0) return "1,2,3";
