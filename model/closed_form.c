@@ -22,6 +22,14 @@ void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, 
     out->kv_cache = 2 * L * hkv * D * T * B * a;
 }
 
+void llama_closed_form_flash(const llama_config *c, int64_t batch, int64_t seq, llama_closed_form *out) {
+    out->flash = true;
+    out->act_lse_per_block = (uint64_t)batch * (uint64_t)c->heads * (uint64_t)seq * 4;
+    out->act_per_block = out->act_per_block - out->act_probs_per_block + out->act_lse_per_block;
+    out->act_probs_per_block = 0;
+    out->activations = (uint64_t)c->layers * out->act_per_block + out->act_head;
+}
+
 // Full recomputation keeps only each block's input through forward, so the activation peak is
 // one of two moments. The head's, when the logits' gradient is allocated: every block input,
 // the final norm's input and output, its rstd, the log-sum-exp rows, logits and their

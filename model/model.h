@@ -293,6 +293,10 @@ typedef struct {
     // counted once) and, at the peak (the MLP product's backward), the gradient of its output
     // and three intermediate-sized gradients (two when intermediate < hidden: see closed_form.c).
     uint64_t act_recompute;
+    // Flash attention (llama_closed_form_flash): each block keeps a float32 log-sum-exp per query
+    // row (batch x heads x s x 4) instead of the probabilities; act_probs_per_block is then 0.
+    bool flash;
+    uint64_t act_lse_per_block;
 } llama_closed_form;
 
 // Float32 throughout; checkpointing: every block under ag_checkpoint (llama_forward_opts).
@@ -308,6 +312,9 @@ typedef struct {
 
 void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
                              llama_closed_form *out);
+// Turns a closed form from llama_closed_form_dtype into flash attention's (call it before
+// llama_closed_form_checkpointing): the probabilities out of each block, the log-sum-exp in.
+void llama_closed_form_flash(const llama_config *c, int64_t batch, int64_t seq, llama_closed_form *out);
 // Turns a closed form from llama_closed_form_dtype (the same arguments) into the one with
 // checkpointing: sets checkpointing, act_block_inputs, act_head_moment, act_recompute and
 // activations; the other fields stay.

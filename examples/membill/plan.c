@@ -236,16 +236,17 @@ static int plan_fit(const plan_setting *s, uint64_t device, plan_fit_result *f, 
     return 0;
 }
 
-static int plan_report(const cli_options *o, const plan_setting *s, const plan_bill *b, const plan_fit_result *f,
-                       ag_err *err) {
+static int plan_report(const cli_options *o, const plan_setting *s, const plan_bill *b, const plan_bill *other,
+                       const plan_fit_result *f, ag_err *err) {
     llama_closed_form cf;
     llama_dtype_bytes d = plan_dtype_bytes(s);
     llama_closed_form_dtype(&s->cfg, s->batch, s->infer ? plan_cache_tokens(s) : s->seq_len, &d, &cf);
+    if (!s->infer && s->attention == AG_ATTENTION_FLASH) llama_closed_form_flash(&s->cfg, s->batch, s->seq_len, &cf);
     if (s->checkpointing) llama_closed_form_checkpointing(&s->cfg, s->batch, s->seq_len, &d, &cf);
     gpu_share g = per_gpu(s, b);
     bool to_stdout = o->json && strcmp(o->json, "-") == 0;
     plan_view view = {
-        s, b, &cf, &g, o->device_memory, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped, f->smallest};
+        s, b, &cf, &g, o->device_memory, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped, f->smallest, other};
     if (!o->quiet && !to_stdout) plan_report_text(stdout, &view);
     json_t *root = plan_report_json(&view);
     char title[256];
@@ -275,6 +276,14 @@ int cmd_plan(const cli_options *o) {
     if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_USAGE;
     plan_fit_result fit = {0};
     if (rc == 0 && o->device_memory && plan_fit(&s, o->device_memory, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
+    // What the other attention would change, in one line: the same plan measured with it.
+    plan_bill other_bill, *other = NULL;
+    if (rc == 0 && !s.infer) {
+        plan_setting os = s;
+        os.attention = s.attention == AG_ATTENTION_FLASH ? AG_ATTENTION_EAGER : AG_ATTENTION_FLASH;
+        ag_err oe = {""};
+        if (measure(&os, s.batch, s.seq_len, &other_bill, &oe) == 0) other = &other_bill;
+    }
     if (rc == 0) {
         mp_options mo = {.meta = true, .keep_timeline = true};
         if (mp_init(&mo) != MP_OK) {
@@ -287,7 +296,7 @@ int cmd_plan(const cli_options *o) {
                 rc = EXIT_RUN_FAILED;
             else
                 read_bill(&s, steps, &b);
-            if (rc == 0 && plan_report(o, &s, &b, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
+            if (rc == 0 && plan_report(o, &s, &b, other, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
             mp_shutdown();
         }
     }

@@ -54,6 +54,7 @@ typedef struct {
     long max_batch, max_seq;
     bool batch_capped, seq_capped; // the search's own cap, the model's positions
     uint64_t smallest;             // nothing fits: one device's total at batch 1, the shortest length
+    const plan_bill *other;        // training: the same plan with the other --attention; NULL: none
 } plan_view;
 
 // The fit search's answer.

@@ -72,9 +72,10 @@ static void text_states(FILE *out, const plan_view *v) {
                  (long long)s->cfg.layers, mp_format_bytes(x, sizeof x, v->cf->act_block_inputs),
                  mp_format_bytes(y, sizeof y, v->cf->act_recompute));
     else
-        snprintf(f, sizeof f, "%lld blocks x %s (attention probabilities %s of it) + head", (long long)s->cfg.layers,
+        snprintf(f, sizeof f, "%lld blocks x %s (attention %s %s of it) + head", (long long)s->cfg.layers,
                  mp_format_bytes(x, sizeof x, v->cf->act_per_block),
-                 mp_format_bytes(y, sizeof y, v->cf->act_probs_per_block));
+                 v->cf->flash ? "log-sum-exp rows" : "probabilities",
+                 mp_format_bytes(y, sizeof y, v->cf->flash ? v->cf->act_lse_per_block : v->cf->act_probs_per_block));
     row(out, "activation", b->peak[MP_ACTIVATION], v->cf->activations, f);
     row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
     fprintf(out, "  %-11s %-36s step 2, the steady state (%sgradients set to none); step 1 peak %s\n", "total peak",
@@ -82,6 +83,14 @@ static void text_states(FILE *out, const plan_view *v) {
             mp_format_bytes(y, sizeof y, b->first_step));
     uint64_t states_bytes = b->peak[MP_WEIGHT] + b->peak[MP_GRADIENT] + b->peak[MP_OPTIMIZER];
     cli_above_four_copies_text(out, "  ", b->total, b->at_peak, states_bytes, b->peak_events);
+    if (v->other) {
+        bool flash = s->attention == AG_ATTENTION_FLASH;
+        int64_t d = (int64_t)v->other->total - (int64_t)b->total;
+        fprintf(out, "  with --attention %s instead: total peak %s (%s%s), activations at their peak %s\n",
+                flash ? "eager" : "flash", mp_format_bytes(x, sizeof x, v->other->total), d < 0 ? "-" : "+",
+                mp_format_bytes(y, sizeof y, (uint64_t)(d < 0 ? -d : d)),
+                mp_format_bytes(f, sizeof f, v->other->peak[MP_ACTIVATION]));
+    }
     char sum[64];
     cli_dtype_bytes_text(&s->dt, s->ocfg.kind, sum, sizeof sum);
     fprintf(out, "\n  bytes a parameter before activations: %s = %llu", sum,
@@ -346,6 +355,13 @@ json_t *plan_report_json(const plan_view *v) {
         if (strcmp(key, "peak") != 0) continue;
         json_object_set_new(root, "total_peak_bytes", json_integer((json_int_t)v->b->total));
         if (!s->infer) json_object_set_new(root, "first_step_peak_bytes", json_integer((json_int_t)v->b->first_step));
+        if (v->other) {
+            json_t *oa = json_object();
+            json_object_set_new(oa, "attention", json_string(s->attention == AG_ATTENTION_FLASH ? "eager" : "flash"));
+            json_object_set_new(oa, "total_peak_bytes", json_integer((json_int_t)v->other->total));
+            json_object_set_new(oa, "activation_bytes", json_integer((json_int_t)v->other->peak[MP_ACTIVATION]));
+            json_object_set_new(root, "other_attention", oa);
+        }
     }
     json_decref(rep);
     json_object_set_new(root, "closed_form", closed_form_json(v->cf, v->b, s->checkpointing));
