@@ -220,7 +220,8 @@ void cli_breakdown_text(FILE *f, long layers);
 struct json_t *cli_breakdown_json(long layers);
 
 // --explain: each category's formula worked out for this model, and the lessons' claims.
-void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_len, optim_kind kind);
+void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_len, optim_kind kind,
+                       ag_attention_kind attention);
 
 // One generation (build or load the model, prefill and greedy decode, teardown) inside an
 // initialised profiler.

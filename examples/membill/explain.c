@@ -8,10 +8,11 @@ static void line(FILE *f, const char *name, uint64_t measured, uint64_t formula,
             how, mp_format_bytes(b, sizeof b, formula), measured == formula ? " (equal)" : "");
 }
 
-void cli_explain_train(FILE *f, const llama_config *c, long B, long T, optim_kind kind) {
+void cli_explain_train(FILE *f, const llama_config *c, long B, long T, optim_kind kind, ag_attention_kind att) {
     llama_closed_form cf;
     uint64_t per = optim_state_bytes_per_element(kind);
     llama_closed_form_compute(c, B, T, per, false, &cf);
+    if (att == AG_ATTENTION_FLASH) llama_closed_form_flash(c, B, T, &cf);
     char how[256], x[64];
     unsigned long long P = (unsigned long long)cf.params;
     fprintf(f, "\nexplained (P = %llu parameters, batch %ld, %ld tokens, float32 = 4 bytes):\n", P, B, T);
@@ -28,10 +29,17 @@ void cli_explain_train(FILE *f, const llama_config *c, long B, long T, optim_kin
     snprintf(how, sizeof how, "%lld blocks x %s + head %s", (long long)c->layers,
              mp_format_bytes(x, sizeof x, cf.act_per_block), "(norm, logits and their gradient)");
     line(f, "activation", mp_get_counter(MP_ACTIVATION).peak, cf.activations, how);
-    fprintf(f,
-            "             per block: the tensors its ops save for backward, growing with batch x tokens, and\n"
-            "             the attention probabilities with tokens squared (%s of each block here)\n",
-            mp_format_bytes(x, sizeof x, cf.act_probs_per_block));
+    if (cf.flash)
+        fprintf(f,
+                "             per block: the tensors its ops save for backward, growing with batch x tokens; flash\n"
+                "             attention keeps a float32 log-sum-exp per query row (%s of each block here) where\n"
+                "             eager keeps the probabilities, which grow with tokens squared\n",
+                mp_format_bytes(x, sizeof x, cf.act_lse_per_block));
+    else
+        fprintf(f,
+                "             per block: the tensors its ops save for backward, growing with batch x tokens, and\n"
+                "             the attention probabilities with tokens squared (%s of each block here)\n",
+                mp_format_bytes(x, sizeof x, cf.act_probs_per_block));
     fprintf(f,
             "  cache      none in training; inference keeps 2 x %lld layers x %lld kv heads x %lld x 4 = %llu bytes a "
             "token\n",

@@ -322,7 +322,7 @@ static void report_text(FILE *f, const void *arg, bool failed) {
             r->torn_down_clean ? "yes" : "NO");
     if (failed || !t->o->explain) return;
     if (cli_dtype_is_f32(&r->dtype))
-        cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind);
+        cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind, r->attention);
     else // the worked formulas are float32's; plan has each dtype's closed form
         fprintf(
             f, "\n  --explain works out the float32 formulas: membill plan --dtype %s gives this dtype's closed form\n",
