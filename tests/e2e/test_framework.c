@@ -195,6 +195,8 @@ static void meta_equals_real_tiny(void **state) {
     meta_equals_real_at(a);
     snprintf(a, sizeof a, "--config %s --seq-len 6 --batch 3 --adam-impl foreach", cfg);
     meta_equals_real_at(a);
+    snprintf(a, sizeof a, "--config %s --seq-len 70 --batch 2 --attention flash", cfg);
+    meta_equals_real_at(a);
 }
 
 // The same math under every framework: the same losses, step after step.
@@ -217,11 +219,56 @@ static void same_losses(void **state) {
     assert_true(loss[0][2] < loss[0][0]); // and it learns
 }
 
+// --attention flash at 1,024 tokens (lean): the activation peak is eager's less every block's
+// probabilities (batch x 9 heads x T x T x 4) plus its log-sum-exp rows (batch x 9 x T x 4), to
+// the byte, and no allocation of the timeline is a T x T matrix of the heads.
+static void flash_against_eager_at(const char *extra, bool meta) {
+    const long long L = 30, H = 9, T = 1024;
+    char a[512], csv[256];
+    snprintf(a, sizeof a, "train --framework lean --seq-len 1024 %s%s", extra, meta ? " --meta" : "");
+    json_t *eager = run_json(a);
+    snprintf(csv, sizeof csv, "%s/flash.csv", cli_run_dir);
+    snprintf(a, sizeof a, "train --framework lean --seq-len 1024 --attention flash --timeline %s %s%s", csv, extra,
+             meta ? " --meta" : "");
+    json_t *flash = run_json(a);
+    assert_int_equal(cat_peak(flash, "activation"), cat_peak(eager, "activation") - L * H * T * T * 4 + L * H * T * 4);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(flash, "run"), "attention")), "flash");
+    FILE *f = fopen(csv, "r");
+    assert_non_null(f);
+    char line[1024];
+    long long bytes, squares = 0, rows = 0;
+    while (fgets(line, sizeof line, f)) {
+        const char *p = line; // seconds,phase,site,category,bytes,...
+        for (int c = 0; c < 4 && p; c++) p = strchr(p + 1, ',');
+        if (p && sscanf(p + 1, "%lld", &bytes) == 1) {
+            rows++;
+            squares += bytes == H * T * T * 4 || bytes == T * T * 4;
+        }
+    }
+    fclose(f);
+    assert_true(rows > 1000);
+    assert_int_equal(squares, 0);
+    json_decref(eager);
+    json_decref(flash);
+}
+
+static void flash_memory_meta(void **state) {
+    (void)state;
+    flash_against_eager_at("--adam-impl fused", true);
+}
+
+static void flash_memory_real(void **state) {
+    (void)state;
+    if (!getenv("MEMBILL_HEAVY")) skip();
+    flash_against_eager_at("--adam-impl fused", false);
+}
+
 static void meta_equals_real_smollm2(void **state) {
     (void)state;
     if (!getenv("MEMBILL_HEAVY")) skip();
     meta_equals_real_at("--seq-len 25");
     meta_equals_real_at("--seq-len 128");
+    meta_equals_real_at("--seq-len 128 --attention flash");
 }
 
 int main(void) {
@@ -233,6 +280,8 @@ int main(void) {
         cmocka_unit_test(meta_equals_real_tiny),
         cmocka_unit_test(same_losses),
         cmocka_unit_test(meta_equals_real_smollm2),
+        cmocka_unit_test(flash_memory_meta),
+        cmocka_unit_test(flash_memory_real),
     };
     return cmocka_run_group_tests(tests, cli_run_make_dir, cli_run_remove_dir);
 }

@@ -220,16 +220,37 @@ static float forward_backward(run *r) { return forward_backward_opts(r, NULL); }
 // ---------------------------------------------------------------------------------------------
 // Loss and gradients
 
-static void check_grads(const char *folder, const char *weights, const char *loss_key, const char *grad_prefix,
-                        worst_kind wl, worst_kind wg) {
+// Under a framework and an attention: the same math, so the same loss and gradients.
+static void check_grads_as(const char *folder, const char *weights, const char *loss_key, const char *grad_prefix,
+                           worst_kind wl, worst_kind wg, ag_framework fw, ag_attention_kind att) {
     run r;
     run_open(&r, folder, weights);
+    ag_ctx_set_framework(r.ctx, fw);
+    ag_ctx_set_attention(r.ctx, att);
     float l = forward_backward(&r);
     check_loss(l, golden_scalar(r.g, loss_key, 0), wl, loss_key);
     check_params(r.m, r.g, grad_prefix, true, GRAD_TOL, wg);
     for (size_t i = 0; i < r.m->nparams; i++) ag_zero_grad(r.m->params[i]);
     assert_int_equal(live(MP_GRADIENT), 0);
     run_close(&r);
+}
+
+static void check_grads(const char *folder, const char *weights, const char *loss_key, const char *grad_prefix,
+                        worst_kind wl, worst_kind wg) {
+    check_grads_as(folder, weights, loss_key, grad_prefix, wl, wg, AG_FRAMEWORK_LEAN, AG_ATTENTION_EAGER);
+}
+
+// Every framework and attention against the same PyTorch reference (eager math).
+static void test_frameworks_and_attention_grads(void **s) {
+    (void)s;
+    static const char *const folders[] = {"tiny_tied", "tiny_untied", "tiny_mha"};
+    for (int f = 0; f < 3; f++)
+        for (ag_framework fw = AG_FRAMEWORK_LEAN; fw <= AG_FRAMEWORK_PYTORCH_113; fw++)
+            for (int a = 0; a < 2; a++) {
+                if (fw == AG_FRAMEWORK_LEAN && a == 0) continue; // the plain tests above
+                check_grads_as(folders[f], "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD, fw,
+                               a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER);
+            }
 }
 
 static void test_tied_grads(void **s) {
@@ -421,13 +442,14 @@ static int print_worst(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tied_grads),          cmocka_unit_test(test_untied_grads),
-        cmocka_unit_test(test_mha_grads),           cmocka_unit_test(test_tied_bf16),
-        cmocka_unit_test(test_untied_bf16),         cmocka_unit_test(test_bf16_is_distinct),
-        cmocka_unit_test(test_tied_adam),           cmocka_unit_test(test_untied_adam),
-        cmocka_unit_test(test_tied_adamw),          cmocka_unit_test(test_untied_adamw),
-        cmocka_unit_test(test_tied_sgdm),           cmocka_unit_test(test_untied_sgdm),
-        cmocka_unit_test(test_detects_wrong_batch), cmocka_unit_test(test_tied_checkpointing),
+        cmocka_unit_test(test_tied_grads),         cmocka_unit_test(test_untied_grads),
+        cmocka_unit_test(test_mha_grads),          cmocka_unit_test(test_frameworks_and_attention_grads),
+        cmocka_unit_test(test_tied_bf16),          cmocka_unit_test(test_untied_bf16),
+        cmocka_unit_test(test_bf16_is_distinct),   cmocka_unit_test(test_tied_adam),
+        cmocka_unit_test(test_untied_adam),        cmocka_unit_test(test_tied_adamw),
+        cmocka_unit_test(test_untied_adamw),       cmocka_unit_test(test_tied_sgdm),
+        cmocka_unit_test(test_untied_sgdm),        cmocka_unit_test(test_detects_wrong_batch),
+        cmocka_unit_test(test_tied_checkpointing),
     };
     return cmocka_run_group_tests(tests, NULL, print_worst);
 }
