@@ -43,11 +43,14 @@ static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, 
         return false;
     bool old = ag_ctx_framework(ctx) == AG_FRAMEWORK_PYTORCH_113;
     int64_t cols = old ? T + 1 : T, rows = old ? T : B * T;
-    *mask = ag_tensor_new(ctx, 2, (int64_t[]){rows, cols}, MP_ACTIVATION, "causal_mask");
+    // SDPA: without padding, transformers' sdpa_mask returns None and is_causal does the masking
+    // (which also lets SDPA take GQA as it is, enable_gqa, without repeat_kv).
+    bool sdpa = ag_ctx_attention(ctx) == AG_ATTENTION_FLASH;
+    *mask = sdpa ? NULL : ag_tensor_new(ctx, 2, (int64_t[]){rows, cols}, MP_ACTIVATION, "causal_mask");
     if (*mask && !mp_is_meta())
         for (int64_t r = 0; r < rows; r++)
             for (int64_t j = 0; j < cols; j++) (*mask)->data[r * cols + j] = j > r % T ? -FLT_MAX : 0.0f;
-    sh->cache = *mask ? calloc((size_t)(2 * c->layers), sizeof *sh->cache) : NULL;
+    sh->cache = *mask || sdpa ? calloc((size_t)(2 * c->layers), sizeof *sh->cache) : NULL;
     return sh->cache != NULL;
 }
 

@@ -24,6 +24,9 @@ bool cli_check_combinations(const cli_options *o) {
             bad = buf;
     else if (o->dtype && !strcmp(o->dtype, "autocast-bf16") && o->framework && !strcmp(o->framework, "lean"))
         bad = "--dtype autocast-bf16 is torch.autocast's semantics: it needs --framework pytorch or pytorch-1.13";
+    else if (o->attention && !strcmp(o->attention, "flash") && o->framework && !strcmp(o->framework, "pytorch-1.13"))
+        bad = "--attention flash is scaled_dot_product_attention, which PyTorch 1.13 does not have: use --framework "
+              "pytorch or lean";
     else if (o->cmd == CLI_INFER && o->dtype && !strcmp(o->dtype, "autocast-bf16"))
         bad = "--dtype autocast-bf16 is a training setting: a generation takes fp32, bf16 or fp16";
     else if (cli_given(o, "--group-size") && !(o->weight_dtype && strcmp(o->weight_dtype, "int4") == 0))
