@@ -154,6 +154,7 @@ static void meta_equals_real_at(const char *model_args) {
     static const char *const cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary"};
     for (int f = 0; f < 3; f++) {
         char a[512];
+        if (strstr(model_args, "flash") && f == 1) continue; // PyTorch 1.13 has no SDPA
         snprintf(a, sizeof a, "train --framework %s --steps 2 %s", fws[f], model_args);
         json_t *real = run_json(a);
         snprintf(a, sizeof a, "train --meta --framework %s --steps 2 %s", fws[f], model_args);
