@@ -214,6 +214,38 @@ AG_AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
                               const ag_att_dims *a, bool rec);
 
+// op_attention.c: the shape checks of ag_attention (false with the error set).
+bool ag_attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, const ag_tensor *k, const ag_tensor *v,
+                         int Hq, int Hkv, int D);
+
+// op_attention_flash.c: ag_attention when the context says FLASH (shapes already checked).
+ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
+                                      const ag_att_dims *a, bool rec);
+// Its forward over one block of at most AG_FLASH_BR query rows, key tiles of at most AG_FLASH_BC
+// keys at a time with an online softmax (shared with ag_attention_cached). The workspace is
+// ag_flash_rows_floats(D) floats; q rows strided by ldq; query r sits at position qpos0 + r,
+// key c of a tile at kpos0 + c; key_mask (NULL: none) hides keys of the tile whose entry is 0.
+#define AG_FLASH_BR 64
+#define AG_FLASH_BC 64
+#define AG_FLASH_OMP_MIN_MACS (1 << 21) // below this many multiply-adds an op runs on one thread
+typedef struct {
+    int D;
+    int64_t nr, ldq;
+    float scale;
+    const float *q;
+    float *qt, *acc, *st, *m, *l, *corr;
+} ag_flash_rows;
+size_t ag_flash_rows_floats(int D);
+void ag_flash_rows_begin(ag_flash_rows *w, float *ws, const float *q, int64_t ldq, int64_t nr, int D);
+void ag_flash_rows_tile(ag_flash_rows *w, const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t nk,
+                        int64_t kpos0, int64_t qpos0, const int32_t *key_mask);
+// o[r * ldo + d] for the block's rows; lse (NULL: not kept) gets m + log(sum) per row.
+void ag_flash_rows_end(ag_flash_rows *w, float *o, int64_t ldo, float *lse);
+// The threads a flash loop of `tasks` tasks and `macs` multiply-adds uses (its workspace's count).
+int ag_flash_threads(int64_t tasks, double macs);
+// Tests: the portable loops even where AVX-512 is there.
+void ag_flash_force_portable(bool on);
+
 // op_cross_entropy_hf.c: ag_cross_entropy under PYTORCH semantics (inputs already checked).
 ag_tensor *ag_cross_entropy_hf(ag_ctx *ctx, const ag_site *s, ag_tensor *logits, const int32_t *ids, bool rec);
 

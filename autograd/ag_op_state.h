@@ -105,6 +105,21 @@ typedef struct {
 } ag_attention_state;
 AG_SAVED_IN_A_ROW(ag_attention_state, probs_cast, 8);
 
+// attention (flash, op_attention_flash.c): what PyTorch's flash kernel keeps for backward.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *q, *k, *v; // k and v at the key-value heads (autocast: their 16-bit casts)
+            ag_tensor *out;       // LEAN: the op's output [B, Tq, Hq*D]; PYTORCH: SDPA's [B, Hq, Tq, D]
+            ag_tensor *lse;       // [B, Hq, Tq], float32 whatever the dtype
+        };
+        ag_tensor *saved[5];
+    };
+    ag_att_dims dims;
+    bool heads_first; // out laid out [B, Hq, Tq, D]
+} ag_attention_flash_state;
+AG_SAVED_IN_A_ROW(ag_attention_flash_state, lse, 5);
+
 // silu: y = x * sigmoid(x).
 typedef struct {
     union {
@@ -169,6 +184,7 @@ typedef union {
     ag_rope_state rope;
     ag_rope_cs_state rope_cs;
     ag_attention_state attention;
+    ag_attention_flash_state attention_flash;
     ag_silu_state silu;
     ag_mul_state mul;
     ag_cross_entropy_state cross_entropy;

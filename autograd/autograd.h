@@ -181,8 +181,18 @@ ag_tensor *ag_rope_positions(ag_ctx *ctx, const char *site, ag_tensor *x, int nh
 // Causal grouped-query attention, scale 1/sqrt(D): q[B, Tq, Hq*D], k and v [B, Tk, Hkv*D],
 // Hkv dividing Hq, Tk >= Tq (query i sits at position i + Tk - Tq); returns [B, Tq, Hq*D].
 // Eager: the softmax probabilities [B, Hq, Tq, Tk] are materialised (site "<prefix>:probs").
+// When the context says AG_ATTENTION_FLASH, this is ag_attention_flash.
 ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                         int D);
+// The same contract, FlashAttention-2 (op_attention_flash.c): key/value tiles with an online
+// softmax, nothing T x T allocated. The node keeps q, k, v, the output and a float32 log-sum-exp
+// per query row ("<prefix>:lse", [B, Hq, Tq]); forward and backward each hold a bounded per-thread
+// workspace ("<prefix>:flash_workspace") while they run, backward also rowsum(dO ∘ O)
+// ("<prefix>:flash_d", [B, Hq, Tq] float32). Under the PyTorch frameworks, transformers' sdpa
+// path: SDPA's output [B, Hq, Tq, D] ("<prefix>:sdpa_out") is the one kept, and the op returns
+// its transpose(1, 2).contiguous() copy.
+ag_tensor *ag_attention_flash(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                              int D);
 // HF's LlamaRotaryEmbedding: cos and sin [1, T, hd] of positions pos0 .. pos0+T-1 (need no
 // gradient), made once per forward and shared by every layer's ag_rope_cs. Both are new tensors
 // owned by the caller ("<prefix>:cos", "<prefix>:sin"); false with the error set.
@@ -244,7 +254,9 @@ bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst);
 // at position tokens - Tq + i and sees the keys up to it (causal) that key_mask does not hide:
 // key_mask[b * mask_ld + j] is 1 for a real token j of row b, 0 for a pad (mask_ld >= tokens;
 // NULL: every key real). A query that sees no key gets zeros. The probabilities
-// [B, Hq, Tq, tokens] ("<prefix>:probs") are a temporary freed before returning.
+// [B, Hq, Tq, tokens] ("<prefix>:probs") are a temporary freed before returning; when the
+// context says AG_ATTENTION_FLASH they are never made: an online softmax over key tiles runs in
+// one bounded temporary ("<prefix>:flash_workspace").
 ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                const int32_t *key_mask, int64_t mask_ld, int Hq);
 

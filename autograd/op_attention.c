@@ -104,8 +104,8 @@ static void attention_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
 
 static const ag_op attention_op = {.name = "attention", .backward = attention_backward, .nsaved = AG_NSAVED(attention)};
 
-static bool attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, const ag_tensor *k, const ag_tensor *v,
-                             int Hq, int Hkv, int D) {
+bool ag_attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, const ag_tensor *k, const ag_tensor *v,
+                         int Hq, int Hkv, int D) {
     char sq[64], sk[64], sv[64];
     bool ok = Hq >= 1 && Hkv >= 1 && D >= 1 && Hq % Hkv == 0 && q->ndim == 3 && k->ndim == 3 && v->ndim == 3 &&
               q->shape[2] == (int64_t)Hq * D && k->shape[2] == (int64_t)Hkv * D && v->shape[0] == k->shape[0] &&
@@ -127,8 +127,10 @@ ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *
     if (!ag_check_inputs(ctx, "attention", site, 3, ins, (const char *[]){"q", "k", "v"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
-    if (!attention_shapes(ctx, s.base, q, k, v, Hq, Hkv, D)) return NULL;
+    if (!ag_attention_shapes(ctx, s.base, q, k, v, Hq, Hkv, D)) return NULL;
     ag_att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D};
+    if (ctx->attention == AG_ATTENTION_FLASH)
+        return ag_attention_flash_checked(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
     if (ag_is_pytorch(ctx)) return ag_attention_eager(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");

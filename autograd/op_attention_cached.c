@@ -4,6 +4,7 @@
 // the bytes billed to the cache are exactly 2 x B x Hkv x D x tokens x 4 at every moment.
 // No tape: these are no-grad operations.
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -430,6 +431,75 @@ static bool eager_transients(ag_ctx *ctx, const char *base, const ag_kv_cache *c
     return ok;
 }
 
+// FLASH: every (row, query head, block of queries) walks the chunks' keys in tiles with an online
+// softmax (op_attention_flash.c), in one bounded workspace; no probabilities. Under the PyTorch
+// frameworks this is transformers' sdpa path over the cache: SDPA takes the key-value heads as
+// they are (enable_gqa, no repeat_kv) and makes no scores; its output [B, Hq, Tq, D] is a
+// temporary until transpose(1, 2).contiguous() copies it into the returned tensor.
+static void cached_flash_run(float *o, int64_t sb, int64_t sh, int64_t st, const float *q, const ag_kv_cache *c,
+                             const cat_dims *a, float *ws, int nthreads) {
+    const int rep = a->Hq / a->Hkv, D = a->D;
+    const int64_t ldq = (int64_t)a->Hq * D, nqb = (a->Tq + AG_FLASH_BR - 1) / AG_FLASH_BR, heads = a->B * a->Hq;
+    const size_t per = ag_flash_rows_floats(D);
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *mine = ws + (size_t)omp_get_thread_num() * per;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < heads * nqb; t++) {
+            int64_t ib = nqb - 1 - t / heads, b = (t % heads) / a->Hq, r0 = ib * AG_FLASH_BR;
+            int h = (int)(t % a->Hq), g = h / rep;
+            int64_t nr = a->Tq - r0 < AG_FLASH_BR ? a->Tq - r0 : AG_FLASH_BR, qpos0 = a->Tk - a->Tq + r0,
+                    klast = qpos0 + nr - 1, off = 0;
+            ag_flash_rows w;
+            ag_flash_rows_begin(&w, mine, q + (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D);
+            for (size_t i = 0; i < c->n && off <= klast; off += c->chunks[i++].t) {
+                const kv_chunk *ch = &c->chunks[i];
+                const float *kc = (const float *)ch->k.data + (b * a->Hkv + g) * ch->t * D,
+                            *vc = (const float *)ch->v.data + (b * a->Hkv + g) * ch->t * D;
+                for (int64_t s0 = 0; s0 < ch->t && off + s0 <= klast; s0 += AG_FLASH_BC) {
+                    int64_t nk = ch->t - s0 < AG_FLASH_BC ? ch->t - s0 : AG_FLASH_BC;
+                    if (nk > klast + 1 - off - s0) nk = klast + 1 - off - s0;
+                    ag_flash_rows_tile(&w, kc + s0 * D, D, vc + s0 * D, D, nk, off + s0, qpos0,
+                                       a->mask ? a->mask + b * a->ld + off + s0 : NULL);
+                }
+            }
+            ag_flash_rows_end(&w, o + b * sb + h * sh + r0 * st, st, NULL);
+        }
+    }
+}
+
+static ag_tensor *cached_flash(ag_ctx *ctx, const ag_site *s, ag_tensor *q, const ag_kv_cache *c, const cat_dims *a) {
+    const bool pt = ag_is_pytorch(ctx), meta = mp_is_meta();
+    const int64_t D = a->D, Hq = a->Hq, Tq = a->Tq;
+    ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s->out);
+    if (!o) return NULL;
+    char l[AG_LABEL_MAX];
+    mp_block ws = {0}, sdpa = {0};
+    int nthreads = ag_flash_threads(a->B * Hq * ((Tq + AG_FLASH_BR - 1) / AG_FLASH_BR),
+                                    (double)a->B * Hq * (double)Tq * (double)a->Tk * (double)D);
+    ag_label(l, s->base, "flash_workspace");
+    bool ok = ag_alloc_exact(ctx, &ws, (size_t)nthreads * ag_flash_rows_floats(a->D) * sizeof(float), MP_ACTIVATION, l);
+    ag_label(l, s->base, "sdpa_out");
+    ok = ok && (!pt || ag_alloc_block(ctx, &sdpa, (size_t)(a->B * Hq * Tq * D) * sizeof(float), MP_ACTIVATION, l));
+    if (ok && !meta) {
+        if (pt) {
+            cached_flash_run(sdpa.data, Hq * Tq * D, Tq * D, D, q->data, c, a, ws.data, nthreads);
+            const float *src = sdpa.data;
+            for (int64_t b = 0; b < a->B; b++)
+                for (int64_t h = 0; h < Hq; h++)
+                    for (int64_t t = 0; t < Tq; t++)
+                        memcpy(o->data + ((b * Tq + t) * Hq + h) * D, src + ((b * Hq + h) * Tq + t) * D,
+                               (size_t)D * sizeof(float));
+        } else {
+            cached_flash_run(o->data, Tq * Hq * D, D, Hq * D, q->data, c, a, ws.data, nthreads);
+        }
+    }
+    mp_free(&sdpa);
+    mp_free(&ws);
+    if (!ok) ag_release(o), o = NULL;
+    return o;
+}
+
 ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                const int32_t *key_mask, int64_t mask_ld, int Hq) {
     ag_tensor *ins[] = {q};
@@ -444,6 +514,7 @@ ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, cons
     if (!key_mask) mask_ld = cache->tokens;
     if (!cached_shapes(ctx, s.base, q, cache, Hq, mask_ld)) return NULL;
     cat_dims a = {q->shape[0], q->shape[1], cache->tokens, Hq, cache->Hkv, cache->D, key_mask, mask_ld, false};
+    if (ctx->attention == AG_ATTENTION_FLASH) return cached_flash(ctx, &s, q, cache, &a);
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);

@@ -1,0 +1,545 @@
+// attention (flash): causal grouped-query attention as FlashAttention-2 computes it. The forward
+// walks key/value tiles of BC keys for each block of BR queries with an online softmax (a
+// running maximum and sum per query row), so nothing T x T is ever allocated; it keeps what
+// PyTorch's flash kernel keeps for backward: q, k and v (at the key-value heads, as SDPA with
+// enable_gqa), the output and a float32 log-sum-exp per query row. The backward recomputes the
+// probabilities tile by tile from q, k and the log-sum-exp:
+//   D_i = rowsum(dO_i ∘ O_i); per key tile j and query block i:
+//   P = exp(Q_i K_jᵀ / sqrt(D) - lse_i), dV_j += Pᵀ dO_i, dP = dO_i V_jᵀ, dS = P ∘ (dP - D_i),
+//   dQ_i += dS K_j / sqrt(D), dK_j += dSᵀ Q_i / sqrt(D).
+// Threads: the forward over (batch, query head, query block); the backward over (batch,
+// key-value head, key tile), each task owning its rows of dK and dV (summed over the query
+// heads of the group in the task's accumulators) and adding into dQ under one of a few locks.
+// Workspace: per thread, a few tiles (BR x BC, BR x D, BC x D floats), billed as one block.
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "ag_internal.h"
+
+#define BR AG_FLASH_BR
+#define BC AG_FLASH_BC
+#define NLOCKS 64
+
+static bool portable_only;
+void ag_flash_force_portable(bool on) { portable_only = on; }
+static bool fast(void) { return !portable_only && ag_has_avx512(); }
+
+// ---------------------------------------------------------------------------------------------
+// Kernels. mm: C[M, N] (+)= alpha Σ_k A(i, k) B[k, n], with A(i, k) = A[i * ars + k * acs] (a
+// transposed operand is a pair of strides) and B row-major; acc false overwrites C.
+
+static void mm_portable(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t ars, int64_t acs,
+                        const float *B, int64_t ldb, float *C, int64_t ldc, bool acc) {
+    for (int64_t i = 0; i < M; i++) {
+        float *c = C + i * ldc;
+        if (!acc) memset(c, 0, (size_t)N * sizeof(float));
+        for (int64_t k = 0; k < K; k++) {
+            float a = alpha * A[i * ars + k * acs];
+            const float *b = B + k * ldb;
+            for (int64_t n = 0; n < N; n++) c[n] += a * b[n];
+        }
+    }
+}
+
+#if defined(__x86_64__)
+#define MR 6 // rows of C held in registers: 6 x 64 columns, 24 accumulators
+
+// R rows (a constant once inlined) by one panel of up to 64 columns.
+AG_AVX512_INLINE void mm_rows16(const int R, int64_t K, float alpha, const float *A, int64_t ars, int64_t acs,
+                                const float *B, int64_t ldb, float *C, int64_t ldc, const __mmask16 *mk, bool acc) {
+    __m512 c[MR][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < 4; q++) c[r][q] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const float *b = B + k * ldb, *a = A + k * acs;
+        __m512 b0 = _mm512_maskz_loadu_ps(mk[0], b), b1 = _mm512_maskz_loadu_ps(mk[1], b + 16),
+               b2 = _mm512_maskz_loadu_ps(mk[2], b + 32), b3 = _mm512_maskz_loadu_ps(mk[3], b + 48);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) {
+            __m512 av = _mm512_set1_ps(a[r * ars]);
+            c[r][0] = _mm512_fmadd_ps(av, b0, c[r][0]);
+            c[r][1] = _mm512_fmadd_ps(av, b1, c[r][1]);
+            c[r][2] = _mm512_fmadd_ps(av, b2, c[r][2]);
+            c[r][3] = _mm512_fmadd_ps(av, b3, c[r][3]);
+        }
+    }
+    __m512 al = _mm512_set1_ps(alpha);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; r++)
+        for (int q = 0; q < 4; q++) {
+            float *cp = C + r * ldc + 16 * q;
+            __m512 x = _mm512_mul_ps(al, c[r][q]);
+            if (acc) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mk[q], cp));
+            _mm512_mask_storeu_ps(cp, mk[q], x);
+        }
+}
+
+AG_AVX512 static void mm_avx512(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t ars, int64_t acs,
+                                const float *B, int64_t ldb, float *C, int64_t ldc, bool acc) {
+    for (int64_t n0 = 0; n0 < N; n0 += 64) {
+        __mmask16 mk[4];
+        for (int q = 0; q < 4; q++) mk[q] = ag_lanes16(N - n0 - 16 * q);
+        const float *b = B + n0;
+        float *c = C + n0;
+        int64_t i = 0;
+        for (; i + MR <= M; i += MR) mm_rows16(MR, K, alpha, A + i * ars, ars, acs, b, ldb, c + i * ldc, ldc, mk, acc);
+        const float *a = A + i * ars;
+        c += i * ldc;
+        switch (M - i) {
+        case 1: mm_rows16(1, K, alpha, a, ars, acs, b, ldb, c, ldc, mk, acc); break;
+        case 2: mm_rows16(2, K, alpha, a, ars, acs, b, ldb, c, ldc, mk, acc); break;
+        case 3: mm_rows16(3, K, alpha, a, ars, acs, b, ldb, c, ldc, mk, acc); break;
+        case 4: mm_rows16(4, K, alpha, a, ars, acs, b, ldb, c, ldc, mk, acc); break;
+        case 5: mm_rows16(5, K, alpha, a, ars, acs, b, ldb, c, ldc, mk, acc); break;
+        default: break;
+        }
+    }
+}
+#endif
+
+static void mm(int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t ars, int64_t acs, const float *B,
+               int64_t ldb, float *C, int64_t ldc, bool acc) {
+#if defined(__x86_64__)
+    if (fast()) {
+        mm_avx512(M, N, K, alpha, A, ars, acs, B, ldb, C, ldc, acc);
+        return;
+    }
+#endif
+    mm_portable(M, N, K, alpha, A, ars, acs, B, ldb, C, ldc, acc);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The forward over one block of query rows (also the cached attention's, op_attention_cached.c).
+// Scores are held transposed, st[c * BR + r] for key c and query r, so that the online softmax
+// runs along the keys with the query rows in the vector lanes.
+
+size_t ag_flash_rows_floats(int D) { return 2 * (size_t)D * BR + (size_t)BC * BR + 3 * (size_t)BR; }
+
+void ag_flash_rows_begin(ag_flash_rows *w, float *ws, const float *q, int64_t ldq, int64_t nr, int D) {
+    w->D = D;
+    w->nr = nr;
+    w->scale = 1.0f / sqrtf((float)D);
+    w->q = q, w->ldq = ldq;
+    w->qt = ws;
+    w->acc = w->qt + (size_t)D * BR;
+    w->st = w->acc + (size_t)D * BR;
+    w->m = w->st + (size_t)BC * BR;
+    w->l = w->m + BR;
+    w->corr = w->l + BR;
+    for (int64_t r = 0; r < nr; r++) {
+        for (int d = 0; d < D; d++) w->qt[(int64_t)d * BR + r] = w->scale * q[r * ldq + d];
+        w->m[r] = -INFINITY;
+        w->l[r] = 0.0f;
+    }
+    memset(w->acc, 0, (size_t)(nr * D) * sizeof(float));
+}
+
+// Few query rows (a decode step): one dot product per (key, query) beats a panel of 16 lanes.
+#define FEW_ROWS 8
+
+#if defined(__x86_64__)
+AG_AVX512 static void few_scores16(ag_flash_rows *w, const float *k, int64_t ldk, int64_t nk) {
+    const int D = w->D;
+    for (int64_t c = 0; c < nk; c++)
+        for (int64_t r = 0; r < w->nr; r++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int d = 0; d < D; d += 16) {
+                __mmask16 mk = ag_lanes16(D - d);
+                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, w->q + r * w->ldq + d),
+                                      _mm512_maskz_loadu_ps(mk, k + c * ldk + d), acc);
+            }
+            w->st[c * BR + r] = w->scale * _mm512_reduce_add_ps(acc);
+        }
+}
+
+// The online softmax update of one tile (scores in st, masked ones -inf): new maxima, the
+// correction of the old sums, the probabilities in place of the scores, the new sums.
+AG_AVX512 static void online_softmax16(ag_flash_rows *w, int64_t nk) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    for (int64_t r0 = 0; r0 < w->nr; r0 += 16) {
+        __mmask16 mk = ag_mask16(w->nr - r0);
+        __m512 mx = ninf;
+        for (int64_t c = 0; c < nk; c++) mx = _mm512_max_ps(mx, _mm512_maskz_loadu_ps(mk, w->st + c * BR + r0));
+        __m512 m_old = _mm512_mask_loadu_ps(ninf, mk, w->m + r0), m_new = _mm512_max_ps(m_old, mx);
+        // A row that saw no key yet keeps -inf: its probabilities are 0, not exp(-inf + inf).
+        __m512 m_use = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(m_new, ninf, _CMP_NEQ_OQ), m_new);
+        __m512 corr = ag_exp16(_mm512_sub_ps(m_old, m_use)), sum = _mm512_setzero_ps();
+        for (int64_t c = 0; c < nk; c++) {
+            float *sp = w->st + c * BR + r0;
+            __m512 s = _mm512_maskz_loadu_ps(mk, sp);
+            __m512 p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s, ninf, _CMP_NEQ_OQ), ag_exp16(_mm512_sub_ps(s, m_use)));
+            _mm512_mask_storeu_ps(sp, mk, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        __m512 l = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, w->l + r0), corr, sum);
+        _mm512_mask_storeu_ps(w->l + r0, mk, l);
+        _mm512_mask_storeu_ps(w->m + r0, mk, m_new);
+        _mm512_mask_storeu_ps(w->corr + r0, mk, corr);
+    }
+}
+#endif
+
+static void online_softmax_portable(ag_flash_rows *w, int64_t nk) {
+    for (int64_t r = 0; r < w->nr; r++) {
+        float mx = -INFINITY;
+        for (int64_t c = 0; c < nk; c++) mx = fmaxf(mx, w->st[c * BR + r]);
+        float m_new = fmaxf(w->m[r], mx), m_use = m_new == -INFINITY ? 0.0f : m_new, sum = 0.0f;
+        for (int64_t c = 0; c < nk; c++) {
+            float *sp = w->st + c * BR + r;
+            *sp = *sp == -INFINITY ? 0.0f : expf(*sp - m_use);
+            sum += *sp;
+        }
+        w->corr[r] = expf(w->m[r] - m_use);
+        w->l[r] = w->l[r] * w->corr[r] + sum;
+        w->m[r] = m_new;
+    }
+}
+
+void ag_flash_rows_tile(ag_flash_rows *w, const float *k, int64_t ldk, const float *v, int64_t ldv, int64_t nk,
+                        int64_t kpos0, int64_t qpos0, const int32_t *key_mask) {
+    const int D = w->D;
+    const int64_t nr = w->nr;
+#if defined(__x86_64__)
+    if (fast() && nr < FEW_ROWS)
+        few_scores16(w, k, ldk, nk);
+    else
+#endif
+        mm(nk, nr, D, 1.0f, k, ldk, 1, w->qt, BR, w->st, BR, false);
+    // Causal: key c (at kpos0 + c) is hidden from query r (at qpos0 + r) when it comes later.
+    for (int64_t c = qpos0 - kpos0 + 1 > 0 ? qpos0 - kpos0 + 1 : 0; c < nk; c++) {
+        int64_t hidden = kpos0 + c - qpos0;
+        for (int64_t r = 0; r < (hidden < nr ? hidden : nr); r++) w->st[c * BR + r] = -INFINITY;
+    }
+    if (key_mask)
+        for (int64_t c = 0; c < nk; c++)
+            if (!key_mask[c])
+                for (int64_t r = 0; r < nr; r++) w->st[c * BR + r] = -INFINITY;
+#if defined(__x86_64__)
+    if (fast())
+        online_softmax16(w, nk);
+    else
+#endif
+        online_softmax_portable(w, nk);
+    for (int64_t r = 0; r < nr; r++)
+        if (w->corr[r] != 1.0f)
+            for (int d = 0; d < D; d++) w->acc[r * D + d] *= w->corr[r];
+    mm(nr, D, nk, 1.0f, w->st, 1, BR, v, ldv, w->acc, D, true);
+}
+
+void ag_flash_rows_end(ag_flash_rows *w, float *o, int64_t ldo, float *lse) {
+    for (int64_t r = 0; r < w->nr; r++) {
+        float l = w->l[r], inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int d = 0; d < w->D; d++) o[r * ldo + d] = w->acc[r * w->D + d] * inv;
+        if (lse) lse[r] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
+    }
+}
+
+int ag_flash_threads(int64_t tasks, double macs) {
+    if (macs < AG_FLASH_OMP_MIN_MACS || tasks < 2) return 1;
+    int n = omp_get_max_threads();
+    return n < 1 ? 1 : (tasks < n ? (int)tasks : n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The op
+
+// Where the output of (b, h, query i) lies: [B, Tq, Hq*D] (LEAN, the op's own output) or
+// [B, Hq, Tq, D] (PYTORCH: SDPA's output before transformers' transpose(1, 2).contiguous()).
+typedef struct {
+    int64_t sb, sh, st;
+} out_strides;
+
+static out_strides strides_of(const ag_att_dims *a, bool heads_first) {
+    int64_t D = a->D, Hq = a->Hq, Tq = a->Tq;
+    return heads_first ? (out_strides){Hq * Tq * D, Tq * D, D} : (out_strides){Tq * Hq * D, D, Hq * D};
+}
+
+static double att_macs(const ag_att_dims *a) {
+    return (double)a->B * a->Hq * (double)a->Tq * (double)a->Tk * a->D; // within a factor 2 (causal)
+}
+
+static int64_t blocks_of(int64_t n, int64_t b) { return (n + b - 1) / b; }
+
+static int forward_threads(const ag_att_dims *a) {
+    return ag_flash_threads(a->B * a->Hq * blocks_of(a->Tq, BR), att_macs(a));
+}
+
+static void flash_forward(const ag_att_dims *a, const float *q, const float *k, const float *v, float *o,
+                          out_strides os, float *lse, float *ws, int nthreads) {
+    const int rep = a->Hq / a->Hkv, D = a->D;
+    const int64_t ldq = (int64_t)a->Hq * D, ldk = (int64_t)a->Hkv * D, nqb = blocks_of(a->Tq, BR), heads = a->B * a->Hq,
+                  tasks = heads * nqb;
+    const size_t per = ag_flash_rows_floats(D);
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *mine = ws + (size_t)omp_get_thread_num() * per;
+        // The last query blocks first: they see the most keys.
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tasks; t++) {
+            int64_t ib = nqb - 1 - t / heads, b = (t % heads) / a->Hq, r0 = ib * BR;
+            int h = (int)(t % a->Hq), g = h / rep;
+            int64_t nr = a->Tq - r0 < BR ? a->Tq - r0 : BR, qpos0 = r0 + a->Tk - a->Tq, klast = qpos0 + nr - 1;
+            ag_flash_rows w;
+            ag_flash_rows_begin(&w, mine, q + (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D);
+            for (int64_t c0 = 0; c0 <= klast; c0 += BC) {
+                int64_t nk = klast + 1 - c0 < BC ? klast + 1 - c0 : BC;
+                const int64_t off = (b * a->Tk + c0) * ldk + (int64_t)g * D;
+                ag_flash_rows_tile(&w, k + off, ldk, v + off, ldk, nk, c0, qpos0, NULL);
+            }
+            ag_flash_rows_end(&w, o + b * os.sb + h * os.sh + r0 * os.st, os.st,
+                              lse ? lse + (b * a->Hq + h) * a->Tq + r0 : NULL);
+        }
+    }
+}
+
+// Backward workspace per thread: Kᵀ and Vᵀ of the tile, dK and dV accumulators, P and dS.
+static size_t bwd_floats(int D) { return 4 * (size_t)D * BC + 2 * (size_t)BR * BC; }
+
+#if defined(__x86_64__)
+// P = exp(S - lse) in place over rows of BC, columns c < vis[r] kept (the rest hidden: 0).
+AG_AVX512 static void probs16(float *s, int64_t nr, int64_t nc, const float *lse, int64_t vis0) {
+    for (int64_t r = 0; r < nr; r++) {
+        int64_t vis = vis0 + r < nc ? vis0 + r : nc;
+        __m512 l = _mm512_set1_ps(lse[r]);
+        for (int64_t c = 0; c < nc; c += 16) {
+            __mmask16 mk = ag_lanes16(nc - c), keep = ag_lanes16(vis - c);
+            float *sp = s + r * BC + c;
+            __m512 p = _mm512_maskz_mov_ps(keep, ag_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sp), l)));
+            _mm512_mask_storeu_ps(sp, mk, p);
+        }
+    }
+}
+
+// dS = P ∘ (dP - D_i) in place over dP.
+AG_AVX512 static void dscores16(float *dp, const float *p, int64_t nr, int64_t nc, const float *di) {
+    for (int64_t r = 0; r < nr; r++) {
+        __m512 d = _mm512_set1_ps(di[r]);
+        for (int64_t c = 0; c < nc; c += 16) {
+            __mmask16 mk = ag_lanes16(nc - c);
+            float *g = dp + r * BC + c;
+            __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, p + r * BC + c),
+                                     _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, g), d));
+            _mm512_mask_storeu_ps(g, mk, x);
+        }
+    }
+}
+#endif
+
+static void probs(float *s, int64_t nr, int64_t nc, const float *lse, int64_t vis0) {
+#if defined(__x86_64__)
+    if (fast()) {
+        probs16(s, nr, nc, lse, vis0);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t c = 0; c < nc; c++) s[r * BC + c] = c < vis0 + r ? expf(s[r * BC + c] - lse[r]) : 0.0f;
+}
+
+static void dscores(float *dp, const float *p, int64_t nr, int64_t nc, const float *di) {
+#if defined(__x86_64__)
+    if (fast()) {
+        dscores16(dp, p, nr, nc, di);
+        return;
+    }
+#endif
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t c = 0; c < nc; c++) dp[r * BC + c] = p[r * BC + c] * (dp[r * BC + c] - di[r]);
+}
+
+typedef struct {
+    const ag_att_dims *a;
+    const float *q, *k, *v, *o, *dout, *lse;
+    out_strides os;
+    float *di;        // [B, Hq, Tq]
+    ag_grad_dst d[3]; // dq, dk, dv
+    omp_lock_t *locks;
+} bwd_args;
+
+// One task: key tile jb of key-value head g of batch b, over every query head of the group.
+static void backward_tile(const bwd_args *x, float *ws, int64_t b, int g, int64_t jb) {
+    const ag_att_dims *a = x->a;
+    const int rep = a->Hq / a->Hkv, D = a->D;
+    const int64_t ldq = (int64_t)a->Hq * D, ldk = (int64_t)a->Hkv * D, shift = a->Tk - a->Tq;
+    const int64_t c0 = jb * BC, nc = a->Tk - c0 < BC ? a->Tk - c0 : BC, nqb = blocks_of(a->Tq, BR);
+    const float scale = 1.0f / sqrtf((float)D);
+    const bool dq = x->d[0].needed, dk = x->d[1].needed, dv = x->d[2].needed;
+    float *kt = ws, *vt = kt + (size_t)D * BC, *dka = vt + (size_t)D * BC, *dva = dka + (size_t)D * BC,
+          *p = dva + (size_t)D * BC, *ds = p + (size_t)BR * BC;
+    const float *kj = x->k + (b * a->Tk + c0) * ldk + (int64_t)g * D,
+                *vj = x->v + (b * a->Tk + c0) * ldk + (int64_t)g * D;
+    for (int64_t c = 0; c < nc; c++)
+        for (int d = 0; d < D; d++) {
+            kt[(int64_t)d * BC + c] = kj[c * ldk + d];
+            vt[(int64_t)d * BC + c] = vj[c * ldk + d];
+        }
+    memset(dka, 0, (size_t)(nc * D) * sizeof(float));
+    memset(dva, 0, (size_t)(nc * D) * sizeof(float));
+    int64_t first = c0 - shift > 0 ? (c0 - shift) / BR : 0; // the first query block that sees key c0
+    for (int h = g * rep; h < (g + 1) * rep; h++)
+        for (int64_t ib = first; ib < nqb; ib++) {
+            int64_t r0 = ib * BR, nr = a->Tq - r0 < BR ? a->Tq - r0 : BR;
+            const int64_t row = (b * a->Tq + r0) * ldq + (int64_t)h * D, stat = (b * a->Hq + h) * a->Tq + r0;
+            const float *qi = x->q + row, *doi = x->dout + row;
+            mm(nr, nc, D, scale, qi, ldq, 1, kt, BC, p, BC, false);
+            probs(p, nr, nc, x->lse + stat, r0 + shift - c0 + 1); // query r sees keys c <= r0 + r + shift - c0
+            if (dv) mm(nc, D, nr, 1.0f, p, 1, BC, doi, ldq, dva, D, true);
+            if (!dq && !dk) continue;
+            mm(nr, nc, D, 1.0f, doi, ldq, 1, vt, BC, ds, BC, false);
+            dscores(ds, p, nr, nc, x->di + stat);
+            if (dq) {
+                omp_lock_t *lk = &x->locks[((b * a->Hq + h) * nqb + ib) % NLOCKS];
+                omp_set_lock(lk);
+                mm(nr, D, nc, scale, ds, BC, 1, kj, ldk, x->d[0].data + row, ldq, true);
+                omp_unset_lock(lk);
+            }
+            if (dk) mm(nc, D, nr, scale, ds, 1, BC, qi, ldq, dka, D, true);
+        }
+    for (int i = 1; i < 3; i++) {
+        if (!x->d[i].needed) continue;
+        const float *src = i == 1 ? dka : dva;
+        float *dst = x->d[i].data + (b * a->Tk + c0) * ldk + (int64_t)g * D;
+        for (int64_t c = 0; c < nc; c++)
+            for (int d = 0; d < D; d++)
+                dst[c * ldk + d] = x->d[i].fresh ? src[c * D + d] : dst[c * ldk + d] + src[c * D + d];
+    }
+}
+
+static void flash_backward_run(bwd_args *x, float *ws, int nthreads) {
+    const ag_att_dims *a = x->a;
+    const int D = a->D;
+    const int64_t ldq = (int64_t)a->Hq * D, rows = a->B * a->Hq * a->Tq, nkb = blocks_of(a->Tk, BC),
+                  tasks = a->B * a->Hkv * nkb;
+    omp_lock_t locks[NLOCKS];
+    for (int i = 0; i < NLOCKS; i++) omp_init_lock(&locks[i]);
+    x->locks = locks;
+    const size_t per = bwd_floats(D);
+#pragma omp parallel num_threads(nthreads)
+    {
+        // D_i = rowsum(dO_i ∘ O_i), and a fresh dQ zeroed, since every key tile adds into it.
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t b = r / (a->Hq * a->Tq), h = (r / a->Tq) % a->Hq, i = r % a->Tq;
+            const float *dO = x->dout + (b * a->Tq + i) * ldq + h * D,
+                        *O = x->o + b * x->os.sb + h * x->os.sh + i * x->os.st;
+            double s = 0.0;
+            for (int d = 0; d < D; d++) s += (double)dO[d] * O[d];
+            x->di[r] = (float)s;
+            if (x->d[0].needed && x->d[0].fresh)
+                memset(x->d[0].data + (b * a->Tq + i) * ldq + h * D, 0, (size_t)D * sizeof(float));
+        }
+        float *mine = ws + (size_t)omp_get_thread_num() * per;
+        // Key tile 0 first: it is seen by every query block.
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < tasks; t++) {
+            int64_t jb = t / (a->B * a->Hkv), bg = t % (a->B * a->Hkv);
+            backward_tile(x, mine, bg / a->Hkv, (int)(bg % a->Hkv), jb);
+        }
+    }
+    for (int i = 0; i < NLOCKS; i++) omp_destroy_lock(&locks[i]);
+}
+
+// Two inputs of the node that write one gradient buffer (q = k): their threads would race.
+static bool shared_grad(const ag_node *n, int i, int j) {
+    const ag_edge *x = &n->in[i], *y = &n->in[j];
+    return x->kind != AG_EDGE_NONE && x->kind == y->kind && x->node == y->node && x->leaf == y->leaf;
+}
+
+static void flash_attention_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
+    const ag_attention_flash_state *st = &n->state.attention_flash;
+    const ag_att_dims *a = &st->dims;
+    bwd_args x = {.a = a, .os = strides_of(a, st->heads_first)};
+    if (!ag_grad_get_all(ctx, n, x.d)) return;
+    const char *base = mp_site_name(n->site);
+    char label[AG_LABEL_MAX];
+    mp_block di = {0}, ws = {0};
+    ag_label(label, base, "flash_d");
+    if (!ag_alloc_exact(ctx, &di, (size_t)(a->B * a->Hq * a->Tq) * sizeof(float), MP_ACTIVATION, label)) return;
+    int nthreads = ag_flash_threads(a->B * a->Hkv * blocks_of(a->Tk, BC), 2.5 * att_macs(a));
+    if (shared_grad(n, 0, 1) || shared_grad(n, 0, 2)) nthreads = 1;
+    ag_label(label, base, "flash_workspace");
+    if (ag_alloc_exact(ctx, &ws, (size_t)nthreads * bwd_floats(a->D) * sizeof(float), MP_ACTIVATION, label) &&
+        !mp_is_meta()) {
+        x.q = st->q->data, x.k = st->k->data, x.v = st->v->data, x.o = st->out->data, x.lse = st->lse->data;
+        x.dout = dout, x.di = di.data;
+        flash_backward_run(&x, ws.data, nthreads);
+    }
+    mp_free(&ws);
+    mp_free(&di);
+}
+
+static const ag_op flash_op = {
+    .name = "flash_attention", .backward = flash_attention_backward, .nsaved = AG_NSAVED(attention_flash)};
+
+// Under torch.autocast (meta mode only) SDPA runs in 16 bits: its inputs are cast, the casts kept.
+static ag_tensor *sdpa_operand(ag_ctx *ctx, const char *base, const char *what, ag_tensor *t) {
+    if (!ag_is_pytorch(ctx) || !ctx->dtype.autocast || t->bits <= 16) return ag_retain(t);
+    char l[AG_LABEL_MAX];
+    ag_label(l, base, what);
+    return ag_tensor_new_bits(ctx, t->ndim, t->shape, MP_ACTIVATION, l, 16);
+}
+
+// out[B, Tq, Hq*D] = c[B, Hq, Tq, D].transpose(1, 2)
+static void untranspose(float *out, const float *c, const ag_att_dims *a) {
+    for (int64_t b = 0; b < a->B; b++)
+        for (int h = 0; h < a->Hq; h++)
+            for (int64_t t = 0; t < a->Tq; t++)
+                memcpy(out + ((b * a->Tq + t) * a->Hq + h) * a->D, c + ((b * a->Hq + h) * a->Tq + t) * a->D,
+                       (size_t)a->D * sizeof(float));
+}
+
+ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
+                                      const ag_att_dims *a, bool rec) {
+    const bool pt = ag_is_pytorch(ctx), meta = mp_is_meta();
+    char label[AG_LABEL_MAX];
+    ag_tensor *qs = sdpa_operand(ctx, s->base, "q_bf16", q), *ks = sdpa_operand(ctx, s->base, "k_bf16", k),
+              *vs = sdpa_operand(ctx, s->base, "v_bf16", v);
+    // PYTORCH: SDPA's own output [B, Hq, Tq, D] (kept by its node), at its inputs' element size.
+    ag_tensor *o = NULL, *lse = NULL, *out = NULL;
+    if (qs && ks && vs)
+        o = pt ? ag_tensor_new_bits(ctx, 4, (int64_t[]){a->B, a->Hq, a->Tq, a->D}, MP_ACTIVATION,
+                                    (ag_label(label, s->base, "sdpa_out"), label), qs->bits)
+               : ag_tensor_like(ctx, q, MP_ACTIVATION, s->out);
+    if (o && rec)
+        lse = ag_tensor_new_f32(ctx, 3, (int64_t[]){a->B, a->Hq, a->Tq}, MP_ACTIVATION,
+                                (ag_label(label, s->base, "lse"), label));
+    mp_block ws = {0};
+    int nthreads = forward_threads(a);
+    ag_label(label, s->base, "flash_workspace");
+    if (o && (lse || !rec) &&
+        ag_alloc_exact(ctx, &ws, (size_t)nthreads * ag_flash_rows_floats(a->D) * sizeof(float), MP_ACTIVATION, label) &&
+        !meta)
+        flash_forward(a, q->data, k->data, v->data, o->data, strides_of(a, pt), lse ? lse->data : NULL, ws.data,
+                      nthreads);
+    mp_free(&ws);
+    // transformers: attn_output.transpose(1, 2).contiguous(), the copy o_proj keeps.
+    if (pt && o && ctx->status == AG_OK)
+        out =
+            ag_tensor_new_bits(ctx, 3, (int64_t[]){a->B, a->Tq, (int64_t)a->Hq * a->D}, MP_ACTIVATION, s->out, o->bits);
+    else if (o)
+        out = ag_retain(o);
+    if (pt && out && !meta) untranspose(out->data, o->data, a);
+    ag_tensor *ins[] = {q, k, v};
+    ag_node *n = out && rec && ctx->status == AG_OK ? ag_record(ctx, &flash_op, s->base, out, 3, ins) : NULL;
+    if (n) {
+        n->state.attention_flash =
+            (ag_attention_flash_state){.q = qs, .k = ks, .v = vs, .out = o, .lse = lse, .dims = *a, .heads_first = pt};
+        return out;
+    }
+    ag_release(qs), ag_release(ks), ag_release(vs), ag_release(o), ag_release(lse);
+    if (rec || ctx->status != AG_OK) ag_release(out), out = NULL; // no node: failed
+    return out;
+}
+
+ag_tensor *ag_attention_flash(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                              int D) {
+    ag_tensor *ins[] = {q, k, v};
+    if (!ag_check_inputs(ctx, "attention", site, 3, ins, (const char *[]){"q", "k", "v"})) return NULL;
+    ag_site s;
+    ag_site_parse(&s, site);
+    if (!ag_attention_shapes(ctx, s.base, q, k, v, Hq, Hkv, D)) return NULL;
+    ag_att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D};
+    return ag_attention_flash_checked(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
+}
