@@ -410,6 +410,33 @@ static void test_meta_16_bits(void **state) {
     stop(ctx, NULL);
 }
 
+// torch.autocast (meta, PYTORCH): SDPA runs on 16-bit casts of float32 inputs, which its node keeps.
+static void test_meta_autocast(void **state) {
+    (void)state;
+    ag_ctx *ctx = start(true);
+    ag_meta_dtype d = ag_meta_dtype_f32();
+    d.autocast = true;
+    assert_true(ag_ctx_set_meta_dtype(ctx, &d));
+    ag_ctx_set_framework(ctx, AG_FRAMEWORK_PYTORCH);
+    ag_ctx_set_attention(ctx, AG_ATTENTION_FLASH);
+    const att_case c = {1, 40, 40, 6, 2, 16};
+    ag_tensor *in[3];
+    make_inputs(ctx, &c, in);
+    ag_tensor *o = g_attention(ctx, in, &c);
+    assert_non_null(o);
+    assert_int_equal(o->bits, 16);
+    ag_node_info info;
+    assert_true(ag_tape_node(ctx, 0, &info));
+    assert_int_equal(info.nsaved, 5);
+    assert_string_equal(ag_tensor_name(info.saved[0]), "layers.0.self_attn:q_bf16");
+    for (int i = 0; i < 4; i++) assert_int_equal(info.saved[i]->bits, 16);
+    assert_int_equal(info.saved[4]->bits, 32);
+    ag_release(o);
+    ag_tape_clear(ctx);
+    for (int i = 0; i < 3; i++) ag_release(in[i]);
+    stop(ctx, NULL);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Inference over the cache
 
@@ -487,6 +514,7 @@ int main(void) {
         cmocka_unit_test(test_peak_and_timeline),
         cmocka_unit_test(test_meta_equals_real),
         cmocka_unit_test(test_meta_16_bits),
+        cmocka_unit_test(test_meta_autocast),
         cmocka_unit_test(test_cached),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
