@@ -44,7 +44,8 @@ static int role_of(const char *label) {
     if (has(label, ":probs") || has(label, ":scaling") || has(label, ":q_bmm") || has(label, ":q_bf16") ||
         has(label, ":k_bf16"))
         return CLI_ROLE_ATTN_PROBS;
-    if (has(label, "self_attn:out")) return CLI_ROLE_ATTN_CONTEXT;
+    if (has(label, "self_attn:out") || has(label, ":sdpa_out")) return CLI_ROLE_ATTN_CONTEXT;
+    if (has(label, "self_attn:lse")) return CLI_ROLE_ATTN_PROBS; // flash keeps these rows instead
     return CLI_ROLE_OTHER;
 }
 
