@@ -13,6 +13,8 @@ void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, 
     out->gradients = out->params * d->gradient;
     out->optimizer = out->params * d->optimizer;
     out->act_probs_per_block = B * hq * T * T * a;
+    out->flash = false; // llama_closed_form_flash turns it into flash attention's
+    out->act_lse_per_block = 0;
     out->act_per_block =
         (4 * BT * H + 2 * BT * hq * D + 2 * BT * hkv * D + 4 * BT * I) * a + 2 * BT * f32 + out->act_probs_per_block;
     // The head at the start of backward: the final norm's input and output, the logits and
