@@ -257,6 +257,19 @@ static void flash_against_eager_at(const char *extra, bool meta) {
 static void flash_memory_meta(void **state) {
     (void)state;
     flash_against_eager_at("--adam-impl fused", true);
+    // plan's closed form gains the flash term: within the 4 bytes of the loss, as eager's.
+    static const char *const models[] = {"smollm2-135m", "llama-2-7b", "llama-3-70b"};
+    for (int m = 0; m < 3; m++) {
+        char a[256];
+        snprintf(a, sizeof a, "plan --model %s --seq-len 4096 --framework lean --attention flash", models[m]);
+        json_t *j = run_json(a);
+        int64_t closed = num(json_object_get(j, "closed_form"), "activation");
+        assert_true(llabs(cat_peak(j, "activation") - closed) <= 4);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(j, "other_attention"), "attention")),
+                            "eager");
+        assert_true(num(json_object_get(j, "other_attention"), "activation_bytes") > cat_peak(j, "activation"));
+        json_decref(j);
+    }
 }
 
 static void flash_memory_real(void **state) {
