@@ -94,8 +94,7 @@ const char *cli_framework_name(ag_framework f) {
 
 const char *cli_framework_text(ag_framework f) {
     switch (f) {
-    case AG_FRAMEWORK_PYTORCH:
-        return "pytorch (Hugging Face transformers' LlamaForCausalLM on current PyTorch)";
+    case AG_FRAMEWORK_PYTORCH: return "pytorch (Hugging Face transformers' LlamaForCausalLM on current PyTorch)";
     case AG_FRAMEWORK_PYTORCH_113: return "pytorch-1.13 (Hugging Face transformers' LlamaForCausalLM on PyTorch 1.13)";
     default: return "lean (minimal saved sets: fused RMSNorm, GQA-aware attention, fused cross-entropy)";
     }
