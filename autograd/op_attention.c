@@ -123,14 +123,13 @@ bool ag_attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, cons
 
 ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                         int D) {
+    if (ctx && ctx->attention == AG_ATTENTION_FLASH) return ag_attention_flash(ctx, site, q, k, v, Hq, Hkv, D);
     ag_tensor *ins[] = {q, k, v};
     if (!ag_check_inputs(ctx, "attention", site, 3, ins, (const char *[]){"q", "k", "v"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
     if (!ag_attention_shapes(ctx, s.base, q, k, v, Hq, Hkv, D)) return NULL;
     ag_att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D};
-    if (ctx->attention == AG_ATTENTION_FLASH)
-        return ag_attention_flash_checked(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
     if (ag_is_pytorch(ctx)) return ag_attention_eager(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");
