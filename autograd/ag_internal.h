@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cblas.h>
+#include <math.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -210,6 +211,15 @@ AG_AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 }
 #endif
 
+// RoPE's frequency of pair i of a head of hd, in float32 as HF forms it (op_rope.c, op_rope_cs.c).
+static inline float ag_rope_inv_freq(float theta, int i, int hd) {
+    return 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+}
+
+// op_attention.c: dst[B, H, T, D] = src[B, T, Hs*D], head h reading source head h / (H / Hs):
+// each head's rows made contiguous (the KV cache's layout; repeat_kv's copies when H > Hs).
+void ag_to_heads(float *dst, const float *src, int64_t B, int64_t T, int H, int Hs, int D);
+
 // op_attention_eager.c: ag_attention under PYTORCH semantics (shapes already checked).
 ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
                               const ag_att_dims *a, bool rec);
@@ -246,6 +256,8 @@ int ag_flash_threads(int64_t tasks, double macs);
 // Tests: the portable loops even where AVX-512 is there.
 void ag_flash_force_portable(bool on);
 
+// op_cross_entropy.c: logsumexp of one row of V (AVX-512 where the CPU has it).
+float ag_row_logsumexp(const float *x, int64_t V);
 // op_cross_entropy_hf.c: ag_cross_entropy under PYTORCH semantics (inputs already checked).
 ag_tensor *ag_cross_entropy_hf(ag_ctx *ctx, const ag_site *s, ag_tensor *logits, const int32_t *ids, bool rec);
 

@@ -3,6 +3,7 @@
 // reads key-value head h / (Hq/Hkv); query i sits at position i + Tk - Tq and sees keys up to it.
 //   S = Q Kᵀ / sqrt(D) (masked), P = softmax(S) rows, O = P V
 #include <math.h>
+#include <string.h>
 
 #include "ag_internal.h"
 
@@ -100,6 +101,15 @@ static void attention_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
         for (int64_t b = 0; b < a.B; b++)
             for (int h = 0; h < a.Hq; h++) attention_head_backward(d, dout, dp.data, st, b, h);
     mp_free(&dp);
+}
+
+void ag_to_heads(float *dst, const float *src, int64_t B, int64_t T, int H, int Hs, int D) {
+    int rep = H / Hs;
+    for (int64_t b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int64_t t = 0; t < T; t++)
+                memcpy(dst + ((b * H + h) * T + t) * D, src + ((b * T + t) * Hs + h / rep) * D,
+                       (size_t)D * sizeof(float));
 }
 
 static const ag_op attention_op = {.name = "attention", .backward = attention_backward, .nsaved = AG_NSAVED(attention)};

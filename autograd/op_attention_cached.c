@@ -75,14 +75,6 @@ void ag_kv_cache_free(ag_kv_cache *c) {
     free(c);
 }
 
-// dst[B, Hkv, t, D] = src[B, t, Hkv*D]: each head's rows made contiguous.
-static void to_heads(float *dst, const float *src, int64_t B, int64_t t, int Hkv, int D) {
-    for (int64_t b = 0; b < B; b++)
-        for (int g = 0; g < Hkv; g++)
-            for (int64_t s = 0; s < t; s++)
-                memcpy(dst + ((b * Hkv + g) * t + s) * D, src + ((b * t + s) * Hkv + g) * D, (size_t)D * sizeof(float));
-}
-
 static bool append_shapes(ag_ctx *ctx, const ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v) {
     char sk[64], sv[64];
     bool ok = k->ndim == 3 && v->ndim == 3 && k->shape[0] == c->B && k->shape[2] == (int64_t)c->Hkv * c->D &&
@@ -145,8 +137,8 @@ bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const a
         return false;
     }
     if (!mp_is_meta()) {
-        to_heads(ch.k.data, k->data, c->B, ch.t, c->Hkv, c->D);
-        to_heads(ch.v.data, v->data, c->B, ch.t, c->Hkv, c->D);
+        ag_to_heads(ch.k.data, k->data, c->B, ch.t, c->Hkv, c->Hkv, c->D);
+        ag_to_heads(ch.v.data, v->data, c->B, ch.t, c->Hkv, c->Hkv, c->D);
     }
     c->chunks[c->n++] = ch;
     c->tokens += ch.t;

@@ -14,16 +14,6 @@
 
 static float *blk(mp_block *b) { return (float *)b->data; }
 
-// dst[B, Hq, T, D] = src[B, T, Hs*D] with head h reading source head h / (Hq / Hs).
-static void to_heads(float *dst, const float *src, int64_t B, int64_t T, int Hq, int Hs, int D) {
-    int rep = Hq / Hs;
-    for (int64_t b = 0; b < B; b++)
-        for (int h = 0; h < Hq; h++)
-            for (int64_t t = 0; t < T; t++)
-                memcpy(BH(dst, b, h, Hq, T, D) + t * D, src + ((b * T + t) * Hs + h / rep) * D,
-                       (size_t)D * sizeof(float));
-}
-
 // dst[B, T, Hs*D] (+)= the sum over each group of src[B, Hq, T, D].
 static void from_heads(float *dst, bool fresh, const float *src, int64_t B, int64_t T, int Hq, int Hs, int D) {
     int rep = Hq / Hs;
@@ -151,8 +141,8 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     ag_tensor *krep = act_bits(ctx, s->base, "k_repeated", kv_shape, k->bits);
     ag_tensor *vrep = act_bits(ctx, s->base, "v_repeated", kv_shape, v->bits);
     if (krep && vrep && !meta) {
-        to_heads(krep->data, k->data, B, Tk, a->Hq, a->Hkv, a->D);
-        to_heads(vrep->data, v->data, B, Tk, a->Hq, a->Hkv, a->D);
+        ag_to_heads(krep->data, k->data, B, Tk, a->Hq, a->Hkv, a->D);
+        ag_to_heads(vrep->data, v->data, B, Tk, a->Hq, a->Hkv, a->D);
     }
     // The score matmul's operands. B > 1: it cannot view q [B, Hq, Tq, D] (laid out [B, Tq, Hq, D])
     // as a batch of matrices, so it keeps a contiguous copy instead of q (autocast's cast is one).
@@ -160,7 +150,7 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     ag_tensor *qk =
         !copied ? ag_retain(q)
                 : act_bits(ctx, s->base, cast && q->bits > 16 ? "q_bf16" : "q_bmm", q_shape, cast ? 16 : q->bits);
-    if (copied && qk && !meta) to_heads(qk->data, q->data, B, Tq, a->Hq, a->Hq, a->D);
+    if (copied && qk && !meta) ag_to_heads(qk->data, q->data, B, Tq, a->Hq, a->Hq, a->D);
     krep = autocast_operand(ctx, s->base, "k_bf16", krep);
     ag_tensor *scale = NULL,
               *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale) : NULL;

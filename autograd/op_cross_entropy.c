@@ -50,6 +50,13 @@ AG_AVX512 static void row_grad_avx512(float *g, const float *x, float lse, float
 }
 #endif
 
+float ag_row_logsumexp(const float *x, int64_t V) {
+#if defined(__x86_64__)
+    if (ag_has_avx512()) return row_lse_avx512(x, V);
+#endif
+    return row_lse(x, V);
+}
+
 // lse[b*(T-1) + t] for every predicting position.
 static void row_logsumexp(float *lse, const float *logits, int64_t B, int64_t T, int64_t V) {
 #if defined(__x86_64__)

@@ -9,14 +9,9 @@
 
 #include "ag_internal.h"
 
-static float row_logsoftmax(float *y, const float *x, int64_t V) {
-    float mx = x[0];
-    for (int64_t j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
-    double sum = 0.0;
-    for (int64_t j = 0; j < V; j++) sum += expf(x[j] - mx);
-    float lse = mx + (float)log(sum);
+static void row_logsoftmax(float *y, const float *x, int64_t V) {
+    float lse = ag_row_logsumexp(x, V);
     for (int64_t j = 0; j < V; j++) y[j] = x[j] - lse;
-    return lse;
 }
 
 // The label of row r (b*T + t) in the kept tensor: ids[r + 1], or -100 at a row's last position.

@@ -46,6 +46,14 @@ static void linear_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
 
 static const ag_op linear_op = {.name = "linear", .backward = linear_backward, .nsaved = AG_NSAVED(linear)};
 
+// y[M, out] = x[M, in] · w[out, in]ᵀ
+static void linear_forward(float *y, const float *x, const float *w, int64_t M, int64_t out, int64_t in) {
+    if (ag_skinny_forward_available(M))
+        ag_skinny_forward(x, w, y, M, out, in);
+    else
+        ag_sgemm(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+}
+
 // Under PYTORCH semantics the output has the input's dtype; under autocast the matmul casts a
 // float32 input and the weight to 16 bits (new tensors, kept for backward as its operands) and
 // returns 16 bits.
@@ -67,12 +75,7 @@ static ag_tensor *linear_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tens
     }
     ag_tensor *y =
         xc && wc ? ag_tensor_new_bits(ctx, x->ndim, shape, MP_ACTIVATION, s->out, cast ? 16 : x->bits) : NULL;
-    if (y && !mp_is_meta()) { // real runs are float32: xc and wc are x and w
-        if (ag_skinny_forward_available(M))
-            ag_skinny_forward(x->data, w->data, y->data, M, out, in);
-        else
-            ag_sgemm(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x->data, in, w->data, in, 0.0f, y->data, out);
-    }
+    if (y && !mp_is_meta()) linear_forward(y->data, x->data, w->data, M, out, in); // real: xc, wc are x, w
     ag_node *n = y && ag_any_needs_grad(ctx, 2, ins) ? ag_record(ctx, &linear_op, s->base, y, 2, ins) : NULL;
     if (n)
         n->state.linear = (ag_linear_state){
@@ -107,10 +110,7 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w) 
     if (ag_is_pytorch(ctx)) return linear_pt(ctx, &s, x, w, shape);
     ag_tensor *y = ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s.out);
     if (!y) return NULL;
-    if (!mp_is_meta() && ag_skinny_forward_available(M))
-        ag_skinny_forward(x->data, w->data, y->data, M, out, in);
-    else if (!mp_is_meta()) // y[M, out] = x[M, in] · w[out, in]ᵀ
-        ag_sgemm(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x->data, in, w->data, in, 0.0f, y->data, out);
+    if (!mp_is_meta()) linear_forward(y->data, x->data, w->data, M, out, in);
     if (!ag_any_needs_grad(ctx, 2, ins)) return y;
     ag_node *n = ag_record(ctx, &linear_op, s.base, y, 2, ins);
     if (!n) {

@@ -15,7 +15,7 @@ static void rope_rotate(float *y, bool accumulate, const float *x, int64_t B, in
     int half = hd / 2;
     int64_t width = (int64_t)nh * hd;
     float inv_freq[AG_ROPE_MAX_HEAD_DIM / 2];
-    for (int i = 0; i < half; i++) inv_freq[i] = 1.0f / powf(theta, (float)(2 * i) / (float)hd);
+    for (int i = 0; i < half; i++) inv_freq[i] = ag_rope_inv_freq(theta, i, hd);
 #pragma omp parallel for if (B * T * width >= AG_OMP_MIN)
     for (int64_t r = 0; r < B * T; r++) {
         float c[AG_ROPE_MAX_HEAD_DIM / 2], s[AG_ROPE_MAX_HEAD_DIM / 2];

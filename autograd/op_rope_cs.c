@@ -40,7 +40,7 @@ bool ag_rope_tables(ag_ctx *ctx, const char *site, int64_t T, int hd, float thet
     int half = hd / 2;
     for (int64_t t = 0; t < T; t++)
         for (int i = 0; i < half; i++) { // angles in float32, as the ag_rope kernel and HF form them
-            float a = (float)(pos0 + t) * (1.0f / powf(theta, (float)(2 * i) / (float)hd));
+            float a = (float)(pos0 + t) * ag_rope_inv_freq(theta, i, hd);
             float c = (float)cos((double)a), sn = (float)sin((double)a);
             (*cos_t)->data[t * hd + i] = (*cos_t)->data[t * hd + half + i] = c;
             (*sin_t)->data[t * hd + i] = (*sin_t)->data[t * hd + half + i] = sn;

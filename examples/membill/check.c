@@ -126,14 +126,13 @@ static uint64_t first_alloc_at(const char *site) {
 }
 
 typedef struct {
-    uint64_t hidden, logits, probs, weights, cache_peak;
+    uint64_t hidden, probs, weights, cache_peak;
 } prefill_look;
 
 static void look_prefill(const infer_run *r, void *arg) {
     (void)r;
     prefill_look *p = arg;
     p->hidden = first_alloc_at("embed_tokens:out");
-    p->logits = first_alloc_at("lm_head:logits");
     p->probs = first_alloc_at("layers.0.self_attn:probs");
     p->weights = mp_get_counter(MP_WEIGHT).peak;
     p->cache_peak = mp_get_counter(MP_CACHE).peak;

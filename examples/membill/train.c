@@ -30,54 +30,57 @@ static void note_moment(step_figures *f, uint64_t total, const int64_t *live, co
     for (int c = 0; c < MP_NCATEGORIES; c++) f->at_peak[c] = share_of(live[c], divide ? divide[c] : 1);
 }
 
+// One replay over the timeline: the live bytes of each category and the phase of the last event.
+typedef struct {
+    int64_t live[MP_NCATEGORIES];
+    const uint64_t *divide;
+    size_t i, n;
+    mp_phase last;
+} replay;
+
+static void apply(replay *rp) {
+    const mp_event *e = mp_timeline_get(rp->i++);
+    rp->live[e->category] += e->bytes;
+    rp->last = (mp_phase)e->phase;
+}
+
+// Events up to `end` without watching; then up to `stop`, returning the highest total (at least
+// what was live as the span began) and, with f, raising the step's peak moment on the way.
+static uint64_t replay_span(replay *rp, size_t end, size_t stop, step_figures *f, bool *seen) {
+    while (rp->i < end && rp->i < rp->n) apply(rp);
+    uint64_t pk = total_of(rp->live, rp->divide);
+    if (f && (!*seen || pk > f->peak)) {
+        note_moment(f, pk, rp->live, rp->divide, rp->i, rp->last);
+        *seen = true;
+    }
+    while (rp->i < stop && rp->i < rp->n) {
+        apply(rp);
+        uint64_t t = total_of(rp->live, rp->divide);
+        if (t > pk) pk = t;
+        if (f && t > f->peak) note_moment(f, t, rp->live, rp->divide, rp->i, rp->last);
+    }
+    return pk;
+}
+
+static void shares(const replay *rp, int64_t *out) {
+    for (int c = 0; c < MP_NCATEGORIES; c++) out[c] = (int64_t)share_of(rp->live[c], rp->divide ? rp->divide[c] : 1);
+}
+
 void cli_replay_steps(const train_run *r, const uint64_t *divide, step_figures *out) {
-    int64_t live[MP_NCATEGORIES] = {0};
-    size_t i = 0, n = mp_timeline_count();
-    mp_phase last = MP_PHASE_SETUP; // the phase of the last event replayed
+    replay rp = {.divide = divide, .n = mp_timeline_count(), .last = MP_PHASE_SETUP};
     for (long s = 0; s < r->nsteps; s++) {
         const step_record *rec = &r->steps[s];
         step_figures *f = &out[s];
         memset(f, 0, sizeof *f);
         bool seen = false;
-        if (rec->zero_grad) { // PYTORCH frameworks: the step opens with zero_grad, a phase of its own
-            for (; i < rec->zero_grad_events[0] && i < n; i++)
-                live[mp_timeline_get(i)->category] += mp_timeline_get(i)->bytes;
-            uint64_t pk = total_of(live, divide);
-            for (; i < rec->zero_grad_events[1] && i < n; i++) {
-                const mp_event *e = mp_timeline_get(i);
-                live[e->category] += e->bytes;
-                last = (mp_phase)e->phase;
-                uint64_t t = total_of(live, divide);
-                if (t > pk) pk = t;
-            }
+        if (rec->zero_grad) { // PYTORCH frameworks: zero_grad opens the step, a phase of its own
             f->zero_grad = true;
-            f->zero_grad_peak = pk;
-            for (int c = 0; c < MP_NCATEGORIES; c++)
-                f->zero_grad_end[c] = (int64_t)share_of(live[c], divide ? divide[c] : 1);
+            f->zero_grad_peak = replay_span(&rp, rec->zero_grad_events[0], rec->zero_grad_events[1], NULL, &seen);
+            shares(&rp, f->zero_grad_end);
         }
         for (int p = 0; p < rec->phases_done; p++) {
-            for (; i < rec->events[p] && i < n; i++) {
-                const mp_event *e = mp_timeline_get(i);
-                live[e->category] += e->bytes;
-                last = (mp_phase)e->phase;
-            }
-            // A phase's peak is at least what was live as it began.
-            uint64_t pk = total_of(live, divide);
-            if (!seen || pk > f->peak) {
-                note_moment(f, pk, live, divide, i, last);
-                seen = true;
-            }
-            for (; i < rec->events[p + 1] && i < n; i++) {
-                const mp_event *e = mp_timeline_get(i);
-                live[e->category] += e->bytes;
-                last = (mp_phase)e->phase;
-                uint64_t t = total_of(live, divide);
-                if (t > pk) pk = t;
-                if (t > f->peak) note_moment(f, t, live, divide, i + 1, last);
-            }
-            f->phase_peak[p] = pk;
-            for (int c = 0; c < MP_NCATEGORIES; c++)
-                f->end_live[p][c] = (int64_t)share_of(live[c], divide ? divide[c] : 1);
+            f->phase_peak[p] = replay_span(&rp, rec->events[p], rec->events[p + 1], f, &seen);
+            shares(&rp, f->end_live[p]);
         }
     }
 }
@@ -132,6 +135,17 @@ static json_t *timing_json(const train_run *r) {
     return t;
 }
 
+static json_t *phase_json(const char *name, uint64_t peak, double seconds, const int64_t *end_live) {
+    json_t *ph = json_object(), *end = json_object();
+    json_object_set_new(ph, "name", json_string(name));
+    json_object_set_new(ph, "peak_bytes", json_integer((json_int_t)peak));
+    json_object_set_new(ph, "seconds", json_real(seconds));
+    for (int c = 0; c < MP_NCATEGORIES; c++)
+        json_object_set_new(end, mp_category_name(c), json_integer((json_int_t)end_live[c]));
+    json_object_set_new(ph, "end_live", end);
+    return ph;
+}
+
 // The top-level "steps": one entry per step that began, with only the phases that finished.
 static json_t *steps_json(const train_run *r, const step_figures *fig) {
     json_t *arr = json_array();
@@ -142,26 +156,12 @@ static json_t *steps_json(const train_run *r, const step_figures *fig) {
         json_object_set_new(o, "loss", r->meta ? json_null() : json_real(rec->loss));
         json_object_set_new(o, "peak_bytes", json_integer((json_int_t)fig[s].peak));
         const double secs[3] = {rec->forward_s, rec->backward_s, rec->optimizer_s};
-        if (fig[s].zero_grad) {
-            json_t *ph = json_object(), *end = json_object();
-            json_object_set_new(ph, "name", json_string("zero_grad"));
-            json_object_set_new(ph, "peak_bytes", json_integer((json_int_t)fig[s].zero_grad_peak));
-            json_object_set_new(ph, "seconds", json_real(rec->zero_grad_s));
-            for (int c = 0; c < MP_NCATEGORIES; c++)
-                json_object_set_new(end, mp_category_name(c), json_integer((json_int_t)fig[s].zero_grad_end[c]));
-            json_object_set_new(ph, "end_live", end);
-            json_array_append_new(phases, ph);
-        }
-        for (int p = 0; p < rec->phases_done; p++) {
-            json_t *ph = json_object(), *end = json_object();
-            json_object_set_new(ph, "name", json_string(phase_names[p]));
-            json_object_set_new(ph, "peak_bytes", json_integer((json_int_t)fig[s].phase_peak[p]));
-            json_object_set_new(ph, "seconds", json_real(secs[p]));
-            for (int c = 0; c < MP_NCATEGORIES; c++)
-                json_object_set_new(end, mp_category_name(c), json_integer((json_int_t)fig[s].end_live[p][c]));
-            json_object_set_new(ph, "end_live", end);
-            json_array_append_new(phases, ph);
-        }
+        if (fig[s].zero_grad)
+            json_array_append_new(
+                phases, phase_json("zero_grad", fig[s].zero_grad_peak, rec->zero_grad_s, fig[s].zero_grad_end));
+        for (int p = 0; p < rec->phases_done; p++)
+            json_array_append_new(phases,
+                                  phase_json(phase_names[p], fig[s].phase_peak[p], secs[p], fig[s].end_live[p]));
         json_object_set_new(o, "phases", phases);
         json_t *roles = json_object();
         uint64_t saved = 0;

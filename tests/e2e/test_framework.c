@@ -274,29 +274,25 @@ static void flash_memory_meta(void **state) {
 
 static void flash_memory_real(void **state) {
     (void)state;
-    if (!getenv("MEMBILL_HEAVY")) skip();
     flash_against_eager_at("--adam-impl fused", false);
 }
 
 static void meta_equals_real_smollm2(void **state) {
     (void)state;
-    if (!getenv("MEMBILL_HEAVY")) skip();
     meta_equals_real_at("--seq-len 25");
     meta_equals_real_at("--seq-len 128");
     meta_equals_real_at("--seq-len 128 --attention flash");
 }
 
+// Two entries of ctest run this program: e2e_framework the quick group, e2e_framework_smollm2
+// (MEMBILL_HEAVY set, label heavy) the real SmolLM2-135M runs.
 int main(void) {
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(golden_fp32_forloop),
-        cmocka_unit_test(golden_fp32_foreach),
-        cmocka_unit_test(golden_16_bit),
-        cmocka_unit_test(lean_unchanged),
-        cmocka_unit_test(meta_equals_real_tiny),
-        cmocka_unit_test(same_losses),
-        cmocka_unit_test(meta_equals_real_smollm2),
+    const struct CMUnitTest quick[] = {
+        cmocka_unit_test(golden_fp32_forloop), cmocka_unit_test(golden_fp32_foreach),   cmocka_unit_test(golden_16_bit),
+        cmocka_unit_test(lean_unchanged),      cmocka_unit_test(meta_equals_real_tiny), cmocka_unit_test(same_losses),
         cmocka_unit_test(flash_memory_meta),
-        cmocka_unit_test(flash_memory_real),
     };
-    return cmocka_run_group_tests(tests, cli_run_make_dir, cli_run_remove_dir);
+    const struct CMUnitTest heavy[] = {cmocka_unit_test(meta_equals_real_smollm2), cmocka_unit_test(flash_memory_real)};
+    if (getenv("MEMBILL_HEAVY")) return cmocka_run_group_tests(heavy, cli_run_make_dir, cli_run_remove_dir);
+    return cmocka_run_group_tests(quick, cli_run_make_dir, cli_run_remove_dir);
 }
