@@ -54,17 +54,29 @@ static void add_mask(float *masked, const float *scaled, const ag_att_dims *a) {
     }
 }
 
-static void softmax_rows(float *p, const float *m, int64_t rows, int64_t n) {
-#pragma omp parallel for if (rows * n >= AG_OMP_MIN_EXP)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *x = m + r * n;
-        float *y = p + r * n, mx = x[0];
+typedef struct {
+    float *p;
+    const float *m;
+    int64_t n;
+} softmax_args;
+
+static void softmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const softmax_args *s = arg;
+    const int64_t n = s->n;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = s->m + r * n;
+        float *y = s->p + r * n, mx = x[0];
         for (int64_t j = 1; j < n; j++) mx = x[j] > mx ? x[j] : mx;
         double sum = 0.0;
         for (int64_t j = 0; j < n; j++) sum += (y[j] = expf(x[j] - mx));
         float inv = (float)(1.0 / sum);
         for (int64_t j = 0; j < n; j++) y[j] *= inv;
     }
+}
+
+static void softmax_rows(float *p, const float *m, int64_t rows, int64_t n) {
+    ag_parallel_for(rows, AG_PAR_GRAIN_EXP / n + 1, softmax_part, &(softmax_args){p, m, n});
 }
 
 static ag_tensor *act_bits(ag_ctx *ctx, const char *base, const char *what, const int64_t shape[4], int bits) {
