@@ -101,7 +101,7 @@ static const opt_spec specs[] = {
     {"--trace", "FILE.json", T_OUT, OFF(trace), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
      "a Chrome trace-event file (opens in Perfetto): a counter track per category, every tensor a slice from "
      "allocation to free"},
-    {"--html", "FILE.html", T_OUT, OFF(html), TR | IN | CO | PL, NULL, 0, NULL, 0, 0, NULL,
+    {"--html", "FILE.html", T_OUT, OFF(html), ALL, NULL, 0, NULL, 0, 0, NULL,
      "one self-contained page: the timeline to hover, pin and zoom (what was live at any moment), the bill"},
     {"--dump-grads", "FILE", T_OUT, OFF(dump_grads), TR, NULL, 0, NULL, 0, 0, NULL,
      "the parameter gradients after the last backward, F32 safetensors with HF names"},

@@ -537,8 +537,10 @@
   runs.forEach((r) => {
     r.peakEvent = r.peak_event >= 0 ? r.peak_event : 0;
   });
-  controls();
-  build();
+  if (runs.length) {
+    controls();
+    build();
+  }
   bill();
   window.addEventListener('resize', () => renderAll());
   document.body.dataset.ready = '1';
