@@ -10,7 +10,8 @@ A screenshot of each state goes to OUT_DIR. WebDriver is plain HTTP and JSON, so
 library is enough: nothing is downloaded at test time.
 
 usage: html_in_browser.py MEMBILL GOLDEN_DIR OUT_DIR    (exit 77: skipped, and why)
-MEMBILL_HEAVY=1: SmolLM2-135M's real step instead (its page's size, the read-out at its peak).
+MEMBILL_HEAVY=1: SmolLM2-135M's real step instead (its page's size, the read-out at its peak, and
+its trace's slices at the peak against the report).
 MEMBILL_REQUIRE_BROWSER=1 (CI): no browser is a failure, not a skip.
 """
 import base64
@@ -229,6 +230,21 @@ def check_page(b, page, report, shots):
     b.shot(os.path.join(shots, "11-check.png"))
 
 
+def trace_at_peak(path, report):
+    """The trace's tensor slices live at its total-peak instant, summed by category."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    at = next(e["ts"] for e in events if e["ph"] == "i" and e["name"] == "total peak")
+    begins, live = {}, {c: 0 for c in CATS}
+    for e in events:
+        if e["ph"] == "b":
+            begins[e["id"]] = e
+        elif e["ph"] == "e" and begins[e["id"]]["ts"] <= at < e["ts"]:
+            live[e["cat"]] += begins[e["id"]]["args"]["bytes"]
+    same_composition(dict(live, total=sum(live.values())), report["peak"]["composition"],
+                     "SmolLM2-135M: the trace's slices at the peak")
+
+
 def heavy_page(b, page, report, shots):
     """SmolLM2-135M's real step: thousands of allocations, the read-out at the peak still exact."""
     size = os.path.getsize(page)
@@ -276,7 +292,8 @@ def main():
             return json.load(f)
 
     if heavy:
-        run("train", "--html", work + "/train.html", "--json", work + "/train.json")
+        run("train", "--html", work + "/train.html", "--json", work + "/train.json", "--trace", work + "/trace.json")
+        trace_at_peak(work + "/trace.json", load("train.json"))
     else:
         run("train", "--weights", tiny, "--html", work + "/train.html", "--json", work + "/train.json")
         run("compare", "--weights", tiny, "--new-tokens", "4", "--html", work + "/compare.html")
