@@ -181,7 +181,10 @@
       svg.appendChild(el('line', {x1: LEFT, x2: LEFT + w, y1: y(v), y2: y(v), stroke: '#e3e3e3'}));
       svg.appendChild(el('text', {x: LEFT - 6, y: y(v) + 4, 'text-anchor': 'end', class: 'tick'}, human(v)));
     }
-    if (label) svg.appendChild(el('text', {x: 4, y: y(y.ticks[0]) - 4, class: 'axis-label'}, label));
+    if (!label) return;
+    const mid = (y(y.ticks[0]) + y(y.ticks[y.ticks.length - 1])) / 2;
+    svg.appendChild(el('text', {x: 14, y: mid, class: 'axis-label', 'text-anchor': 'middle',
+                                transform: 'rotate(-90 14 ' + mid + ')'}, label));
   }
 
   function drawXAxis(svg, w, y0) {
