@@ -1,5 +1,6 @@
 // The one door to sgemm, so that benchmarks and reports can tell the time spent in it, and
 // the small products (attention's per-head blocks) that it handles without OpenBLAS.
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -129,8 +130,13 @@ static void sgemm_part(void *arg, int64_t b, int64_t e, int thread) {
     }
 }
 
+// Every OpenBLAS call runs on the thread that makes it: the pool splits the work instead.
+static void blas_single(void) { openblas_set_num_threads(1); }
+
 void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, blas_single);
     double t0 = ag_blas_clock();
     if (!small_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) {
         // Split along C's longer side in blocks the pool hands out; each block is one

@@ -113,6 +113,11 @@ static void test_idle_threads_sleep(void **state) {
     ag_set_num_threads(4);
     _Atomic int hits[64] = {0};
     visit v = {.hits = hits, .max_slot = -1};
+    // OpenBLAS starts threads of its own when it loads (never given work here: every call is
+    // single-threaded); they spin for up to about 0.1 s before they sleep. Past that, only the
+    // pool's threads could spin.
+    struct timespec settle = {0, 300 * 1000 * 1000};
+    nanosleep(&settle, NULL);
     ag_parallel_tasks(64, count_part, &v);
     double c0 = cpu_seconds();
     struct timespec pause = {0, 100 * 1000 * 1000};
@@ -152,6 +157,39 @@ static void check_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64
     ag_set_num_threads(2);
 }
 
+// The BLAS under ag_sgemm is called from several threads at once: each call must get its own
+// buffers (Debian's single-threaded OpenBLAS shares them: here up to one product in a
+// thousand came out wrong).
+enum { RM = 64, RN = 130, RK = 257 };
+static float ra[RM * RK], rb[RK * RN], rref[RM * RN];
+
+static void *same_products(void *p) {
+    int64_t *bad = p;
+    float *c = malloc(sizeof rref);
+    for (int r = 0; r < 3000; r++) {
+        ag_sgemm(CblasNoTrans, CblasNoTrans, RM, RN, RK, 1.0f, ra, RK, rb, RN, 0.0f, c, RN);
+        *bad += memcmp(c, rref, sizeof rref) != 0;
+    }
+    free(c);
+    return NULL;
+}
+
+static void test_blas_from_threads(void **state) {
+    (void)state;
+    ag_set_num_threads(1); // each thread's products in one piece: the threads race in the BLAS
+    for (int i = 0; i < RM * RK; i++) ra[i] = (float)(i % 7) * 0.1f;
+    for (int i = 0; i < RK * RN; i++) rb[i] = (float)(i % 11) * 0.1f;
+    ag_sgemm(CblasNoTrans, CblasNoTrans, RM, RN, RK, 1.0f, ra, RK, rb, RN, 0.0f, rref, RN);
+    // More threads than cores: a thread preempted inside a call is when buffers get shared.
+    pthread_t th[3];
+    int64_t bad[4] = {0};
+    for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&th[i], NULL, same_products, &bad[i]), 0);
+    same_products(&bad[3]);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    assert_int_equal(bad[0] + bad[1] + bad[2] + bad[3], 0);
+    ag_set_num_threads(2);
+}
+
 static void test_split_sgemm(void **state) {
     (void)state;
     const int64_t shapes[][3] = {{1000, 33, 70}, {33, 1000, 70}, {97, 161, 300}, {512, 577, 64}};
@@ -166,7 +204,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_item_once),    cmocka_unit_test(test_nested_loops),
         cmocka_unit_test(test_concurrent_callers), cmocka_unit_test(test_idle_threads_sleep),
-        cmocka_unit_test(test_split_sgemm),
+        cmocka_unit_test(test_split_sgemm),        cmocka_unit_test(test_blas_from_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
