@@ -156,6 +156,10 @@ void ag_skinny_backward(const float *dy, const float *x, const float *w, float *
 // more to hand out than it gains. Loops calling expf reach that sooner than plain arithmetic.
 #define AG_PAR_GRAIN (1 << 16)
 #define AG_PAR_GRAIN_EXP (1 << 13)
+// op_rope.c: one row of nh heads, y (+)= x cos + rotate_half(x) sign sin, the first half of each
+// head's angles from (c0, s0), the second from (c1, s1).
+void ag_rope_row(float *y, const float *x, const float *c0, const float *s0, const float *c1, const float *s1, int nh,
+                 int hd, float sign, bool accumulate);
 // vec.c: dst = a + b; dst = a * b (fresh) or dst += a * b.
 void ag_vec_add(float *dst, const float *a, const float *b, int64_t n);
 void ag_vec_mul_into(float *dst, bool fresh, const float *a, const float *b, int64_t n);

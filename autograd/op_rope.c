@@ -24,27 +24,30 @@ typedef struct {
 static void rotate_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const rope_args *ra = p;
-    const float *x = ra->x, sign = ra->sign;
-    float *y = ra->y;
-    const int nh = ra->nh, hd = ra->hd, half = hd / 2;
-    const int64_t width = (int64_t)nh * hd, T = ra->T;
-    const bool accumulate = ra->accumulate;
+    const int half = ra->hd / 2;
+    const int64_t width = (int64_t)ra->nh * ra->hd;
     for (int64_t r = lo; r < hi; r++) {
         float c[AG_ROPE_MAX_HEAD_DIM / 2], s[AG_ROPE_MAX_HEAD_DIM / 2];
-        float p = (float)(ra->pos ? ra->pos[r] : ra->pos0 + r % T);
+        float p = (float)(ra->pos ? ra->pos[r] : ra->pos0 + r % ra->T);
         for (int i = 0; i < half; i++) {
             float a = p * ra->inv_freq[i];
             c[i] = (float)cos((double)a);
-            s[i] = sign * (float)sin((double)a);
+            s[i] = (float)sin((double)a);
         }
-        for (int h = 0; h < nh; h++) {
-            const float *xa = x + r * width + h * hd, *xb = xa + half;
-            float *ya = y + r * width + h * hd, *yb = ya + half;
-            for (int i = 0; i < half; i++) {
-                float va = xa[i] * c[i] - xb[i] * s[i], vb = xb[i] * c[i] + xa[i] * s[i];
-                ya[i] = accumulate ? ya[i] + va : va;
-                yb[i] = accumulate ? yb[i] + vb : vb;
-            }
+        ag_rope_row(ra->y + r * width, ra->x + r * width, c, s, c, s, ra->nh, ra->hd, ra->sign, ra->accumulate);
+    }
+}
+
+void ag_rope_row(float *y, const float *x, const float *c0, const float *s0, const float *c1, const float *s1, int nh,
+                 int hd, float sign, bool accumulate) {
+    const int half = hd / 2;
+    for (int h = 0; h < nh; h++) {
+        const float *xa = x + h * hd, *xb = xa + half;
+        float *ya = y + h * hd, *yb = ya + half;
+        for (int i = 0; i < half; i++) {
+            float va = xa[i] * c0[i] - xb[i] * sign * s0[i], vb = xb[i] * c1[i] + xa[i] * sign * s1[i];
+            ya[i] = accumulate ? ya[i] + va : va;
+            yb[i] = accumulate ? yb[i] + vb : vb;
         }
     }
 }

@@ -61,22 +61,12 @@ typedef struct {
 static void rotate_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const rotate_args *ra = p;
-    const float *x = ra->x, sign = ra->sign;
-    float *y = ra->y;
-    const int nh = ra->nh, hd = ra->hd, half = hd / 2;
-    const int64_t width = (int64_t)nh * hd, T = ra->T;
-    const bool accumulate = ra->accumulate;
+    const int half = ra->hd / 2;
+    const int64_t width = (int64_t)ra->nh * ra->hd, T = ra->T;
     for (int64_t r = lo; r < hi; r++) {
-        const float *c = ra->cs + (r % T) * hd, *s = ra->sn + (r % T) * hd;
-        for (int h = 0; h < nh; h++) {
-            const float *xa = x + r * width + h * hd, *xb = xa + half;
-            float *ya = y + r * width + h * hd, *yb = ya + half;
-            for (int i = 0; i < half; i++) {
-                float va = xa[i] * c[i] - xb[i] * sign * s[i], vb = xb[i] * c[half + i] + xa[i] * sign * s[half + i];
-                ya[i] = accumulate ? ya[i] + va : va;
-                yb[i] = accumulate ? yb[i] + vb : vb;
-            }
-        }
+        const float *c = ra->cs + (r % T) * ra->hd, *s = ra->sn + (r % T) * ra->hd;
+        ag_rope_row(ra->y + r * width, ra->x + r * width, c, s, c + half, s + half, ra->nh, ra->hd, ra->sign,
+                    ra->accumulate);
     }
 }
 

@@ -22,7 +22,7 @@ if [ -z "$cc" ]; then
   command -v clang >/dev/null || cc=clang-14
 fi
 case "$seconds" in '' | *[!0-9]*) echo "run.sh: SECONDS must be a whole number, not '$seconds'" >&2; exit 2 ;; esac
-command -v "$cc" >/dev/null || { echo "run.sh: $cc not found (Debian: apt-get install clang-14 libclang-rt-14-dev libomp-14-dev)" >&2; exit 2; }
+command -v "$cc" >/dev/null || { echo "run.sh: $cc not found (Debian: apt-get install clang-14 libclang-rt-14-dev)" >&2; exit 2; }
 
 if [ -z "${FUZZERS:-}" ]; then
   FUZZERS=""
