@@ -13,7 +13,7 @@ pcre2_code *tok_regex(const char *pattern, size_t len, bool literal, const char 
                       tok_err *err) {
     int code = 0;
     PCRE2_SIZE at = 0;
-    uint32_t flags = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t flags = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP); // LITERAL takes no UCP
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, flags, &code, &at, NULL);
     if (!re) {
         PCRE2_UCHAR msg[160];
