@@ -1,6 +1,7 @@
 // The pre-tokenizers: ByteLevel, Split, Digits and Sequence of them, each turning the list of
 // pieces into a finer one, with the library's semantics (tokenizers/src/pre_tokenizers).
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,17 +10,55 @@
 // GPT-2's split, as ByteLevel's use_regex applies it.
 static const char gpt2_regex[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+// The files' regexes are Oniguruma's, whose Unicode \s is the White_Space property; PCRE2's lacks
+// U+0085 (NEL), so \s and \S say it: "a \x{85}b" splits as the library splits it.
+static char *white_space_as_oniguruma(const char *p, size_t len, size_t *out_len) {
+    tok_buf b = {0};
+    bool in_class = false;
+    int rc = tok_buf_add(&b, "", 0);
+    for (size_t i = 0; i < len && rc == 0; i++) {
+        if (p[i] == '\\' && i + 1 < len) {
+            char n = p[++i];
+            const char *w = n == 's' ? (in_class ? "\\s\\x{85}" : "[\\s\\x{85}]")
+                            : n == 'S' && !in_class ? "[^\\s\\x{85}]"
+                                                    : NULL;
+            rc = w ? tok_buf_add(&b, w, strlen(w)) : tok_buf_add(&b, p + i - 1, 2);
+            continue;
+        }
+        if (p[i] == '[' && !in_class) {
+            in_class = true;
+            rc = tok_buf_add(&b, p + i, 1);
+            if (rc == 0 && i + 1 < len && p[i + 1] == '^') rc = tok_buf_add(&b, p + ++i, 1);
+            if (rc == 0 && i + 1 < len && p[i + 1] == ']') rc = tok_buf_add(&b, p + ++i, 1); // a literal ]
+            continue;
+        }
+        if (p[i] == ']') in_class = false;
+        rc = tok_buf_add(&b, p + i, 1);
+    }
+    if (rc != 0) {
+        free(b.p);
+        return NULL;
+    }
+    *out_len = b.n;
+    return b.p;
+}
+
 pcre2_code *tok_regex(const char *pattern, size_t len, bool literal, const char *origin, const char *what,
                       tok_err *err) {
     int code = 0;
     PCRE2_SIZE at = 0;
     uint32_t flags = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP); // LITERAL takes no UCP
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, flags, &code, &at, NULL);
+    size_t n = len;
+    char *p = literal ? NULL : white_space_as_oniguruma(pattern, len, &n);
+    if (!literal && !p) return tok_err_set(err, "%s: out of memory", origin), NULL;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(p ? p : pattern), n, flags, &code, &at, NULL);
+    free(p);
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(code, msg, sizeof msg);
-        tok_err_set(err, "%s: %s: the regex does not compile at offset %zu: %s", origin, what, (size_t)at,
-                    (const char *)msg);
+        char where[48] = ""; // an offset into the rewritten pattern would mislead
+        if (n == len) snprintf(where, sizeof where, " at offset %zu", (size_t)at);
+        tok_err_set(err, "%s: %s: the regex does not compile%s: %s", origin, what, where, (const char *)msg);
         return NULL;
     }
     pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); // faster where the JIT exists; the interpreter otherwise

@@ -132,6 +132,14 @@ static void test_byte_level_regex(void **state) {
     assert_string_equal(pieces(t, "x123 it's", false), "x|123|_|i|t|'s");
     assert_string_equal(pieces(t, "a  wo", false), "a|_|_wo"); // \s+(?!\S): the last space joins the word
     tok_free(t);
+    // U+0085 is white space to the library (Oniguruma's \s), not punctuation: " " and it apart
+    const char *nel[] = {"_ \xc3\x82", NULL};
+    r = bpe(nel);
+    json_object_set_new(r, "pre_tokenizer", byte_level_pre(true));
+    t = build(r);
+    assert_string_equal(pieces(t, "a \xc2\x85" "b", false), "a|_|\xc3\x82|\xc4\xa7|b");
+    assert_string_equal(pieces(t, "a \xc2\xa9", false), "a|_\xc3\x82|\xc2\xa9"); // (c) is punctuation: " (c)"
+    tok_free(t);
     r = bpe(m);
     json_object_set_new(r, "pre_tokenizer", byte_level_pre(false));
     t = build(r);
