@@ -146,6 +146,12 @@ static uint64_t cache_per_token(const infer_run *r) {
     return (uint64_t)(2 * c->layers * c->kv_heads * c->head_dim * act_bytes(r));
 }
 
+// The tokens of the forwards that ran (fewer than asked when end-of-text stopped them) a second.
+static double tokens_per_s(const infer_run *r) {
+    const llama_generate_stats *st = &r->stats;
+    return st->generate_s > 0 ? (double)(r->batch * st->steps) / st->generate_s : 0;
+}
+
 static json_t *shape_json(const int64_t s[4]) {
     json_t *a = json_array();
     for (int i = 0; i < 4; i++) json_array_append_new(a, json_integer(s[i]));
@@ -212,7 +218,7 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(t, "generate_s", json_real(st->generate_s));
     json_object_set_new(t, "decode_step_s", json_real(st->decode_step_s));
     json_object_set_new(t, "tokens_per_s",
-                        json_real(st->generate_s > 0 ? (double)(r->batch * r->new_tokens) / st->generate_s : 0));
+                        json_real(tokens_per_s(r)));
     if (!failed)
         json_object_set_new(root, "timing", t);
     else
@@ -252,7 +258,7 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
     if (!r->meta && !failed) {
         fprintf(f, "\n  prefill %.4f s, decode %.4f s (median step %.4f s), together %.4f s: %.1f tokens/s\n",
                 st->prefill_s, st->decode_s, st->decode_step_s, st->generate_s,
-                st->generate_s > 0 ? (double)(r->batch * r->new_tokens) / st->generate_s : 0);
+                tokens_per_s(r));
         if (st->steps < r->new_tokens)
             fprintf(f, "  every row reached end-of-text: generation stopped after %lld of %ld tokens\n",
                     (long long)st->steps, r->new_tokens);
