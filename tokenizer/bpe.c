@@ -106,8 +106,9 @@ static int initial_symbols(const tok_tokenizer *t, const char *word, size_t len,
 }
 
 static int push_pair(const tok_tokenizer *t, heap *h, const symbols *s, int32_t pos) {
+    if (pos < 0) return 0; // the merge was at the word's start: nothing on its left
     int32_t nx = s->next[pos], rank, merged;
-    if (pos < 0 || nx < 0 || !tok_pairmap_get(&t->merges, s->id[pos], s->id[nx], &rank, &merged)) return 0;
+    if (nx < 0 || !tok_pairmap_get(&t->merges, s->id[pos], s->id[nx], &rank, &merged)) return 0;
     return heap_push(h, (cand){rank, pos, s->id[pos], s->id[nx]});
 }
 

@@ -47,7 +47,10 @@ static int token_bytes(const tok_tokenizer *t, const char *s, size_t len, tok_bu
 // The bytes of an ill-formed sequence that one U+FFFD replaces: its maximal subpart (WHATWG, and
 // Rust's from_utf8_lossy).
 static size_t bad_prefix(const unsigned char *s, size_t n) {
-    size_t need = s[0] >= 0xc2 && s[0] <= 0xdf ? 1 : s[0] >= 0xe0 && s[0] <= 0xef ? 2 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 3 : 0;
+    size_t need = s[0] >= 0xc2 && s[0] <= 0xdf   ? 1
+                  : s[0] >= 0xe0 && s[0] <= 0xef ? 2
+                  : s[0] >= 0xf0 && s[0] <= 0xf4 ? 3
+                                                 : 0;
     size_t j = 1;
     for (; j <= need && j < n; j++) {
         unsigned char lo = 0x80, hi = 0xbf;

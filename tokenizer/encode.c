@@ -18,7 +18,8 @@ static const tok_added *find_added(const tok_tokenizer *t, const char *s, size_t
             const tok_added *a = &t->added[k];
             if (a->content[0] != s[i] || a->len > len - i || memcmp(s + i, a->content, a->len) != 0) continue;
             size_t e = i + a->len;
-            if (a->single_word && ((i > 0 && is_word((unsigned char)s[i - 1])) || (e < len && is_word((unsigned char)s[e]))))
+            if (a->single_word &&
+                ((i > 0 && is_word((unsigned char)s[i - 1])) || (e < len && is_word((unsigned char)s[e]))))
                 continue;
             size_t b = i;
             if (a->lstrip)

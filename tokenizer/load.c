@@ -78,8 +78,8 @@ static int parse_merges(tok_tokenizer *t, json_t *merges, const char *origin, to
         int32_t im = tok_strmap_get(&t->vocab, ab, alen + blen - skip);
         free(ab);
         if (ia < 0 || ib < 0 || im < 0) {
-            tok_err_set(err, "%s: model.merges[%zu]: '%.*s', '%.*s' or their merge is not in the vocabulary", origin,
-                        i, (int)(alen < 40 ? alen : 40), a, (int)(blen < 40 ? blen : 40), b);
+            tok_err_set(err, "%s: model.merges[%zu]: '%.*s', '%.*s' or their merge is not in the vocabulary", origin, i,
+                        (int)(alen < 40 ? alen : 40), a, (int)(blen < 40 ? blen : 40), b);
             return -1;
         }
         if (tok_pairmap_put(&t->merges, ia, ib, (int32_t)i, im) != 0) return oom(origin, err);
@@ -100,7 +100,9 @@ static int parse_model(tok_tokenizer *t, json_t *m, const char *origin, tok_err 
     const char *type = json_string_value(json_object_get(m, "type"));
     if (!json_is_object(m) || (type && strcmp(type, "BPE") != 0)) {
         tok_err_set(err, "%s: model must be BPE (byte-level families), not '%.40s'", origin,
-                    type ? type : json_is_object(m) ? "(no type)" : "(missing)");
+                    type                ? type
+                    : json_is_object(m) ? "(no type)"
+                                        : "(missing)");
         return -1;
     }
     json_t *dropout = json_object_get(m, "dropout");
@@ -119,7 +121,8 @@ static int parse_model(tok_tokenizer *t, json_t *m, const char *origin, tok_err 
         return -1;
     json_t *unk = json_object_get(m, "unk_token");
     t->unk = -1;
-    if (json_is_string(unk) && (t->unk = tok_strmap_get(&t->vocab, json_string_value(unk), json_string_length(unk))) < 0) {
+    if (json_is_string(unk) &&
+        (t->unk = tok_strmap_get(&t->vocab, json_string_value(unk), json_string_length(unk))) < 0) {
         tok_err_set(err, "%s: model.unk_token '%.40s' is not in the vocabulary", origin, json_string_value(unk));
         return -1;
     }
@@ -139,8 +142,8 @@ static int parse_added(tok_tokenizer *t, json_t *list, const char *origin, tok_e
         json_t *o = json_array_get(list, i), *c = json_object_get(o, "content"), *id = json_object_get(o, "id");
         json_int_t v = json_integer_value(id);
         if (!json_is_string(c) || !json_string_length(c) || !json_is_integer(id) || v < 0 || v >= TOK_MAX_ID) {
-            tok_err_set(err, "%s: added_tokens[%zu] needs a non-empty \"content\" and an \"id\" from 0 to %d", origin, i,
-                        TOK_MAX_ID - 1);
+            tok_err_set(err, "%s: added_tokens[%zu] needs a non-empty \"content\" and an \"id\" from 0 to %d", origin,
+                        i, TOK_MAX_ID - 1);
             return -1;
         }
         tok_added *a = &t->added[t->n_added];

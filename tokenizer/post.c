@@ -28,8 +28,10 @@ static int special_ids(tok_tokenizer *t, json_t *specials, const char *name, int
         ids[(*k)++] = (int32_t)v;
     }
     if (*k == 0 || *k != json_array_size(list)) {
-        tok_err_set(err, "%s: post_processor: special token '%.40s' needs \"ids\" in special_tokens (1 to 8 of the tokenizer's ids)",
-                    origin, name);
+        tok_err_set(
+            err,
+            "%s: post_processor: special token '%.40s' needs \"ids\" in special_tokens (1 to 8 of the tokenizer's ids)",
+            origin, name);
         return -1;
     }
     return 0;
@@ -39,7 +41,8 @@ static int special_ids(tok_tokenizer *t, json_t *specials, const char *name, int
 static int parse_template(tok_tokenizer *t, json_t *o, tok_template *tp, const char *origin, tok_err *err) {
     json_t *single = json_object_get(o, "single"), *specials = json_object_get(o, "special_tokens");
     bool seen = false;
-    if (!json_is_array(single)) return tok_err_set(err, "%s: post_processor TemplateProcessing: single must be a list", origin), -1;
+    if (!json_is_array(single))
+        return tok_err_set(err, "%s: post_processor TemplateProcessing: single must be a list", origin), -1;
     for (size_t i = 0; i < json_array_size(single); i++) {
         json_t *item = json_array_get(single, i), *sp = json_object_get(item, "SpecialToken");
         const char *seq = json_string_value(json_object_get(json_object_get(item, "Sequence"), "id"));
@@ -49,8 +52,9 @@ static int parse_template(tok_tokenizer *t, json_t *o, tok_template *tp, const c
         }
         const char *name = json_string_value(json_object_get(sp, "id"));
         if (!name) {
-            tok_err_set(err, "%s: post_processor TemplateProcessing: single[%zu] must be a SpecialToken or the one Sequence A",
-                        origin, i);
+            tok_err_set(
+                err, "%s: post_processor TemplateProcessing: single[%zu] must be a SpecialToken or the one Sequence A",
+                origin, i);
             return -1;
         }
         int32_t ids[8];
@@ -85,7 +89,8 @@ static int parse_one(tok_tokenizer *t, json_t *o, const char *origin, tok_err *e
     if (type && strcmp(type, "ByteLevel") == 0) return 0;
     if (type && strcmp(type, "Sequence") == 0) {
         json_t *items = json_object_get(o, "processors");
-        if (!json_is_array(items)) return tok_err_set(err, "%s: post_processor Sequence: processors must be a list", origin), -1;
+        if (!json_is_array(items))
+            return tok_err_set(err, "%s: post_processor Sequence: processors must be a list", origin), -1;
         for (size_t i = 0; i < json_array_size(items); i++)
             if (parse_one(t, json_array_get(items, i), origin, err) != 0) return -1;
         return 0;
@@ -95,7 +100,9 @@ static int parse_one(tok_tokenizer *t, json_t *o, const char *origin, tok_err *e
     else if (type && (strcmp(type, "RobertaProcessing") == 0 || strcmp(type, "BertProcessing") == 0))
         rc = parse_cls_sep(t, o, &tp, origin, err);
     else
-        tok_err_set(err, "%s: post_processor '%.40s' is not supported (TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing and Sequence are)",
+        tok_err_set(err,
+                    "%s: post_processor '%.40s' is not supported (TemplateProcessing, ByteLevel, RobertaProcessing, "
+                    "BertProcessing and Sequence are)",
                     origin, type ? type : "?");
     if (rc == 0 && (append(&t->post.before, &t->post.n_before, tp.before, tp.n_before, true) ||
                     append(&t->post.after, &t->post.n_after, tp.after, tp.n_after, false))) {

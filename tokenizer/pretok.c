@@ -19,7 +19,7 @@ static char *white_space_as_oniguruma(const char *p, size_t len, size_t *out_len
     for (size_t i = 0; i < len && rc == 0; i++) {
         if (p[i] == '\\' && i + 1 < len) {
             char n = p[++i];
-            const char *w = n == 's' ? (in_class ? "\\s\\x{85}" : "[\\s\\x{85}]")
+            const char *w = n == 's'                ? (in_class ? "\\s\\x{85}" : "[\\s\\x{85}]")
                             : n == 'S' && !in_class ? "[^\\s\\x{85}]"
                                                     : NULL;
             rc = w ? tok_buf_add(&b, w, strlen(w)) : tok_buf_add(&b, p + i - 1, 2);

@@ -60,7 +60,13 @@ int tok_pieces_add(tok_pieces *p, const char *s, size_t len); // an empty piece 
 void tok_pieces_free(tok_pieces *p);
 
 // Split's behaviors, as the library names them.
-typedef enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_WITH_PREVIOUS, SPLIT_WITH_NEXT, SPLIT_CONTIGUOUS } tok_split_behavior;
+typedef enum {
+    SPLIT_REMOVED,
+    SPLIT_ISOLATED,
+    SPLIT_WITH_PREVIOUS,
+    SPLIT_WITH_NEXT,
+    SPLIT_CONTIGUOUS
+} tok_split_behavior;
 
 typedef enum { PRE_BYTE_LEVEL, PRE_SPLIT, PRE_DIGITS, PRE_SEQUENCE } tok_pre_kind;
 
@@ -95,10 +101,10 @@ struct tok_tokenizer {
     int32_t vocab_size;
     tok_pairmap merges;
     bool ignore_merges, byte_fallback, fuse_unk;
-    int32_t unk;               // -1: none
-    char *prefix, *suffix;     // continuing_subword_prefix, end_of_word_suffix ("" when none)
-    tok_pre *pre;              // NULL: none
-    tok_added *added;          // sorted by length, longest first
+    int32_t unk;           // -1: none
+    char *prefix, *suffix; // continuing_subword_prefix, end_of_word_suffix ("" when none)
+    tok_pre *pre;          // NULL: none
+    tok_added *added;      // sorted by length, longest first
     size_t n_added;
     tok_template post;
     bool byte_level_decoder; // else tokens are joined as they are

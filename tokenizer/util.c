@@ -133,7 +133,10 @@ void tok_pairmap_free(tok_pairmap *m) {
 size_t tok_utf8_len(const unsigned char *s, size_t n) {
     if (n == 0) return 0;
     if (s[0] < 0x80) return 1;
-    size_t k = s[0] >= 0xc2 && s[0] <= 0xdf ? 2 : s[0] >= 0xe0 && s[0] <= 0xef ? 3 : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4 : 0;
+    size_t k = s[0] >= 0xc2 && s[0] <= 0xdf   ? 2
+               : s[0] >= 0xe0 && s[0] <= 0xef ? 3
+               : s[0] >= 0xf0 && s[0] <= 0xf4 ? 4
+                                              : 0;
     if (k == 0 || k > n) return 0;
     for (size_t i = 1; i < k; i++)
         if ((s[i] & 0xc0) != 0x80) return 0;

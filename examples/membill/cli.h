@@ -118,9 +118,9 @@ typedef struct {
 int cli_text_prepare(const cli_options *o, cli_text *t, ag_err *err);
 void cli_text_free(cli_text *t);
 bool cli_text_is_eos(const cli_text *t, int32_t id);
-struct json_t *cli_prompt_ids_json(const cli_text *t, long batch); // the prompt per batch row
+struct json_t *cli_prompt_ids_json(const cli_text *t, long batch);    // the prompt per batch row
 char *cli_text_decode(const cli_text *t, const int32_t *ids, long n); // malloc'd; NULL without a tokenizer
-void cli_text_line(FILE *f, const cli_text *t);                      // "prompt: N tokens through FILE"
+void cli_text_line(FILE *f, const cli_text *t);                       // "prompt: N tokens through FILE"
 
 // Token ids [batch * seq_len]: the prompt's ids (text->ids), --tokens, repeated over the batch,
 // or seeded random ids. In meta mode no ids are made (*ids NULL): a bill of shapes takes no
@@ -252,7 +252,7 @@ typedef struct {
     int32_t *ids, *mask; // batch x seq_len prompts, left-padded (mask 0 on pads)
     long batch, seq_len, new_tokens;
     bool use_cache;
-    int32_t *out; // batch x new_tokens
+    int32_t *out;  // batch x new_tokens
     long *out_len; // [batch]: the ids each row generated, up to and with its end-of-text
     cli_text text; // the prompt's tokenizer and ids, the end-of-text ids
     llama_generate_stats stats;

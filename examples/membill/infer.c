@@ -187,7 +187,8 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_t *gen = json_array(), *text = json_array();
     for (long b = 0; b < r->batch && !failed && !r->meta; b++) {
         json_t *row = json_array();
-        for (long t = 0; t < r->out_len[b]; t++) json_array_append_new(row, json_integer(r->out[b * r->new_tokens + t]));
+        for (long t = 0; t < r->out_len[b]; t++)
+            json_array_append_new(row, json_integer(r->out[b * r->new_tokens + t]));
         json_array_append_new(gen, row);
         char *s = cli_text_decode(&r->text, r->out + b * r->new_tokens, r->out_len[b]);
         if (s) json_array_append_new(text, json_string(s));
@@ -217,8 +218,7 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(t, "decode_s", json_real(st->decode_s));
     json_object_set_new(t, "generate_s", json_real(st->generate_s));
     json_object_set_new(t, "decode_step_s", json_real(st->decode_step_s));
-    json_object_set_new(t, "tokens_per_s",
-                        json_real(tokens_per_s(r)));
+    json_object_set_new(t, "tokens_per_s", json_real(tokens_per_s(r)));
     if (!failed)
         json_object_set_new(root, "timing", t);
     else
@@ -257,8 +257,7 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
     }
     if (!r->meta && !failed) {
         fprintf(f, "\n  prefill %.4f s, decode %.4f s (median step %.4f s), together %.4f s: %.1f tokens/s\n",
-                st->prefill_s, st->decode_s, st->decode_step_s, st->generate_s,
-                tokens_per_s(r));
+                st->prefill_s, st->decode_s, st->decode_step_s, st->generate_s, tokens_per_s(r));
         if (st->steps < r->new_tokens)
             fprintf(f, "  every row reached end-of-text: generation stopped after %lld of %ld tokens\n",
                     (long long)st->steps, r->new_tokens);

@@ -39,10 +39,13 @@ static int load_tokenizer(const cli_options *o, cli_text *t, ag_err *err) {
         snprintf(t->tokenizer_path, sizeof t->tokenizer_path, "%s/tokenizer.json", dir);
     if (!o->tokenizer && (!dir[0] || !is_file(t->tokenizer_path))) {
         if (dir[0])
-            ag_err_set(err, "a prompt needs a tokenizer: --tokenizer FILE, or tokenizer.json in the model folder (%s has none)",
-                       dir);
+            ag_err_set(
+                err,
+                "a prompt needs a tokenizer: --tokenizer FILE, or tokenizer.json in the model folder (%s has none)",
+                dir);
         else
-            ag_err_set(err, "a prompt needs a tokenizer: --tokenizer FILE, or a --weights folder holding tokenizer.json");
+            ag_err_set(err,
+                       "a prompt needs a tokenizer: --tokenizer FILE, or a --weights folder holding tokenizer.json");
         return EXIT_USAGE;
     }
     tok_err te;

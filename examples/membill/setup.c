@@ -155,8 +155,10 @@ int cli_make_tokens(const cli_options *o, const llama_config *cfg, const cli_tex
     // A prompt from another tokenizer than the model's: its ids past the vocabulary.
     for (long i = 0; text->ids && i < T; i++)
         if (row[i] >= cfg->vocab) {
-            ag_err_set(err, "the prompt's token %ld is id %d, past the model's %lld ids (vocab_size): a tokenizer of "
-                       "another model?", i, row[i], (long long)cfg->vocab);
+            ag_err_set(err,
+                       "the prompt's token %ld is id %d, past the model's %lld ids (vocab_size): a tokenizer of "
+                       "another model?",
+                       i, row[i], (long long)cfg->vocab);
             free(row);
             return EXIT_USAGE;
         }

@@ -39,7 +39,8 @@ static void write_tokenizer(const char *path, int extra_id) {
     const char *merged[] = {"he", "ll", "hell", "\xc4\xa0w", "or"};
     for (int i = 0; i < 5; i++) json_object_set_new(vocab, merged[i], json_integer(250 + i));
     json_t *added = json_pack("[{s:i, s:s, s:b}]", "id", EOT, "content", "<|endoftext|>", "special", 1);
-    if (extra_id >= 0) json_array_append_new(added, json_pack("{s:i, s:s, s:b}", "id", extra_id, "content", "<x>", "special", 1));
+    if (extra_id >= 0)
+        json_array_append_new(added, json_pack("{s:i, s:s, s:b}", "id", extra_id, "content", "<x>", "special", 1));
     json_t *root = json_pack(
         "{s:{s:s, s:o, s:o}, s:o, s:{s:s, s:b, s:b}, s:{s:s, s:[{s:{s:s}}, {s:{s:s}}], s:{s:{s:s, s:[i]}}}, s:{s:s}}",
         "model", "type", "BPE", "vocab", vocab, "merges", merges, "added_tokens", added, "pre_tokenizer", "type",
@@ -73,19 +74,6 @@ static void make_folder(const char *name, int eos, int gen_eos) {
     json_decref(gen);
 }
 
-static json_t *json_run(const char *args) {
-    run_result r;
-    char a[2048], path[512];
-    snprintf(path, sizeof path, "%s/run.json", dir);
-    snprintf(a, sizeof a, "%s --json %s --quiet", args, path);
-    membill(&r, a);
-    if (r.code != 0) print_error("%s: exit %d: %s\n", args, r.code, r.err);
-    assert_int_equal(r.code, 0);
-    json_t *root = json_load_file(path, 0, NULL);
-    assert_non_null(root);
-    return root;
-}
-
 static void ids_of(json_t *row, int32_t *out, size_t n) {
     assert_int_equal(json_array_size(row), n);
     for (size_t i = 0; i < n; i++) out[i] = (int32_t)json_integer_value(json_array_get(row, i));
@@ -94,12 +82,17 @@ static void ids_of(json_t *row, int32_t *out, size_t n) {
 // "hello world": <|endoftext|>, hell, o, Ġw, or, l, d
 static const int32_t hello[] = {EOT, 252, 'o', 253, 254, 'l', 'd'};
 
+// "membill infer --weights DIR/folder --prompt 'hello world' --new-tokens N extra" into a.
+static const char *hello_args(char *a, size_t len, const char *folder, int new_tokens, const char *extra) {
+    snprintf(a, len, "infer --weights %s/%s --prompt 'hello world' --new-tokens %d %s", dir, folder, new_tokens, extra);
+    return a;
+}
+
 static void test_prompt_in_text_out(void **state) {
     (void)state;
     make_folder("plain", -1, -1);
     char a[1024];
-    snprintf(a, sizeof a, "infer --weights %s/plain --prompt 'hello world' --new-tokens 6", dir);
-    json_t *root = json_run(a);
+    json_t *root = cli_run_json(hello_args(a, sizeof a, "plain", 6, ""));
     int32_t got[7], gen[6];
     ids_of(json_array_get(json_object_get(root, "prompt_ids"), 0), got, 7);
     assert_memory_equal(got, hello, sizeof hello);
@@ -119,7 +112,7 @@ static void test_prompt_in_text_out(void **state) {
     json_decref(root);
     // the same ids given as --tokens generate the same ids
     snprintf(a, sizeof a, "infer --weights %s/plain --tokens %d,252,111,253,254,108,100 --new-tokens 6", dir, EOT);
-    root = json_run(a);
+    root = cli_run_json(a);
     int32_t same[6];
     ids_of(json_array_get(json_object_get(root, "generated"), 0), same, 6);
     assert_memory_equal(same, gen, sizeof gen);
@@ -127,8 +120,7 @@ static void test_prompt_in_text_out(void **state) {
     json_decref(root);
     // the text report: the prompt's token count and each row's text
     run_result r;
-    snprintf(a, sizeof a, "infer --weights %s/plain --prompt 'hello world' --new-tokens 6", dir);
-    membill(&r, a);
+    membill(&r, hello_args(a, sizeof a, "plain", 6, ""));
     assert_int_equal(r.code, 0);
     assert_non_null(strstr(r.out, "prompt: 7 tokens through "));
     assert_non_null(strstr(r.out, "  row 0 text: "));
@@ -145,8 +137,7 @@ static void test_stops_at_end_of_text(void **state) {
     (void)state;
     make_folder("plain", -1, -1);
     char a[1024];
-    snprintf(a, sizeof a, "infer --weights %s/plain --prompt 'hello world' --new-tokens 8", dir);
-    json_t *root = json_run(a);
+    json_t *root = cli_run_json(hello_args(a, sizeof a, "plain", 8, ""));
     int32_t gen[8];
     ids_of(json_array_get(json_object_get(root, "generated"), 0), gen, 8);
     json_decref(root);
@@ -154,22 +145,18 @@ static void test_stops_at_end_of_text(void **state) {
     const char *names[] = {"eos_config", "eos_generation"};
     for (int k = 0; k < 2; k++) {
         make_folder(names[k], k == 0 ? gen[3] : -1, k == 1 ? gen[3] : -1);
-        snprintf(a, sizeof a, "infer --weights %s/%s --prompt 'hello world' --new-tokens 8", dir, names[k]);
-        root = json_run(a);
+        root = cli_run_json(hello_args(a, sizeof a, names[k], 8, ""));
         json_t *row = json_array_get(json_object_get(root, "generated"), 0);
         assert_int_equal(json_array_size(row), stop + 1);
         assert_int_equal(json_integer_value(json_array_get(row, stop)), gen[3]);
         json_decref(root);
-        snprintf(a, sizeof a, "infer --weights %s/%s --prompt 'hello world' --new-tokens 8 --ignore-eos", dir,
-                 names[k]);
-        root = json_run(a);
+        root = cli_run_json(hello_args(a, sizeof a, names[k], 8, "--ignore-eos"));
         assert_int_equal(json_array_size(json_array_get(json_object_get(root, "generated"), 0)), 8);
         json_decref(root);
     }
     // the decode phase billed only the steps that ran
     run_result r;
-    snprintf(a, sizeof a, "infer --weights %s/eos_config --prompt 'hello world' --new-tokens 8", dir);
-    membill(&r, a);
+    membill(&r, hello_args(a, sizeof a, "eos_config", 8, ""));
     assert_int_equal(r.code, 0);
     char line[160];
     snprintf(line, sizeof line, "generation stopped after %zu of 8 tokens", stop + 1);
@@ -190,7 +177,7 @@ static void test_prompt_file_train_and_meta(void **state) {
     fputs("hello world", f);
     fclose(f);
     snprintf(a, sizeof a, "train --weights %s/plain --prompt-file %s --batch 2", dir, path);
-    json_t *root = json_run(a);
+    json_t *root = cli_run_json(a);
     json_t *rows = json_object_get(root, "prompt_ids");
     assert_int_equal(json_array_size(rows), 2);
     for (size_t b = 0; b < 2; b++) {
@@ -203,13 +190,13 @@ static void test_prompt_file_train_and_meta(void **state) {
     json_decref(root);
     // meta mode with the config's folder's tokenizer: the same token count, the same bill
     snprintf(a, sizeof a, "train --meta --config %s/plain/config.json --prompt 'hello world' --batch 2", dir);
-    root = json_run(a);
+    root = cli_run_json(a);
     assert_int_equal(json_integer_value(json_object_get(json_object_get(root, "run"), "seq_len")), 7);
     assert_int_equal(json_array_size(json_object_get(root, "prompt_ids")), 2);
     assert_int_equal(activation_peak(root), real_peak);
     json_decref(root);
     snprintf(a, sizeof a, "compare --weights %s/plain --prompt 'hello world' --new-tokens 2", dir);
-    root = json_run(a);
+    root = cli_run_json(a);
     assert_int_equal(json_array_size(json_array_get(json_object_get(root, "prompt_ids"), 0)), 7);
     json_decref(root);
 }

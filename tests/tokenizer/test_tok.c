@@ -40,7 +40,8 @@ static json_t *bpe(const char *const *merges) {
     for (int i = 0; merges && merges[i]; i++) {
         char m[64], joined[64];
         size_t j = 0, k = 0;
-        for (const char *p = merges[i]; *p; p++) j += (size_t)snprintf(m + j, sizeof m - j, *p == '_' ? "\xc4\xa0" : "%c", *p);
+        for (const char *p = merges[i]; *p; p++)
+            j += (size_t)snprintf(m + j, sizeof m - j, *p == '_' ? "\xc4\xa0" : "%c", *p);
         for (const char *p = m; *p; p++)
             if (*p != ' ') joined[k++] = *p;
         joined[k] = 0;
@@ -137,7 +138,11 @@ static void test_byte_level_regex(void **state) {
     r = bpe(nel);
     json_object_set_new(r, "pre_tokenizer", byte_level_pre(true));
     t = build(r);
-    assert_string_equal(pieces(t, "a \xc2\x85" "b", false), "a|_|\xc3\x82|\xc4\xa7|b");
+    assert_string_equal(pieces(t,
+                               "a \xc2\x85"
+                               "b",
+                               false),
+                        "a|_|\xc3\x82|\xc4\xa7|b");
     assert_string_equal(pieces(t, "a \xc2\xa9", false), "a|_\xc3\x82|\xc2\xa9"); // (c) is punctuation: " (c)"
     tok_free(t);
     r = bpe(m);
@@ -150,8 +155,9 @@ static void test_byte_level_regex(void **state) {
 static const char *split_with(const char *behavior, bool invert, const char *text) {
     const char *m[] = {"a -", "- b", "- -", "- c", "b -", NULL};
     json_t *r = bpe(m);
-    json_object_set_new(r, "pre_tokenizer", json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "String",
-                                                      "-", "behavior", behavior, "invert", invert));
+    json_object_set_new(r, "pre_tokenizer",
+                        json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "String", "-", "behavior",
+                                  behavior, "invert", invert));
     tok_tokenizer *t = build(r);
     static char out[256];
     snprintf(out, sizeof out, "%s", pieces(t, text, false));
@@ -205,13 +211,13 @@ static void test_added_tokens(void **state) {
     (void)state;
     json_t *r = bpe(NULL);
     json_object_set_new(r, "pre_tokenizer", byte_level_pre(true));
-    json_object_set_new(r, "added_tokens", json_pack("[o, o, o]", added(300, "<e>", true, false, false),
-                                                     added(301, "<e><f>", true, false, false),
-                                                     added(302, "[s]", false, true, true)));
+    json_object_set_new(r, "added_tokens",
+                        json_pack("[o, o, o]", added(300, "<e>", true, false, false),
+                                  added(301, "<e><f>", true, false, false), added(302, "[s]", false, true, true)));
     tok_tokenizer *t = build(r);
-    assert_string_equal(pieces(t, "ab<e>c", false), "a|b|<e>|c"); // inside a word too
+    assert_string_equal(pieces(t, "ab<e>c", false), "a|b|<e>|c");     // inside a word too
     assert_string_equal(pieces(t, "<e><f><e>", false), "<e><f>|<e>"); // the longest at one place
-    assert_string_equal(pieces(t, "a  [s]  b", false), "a|[s]|b");  // lstrip, rstrip take the spaces
+    assert_string_equal(pieces(t, "a  [s]  b", false), "a|[s]|b");    // lstrip, rstrip take the spaces
     assert_int_equal(tok_token_id(t, "<e>"), 300);
     assert_true(tok_is_special(t, 300));
     assert_false(tok_is_special(t, 302));
@@ -233,22 +239,25 @@ static void test_added_tokens(void **state) {
 static void test_templates(void **state) {
     (void)state;
     json_t *r = bpe(NULL);
-    json_object_set_new(r, "added_tokens", json_pack("[o, o]", added(300, "<s>", true, false, false),
-                                                     added(301, "</s>", true, false, false)));
-    json_t *tp = json_pack("{s:s, s:[{s:{s:s, s:i}}, {s:{s:s, s:i}}, {s:{s:s, s:i}}], s:{s:{s:s, s:[i]}, s:{s:s, s:[i]}}}",
-                           "type", "TemplateProcessing", "single", "SpecialToken", "id", "<s>", "type_id", 0, "Sequence",
-                           "id", "A", "type_id", 0, "SpecialToken", "id", "</s>", "type_id", 0, "special_tokens", "<s>",
-                           "id", "<s>", "ids", 300, "</s>", "id", "</s>", "ids", 301);
-    json_object_set_new(r, "post_processor", json_pack("{s:s, s:[{s:s}, o]}", "type", "Sequence", "processors", "type",
-                                                       "ByteLevel", tp));
+    json_object_set_new(
+        r, "added_tokens",
+        json_pack("[o, o]", added(300, "<s>", true, false, false), added(301, "</s>", true, false, false)));
+    json_t *tp =
+        json_pack("{s:s, s:[{s:{s:s, s:i}}, {s:{s:s, s:i}}, {s:{s:s, s:i}}], s:{s:{s:s, s:[i]}, s:{s:s, s:[i]}}}",
+                  "type", "TemplateProcessing", "single", "SpecialToken", "id", "<s>", "type_id", 0, "Sequence", "id",
+                  "A", "type_id", 0, "SpecialToken", "id", "</s>", "type_id", 0, "special_tokens", "<s>", "id", "<s>",
+                  "ids", 300, "</s>", "id", "</s>", "ids", 301);
+    json_object_set_new(r, "post_processor",
+                        json_pack("{s:s, s:[{s:s}, o]}", "type", "Sequence", "processors", "type", "ByteLevel", tp));
     tok_tokenizer *t = build(r);
     assert_string_equal(pieces(t, "hi", true), "<s>|h|i|</s>");
     assert_string_equal(pieces(t, "hi", false), "h|i");
     assert_string_equal(pieces(t, "", true), "<s>|</s>");
     tok_free(t);
     r = bpe(NULL);
-    json_object_set_new(r, "post_processor", json_pack("{s:s, s:[s, i], s:[s, i]}", "type", "RobertaProcessing", "cls",
-                                                       "x", 'x', "sep", "y", 'y'));
+    json_object_set_new(
+        r, "post_processor",
+        json_pack("{s:s, s:[s, i], s:[s, i]}", "type", "RobertaProcessing", "cls", "x", 'x', "sep", "y", 'y'));
     t = build(r);
     assert_string_equal(pieces(t, "a", true), "x|a|y");
     tok_free(t);
@@ -279,7 +288,8 @@ static void test_decode_bytes(void **state) {
     size_t len;
     tok_err err;
     assert_int_equal(tok_decode(t, cut, 5, false, &text, &len, &err), 0);
-    assert_string_equal(text, "a\xef\xbf\xbd" "b\xef\xbf\xbd");
+    assert_string_equal(text, "a\xef\xbf\xbd"
+                              "b\xef\xbf\xbd");
     free(text);
     int32_t bad[] = {'a', 999};
     assert_int_equal(tok_decode(t, bad, 2, false, &text, &len, &err), -1);
@@ -381,8 +391,9 @@ static void test_malformed_files(void **state) {
 static void test_runaway_regex_stops(void **state) {
     (void)state;
     json_t *r = bpe(NULL);
-    json_object_set_new(r, "pre_tokenizer", json_pack("{s:s, s:{s:s}, s:s}", "type", "Split", "pattern", "Regex",
-                                                      "(a|aa)+$", "behavior", "Isolated"));
+    json_object_set_new(
+        r, "pre_tokenizer",
+        json_pack("{s:s, s:{s:s}, s:s}", "type", "Split", "pattern", "Regex", "(a|aa)+$", "behavior", "Isolated"));
     tok_tokenizer *t = build(r);
     char text[64];
     memset(text, 'a', 60), text[60] = 'b', text[61] = 0;
