@@ -9,6 +9,7 @@
 int tok_post_parse(tok_tokenizer *t, json_t *o, const char *origin, tok_err *err);
 
 static int append(int32_t **v, size_t *n, const int32_t *ids, size_t k, bool front) {
+    if (k == 0) return 0; // ids may be NULL then
     int32_t *g = realloc(*v, (*n + k + 1) * sizeof *g);
     if (!g) return -1;
     if (front) memmove(g + k, g, *n * sizeof *g);
@@ -71,7 +72,8 @@ static int parse_template(tok_tokenizer *t, json_t *o, tok_template *tp, const c
 static int parse_cls_sep(tok_tokenizer *t, json_t *o, tok_template *tp, const char *origin, tok_err *err) {
     json_t *cls = json_array_get(json_object_get(o, "cls"), 1), *sep = json_array_get(json_object_get(o, "sep"), 1);
     json_int_t c = json_integer_value(cls), s = json_integer_value(sep);
-    if (!json_is_integer(cls) || !json_is_integer(sep) || c < 0 || s < 0 || c >= t->vocab_size || s >= t->vocab_size) {
+    if (!json_is_integer(cls) || !json_is_integer(sep) || c < 0 || s < 0 || c >= t->vocab_size || s >= t->vocab_size ||
+        !t->id_to_token[c] || !t->id_to_token[s]) {
         tok_err_set(err, "%s: post_processor: cls and sep must be [token, id] with ids of the tokenizer", origin);
         return -1;
     }

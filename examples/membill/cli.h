@@ -271,6 +271,10 @@ int cli_infer_run(infer_run *r, ag_err *err);
 // generation into *d; false after filling *err.
 bool cli_infer_dtype(const cli_options *o, cli_dtype *d, ag_err *err);
 void cli_infer_free(infer_run *r);
+// A copy of r for its bill in meta mode (the same prompt and tokenizer, its own outputs, no
+// end-of-text), and the outputs of its run freed.
+infer_run cli_infer_meta_copy(const infer_run *r);
+void cli_infer_meta_free(infer_run *m);
 
 // One command's run inside the shared skeleton (job.c): outputs declared and checked before
 // anything runs, the fit check, the profiler, the run, the report of what was measured (also

@@ -54,11 +54,9 @@ static uint64_t meta_peak(void *arg, ag_err *err) {
     const compare_cmd *c = arg;
     train_run t = c->tr;
     step_record rec = {0};
-    infer_run g = c->ir;
-    t.meta = g.meta = true;
+    infer_run g = cli_infer_meta_copy(&c->ir);
+    t.meta = true;
     t.steps = &rec;
-    g.out = NULL;
-    memset(&g.stats, 0, sizeof g.stats);
     uint64_t peak = 0;
     mp_options mo = {.meta = true};
     if (mp_init(&mo) != MP_OK) return 0;
@@ -71,8 +69,7 @@ static uint64_t meta_peak(void *arg, ag_err *err) {
             peak = mp_peak().total;
         mp_shutdown();
     }
-    free(g.out);
-    llama_generate_stats_free(&g.stats);
+    cli_infer_meta_free(&g);
     return peak;
 }
 

@@ -275,20 +275,29 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
 
 static int run(void *arg, ag_err *err) { return cli_infer_run(&((infer_cmd *)arg)->r, err); }
 
-static uint64_t meta_peak(void *arg, ag_err *err) {
-    infer_run m = ((const infer_cmd *)arg)->r;
+infer_run cli_infer_meta_copy(const infer_run *r) {
+    infer_run m = *r;
     m.meta = true;
     m.out = NULL;
     m.out_len = NULL;
     m.text.n_eos = 0; // shapes alone choose no ids: nothing ends the generation early
     memset(&m.stats, 0, sizeof m.stats);
+    return m;
+}
+
+void cli_infer_meta_free(infer_run *m) {
+    free(m->out);
+    free(m->out_len);
+    llama_generate_stats_free(&m->stats);
+}
+
+static uint64_t meta_peak(void *arg, ag_err *err) {
+    infer_run m = cli_infer_meta_copy(&((const infer_cmd *)arg)->r);
     mp_options mo = {.meta = true};
     if (mp_init(&mo) != MP_OK) return 0;
     uint64_t peak = cli_infer_run(&m, err) == 0 ? mp_peak().total : 0;
     mp_shutdown();
-    free(m.out);
-    free(m.out_len);
-    llama_generate_stats_free(&m.stats);
+    cli_infer_meta_free(&m);
     return peak;
 }
 

@@ -12,15 +12,17 @@
 
 #include "tok.h"
 
-// The model folder: the --weights folder, else the folder of --config; "" when there is none.
-static void model_folder(const cli_options *o, char *dir, size_t len) {
+// The model folder: the --weights folder, else the folder of --config; "" when there is none
+// (or its name does not fit).
+#define FOLDER_MAX 4000
+static void model_folder(const cli_options *o, char dir[FOLDER_MAX]) {
     struct stat st;
     dir[0] = 0;
     if (o->weights && stat(o->weights, &st) == 0 && S_ISDIR(st.st_mode)) {
-        snprintf(dir, len, "%s", o->weights);
+        if (snprintf(dir, FOLDER_MAX, "%s", o->weights) >= FOLDER_MAX) dir[0] = 0;
     } else if (o->config) {
         char *copy = strdup(o->config);
-        if (copy) snprintf(dir, len, "%s", dirname(copy));
+        if (copy && snprintf(dir, FOLDER_MAX, "%s", dirname(copy)) >= FOLDER_MAX) dir[0] = 0;
         free(copy);
     }
 }
@@ -31,8 +33,8 @@ static bool is_file(const char *path) {
 }
 
 static int load_tokenizer(const cli_options *o, cli_text *t, ag_err *err) {
-    char dir[4096];
-    model_folder(o, dir, sizeof dir);
+    char dir[FOLDER_MAX];
+    model_folder(o, dir);
     if (o->tokenizer)
         snprintf(t->tokenizer_path, sizeof t->tokenizer_path, "%s", o->tokenizer);
     else if (dir[0])
@@ -115,8 +117,8 @@ static void add_eos(cli_text *t, json_t *v) {
 // End of text: the config's eos_token_id and the model folder's generation_config.json. A file
 // that is missing or does not parse adds nothing: the config itself was read before.
 static void find_eos(const cli_options *o, cli_text *t) {
-    char dir[4096], path[4200];
-    model_folder(o, dir, sizeof dir);
+    char dir[FOLDER_MAX], path[FOLDER_MAX + 32];
+    model_folder(o, dir);
     const char *cfg = o->config;
     if (!cfg && dir[0]) snprintf(path, sizeof path, "%s/config.json", dir), cfg = path;
     for (int k = 0; k < 2 && cfg; k++) {
