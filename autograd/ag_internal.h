@@ -152,13 +152,15 @@ void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int6
 void ag_skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw, int64_t M, int64_t N,
                         int64_t K, bool dx_fresh, bool dw_fresh);
 
-// Loops are split over OpenMP threads only when long (tens of milliseconds serial). With the
-// pthread build of OpenBLAS, its worker threads keep spinning for a while after each sgemm;
-// an OpenMP region then waits for a scheduler slice on their core, which costs more than a
-// short loop gains (silu over 512 x 1536: 2.7 ms serial, 7.7 ms split). Loops calling expf
-// reach that length sooner than plain arithmetic.
-#define AG_OMP_MIN (1 << 24)
-#define AG_OMP_MIN_EXP (1 << 22)
+// The least work a chunk of a parallel loop gets (elements): below about 50 us a chunk costs
+// more to hand out than it gains. Loops calling expf reach that sooner than plain arithmetic.
+#define AG_PAR_GRAIN (1 << 16)
+#define AG_PAR_GRAIN_EXP (1 << 13)
+// vec.c: dst = a + b; dst = a * b (fresh) or dst += a * b.
+void ag_vec_add(float *dst, const float *a, const float *b, int64_t n);
+void ag_vec_mul_into(float *dst, bool fresh, const float *a, const float *b, int64_t n);
+// pool.c
+void ag_pool_set_threads(int n);
 
 // Time spent in matrix products, for ag_get_blas_stats: a start time, then the account.
 double ag_blas_clock(void);
@@ -253,6 +255,8 @@ void ag_flash_rows_tile(ag_flash_rows *w, const float *k, int64_t ldk, const flo
 void ag_flash_rows_end(ag_flash_rows *w, float *o, int64_t ldo, float *lse);
 // The threads a flash loop of `tasks` tasks and `macs` multiply-adds uses (its workspace's count).
 int ag_flash_threads(int64_t tasks, double macs);
+// Tasks on the pool when ag_flash_threads said more than one thread, else here.
+void ag_run_tasks(int nthreads, int64_t tasks, ag_range_fn fn, void *arg);
 // Tests: the portable loops even where AVX-512 is there.
 void ag_flash_force_portable(bool on);
 

@@ -208,8 +208,19 @@ ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b); //
 // mean over the B*(T-1) positions (HF labels=input_ids). Returns the loss, shape [1].
 ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, const int32_t *ids);
 
-// Threads for OpenBLAS and OpenMP loops.
+// Compute threads: one pool runs every parallel loop and every large sgemm (OpenBLAS itself runs
+// single-threaded inside it). Idle threads sleep after a few microseconds, and loops are handed
+// out in chunks, so a core lost to another process slows the step by its share and no more.
 void ag_set_num_threads(int n);
+int ag_num_threads(void);
+// Runs fn over [0, n) in chunks of at least grain items on the pool's threads. thread indexes
+// per-thread scratch: each thread that takes part gets its own, below min(chunks,
+// ag_num_threads()). Small loops, and loops started inside a chunk, run on the calling thread as
+// one range (thread 0).
+typedef void (*ag_range_fn)(void *arg, int64_t begin, int64_t end, int thread);
+void ag_parallel_for(int64_t n, int64_t grain, ag_range_fn fn, void *arg);
+// The same with every item its own chunk: tasks of uneven size (attention's causal blocks).
+void ag_parallel_tasks(int64_t n, ag_range_fn fn, void *arg);
 
 // Time spent in sgemm since the last reset (all ops, forward and backward).
 typedef struct {

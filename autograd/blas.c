@@ -1,6 +1,5 @@
 // The one door to sgemm, so that benchmarks and reports can tell the time spent in it, and
 // the small products (attention's per-head blocks) that it handles without OpenBLAS.
-#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -8,6 +7,9 @@
 #include "ag_internal.h"
 
 static ag_blas_stats stats;
+
+#define GEMM_BLOCK 32        // rows or columns of C a part of a split product starts on
+#define GEMM_MIN_FLOPS 4.0e6 // the least work a part gets (about 50 us)
 
 double ag_blas_clock(void) {
     struct timespec ts;
@@ -95,12 +97,49 @@ bool ag_sgemm_small(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N
     return small_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+typedef struct {
+    CBLAS_TRANSPOSE ta, tb;
+    int64_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    bool by_rows; // split C's rows (A's) rather than its columns (B's)
+} gemm_split;
+
+static void sgemm_1(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    cblas_sgemm(CblasRowMajor, ta, tb, (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb,
+                beta, C, (blasint)ldc);
+}
+
+// Blocks [b, e) of GEMM_BLOCK rows or columns of C.
+static void sgemm_part(void *arg, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const gemm_split *g = arg;
+    int64_t lo = b * GEMM_BLOCK, hi = e * GEMM_BLOCK;
+    if (g->by_rows) {
+        if (hi > g->M) hi = g->M;
+        const float *a = g->ta == CblasNoTrans ? g->A + lo * g->lda : g->A + lo;
+        sgemm_1(g->ta, g->tb, hi - lo, g->N, g->K, g->alpha, a, g->lda, g->B, g->ldb, g->beta, g->C + lo * g->ldc,
+                g->ldc);
+    } else {
+        if (hi > g->N) hi = g->N;
+        const float *bp = g->tb == CblasNoTrans ? g->B + lo : g->B + lo * g->ldb;
+        sgemm_1(g->ta, g->tb, g->M, hi - lo, g->K, g->alpha, g->A, g->lda, bp, g->ldb, g->beta, g->C + lo, g->ldc);
+    }
+}
+
 void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     double t0 = ag_blas_clock();
-    if (!small_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
-        cblas_sgemm(CblasRowMajor, ta, tb, (blasint)M, (blasint)N, (blasint)K, alpha, A, (blasint)lda, B, (blasint)ldb,
-                    beta, C, (blasint)ldc);
+    if (!small_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) {
+        // Split along C's longer side in blocks the pool hands out; each block is one
+        // single-threaded sgemm (it repacks the shared operand, a small cost beside its flops).
+        gemm_split g = {ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, M > N};
+        int64_t side = g.by_rows ? M : N, blocks = (side + GEMM_BLOCK - 1) / GEMM_BLOCK;
+        int64_t grain = (int64_t)(GEMM_MIN_FLOPS / (2.0 * (double)(g.by_rows ? N : M) * (double)K * GEMM_BLOCK)) + 1;
+        ag_parallel_for(blocks, grain, sgemm_part, &g);
+    }
     ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
 }
 
@@ -115,7 +154,5 @@ ag_blas_stats ag_get_blas_stats(void) { return stats; }
 void ag_reset_blas_stats(void) { stats = (ag_blas_stats){0}; }
 
 void ag_set_num_threads(int n) {
-    if (n < 1) return;
-    openblas_set_num_threads(n);
-    omp_set_num_threads(n);
+    if (n >= 1) ag_pool_set_threads(n);
 }

@@ -36,8 +36,7 @@ static bool leaf_grad_pytorch(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
 
 static void add_into(float *dst, const float *a, const float *b, int64_t n) {
     if (!dst) return;
-#pragma omp parallel for if (n >= AG_OMP_MIN)
-    for (int64_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+    ag_vec_add(dst, a, b, n);
 }
 
 // After node n's backward: each leaf gradient it wrote beside a waiting one is summed out of

@@ -8,8 +8,7 @@ static void add_into(float *dst, bool fresh, const float *g, int64_t n) {
         memcpy(dst, g, (size_t)n * sizeof(float));
         return;
     }
-#pragma omp parallel for if (n >= AG_OMP_MIN)
-    for (int64_t i = 0; i < n; i++) dst[i] += g[i];
+    ag_vec_add(dst, dst, g, n);
 }
 
 // Saves nothing: both gradients are dy. b's is written first; a then takes over dy's buffer
@@ -34,10 +33,7 @@ ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b) {
     ag_tensor *y = ag_tensor_promoted(ctx, a, b, s.out);
     if (!y) return NULL;
     if (!mp_is_meta()) {
-        const float *ad = a->data, *bd = b->data;
-        float *yd = y->data;
-#pragma omp parallel for if (a->numel >= AG_OMP_MIN)
-        for (int64_t i = 0; i < a->numel; i++) yd[i] = ad[i] + bd[i];
+        ag_vec_add(y->data, a->data, b->data, a->numel);
     }
     if (ag_any_needs_grad(ctx, 2, ins) && !ag_record(ctx, &add_op, s.base, y, 2, ins)) {
         ag_release(y);

@@ -27,6 +27,17 @@ static void causal_softmax_row(float *row, int64_t i, const ag_att_dims *a) {
     for (int64_t j = n; j < a->Tk; j++) row[j] = 0.0f;
 }
 
+typedef struct {
+    float *probs;
+    const ag_att_dims *a;
+} softmax_args;
+
+static void softmax_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const softmax_args *s = p;
+    for (int64_t r = lo; r < hi; r++) causal_softmax_row(s->probs + r * s->a->Tk, r % s->a->Tq, s->a);
+}
+
 // Three phases rather than one pass per head: OpenMP's and OpenBLAS's thread pools then hand
 // the cores over twice per call instead of twice per head.
 static void attention_forward(float *o, float *probs, const float *q, const float *k, const float *v,
@@ -39,8 +50,7 @@ static void attention_forward(float *o, float *probs, const float *q, const floa
             ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, scale, QH(q, *a, b, h), ldq, KH(k, *a, b, h / rep),
                      ldk, 0.0f, PH(probs, *a, b, h), a->Tk);
     int64_t rows = a->B * a->Hq * a->Tq;
-#pragma omp parallel for if (rows * a->Tk >= AG_OMP_MIN_EXP)
-    for (int64_t r = 0; r < rows; r++) causal_softmax_row(probs + r * a->Tk, r % a->Tq, a);
+    ag_parallel_for(rows, AG_PAR_GRAIN_EXP / a->Tk + 1, softmax_part, &(softmax_args){probs, a});
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
             ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, PH(probs, *a, b, h), a->Tk,

@@ -4,7 +4,6 @@
 // the bytes billed to the cache are exactly 2 x B x Hkv x D x tokens x 4 at every moment.
 // No tape: these are no-grad operations.
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -342,27 +341,48 @@ static bool can_thread(const ag_kv_cache *c, const cat_dims *a) {
     return true;
 }
 
+typedef struct {
+    float *o, *probs;
+    const float *q;
+    const ag_kv_cache *c;
+    const cat_dims *a;
+} cached_args;
+
+// Heads [lo, hi) of B x Hq, each whole: scores, softmax, values.
+static void heads_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const cached_args *x = p;
+    const cat_dims *a = x->a;
+    for (int64_t bh = lo; bh < hi; bh++) {
+        float *pr = x->probs + bh * a->Tq * a->Tk;
+        head_scores(pr, x->q, x->c, a, bh / a->Hq, (int)(bh % a->Hq));
+        for (int64_t i = 0; i < a->Tq; i++) masked_softmax_row(pr + i * a->Tk, bh / a->Hq, i, a);
+        head_values(x->o, pr, x->c, a, bh / a->Hq, (int)(bh % a->Hq));
+    }
+}
+
+static void softmax_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const cached_args *x = p;
+    const cat_dims *a = x->a;
+    for (int64_t r = lo; r < hi; r++) masked_softmax_row(x->probs + r * a->Tk, r / (a->Hq * a->Tq), r % a->Tq, a);
+}
+
 // o[B, Tq, Hq*D]; probs [B, Hq, Tq, Tk]; q[B, Tq, Hq*D]; keys and values from the chunks.
 static void cached_forward(float *o, float *probs, const float *q, const ag_kv_cache *c, cat_dims *a) {
     int64_t heads = a->B * a->Hq, rows = heads * a->Tq;
+    cached_args x = {o, probs, q, c, a};
     a->threaded = can_thread(c, a);
     if (a->threaded) {
         double t0 = ag_blas_clock();
-#pragma omp parallel for schedule(static)
-        for (int64_t bh = 0; bh < heads; bh++) {
-            float *p = probs + bh * a->Tq * a->Tk;
-            head_scores(p, q, c, a, bh / a->Hq, (int)(bh % a->Hq));
-            for (int64_t i = 0; i < a->Tq; i++) masked_softmax_row(p + i * a->Tk, bh / a->Hq, i, a);
-            head_values(o, p, c, a, bh / a->Hq, (int)(bh % a->Hq));
-        }
+        ag_parallel_for(heads, 1, heads_part, &x);
         // The products' time is the region's (softmax included), their count one per chunk.
         ag_blas_account(t0, (int)(2 * heads * (int64_t)c->n), 4.0 * (double)rows * (double)a->Tk * (double)a->D);
         return;
     }
     for (int64_t bh = 0; bh < heads; bh++)
         head_scores(probs + bh * a->Tq * a->Tk, q, c, a, bh / a->Hq, (int)(bh % a->Hq));
-#pragma omp parallel for if (rows * a->Tk >= AG_OMP_MIN_EXP)
-    for (int64_t r = 0; r < rows; r++) masked_softmax_row(probs + r * a->Tk, r / (a->Hq * a->Tq), r % a->Tq, a);
+    ag_parallel_for(rows, AG_PAR_GRAIN_EXP / a->Tk + 1, softmax_part, &x);
     for (int64_t bh = 0; bh < heads; bh++)
         head_values(o, probs + bh * a->Tq * a->Tk, c, a, bh / a->Hq, (int)(bh % a->Hq));
 }
@@ -428,36 +448,49 @@ static bool eager_transients(ag_ctx *ctx, const char *base, const ag_kv_cache *c
 // frameworks this is transformers' sdpa path over the cache: SDPA takes the key-value heads as
 // they are (enable_gqa, no repeat_kv) and makes no scores; its output [B, Hq, Tq, D] is a
 // temporary until transpose(1, 2).contiguous() copies it into the returned tensor.
-static void cached_flash_run(float *o, int64_t sb, int64_t sh, int64_t st, const float *q, const ag_kv_cache *c,
-                             const cat_dims *a, float *ws, int nthreads) {
+typedef struct {
+    float *o, *ws;
+    int64_t sb, sh, st;
+    const float *q;
+    const ag_kv_cache *c;
+    const cat_dims *a;
+} cflash_args;
+
+// Tasks [lo, hi): one block of queries of one head each, the last blocks (most keys) first.
+static void cflash_part(void *p, int64_t lo, int64_t hi, int thread) {
+    const cflash_args *x = p;
+    const cat_dims *a = x->a;
+    const ag_kv_cache *c = x->c;
+    const float *q = x->q;
     const int rep = a->Hq / a->Hkv, D = a->D;
     const int64_t ldq = (int64_t)a->Hq * D, nqb = (a->Tq + AG_FLASH_BR - 1) / AG_FLASH_BR, heads = a->B * a->Hq;
-    const size_t per = ag_flash_rows_floats(D);
-#pragma omp parallel num_threads(nthreads)
-    {
-        float *mine = ws + (size_t)omp_get_thread_num() * per;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < heads * nqb; t++) {
-            int64_t ib = nqb - 1 - t / heads, b = (t % heads) / a->Hq, r0 = ib * AG_FLASH_BR;
-            int h = (int)(t % a->Hq), g = h / rep;
-            int64_t nr = a->Tq - r0 < AG_FLASH_BR ? a->Tq - r0 : AG_FLASH_BR, qpos0 = a->Tk - a->Tq + r0,
-                    klast = qpos0 + nr - 1, off = 0;
-            ag_flash_rows w;
-            ag_flash_rows_begin(&w, mine, q + (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D);
-            for (size_t i = 0; i < c->n && off <= klast; off += c->chunks[i++].t) {
-                const kv_chunk *ch = &c->chunks[i];
-                const float *kc = (const float *)ch->k.data + (b * a->Hkv + g) * ch->t * D,
-                            *vc = (const float *)ch->v.data + (b * a->Hkv + g) * ch->t * D;
-                for (int64_t s0 = 0; s0 < ch->t && off + s0 <= klast; s0 += AG_FLASH_BC) {
-                    int64_t nk = ch->t - s0 < AG_FLASH_BC ? ch->t - s0 : AG_FLASH_BC;
-                    if (nk > klast + 1 - off - s0) nk = klast + 1 - off - s0;
-                    ag_flash_rows_tile(&w, kc + s0 * D, D, vc + s0 * D, D, nk, off + s0, qpos0,
-                                       a->mask ? a->mask + b * a->ld + off + s0 : NULL);
-                }
+    float *mine = x->ws + (size_t)thread * ag_flash_rows_floats(D);
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t ib = nqb - 1 - t / heads, b = (t % heads) / a->Hq, r0 = ib * AG_FLASH_BR;
+        int h = (int)(t % a->Hq), g = h / rep;
+        int64_t nr = a->Tq - r0 < AG_FLASH_BR ? a->Tq - r0 : AG_FLASH_BR, qpos0 = a->Tk - a->Tq + r0,
+                klast = qpos0 + nr - 1, off = 0;
+        ag_flash_rows w;
+        ag_flash_rows_begin(&w, mine, q + (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D);
+        for (size_t i = 0; i < c->n && off <= klast; off += c->chunks[i++].t) {
+            const kv_chunk *ch = &c->chunks[i];
+            const float *kc = (const float *)ch->k.data + (b * a->Hkv + g) * ch->t * D,
+                        *vc = (const float *)ch->v.data + (b * a->Hkv + g) * ch->t * D;
+            for (int64_t s0 = 0; s0 < ch->t && off + s0 <= klast; s0 += AG_FLASH_BC) {
+                int64_t nk = ch->t - s0 < AG_FLASH_BC ? ch->t - s0 : AG_FLASH_BC;
+                if (nk > klast + 1 - off - s0) nk = klast + 1 - off - s0;
+                ag_flash_rows_tile(&w, kc + s0 * D, D, vc + s0 * D, D, nk, off + s0, qpos0,
+                                   a->mask ? a->mask + b * a->ld + off + s0 : NULL);
             }
-            ag_flash_rows_end(&w, o + b * sb + h * sh + r0 * st, st, NULL);
         }
+        ag_flash_rows_end(&w, x->o + b * x->sb + h * x->sh + r0 * x->st, x->st, NULL);
     }
+}
+
+static void cached_flash_run(float *o, int64_t sb, int64_t sh, int64_t st, const float *q, const ag_kv_cache *c,
+                             const cat_dims *a, float *ws, int nthreads) {
+    cflash_args x = {o, ws, sb, sh, st, q, c, a};
+    ag_run_tasks(nthreads, a->B * a->Hq * ((a->Tq + AG_FLASH_BR - 1) / AG_FLASH_BR), cflash_part, &x);
 }
 
 static ag_tensor *cached_flash(ag_ctx *ctx, const ag_site *s, ag_tensor *q, const ag_kv_cache *c, const cat_dims *a) {

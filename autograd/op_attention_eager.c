@@ -45,26 +45,66 @@ static void scores(float *S, const ag_tensor *q, bool copied, const float *krep,
         }
 }
 
-// masked = scaled + the causal mask (-inf where a query may not look).
-static void add_mask(float *masked, const float *scaled, const ag_att_dims *a) {
-    int64_t rows = a->B * a->Hq * a->Tq;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t n = r % a->Tq + a->Tk - a->Tq + 1;
-        for (int64_t j = 0; j < a->Tk; j++) masked[r * a->Tk + j] = j < n ? scaled[r * a->Tk + j] : -INFINITY;
+// The row-wise passes over [B, Hq, Tq, Tk] between the products, split over the pool.
+enum { ROWS_SCALE, ROWS_MASK, ROWS_SOFTMAX_BWD };
+typedef struct {
+    int kind;
+    float *out;
+    const float *in, *p; // p: the probabilities (ROWS_SOFTMAX_BWD)
+    const ag_att_dims *a;
+    float sc;
+} rows_args;
+
+static void rows_part(void *arg, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const rows_args *x = arg;
+    const int64_t n = x->a->Tk, Tq = x->a->Tq;
+    for (int64_t r = lo; r < hi; r++) {
+        float *o = x->out + r * n;
+        const float *in = x->in + r * n, *P = x->p ? x->p + r * n : NULL;
+        if (x->kind == ROWS_SCALE) {
+            for (int64_t j = 0; j < n; j++) o[j] = in[j] * x->sc;
+        } else if (x->kind == ROWS_MASK) { // scaled + the causal mask (-inf where a query may not look)
+            int64_t seen = r % Tq + n - Tq + 1;
+            for (int64_t j = 0; j < n; j++) o[j] = j < seen ? in[j] : -INFINITY;
+        } else { // SoftmaxBackward, then MulBackward (the scaling), each rounded as its own op
+            double dot = 0.0;
+            for (int64_t j = 0; j < n; j++) dot += (double)P[j] * in[j];
+            for (int64_t j = 0; j < n; j++) o[j] = P[j] * (in[j] - (float)dot);
+            if (x->sc != 1.0f)
+                for (int64_t j = 0; j < n; j++) o[j] *= x->sc;
+        }
     }
 }
 
-static void softmax_rows(float *p, const float *m, int64_t rows, int64_t n) {
-#pragma omp parallel for if (rows * n >= AG_OMP_MIN_EXP)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *x = m + r * n;
-        float *y = p + r * n, mx = x[0];
+static void rows_pass(rows_args x) {
+    const ag_att_dims *a = x.a;
+    ag_parallel_for(a->B * a->Hq * a->Tq, AG_PAR_GRAIN / a->Tk + 1, rows_part, &x);
+}
+
+typedef struct {
+    float *p;
+    const float *m;
+    int64_t n;
+} softmax_args;
+
+static void softmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const softmax_args *s = arg;
+    const int64_t n = s->n;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = s->m + r * n;
+        float *y = s->p + r * n, mx = x[0];
         for (int64_t j = 1; j < n; j++) mx = x[j] > mx ? x[j] : mx;
         double sum = 0.0;
         for (int64_t j = 0; j < n; j++) sum += (y[j] = expf(x[j] - mx));
         float inv = (float)(1.0 / sum);
         for (int64_t j = 0; j < n; j++) y[j] *= inv;
     }
+}
+
+static void softmax_rows(float *p, const float *m, int64_t rows, int64_t n) {
+    ag_parallel_for(rows, AG_PAR_GRAIN_EXP / n + 1, softmax_part, &(softmax_args){p, m, n});
 }
 
 static ag_tensor *act_bits(ag_ctx *ctx, const char *base, const char *what, const int64_t shape[4], int bits) {
@@ -119,11 +159,10 @@ static ag_tensor *eager_probs(ag_ctx *ctx, const char *base, const ag_tensor *qk
     *scale = ag_tensor_new_f32(ctx, 1, (int64_t[]){2}, MP_ACTIVATION, l); // a float64 scalar: 8 bytes
     ag_tensor *scaled = act_bits(ctx, base, "scores_scaled", sh, sbits);
     const float sc = 1.0f / sqrtf((float)a->D);
-    if (S && scaled && !meta)
-        for (int64_t i = 0; i < S->numel; i++) scaled->data[i] = S->data[i] * sc;
+    if (S && scaled && !meta) rows_pass((rows_args){ROWS_SCALE, scaled->data, S->data, NULL, a, sc});
     SWAP_FREE(S);
     ag_tensor *masked = act_bits(ctx, base, "scores_masked", sh, mbits);
-    if (scaled && masked && !meta) add_mask(masked->data, scaled->data, a);
+    if (scaled && masked && !meta) rows_pass((rows_args){ROWS_MASK, masked->data, scaled->data, NULL, a, 1.0f});
     SWAP_FREE(scaled);
     ag_tensor *wide = mbits < 32 ? act_bits(ctx, base, "scores_float", sh, 32) : NULL;
     ag_tensor *probs = act_bits(ctx, base, "probs", sh, 32);
@@ -199,17 +238,6 @@ static void bmm_backward(const ag_attention_state *st, const float *dout, float 
         }
 }
 
-// SoftmaxBackward then MulBackward (the scaling): dS = P ∘ (dP - rowsum(P ∘ dP)) * scaling.
-static void softmax_scale_backward(float *dS, const float *dP, const float *P, int64_t rows, int64_t n, float sc) {
-    for (int64_t r = 0; r < rows; r++) {
-        double dot = 0.0;
-        for (int64_t j = 0; j < n; j++) dot += (double)P[r * n + j] * dP[r * n + j];
-        for (int64_t j = 0; j < n; j++) dS[r * n + j] = P[r * n + j] * (dP[r * n + j] - (float)dot);
-    }
-    if (sc != 1.0f)
-        for (int64_t i = 0; i < rows * n; i++) dS[i] *= sc;
-}
-
 // The score matmul's backward: dQ (+)= dS k_rep into q's gradient, dK_rep = dSᵀ Q.
 static void scores_backward(const ag_attention_state *st, const float *dS, const ag_grad_dst *dq, float *dK) {
     const ag_att_dims *a = &st->dims;
@@ -243,8 +271,7 @@ static void eager_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
     if (!meta) bmm_backward(st, dout, blk(&dP), blk(&dV));
     if (!blocks(ctx, base, &dS, "dscores", scores_bytes)) goto done;
     if (!meta)
-        softmax_scale_backward(blk(&dS), blk(&dP), st->probs->data, a->B * a->Hq * a->Tq, a->Tk,
-                               1.0f / sqrtf((float)a->D));
+        rows_pass((rows_args){ROWS_SOFTMAX_BWD, blk(&dS), blk(&dP), st->probs->data, a, 1.0f / sqrtf((float)a->D)});
     mp_free(&dP);
     if (!ag_grad_get(ctx, n, 0, &d[0]) || !ag_grad_get(ctx, n, 1, &d[1])) goto done;
     if (d[1].needed && !blocks(ctx, base, &dK, "dk_repeated", kv_bytes)) goto done;

@@ -12,7 +12,7 @@
 // heads of the group in the task's accumulators) and adding into dQ under one of a few locks.
 // Workspace: per thread, a few tiles (BR x BC, BR x D, BC x D floats), billed as one block.
 #include <math.h>
-#include <omp.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "ag_internal.h"
@@ -238,7 +238,7 @@ void ag_flash_rows_end(ag_flash_rows *w, float *o, int64_t ldo, float *lse) {
 
 int ag_flash_threads(int64_t tasks, double macs) {
     if (macs < AG_FLASH_OMP_MIN_MACS || tasks < 2) return 1;
-    int n = omp_get_max_threads();
+    int n = ag_num_threads();
     return n < 1 ? 1 : (tasks < n ? (int)tasks : n);
 }
 
@@ -266,18 +266,32 @@ static int forward_threads(const ag_att_dims *a) {
     return ag_flash_threads(a->B * a->Hq * blocks_of(a->Tq, BR), att_macs(a));
 }
 
-static void flash_forward(const ag_att_dims *a, const float *q, const float *k, const float *v, float *o,
-                          out_strides os, float *lse, float *ws, int nthreads) {
+void ag_run_tasks(int nthreads, int64_t tasks, ag_range_fn fn, void *arg) {
+    if (nthreads > 1)
+        ag_parallel_tasks(tasks, fn, arg);
+    else
+        fn(arg, 0, tasks, 0);
+}
+
+typedef struct {
+    const ag_att_dims *a;
+    const float *q, *k, *v;
+    float *o, *lse, *ws;
+    out_strides os;
+} fwd_args;
+
+// Tasks [lo, hi): one block of queries of one head each, the last query blocks first (they see
+// the most keys).
+static void forward_part(void *p, int64_t lo, int64_t hi, int thread) {
+    const fwd_args *x = p;
+    const ag_att_dims *a = x->a;
+    const float *q = x->q, *k = x->k, *v = x->v;
     const int rep = a->Hq / a->Hkv, D = a->D;
-    const int64_t ldq = (int64_t)a->Hq * D, ldk = (int64_t)a->Hkv * D, nqb = blocks_of(a->Tq, BR), heads = a->B * a->Hq,
-                  tasks = heads * nqb;
-    const size_t per = ag_flash_rows_floats(D);
-#pragma omp parallel num_threads(nthreads)
+    const int64_t ldq = (int64_t)a->Hq * D, ldk = (int64_t)a->Hkv * D, nqb = blocks_of(a->Tq, BR), heads = a->B * a->Hq;
+    const out_strides os = x->os;
+    float *mine = x->ws + (size_t)thread * ag_flash_rows_floats(D), *o = x->o, *lse = x->lse;
     {
-        float *mine = ws + (size_t)omp_get_thread_num() * per;
-        // The last query blocks first: they see the most keys.
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; t++) {
+        for (int64_t t = lo; t < hi; t++) {
             int64_t ib = nqb - 1 - t / heads, b = (t % heads) / a->Hq, r0 = ib * BR;
             int h = (int)(t % a->Hq), g = h / rep;
             int64_t nr = a->Tq - r0 < BR ? a->Tq - r0 : BR, qpos0 = r0 + a->Tk - a->Tq, klast = qpos0 + nr - 1;
@@ -292,6 +306,12 @@ static void flash_forward(const ag_att_dims *a, const float *q, const float *k, 
                               lse ? lse + (b * a->Hq + h) * a->Tq + r0 : NULL);
         }
     }
+}
+
+static void flash_forward(const ag_att_dims *a, const float *q, const float *k, const float *v, float *o,
+                          out_strides os, float *lse, float *ws, int nthreads) {
+    fwd_args x = {a, q, k, v, o, lse, ws, os};
+    ag_run_tasks(nthreads, a->B * a->Hq * blocks_of(a->Tq, BR), forward_part, &x);
 }
 
 // Backward workspace per thread: Kᵀ and Vᵀ of the tile, dK and dV accumulators, P and dS.
@@ -355,7 +375,8 @@ typedef struct {
     out_strides os;
     float *di;        // [B, Hq, Tq]
     ag_grad_dst d[3]; // dq, dk, dv
-    omp_lock_t *locks;
+    pthread_mutex_t *locks;
+    float *ws;
 } bwd_args;
 
 // One task: key tile jb of key-value head g of batch b, over every query head of the group.
@@ -390,10 +411,10 @@ static void backward_tile(const bwd_args *x, float *ws, int64_t b, int g, int64_
             mm(nr, nc, D, 1.0f, doi, ldq, 1, vt, BC, ds, BC, false);
             dscores(ds, p, nr, nc, x->di + stat);
             if (dq) {
-                omp_lock_t *lk = &x->locks[((b * a->Hq + h) * nqb + ib) % NLOCKS];
-                omp_set_lock(lk);
+                pthread_mutex_t *lk = &x->locks[((b * a->Hq + h) * nqb + ib) % NLOCKS];
+                pthread_mutex_lock(lk);
                 mm(nr, D, nc, scale, ds, BC, 1, kj, ldk, x->d[0].data + row, ldq, true);
-                omp_unset_lock(lk);
+                pthread_mutex_unlock(lk);
             }
             if (dk) mm(nc, D, nr, scale, ds, 1, BC, qi, ldq, dka, D, true);
         }
@@ -407,38 +428,50 @@ static void backward_tile(const bwd_args *x, float *ws, int64_t b, int g, int64_
     }
 }
 
-static void flash_backward_run(bwd_args *x, float *ws, int nthreads) {
+// Rows [lo, hi) of [B, Hq, Tq]: D_i = rowsum(dO_i ∘ O_i), and a fresh dQ zeroed, since every key
+// tile adds into it.
+static void delta_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const bwd_args *x = p;
     const ag_att_dims *a = x->a;
     const int D = a->D;
-    const int64_t ldq = (int64_t)a->Hq * D, rows = a->B * a->Hq * a->Tq, nkb = blocks_of(a->Tk, BC),
-                  tasks = a->B * a->Hkv * nkb;
-    omp_lock_t locks[NLOCKS];
-    for (int i = 0; i < NLOCKS; i++) omp_init_lock(&locks[i]);
-    x->locks = locks;
-    const size_t per = bwd_floats(D);
-#pragma omp parallel num_threads(nthreads)
-    {
-        // D_i = rowsum(dO_i ∘ O_i), and a fresh dQ zeroed, since every key tile adds into it.
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t b = r / (a->Hq * a->Tq), h = (r / a->Tq) % a->Hq, i = r % a->Tq;
-            const float *dO = x->dout + (b * a->Tq + i) * ldq + h * D,
-                        *O = x->o + b * x->os.sb + h * x->os.sh + i * x->os.st;
-            double s = 0.0;
-            for (int d = 0; d < D; d++) s += (double)dO[d] * O[d];
-            x->di[r] = (float)s;
-            if (x->d[0].needed && x->d[0].fresh)
-                memset(x->d[0].data + (b * a->Tq + i) * ldq + h * D, 0, (size_t)D * sizeof(float));
-        }
-        float *mine = ws + (size_t)omp_get_thread_num() * per;
-        // Key tile 0 first: it is seen by every query block.
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < tasks; t++) {
-            int64_t jb = t / (a->B * a->Hkv), bg = t % (a->B * a->Hkv);
-            backward_tile(x, mine, bg / a->Hkv, (int)(bg % a->Hkv), jb);
-        }
+    const int64_t ldq = (int64_t)a->Hq * D;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t b = r / (a->Hq * a->Tq), h = (r / a->Tq) % a->Hq, i = r % a->Tq;
+        const float *dO = x->dout + (b * a->Tq + i) * ldq + h * D,
+                    *O = x->o + b * x->os.sb + h * x->os.sh + i * x->os.st;
+        double s = 0.0;
+        for (int d = 0; d < D; d++) s += (double)dO[d] * O[d];
+        x->di[r] = (float)s;
+        if (x->d[0].needed && x->d[0].fresh)
+            memset(x->d[0].data + (b * a->Tq + i) * ldq + h * D, 0, (size_t)D * sizeof(float));
     }
-    for (int i = 0; i < NLOCKS; i++) omp_destroy_lock(&locks[i]);
+}
+
+// Tasks [lo, hi), key tile 0 first: it is seen by every query block.
+static void tiles_part(void *p, int64_t lo, int64_t hi, int thread) {
+    const bwd_args *x = p;
+    const ag_att_dims *a = x->a;
+    float *mine = x->ws + (size_t)thread * bwd_floats(a->D);
+    for (int64_t t = lo; t < hi; t++) {
+        int64_t jb = t / (a->B * a->Hkv), bg = t % (a->B * a->Hkv);
+        backward_tile(x, mine, bg / a->Hkv, (int)(bg % a->Hkv), jb);
+    }
+}
+
+static void flash_backward_run(bwd_args *x, float *ws, int nthreads) {
+    const ag_att_dims *a = x->a;
+    pthread_mutex_t locks[NLOCKS];
+    for (int i = 0; i < NLOCKS; i++) pthread_mutex_init(&locks[i], NULL);
+    x->locks = locks;
+    x->ws = ws;
+    const int64_t rows = a->B * a->Hq * a->Tq;
+    if (nthreads > 1)
+        ag_parallel_for(rows, AG_PAR_GRAIN / a->D + 1, delta_part, x);
+    else
+        delta_part(x, 0, rows, 0);
+    ag_run_tasks(nthreads, a->B * a->Hkv * blocks_of(a->Tk, BC), tiles_part, x);
+    for (int i = 0; i < NLOCKS; i++) pthread_mutex_destroy(&locks[i]);
 }
 
 // Two inputs of the node that write one gradient buffer (q = k): their threads would race.

@@ -57,21 +57,56 @@ float ag_row_logsumexp(const float *x, int64_t V) {
     return row_lse(x, V);
 }
 
+typedef struct {
+    float *out;
+    const float *logits, *lse;
+    const int32_t *labels;
+    int64_t T, V;
+    float scale;
+    bool fresh;
+} ce_args;
+
+static void lse_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const ce_args *c = p;
+    const int64_t T = c->T, V = c->V;
+    for (int64_t r = lo; r < hi; r++)
+        c->out[r] = ag_row_logsumexp(c->logits + ((r / (T - 1)) * T + r % (T - 1)) * V, V);
+}
+
 // lse[b*(T-1) + t] for every predicting position.
 static void row_logsumexp(float *lse, const float *logits, int64_t B, int64_t T, int64_t V) {
+    ce_args c = {.out = lse, .logits = logits, .T = T, .V = V};
+    ag_parallel_for(B * (T - 1), AG_PAR_GRAIN_EXP / V + 1, lse_part, &c);
+}
+
+// dlogits of one row: e^(x - lse) * scale, written or added.
+static void row_grad(float *g, const float *x, float m, float scale, int64_t V, bool fresh) {
 #if defined(__x86_64__)
-    bool vec = ag_has_avx512();
+    if (ag_has_avx512()) {
+        row_grad_avx512(g, x, m, scale, V, fresh);
+        return;
+    }
 #endif
-#pragma omp parallel for if (B * T * V >= AG_OMP_MIN_EXP)
-    for (int64_t r = 0; r < B * (T - 1); r++) {
-        const float *x = logits + ((r / (T - 1)) * T + r % (T - 1)) * V;
-#if defined(__x86_64__)
-        if (vec) {
-            lse[r] = row_lse_avx512(x, V);
+    for (int64_t j = 0; j < V; j++) {
+        float v = expf(x[j] - m) * scale;
+        g[j] = fresh ? v : g[j] + v;
+    }
+}
+
+static void grad_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const ce_args *c = p;
+    const int64_t T = c->T, V = c->V;
+    for (int64_t r = lo; r < hi; r++) {
+        int64_t t = r % T;
+        float *g = c->out + r * V;
+        if (t == T - 1) {
+            if (c->fresh) memset(g, 0, (size_t)V * sizeof(float));
             continue;
         }
-#endif
-        lse[r] = row_lse(x, V);
+        row_grad(g, c->logits + r * V, c->lse[(r / T) * (T - 1) + t], c->scale, V, c->fresh);
+        g[c->labels[r + 1]] -= c->scale;
     }
 }
 
@@ -83,37 +118,8 @@ static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss) 
     int64_t B = st->B, T = st->T, V = st->V;
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
-    const float *logits = st->logits->data, *lse = st->lse->data;
-    const int32_t *labels = st->labels;
-    float scale = dloss[0] / (float)(B * (T - 1));
-    float *dx = d.data;
-    bool fresh = d.fresh;
-#if defined(__x86_64__)
-    bool vec = ag_has_avx512();
-#endif
-#pragma omp parallel for if (B * T * V >= AG_OMP_MIN_EXP)
-    for (int64_t r = 0; r < B * T; r++) {
-        int64_t t = r % T;
-        const float *x = logits + r * V;
-        float *g = dx + r * V;
-        if (t == T - 1) {
-            if (fresh) memset(g, 0, (size_t)V * sizeof(float));
-            continue;
-        }
-        float m = lse[(r / T) * (T - 1) + t];
-#if defined(__x86_64__)
-        if (vec) {
-            row_grad_avx512(g, x, m, scale, V, fresh);
-            g[labels[r + 1]] -= scale;
-            continue;
-        }
-#endif
-        for (int64_t j = 0; j < V; j++) {
-            float v = expf(x[j] - m) * scale;
-            g[j] = fresh ? v : g[j] + v;
-        }
-        g[labels[r + 1]] -= scale;
-    }
+    ce_args c = {d.data, st->logits->data, st->lse->data, st->labels, T, V, dloss[0] / (float)(B * (T - 1)), d.fresh};
+    ag_parallel_for(B * T, AG_PAR_GRAIN_EXP / V + 1, grad_part, &c);
 }
 
 static void cross_entropy_release(ag_op_state *st) { free(st->cross_entropy.labels); }

@@ -9,9 +9,34 @@
 
 #include "ag_internal.h"
 
-static void row_logsoftmax(float *y, const float *x, int64_t V) {
-    float lse = ag_row_logsumexp(x, V);
-    for (int64_t j = 0; j < V; j++) y[j] = x[j] - lse;
+typedef struct {
+    float *out;
+    const float *in, *grad; // grad: NULL for the forward
+    int64_t V;
+    bool fresh;
+} rows_args;
+
+// Rows [lo, hi): log_softmax, or (grad set) its backward dx = g - e^logp Σ g.
+static void rows_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const rows_args *a = p;
+    const int64_t V = a->V;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = a->in + r * V;
+        float *o = a->out + r * V;
+        if (!a->grad) {
+            float lse = ag_row_logsumexp(x, V);
+            for (int64_t j = 0; j < V; j++) o[j] = x[j] - lse;
+            continue;
+        }
+        const float *gr = a->grad + r * V;
+        float sum = 0.0f;
+        for (int64_t j = 0; j < V; j++) sum += gr[j];
+        for (int64_t j = 0; j < V; j++) {
+            float v = gr[j] - expf(x[j]) * sum;
+            o[j] = a->fresh ? v : o[j] + v;
+        }
+    }
 }
 
 // The label of row r (b*T + t) in the kept tensor: ids[r + 1], or -100 at a row's last position.
@@ -54,16 +79,8 @@ static void hf_backward(ag_ctx *ctx, ag_node *n, const float *dloss) {
     }
     ag_grad_dst d;
     if (ag_grad_get(ctx, n, 0, &d) && !meta) {
-#pragma omp parallel for if (B * T * V >= AG_OMP_MIN_EXP)
-        for (int64_t r = 0; r < B * T; r++) {
-            const float *lp = st->logp->data + r * V, *gr = gd + r * V;
-            float *o = d.data + r * V, sum = 0.0f;
-            for (int64_t j = 0; j < V; j++) sum += gr[j];
-            for (int64_t j = 0; j < V; j++) {
-                float v = gr[j] - expf(lp[j]) * sum;
-                o[j] = d.fresh ? v : o[j] + v;
-            }
-        }
+        rows_args a = {d.data, st->logp->data, gd, V, d.fresh};
+        ag_parallel_for(B * T, AG_PAR_GRAIN_EXP / V + 1, rows_part, &a);
     }
     mp_free(&g);
 }
@@ -114,8 +131,8 @@ ag_tensor *ag_cross_entropy_hf(ag_ctx *ctx, const ag_site *s, ag_tensor *logits,
         return NULL;
     }
     if (!meta) {
-#pragma omp parallel for if (B * T * V >= AG_OMP_MIN_EXP)
-        for (int64_t r = 0; r < B * T; r++) row_logsoftmax(logp->data + r * V, logits->data + r * V, V);
+        ag_parallel_for(B * T, AG_PAR_GRAIN_EXP / V + 1, rows_part,
+                        &(rows_args){logp->data, logits->data, NULL, V, false});
         double sum = 0.0; // serial: the same sum in the same order every run
         for (int64_t r = 0; r < B * T; r++) {
             int64_t y = label_at(lab, B, T, r);

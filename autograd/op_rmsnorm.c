@@ -13,37 +13,73 @@ static float rms_row(float *y, const float *x, const float *w, int64_t H, float 
     return r;
 }
 
-static void rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int64_t rows, int64_t H, float eps) {
-#pragma omp parallel for if (rows * H >= AG_OMP_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        float v = rms_row(y + r * H, x + r * H, w, H, eps);
-        if (rstd) rstd[r] = v;
+// The operands of one of the row loops below; each runs over rows [lo, hi) of the pool.
+typedef struct {
+    float *out, *out2, *rstd; // what the loop writes
+    const float *x, *w, *dy, *rs;
+    int64_t H, rows;
+    float eps;
+    bool fresh;
+} rms_args;
+
+static int64_t rows_grain(int64_t H) { return AG_PAR_GRAIN / H + 1; }
+
+static void forward_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const rms_args *a = p;
+    int64_t H = a->H;
+    for (int64_t r = lo; r < hi; r++) {
+        float v = rms_row(a->out + r * H, a->x + r * H, a->w, H, a->eps);
+        if (a->rstd) a->rstd[r] = v;
     }
 }
 
+static void rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int64_t rows, int64_t H, float eps) {
+    rms_args a = {.out = y, .rstd = rstd, .x = x, .w = w, .H = H, .eps = eps};
+    ag_parallel_for(rows, rows_grain(H), forward_part, &a);
+}
+
 // dx_j = r w_j dy_j - x_j r³/H Σ_i dy_i w_i x_i
-static void rmsnorm_dx(float *dx, bool fresh, const float *dy, const float *x, const float *rstd, const float *w,
-                       int64_t rows, int64_t H) {
-#pragma omp parallel for if (rows * H >= AG_OMP_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * H, *g = dy + r * H;
-        float *o = dx + r * H;
+static void dx_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const rms_args *a = p;
+    int64_t H = a->H;
+    const float *w = a->w;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *xr = a->x + r * H, *g = a->dy + r * H;
+        float *o = a->out + r * H;
         double dot = 0.0;
         for (int64_t j = 0; j < H; j++) dot += (double)g[j] * w[j] * xr[j];
-        float rs = rstd[r], c = (float)(dot * rs * rs * rs / (double)H);
+        float rs = a->rs[r], c = (float)(dot * rs * rs * rs / (double)H);
         for (int64_t j = 0; j < H; j++) {
             float v = rs * w[j] * g[j] - c * xr[j];
-            o[j] = fresh ? v : o[j] + v;
+            o[j] = a->fresh ? v : o[j] + v;
         }
     }
 }
 
-// dw_j = Σ_rows dy_j x_j r; serial over rows so that the sum is deterministic.
+static void rmsnorm_dx(float *dx, bool fresh, const float *dy, const float *x, const float *rstd, const float *w,
+                       int64_t rows, int64_t H) {
+    rms_args a = {.out = dx, .x = x, .w = w, .dy = dy, .rs = rstd, .H = H, .fresh = fresh};
+    ag_parallel_for(rows, rows_grain(H), dx_part, &a);
+}
+
+// Columns [lo, hi) of dw; rows in order, so that the sum does not depend on the threads.
+static void dw_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const rms_args *a = p;
+    int64_t H = a->H, rows = a->rows;
+    float *dw = a->out;
+    if (a->fresh) memset(dw + lo, 0, (size_t)(hi - lo) * sizeof(float));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = lo; j < hi; j++) dw[j] += a->dy[r * H + j] * a->x[r * H + j] * a->rs[r];
+}
+
+// dw_j = Σ_rows dy_j x_j r
 static void rmsnorm_dw(float *dw, bool fresh, const float *dy, const float *x, const float *rstd, int64_t rows,
                        int64_t H) {
-    if (fresh) memset(dw, 0, (size_t)H * sizeof(float));
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < H; j++) dw[j] += dy[r * H + j] * x[r * H + j] * rstd[r];
+    rms_args a = {.out = dw, .x = x, .dy = dy, .rs = rstd, .H = H, .rows = rows, .fresh = fresh};
+    ag_parallel_for(H, AG_PAR_GRAIN / rows + 16, dw_part, &a);
 }
 
 // Backward needs x and rstd (one float per row, cheaper to keep than to recompute from x
@@ -64,25 +100,40 @@ static const ag_op rmsnorm_op = {.name = "rmsnorm", .backward = rmsnorm_backward
 // h = x * rstd; y = w * h. sq is freed after the mean (1.13: kept by MeanBackward1); h and
 // rstd are kept by the two muls, x by pow and the first mul. The [rows] transients (the mean
 // and mean + eps) are left out: one float a row each.
-static void rms_squares(float *sq, float *rstd, const float *x, int64_t rows, int64_t H, float eps) {
-#pragma omp parallel for if (rows * H >= AG_OMP_MIN)
-    for (int64_t r = 0; r < rows; r++) {
+static void squares_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const rms_args *a = p;
+    int64_t H = a->H;
+    float *sq = a->out;
+    for (int64_t r = lo; r < hi; r++) {
         double ss = 0.0;
         for (int64_t j = 0; j < H; j++) {
-            sq[r * H + j] = x[r * H + j] * x[r * H + j];
+            sq[r * H + j] = a->x[r * H + j] * a->x[r * H + j];
             ss += sq[r * H + j];
         }
-        rstd[r] = 1.0f / sqrtf((float)(ss / (double)H) + eps);
+        a->rstd[r] = 1.0f / sqrtf((float)(ss / (double)H) + a->eps);
     }
 }
 
-static void rms_scale(float *y, float *h, const float *x, const float *rstd, const float *w, int64_t rows, int64_t H) {
-#pragma omp parallel for if (rows * H >= AG_OMP_MIN)
-    for (int64_t r = 0; r < rows; r++)
+static void rms_squares(float *sq, float *rstd, const float *x, int64_t rows, int64_t H, float eps) {
+    rms_args a = {.out = sq, .rstd = rstd, .x = x, .H = H, .eps = eps};
+    ag_parallel_for(rows, rows_grain(H), squares_part, &a);
+}
+
+static void scale_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const rms_args *a = p;
+    int64_t H = a->H;
+    for (int64_t r = lo; r < hi; r++)
         for (int64_t j = 0; j < H; j++) {
-            h[r * H + j] = x[r * H + j] * rstd[r];
-            y[r * H + j] = w[j] * h[r * H + j];
+            a->out2[r * H + j] = a->x[r * H + j] * a->rs[r];
+            a->out[r * H + j] = a->w[j] * a->out2[r * H + j];
         }
+}
+
+static void rms_scale(float *y, float *h, const float *x, const float *rstd, const float *w, int64_t rows, int64_t H) {
+    rms_args a = {.out = y, .out2 = h, .x = x, .w = w, .rs = rstd, .H = H};
+    ag_parallel_for(rows, rows_grain(H), scale_part, &a);
 }
 
 // In a 16-bit model, `hidden_states.to(torch.float32)` first: the float32 copy is what pow and the

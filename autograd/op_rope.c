@@ -10,18 +10,30 @@
 
 // y = R(±a) x over x[B, T, nh*hd]; `accumulate` adds into y. Angles are formed in float32
 // as HF does (inv_freq in float32, one float product with the position), so results match it.
-static void rope_rotate(float *y, bool accumulate, const float *x, int64_t B, int64_t T, int nh, int hd, float theta,
-                        const int32_t *pos, int64_t pos0, float sign) {
-    int half = hd / 2;
-    int64_t width = (int64_t)nh * hd;
+typedef struct {
+    float *y;
+    const float *x;
+    const int32_t *pos;
+    int64_t T, pos0;
+    int nh, hd;
+    float sign;
+    bool accumulate;
     float inv_freq[AG_ROPE_MAX_HEAD_DIM / 2];
-    for (int i = 0; i < half; i++) inv_freq[i] = ag_rope_inv_freq(theta, i, hd);
-#pragma omp parallel for if (B * T * width >= AG_OMP_MIN)
-    for (int64_t r = 0; r < B * T; r++) {
+} rope_args;
+
+static void rotate_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const rope_args *ra = p;
+    const float *x = ra->x, sign = ra->sign;
+    float *y = ra->y;
+    const int nh = ra->nh, hd = ra->hd, half = hd / 2;
+    const int64_t width = (int64_t)nh * hd, T = ra->T;
+    const bool accumulate = ra->accumulate;
+    for (int64_t r = lo; r < hi; r++) {
         float c[AG_ROPE_MAX_HEAD_DIM / 2], s[AG_ROPE_MAX_HEAD_DIM / 2];
-        float p = (float)(pos ? pos[r] : pos0 + r % T);
+        float p = (float)(ra->pos ? ra->pos[r] : ra->pos0 + r % T);
         for (int i = 0; i < half; i++) {
-            float a = p * inv_freq[i];
+            float a = p * ra->inv_freq[i];
             c[i] = (float)cos((double)a);
             s[i] = sign * (float)sin((double)a);
         }
@@ -35,6 +47,13 @@ static void rope_rotate(float *y, bool accumulate, const float *x, int64_t B, in
             }
         }
     }
+}
+
+static void rope_rotate(float *y, bool accumulate, const float *x, int64_t B, int64_t T, int nh, int hd, float theta,
+                        const int32_t *pos, int64_t pos0, float sign) {
+    rope_args a = {y, x, pos, T, pos0, nh, hd, sign, accumulate, {0}};
+    for (int i = 0; i < hd / 2; i++) a.inv_freq[i] = ag_rope_inv_freq(theta, i, hd);
+    ag_parallel_for(B * T, AG_PAR_GRAIN / ((int64_t)nh * hd) + 1, rotate_part, &a);
 }
 
 // A rotation's gradient is the inverse rotation: backward saves nothing and recomputes the

@@ -49,13 +49,25 @@ bool ag_rope_tables(ag_ctx *ctx, const char *site, int64_t T, int hd, float thet
 }
 
 // y (+)= x * cos + rotate_half(x) * (sign * sin); sign -1 is the transpose, the backward.
-static void rotate(float *y, bool accumulate, const float *x, const float *cs, const float *sn, int64_t B, int64_t T,
-                   int nh, int hd, float sign) {
-    int half = hd / 2;
-    int64_t width = (int64_t)nh * hd;
-#pragma omp parallel for if (B * T * width >= AG_OMP_MIN)
-    for (int64_t r = 0; r < B * T; r++) {
-        const float *c = cs + (r % T) * hd, *s = sn + (r % T) * hd;
+typedef struct {
+    float *y;
+    const float *x, *cs, *sn;
+    int64_t T;
+    int nh, hd;
+    float sign;
+    bool accumulate;
+} rotate_args;
+
+static void rotate_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const rotate_args *ra = p;
+    const float *x = ra->x, sign = ra->sign;
+    float *y = ra->y;
+    const int nh = ra->nh, hd = ra->hd, half = hd / 2;
+    const int64_t width = (int64_t)nh * hd, T = ra->T;
+    const bool accumulate = ra->accumulate;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *c = ra->cs + (r % T) * hd, *s = ra->sn + (r % T) * hd;
         for (int h = 0; h < nh; h++) {
             const float *xa = x + r * width + h * hd, *xb = xa + half;
             float *ya = y + r * width + h * hd, *yb = ya + half;
@@ -66,6 +78,12 @@ static void rotate(float *y, bool accumulate, const float *x, const float *cs, c
             }
         }
     }
+}
+
+static void rotate(float *y, bool accumulate, const float *x, const float *cs, const float *sn, int64_t B, int64_t T,
+                   int nh, int hd, float sign) {
+    rotate_args a = {y, x, cs, sn, T, nh, hd, sign, accumulate};
+    ag_parallel_for(B * T, AG_PAR_GRAIN / ((int64_t)nh * hd) + 1, rotate_part, &a);
 }
 
 // Backward: dy * cos and the sliced gradient of rotate_half(x) * sin, two x-sized tensors,

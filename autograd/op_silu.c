@@ -35,8 +35,41 @@ AG_AVX512 static void silu_bwd_avx512(float *dx, const float *dy, const float *x
 #endif
 
 static void silu_fwd(float *y, const float *x, int64_t n) {
-#pragma omp parallel for if (n >= AG_OMP_MIN_EXP)
     for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+static void silu_bwd(float *dx, const float *dy, const float *x, int64_t n, bool fresh) {
+    for (int64_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-x[i]));
+        float v = dy[i] * s * (1.0f + x[i] * (1.0f - s));
+        dx[i] = fresh ? v : dx[i] + v;
+    }
+}
+
+typedef struct {
+    float *out;
+    const float *x, *dy; // dy: NULL in forward
+    bool fresh;
+} silu_args;
+
+static void silu_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const silu_args *a = p;
+    bool vec = false;
+#if defined(__x86_64__)
+    vec = ag_has_avx512();
+#endif
+    if (!a->dy) {
+#if defined(__x86_64__)
+        if (vec) silu_fwd_avx512(a->out + lo, a->x + lo, hi - lo);
+#endif
+        if (!vec) silu_fwd(a->out + lo, a->x + lo, hi - lo);
+        return;
+    }
+#if defined(__x86_64__)
+    if (vec) silu_bwd_avx512(a->out + lo, a->dy + lo, a->x + lo, hi - lo, a->fresh);
+#endif
+    if (!vec) silu_bwd(a->out + lo, a->dy + lo, a->x + lo, hi - lo, a->fresh);
 }
 
 // Backward needs x: dy/dx = s (1 + x (1 - s)), s = sigmoid(x). Keeping y instead would not
@@ -44,21 +77,8 @@ static void silu_fwd(float *y, const float *x, int64_t n) {
 static void silu_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
-    const float *x = n->state.silu.x->data;
-    float *dx = d.data;
-    bool fresh = d.fresh;
-#if defined(__x86_64__)
-    if (ag_has_avx512()) {
-        silu_bwd_avx512(dx, dy, x, n->numel, fresh);
-        return;
-    }
-#endif
-#pragma omp parallel for if (n->numel >= AG_OMP_MIN_EXP)
-    for (int64_t i = 0; i < n->numel; i++) {
-        float s = 1.0f / (1.0f + expf(-x[i]));
-        float v = dy[i] * s * (1.0f + x[i] * (1.0f - s));
-        dx[i] = fresh ? v : dx[i] + v;
-    }
+    silu_args a = {d.data, n->state.silu.x->data, dy, d.fresh};
+    ag_parallel_for(n->numel, AG_PAR_GRAIN_EXP, silu_part, &a);
 }
 
 static const ag_op silu_op = {.name = "silu", .backward = silu_backward, .nsaved = AG_NSAVED(silu)};
@@ -71,14 +91,8 @@ ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x) {
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
     if (!y) return NULL;
     if (!mp_is_meta()) {
-        const float *xd = x->data;
-        float *yd = y->data;
-#if defined(__x86_64__)
-        if (ag_has_avx512())
-            silu_fwd_avx512(yd, xd, x->numel);
-        else
-#endif
-            silu_fwd(yd, xd, x->numel);
+        silu_args a = {y->data, x->data, NULL, false};
+        ag_parallel_for(x->numel, AG_PAR_GRAIN_EXP, silu_part, &a);
     }
     if (!ag_any_needs_grad(ctx, 1, ins)) return y;
     ag_node *n = ag_record(ctx, &silu_op, s.base, y, 1, ins);

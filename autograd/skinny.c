@@ -1,5 +1,4 @@
 // Skinny linear kernels: few rows (tokens) against a big weight.
-#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -98,16 +97,30 @@ static int64_t fwd_block_rows(int64_t M, int64_t K) {
     return (rows + SK_MR - 1) / SK_MR * SK_MR;
 }
 
+// The least weight bytes a chunk of a parallel pass streams.
+#define SK_CHUNK_BYTES ((int64_t)1 << 17)
+
+typedef struct {
+    const float *x, *w, *dy;
+    float *y, *dx, *dw;
+    int64_t M, N, K;
+    bool dx_fresh, dw_fresh, aligned;
+} skinny_args;
+
+// Blocks [lo, hi) of SK_NR weight rows against the M rows of x (one pass).
+AG_AVX512 static void fwd_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const skinny_args *a = p;
+    for (int64_t b = lo; b < hi; b++)
+        fwd_rows(SK_NR, a->x, a->w + b * SK_NR * a->K, a->M, a->K, a->y + b * SK_NR, a->N);
+}
+
 AG_AVX512 static void skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K) {
     int64_t blocks = N / SK_NR, rows = fwd_block_rows(M, K);
-    // Every pass splits the weight's blocks the same way between threads (static schedule),
-    // so each thread writes its own columns of y in every pass: no barrier between passes.
-#pragma omp parallel if (N * K >= (1 << 18))
+    int64_t grain = SK_CHUNK_BYTES / (SK_NR * K * (int64_t)sizeof(float)) + 1;
     for (int64_t m0 = 0; m0 < M; m0 += rows) {
-        int64_t mr = M - m0 < rows ? M - m0 : rows;
-#pragma omp for schedule(static) nowait
-        for (int64_t b = 0; b < blocks; b++)
-            fwd_rows(SK_NR, x + m0 * K, w + b * SK_NR * K, mr, K, y + m0 * N + b * SK_NR, N);
+        skinny_args a = {.x = x + m0 * K, .w = w, .y = y + m0 * N, .M = M - m0 < rows ? M - m0 : rows, .N = N, .K = K};
+        ag_parallel_for(blocks, grain, fwd_part, &a);
     }
     for (int64_t n = blocks * SK_NR; n < N; n++) fwd_rows(1, x, w + n * K, M, K, y + n, N);
 }
@@ -156,29 +169,33 @@ AG_AVX512_INLINE void bwd_tile(int nr, const float *dy, const float *x, const fl
     }
 }
 
+// Input columns [16 lo, 16 hi) of dx and dw over every weight row: each chunk owns its columns,
+// so dx and dw need no reduction between threads.
+AG_AVX512 static void bwd_part(void *p, int64_t clo, int64_t chi, int thread) {
+    (void)thread;
+    const skinny_args *a = p;
+    const int64_t M = a->M, N = a->N, K = a->K, lo = clo * 16, hi = chi * 16 < K ? chi * 16 : K;
+    if (a->dx_fresh)
+        for (int64_t m = 0; m < M; m++) memset(a->dx + m * K + lo, 0, (size_t)(hi - lo) * sizeof(float));
+    int64_t n0 = 0;
+    for (; n0 + SK_BR <= N; n0 += SK_BR)
+        for (int64_t c = lo; c < hi; c += 16) {
+            __mmask16 mk = ag_lanes16(K - c);
+            bwd_tile(SK_BR, a->dy, a->x, a->w, a->dx, a->dw, M, N, K, n0, c, mk, a->dw_fresh,
+                     a->aligned && mk == 0xFFFF);
+        }
+    for (; n0 < N; n0++)
+        for (int64_t c = lo; c < hi; c += 16)
+            bwd_tile(1, a->dy, a->x, a->w, a->dx, a->dw, M, N, K, n0, c, ag_lanes16(K - c), a->dw_fresh, false);
+    if (a->aligned) _mm_sfence(); // the streamed lines are visible before the loop returns
+}
+
 AG_AVX512 static void skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw, int64_t M,
                                       int64_t N, int64_t K, bool dx_fresh, bool dw_fresh) {
-    int64_t chunks = (K + 15) / 16;
     // Streaming stores need every 16-column chunk 64-byte aligned: the base and K % 16 == 0.
     bool aligned = dw_fresh && K % 16 == 0 && ((uintptr_t)dw & 63) == 0;
-#pragma omp parallel if (N * K >= (1 << 18))
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        int64_t lo = chunks * t / nt * 16, hi = chunks * (t + 1) / nt * 16;
-        hi = hi < K ? hi : K;
-        if (dx_fresh)
-            for (int64_t m = 0; m < M && hi > lo; m++) memset(dx + m * K + lo, 0, (size_t)(hi - lo) * sizeof(float));
-        int64_t n0 = 0;
-        for (; n0 + SK_BR <= N; n0 += SK_BR)
-            for (int64_t c = lo; c < hi; c += 16) {
-                __mmask16 mk = ag_lanes16(K - c);
-                bwd_tile(SK_BR, dy, x, w, dx, dw, M, N, K, n0, c, mk, dw_fresh, aligned && mk == 0xFFFF);
-            }
-        for (; n0 < N; n0++)
-            for (int64_t c = lo; c < hi; c += 16)
-                bwd_tile(1, dy, x, w, dx, dw, M, N, K, n0, c, ag_lanes16(K - c), dw_fresh, false);
-        if (aligned) _mm_sfence(); // the streamed lines are visible before the threads join
-    }
+    skinny_args a = {x, w, dy, NULL, dx, dw, M, N, K, dx_fresh, dw_fresh, aligned};
+    ag_parallel_for((K + 15) / 16, SK_CHUNK_BYTES / (16 * N * (int64_t)sizeof(float)) + 1, bwd_part, &a);
 }
 
 void ag_skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw, int64_t M, int64_t N,

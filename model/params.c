@@ -73,11 +73,20 @@ static uint64_t splitmix(uint64_t *s) {
 
 // Box-Muller in float, a pair of normals from one 64-bit draw (two 24-bit uniforms): float
 // logf and sincosf make the init of 134M weights a fraction of a second.
-static void fill_normal(float *x, int64_t n, float std, uint64_t seed) {
-    int64_t chunks = (n + INIT_CHUNK - 1) / INIT_CHUNK;
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; c++) {
-        uint64_t s = seed ^ ((uint64_t)c * 0xd1b54a32d192ed03ULL);
+typedef struct {
+    float *x;
+    int64_t n;
+    float std;
+    uint64_t seed;
+} normal_args;
+
+static void normal_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const normal_args *a = p;
+    float *x = a->x, std = a->std;
+    const int64_t n = a->n;
+    for (int64_t c = lo; c < hi; c++) {
+        uint64_t s = a->seed ^ ((uint64_t)c * 0xd1b54a32d192ed03ULL);
         int64_t end = (c + 1) * INIT_CHUNK < n ? (c + 1) * INIT_CHUNK : n;
         for (int64_t i = c * INIT_CHUNK; i < end; i += 2) {
             uint64_t v = splitmix(&s);
@@ -89,6 +98,10 @@ static void fill_normal(float *x, int64_t n, float std, uint64_t seed) {
             if (i + 1 < end) x[i + 1] = r * sn;
         }
     }
+}
+
+static void fill_normal(float *x, int64_t n, float std, uint64_t seed) {
+    ag_parallel_for((n + INIT_CHUNK - 1) / INIT_CHUNK, 1, normal_part, &(normal_args){x, n, std, seed});
 }
 
 void llama_model_init_random(llama_model *m, uint64_t seed) {

@@ -3,6 +3,9 @@
 
 #include "optim.h"
 
+// Elements: a chunk of an update pass gets at least this many (below, one thread does it).
+#define OPTIM_PAR_GRAIN (1 << 16)
+
 enum { OPTIM_TMP_SQRT, OPTIM_TMP_DENOM, OPTIM_TMP_GRAD, OPTIM_NTMP };
 
 typedef struct {

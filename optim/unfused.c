@@ -47,8 +47,6 @@
 #include <math.h>
 #include <stdio.h>
 
-#define PAR_MIN (1 << 16) // elements: below this one thread does a pass
-
 typedef struct {
     optim *o;
     bool dry;     // count only: nothing allocated, nothing changed
@@ -102,21 +100,25 @@ static void begin(pass *p, optim_slot *s) {
 
 static float *data(mp_block *b) { return b->data; }
 
-// grad.add(param, alpha=wd): g + wd·w.
-static void k_grad_wd(float *out, const float *g, const float *w, float wd, size_t n) {
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) out[i] = g[i] + wd * w[i];
-}
+enum { K_GRAD_WD, K_MOMENTS, K_SQRT, K_DIV, K_ADD, K_ADDCDIV };
 
-// AdamW's param.mul_(1 - lr·wd) and the moments in place: exp_avg.lerp_(g, 1 - b1) (PyTorch
-// 2.x) or, with mul_add, exp_avg.mul_(b1).add_(g, alpha=1 - b1) (1.13's foreach), and
-// exp_avg_sq.mul_(b2).addcmul_(g, g, value=1 - b2). l2: the L2 term added to g on the fly.
-static void k_moments(const optim_adam_consts *k, bool mul_add, float *w, const float *g, float l2, float *m, float *v,
-                      size_t n) {
-    const float b1 = k->b1, b2 = k->b2, c1 = 1.0f - k->b1, c2 = 1.0f - k->b2, decay = k->decay;
-    const bool fresh = k->fresh, decoupled = k->decoupled;
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) {
+// One pass: out (or w, m, v) from in (or g) and a scalar x, per kind.
+typedef struct {
+    int kind;
+    const optim_adam_consts *k;
+    bool mul_add;
+    float *out, *m, *v;
+    const float *in, *w2;
+    float x;
+} kpass;
+
+static void moments(const kpass *a, size_t lo, size_t hi) {
+    const optim_adam_consts *k = a->k;
+    const float b1 = k->b1, b2 = k->b2, c1 = 1.0f - k->b1, c2 = 1.0f - k->b2, decay = k->decay, l2 = a->x;
+    const bool fresh = k->fresh, decoupled = k->decoupled, mul_add = a->mul_add;
+    float *w = a->out, *m = a->m, *v = a->v;
+    const float *g = a->in;
+    for (size_t i = lo; i < hi; i++) {
         float gi = l2 != 0 ? g[i] + l2 * w[i] : g[i];
         if (decoupled) w[i] *= decay;
         if (fresh) { // from zeros: 0·b + (1-b)·x is (1-b)·x exactly
@@ -129,25 +131,59 @@ static void k_moments(const optim_adam_consts *k, bool mul_add, float *w, const 
     }
 }
 
-static void k_sqrt(float *out, const float *v, size_t n) {
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) out[i] = sqrtf(v[i]);
+static void kpass_part(void *p, int64_t b, int64_t e, int thread) {
+    (void)thread;
+    const kpass *a = p;
+    float *out = a->out, x = a->x;
+    const float *in = a->in;
+    size_t lo = (size_t)b, hi = (size_t)e;
+    switch (a->kind) {
+    case K_GRAD_WD: // grad.add(param, alpha=wd)
+        for (size_t i = lo; i < hi; i++) out[i] = in[i] + x * a->w2[i];
+        break;
+    case K_MOMENTS: moments(a, lo, hi); break;
+    case K_SQRT:
+        for (size_t i = lo; i < hi; i++) out[i] = sqrtf(in[i]);
+        break;
+    case K_DIV:
+        for (size_t i = lo; i < hi; i++) out[i] = in[i] / x;
+        break;
+    case K_ADD:
+        for (size_t i = lo; i < hi; i++) out[i] = in[i] + x;
+        break;
+    case K_ADDCDIV: // param.addcdiv_(exp_avg, denom, value): w + value·m / d, ATen's order
+        for (size_t i = lo; i < hi; i++) out[i] = out[i] + x * in[i] / a->w2[i];
+        break;
+    }
 }
 
+static void run_pass(kpass a, size_t n) { ag_parallel_for((int64_t)n, OPTIM_PAR_GRAIN, kpass_part, &a); }
+
+// grad.add(param, alpha=wd): g + wd·w.
+static void k_grad_wd(float *out, const float *g, const float *w, float wd, size_t n) {
+    run_pass((kpass){.kind = K_GRAD_WD, .out = out, .in = g, .w2 = w, .x = wd}, n);
+}
+
+// AdamW's param.mul_(1 - lr·wd) and the moments in place: exp_avg.lerp_(g, 1 - b1) (PyTorch
+// 2.x) or, with mul_add, exp_avg.mul_(b1).add_(g, alpha=1 - b1) (1.13's foreach), and
+// exp_avg_sq.mul_(b2).addcmul_(g, g, value=1 - b2). l2: the L2 term added to g on the fly.
+static void k_moments(const optim_adam_consts *k, bool mul_add, float *w, const float *g, float l2, float *m, float *v,
+                      size_t n) {
+    run_pass((kpass){.kind = K_MOMENTS, .k = k, .mul_add = mul_add, .out = w, .m = m, .v = v, .in = g, .x = l2}, n);
+}
+
+static void k_sqrt(float *out, const float *v, size_t n) { run_pass((kpass){.kind = K_SQRT, .out = out, .in = v}, n); }
+
 static void k_div(float *out, const float *in, float d, size_t n) {
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) out[i] = in[i] / d;
+    run_pass((kpass){.kind = K_DIV, .out = out, .in = in, .x = d}, n);
 }
 
 static void k_add(float *out, const float *in, float e, size_t n) {
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) out[i] = in[i] + e;
+    run_pass((kpass){.kind = K_ADD, .out = out, .in = in, .x = e}, n);
 }
 
-// param.addcdiv_(exp_avg, denom, value): w + value·m / d, in that order (ATen's CPU kernel).
 static void k_addcdiv(float *w, const float *m, const float *d, float value, size_t n) {
-#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n; i++) w[i] = w[i] + value * m[i] / d[i];
+    run_pass((kpass){.kind = K_ADDCDIV, .out = w, .in = m, .w2 = d, .x = value}, n);
 }
 
 // ---------------------------------------------------------------------------------------------

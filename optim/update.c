@@ -3,7 +3,6 @@
 #include "optim_internal.h"
 
 #include <math.h>
-#include <omp.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -112,28 +111,39 @@ static void adam_range(const adam_consts *k, bool avx512, float *w, const float 
     adam_scalar(k, w, g, m, v, lo, hi);
 }
 
+typedef struct {
+    adam_consts k;
+    const optim_config *c;
+    bool avx512, fresh;
+    float *w, *m, *v;
+    const float *g;
+    size_t n;
+} update_args;
+
+// Lines [lo, hi) of 16 floats.
+static void adam_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const update_args *a = p;
+    size_t b = (size_t)lo * 16, e = (size_t)hi * 16 < a->n ? (size_t)hi * 16 : a->n;
+    adam_range(&a->k, a->avx512, a->w, a->g, a->m, a->v, b, e);
+}
+
 static void adam_update(const optim_config *c, optim_slot *s, float *w, const float *g, size_t n) {
-    const adam_consts k = optim_adam_consts_of(c, s);
-    float *m = s->state[0].data, *v = s->state[1].data;
-    const bool avx512 = has_avx512();
-    // Contiguous ranges, whole lines of 16 floats per thread.
-#pragma omp parallel if (n >= (1 << 16))
-    {
-        size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
-        size_t blocks = (n + 15) / 16;
-        size_t lo = blocks * t / nt * 16, hi = blocks * (t + 1) / nt * 16;
-        hi = hi < n ? hi : n;
-        if (lo < hi) adam_range(&k, avx512, w, g, m, v, lo, hi);
-    }
+    update_args a = {.k = optim_adam_consts_of(c, s), .avx512 = has_avx512(), .w = w, .g = g, .n = n};
+    a.m = s->state[0].data, a.v = s->state[1].data;
+    ag_parallel_for((int64_t)(n + 15) / 16, OPTIM_PAR_GRAIN / 16, adam_part, &a);
 }
 
 // SGD, with momentum when c->momentum > 0: the first step's buffer is a copy of the gradient.
-static void sgd_update(const optim_config *c, optim_slot *s, float *w, const float *g, size_t n) {
-    float *buf = s->state[0].data;
+static void sgd_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const update_args *a = p;
+    const optim_config *c = a->c;
+    float *buf = a->m, *w = a->w;
+    const float *g = a->g;
     const float lr = c->lr, wd = c->weight_decay, mom = c->momentum, damp = 1.0f - c->dampening;
-    const bool fresh = s->fresh, nesterov = c->nesterov;
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
+    const bool fresh = a->fresh, nesterov = c->nesterov;
+    for (size_t i = (size_t)lo; i < (size_t)hi; i++) {
         float gi = g[i] + wd * w[i];
         if (buf) {
             float bi = fresh ? gi : mom * buf[i] + damp * gi;
@@ -142,6 +152,11 @@ static void sgd_update(const optim_config *c, optim_slot *s, float *w, const flo
         }
         w[i] -= lr * gi;
     }
+}
+
+static void sgd_update(const optim_config *c, optim_slot *s, float *w, const float *g, size_t n) {
+    update_args a = {.c = c, .fresh = s->fresh, .w = w, .m = s->state[0].data, .g = g, .n = n};
+    ag_parallel_for((int64_t)n, OPTIM_PAR_GRAIN, sgd_part, &a);
 }
 
 void optim_update(const optim_config *c, optim_slot *s, float *w, const float *g, size_t n) {

@@ -224,38 +224,56 @@ static void hooks_remove(void) {
     memset(&mp_g.other_ptrs, 0, sizeof mp_g.other_ptrs);
 }
 
+#if defined(MEMBILL_BARE_ALLOC)
+#define BARE_ALLOC 1 // no hooks on plain malloc either
+#else
+#define BARE_ALLOC 0
+#endif
+
 static bool no_merge(extent_hooks_t *h, void *a, size_t size_a, void *b, size_t size_b, bool committed,
                      unsigned arena) {
     (void)h, (void)a, (void)size_a, (void)b, (void)size_b, (void)committed, (void)arena;
     return true; // the two extents stay distinct
 }
 
-// Gradients are set to none after each step and come back, the same sizes in the same order,
-// at the next backward. Their arena keeps its freed pages (never purged), so the next step
-// reuses them instead of faulting 538 MB of fresh zeroed pages in again (SmolLM2-135M: 131k
-// page faults, ~0.15 s of kernel time a step). Freed extents are also kept apart (no merge):
-// jemalloc does not carve a request out of a free extent more than 64 times its size, so
-// merged, the freed gradients would form one extent too big for the smaller ones, which would
-// then take new pages and grow the process (by 250 MB in that run). Kept apart, each request
-// finds its own extent of the last step. The bill is unchanged (it counts live blocks), and a
-// training loop holds no more than at its peak, when those gradients were live. The price: a
-// process whose gradient shapes change (a second, bigger model) keeps the old pages as well.
-static void keep_gradient_pages(unsigned arena) {
-    static extent_hooks_t hooks;
+// A training step frees and asks again for the same blocks every step: activations in
+// forward, gradients (set to none after each step) in backward, the temporaries (a tied
+// weight's gradient sums, the for-loop Adam's sqrt and denom). With jemalloc's default decay
+// the freed pages are returned to the kernel over a few seconds and come back as fresh zeroed
+// pages, faulted in one by one: at 512 tokens about 600k page faults a step, a quarter of its
+// time. So no arena of the profiler ever purges: the next step reuses the pages. The bill is
+// unchanged (it counts live blocks); the process keeps, per category, what that category held
+// at its peak, so pages no longer move from one category to another (SmolLM2-135M at 512
+// tokens: 4.5% more resident). The price: a process whose shapes change (a second, bigger
+// model) keeps the old pages as well.
+static void never_purge(unsigned arena) {
+    ssize_t never = -1;
+    char name[64];
+    snprintf(name, sizeof name, "arena.%u.dirty_decay_ms", arena);
+    mallctl(name, NULL, NULL, &never, sizeof never);
+    snprintf(name, sizeof name, "arena.%u.muzzy_decay_ms", arena);
+    mallctl(name, NULL, NULL, &never, sizeof never);
+}
+
+// Gradients and temporaries come back in the same sizes in the same order. Their freed extents
+// are kept apart (no merge): jemalloc does not carve a request out of a free extent more than
+// 64 times its size, so merged, the freed gradients would form one extent too big for the
+// smaller ones, which would then take new pages and grow the process (by 250 MB in that run).
+// Kept apart, each request finds its own extent of the last step. (Activations and the cache
+// do merge: a growing KV cache asks for a slightly larger block every token.)
+static void keep_apart(unsigned arena) {
+    static extent_hooks_t hooks; // jemalloc's default hooks but for merge, shared by the arenas
     char name[64];
     extent_hooks_t *def = NULL;
     size_t sz = sizeof def;
     snprintf(name, sizeof name, "arena.%u.extent_hooks", arena);
     if (mallctl(name, &def, &sz, NULL, 0) != 0 || !def) return;
-    hooks = *def;
-    hooks.merge = no_merge;
+    if (!hooks.alloc) {
+        hooks = *def;
+        hooks.merge = no_merge;
+    }
     extent_hooks_t *mine = &hooks;
-    if (mallctl(name, NULL, NULL, &mine, sizeof mine) != 0) return;
-    ssize_t never = -1;
-    snprintf(name, sizeof name, "arena.%u.dirty_decay_ms", arena);
-    mallctl(name, NULL, NULL, &never, sizeof never);
-    snprintf(name, sizeof name, "arena.%u.muzzy_decay_ms", arena);
-    mallctl(name, NULL, NULL, &never, sizeof never);
+    mallctl(name, NULL, NULL, &mine, sizeof mine);
 }
 
 // Arenas are created once per process and reused: jemalloc cannot destroy an arena that a
@@ -269,11 +287,13 @@ int mp_backend_init(void) {
             size_t sz = sizeof(unsigned);
             if (mallctl("arenas.create", &mp_arenas[c], &sz, NULL, 0) != 0) return -1;
         }
-        keep_gradient_pages(mp_arenas[MP_GRADIENT]);
+        for (int c = 0; c < MP_NCATEGORIES; c++) never_purge(mp_arenas[c]);
+        keep_apart(mp_arenas[MP_GRADIENT]);
+        keep_apart(mp_arenas[MP_TEMPORARY]);
         mp_arenas_made = true;
     }
     memcpy(mp_g.arena, mp_arenas, sizeof mp_arenas);
-    if (mp_g.opt.track_other) hooks_install();
+    if (mp_g.opt.track_other && !BARE_ALLOC) hooks_install();
     return 0;
 }
 
@@ -415,6 +435,26 @@ uint64_t mp_budget(void) { return mp_g.active ? mp_g.opt.budget : 0; } // fixed 
 // Tensors above this are not a real request but a bug or a hostile input (2^50 bytes).
 #define MP_MAX_REQUEST ((uint64_t)1 << 50)
 
+#if defined(MEMBILL_BARE_ALLOC)
+// The benchmark build that measures the profiler's own cost: every block straight from
+// jemalloc's default arena and thread cache, with no lock, no site, no count and no hooks on
+// plain malloc. Its bill is empty; only its times mean something.
+mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site) {
+    (void)site;
+    memset(out, 0, sizeof *out);
+    if (!mp_g.active) return MP_ERR_STATE;
+    if ((unsigned)cat >= MP_OTHER || bytes > MP_MAX_REQUEST) return MP_ERR_INVALID;
+    if (!mp_g.opt.meta && !(out->data = mallocx(bytes ? bytes : 1, 0))) return MP_ERR_NOMEM;
+    out->bytes = out->usable = bytes;
+    out->category = (uint8_t)cat;
+    return MP_OK;
+}
+
+void mp_free(mp_block *b) {
+    if (b && b->data) dallocx(b->data, 0);
+    if (b) memset(b, 0, sizeof *b);
+}
+#else
 mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site) {
     memset(out, 0, sizeof *out);
     if (!mp_g.active) return MP_ERR_STATE;
@@ -464,3 +504,4 @@ void mp_free(mp_block *b) {
     }
     memset(b, 0, sizeof *b);
 }
+#endif

@@ -21,12 +21,13 @@ typedef struct {
     int phase;
 } svg_point;
 
-#define SVG_W 1080
-#define SVG_H 540
 #define PLOT_X 90
-#define PLOT_Y 70
+#define PLOT_Y 128 // room above for the phases' names, upright where a phase is narrow
 #define PLOT_W 660
-#define PLOT_H 380
+#define PLOT_H 290
+#define INSET_Y (PLOT_Y + PLOT_H + 26)
+#define INSET_H 100
+#define AXIS_Y (INSET_Y + INSET_H)
 #define NPOINTS PLOT_W
 
 // The horizontal axis: seconds, or in meta mode (which takes no time) the event number.
@@ -60,77 +61,137 @@ static size_t sample(svg_point *pts, double *t_end) {
     return np;
 }
 
+// A round step that gives about five ticks below max, for any magnitude (a tiny model's 0.3 MB too).
 static double nice_step(double max) {
     double raw = max / 5, p = 1;
+    if (raw <= 0) return 1;
     while (p * 10 <= raw) p *= 10;
+    while (p > raw) p /= 10;
     return raw <= p ? p : raw <= 2 * p ? 2 * p : raw <= 5 * p ? 5 * p : 10 * p;
 }
 
-static void svg_areas(FILE *f, const svg_point *pts, size_t np, double ymax) {
+// The unit the axis reads in: the largest of GB, MB, kB, bytes that max holds at least once.
+static void axis_unit(double max, double *unit, const char **name) {
+    static const double units[] = {1e9, 1e6, 1e3, 1};
+    static const char *const names[] = {"GB", "MB", "kB", "bytes"};
+    int k = 0;
+    while (k < 3 && max < units[k]) k++;
+    *unit = units[k];
+    *name = names[k];
+}
+
+// Which categories the inset shows: those that held something, under a tenth of the largest.
+static bool is_small(const svg_point *pts, size_t np, int c) {
+    int64_t own = 0, largest = 0;
+    for (size_t i = 0; i < np; i++)
+        for (int k = 0; k < MP_NCATEGORIES; k++) {
+            if (pts[i].live[k] > largest) largest = pts[i].live[k];
+            if (k == c && pts[i].live[k] > own) own = pts[i].live[k];
+        }
+    return own > 0 && own * 10 < largest;
+}
+
+typedef struct {
+    int y0, h;   // the panel's top and height
+    double ymax; // bytes at its top
+} svg_panel;
+
+static double panel_y(const svg_panel *p, int64_t v) { return p->y0 + p->h - (double)v / p->ymax * p->h; }
+
+static int64_t stacked(const svg_point *pt, const bool *shown, int upto) {
+    int64_t v = 0;
+    for (int k = 0; k < upto; k++)
+        if (shown[k]) v += pt->live[k];
+    return v;
+}
+
+static void svg_areas(FILE *f, const svg_point *pts, size_t np, const svg_panel *p, const bool *shown) {
     // Each category's band sits on the sum of those before it.
     for (int c = 0; c < MP_NCATEGORIES; c++) {
-        fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.85\" points=\"", colors[c]);
-        for (size_t i = 0; i < np; i++) {
-            int64_t top = 0;
-            for (int k = 0; k <= c; k++) top += pts[i].live[k];
-            fprintf(f, "%.1f,%.1f ", PLOT_X + pts[i].t, PLOT_Y + PLOT_H - (double)top / ymax * PLOT_H);
-        }
-        for (size_t i = np; i-- > 0;) {
-            int64_t base = 0;
-            for (int k = 0; k < c; k++) base += pts[i].live[k];
-            fprintf(f, "%.1f,%.1f ", PLOT_X + pts[i].t, PLOT_Y + PLOT_H - (double)base / ymax * PLOT_H);
-        }
+        if (!shown[c]) continue;
+        fprintf(f, "<polygon fill=\"%s\" fill-opacity=\"0.85\" data-cat=\"%s\" points=\"", colors[c],
+                mp_category_name(c));
+        for (size_t i = 0; i < np; i++)
+            fprintf(f, "%.1f,%.1f ", PLOT_X + pts[i].t, panel_y(p, stacked(&pts[i], shown, c + 1)));
+        for (size_t i = np; i-- > 0;)
+            fprintf(f, "%.1f,%.1f ", PLOT_X + pts[i].t, panel_y(p, stacked(&pts[i], shown, c)));
         fprintf(f, "\"/>\n");
     }
 }
 
+// Every phase is named: above its band where it is wide enough, upright (nudged off its
+// neighbour's name, with a leader) where it is not.
 static void svg_phases(FILE *f, const svg_point *pts, size_t np) {
     size_t start = 0;
+    double last_label = -1e9;
     for (size_t i = 1; i <= np; i++) {
         if (i < np && pts[i].phase == pts[start].phase) continue;
-        double x0 = pts[start].t, x1 = i < np ? pts[i].t : PLOT_W;
-        int ph = pts[start].phase;
-        // Narrow phases keep their name as a tooltip.
+        double x0 = pts[start].t, x1 = i < np ? pts[i].t : PLOT_W, mid = PLOT_X + (x0 + x1) / 2;
+        const char *name = mp_phase_name(pts[start].phase);
         fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>%s</title></rect>\n",
-                PLOT_X + x0, PLOT_Y, x1 - x0, PLOT_H, phase_fill[ph], mp_phase_name(ph));
-        if (x1 - x0 > 40)
-            fprintf(f, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" fill=\"#666\" text-anchor=\"middle\">%s</text>\n",
-                    PLOT_X + (x0 + x1) / 2, PLOT_Y - 6, mp_phase_name(ph));
+                PLOT_X + x0, PLOT_Y, x1 - x0, AXIS_Y - PLOT_Y, phase_fill[pts[start].phase], name);
+        if (x1 - x0 > 6.5 * (double)strlen(name) + 6) {
+            fprintf(f, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" fill=\"#444\" text-anchor=\"middle\">%s</text>\n",
+                    mid, PLOT_Y - 6, name);
+            last_label = mid + 3.25 * (double)strlen(name);
+        } else {
+            double x = mid > last_label + 13 ? mid : last_label + 13;
+            fprintf(f,
+                    "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#999\"/>\n<text x=\"%.1f\" y=\"%d\" "
+                    "font-size=\"11\" fill=\"#444\" transform=\"rotate(-90 %.1f %d)\">%s</text>\n",
+                    mid, x - 3, PLOT_Y, PLOT_Y - 4, x + 4, PLOT_Y - 6, x + 4, PLOT_Y - 6, name);
+            last_label = x;
+        }
         start = i;
     }
 }
 
-static void svg_axes(FILE *f, double ymax, double t_end) {
-    double step = nice_step(ymax / 1e6);
-    for (double v = 0; v * 1e6 <= ymax; v += step) {
-        double y = PLOT_Y + PLOT_H - v * 1e6 / ymax * PLOT_H;
+static void svg_y_axis(FILE *f, const svg_panel *p, const char *label) {
+    double unit;
+    const char *uname;
+    axis_unit(p->ymax, &unit, &uname);
+    double step = nice_step(p->ymax / unit);
+    for (double v = 0; v * unit <= p->ymax; v += step) {
+        double y = panel_y(p, (int64_t)(v * unit));
         fprintf(f, "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", PLOT_X, PLOT_X + PLOT_W, y,
                 y);
         fprintf(f, "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%g</text>\n", PLOT_X - 6, y + 4, v);
     }
+    int mid = p->y0 + p->h / 2;
     fprintf(f,
-            "<text x=\"20\" y=\"%d\" font-size=\"12\" transform=\"rotate(-90 20 %d)\" text-anchor=\"middle\">live MB "
-            "(10^6 bytes)</text>\n",
-            PLOT_Y + PLOT_H / 2, PLOT_Y + PLOT_H / 2);
-    for (int i = 0; i <= 4; i++)
-        fprintf(f, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%.*f</text>\n",
-                PLOT_X + PLOT_W * i / 4.0, PLOT_Y + PLOT_H + 16, mp_is_meta() ? 0 : 2, t_end * i / 4.0);
-    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n", PLOT_X + PLOT_W / 2,
-            PLOT_Y + PLOT_H + 34,
-            mp_is_meta() ? "allocations and frees (meta mode: no time passes)" : "seconds into the run");
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333\"/>\n", PLOT_X, PLOT_Y,
-            PLOT_W, PLOT_H);
+            "<text x=\"22\" y=\"%d\" font-size=\"12\" transform=\"rotate(-90 22 %d)\" text-anchor=\"middle\">%s "
+            "(%s)</text>\n",
+            mid, mid, label, uname);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333\"/>\n", PLOT_X, p->y0,
+            PLOT_W, p->h);
 }
 
-static void svg_legend_and_peak(FILE *f, double ymax, double t_end) {
+static void svg_x_axis(FILE *f, double t_end, bool normalised) {
+    for (int i = 0; i <= 4; i++) {
+        double v = t_end * i / 4.0;
+        fprintf(f, "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">", PLOT_X + PLOT_W * i / 4.0,
+                AXIS_Y + 16);
+        if (normalised)
+            fprintf(f, "%d%%</text>\n", i * 25);
+        else
+            fprintf(f, "%.*f</text>\n", mp_is_meta() ? 0 : t_end < 0.1 ? 4 : 2, v);
+    }
+    const char *label = normalised     ? "share of the run (runs of different lengths on one axis)"
+                        : mp_is_meta() ? "allocations and frees, in order (meta mode: no time passes)"
+                                       : "seconds into the run";
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\" text-anchor=\"middle\">%s</text>\n", PLOT_X + PLOT_W / 2,
+            AXIS_Y + 34, label);
+}
+
+static void svg_legend_and_peak(FILE *f, const svg_panel *p, double t_end) {
     char b[64];
     mp_moment pk = mp_peak();
     double at = mp_is_meta() ? (double)(pk.events ? pk.events - 1 : 0) : pk.seconds;
     double x = PLOT_X + at / t_end * PLOT_W;
     if (x > PLOT_X + PLOT_W) x = PLOT_X + PLOT_W;
-    double y = PLOT_Y + PLOT_H - (double)pk.total / ymax * PLOT_H;
+    double y = panel_y(p, (int64_t)pk.total);
     fprintf(f, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%d\" stroke=\"#000\" stroke-dasharray=\"4 3\"/>\n", x, x,
-            y, PLOT_Y + PLOT_H);
+            y, AXIS_Y);
     fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#000\"><title>total peak %s</title></circle>\n", x, y,
             mp_format_bytes(b, sizeof b, pk.total));
     int lx = PLOT_X + PLOT_W + 20, ly = PLOT_Y + 10;
@@ -142,15 +203,36 @@ static void svg_legend_and_peak(FILE *f, double ymax, double t_end) {
     ly += 52;
     for (int c = MP_NCATEGORIES - 1; c >= 0; c--) {
         fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"12\" height=\"12\" fill=\"%s\"/>\n", lx, ly - 10, colors[c]);
-        fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\">%s %.2f MB</text>\n", lx + 18, ly, mp_category_name(c),
-                (double)pk.bytes[c] / 1e6);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"12\">%s %s</text>\n", lx + 18, ly, mp_category_name(c),
+                mp_format_bytes(b, sizeof b, pk.bytes[c]));
         ly += 20;
     }
 }
 
-// scale: the highest total the vertical axis must hold (0: this run's own peak), so that two
-// charts can share one scale.
-int cli_svg_scaled(FILE *f, const char *title, double scale) {
+// The small categories again, below, on a scale of their own: 40 MB of activations beside 2 GB
+// of weights and state is a sliver on the main scale.
+static void svg_inset(FILE *f, const svg_point *pts, size_t np) {
+    bool shown[MP_NCATEGORIES];
+    svg_panel p = {INSET_Y, INSET_H, 1};
+    for (int c = 0; c < MP_NCATEGORIES; c++) shown[c] = is_small(pts, np, c);
+    for (size_t i = 0; i < np; i++) {
+        double v = (double)stacked(&pts[i], shown, MP_NCATEGORIES);
+        if (v > p.ymax) p.ymax = v;
+    }
+    p.ymax *= 1.1;
+    fprintf(f, "<text x=\"%d\" y=\"%d\" font-size=\"11\" fill=\"#555\">", PLOT_X, INSET_Y - 6);
+    int any = 0;
+    for (int c = 0; c < MP_NCATEGORIES; c++)
+        if (shown[c]) fprintf(f, "%s%s", any++ ? ", " : "", mp_category_name(c));
+    fprintf(f, "%s</text>\n",
+            any ? ": under a tenth of the largest category, on a scale of their own"
+                : "no category under a tenth of the largest: nothing to enlarge");
+    if (!any) return;
+    svg_y_axis(f, &p, "small");
+    svg_areas(f, pts, np, &p, shown);
+}
+
+int cli_svg_chart(FILE *f, const char *title, double scale, bool normalised) {
     svg_point *pts = calloc(NPOINTS, sizeof *pts);
     if (!pts) return -1;
     double t_end;
@@ -160,28 +242,32 @@ int cli_svg_scaled(FILE *f, const char *title, double scale) {
         if ((double)pts[i].total > ymax) ymax = (double)pts[i].total;
     // The highest plotted total, so a reader (or a test) can check the chart against the report.
     fprintf(f,
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" "
-            "height=\"%d\" "
-            "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" data-plotted-peak-bytes=\"%.0f\">\n"
-            "<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n",
-            SVG_W, SVG_H, SVG_W, SVG_H, ymax);
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"100%%\" "
+            "viewBox=\"0 0 %d %d\" preserveAspectRatio=\"xMidYMid meet\" font-family=\"sans-serif\" "
+            "data-plotted-peak-bytes=\"%.0f\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n",
+            CLI_SVG_W, CLI_SVG_H, ymax);
     fprintf(f, "<text x=\"%d\" y=\"28\" font-size=\"16\" font-weight=\"bold\">", PLOT_X);
     cli_xml_escape(f, title);
     fprintf(f,
             "</text>\n<text x=\"%d\" y=\"46\" font-size=\"12\" fill=\"#555\">live bytes by category over the run "
-            "(stacked); "
-            "phases shaded; the dashed line marks the total peak</text>\n",
+            "(stacked); phases shaded and named; the dashed line marks the total peak</text>\n",
             PLOT_X);
     if (scale > ymax) ymax = scale;
-    ymax *= 1.08; // headroom above the peak
+    svg_panel main = {PLOT_Y, PLOT_H, ymax * 1.08}; // headroom above the peak
+    bool all[MP_NCATEGORIES];
+    for (int c = 0; c < MP_NCATEGORIES; c++) all[c] = true;
     svg_phases(f, pts, np);
-    svg_axes(f, ymax, t_end);
-    svg_areas(f, pts, np, ymax);
-    svg_legend_and_peak(f, ymax, t_end);
+    svg_y_axis(f, &main, "live");
+    svg_areas(f, pts, np, &main, all);
+    svg_inset(f, pts, np);
+    svg_x_axis(f, t_end, normalised);
+    svg_legend_and_peak(f, &main, t_end);
     fprintf(f, "</svg>\n");
     free(pts);
     return 0;
 }
+
+int cli_svg_scaled(FILE *f, const char *title, double scale) { return cli_svg_chart(f, title, scale, false); }
 
 int cli_svg_writer(FILE *f, void *title, ag_err *err) {
     if (cli_svg_scaled(f, title, 0) == 0) return 0;
@@ -202,92 +288,126 @@ void cli_xml_escape(FILE *f, const char *s) {
 }
 
 // ---- Chrome trace-event format ----
+// Counter tracks per category, a slice per phase, and every tensor an async slice from its
+// allocation to its free on its category's track (name: the site; args: bytes, category), so
+// that Perfetto can say which tensors were live at any moment.
 
-static void trace_event(FILE *f, bool *first, const char *fmt_name, const char *ph, double ts_us, const char *extra) {
-    fprintf(f, "%s\n{\"name\":\"%s\",\"ph\":\"%s\",\"ts\":%.3f,\"pid\":1,\"tid\":1%s}", *first ? "" : ",", fmt_name, ph,
-            ts_us, extra);
+// Microseconds, made strictly increasing (a nanosecond apart at least): "what was live at the
+// peak's timestamp" then has one answer even where two events share a clock tick.
+static double *trace_times(size_t n) {
+    double *ts = malloc((n + 1) * sizeof *ts);
+    for (size_t i = 0; ts && i < n; i++) {
+        ts[i] = mp_timeline_get(i)->seconds * 1e6;
+        if (i && ts[i] < ts[i - 1] + 1e-3) ts[i] = ts[i - 1] + 1e-3;
+    }
+    return ts;
+}
+
+static void trace_sep(FILE *f, bool *first) {
+    fputs(*first ? "\n" : ",\n", f);
     *first = false;
 }
 
-int cli_trace_writer(FILE *f, void *unused, ag_err *err) {
-    (void)unused;
-    (void)err;
-    bool first = true;
-    char extra[160];
-    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
-    int64_t live[MP_NCATEGORIES] = {0};
-    size_t n = mp_timeline_count();
-    int phase = -1;
-    double phase_start = 0;
-    // Every category's track starts at zero, so each has one even when it never holds a byte.
-    double t0 = n ? mp_timeline_get(0)->seconds * 1e6 : 0;
-    for (int c = 0; c < MP_NCATEGORIES; c++)
-        trace_event(f, &first, mp_category_name(c), "C", t0, ",\"args\":{\"bytes\":0}");
-    for (size_t i = 0; i <= n; i++) {
-        const mp_event *e = i < n ? mp_timeline_get(i) : NULL;
-        double t = e ? e->seconds * 1e6 : (n ? mp_timeline_get(n - 1)->seconds * 1e6 : 0);
-        if (!e || e->phase != phase) { // a phase slice ends
-            if (phase >= 0) {
-                snprintf(extra, sizeof extra, ",\"dur\":%.3f,\"cat\":\"phase\"", t - phase_start);
-                trace_event(f, &first, mp_phase_name(phase), "X", phase_start, extra);
-            }
-            if (!e) break;
-            phase = e->phase;
-            phase_start = t;
-        }
-        live[e->category] += e->bytes;
-        snprintf(extra, sizeof extra, ",\"args\":{\"bytes\":%lld}", (long long)live[e->category]);
-        trace_event(f, &first, mp_category_name(e->category), "C", t, extra);
+static void trace_metadata(FILE *f, bool *first, const char *title) {
+    trace_sep(f, first);
+    fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":");
+    cli_json_string(f, title ? title : "membill");
+    fprintf(f, "}}");
+    for (int t = 0; t <= MP_NCATEGORIES; t++) {
+        trace_sep(f, first);
+        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"name\":\"%s%s\"}},", t + 1,
+                t ? mp_category_name(t - 1) : "phases", t ? " tensors" : "");
+        fprintf(f, "\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
+                t + 1, t);
     }
-    mp_moment pk = mp_peak();
-    snprintf(extra, sizeof extra, ",\"s\":\"g\",\"args\":{\"bytes\":%llu,\"site\":\"%s\"}",
-             (unsigned long long)pk.total, mp_site_name(pk.site));
-    trace_event(f, &first, "total peak", "i", pk.seconds * 1e6, extra);
-    fprintf(f, "\n]}\n");
-    return 0;
 }
 
-// ---- one self-contained HTML page: the chart, the bill (with the top sites), what it means ----
+static void trace_counter(FILE *f, bool *first, int cat, double ts, int64_t live) {
+    trace_sep(f, first);
+    fprintf(f, "{\"name\":\"%s\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":1,\"tid\":1,\"args\":{\"bytes\":%lld}}",
+            mp_category_name(cat), ts, (long long)live);
+}
 
-static const char *const explanation =
-    "<h2>Reading the bill</h2><ul>"
-    "<li><b>weight</b>: the parameters, allocated when the model is built or loaded.</li>"
-    "<li><b>gradient</b>: one <code>.grad</code> per parameter, the same size as the weights, allocated at the first "
-    "accumulation in backward and set to none after the optimizer step.</li>"
-    "<li><b>optimizer</b>: Adam keeps exp_avg and exp_avg_sq, two more copies of the weights, allocated at the first "
-    "step. Weights, gradients and Adam together: four copies of the weights.</li>"
-    "<li><b>activation</b>: what the forward saves for backward (each block's inputs, attention probabilities, MLP "
-    "intermediates, the logits), freed as backward consumes it; it grows with batch and sequence length.</li>"
-    "<li><b>cache</b>: the KV cache of inference.</li>"
-    "<li><b>temporary</b>: scratch that is neither saved for backward, nor a gradient, nor optimizer state (an "
-    "optimizer's per-step temporaries, the autograd engine's out-of-place gradient sums), as PyTorch's memory profiler "
-    "calls it TEMPORARY; freed within the op or step that made it. Not one of the four copies, but it can lift the "
-    "total peak above them.</li>"
-    "<li><b>other</b>: plain malloc no tensor owns (tape nodes, parsers, libraries).</li></ul>"
-    "<p>Requested bytes are what tensors asked for; the allocator's size classes are what jemalloc reserved. "
-    "MB means 10<sup>6</sup> bytes. The peak, not the current allocation, decides an out-of-memory error.</p>";
+static void trace_phase(FILE *f, bool *first, int phase, double start, double end) {
+    trace_sep(f, first);
+    fprintf(f, "{\"name\":\"%s\",\"cat\":\"phase\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":1,\"tid\":1}",
+            mp_phase_name(phase), start, end - start);
+}
 
-int cli_html_writer(FILE *f, void *page, ag_err *err) {
-    const cli_html_page *h = page;
-    fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>");
-    cli_xml_escape(f, h->title);
-    fprintf(f, "</title><style>body{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}"
-               "pre{background:#f7f7f7;padding:1em;overflow-x:auto;font-size:12px}</style></head><body>\n<h1>");
-    cli_xml_escape(f, h->title);
-    fprintf(f, "</h1>\n<figure id=\"chart\">\n");
-    if (cli_svg_writer(f, (void *)h->title, err) != 0) return -1;
-    fprintf(f, "</figure>\n<h2>The bill</h2>\n<pre id=\"bill\">");
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *mem = open_memstream(&buf, &len);
-    if (!mem) {
-        ag_err_set(err, "out of memory");
-        return -1;
+// One end of a tensor's slice: "b" at its allocation, "e" at its free.
+static void trace_tensor(FILE *f, bool *first, const cli_lifetime *l, size_t id, const char *ph, double ts) {
+    trace_sep(f, first);
+    fprintf(f, "{\"name\":");
+    cli_json_string(f, mp_site_name(l->site));
+    fprintf(f, ",\"cat\":\"%s\",\"ph\":\"%s\",\"id\":%zu,\"ts\":%.3f,\"pid\":1,\"tid\":%d",
+            mp_category_name(l->category), ph, id, ts, l->category + 2);
+    if (*ph == 'b')
+        fprintf(f, ",\"args\":{\"bytes\":%lld,\"category\":\"%s\"}", (long long)l->bytes,
+                mp_category_name(l->category));
+    fputc('}', f);
+}
+
+// Which lifetime each event begins or ends (SIZE_MAX: none, a zero-byte event).
+static size_t *event_owners(const cli_lifetime *l, size_t nl, size_t n) {
+    size_t *who = malloc((n + 1) * sizeof *who);
+    for (size_t i = 0; who && i < n; i++) who[i] = SIZE_MAX;
+    for (size_t k = 0; who && k < nl; k++) {
+        who[l[k].start] = k;
+        if (l[k].end != CLI_LIVE_TO_END) who[l[k].end] = k;
     }
-    h->text(mem, h->arg);
-    fclose(mem);
-    cli_xml_escape(f, buf);
-    free(buf);
-    fprintf(f, "</pre>\n%s\n</body></html>\n", explanation);
-    return 0;
+    return who;
+}
+
+static void trace_events(FILE *f, bool *first, size_t n, const double *ts, const cli_lifetime *l, size_t nl,
+                         const size_t *who) {
+    int64_t live[MP_NCATEGORIES] = {0};
+    int phase = -1;
+    double phase_start = 0, t0 = n ? ts[0] : 0, t_end = n ? ts[n - 1] : 0;
+    // Every category's track starts at zero, so each has one even when it never holds a byte.
+    for (int c = 0; c < MP_NCATEGORIES; c++) trace_counter(f, first, c, t0, 0);
+    for (size_t i = 0; i < n; i++) {
+        const mp_event *e = mp_timeline_get(i);
+        if (e->phase != phase) { // a phase slice ends
+            if (phase >= 0) trace_phase(f, first, phase, phase_start, ts[i]);
+            phase = e->phase;
+            phase_start = ts[i];
+        }
+        live[e->category] += e->bytes;
+        trace_counter(f, first, e->category, ts[i], live[e->category]);
+        size_t k = who[i];
+        if (k == SIZE_MAX || l[k].bytes < 0) continue; // a free that ended nothing recorded: no tensor
+        trace_tensor(f, first, &l[k], k, l[k].start == i ? "b" : "e", ts[i]);
+    }
+    if (phase >= 0) trace_phase(f, first, phase, phase_start, t_end);
+    for (size_t k = 0; k < nl; k++) // still live when the timeline ends: the slice ends with it
+        if (l[k].end == CLI_LIVE_TO_END && l[k].bytes > 0) trace_tensor(f, first, &l[k], k, "e", t_end + 1e-3);
+}
+
+int cli_trace_writer(FILE *f, void *title, ag_err *err) {
+    size_t n = mp_timeline_count(), nl = 0;
+    double *ts = trace_times(n);
+    cli_lifetime *l = cli_lifetimes(n, &nl);
+    size_t *who = l ? event_owners(l, nl, n) : NULL;
+    int rc = ts && l && who ? 0 : -1;
+    if (rc == 0) {
+        bool first = true;
+        fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
+        trace_metadata(f, &first, title);
+        trace_events(f, &first, n, ts, l, nl, who);
+        mp_moment pk = mp_peak();
+        trace_sep(f, &first);
+        // At the peak event's own timestamp: the slices live then hold the peak's composition.
+        fprintf(f,
+                "{\"name\":\"total "
+                "peak\",\"ph\":\"i\",\"s\":\"g\",\"ts\":%.3f,\"pid\":1,\"tid\":1,\"args\":{\"bytes\":%llu,"
+                "\"site\":",
+                pk.events && pk.events <= n ? ts[pk.events - 1] : 0, (unsigned long long)pk.total);
+        cli_json_string(f, mp_site_name(pk.site));
+        fprintf(f, "}}\n]}\n");
+    } else
+        ag_err_set(err, "out of memory");
+    free(ts);
+    free(l);
+    free(who);
+    return rc;
 }

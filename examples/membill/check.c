@@ -372,7 +372,9 @@ int cmd_check(const cli_options *o) {
         claims_text(stdout, &k);
     }
     json_t *root = claims_json(&k);
-    cli_report rep = {"membill check", claims_text, &k, NULL, NULL};
+    // The page shows the claims and the bill; no timeline (the claims take many runs).
+    static const char *const no_runs[1];
+    cli_report rep = {"membill check", claims_text, &k, NULL, NULL, no_runs, 0};
     rc = cli_outputs_finish(o, outs, root, &rep, &err);
     json_decref(root);
     cli_outputs_free(outs);

@@ -128,6 +128,13 @@ void cli_text_line(FILE *f, const cli_text *t);                       // "prompt
 int cli_make_tokens(const cli_options *o, const llama_config *cfg, const cli_text *text, bool meta, int32_t **ids,
                     long *batch, long *seq_len, ag_err *err);
 
+// The timeline as a stacked-area SVG of fixed aspect (CLI_SVG_W x CLI_SVG_H, scaling to the page):
+// scale is the highest total the vertical axis must hold (0: this run's own peak), so that two
+// charts can share one; normalised puts the share of the run on the horizontal axis instead of
+// seconds (or events, in meta mode), so that runs of different lengths share one axis too.
+#define CLI_SVG_W 1080
+#define CLI_SVG_H 620
+int cli_svg_chart(FILE *f, const char *title, double scale, bool normalised);
 int cli_svg_scaled(FILE *f, const char *title, double scale);
 typedef void (*cli_text_fn)(FILE *f, const void *arg);
 void cli_xml_escape(FILE *f, const char *s);
@@ -287,6 +294,8 @@ typedef struct {
     struct json_t *(*json)(const void *arg, bool failed);
     int (*svg)(FILE *f, void *arg, ag_err *err); // NULL: the profiler's timeline as a chart
     void *svg_arg;
+    const char *const *html_runs; // as in cli_report
+    int html_nruns;
     const char *title;
     struct cli_outputs *outs; // set by cli_job_main before run: where --dump-grads goes
 } cli_job;
@@ -300,6 +309,8 @@ typedef struct {
     const void *arg;
     int (*svg)(FILE *f, void *arg, ag_err *err); // NULL: the timeline chart
     void *svg_arg;
+    const char *const *html_runs; // the page's runs (cli_html_run_data); NULL: the timeline now
+    int html_nruns;
 } cli_report;
 int cli_outputs_declare(const cli_options *o, struct cli_outputs **outs, ag_err *err);
 int cli_outputs_finish(const cli_options *o, struct cli_outputs *outs, struct json_t *root, const cli_report *rep,

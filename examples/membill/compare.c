@@ -1,5 +1,6 @@
 // membill compare: a training step and generation of the same model, side by side.
 #include "cli.h"
+#include "outputs.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -10,15 +11,19 @@ typedef struct {
     mp_moment total;
     char *svg; // this side's chart, drawn while its timeline was alive (--svg only)
     size_t svg_len;
+    char *html; // this side's run for the page (--html only), likewise
+    size_t html_len;
 } side;
 
 static void read_side(side *s, const cli_options *o, const char *title, double ymax) {
     for (int c = 0; c < MP_NCATEGORIES; c++) s->peak[c] = mp_get_counter(c).peak;
     s->total = mp_peak();
-    if (!o->svg) return;
-    FILE *f = open_memstream(&s->svg, &s->svg_len);
+    FILE *f = o->html ? open_memstream(&s->html, &s->html_len) : NULL;
+    if (f && cli_html_run_data(f, title) != 0) s->html_len = 0;
+    if (f) fclose(f);
+    f = o->svg ? open_memstream(&s->svg, &s->svg_len) : NULL;
     if (!f) return;
-    cli_svg_scaled(f, title, ymax);
+    cli_svg_chart(f, title, ymax, true);
     fclose(f);
 }
 
@@ -27,6 +32,7 @@ typedef struct {
     train_run tr;
     infer_run ir;
     side s[2];
+    const char *html[2]; // each side's run for the page, once measured
 } compare_cmd;
 
 // Training first: its total peak sets the common scale of both charts. Each side has a
@@ -38,6 +44,7 @@ static int run(void *arg, ag_err *err) {
     double ymax = (double)mp_peak().total;
     if (rc != 0) return -1;
     read_side(&c->s[0], c->o, "training step", ymax);
+    c->html[0] = c->s[0].html_len ? c->s[0].html : NULL;
     mp_shutdown();
     if (cli_profiler_start(c->o, c->o->meta) != 0) {
         ag_err_set(err, "cannot start the profiler");
@@ -47,6 +54,7 @@ static int run(void *arg, ag_err *err) {
     }
     rc = cli_infer_run(&c->ir, err);
     if (rc == 0) read_side(&c->s[1], c->o, "inference", ymax);
+    c->html[1] = c->s[1].html_len ? c->s[1].html : NULL;
     return rc;
 }
 
@@ -73,16 +81,21 @@ static uint64_t meta_peak(void *arg, ag_err *err) {
     return peak;
 }
 
+// The two charts one above the other, on one vertical scale and one normalised horizontal axis
+// (share of each run), in one picture of fixed aspect that scales to the page.
 static int svg_pair(FILE *f, void *arg, ag_err *err) {
     (void)err;
     const side *s = arg;
-    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"2160\" "
-               "height=\"560\" font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n");
+    fprintf(
+        f,
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"100%%\" "
+        "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n",
+        CLI_SVG_W, 2 * CLI_SVG_H);
     for (int i = 0; i < 2; i++) {
-        // Each side's own <svg> element nested at its offset, on the same vertical scale.
-        const char *body = strstr(s[i].svg ? s[i].svg : "", "<svg");
+        // Each side's own <svg> element nested at its offset, its size set here.
+        const char *body = strstr(s[i].svg ? s[i].svg : "", "viewBox=");
         if (!body) return -1;
-        fprintf(f, "<g transform=\"translate(%d,10)\">\n<svg x=\"0\" y=\"0\"%s\n</g>\n", i * 1080, body + 4);
+        fprintf(f, "<svg x=\"0\" y=\"%d\" width=\"%d\" height=\"%d\" %s\n", i * CLI_SVG_H, CLI_SVG_W, CLI_SVG_H, body);
     }
     fprintf(f, "</svg>\n");
     return 0;
@@ -177,10 +190,14 @@ int cmd_compare(const cli_options *o) {
                    .json = compare_json,
                    .svg = svg_pair,
                    .svg_arg = c.s,
+                   .html_runs = c.html,
+                   .html_nruns = 2,
                    .title = "membill compare"};
     rc = cli_job_main(o, &job);
     free(c.s[0].svg);
     free(c.s[1].svg);
+    free(c.s[0].html);
+    free(c.s[1].html);
     cli_infer_free(&c.ir);
     return rc;
 }

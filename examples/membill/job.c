@@ -46,13 +46,13 @@ int cli_outputs_declare(const cli_options *o, cli_outputs **outs, ag_err *err) {
 }
 
 int cli_outputs_finish(const cli_options *o, cli_outputs *outs, json_t *root, const cli_report *rep, ag_err *err) {
-    cli_html_page html = {rep->title, rep->text, rep->arg};
+    cli_html_page html = {rep->title, rep->text, rep->arg, root, rep->html_runs, rep->html_nruns};
     if (o->json && cli_outputs_write(outs, "--json", cli_json_writer, root, err) != 0) return -1;
     if (o->timeline && cli_outputs_write(outs, "--timeline", cli_csv_writer, NULL, err) != 0) return -1;
     if (o->svg && cli_outputs_write(outs, "--svg", rep->svg ? rep->svg : cli_svg_writer,
                                     rep->svg ? rep->svg_arg : (void *)rep->title, err) != 0)
         return -1;
-    if (o->trace && cli_outputs_write(outs, "--trace", cli_trace_writer, NULL, err) != 0) return -1;
+    if (o->trace && cli_outputs_write(outs, "--trace", cli_trace_writer, (void *)rep->title, err) != 0) return -1;
     if (o->html && cli_outputs_write(outs, "--html", cli_html_writer, &html, err) != 0) return -1;
     return cli_outputs_commit(outs, err);
 }
@@ -134,7 +134,7 @@ int cli_job_main(const cli_options *o, cli_job *j) {
         } else {
             if (!o->quiet && !to_stdout) j->text(stdout, j->arg, false);
             json_t *root = j->json(j->arg, false);
-            cli_report rep = {j->title, text_ok, j, j->svg, j->svg_arg};
+            cli_report rep = {j->title, text_ok, j, j->svg, j->svg_arg, j->html_runs, j->html_nruns};
             if (cli_outputs_finish(o, outs, root, &rep, &err) != 0) rc = EXIT_RUN_FAILED;
             json_decref(root);
         }

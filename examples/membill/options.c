@@ -106,11 +106,13 @@ static const opt_spec specs[] = {
     {"--timeline", "FILE.csv", T_OUT, OFF(timeline), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
      "every allocation and free: time, phase, site, category, bytes"},
     {"--svg", "FILE.svg", T_OUT, OFF(svg), TR | IN | CO | PL, NULL, 0, NULL, 0, 0, NULL,
-     "a stacked-area chart of live bytes by category (compare: both runs on one scale)"},
+     "a stacked-area chart of live bytes by category, small categories on a scale of their own below (compare: "
+     "both runs on one scale)"},
     {"--trace", "FILE.json", T_OUT, OFF(trace), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
-     "a Chrome trace-event file (opens in Perfetto): a counter track per category"},
-    {"--html", "FILE.html", T_OUT, OFF(html), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
-     "one page: the chart, the bill and the top sites"},
+     "a Chrome trace-event file (opens in Perfetto): a counter track per category, every tensor a slice from "
+     "allocation to free"},
+    {"--html", "FILE.html", T_OUT, OFF(html), ALL, NULL, 0, NULL, 0, 0, NULL,
+     "one self-contained page: the timeline to hover, pin and zoom (what was live at any moment), the bill"},
     {"--dump-grads", "FILE", T_OUT, OFF(dump_grads), TR, NULL, 0, NULL, 0, 0, NULL,
      "the parameter gradients after the last backward, F32 safetensors with HF names"},
     {"--save-weights", "FILE", T_OUT, OFF(save_weights), TR, NULL, 0, NULL, 0, 0, NULL,

@@ -19,6 +19,8 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "autograd.h"
@@ -81,17 +83,43 @@ int cli_json_writer(FILE *f, void *json_root, ag_err *err);
 int cli_csv_writer(FILE *f, void *unused, ag_err *err);
 // The timeline as a stacked-area SVG chart; arg is the title (const char *).
 int cli_svg_writer(FILE *f, void *title, ag_err *err);
-// The timeline as a Chrome trace-event file; arg unused.
-int cli_trace_writer(FILE *f, void *unused, ag_err *err);
+// The timeline as a Chrome trace-event file: counters, phases, every tensor as an async slice
+// from allocation to free on its category's track; arg is the process's name (NULL: membill).
+int cli_trace_writer(FILE *f, void *title, ag_err *err);
+// s as a JSON string, '<', '>' and '&' escaped too, so that it is safe inside an HTML <script>.
+void cli_json_string(FILE *f, const char *s);
 
-// One HTML page: the chart, the text bill that text(f, arg) prints, and how to read it.
+// One HTML page: the interactive timeline of every run (hover, pin, zoom, phases, category
+// toggles, log or split scale), the four copies, the activation breakdowns, the claims, the
+// text bill that text(f, arg) prints, and how to read it. The page script and the data are
+// embedded: it opens offline.
 typedef void (*cli_html_text_fn)(FILE *f, const void *arg);
 typedef struct {
     const char *title;
     cli_html_text_fn text;
     const void *arg;
+    const struct json_t *report; // the JSON report (NULL: none)
+    // Each run's timeline as cli_html_run_data wrote it; NULL: the profiler's own, now.
+    const char *const *runs;
+    int nruns;
 } cli_html_page;
 int cli_html_writer(FILE *f, void *page, ag_err *err); // arg is a cli_html_page *
+// The profiler's timeline as one run of the page: every lifetime, the phases, the times.
+int cli_html_run_data(FILE *f, const char *name);
+
+// The timeline as lifetimes: each allocation from its event to the event of the free that
+// ended it (CLI_LIVE_TO_END: still live when the timeline ends). A free that ends nothing
+// recorded is kept as a negative lifetime, so that sums over lifetimes equal the events'.
+// Of the first n events (a writer fixes n once: its own mallocs, billed to "other", add events
+// while it writes), in event order; NULL when out of memory.
+#define CLI_LIVE_TO_END SIZE_MAX
+typedef struct {
+    uint32_t site;
+    uint8_t category;
+    int64_t bytes;
+    size_t start, end;
+} cli_lifetime;
+cli_lifetime *cli_lifetimes(size_t n, size_t *count);
 
 // The weights (or, with grads, every parameter's .grad) as F32 safetensors with HF names.
 typedef struct {

@@ -254,7 +254,7 @@ static int plan_report(const cli_options *o, const plan_setting *s, const plan_b
              s->infer ? " --infer" : "", s->cfg.name, s->batch, s->seq_len,
              s->infer ? plan_weight_dtype_name(&s->dt) : optim_kind_name(s->ocfg.kind), s->dt.long_name);
     struct cli_outputs *outs = NULL;
-    cli_report rep = {title, plan_report_text, &view, NULL, NULL};
+    cli_report rep = {title, plan_report_text, &view, NULL, NULL, NULL, 0};
     int rc = cli_outputs_declare(o, &outs, err);
     if (rc == 0) rc = cli_outputs_finish(o, outs, root, &rep, err);
     cli_outputs_free(outs);

@@ -5,7 +5,6 @@
 // + lse, never a T x T block), meta against real to the byte, the sdpa path under PYTORCH
 // semantics, and the cached attention's FLASH path against its eager one.
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -129,7 +128,7 @@ static void test_matches_eager_pytorch(void **state) {
 // One thread: the same numbers as two (dQ's locked sums aside, within rounding).
 static void test_one_thread(void **state) {
     (void)state;
-    int was = omp_get_max_threads();
+    int was = ag_num_threads();
     ag_set_num_threads(1);
     matches_eager(AG_FRAMEWORK_LEAN);
     ag_set_num_threads(was);

@@ -4,17 +4,18 @@
 //   read_gbs: bytes read per second (a sum over one buffer);
 //   copy_gbs: bytes moved per second, reads plus writes, by memcpy between two buffers;
 //   write_gbs: bytes written per second by memset;
-//   fma_gflops: float32 multiply-add throughput of all threads (AVX-512 where the CPU has it,
-//   else AVX2, else 0), in GFLOP/s (one multiply-add = 2 flops): the compute floor of the
+//   fma_gflops: the peak float32 multiply-add rate of all threads (AVX-512 where the CPU has
+//   it, else AVX2, else 0), in GFLOP/s (one multiply-add = 2 flops): the compute floor of the
 //   matrix products, which at 25 tokens can cost more than their memory traffic.
 // Each figure is the best of `reps` passes (the machine is shared: the best pass is the one
 // least disturbed). GB is 10^9 bytes.
 #include <immintrin.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "autograd.h"
 
 #define BENCH_BYTES ((size_t)538060032)
 
@@ -34,84 +35,103 @@ static float sum_range(const float *p, size_t n) {
     return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
 }
 
-static double read_pass(const float *a, size_t n, float *sink) {
-    double t0 = now();
-    float total = 0;
-#pragma omp parallel reduction(+ : total)
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        size_t lo = n * (size_t)t / (size_t)nt, hi = n * (size_t)(t + 1) / (size_t)nt;
-        total += sum_range(a + lo, hi - lo);
+// One pass over a buffer, split in one range per thread on membill's own pool.
+typedef struct {
+    float *dst;
+    const float *src;
+    size_t n;
+    int op, threads, value; // op: 0 read, 1 copy, 2 write, 3 multiply-adds
+    long fma_n;
+    float sums[256];
+} pass_args;
+
+static float fma_chains(long n);
+
+static void pass_part(void *p, int64_t lo, int64_t hi, int thread) {
+    pass_args *a = p;
+    for (int64_t t = lo; t < hi; t++) {
+        size_t b = a->n * (size_t)t / (size_t)a->threads, e = a->n * (size_t)(t + 1) / (size_t)a->threads;
+        if (a->op == 0) a->sums[thread] += sum_range(a->src + b, e - b);
+        if (a->op == 1) memcpy(a->dst + b, a->src + b, (e - b) * sizeof(float));
+        if (a->op == 2) memset(a->dst + b, a->value, (e - b) * sizeof(float));
+        if (a->op == 3) a->sums[thread] += fma_chains(a->fma_n);
     }
-    *sink += total;
-    return now() - t0;
 }
 
-static double copy_pass(float *dst, const float *src, size_t n) {
+static double run_pass(pass_args *a, float *sink) {
+    memset(a->sums, 0, sizeof a->sums);
     double t0 = now();
-#pragma omp parallel
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        size_t lo = n * (size_t)t / (size_t)nt, hi = n * (size_t)(t + 1) / (size_t)nt;
-        memcpy(dst + lo, src + lo, (hi - lo) * sizeof(float));
-    }
-    return now() - t0;
+    ag_parallel_for(a->threads, 1, pass_part, a);
+    double t = now() - t0;
+    for (int i = 0; i < a->threads; i++) *sink += a->sums[i];
+    return t;
 }
 
-static double write_pass(float *dst, size_t n, int value) {
-    double t0 = now();
-#pragma omp parallel
-    {
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        size_t lo = n * (size_t)t / (size_t)nt, hi = n * (size_t)(t + 1) / (size_t)nt;
-        memset(dst + lo, value, (hi - lo) * sizeof(float));
-    }
-    return now() - t0;
-}
-
-// 24 independent multiply-add chains of 16 lanes: bound by the FMA units, not by latency.
-#define FMA_CHAINS 24
-__attribute__((target("avx512f,fma"))) static float fma_avx512(long n) {
-    __m512 a[FMA_CHAINS], b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
-    for (int i = 0; i < FMA_CHAINS; i++) a[i] = _mm512_set1_ps((float)i);
+// The peak multiply-add rate: 12 independent chains of 16 lanes, each kept in a register (an
+// array of accumulators lets the compiler keep them in memory, and the loop then runs at the
+// speed of store forwarding, a third of the peak). Twelve chains cover the FMA latency of
+// either of this loop's targets several times over, so it is bound by the FMA units alone.
+#define FMA_CHAINS 12
+#define FMA_STEP(x) x = _mm512_fmadd_ps(x, b, c);
+__attribute__((target("avx512f,fma"), noinline)) static float fma_avx512(long n) {
+    const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
+    __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2), a3 = _mm512_set1_ps(3);
+    __m512 a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5), a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7);
+    __m512 a8 = _mm512_set1_ps(8), a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
     for (long k = 0; k < n; k++) {
-        for (int i = 0; i < FMA_CHAINS; i++) a[i] = _mm512_fmadd_ps(a[i], b, c);
-        __asm__ volatile("" : "+v"(a[0])); // keeps the loop from being folded
+        FMA_STEP(a0) FMA_STEP(a1) FMA_STEP(a2) FMA_STEP(a3) FMA_STEP(a4) FMA_STEP(a5);
+        FMA_STEP(a6) FMA_STEP(a7) FMA_STEP(a8) FMA_STEP(a9) FMA_STEP(a10) FMA_STEP(a11);
+        __asm__ volatile(""
+                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "+v"(a8),
+                           "+v"(a9), "+v"(a10), "+v"(a11)); // kept live: the loop cannot be folded
     }
-    for (int i = 1; i < FMA_CHAINS; i++) a[0] = _mm512_add_ps(a[0], a[i]);
-    return _mm512_reduce_add_ps(a[0]);
+    a0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                       _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    a0 = _mm512_add_ps(a0, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    return _mm512_reduce_add_ps(a0);
 }
+#undef FMA_STEP
 
-__attribute__((target("avx2,fma"))) static float fma_avx2(long n) {
-    __m256 a[FMA_CHAINS], b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
-    for (int i = 0; i < FMA_CHAINS; i++) a[i] = _mm256_set1_ps((float)i);
+#define FMA_STEP(x) x = _mm256_fmadd_ps(x, b, c);
+__attribute__((target("avx2,fma"), noinline)) static float fma_avx2(long n) {
+    const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
+    __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2), a3 = _mm256_set1_ps(3);
+    __m256 a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5), a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7);
+    __m256 a8 = _mm256_set1_ps(8), a9 = _mm256_set1_ps(9), a10 = _mm256_set1_ps(10), a11 = _mm256_set1_ps(11);
     for (long k = 0; k < n; k++) {
-        for (int i = 0; i < FMA_CHAINS; i++) a[i] = _mm256_fmadd_ps(a[i], b, c);
-        __asm__ volatile("" : "+x"(a[0]));
+        FMA_STEP(a0) FMA_STEP(a1) FMA_STEP(a2) FMA_STEP(a3) FMA_STEP(a4) FMA_STEP(a5);
+        FMA_STEP(a6) FMA_STEP(a7) FMA_STEP(a8) FMA_STEP(a9) FMA_STEP(a10) FMA_STEP(a11);
+        __asm__ volatile(""
+                         : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7), "+x"(a8),
+                           "+x"(a9), "+x"(a10), "+x"(a11));
     }
-    for (int i = 1; i < FMA_CHAINS; i++) a[0] = _mm256_add_ps(a[0], a[i]);
+    a0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                       _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    a0 = _mm256_add_ps(a0, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
     float o[8];
-    _mm256_storeu_ps(o, a[0]);
+    _mm256_storeu_ps(o, a0);
     return o[0] + o[1] + o[2] + o[3] + o[4] + o[5] + o[6] + o[7];
 }
+#undef FMA_STEP
+
+static int fma_lanes(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") ? 16 : __builtin_cpu_supports("avx2") ? 8 : 0;
+}
+
+static float fma_chains(long n) { return fma_lanes() == 16 ? fma_avx512(n) : fma_avx2(n); }
 
 // Best of reps: flops per second over all threads, each running its own chains.
-static double fma_gflops(int reps, float *sink) {
-    __builtin_cpu_init();
-    int lanes = __builtin_cpu_supports("avx512f") ? 16 : __builtin_cpu_supports("avx2") ? 8 : 0;
+static double fma_gflops(int threads, int reps, float *sink) {
+    int lanes = fma_lanes();
     if (!lanes) return 0;
-    const long n = 20000000;
+    pass_args a = {.op = 3, .threads = threads, .n = (size_t)threads, .fma_n = 20000000};
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now();
-        float total = 0;
-#pragma omp parallel reduction(+ : total)
-        total += lanes == 16 ? fma_avx512(n) : fma_avx2(n);
-        double t = now() - t0;
+        double t = run_pass(&a, sink);
         best = t < best ? t : best;
-        *sink += total;
     }
-    return 2.0 * lanes * FMA_CHAINS * (double)n * omp_get_max_threads() / best / 1e9;
+    return 2.0 * lanes * FMA_CHAINS * (double)a.fma_n * threads / best / 1e9;
 }
 
 int main(int argc, char **argv) {
@@ -121,7 +141,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_bandwidth [threads >= 1] [reps >= 1]\n");
         return 2;
     }
-    omp_set_num_threads(threads);
+    ag_set_num_threads(threads);
     size_t n = BENCH_BYTES / sizeof(float);
     float *a = aligned_alloc(64, BENCH_BYTES), *b = aligned_alloc(64, BENCH_BYTES);
     if (!a || !b) {
@@ -131,20 +151,24 @@ int main(int argc, char **argv) {
         return 1;
     }
     // Touch every page first: the passes time memory, not page faults.
-    write_pass(a, n, 0);
-    write_pass(b, n, 0);
+    pass_args w = {.dst = a, .n = n, .op = 2, .threads = threads}, rd = {.src = a, .n = n, .threads = threads};
+    pass_args cp = {.dst = b, .src = a, .n = n, .op = 1, .threads = threads};
+    float sink = 0;
+    run_pass(&w, &sink);
+    w.dst = b;
+    run_pass(&w, &sink);
     for (size_t i = 0; i < n; i += 1024) a[i] = (float)((i >> 10) & 7);
     double best_read = 1e30, best_copy = 1e30, best_write = 1e30;
-    float sink = 0;
     for (int r = 0; r < reps; r++) {
-        double t = read_pass(a, n, &sink);
+        double t = run_pass(&rd, &sink);
         best_read = t < best_read ? t : best_read;
-        t = copy_pass(b, a, n);
+        t = run_pass(&cp, &sink);
         best_copy = t < best_copy ? t : best_copy;
-        t = write_pass(b, n, r & 1);
+        w.value = r & 1;
+        t = run_pass(&w, &sink);
         best_write = t < best_write ? t : best_write;
     }
-    double gb = (double)BENCH_BYTES / 1e9, gflops = fma_gflops(reps, &sink);
+    double gb = (double)BENCH_BYTES / 1e9, gflops = fma_gflops(threads, reps, &sink);
     printf("{\"bytes\": %zu, \"threads\": %d, \"reps\": %d, \"read_gbs\": %.3f, "
            "\"copy_gbs\": %.3f, \"write_gbs\": %.3f, \"fma_gflops\": %.1f, \"checksum\": %g}\n",
            BENCH_BYTES, threads, reps, gb / best_read, 2.0 * gb / best_copy, gb / best_write, gflops, (double)sink);

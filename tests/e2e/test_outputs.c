@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,14 +80,21 @@ static void test_svg(void **state) {
     assert_int_equal(plotted, json_integer_value(json_object_get(json_object_get(report, "peak"), "total_bytes")));
     for (int c = 0; c < NCATS; c++) assert_non_null(strstr(svg, cats[c])); // the legend
     assert_non_null(strstr(svg, "forward"));                               // a phase label
+    assert_non_null(strstr(svg, "viewBox=\"0 0 "));                        // a fixed aspect
+    assert_non_null(strstr(svg, "width=\"100%\""));                        // scaling to the page
     free(svg);
+}
+
+// One of the run's JSON outputs, parsed.
+static json_t *load_output(const char *name) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return json_load_file(path, 0, NULL);
 }
 
 static void test_trace(void **state) {
     (void)state;
-    char path[256];
-    snprintf(path, sizeof path, "%s/t.json", dir);
-    json_t *t = json_load_file(path, 0, NULL);
+    json_t *t = load_output("t.json");
     assert_non_null(t);
     json_t *ev = json_object_get(t, "traceEvents");
     assert_true(json_array_size(ev) > 10);
@@ -119,6 +127,73 @@ static void test_trace(void **state) {
     for (int c = 0; c < NTENSOR; c++) assert_int_equal(maxc[c], peak_of(cats[c])); // each reaches its peak
     assert_true(phases >= 6);                                                      // two steps of three phases
     assert_int_equal(peaks, 1);
+    json_decref(t);
+}
+
+static int cat_index(const char *name) {
+    for (int c = 0; c < NCATS; c++)
+        if (name && strcmp(name, cats[c]) == 0) return c;
+    return -1;
+}
+
+static json_t *event_named(json_t *ev, const char *ph, const char *name) {
+    size_t i;
+    json_t *e;
+    json_array_foreach(ev, i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "ph")), ph) == 0 &&
+            (!name || strcmp(json_string_value(json_object_get(e, "name")), name) == 0))
+            return e;
+    }
+    return NULL;
+}
+
+// Sums into sum, by category, the bytes of the tensor slices live at timestamp at (begun at or
+// before it, ended after it), checking each slice on the way; returns how many slices there are.
+static size_t live_slices_at(json_t *ev, double at, json_int_t *sum) {
+    json_t *begins = json_object(), *e;
+    size_t i, slices = 0;
+    json_array_foreach(ev, i, e) {
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        char id[32];
+        snprintf(id, sizeof id, "%lld", (long long)json_integer_value(json_object_get(e, "id")));
+        if (strcmp(ph, "b") == 0) {
+            assert_true(json_integer_value(json_object_get(json_object_get(e, "args"), "bytes")) > 0);
+            assert_true(cat_index(json_string_value(json_object_get(e, "cat"))) >= 0);
+            assert_null(json_object_get(begins, id)); // ids are unique
+            json_object_set(begins, id, e);
+        } else if (strcmp(ph, "e") == 0) {
+            json_t *b = json_object_get(begins, id);
+            assert_non_null(b); // an end has its begin, with the same name
+            assert_string_equal(json_string_value(json_object_get(b, "name")),
+                                json_string_value(json_object_get(e, "name")));
+            double t0 = json_number_value(json_object_get(b, "ts")), t1 = json_number_value(json_object_get(e, "ts"));
+            if (t0 <= at && at < t1)
+                sum[cat_index(json_string_value(json_object_get(b, "cat")))] +=
+                    json_integer_value(json_object_get(json_object_get(b, "args"), "bytes"));
+            slices++;
+        }
+    }
+    assert_int_equal(slices, json_object_size(begins)); // every slice ends
+    json_decref(begins);
+    return slices;
+}
+
+// Every tensor an async slice from allocation to free; the slices live at the total peak's
+// timestamp hold the report's composition of the peak, category by category, to the byte.
+static void test_trace_slices(void **state) {
+    (void)state;
+    json_t *t = load_output("t.json");
+    assert_non_null(t);
+    json_t *ev = json_object_get(t, "traceEvents");
+    assert_non_null(event_named(ev, "M", "process_name"));
+    assert_non_null(event_named(ev, "M", "thread_name"));
+    json_t *peak = json_object_get(report, "peak");
+    double at = json_number_value(json_object_get(event_named(ev, "i", "total peak"), "ts"));
+    assert_true(fabs(at - json_number_value(json_object_get(peak, "seconds")) * 1e6) < 1); // the same moment
+    json_int_t sum[NCATS] = {0};
+    assert_true(live_slices_at(ev, at, sum) > 100);
+    for (int c = 0; c < NCATS; c++)
+        assert_int_equal(sum[c], json_integer_value(json_object_get(json_object_get(peak, "composition"), cats[c])));
     json_decref(t);
 }
 
@@ -202,15 +277,46 @@ static void test_categories_and_four_copies(void **state) {
     free(out);
 }
 
+// The page's embedded data (window.MEMBILL = {...};) as JSON.
+static json_t *page_data(const char *html) {
+    const char *p = strstr(html, "window.MEMBILL="), *end = p ? strstr(p, ";</script>") : NULL;
+    if (!end) return NULL;
+    p += strlen("window.MEMBILL=");
+    return json_loadb(p, (size_t)(end - p), 0, NULL);
+}
+
 static void test_html(void **state) {
     (void)state;
     char *html = slurp("p.html");
     assert_non_null(html);
-    assert_non_null(strstr(html, "<svg"));
     assert_non_null(strstr(html, "four copies"));
     assert_non_null(strstr(html, "held at the total peak"));
     assert_non_null(strstr(html, "Reading the bill"));
     assert_non_null(strstr(html, "<b>temporary</b>"));
+    // Self-contained: nothing fetched, the script inline.
+    assert_null(strstr(html, "<link"));
+    assert_null(strstr(html, " src="));
+    for (const char *h = strstr(html, "http://"); h; h = strstr(h + 1, "http://"))
+        assert_memory_equal(h, "http://www.w3.org/2000/svg", 26); // the SVG namespace only
+    assert_null(strstr(html, "https://"));
+    assert_non_null(strstr(html, "class Chart"));
+    // The lifetimes embedded for the page, live at the peak's event, hold the report's composition.
+    json_t *d = page_data(html), *run = json_array_get(json_object_get(d, "runs"), 0);
+    assert_non_null(run);
+    assert_true(json_equal(json_object_get(d, "report"), report));
+    json_int_t at = json_integer_value(json_object_get(run, "peak_event")), sum[NCATS] = {0};
+    json_t *life = json_object_get(run, "life");
+    assert_int_equal(json_array_size(life) % 5, 0);
+    for (size_t i = 0; i < json_array_size(life); i += 5) {
+        json_int_t cat = json_integer_value(json_array_get(life, i + 1)),
+                   bytes = json_integer_value(json_array_get(life, i + 2)),
+                   start = json_integer_value(json_array_get(life, i + 3)),
+                   end = json_integer_value(json_array_get(life, i + 4));
+        if (start <= at && (end < 0 || end > at)) sum[cat] += bytes;
+    }
+    json_t *comp = json_object_get(json_object_get(report, "peak"), "composition");
+    for (int c = 0; c < NCATS; c++) assert_int_equal(sum[c], json_integer_value(json_object_get(comp, cats[c])));
+    json_decref(d);
     free(html);
 }
 
@@ -302,6 +408,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_svg),
         cmocka_unit_test(test_trace),
+        cmocka_unit_test(test_trace_slices),
         cmocka_unit_test(test_timeline_csv),
         cmocka_unit_test(test_text_breakdown_and_explain),
         cmocka_unit_test(test_categories_and_four_copies),

@@ -7,7 +7,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <omp.h>
 
 #include "model.h"
 
@@ -27,6 +26,7 @@ static void test_init_statistics(void **state) {
     mp_options o = {0};
     assert_int_equal(mp_init(&o), MP_OK);
     ag_ctx *ctx = ag_ctx_new();
+    ag_set_num_threads(2);
     llama_model *m = make(ctx, 7);
     double sum = 0, sq = 0, beyond3 = 0;
     int64_t n = m->embed->numel;
@@ -43,9 +43,9 @@ static void test_init_statistics(void **state) {
     for (int64_t i = 0; i < m->norm->numel; i++) assert_true(m->norm->data[i] == 1.0f);
 
     // Same seed, another thread count: the same values; another seed: different ones.
-    omp_set_num_threads(1);
+    ag_set_num_threads(1);
     llama_model *same = make(ctx, 7), *other = make(ctx, 8);
-    omp_set_num_threads(2);
+    ag_set_num_threads(2);
     assert_memory_equal(same->layers[1].down->data, m->layers[1].down->data, (size_t)m->layers[1].down->numel * 4);
     assert_true(memcmp(other->embed->data, m->embed->data, 4096) != 0);
     llama_model_free(m);

@@ -1,0 +1,183 @@
+// One pool of compute threads for every parallel loop and every large sgemm (OpenBLAS runs
+// single-threaded inside it), so that two pools never spin against each other.
+//
+// Work is handed out in chunks claimed one at a time, so a thread that loses its core to
+// another process does less of the loop instead of holding the others back. An idle thread
+// spins for a few microseconds (a loop that follows another at once finds it awake), then
+// sleeps on a futex: nothing spins while a core is wanted elsewhere. The caller works too and
+// waits only for chunks that are in progress, never for a thread that has not woken yet.
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ag_internal.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+#define POOL_MAX 256
+#define SPIN_NS 5000 // how long an idle thread or a waiting caller spins before sleeping
+
+typedef struct {
+    ag_range_fn fn;
+    void *arg;
+    int64_t n, chunk;
+} pool_job;
+
+static struct {
+    _Atomic int threads; // including the caller
+    int started;         // worker threads running
+    pthread_t th[POOL_MAX];
+    pthread_mutex_t lock; // serialises callers from different threads and resizing
+    pool_job job;
+    _Atomic uint32_t nchunks;                 // of the current job (read before a claim, so atomic)
+    _Atomic uint32_t gen;                     // futex word: bumped for every job
+    _Atomic uint64_t claim;                   // gen << 32 | next chunk: a chunk is claimed for its job only
+    _Atomic uint32_t done;                    // futex word: chunks finished in the current job
+    _Atomic int slots;                        // threads that have claimed a chunk of the current job
+    _Atomic int sleepers;                     // workers asleep on gen
+    _Atomic int caller_waiting;               // the caller asleep on done
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER}; // threads 0: not set yet
+
+static _Thread_local bool in_chunk; // this thread is running a chunk
+
+static void futex_wait(_Atomic uint32_t *w, uint32_t seen) {
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *w) {
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// Spins until *w differs from seen or SPIN_NS passed; true when it changed.
+static bool spin_until_changed(_Atomic uint32_t *w, uint32_t seen) {
+    int64_t t0 = now_ns();
+    for (int i = 1;; i++) {
+        if (atomic_load_explicit(w, memory_order_acquire) != seen) return true;
+        cpu_relax();
+        if (i % 64 == 0 && now_ns() - t0 > SPIN_NS) return false;
+    }
+}
+
+// Claims and runs chunks of job gen until none is left. A thread's first claim gives it the
+// job's next slot, the index fn gets: slots are dense, below min(chunks, threads).
+static void run_chunks(uint32_t gen) {
+    for (int slot = -1;;) {
+        uint64_t c = atomic_load(&pool.claim);
+        if ((uint32_t)(c >> 32) != gen || (uint32_t)c >= atomic_load(&pool.nchunks)) return;
+        if (!atomic_compare_exchange_weak(&pool.claim, &c, c + 1)) continue;
+        // The job cannot change while one of its chunks is claimed and not done.
+        const pool_job *j = &pool.job;
+        if (slot < 0) slot = atomic_fetch_add(&pool.slots, 1);
+        int64_t b = (int64_t)(uint32_t)c * j->chunk, e = b + j->chunk < j->n ? b + j->chunk : j->n;
+        in_chunk = true;
+        j->fn(j->arg, b, e, slot);
+        in_chunk = false;
+        if (atomic_fetch_add(&pool.done, 1) + 1 == atomic_load(&pool.nchunks) && atomic_load(&pool.caller_waiting))
+            futex_wake(&pool.done);
+    }
+}
+
+static void *worker(void *p) {
+    int id = (int)(intptr_t)p;
+    uint32_t seen = atomic_load(&pool.gen);
+    for (;;) {
+        if (!spin_until_changed(&pool.gen, seen)) {
+            atomic_fetch_add(&pool.sleepers, 1);
+            while (atomic_load(&pool.gen) == seen) futex_wait(&pool.gen, seen);
+            atomic_fetch_sub(&pool.sleepers, 1);
+        }
+        seen = atomic_load(&pool.gen);
+        if (id >= pool.threads) continue; // parked by a smaller thread count
+        run_chunks(seen);
+    }
+    return NULL;
+}
+
+// Chunks still running on other threads: spin a little, then sleep until the last one ends.
+static void wait_done(uint32_t nchunks) {
+    uint32_t d;
+    while ((d = atomic_load(&pool.done)) != nchunks) {
+        if (spin_until_changed(&pool.done, d)) continue;
+        atomic_store(&pool.caller_waiting, 1);
+        if (atomic_load(&pool.done) == d) futex_wait(&pool.done, d);
+        atomic_store(&pool.caller_waiting, 0);
+    }
+}
+
+// Runs fn over [0, n) in chunks of chunk items on the pool.
+static void run_pool(int64_t n, int64_t chunk, ag_range_fn fn, void *arg) {
+    uint32_t nchunks = (uint32_t)((n + chunk - 1) / chunk), gen = atomic_load(&pool.gen) + 1;
+    // The claim word first: a thread still looking at the last job can no longer claim.
+    atomic_store(&pool.claim, (uint64_t)gen << 32);
+    pool.job = (pool_job){fn, arg, n, chunk};
+    atomic_store(&pool.nchunks, nchunks);
+    atomic_store(&pool.done, 0);
+    atomic_store(&pool.slots, 0);
+    atomic_store(&pool.gen, gen);
+    if (atomic_load(&pool.sleepers) > 0) futex_wake(&pool.gen);
+    run_chunks(gen);
+    wait_done(nchunks);
+}
+
+// Inside a chunk (a nested loop), with one thread, for a loop of one chunk, or while another
+// thread uses the pool: the calling thread runs the whole range as thread 0.
+static void run(int64_t n, int64_t chunk, ag_range_fn fn, void *arg) {
+    if (n <= 0) return;
+    if (in_chunk || ag_num_threads() == 1 || n <= chunk || pthread_mutex_trylock(&pool.lock) != 0) {
+        fn(arg, 0, n, 0);
+        return;
+    }
+    run_pool(n, chunk, fn, arg);
+    pthread_mutex_unlock(&pool.lock);
+}
+
+void ag_parallel_for(int64_t n, int64_t grain, ag_range_fn fn, void *arg) {
+    // About four chunks a thread: fine enough to rebalance when a core is lost.
+    int64_t nt = ag_num_threads(), chunk = (n + 4 * nt - 1) / (4 * nt);
+    if (n < 2 * grain) chunk = n; // not worth splitting
+    run(n, chunk < grain ? grain : chunk, fn, arg);
+}
+
+void ag_parallel_tasks(int64_t n, ag_range_fn fn, void *arg) { run(n, 1, fn, arg); }
+
+// Until set, as many threads as the process may use cores (as OpenMP's default).
+int ag_num_threads(void) {
+    int n = atomic_load(&pool.threads);
+    if (n > 0) return n;
+    cpu_set_t set;
+    n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    ag_pool_set_threads(n);
+    return atomic_load(&pool.threads);
+}
+
+void ag_pool_set_threads(int n) {
+    if (n < 1) n = 1;
+    if (n > POOL_MAX) n = POOL_MAX;
+    pthread_mutex_lock(&pool.lock);
+    while (pool.started < n - 1) {
+        int id = pool.started + 1;
+        if (pthread_create(&pool.th[pool.started], NULL, worker, (void *)(intptr_t)id) != 0) break;
+        pthread_detach(pool.th[pool.started]);
+        pool.started++;
+    }
+    pool.threads = pool.started + 1 < n ? pool.started + 1 : n;
+    pthread_mutex_unlock(&pool.lock);
+}

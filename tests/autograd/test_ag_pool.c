@@ -1,0 +1,172 @@
+// The compute pool: every item of a loop runs once, per-thread slots stay below the threads
+// that can take part, nested and concurrent loops run, idle threads sleep instead of spinning,
+// and a product split over the pool equals the one computed in one piece.
+#include "ag_test_util.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../autograd/ag_internal.h"
+
+typedef struct {
+    _Atomic int *hits;
+    _Atomic int max_slot;
+    _Atomic int nested_ok;
+} visit;
+
+static void count_part(void *p, int64_t lo, int64_t hi, int thread) {
+    visit *v = p;
+    for (int64_t i = lo; i < hi; i++) atomic_fetch_add(&v->hits[i], 1);
+    int m = atomic_load(&v->max_slot);
+    while (thread > m && !atomic_compare_exchange_weak(&v->max_slot, &m, thread)) {
+    }
+}
+
+static void check_loop(int threads, int64_t n, int64_t grain, bool tasks) {
+    ag_set_num_threads(threads);
+    visit v = {.hits = calloc((size_t)n + 1, sizeof(_Atomic int)), .max_slot = -1};
+    if (tasks)
+        ag_parallel_tasks(n, count_part, &v);
+    else
+        ag_parallel_for(n, grain, count_part, &v);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(atomic_load(&v.hits[i]), 1);
+    int bound = (int)(n < threads ? n : threads); // a loop has at most n chunks
+    assert_true(atomic_load(&v.max_slot) < bound);
+    free(v.hits);
+}
+
+static void test_every_item_once(void **state) {
+    (void)state;
+    const int64_t sizes[] = {1, 2, 3, 7, 64, 1000, 65537};
+    for (int t = 1; t <= 8; t *= 2)
+        for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+            check_loop(t, sizes[i], 1, false);
+            check_loop(t, sizes[i], 100, false);
+            check_loop(t, sizes[i], 1, true);
+        }
+    ag_set_num_threads(2);
+}
+
+static void nested_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    visit *v = p;
+    for (int64_t i = lo; i < hi; i++) {
+        visit inner = {.hits = calloc(10, sizeof(_Atomic int)), .max_slot = -1};
+        ag_parallel_for(10, 1, count_part, &inner); // runs here, as thread 0
+        bool ok = atomic_load(&inner.max_slot) == 0;
+        for (int j = 0; j < 10; j++) ok = ok && atomic_load(&inner.hits[j]) == 1;
+        if (!ok) atomic_store(&v->nested_ok, 0);
+        free(inner.hits);
+        atomic_fetch_add(&v->hits[i], 1);
+    }
+}
+
+static void test_nested_loops(void **state) {
+    (void)state;
+    ag_set_num_threads(4);
+    visit v = {.hits = calloc(64, sizeof(_Atomic int)), .nested_ok = 1};
+    ag_parallel_tasks(64, nested_part, &v);
+    assert_int_equal(atomic_load(&v.nested_ok), 1);
+    for (int i = 0; i < 64; i++) assert_int_equal(atomic_load(&v.hits[i]), 1);
+    free(v.hits);
+    ag_set_num_threads(2);
+}
+
+// Thousands of short loops back to back, from two threads at once: no lost wake-up, no loop
+// run twice or skipped (a hang would be caught by ctest's timeout).
+static void *many_loops(void *p) {
+    int64_t *bad = p;
+    for (int r = 0; r < 3000; r++) {
+        _Atomic int hits[33] = {0};
+        visit v = {.hits = hits, .max_slot = -1};
+        ag_parallel_for(33, 1, count_part, &v);
+        for (int i = 0; i < 33; i++) *bad += atomic_load(&hits[i]) != 1;
+    }
+    return NULL;
+}
+
+static void test_concurrent_callers(void **state) {
+    (void)state;
+    ag_set_num_threads(3);
+    pthread_t th;
+    int64_t bad_a = 0, bad_b = 0;
+    assert_int_equal(pthread_create(&th, NULL, many_loops, &bad_a), 0);
+    many_loops(&bad_b);
+    pthread_join(th, NULL);
+    assert_int_equal(bad_a + bad_b, 0);
+    ag_set_num_threads(2);
+}
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// After a loop the pool's threads spin for microseconds, then sleep: 100 ms of waiting costs
+// the process almost no CPU time (a pool that kept spinning would take 100 ms a thread).
+static void test_idle_threads_sleep(void **state) {
+    (void)state;
+    ag_set_num_threads(4);
+    _Atomic int hits[64] = {0};
+    visit v = {.hits = hits, .max_slot = -1};
+    ag_parallel_tasks(64, count_part, &v);
+    double c0 = cpu_seconds();
+    struct timespec pause = {0, 100 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    double used = cpu_seconds() - c0;
+    print_message("CPU time while idle for 100 ms with 4 threads: %.3f ms\n", 1e3 * used);
+    assert_true(used < 0.01);
+    ag_set_num_threads(2);
+}
+
+// C = A·B (both layouts of each operand) split over 1 and 3 threads against double.
+static void check_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K) {
+    float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
+    float *C = malloc(sizeof(float) * (size_t)(M * N));
+    for (int64_t i = 0; i < M * K; i++) A[i] = (float)((i * 7919) % 13) / 13.0f - 0.5f;
+    for (int64_t i = 0; i < K * N; i++) B[i] = (float)((i * 104729) % 17) / 17.0f - 0.5f;
+    int64_t lda = ta == CblasNoTrans ? K : M, ldb = tb == CblasNoTrans ? N : K;
+    for (int t = 1; t <= 3; t += 2) {
+        ag_set_num_threads(t);
+        memset(C, 0, sizeof(float) * (size_t)(M * N));
+        ag_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+        double worst = 0;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double s = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    double a = ta == CblasNoTrans ? A[i * K + k] : A[k * M + i];
+                    double b = tb == CblasNoTrans ? B[k * N + j] : B[j * K + k];
+                    s += a * b;
+                }
+                double d = s - C[i * N + j];
+                worst = d > worst ? d : (-d > worst ? -d : worst);
+            }
+        assert_true(worst < 1e-5 * (double)K);
+    }
+    free(A), free(B), free(C);
+    ag_set_num_threads(2);
+}
+
+static void test_split_sgemm(void **state) {
+    (void)state;
+    const int64_t shapes[][3] = {{1000, 33, 70}, {33, 1000, 70}, {97, 161, 300}, {512, 577, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                check_sgemm(ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, shapes[s][0], shapes[s][1],
+                            shapes[s][2]);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_item_once),    cmocka_unit_test(test_nested_loops),
+        cmocka_unit_test(test_concurrent_callers), cmocka_unit_test(test_idle_threads_sleep),
+        cmocka_unit_test(test_split_sgemm),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
