@@ -319,7 +319,8 @@ static int step(gen *g, int64_t k, ag_err *err) {
     return 0;
 }
 
-static void record(gen *g, const llama_generate_opts *o, llama_generate_stats *st, int64_t k, double seconds) {
+// Whether the caller's stop callback ends the generation after this forward.
+static bool record(gen *g, const llama_generate_opts *o, llama_generate_stats *st, int64_t k, double seconds) {
     llama_generate_step s = {
         .step = k, .positions = g->kv && k > 0 ? 1 : g->len, .seconds = seconds, .next = g->next, .cache = g->kv};
     mp_counter cc = mp_get_counter(MP_CACHE);
@@ -333,6 +334,7 @@ static void record(gen *g, const llama_generate_opts *o, llama_generate_stats *s
         memcpy(st->cache_shape[k], s.cache_shape, sizeof s.cache_shape);
     }
     if (o->on_step) o->on_step(o->user, &s);
+    return o->stop && o->stop(o->user, &s);
 }
 
 int llama_generate(ag_ctx *ctx, llama_model *m, const llama_generate_opts *opts, const int32_t *prompt_ids,
@@ -353,7 +355,7 @@ int llama_generate(ag_ctx *ctx, llama_model *m, const llama_generate_opts *opts,
         double seconds = now() - t0;
         if (rc != 0) break;
         for (int64_t b = 0; b < B; b++) out_ids[b * new_tokens + k] = g.next[b];
-        record(&g, o, stats, k, seconds);
+        if (record(&g, o, stats, k, seconds)) break;
         if (k + 1 < new_tokens) extend(&g);
     }
     gen_free(&g); // the end of generation: the cache goes

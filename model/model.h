@@ -346,6 +346,8 @@ typedef struct {
 typedef struct {
     bool use_cache; // false: every step recomputes the whole sequence (the same tokens, slower)
     void (*on_step)(void *user, const llama_generate_step *s); // optional, after every forward
+    // optional, after on_step: true ends the generation there (every row reached end-of-text)
+    bool (*stop)(void *user, const llama_generate_step *s);
     void *user;
 } llama_generate_opts;
 

@@ -34,12 +34,12 @@ const cli_command *cli_command_at(size_t i);
 typedef struct {
     const char *command;
     cli_command_bit cmd;
-    const char *model, *config, *weights, *tokens;
+    const char *model, *config, *weights, *tokens, *prompt, *prompt_file, *tokenizer;
     long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size;
     uint64_t seed, budget, device_memory, overhead;
     const char *optimizer, *adam_impl, *dtype, *weight_dtype, *framework, *attention;
     double lr;
-    bool meta, help, quiet, explain, checkpointing, no_cache, no_speed, list, infer, progress;
+    bool meta, help, quiet, explain, checkpointing, no_cache, no_speed, list, infer, progress, ignore_eos;
     const char *json, *timeline, *dump_grads, *save_weights, *svg, *trace, *html;
     unsigned char given[CLI_MAX_OPTIONS]; // by table row: the user named it
 } cli_options;
@@ -103,10 +103,30 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
 int cli_run_end(int rc, bool *clean, ag_err *err);
 // "1,2,3" -> ids (malloc'd); a malformed list names the item at fault.
 int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err);
-// Token ids [batch * seq_len]: --tokens repeated over the batch, or seeded random ids. In meta
-// mode no ids are made (*ids NULL): a bill of shapes takes no memory per token.
-int cli_make_tokens(const cli_options *o, const llama_config *cfg, bool meta, int32_t **ids, long *batch, long *seq_len,
-                    ag_err *err);
+
+// Text in and out (prompt.c): the tokenizer, the prompt's ids, the ids a generation stops at.
+#define CLI_MAX_EOS 16
+typedef struct {
+    struct tok_tokenizer *tok; // NULL: neither --prompt, --prompt-file nor --tokenizer
+    char tokenizer_path[4096];
+    int32_t *ids; // the prompt's ids, one row (NULL without a prompt)
+    long n;
+    int32_t eos[CLI_MAX_EOS]; // infer: eos_token_id of config.json and generation_config.json
+    int n_eos;                // 0: none known, --ignore-eos, or meta
+} cli_text;
+// An exit code, with the message in *err.
+int cli_text_prepare(const cli_options *o, cli_text *t, ag_err *err);
+void cli_text_free(cli_text *t);
+bool cli_text_is_eos(const cli_text *t, int32_t id);
+struct json_t *cli_prompt_ids_json(const cli_text *t, long batch);    // the prompt per batch row
+char *cli_text_decode(const cli_text *t, const int32_t *ids, long n); // malloc'd; NULL without a tokenizer
+void cli_text_line(FILE *f, const cli_text *t);                       // "prompt: N tokens through FILE"
+
+// Token ids [batch * seq_len]: the prompt's ids (text->ids), --tokens, repeated over the batch,
+// or seeded random ids. In meta mode no ids are made (*ids NULL): a bill of shapes takes no
+// memory per token.
+int cli_make_tokens(const cli_options *o, const llama_config *cfg, const cli_text *text, bool meta, int32_t **ids,
+                    long *batch, long *seq_len, ag_err *err);
 
 // The timeline as a stacked-area SVG of fixed aspect (CLI_SVG_W x CLI_SVG_H, scaling to the page):
 // scale is the highest total the vertical axis must hold (0: this run's own peak), so that two
@@ -169,6 +189,7 @@ typedef struct {
     char st_path[4096]; // "" for random init
     int32_t *ids;       // batch * seq_len
     long batch, seq_len;
+    cli_text text; // a prompt's tokenizer and ids
     optim_config ocfg;
     step_record *steps; // nsteps of them
     long nsteps;
@@ -238,7 +259,9 @@ typedef struct {
     int32_t *ids, *mask; // batch x seq_len prompts, left-padded (mask 0 on pads)
     long batch, seq_len, new_tokens;
     bool use_cache;
-    int32_t *out; // batch x new_tokens
+    int32_t *out;  // batch x new_tokens
+    long *out_len; // [batch]: the ids each row generated, up to and with its end-of-text
+    cli_text text; // the prompt's tokenizer and ids, the end-of-text ids
     llama_generate_stats stats;
     bool torn_down_clean;
     cli_dtype dtype; // anything but float32 needs meta
@@ -255,6 +278,10 @@ int cli_infer_run(infer_run *r, ag_err *err);
 // generation into *d; false after filling *err.
 bool cli_infer_dtype(const cli_options *o, cli_dtype *d, ag_err *err);
 void cli_infer_free(infer_run *r);
+// A copy of r for its bill in meta mode (the same prompt and tokenizer, its own outputs, no
+// end-of-text), and the outputs of its run freed.
+infer_run cli_infer_meta_copy(const infer_run *r);
+void cli_infer_meta_free(infer_run *m);
 
 // One command's run inside the shared skeleton (job.c): outputs declared and checked before
 // anything runs, the fit check, the profiler, the run, the report of what was measured (also

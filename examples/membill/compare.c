@@ -62,11 +62,9 @@ static uint64_t meta_peak(void *arg, ag_err *err) {
     const compare_cmd *c = arg;
     train_run t = c->tr;
     step_record rec = {0};
-    infer_run g = c->ir;
-    t.meta = g.meta = true;
+    infer_run g = cli_infer_meta_copy(&c->ir);
+    t.meta = true;
     t.steps = &rec;
-    g.out = NULL;
-    memset(&g.stats, 0, sizeof g.stats);
     uint64_t peak = 0;
     mp_options mo = {.meta = true};
     if (mp_init(&mo) != MP_OK) return 0;
@@ -79,8 +77,7 @@ static uint64_t meta_peak(void *arg, ag_err *err) {
             peak = mp_peak().total;
         mp_shutdown();
     }
-    free(g.out);
-    llama_generate_stats_free(&g.stats);
+    cli_infer_meta_free(&g);
     return peak;
 }
 
@@ -118,8 +115,9 @@ static void print_table(FILE *f, const void *arg, bool failed) {
             ir->new_tokens, ir->use_cache ? "KV cache" : "no cache");
     if (tr->ocfg.kind == OPTIM_ADAM || tr->ocfg.kind == OPTIM_ADAMW)
         fprintf(f, "adam: %s; ", optim_adam_impl_name(tr->ocfg.adam_impl));
-    fprintf(f, "framework: %s; attention: %s\n\n", cli_framework_text(tr->framework),
-            cli_attention_text(tr->attention));
+    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(tr->framework), cli_attention_text(tr->attention));
+    cli_text_line(f, &ir->text);
+    fputc('\n', f);
     fprintf(f, "  %-11s %-36s %-36s\n", "category", "training step (peak)", "inference (peak)");
     for (int c = 0; c < MP_NCATEGORIES; c++)
         fprintf(f, "  %-11s %-36s %-36s\n", mp_category_name(c), mp_format_bytes(a, sizeof a, t->peak[c]),
@@ -143,6 +141,7 @@ static json_t *side_json(const side *s) {
 static json_t *compare_json(const void *arg, bool failed) {
     const compare_cmd *c = arg;
     json_t *root = cli_report_root(&c->tr.cfg);
+    if (c->ir.text.ids) json_object_set_new(root, "prompt_ids", cli_prompt_ids_json(&c->ir.text, c->ir.batch));
     if (failed) return root;
     json_object_set_new(root, "train", side_json(&c->s[0]));
     json_object_set_new(root, "infer", side_json(&c->s[1]));

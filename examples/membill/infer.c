@@ -52,11 +52,12 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     if (o->cmd == CLI_INFER && !cli_infer_dtype(o, &r->dtype, err)) return EXIT_USAGE;
     if (o->cmd != CLI_INFER) cli_parse_dtype("fp32", &r->dtype);
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
+    if (rc == 0) rc = cli_text_prepare(o, &r->text, err);
     if (rc != 0) return rc;
     if (o->tokens && strchr(o->tokens, ';')) {
         if (parse_prompts(o->tokens, r, err) != 0) return EXIT_USAGE;
         if (llama_check_tokens(&r->cfg, r->ids, (size_t)(r->batch * r->seq_len), err) != 0) return EXIT_RUN_FAILED;
-    } else if ((rc = cli_make_tokens(o, &r->cfg, o->meta, &r->ids, &r->batch, &r->seq_len, err)) != 0) {
+    } else if ((rc = cli_make_tokens(o, &r->cfg, &r->text, o->meta, &r->ids, &r->batch, &r->seq_len, err)) != 0) {
         return rc;
     }
     // The last new token is chosen but never run through the model: it needs no position.
@@ -74,6 +75,8 @@ void cli_infer_free(infer_run *r) {
     free(r->ids);
     free(r->mask);
     free(r->out);
+    free(r->out_len);
+    cli_text_free(&r->text);
     llama_generate_stats_free(&r->stats);
 }
 
@@ -85,12 +88,27 @@ static void on_step(void *user, const llama_generate_step *s) {
         cli_progress("decode %lld/%ld", (long long)s->step, r->new_tokens - 1);
 }
 
+// Every row has generated one of the end-of-text ids: the generation is over, as HF's generate
+// ends it (a row that ended first goes on with the others, its later ids not reported).
+static bool all_ended(void *user, const llama_generate_step *s) {
+    infer_run *r = user;
+    bool all = true;
+    for (long b = 0; b < r->batch; b++) {
+        // a row still open has been extended at every step, and its last id did not end it
+        int32_t last = s->step ? r->out[b * r->new_tokens + s->step - 1] : -1;
+        if (r->out_len[b] == s->step && !cli_text_is_eos(&r->text, last)) r->out_len[b]++;
+        if (r->out_len[b] == s->step + 1 && !cli_text_is_eos(&r->text, s->next[b])) all = false;
+    }
+    return r->text.n_eos > 0 && all;
+}
+
 int cli_infer_run(infer_run *r, ag_err *err) {
     int rc = -1;
     llama_model *m = NULL;
     ag_ctx *ctx = ag_ctx_new();
     r->out = calloc((size_t)(r->batch * r->new_tokens), sizeof *r->out);
-    if (!ctx || !r->out) {
+    r->out_len = calloc((size_t)r->batch, sizeof *r->out_len);
+    if (!ctx || !r->out || !r->out_len) {
         ag_ctx_free(ctx);
         ag_err_set(err, "out of memory");
         return -1;
@@ -100,7 +118,7 @@ int cli_infer_run(infer_run *r, ag_err *err) {
     ag_set_grad_enabled(ctx, false);
     mp_set_phase(MP_PHASE_LOAD);
     if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, &m, err) != 0) goto done;
-    llama_generate_opts go = {.use_cache = r->use_cache, .on_step = on_step, .user = r};
+    llama_generate_opts go = {.use_cache = r->use_cache, .on_step = on_step, .stop = all_ended, .user = r};
     cli_progress("prefill of %ld x %ld tokens", r->batch, r->seq_len);
     rc = llama_generate(ctx, m, &go, r->ids, r->mask, r->batch, r->seq_len, r->new_tokens, r->out, &r->stats, err);
 done:
@@ -126,6 +144,12 @@ static int act_bytes(const infer_run *r) { return r->dtype.name ? r->dtype.act_b
 static uint64_t cache_per_token(const infer_run *r) {
     const llama_config *c = &r->cfg;
     return (uint64_t)(2 * c->layers * c->kv_heads * c->head_dim * act_bytes(r));
+}
+
+// The tokens of the forwards that ran (fewer than asked when end-of-text stopped them) a second.
+static double tokens_per_s(const infer_run *r) {
+    const llama_generate_stats *st = &r->stats;
+    return st->generate_s > 0 ? (double)(r->batch * st->steps) / st->generate_s : 0;
 }
 
 static json_t *shape_json(const int64_t s[4]) {
@@ -160,14 +184,22 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(run, "threads", json_integer(o->threads));
     json_object_set_new(run, "weights", json_string(r->st_path[0] ? r->st_path : "random"));
     json_object_set_new(root, "run", run);
-    json_t *gen = json_array();
+    json_t *gen = json_array(), *text = json_array();
     for (long b = 0; b < r->batch && !failed && !r->meta; b++) {
         json_t *row = json_array();
-        for (long t = 0; t < r->new_tokens; t++)
+        for (long t = 0; t < r->out_len[b]; t++)
             json_array_append_new(row, json_integer(r->out[b * r->new_tokens + t]));
         json_array_append_new(gen, row);
+        char *s = cli_text_decode(&r->text, r->out + b * r->new_tokens, r->out_len[b]);
+        if (s) json_array_append_new(text, json_string(s));
+        free(s);
     }
     json_object_set_new(root, "generated", gen);
+    if (r->text.ids) json_object_set_new(root, "prompt_ids", cli_prompt_ids_json(&r->text, r->batch));
+    if (json_array_size(text))
+        json_object_set_new(root, "generated_text", text);
+    else
+        json_decref(text);
     mp_report_json(root);
     json_object_set_new(root, "breakdown", cli_breakdown_json((long)r->cfg.layers));
     const llama_generate_stats *st = &r->stats;
@@ -186,8 +218,7 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(t, "decode_s", json_real(st->decode_s));
     json_object_set_new(t, "generate_s", json_real(st->generate_s));
     json_object_set_new(t, "decode_step_s", json_real(st->decode_step_s));
-    json_object_set_new(t, "tokens_per_s",
-                        json_real(st->generate_s > 0 ? (double)(r->batch * r->new_tokens) / st->generate_s : 0));
+    json_object_set_new(t, "tokens_per_s", json_real(tokens_per_s(r)));
     if (!failed)
         json_object_set_new(root, "timing", t);
     else
@@ -204,7 +235,9 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
             r->batch, r->seq_len, r->new_tokens, r->use_cache ? "with the KV cache" : "without a cache (recomputing)",
             r->dtype.name ? r->dtype.long_name : "float32", r->dtype.weight_name ? ", weights " : "",
             r->dtype.weight_name ? r->dtype.weight_name : "", r->meta ? ", meta (shapes only)" : "");
-    fprintf(f, "framework: %s; attention: %s\n\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
+    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
+    cli_text_line(f, &r->text);
+    fputc('\n', f);
     if (failed) fprintf(f, "(FAILED after %lld of %ld forwards: see below)\n\n", (long long)st->steps, r->new_tokens);
     mp_report_text(f);
     cli_breakdown_text(f, (long)r->cfg.layers);
@@ -224,12 +257,17 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
     }
     if (!r->meta && !failed) {
         fprintf(f, "\n  prefill %.4f s, decode %.4f s (median step %.4f s), together %.4f s: %.1f tokens/s\n",
-                st->prefill_s, st->decode_s, st->decode_step_s, st->generate_s,
-                st->generate_s > 0 ? (double)(r->batch * r->new_tokens) / st->generate_s : 0);
+                st->prefill_s, st->decode_s, st->decode_step_s, st->generate_s, tokens_per_s(r));
+        if (st->steps < r->new_tokens)
+            fprintf(f, "  every row reached end-of-text: generation stopped after %lld of %ld tokens\n",
+                    (long long)st->steps, r->new_tokens);
         for (long row = 0; row < r->batch && row < 8; row++) {
             fprintf(f, "  row %ld:", row);
-            for (long t = 0; t < r->new_tokens && t < 40; t++) fprintf(f, " %d", r->out[row * r->new_tokens + t]);
-            fprintf(f, "%s\n", r->new_tokens > 40 ? " ..." : "");
+            for (long t = 0; t < r->out_len[row] && t < 40; t++) fprintf(f, " %d", r->out[row * r->new_tokens + t]);
+            fprintf(f, "%s\n", r->out_len[row] > 40 ? " ..." : "");
+            char *s = cli_text_decode(&r->text, r->out + row * r->new_tokens, r->out_len[row]);
+            if (s) fprintf(f, "  row %ld text: %s\n", row, s);
+            free(s);
         }
     }
     fprintf(f, "  teardown: every category but other back at zero: %s\n", r->torn_down_clean ? "yes" : "NO");
@@ -237,17 +275,29 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
 
 static int run(void *arg, ag_err *err) { return cli_infer_run(&((infer_cmd *)arg)->r, err); }
 
-static uint64_t meta_peak(void *arg, ag_err *err) {
-    infer_run m = ((const infer_cmd *)arg)->r;
+infer_run cli_infer_meta_copy(const infer_run *r) {
+    infer_run m = *r;
     m.meta = true;
     m.out = NULL;
+    m.out_len = NULL;
+    m.text.n_eos = 0; // shapes alone choose no ids: nothing ends the generation early
     memset(&m.stats, 0, sizeof m.stats);
+    return m;
+}
+
+void cli_infer_meta_free(infer_run *m) {
+    free(m->out);
+    free(m->out_len);
+    llama_generate_stats_free(&m->stats);
+}
+
+static uint64_t meta_peak(void *arg, ag_err *err) {
+    infer_run m = cli_infer_meta_copy(&((const infer_cmd *)arg)->r);
     mp_options mo = {.meta = true};
     if (mp_init(&mo) != MP_OK) return 0;
     uint64_t peak = cli_infer_run(&m, err) == 0 ? mp_peak().total : 0;
     mp_shutdown();
-    free(m.out);
-    llama_generate_stats_free(&m.stats);
+    cli_infer_meta_free(&m);
     return peak;
 }
 

@@ -23,7 +23,10 @@ int cli_outputs_declare(const cli_options *o, cli_outputs **outs, ag_err *err) {
                 {"--html", o->html},
                 {"--dump-grads", o->dump_grads},
                 {"--save-weights", o->save_weights}},
-      inputs[] = {{"--config", o->config}, {"--weights", o->weights}};
+      inputs[] = {{"--config", o->config},
+                  {"--weights", o->weights},
+                  {"--tokenizer", o->tokenizer},
+                  {"--prompt-file", o->prompt_file}};
     *outs = cli_outputs_new();
     if (!*outs) {
         ag_err_set(err, "out of memory");

@@ -39,6 +39,16 @@ static const opt_spec specs[] = {
      "a .safetensors file, or a folder with config.json and model.safetensors (default: random init)"},
     {"--tokens", "IDS", T_STR, OFF(tokens), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "the input ids, 1,2,3; for infer, prompts separated by ';' make a batch (default: random ids)"},
+    {"--prompt", "TEXT", T_STR, OFF(prompt), RUNS, NULL, 0, NULL, 0, 0, NULL,
+     "the input as text, through the tokenizer (its template's tokens included), repeated over --batch"},
+    {"--prompt-file", "FILE", T_PATH, OFF(prompt_file), RUNS, NULL, 0, NULL, 0, 0, NULL,
+     "the input as the text of FILE (UTF-8), as --prompt"},
+    {"--tokenizer", "FILE", T_PATH, OFF(tokenizer), RUNS, NULL, 0, NULL, 0, 0, NULL,
+     "a Hugging Face tokenizer.json (byte-level BPE) for --prompt (default: tokenizer.json of the --weights "
+     "folder, else of the --config file's folder); infer also prints the generated text"},
+    {"--ignore-eos", NULL, T_FLAG, OFF(ignore_eos), IN, NULL, 0, NULL, 0, 0, NULL,
+     "generate all --new-tokens: without it a generation stops once every row has produced an eos_token_id of "
+     "the config or of the model folder's generation_config.json"},
     {"--batch", "B", T_LONG, OFF(batch), RUNS | PL, "1", 0, NULL, 1, 1e12, NULL, "rows (per GPU in plan)"},
     {"--seq-len", "N", T_LONG, OFF(seq_len), RUNS | PL, "25", 0, NULL, 1, 1 << 24, NULL, "tokens per row"},
     {"--new-tokens", "N", T_LONG, OFF(new_tokens), IN | CO | PL, "40", PL, "1", 1, 1 << 20, NULL,

@@ -46,6 +46,10 @@ bool cli_check_combinations(const cli_options *o) {
               "training settings";
     else if (o->cmd == CLI_INFER && o->tokens && strchr(o->tokens, ';') && cli_given(o, "--batch"))
         bad = "--batch repeats one prompt: give several prompts with ';' or --batch, not both";
+    else if ((o->prompt != NULL) + (o->prompt_file != NULL) + (o->tokens != NULL) > 1)
+        bad = "--prompt, --prompt-file and --tokens each give the input: give one";
+    else if (o->tokenizer && !o->prompt && !o->prompt_file && o->cmd != CLI_INFER)
+        bad = "--tokenizer reads --prompt or --prompt-file: give one of them";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
         bad = "compare trains on one prompt repeated over --batch: give one prompt";
     if (!bad) {
@@ -121,15 +125,21 @@ int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err) {
     return -1;
 }
 
-int cli_make_tokens(const cli_options *o, const llama_config *cfg, bool meta, int32_t **out, long *batch, long *seq_len,
-                    ag_err *err) {
+int cli_make_tokens(const cli_options *o, const llama_config *cfg, const cli_text *text, bool meta, int32_t **out,
+                    long *batch, long *seq_len, ag_err *err) {
     int32_t *row = NULL;
     long B = o->batch, T = o->seq_len;
     *out = NULL;
-    if (o->tokens) {
-        if (cli_parse_tokens(o->tokens, &row, &T, err) != 0) return EXIT_USAGE;
+    if (text->ids && !(row = malloc((size_t)text->n * sizeof *row))) {
+        ag_err_set(err, "out of memory");
+        return EXIT_RUN_FAILED;
+    }
+    if (text->ids) memcpy(row, text->ids, (size_t)text->n * sizeof *row), T = text->n;
+    if (o->tokens || text->ids) {
+        if (o->tokens && cli_parse_tokens(o->tokens, &row, &T, err) != 0) return EXIT_USAGE;
         if (cli_given(o, "--seq-len") && o->seq_len != T) {
-            ag_err_set(err, "--tokens gives %ld ids but --seq-len says %ld", T, o->seq_len);
+            ag_err_set(err, "%s gives %ld ids but --seq-len says %ld", o->tokens ? "--tokens" : "the prompt", T,
+                       o->seq_len);
             free(row);
             return EXIT_USAGE;
         }
@@ -142,6 +152,16 @@ int cli_make_tokens(const cli_options *o, const llama_config *cfg, bool meta, in
     }
     *batch = B;
     *seq_len = T;
+    // A prompt from another tokenizer than the model's: its ids past the vocabulary.
+    for (long i = 0; text->ids && i < T; i++)
+        if (row[i] >= cfg->vocab) {
+            ag_err_set(err,
+                       "the prompt's token %ld is id %d, past the model's %lld ids (vocab_size): a tokenizer of "
+                       "another model?",
+                       i, row[i], (long long)cfg->vocab);
+            free(row);
+            return EXIT_USAGE;
+        }
     if (meta) { // a bill of shapes reads no ids
         free(row);
         return 0;

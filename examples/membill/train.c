@@ -223,6 +223,7 @@ static json_t *report_json(const void *arg, bool failed) {
     json_object_set_new(run, "seed", json_integer((json_int_t)r->seed));
     json_object_set_new(run, "weights", json_string(r->st_path[0] ? r->st_path : "random"));
     json_object_set_new(root, "run", run);
+    if (r->text.ids) json_object_set_new(root, "prompt_ids", cli_prompt_ids_json(&r->text, r->batch));
     bool have_loss = !r->meta && r->steps[0].phases_done >= 1;
     json_object_set_new(root, "loss", have_loss ? json_real(r->steps[0].loss) : json_null());
     json_t *losses = json_array();
@@ -298,6 +299,7 @@ static void report_text(FILE *f, const void *arg, bool failed) {
             failed ? " (FAILED: see below)" : "");
     fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
     if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
+    cli_text_line(f, &r->text);
     if (!r->meta && r->steps[0].phases_done >= 1)
         fprintf(f, "loss %.4f (a random init is near ln(vocab) = %.4f)\n", r->steps[0].loss, log((double)r->cfg.vocab));
     fprintf(f, "\n");

@@ -32,7 +32,8 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     r->dump_grads = o->dump_grads != NULL;
     r->save_weights = o->save_weights != NULL;
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
-    if (rc == 0) rc = cli_make_tokens(o, &r->cfg, o->meta, &r->ids, &r->batch, &r->seq_len, err);
+    if (rc == 0) rc = cli_text_prepare(o, &r->text, err);
+    if (rc == 0) rc = cli_make_tokens(o, &r->cfg, &r->text, o->meta, &r->ids, &r->batch, &r->seq_len, err);
     if (rc == 0 && r->seq_len < 2) {
         ag_err_set(err, "a training step needs at least 2 tokens (the loss predicts each next one), not %ld",
                    r->seq_len);
@@ -47,6 +48,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
 
 void cli_train_free(train_run *r) {
     free(r->ids);
+    cli_text_free(&r->text);
     free(r->steps);
     r->ids = NULL;
     r->steps = NULL;

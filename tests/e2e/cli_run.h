@@ -2,6 +2,7 @@
 // folder made once per test program (cli_run_dir).
 #pragma once
 
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,4 +54,19 @@ static inline int count_lines(const char *s) {
     int n = 0;
     for (; *s; s++) n += *s == '\n';
     return n;
+}
+
+// membill with the arguments, --json to a file and --quiet: it must succeed; its report (the
+// caller decrefs). cmocka is included before this header.
+static inline json_t *cli_run_json(const char *args) {
+    static run_result r;
+    char a[4096], path[512];
+    snprintf(path, sizeof path, "%s/run.json", cli_run_dir);
+    if (snprintf(a, sizeof a, "%s --json %s --quiet", args, path) >= (int)sizeof a) fail_msg("too long: %s", args);
+    membill(&r, a);
+    if (r.code != 0) print_error("%s: exit %d: %s\n", args, r.code, r.err);
+    assert_int_equal(r.code, 0);
+    json_t *root = json_load_file(path, 0, NULL);
+    assert_non_null(root);
+    return root;
 }

@@ -249,12 +249,12 @@ static void test_budget_stops_the_run(void **state) {
     assert_int_equal(access(path, F_OK), -1);
 }
 
-static json_t *json_run(const char *args);
+static json_t *cli_run_json(const char *args);
 
 static json_t *plan_json(const char *args) {
     char a[2048];
     snprintf(a, sizeof a, "plan %s", args);
-    return json_run(a);
+    return cli_run_json(a);
 }
 
 static json_int_t jint(json_t *root, const char *obj, const char *key) {
@@ -608,19 +608,6 @@ static void golden_tokens(const char *key, int64_t *out, size_t n) {
     llama_st_close(f);
 }
 
-static json_t *json_run(const char *args) {
-    run_result r;
-    char a[2048], path[512];
-    snprintf(path, sizeof path, "%s/run.json", dir);
-    snprintf(a, sizeof a, "%s --json %s --quiet", args, path);
-    membill(&r, a);
-    if (r.code != 0) print_error("%s: exit %d: %s\n", args, r.code, r.err);
-    assert_int_equal(r.code, 0);
-    json_t *root = json_load_file(path, 0, NULL);
-    assert_non_null(root);
-    return root;
-}
-
 static void test_infer_matches_reference(void **state) {
     (void)state;
     int64_t ids[14], greedy[8], batch[16];
@@ -634,7 +621,7 @@ static void test_infer_matches_reference(void **state) {
     for (int m = 0; m < 2; m++) {
         snprintf(a, sizeof a, "infer --weights %s/tiny_tied --tokens %s --new-tokens 8 %s", MEMBILL_GOLDEN_DIR, prompt,
                  modes[m]);
-        json_t *root = json_run(a);
+        json_t *root = cli_run_json(a);
         json_t *row = json_array_get(json_object_get(root, "generated"), 0);
         assert_int_equal(json_array_size(row), 8);
         for (int t = 0; t < 8; t++) assert_int_equal(json_integer_value(json_array_get(row, t)), greedy[t]);
@@ -644,7 +631,7 @@ static void test_infer_matches_reference(void **state) {
     // Two prompts of different lengths, left-padded into one batch.
     snprintf(a, sizeof a, "infer --weights %s/tiny_tied --tokens '%s;%s' --new-tokens 8", MEMBILL_GOLDEN_DIR, prompt,
              second);
-    json_t *root = json_run(a);
+    json_t *root = cli_run_json(a);
     for (int b = 0; b < 2; b++)
         for (int t = 0; t < 8; t++)
             assert_int_equal(
@@ -655,7 +642,7 @@ static void test_infer_matches_reference(void **state) {
 
 static void test_infer_cache_bill(void **state) {
     (void)state;
-    json_t *root = json_run("infer --meta --new-tokens 2");
+    json_t *root = cli_run_json("infer --meta --new-tokens 2");
     json_t *cache = json_object_get(root, "cache");
     assert_int_equal(json_integer_value(json_object_get(cache, "bytes_per_token")), 46080);
     assert_int_equal(json_integer_value(json_object_get(cache, "after_prefill_bytes")), 1152000);
@@ -668,7 +655,7 @@ static void test_infer_cache_bill(void **state) {
     // its old keys (25 tokens x 3 heads x 64 x 4) are still there beside the new.
     assert_int_equal(cat_peak(root, "cache"), 1152000 + 46080 + 25 * 3 * 64 * 4);
     json_decref(root);
-    root = json_run("infer --meta --new-tokens 2 --framework lean"); // chunks: never copied
+    root = cli_run_json("infer --meta --new-tokens 2 --framework lean"); // chunks: never copied
     assert_int_equal(cat_peak(root, "cache"), 1152000 + 46080);
     json_decref(root);
 }
@@ -677,7 +664,7 @@ static void test_compare(void **state) {
     (void)state;
     char a[512], svg[8192];
     snprintf(a, sizeof a, "compare --meta --svg %s/compare.svg", dir);
-    json_t *root = json_run(a);
+    json_t *root = cli_run_json(a);
     snprintf(a, sizeof a, "%s/compare.svg", dir);
     slurp(a, svg, sizeof svg);
     assert_non_null(strstr(svg, "<svg"));
@@ -697,7 +684,7 @@ static void test_compare(void **state) {
     assert_true(fabs(ratio - (double)train_total / (double)infer_total) < 1e-6);
     assert_true(ratio > 4.2 && ratio < 4.5); // four copies and two embeddings against one copy
     json_decref(root);
-    root = json_run("compare --meta --adam-impl fused");
+    root = cli_run_json("compare --meta --adam-impl fused");
     ratio = json_real_value(json_object_get(root, "ratio"));
     assert_true(ratio > 3.5 && ratio < 4.1); // four copies against one, plus what each adds
     assert_int_equal(json_integer_value(json_object_get(json_object_get(root, "train"), "total_peak_bytes")),
@@ -722,7 +709,7 @@ static void test_adam_impl(void **state) {
                  {"train --meta --adam-impl fused --framework lean", "fused", 0},
                  {"train --meta --optimizer adamw --adam-impl foreach --framework lean", "foreach", W}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        json_t *root = json_run(cases[i].args);
+        json_t *root = cli_run_json(cases[i].args);
         assert_string_equal(json_string_value(json_object_get(json_object_get(root, "run"), "adam_impl")),
                             cases[i].impl);
         assert_int_equal(cat_peak(root, "optimizer"), 2 * W);
@@ -734,15 +721,15 @@ static void test_adam_impl(void **state) {
         assert_all_live_zero(root);
         json_decref(root);
     }
-    json_t *root = json_run("train --meta --optimizer sgd-momentum");
+    json_t *root = cli_run_json("train --meta --optimizer sgd-momentum");
     assert_true(json_is_null(json_object_get(json_object_get(root, "run"), "adam_impl")));
     // No optimizer temporaries; the tied embedding's two gradients wait apart in backward.
     assert_int_equal(cat_peak(root, "temporary"), 2 * E);
     json_decref(root);
-    root = json_run("train --meta --optimizer sgd-momentum --framework lean");
+    root = cli_run_json("train --meta --optimizer sgd-momentum --framework lean");
     assert_int_equal(cat_peak(root, "temporary"), 0);
     json_decref(root);
-    root = json_run("plan");
+    root = cli_run_json("plan");
     assert_int_equal(cat_peak(root, "temporary"), W);
     json_decref(root);
     run_result r;
@@ -773,7 +760,7 @@ static void test_adam_impl(void **state) {
 
 static void test_check_memory_claims(void **state) {
     (void)state;
-    json_t *root = json_run("check --no-speed");
+    json_t *root = cli_run_json("check --no-speed");
     json_t *rows = json_object_get(root, "claims");
     assert_int_equal(json_array_size(rows), 18);
     assert_int_equal(json_integer_value(json_object_get(root, "failed")), 0);
@@ -788,8 +775,8 @@ static void test_check_memory_claims(void **state) {
 static void test_meta_equals_real_360m(void **state) {
     (void)state;
     const char *cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary"};
-    json_t *real = json_run("train --model smollm2-360m --seq-len 64 --batch 2");
-    json_t *meta = json_run("train --model smollm2-360m --seq-len 64 --batch 2 --meta");
+    json_t *real = cli_run_json("train --model smollm2-360m --seq-len 64 --batch 2");
+    json_t *meta = cli_run_json("train --model smollm2-360m --seq-len 64 --batch 2 --meta");
     for (int i = 0; i < 6; i++) {
         assert_int_equal(cat_peak(meta, cats[i]), cat_peak(real, cats[i]));
         json_int_t a = json_integer_value(
@@ -806,7 +793,7 @@ static void test_meta_equals_real_360m(void **state) {
 // The whole check, speed claims included (real runs of SmolLM2-135M).
 static void test_check_all_claims(void **state) {
     (void)state;
-    json_t *root = json_run("check");
+    json_t *root = cli_run_json("check");
     assert_int_equal(json_array_size(json_object_get(root, "claims")), 21);
     assert_int_equal(json_integer_value(json_object_get(root, "failed")), 0);
     json_decref(root);

@@ -18,20 +18,6 @@
 #error "MEMBILL_GOLDEN_DIR must name the tests/golden folder"
 #endif
 
-static run_result res;
-
-static json_t *run_json(const char *args) {
-    char cmd[4096], path[256];
-    snprintf(path, sizeof path, "%s/run.json", cli_run_dir);
-    snprintf(cmd, sizeof cmd, "%s --json %s --quiet", args, path);
-    membill(&res, cmd);
-    if (res.code != 0) print_error("membill %s: exit %d: %s\n", cmd, res.code, res.err);
-    assert_int_equal(res.code, 0);
-    json_t *j = json_load_file(path, 0, NULL);
-    assert_non_null(j);
-    return j;
-}
-
 static int64_t num(const json_t *o, const char *key) {
     const json_t *v = json_object_get(o, key);
     if (!json_is_integer(v)) print_error("no integer %s\n", key);
@@ -77,7 +63,7 @@ static void against_golden(const char *name, const char *extra) {
     const json_t *cfg = json_object_get(g, "config");
     snprintf(args, sizeof args, "train --meta --framework pytorch-1.13 --steps 2 --batch %lld --seq-len %lld %s",
              (long long)num(cfg, "batch"), (long long)num(cfg, "seq_len"), extra);
-    json_t *m = run_json(args);
+    json_t *m = cli_run_json(args);
     const json_t *gsteps = json_object_get(g, "steps"), *msteps = json_object_get(m, "steps");
     assert_int_equal(json_array_size(msteps), 2);
     for (size_t s = 0; s < 2; s++) {
@@ -140,7 +126,7 @@ static int64_t cat_peak(const json_t *j, const char *cat) {
 // The lean framework is the bill membill gave before frameworks existed.
 static void lean_unchanged(void **state) {
     (void)state;
-    json_t *j = run_json("train --meta --framework lean --adam-impl fused");
+    json_t *j = cli_run_json("train --meta --framework lean --adam-impl fused");
     assert_int_equal(cat_peak(j, "activation"), 40578804);
     assert_int_equal(cat_peak(j, "weight") + cat_peak(j, "gradient") + cat_peak(j, "optimizer"), 2152240128);
     assert_int_equal(cat_peak(j, "temporary"), 0);
@@ -156,9 +142,9 @@ static void meta_equals_real_at(const char *model_args) {
         char a[512];
         if (strstr(model_args, "flash") && f == 1) continue; // PyTorch 1.13 has no SDPA
         snprintf(a, sizeof a, "train --framework %s --steps 2 %s", fws[f], model_args);
-        json_t *real = run_json(a);
+        json_t *real = cli_run_json(a);
         snprintf(a, sizeof a, "train --meta --framework %s --steps 2 %s", fws[f], model_args);
-        json_t *meta = run_json(a);
+        json_t *meta = cli_run_json(a);
         for (int c = 0; c < 6; c++) assert_int_equal(cat_peak(meta, cats[c]), cat_peak(real, cats[c]));
         for (size_t s = 0; s < 2; s++) {
             const json_t *rs = json_array_get(json_object_get(real, "steps"), s),
@@ -211,7 +197,7 @@ static void same_losses(void **state) {
     for (int f = 0; f < 3; f++) {
         snprintf(a, sizeof a, "train --config %s --seq-len 9 --batch 2 --steps 3 --lr 1e-2 --framework %s", cfg,
                  fws[f]);
-        json_t *j = run_json(a);
+        json_t *j = cli_run_json(a);
         for (int s = 0; s < 3; s++)
             loss[f][s] = json_real_value(json_object_get(json_array_get(json_object_get(j, "steps"), s), "loss"));
         json_decref(j);
@@ -228,11 +214,11 @@ static void flash_against_eager_at(const char *extra, bool meta) {
     const long long L = 30, H = 9, T = 1024;
     char a[512], csv[256];
     snprintf(a, sizeof a, "train --framework lean --seq-len 1024 %s%s", extra, meta ? " --meta" : "");
-    json_t *eager = run_json(a);
+    json_t *eager = cli_run_json(a);
     snprintf(csv, sizeof csv, "%s/flash.csv", cli_run_dir);
     snprintf(a, sizeof a, "train --framework lean --seq-len 1024 --attention flash --timeline %s %s%s", csv, extra,
              meta ? " --meta" : "");
-    json_t *flash = run_json(a);
+    json_t *flash = cli_run_json(a);
     assert_int_equal(cat_peak(flash, "activation"), cat_peak(eager, "activation") - L * H * T * T * 4 + L * H * T * 4);
     assert_string_equal(json_string_value(json_object_get(json_object_get(flash, "run"), "attention")), "flash");
     FILE *f = fopen(csv, "r");
@@ -262,7 +248,7 @@ static void flash_memory_meta(void **state) {
     for (int m = 0; m < 3; m++) {
         char a[256];
         snprintf(a, sizeof a, "plan --model %s --seq-len 4096 --framework lean --attention flash", models[m]);
-        json_t *j = run_json(a);
+        json_t *j = cli_run_json(a);
         int64_t closed = num(json_object_get(j, "closed_form"), "activation");
         assert_true(llabs(cat_peak(j, "activation") - closed) <= 4);
         assert_string_equal(json_string_value(json_object_get(json_object_get(j, "other_attention"), "attention")),

@@ -20,19 +20,6 @@
 
 static const char *const cats[NCATS] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary", "other"};
 
-static json_t *json_run(const char *args) {
-    static run_result r;
-    char a[2048], path[512];
-    snprintf(path, sizeof path, "%s/run.json", dir);
-    snprintf(a, sizeof a, "%s --json %s --quiet", args, path);
-    membill(&r, a);
-    if (r.code != 0) print_error("%s: exit %d: %s\n", args, r.code, r.err);
-    assert_int_equal(r.code, 0);
-    json_t *root = json_load_file(path, 0, NULL);
-    assert_non_null(root);
-    return root;
-}
-
 static json_int_t jget(json_t *o, const char *a, const char *b) {
     json_t *v = json_object_get(o, a);
     if (b) v = json_object_get(v, b);
@@ -74,10 +61,10 @@ static void test_headline_is_train_step_2_for_every_preset(void **state) {
         for (size_t k = 0; k < sizeof settings / sizeof *settings; k++) {
             char a[512];
             assert_true(snprintf(a, sizeof a, "plan --model %s %s", names[p], settings[k]) < (int)sizeof a);
-            json_t *plan = json_run(a);
+            json_t *plan = cli_run_json(a);
             assert_true(snprintf(a, sizeof a, "train --meta --steps 2 --model %s %s", names[p], settings[k]) <
                         (int)sizeof a);
-            json_t *train = json_run(a);
+            json_t *train = cli_run_json(a);
             json_int_t headline = jget(plan, "total_peak_bytes", NULL),
                        first = jget(plan, "first_step_peak_bytes", NULL);
             if (headline != step_peak(train, 1) || first != step_peak(train, 0))
@@ -163,9 +150,9 @@ static void test_device_share_is_step_2_replayed(void **state) {
             snprintf(csv, sizeof csv, "%s/steps.csv", dir);
             snprintf(a, sizeof a, "train --meta --steps 2 --adam-impl foreach --model %s --seq-len 512 --timeline %s",
                      models[m], csv);
-            json_t *train = json_run(a);
+            json_t *train = cli_run_json(a);
             snprintf(a, sizeof a, "plan --model %s --seq-len 512 --gpus 8 --zero %d", models[m], z);
-            json_t *plan = json_run(a);
+            json_t *plan = cli_run_json(a);
             replayed whole = replay_csv(csv, 0, 1), dev = replay_csv(csv, z, 8);
             assert_int_equal(whole.peak, jget(plan, "total_peak_bytes", NULL));
             json_t *g = json_object_get(plan, "per_gpu");
@@ -199,7 +186,7 @@ static void test_text_and_infer(void **state) {
     assert_non_null(strstr(r.out, "step 1 peak"));
     assert_non_null(strstr(r.out, "above the four copies:"));
     assert_non_null(strstr(r.out, "\n  temporary   "));
-    json_t *root = json_run("plan --infer --model smollm2-135m");
+    json_t *root = cli_run_json("plan --infer --model smollm2-135m");
     assert_null(json_object_get(root, "first_step_peak_bytes"));
     assert_int_equal(jget(root, "total_peak_bytes", NULL), jget(root, "peak", "total_bytes"));
     json_t *g = json_object_get(root, "per_gpu");
@@ -210,7 +197,7 @@ static void test_text_and_infer(void **state) {
                                                        jget(g, "overhead", NULL));
     json_decref(root);
     // The largest batch that fits does, on the steady state's figure; one more does not.
-    root = json_run("plan --model smollm2-360m --seq-len 256 --gpus 4 --zero 2 --device-memory 16GB");
+    root = cli_run_json("plan --model smollm2-360m --seq-len 256 --gpus 4 --zero 2 --device-memory 16GB");
     json_int_t best = jget(root, "fit", "largest_batch");
     assert_true(best >= 1);
     json_decref(root);
@@ -219,7 +206,7 @@ static void test_text_and_infer(void **state) {
         snprintf(a, sizeof a,
                  "plan --model smollm2-360m --seq-len 256 --gpus 4 --zero 2 --device-memory 16GB --batch %lld",
                  (long long)best + extra);
-        root = json_run(a);
+        root = cli_run_json(a);
         assert_int_equal(jget(root, "per_gpu", "total_bytes") <= 16000000000LL, extra == 0);
         assert_int_equal(json_is_true(json_object_get(json_object_get(root, "fit"), "fits")), extra == 0);
         json_decref(root);

@@ -1,0 +1,258 @@
+// Text in, text out: --prompt and --prompt-file through a tiny tokenizer.json made here, on the
+// tiny golden model; end-of-text from config.json and generation_config.json; the refusals.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_run.h"
+#include "tok.h"
+
+#define dir cli_run_dir
+#define EOT 255 // <|endoftext|>: the template's BOS and the tokenizer's special token
+
+// GPT-2's byte-level alphabet (bytes 0..249 are ids 0..249; no test text uses the others).
+static void byte_char(int b, char out[3]) {
+    int cp = b, k = 0;
+    bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    for (int c = 0; c < b && !printable; c++) k += !((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || c >= 174);
+    if (!printable) cp = 256 + k;
+    if (cp < 0x80)
+        out[0] = (char)cp, out[1] = 0;
+    else
+        out[0] = (char)(0xc0 | cp >> 6), out[1] = (char)(0x80 | (cp & 0x3f)), out[2] = 0;
+}
+
+// The tiny model's whole vocabulary (256 ids): 250 bytes, 5 merges, and <|endoftext|> at 255,
+// which the template puts first (as Llama-3 puts its BOS). extra_id >= 0 adds "<x>" there.
+static void write_tokenizer(const char *path, int extra_id) {
+    json_t *vocab = json_object(), *merges = json_pack("[s, s, s, s, s]", "h e", "l l", "he ll", "\xc4\xa0 w", "o r");
+    for (int b = 0; b < 250; b++) {
+        char c[3];
+        byte_char(b, c);
+        json_object_set_new(vocab, c, json_integer(b));
+    }
+    const char *merged[] = {"he", "ll", "hell", "\xc4\xa0w", "or"};
+    for (int i = 0; i < 5; i++) json_object_set_new(vocab, merged[i], json_integer(250 + i));
+    json_t *added = json_pack("[{s:i, s:s, s:b}]", "id", EOT, "content", "<|endoftext|>", "special", 1);
+    if (extra_id >= 0)
+        json_array_append_new(added, json_pack("{s:i, s:s, s:b}", "id", extra_id, "content", "<x>", "special", 1));
+    json_t *root = json_pack(
+        "{s:{s:s, s:o, s:o}, s:o, s:{s:s, s:b, s:b}, s:{s:s, s:[{s:{s:s}}, {s:{s:s}}], s:{s:{s:s, s:[i]}}}, s:{s:s}}",
+        "model", "type", "BPE", "vocab", vocab, "merges", merges, "added_tokens", added, "pre_tokenizer", "type",
+        "ByteLevel", "add_prefix_space", 0, "use_regex", 1, "post_processor", "type", "TemplateProcessing", "single",
+        "SpecialToken", "id", "<|endoftext|>", "Sequence", "id", "A", "special_tokens", "<|endoftext|>", "id",
+        "<|endoftext|>", "ids", EOT, "decoder", "type", "ByteLevel");
+    assert_int_equal(json_dump_file(root, path, 0), 0);
+    json_decref(root);
+}
+
+// A model folder: the tiny golden model's config (eos_token_id set unless eos < 0) and weights,
+// the tokenizer, and a generation_config.json when gen_eos >= 0.
+static void make_folder(const char *name, int eos, int gen_eos) {
+    char path[512], cmd[1200];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/%s && ln -sf %s/tiny_tied/model.safetensors %s/%s/model.safetensors", dir,
+             name, MEMBILL_GOLDEN_DIR, dir, name);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/tiny_tied/config.json", MEMBILL_GOLDEN_DIR);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    assert_non_null(cfg);
+    if (eos >= 0) json_object_set_new(cfg, "eos_token_id", json_integer(eos));
+    snprintf(path, sizeof path, "%s/%s/config.json", dir, name);
+    assert_int_equal(json_dump_file(cfg, path, 0), 0);
+    json_decref(cfg);
+    snprintf(path, sizeof path, "%s/%s/tokenizer.json", dir, name);
+    write_tokenizer(path, -1);
+    if (gen_eos < 0) return;
+    json_t *gen = json_pack("{s:[i, i]}", "eos_token_id", 9999, gen_eos);
+    snprintf(path, sizeof path, "%s/%s/generation_config.json", dir, name);
+    assert_int_equal(json_dump_file(gen, path, 0), 0);
+    json_decref(gen);
+}
+
+static void ids_of(json_t *row, int32_t *out, size_t n) {
+    assert_int_equal(json_array_size(row), n);
+    for (size_t i = 0; i < n; i++) out[i] = (int32_t)json_integer_value(json_array_get(row, i));
+}
+
+// "hello world": <|endoftext|>, hell, o, Ġw, or, l, d
+static const int32_t hello[] = {EOT, 252, 'o', 253, 254, 'l', 'd'};
+
+// "membill infer --weights DIR/folder --prompt 'hello world' --new-tokens N extra" into a.
+static const char *hello_args(char *a, size_t len, const char *folder, int new_tokens, const char *extra) {
+    snprintf(a, len, "infer --weights %s/%s --prompt 'hello world' --new-tokens %d %s", dir, folder, new_tokens, extra);
+    return a;
+}
+
+static void test_prompt_in_text_out(void **state) {
+    (void)state;
+    make_folder("plain", -1, -1);
+    char a[1024];
+    json_t *root = cli_run_json(hello_args(a, sizeof a, "plain", 6, ""));
+    int32_t got[7], gen[6];
+    ids_of(json_array_get(json_object_get(root, "prompt_ids"), 0), got, 7);
+    assert_memory_equal(got, hello, sizeof hello);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(root, "run"), "seq_len")), 7);
+    ids_of(json_array_get(json_object_get(root, "generated"), 0), gen, 6);
+    // the generated text is the tokenizer's decoding of the generated ids, special tokens left out
+    char path[512], *text;
+    size_t len;
+    tok_err err;
+    snprintf(path, sizeof path, "%s/plain/tokenizer.json", dir);
+    tok_tokenizer *t = tok_load(path, &err);
+    assert_non_null(t);
+    assert_int_equal(tok_decode(t, gen, 6, true, &text, &len, &err), 0);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(root, "generated_text"), 0)), text);
+    free(text);
+    tok_free(t);
+    json_decref(root);
+    // the same ids given as --tokens generate the same ids
+    snprintf(a, sizeof a, "infer --weights %s/plain --tokens %d,252,111,253,254,108,100 --new-tokens 6", dir, EOT);
+    root = cli_run_json(a);
+    int32_t same[6];
+    ids_of(json_array_get(json_object_get(root, "generated"), 0), same, 6);
+    assert_memory_equal(same, gen, sizeof gen);
+    assert_null(json_object_get(root, "prompt_ids"));
+    json_decref(root);
+    // the text report: the prompt's token count and each row's text
+    run_result r;
+    membill(&r, hello_args(a, sizeof a, "plain", 6, ""));
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "prompt: 7 tokens through "));
+    assert_non_null(strstr(r.out, "  row 0 text: "));
+}
+
+// The index of the first generated id that equals the k-th one (where an eos there stops).
+static size_t first_of(const int32_t *gen, size_t k) {
+    size_t i = 0;
+    while (gen[i] != gen[k]) i++;
+    return i;
+}
+
+static void test_stops_at_end_of_text(void **state) {
+    (void)state;
+    make_folder("plain", -1, -1);
+    char a[1024];
+    json_t *root = cli_run_json(hello_args(a, sizeof a, "plain", 8, ""));
+    int32_t gen[8];
+    ids_of(json_array_get(json_object_get(root, "generated"), 0), gen, 8);
+    json_decref(root);
+    size_t stop = first_of(gen, 3); // make the 4th id (or an earlier copy of it) the end of text
+    const char *names[] = {"eos_config", "eos_generation"};
+    for (int k = 0; k < 2; k++) {
+        make_folder(names[k], k == 0 ? gen[3] : -1, k == 1 ? gen[3] : -1);
+        root = cli_run_json(hello_args(a, sizeof a, names[k], 8, ""));
+        json_t *row = json_array_get(json_object_get(root, "generated"), 0);
+        assert_int_equal(json_array_size(row), stop + 1);
+        assert_int_equal(json_integer_value(json_array_get(row, stop)), gen[3]);
+        json_decref(root);
+        root = cli_run_json(hello_args(a, sizeof a, names[k], 8, "--ignore-eos"));
+        assert_int_equal(json_array_size(json_array_get(json_object_get(root, "generated"), 0)), 8);
+        json_decref(root);
+    }
+    // the decode phase billed only the steps that ran
+    run_result r;
+    membill(&r, hello_args(a, sizeof a, "eos_config", 8, ""));
+    assert_int_equal(r.code, 0);
+    char line[160];
+    snprintf(line, sizeof line, "generation stopped after %zu of 8 tokens", stop + 1);
+    if (stop + 1 < 8) assert_non_null(strstr(r.out, line));
+}
+
+static json_int_t activation_peak(json_t *root) {
+    json_t *c = json_object_get(json_object_get(root, "categories"), "activation");
+    return json_integer_value(json_object_get(c, "peak_bytes"));
+}
+
+static void test_prompt_file_train_and_meta(void **state) {
+    (void)state;
+    make_folder("plain", -1, -1);
+    char a[1024], path[512];
+    snprintf(path, sizeof path, "%s/prompt.txt", dir);
+    FILE *f = fopen(path, "w");
+    fputs("hello world", f);
+    fclose(f);
+    snprintf(a, sizeof a, "train --weights %s/plain --prompt-file %s --batch 2", dir, path);
+    json_t *root = cli_run_json(a);
+    json_t *rows = json_object_get(root, "prompt_ids");
+    assert_int_equal(json_array_size(rows), 2);
+    for (size_t b = 0; b < 2; b++) {
+        int32_t got[7];
+        ids_of(json_array_get(rows, b), got, 7);
+        assert_memory_equal(got, hello, sizeof hello);
+    }
+    assert_true(json_is_real(json_object_get(root, "loss")));
+    json_int_t real_peak = activation_peak(root);
+    json_decref(root);
+    // meta mode with the config's folder's tokenizer: the same token count, the same bill
+    snprintf(a, sizeof a, "train --meta --config %s/plain/config.json --prompt 'hello world' --batch 2", dir);
+    root = cli_run_json(a);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(root, "run"), "seq_len")), 7);
+    assert_int_equal(json_array_size(json_object_get(root, "prompt_ids")), 2);
+    assert_int_equal(activation_peak(root), real_peak);
+    json_decref(root);
+    snprintf(a, sizeof a, "compare --weights %s/plain --prompt 'hello world' --new-tokens 2", dir);
+    root = cli_run_json(a);
+    assert_int_equal(json_array_size(json_array_get(json_object_get(root, "prompt_ids"), 0)), 7);
+    json_decref(root);
+}
+
+static void refused(const char *args, int code, const char *expect) {
+    run_result r;
+    membill(&r, args);
+    if (r.code != code || !strstr(r.err, expect) || count_lines(r.err) != 1)
+        fail_msg("%s: exit %d, stderr '%s' (expected %d and '%s')", args, r.code, r.err, code, expect);
+}
+
+static void test_prompt_refusals(void **state) {
+    (void)state;
+    make_folder("plain", -1, -1);
+    char path[512], cmd[1200];
+    snprintf(path, sizeof path, "%s/broken.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}", f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/wide.json", dir);
+    write_tokenizer(path, 300); // ids past the model's 256
+    snprintf(cmd, sizeof cmd, "ln -sf %s/tiny_tied %s/golden", MEMBILL_GOLDEN_DIR, dir);
+    assert_int_equal(system(cmd), 0);
+    // %1$s: the test's folder
+    const struct {
+        const char *args;
+        int code;
+        const char *expect;
+    } cases[] = {
+        {"infer --weights %1$s/plain --prompt hi --tokens 1,2", 2,
+         "--prompt, --prompt-file and --tokens each give the input: give one"},
+        {"train --weights %1$s/golden --prompt hi", 2,
+         "a prompt needs a tokenizer: --tokenizer FILE, or tokenizer.json in the model folder"},
+        {"train --tokenizer %1$s/plain/tokenizer.json", 2, "--tokenizer reads --prompt or --prompt-file"},
+        {"train --weights %1$s/plain --tokenizer %1$s/broken.json --prompt hi", 1,
+         "broken.json: model.merges[0]: 'a', 'b' or their merge is not in the vocabulary"},
+        {"train --weights %1$s/plain --prompt-file %1$s/missing.txt", 1, "missing.txt: No such file or directory"},
+        {"train --weights %1$s/plain --prompt \"$(printf 'a\\377b')\"", 1, "--prompt: text: byte 1 is not valid UTF-8"},
+        {"train --weights %1$s/plain --prompt 'hello world' --seq-len 5", 2,
+         "the prompt gives 7 ids but --seq-len says 5"},
+        {"train --weights %1$s/plain --tokenizer %1$s/wide.json --prompt 'a<x>'", 2,
+         "the prompt's token 2 is id 300, past the model's 256 ids (vocab_size)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char a[1024];
+        snprintf(a, sizeof a, cases[i].args, dir);
+        refused(a, cases[i].code, cases[i].expect);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_prompt_in_text_out),
+        cmocka_unit_test(test_stops_at_end_of_text),
+        cmocka_unit_test(test_prompt_file_train_and_meta),
+        cmocka_unit_test(test_prompt_refusals),
+    };
+    return cmocka_run_group_tests(tests, cli_run_make_dir, cli_run_remove_dir);
+}
