@@ -10,7 +10,7 @@
 
 #include <jansson.h>
 
-#include "model.h"
+#include "model_internal.h"
 
 // A config.json is a few kB; anything past this is not one.
 #define CONFIG_MAX_BYTES (16u << 20)
@@ -158,42 +158,6 @@ int llama_config_validate(const llama_config *c, ag_err *err) { return validate(
 
 // ---------------------------------------------------------------------------------------------
 // config.json
-
-static int read_small_file(const char *path, char **out, size_t *len, ag_err *err) {
-    uint64_t size;
-    int fd = llama_open_regular(path, &size, err);
-    if (fd < 0) return -1;
-    if (size > CONFIG_MAX_BYTES) {
-        ag_err_set(err, "%s: %llu bytes is too large for a config.json (at most %u)", path, (unsigned long long)size,
-                   CONFIG_MAX_BYTES);
-        close(fd);
-        return -1;
-    }
-    size_t got = 0;
-    char *buf = malloc((size_t)size + 1);
-    if (!buf) {
-        ag_err_set(err, "%s: out of memory", path);
-        close(fd);
-        return -1;
-    }
-    int errnum = 0;
-    while (got < size) {
-        ssize_t k = read(fd, buf + got, (size_t)size - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) errnum = errno;
-        if (k <= 0) break;
-        got += (size_t)k;
-    }
-    close(fd);
-    if (got != size) {
-        ag_err_set(err, "%s: read failed: %s", path, errnum ? strerror(errnum) : "the file shrank while being read");
-        free(buf);
-        return -1;
-    }
-    *out = buf;
-    *len = (size_t)size;
-    return 0;
-}
 
 static const char *json_kind(const json_t *v) {
     switch (json_typeof(v)) {
@@ -404,7 +368,7 @@ int llama_config_parse(llama_config *out, const char *text, size_t len, const ch
 int llama_config_load(llama_config *out, const char *path, ag_err *err) {
     char *text;
     size_t len;
-    if (read_small_file(path, &text, &len, err) != 0) return -1;
+    if (llama_read_small_file(path, "a config.json", CONFIG_MAX_BYTES, &text, &len, err) != 0) return -1;
     int rc = llama_config_parse(out, text, len, path, err);
     free(text);
     return rc;

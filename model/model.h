@@ -186,12 +186,38 @@ int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t 
 // many more there are.
 int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool allow_extra, ag_err *err);
 
-// --weights PATH: a .safetensors file, or a folder holding config.json and model.safetensors.
-// For a folder both paths are filled and both files must be regular files that open (a FIFO, a
-// device or a folder in their place is refused, naming it); for a file st_path is the file and
-// config_path is "" (the config then comes from --model or --config). Any other kind of path (a
-// FIFO, a device) is refused at once. Both buffers hold len bytes.
+// --weights PATH: a .safetensors file, a model.safetensors.index.json (the shards it names), or
+// a folder holding config.json and model.safetensors, else model.safetensors.index.json (the
+// order transformers looks for them in). For a folder both paths are filled and both files must
+// be regular files that open (a FIFO, a device or a folder in their place is refused, naming
+// it); for a file st_path is the file and config_path is "" (the config then comes from --model
+// or --config). Any other kind of path (a FIFO, a device) is refused at once. Both buffers hold
+// len bytes.
 int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len, ag_err *err);
+
+// ================================================================================================
+// Checkpoints: one safetensors file, or a sharded one (checkpoint.c)
+//
+// A path ending in ".json" is a model.safetensors.index.json: {"weight_map": {tensor: file}},
+// each file a name in the index's folder (a name with a '/', ".." or "." is refused). Every shard
+// is opened with llama_st_open, so checked as a single file is; then the index and the shards
+// must agree: each tensor in the shard the weight map names (not in another as well), and each
+// tensor of a shard in the weight map. Any other path is one safetensors file. Messages name the
+// index and the shard at fault.
+// ================================================================================================
+
+typedef struct llama_ckpt llama_ckpt;
+
+bool llama_ckpt_is_index(const char *path); // ends in ".json"
+int llama_ckpt_open(llama_ckpt **out, const char *path, ag_err *err);
+void llama_ckpt_close(llama_ckpt *c); // NULL is ignored
+const char *llama_ckpt_path(const llama_ckpt *c);
+size_t llama_ckpt_files(const llama_ckpt *c);                        // 1 for a single file
+const llama_st_file *llama_ckpt_file(const llama_ckpt *c, size_t i); // NULL past the end
+// The tensor of that name in whichever file holds it (*in, when not NULL, gets the file).
+const llama_st_tensor *llama_ckpt_find(const llama_ckpt *c, const char *name, const llama_st_file **in);
+// llama_st_check_params over every tensor of the checkpoint as one set.
+int llama_ckpt_check_params(const llama_ckpt *c, const llama_config *cfg, bool allow_extra, ag_err *err);
 
 // ================================================================================================
 // Safetensors writing
@@ -234,7 +260,8 @@ void llama_model_free(llama_model *m); // NULL is ignored; frees the weights and
 // Normal(0, 0.02) for matrices and the embedding, 1 for norms, from the seed (the same
 // values whatever the thread count).
 void llama_model_init_random(llama_model *m, uint64_t seed);
-// Reads every parameter from a safetensors file (F32, BF16, F16), checking names and shapes.
+// Reads every parameter from a checkpoint (a safetensors file or an index of shards, as
+// llama_ckpt_open; F32, BF16, F16), checking names and shapes.
 int llama_model_load(llama_model *m, const char *st_path, ag_err *err);
 // Writes the weights (or, with grads, each parameter's .grad) as F32 safetensors with HF names
 // to f, as llama_st_write_f32_file does.

@@ -105,15 +105,16 @@ void llama_model_init_random(llama_model *m, uint64_t seed) {
 }
 
 int llama_model_load(llama_model *m, const char *st_path, ag_err *err) {
-    llama_st_file *f = NULL;
-    if (llama_st_open(&f, st_path, err) != 0) return -1;
-    int rc = llama_st_check_params(f, &m->cfg, false, err);
+    llama_ckpt *c = NULL;
+    if (llama_ckpt_open(&c, st_path, err) != 0) return -1;
+    int rc = llama_ckpt_check_params(c, &m->cfg, false, err);
     for (size_t i = 0; rc == 0 && i < m->nparams; i++) {
         ag_tensor *p = m->params[i];
-        const llama_st_tensor *t = llama_st_find(f, ag_tensor_name(p));
+        const llama_st_file *f;
+        const llama_st_tensor *t = llama_ckpt_find(c, ag_tensor_name(p), &f);
         if (p->data) rc = llama_st_read_f32(f, t, p->data, (size_t)p->numel, err);
     }
-    llama_st_close(f);
+    llama_ckpt_close(c);
     return rc;
 }
 
