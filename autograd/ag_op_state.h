@@ -19,18 +19,20 @@
                        sizeof(((type *)0)->saved) == (n) * sizeof(ag_tensor *) && (n) <= AG_MAX_SAVED,                 \
                    #type ": saved tensors in a row, at most AG_MAX_SAVED")
 
-// linear: y[rows, out] = x[rows, in] · w[out, in]ᵀ.
+// linear: y[rows, out] = x[rows, in] · w[out, in]ᵀ (+ b[out]).
 typedef struct {
     union {
         struct {
-            ag_tensor *x; // for dw; NULL when w wants no gradient
-            ag_tensor *w; // for dx; NULL when x wants no gradient
+            ag_tensor *x;  // for dw; NULL when w wants no gradient
+            ag_tensor *w;  // for dx; NULL when x wants no gradient
+            ag_tensor *bc; // autocast: the bias's 16-bit cast (kept as the weight's is); else NULL
         };
-        ag_tensor *saved[2];
+        ag_tensor *saved[3];
     };
     int64_t rows, in, out;
+    bool bias; // a third input, b[out]: db = the column sums of dy
 } ag_linear_state;
-AG_SAVED_IN_A_ROW(ag_linear_state, w, 2);
+AG_SAVED_IN_A_ROW(ag_linear_state, bc, 3);
 
 // embedding: y[rows, hidden] = table[ids[r]] from a table [vocab, hidden]; no tensor is saved.
 typedef struct {

@@ -167,8 +167,9 @@ uint64_t ag_tape_saved_bytes(const ag_ctx *ctx);
 // Ops: output first, then inputs, then sizes. Each returns a new tensor (owned by the caller)
 // or NULL with the context's error set.
 
-// y[..., out] = x[..., in] · w[out, in]ᵀ (nn.Linear without bias).
-ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w);
+// y[..., out] = x[..., in] · w[out, in]ᵀ + b[out] (nn.Linear); b NULL: no bias. The bias's
+// gradient needs nothing saved: it is the column sums of d(y).
+ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, ag_tensor *b);
 // y[B, T, H] = table[ids[b*T + t]]; ids are copied.
 ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T, ag_tensor *table);
 // y = x * rsqrt(mean(x², last dim) + eps) * w, as HF LlamaRMSNorm; x[..., H], w[H].

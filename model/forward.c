@@ -87,7 +87,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     ag_release(mask);
     ag_release(sh.cos);
     ag_release(sh.sin);
-    ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head);
+    ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head, NULL);
     // transformers: the base model's output object holds the last hidden state until the
     // causal LM's forward returns (it matters where lm_head keeps a cast of it, not it).
     if (ag_ctx_framework(ctx) == AG_FRAMEWORK_LEAN) ag_release(n), n = NULL;

@@ -79,7 +79,7 @@ static ag_tensor *head(gen *g, ag_tensor *x, bool all_positions) {
     if (!all_positions) x = last_position(g->ctx, x);
     ag_tensor *n = ag_rmsnorm(g->ctx, "norm", x, g->m->norm, (float)g->c->rms_eps);
     ag_release(x);
-    ag_tensor *logits = ag_linear(g->ctx, "lm_head:logits", n, g->m->lm_head);
+    ag_tensor *logits = ag_linear(g->ctx, "lm_head:logits", n, g->m->lm_head, NULL);
     ag_release(n);
     return logits;
 }
