@@ -224,6 +224,11 @@ void ag_to_heads(float *dst, const float *src, int64_t B, int64_t T, int H, int 
 ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
                               const ag_att_dims *a, bool rec);
 
+// The first key the query at position p sees: p - window + 1 under a sliding window, else 0.
+static inline int64_t ag_window_first(int64_t p, int64_t window) {
+    return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+}
+
 // op_attention.c: the shape checks of ag_attention (false with the error set).
 bool ag_attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, const ag_tensor *k, const ag_tensor *v,
                          int Hq, int Hkv, int D);
@@ -244,6 +249,7 @@ typedef struct {
     float scale;
     const float *q;
     float *qt, *acc, *st, *m, *l, *corr;
+    int64_t window; // 0 (as begin leaves it): causal only; else keys window or more back are hidden
 } ag_flash_rows;
 size_t ag_flash_rows_floats(int D);
 void ag_flash_rows_begin(ag_flash_rows *w, float *ws, const float *q, int64_t ldq, int64_t nr, int D);

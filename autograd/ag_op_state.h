@@ -82,6 +82,7 @@ AG_SAVED_IN_A_ROW(ag_rope_cs_state, sin, 2);
 typedef struct {
     int64_t B, Tq, Tk;
     int Hq, Hkv, D;
+    int64_t window; // 0: causal only; else the query at position p sees keys j with p - j < window
 } ag_att_dims;
 
 // attention (eager): the probabilities and what each gradient reads.

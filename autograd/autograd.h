@@ -194,6 +194,13 @@ ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *
 // its transpose(1, 2).contiguous() copy.
 ag_tensor *ag_attention_flash(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                               int D);
+// Sliding-window attention (Mistral, Qwen2's windowed layers): the same, the query at position p
+// seeing only keys j with p - window < j <= p (window 0: every earlier key, as above). Eager and
+// flash, forward and backward.
+ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                               int D, int64_t window);
+ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
+                                     int Hkv, int D, int64_t window);
 // HF's LlamaRotaryEmbedding: cos and sin [1, T, hd] of positions pos0 .. pos0+T-1 (need no
 // gradient), made once per forward and shared by every layer's ag_rope_cs. Both are new tensors
 // owned by the caller ("<prefix>:cos", "<prefix>:sin"); false with the error set.
@@ -260,6 +267,11 @@ bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst);
 // one bounded temporary ("<prefix>:flash_workspace").
 ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                const int32_t *key_mask, int64_t mask_ld, int Hq);
+// The same under a sliding window of `window` cache slots (0: none): query i also hides the keys
+// window or more slots before its own (slots, not positions, as transformers' masks count them;
+// the pads of a row come first, so between real tokens the two agree).
+ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                      const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window);
 
 // ================================================================================================
 // Activation checkpointing (op_checkpoint.c)

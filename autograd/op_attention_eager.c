@@ -45,12 +45,14 @@ static void scores(float *S, const ag_tensor *q, bool copied, const float *krep,
         }
 }
 
-// masked = scaled + the causal mask (-inf where a query may not look).
+// masked = scaled + the causal mask (-inf where a query may not look: later keys, and keys the
+// sliding window leaves behind).
 static void add_mask(float *masked, const float *scaled, const ag_att_dims *a) {
     int64_t rows = a->B * a->Hq * a->Tq;
     for (int64_t r = 0; r < rows; r++) {
-        int64_t n = r % a->Tq + a->Tk - a->Tq + 1;
-        for (int64_t j = 0; j < a->Tk; j++) masked[r * a->Tk + j] = j < n ? scaled[r * a->Tk + j] : -INFINITY;
+        int64_t n = r % a->Tq + a->Tk - a->Tq + 1, lo = ag_window_first(n - 1, a->window);
+        for (int64_t j = 0; j < a->Tk; j++)
+            masked[r * a->Tk + j] = j < n && j >= lo ? scaled[r * a->Tk + j] : -INFINITY;
     }
 }
 
