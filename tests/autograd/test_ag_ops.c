@@ -232,6 +232,40 @@ static void test_rmsnorm(void **state) {
     ag_release(w);
 }
 
+// Per-head: w[3] over x[..., 2 * 3], each head's slice normalised on its own (Qwen3's q_norm),
+// under both frameworks; a weight that does not divide the last dimension is refused.
+static void test_rmsnorm_per_head(void **state) {
+    ag_ctx *ctx = ag_fixture_ctx(state);
+    ag_tensor *x = ag_test_const(ctx, 3, (int64_t[]){2, 3, 6}, "x", 9);
+    x->requires_grad = true;
+    ag_tensor *w = ag_test_param(ctx, 1, (int64_t[]){3}, "w", 10);
+    for (int f = 0; f < 2; f++) {
+        ag_ctx_set_framework(ctx, f ? AG_FRAMEWORK_PYTORCH : AG_FRAMEWORK_LEAN);
+        ag_tensor *y = ag_rmsnorm(ctx, "layers.0.self_attn.q_norm", x, w, 1e-5f);
+        assert_non_null(y);
+        double ref[36];
+        for (int r = 0; r < 12; r++) {
+            double ss = 0.0;
+            for (int j = 0; j < 3; j++) ss += (double)x->data[r * 3 + j] * x->data[r * 3 + j];
+            double rs = 1.0 / sqrt(ss / 3.0 + 1e-5);
+            for (int j = 0; j < 3; j++) ref[r * 3 + j] = x->data[r * 3 + j] * rs * w->data[j];
+        }
+        assert_true(ag_max_diff(y->data, ref, 36) < 1e-5);
+        ag_release(y);
+        ag_tape_clear(ctx);
+        ag_tensor *in[] = {x, w};
+        for (int twice = 0; twice < 2; twice++) ag_fd_check(ctx, g_rmsnorm, &(bool){twice}, 2, in);
+    }
+    ag_ctx_set_framework(ctx, AG_FRAMEWORK_LEAN);
+    ag_tensor *bad = ag_test_param(ctx, 1, (int64_t[]){4}, "w4", 11);
+    assert_null(ag_rmsnorm(ctx, "t.norm", x, bad, 1e-5f));
+    assert_non_null(strstr(ag_ctx_error(ctx), "w4"));
+    ag_ctx_clear_error(ctx);
+    ag_release(bad);
+    ag_release(x);
+    ag_release(w);
+}
+
 // ---- rope ----
 typedef struct {
     float theta;
@@ -441,6 +475,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_embedding, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_tied_embedding, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_rmsnorm, ag_setup, ag_teardown),
+        cmocka_unit_test_setup_teardown(test_rmsnorm_per_head, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_rope, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_silu, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_mul, ag_setup, ag_teardown),
