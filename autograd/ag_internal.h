@@ -215,6 +215,13 @@ AG_AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 static inline float ag_rope_inv_freq(float theta, int i, int hd) {
     return 1.0f / powf(theta, (float)(2 * i) / (float)hd);
 }
+// Frequency i of f (its own table, else the default from theta), and its scale of cos and sin.
+static inline float ag_rope_freq_at(const ag_rope_freqs *f, int i, int hd) {
+    return f->inv_freq ? f->inv_freq[i] : ag_rope_inv_freq(f->theta, i, hd);
+}
+static inline float ag_rope_scale(const ag_rope_freqs *f) { return f->scale > 0.0f ? f->scale : 1.0f; }
+// Frequencies that a rope op can take: positive theta, finite positive entries of a table.
+bool ag_rope_freqs_ok(const ag_rope_freqs *f, int hd);
 
 // op_attention.c: dst[B, H, T, D] = src[B, T, Hs*D], head h reading source head h / (H / Hs):
 // each head's rows made contiguous (the KV cache's layout; repeat_kv's copies when H > Hs).

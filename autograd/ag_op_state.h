@@ -61,8 +61,8 @@ typedef struct {
     int64_t B, T;
     int64_t pos0; // the position of t = 0 when pos is NULL
     int heads, head_dim;
-    float theta;
-    int32_t *pos; // malloc'd copy of one position per row [B*T], or NULL
+    ag_rope_freqs freqs; // its inv_freq (when not NULL) is the caller's, alive until backward
+    int32_t *pos;        // malloc'd copy of one position per row [B*T], or NULL
 } ag_rope_state;
 
 // rope_cs over x[B, T, heads * head_dim] with HF's tables, kept for backward.

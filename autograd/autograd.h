@@ -175,11 +175,25 @@ ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64
 // y = x * rsqrt(mean(x², last dim) + eps) * w, as HF LlamaRMSNorm; x[..., H], w[H]. A w[D]
 // with D dividing H normalises each D-slice on its own (per-head norms: x[..., heads * D]).
 ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps);
+// RoPE's frequencies. The default (inv_freq NULL): inv_freq[i] = 1 / theta^(2i/hd). A scaled
+// RoPE (transformers' rope_scaling: linear, llama3, yarn...) hands its own inv_freq[hd/2], which
+// must stay alive as long as any op made with it (backward recomputes the angles), and yarn a
+// factor on cos and sin (its attention factor; 0 reads as 1).
+typedef struct {
+    float theta;
+    const float *inv_freq;
+    float scale;
+} ag_rope_freqs;
+
 // Rotary embedding (HF rotate_half) of x[B, T, nh*hd] at positions pos0 .. pos0+T-1.
 ag_tensor *ag_rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta, int64_t pos0);
 // The same with one position per row: pos[B*T] (copied), e.g. for left-padded batches.
 ag_tensor *ag_rope_positions(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta,
                              const int32_t *pos);
+// The two above with any frequencies (ag_rope is ag_rope_f with {theta, NULL, 1}).
+ag_tensor *ag_rope_f(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, const ag_rope_freqs *f, int64_t pos0);
+ag_tensor *ag_rope_positions_f(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, const ag_rope_freqs *f,
+                               const int32_t *pos);
 // Causal grouped-query attention, scale 1/sqrt(D): q[B, Tq, Hq*D], k and v [B, Tk, Hkv*D],
 // Hkv dividing Hq, Tk >= Tq (query i sits at position i + Tk - Tq); returns [B, Tq, Hq*D].
 // Eager: the softmax probabilities [B, Hq, Tq, Tk] are materialised (site "<prefix>:probs").
@@ -207,6 +221,9 @@ ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q
 // owned by the caller ("<prefix>:cos", "<prefix>:sin"); false with the error set.
 bool ag_rope_tables(ag_ctx *ctx, const char *site, int64_t T, int hd, float theta, int64_t pos0, ag_tensor **cos,
                     ag_tensor **sin);
+// The same with any frequencies; yarn's scale multiplies both tables, as transformers does.
+bool ag_rope_tables_f(ag_ctx *ctx, const char *site, int64_t T, int hd, const ag_rope_freqs *f, int64_t pos0,
+                      ag_tensor **cos, ag_tensor **sin);
 // HF's apply_rotary_pos_emb of x[B, T, nh*hd]: x * cos + rotate_half(x) * sin, with its
 // transients (the two products, -x2 and the cat); the node keeps cos and sin.
 ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, ag_tensor *cos, ag_tensor *sin);

@@ -1,5 +1,5 @@
 // The model's parameters: allocation in Hugging Face order, seeded random init, load, save.
-#include "model.h"
+#include "model_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -7,14 +7,9 @@
 
 // Slot of parameter i (HF order) inside the model struct.
 static ag_tensor **param_slot(llama_model *m, size_t i) {
-    size_t per = LLAMA_PARAMS_PER_LAYER, nl = (size_t)m->cfg.layers;
+    size_t per = llama_params_per_layer(&m->cfg), nl = (size_t)m->cfg.layers;
     if (i == 0) return &m->embed;
-    if (i <= nl * per) {
-        llama_layer *L = &m->layers[(i - 1) / per];
-        ag_tensor **slots[LLAMA_PARAMS_PER_LAYER] = {&L->input_norm, &L->q,    &L->k,  &L->v,   &L->o,
-                                                     &L->post_norm,  &L->gate, &L->up, &L->down};
-        return slots[(i - 1) % per];
-    }
+    if (i <= nl * per) return llama_layer_slot(&m->layers[(i - 1) / per], &m->cfg, (i - 1) % per);
     return i == nl * per + 1 ? &m->norm : &m->lm_head;
 }
 
@@ -25,6 +20,7 @@ int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_
     size_t n = llama_param_count_tensors(cfg);
     if (m) {
         m->cfg = *cfg;
+        llama_rope_prepare(&m->cfg); // the frequencies the model's ops point to
         m->layers = calloc((size_t)cfg->layers, sizeof *m->layers);
         m->params = calloc(n, sizeof *m->params);
     }
@@ -95,8 +91,11 @@ void llama_model_init_random(llama_model *m, uint64_t seed) {
     for (size_t i = 0; i < m->nparams; i++) {
         ag_tensor *p = m->params[i];
         if (!p->data) continue; // meta mode
-        if (p->ndim == 1) {
-            for (int64_t j = 0; j < p->numel; j++) p->data[j] = 1.0f;
+        if (p->ndim == 1) {     // norms start at 1, biases at 0 (transformers' _init_weights)
+            const char *name = ag_tensor_name(p);
+            size_t n = strlen(name);
+            float v = n >= 5 && strcmp(name + n - 5, ".bias") == 0 ? 0.0f : 1.0f;
+            for (int64_t j = 0; j < p->numel; j++) p->data[j] = v;
         } else {
             uint64_t s = seed * 0x9e3779b97f4a7c15ULL + i;
             fill_normal(p->data, p->numel, 0.02f, splitmix(&s));

@@ -21,7 +21,7 @@ static void check_config(const llama_config *c) {
     FZ_REQUIRE(total > 0 && total <= LLAMA_MAX_PARAMS);
     // the first tensors, one block's worth, and the last ones (a config may have 10^5 layers)
     size_t n = llama_param_count_tensors(c);
-    for (size_t i = 0; i < n; i = (i == 2 * LLAMA_PARAMS_PER_LAYER && n > i + 4) ? n - 4 : i + 1) {
+    for (size_t i = 0; i < n; i = (i == 2 * llama_params_per_layer(c) && n > i + 4) ? n - 4 : i + 1) {
         char name[LLAMA_PARAM_NAME_MAX];
         int nd;
         int64_t shape[2];
