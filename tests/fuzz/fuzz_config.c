@@ -2,6 +2,7 @@
 // llama_config_load from a file. A config that parses must validate, with a clean name and a
 // parameter list that adds up; a refusal leaves one line naming the input.
 #include <jansson.h>
+#include <math.h>
 
 #include "fuzz_util.h"
 #include "model.h"
@@ -28,6 +29,13 @@ static void check_config(const llama_config *c) {
         FZ_REQUIRE(llama_param_spec(c, i, name, sizeof name, &nd, shape) == 0);
         FZ_REQUIRE((nd == 1 || nd == 2) && shape[0] > 0 && shape[1] > 0);
     }
+    // an accepted rope_scaling gives frequencies every rope op takes: positive and finite
+    llama_config r = *c;
+    llama_rope_prepare(&r);
+    ag_rope_freqs f = llama_rope_freqs(&r);
+    FZ_REQUIRE(f.scale > 0.0f && isfinite(f.scale));
+    for (int64_t i = 0; f.inv_freq && i < c->head_dim / 2; i++)
+        FZ_REQUIRE(f.inv_freq[i] > 0.0f && isfinite(f.inv_freq[i]));
 }
 
 static bool same_shape(const llama_config *a, const llama_config *b) {
