@@ -162,3 +162,20 @@ double ag_max_diff(const float *a, const double *b, int64_t n) {
     }
     return m;
 }
+
+double ag_rel_diff(const float *a, const float *b, int64_t n) {
+    double d = 0.0, m = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - b[i]);
+        d = isnan(x) || x > d ? (isnan(x) ? INFINITY : x) : d;
+        m = fabs(b[i]) > m ? fabs(b[i]) : m;
+    }
+    return m > 0.0 ? d / m : d;
+}
+
+float *ag_copy_of(const ag_tensor *t) {
+    float *p = malloc((size_t)t->numel * sizeof(float));
+    assert_non_null(p);
+    memcpy(p, t->data, (size_t)t->numel * sizeof(float));
+    return p;
+}

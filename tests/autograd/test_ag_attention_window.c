@@ -87,13 +87,6 @@ static void test_eager_reference(void **state) {
     }
 }
 
-static float *copy_of(const ag_tensor *t) {
-    float *p = malloc((size_t)t->numel * sizeof(float));
-    assert_non_null(p);
-    memcpy(p, t->data, (size_t)t->numel * sizeof(float));
-    return p;
-}
-
 // Output, dq, dk, dv of one forward and backward.
 static void run(const win_case *c, ag_framework f, ag_attention_kind kind, float *res[4]) {
     ag_ctx *ctx = ag_ctx_new();
@@ -106,22 +99,12 @@ static void run(const win_case *c, ag_framework f, ag_attention_kind kind, float
     ag_tensor *dout = ag_tensor_new(ctx, 3, o->shape, MP_ACTIVATION, "test:dout");
     ag_fill(dout, 777, -1.0f, 1.0f);
     assert_int_equal(ag_backward_grad(ctx, o, dout), AG_OK);
-    res[0] = copy_of(o);
-    for (int i = 0; i < 3; i++) res[i + 1] = copy_of(in[i]->grad);
+    res[0] = ag_copy_of(o);
+    for (int i = 0; i < 3; i++) res[i + 1] = ag_copy_of(in[i]->grad);
     ag_release(dout);
     ag_release(o);
     for (int i = 0; i < 3; i++) ag_release(in[i]);
     ag_ctx_free(ctx);
-}
-
-static double rel_diff(const float *a, const float *b, int64_t n) {
-    double d = 0.0, m = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double x = fabs((double)a[i] - b[i]);
-        d = isnan(x) || x > d ? (isnan(x) ? INFINITY : x) : d;
-        m = fabs(b[i]) > m ? fabs(b[i]) : m;
-    }
-    return m > 0.0 ? d / m : d;
 }
 
 static const win_case CASES[] = {
@@ -140,7 +123,7 @@ static void flash_matches_eager(ag_framework f, ag_framework g) {
         run(c, g, AG_ATTENTION_FLASH, flash);
         int64_t nq = c->B * c->T * c->Hq * c->D, nkv = c->B * c->T * c->Hkv * c->D, n[4] = {nq, nq, nkv, nkv};
         for (int i = 0; i < 4; i++) {
-            double r = rel_diff(flash[i], eager[i], n[i]);
+            double r = ag_rel_diff(flash[i], eager[i], n[i]);
             if (!(r < 1e-5)) fail_msg("case %zu: %s differs by %g", k, (const char *[]){"out", "dq", "dk", "dv"}[i], r);
             free(eager[i]), free(flash[i]);
         }
@@ -169,7 +152,7 @@ static void test_window_zero(void **state) {
         ag_tensor *in[3];
         make_inputs(ctx, &c, in, false);
         ag_tensor *o = ag_attention(ctx, SITE, in[0], in[1], in[2], c.Hq, c.Hkv, c.D);
-        b[0] = copy_of(o);
+        b[0] = ag_copy_of(o);
         assert_memory_equal(a[0], b[0], (size_t)o->numel * sizeof(float));
         ag_release(o);
         for (int i = 0; i < 3; i++) ag_release(in[i]);
@@ -207,7 +190,7 @@ static void cached_matches(ag_framework f, ag_attention_kind kind, const win_cas
         for (int64_t b = 0; b < c->B; b++) {
             const float *want = train[0] + (b * c->T + t0) * wq;
             float *got = o->data + b * t * wq;
-            double r = rel_diff(got, want, t * wq);
+            double r = ag_rel_diff(got, want, t * wq);
             if (!(r < 1e-5))
                 fail_msg("window %lld, tokens from %lld: differs by %g", (long long)c->window, (long long)t0, r);
         }

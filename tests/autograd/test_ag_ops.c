@@ -200,6 +200,16 @@ static ag_tensor *g_rmsnorm(ag_ctx *ctx, ag_tensor **in, const void *twice) {
     return *(const bool *)twice ? sum_of(ctx, y, ag_rmsnorm(ctx, "t.n2", in[0], in[1], 1e-5f)) : y;
 }
 
+// ref[rows * H] = x * rsqrt(mean(x², each H-slice) + 1e-5) * w, in double.
+static void rms_reference(double *ref, const float *x, const float *w, int rows, int H) {
+    for (int r = 0; r < rows; r++) {
+        double ss = 0.0;
+        for (int j = 0; j < H; j++) ss += (double)x[r * H + j] * x[r * H + j];
+        double rs = 1.0 / sqrt(ss / H + 1e-5);
+        for (int j = 0; j < H; j++) ref[r * H + j] = x[r * H + j] * rs * w[j];
+    }
+}
+
 static void test_rmsnorm(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_const(ctx, 3, (int64_t[]){2, 3, 6}, "x", 9); // an activation
@@ -207,12 +217,7 @@ static void test_rmsnorm(void **state) {
     ag_tensor *w = ag_test_param(ctx, 1, (int64_t[]){6}, "w", 10);
     ag_tensor *y = ag_rmsnorm(ctx, "layers.0.input_layernorm", x, w, 1e-5f);
     double ref[36];
-    for (int r = 0; r < 6; r++) {
-        double ss = 0.0;
-        for (int j = 0; j < 6; j++) ss += (double)x->data[r * 6 + j] * x->data[r * 6 + j];
-        double rs = 1.0 / sqrt(ss / 6.0 + 1e-5);
-        for (int j = 0; j < 6; j++) ref[r * 6 + j] = x->data[r * 6 + j] * rs * w->data[j];
-    }
+    rms_reference(ref, x->data, w->data, 6, 6);
     assert_true(ag_max_diff(y->data, ref, 36) < 1e-5);
     // Saved: x and one rstd per row, labelled; not the output.
     ag_node_info info;
@@ -244,12 +249,7 @@ static void test_rmsnorm_per_head(void **state) {
         ag_tensor *y = ag_rmsnorm(ctx, "layers.0.self_attn.q_norm", x, w, 1e-5f);
         assert_non_null(y);
         double ref[36];
-        for (int r = 0; r < 12; r++) {
-            double ss = 0.0;
-            for (int j = 0; j < 3; j++) ss += (double)x->data[r * 3 + j] * x->data[r * 3 + j];
-            double rs = 1.0 / sqrt(ss / 3.0 + 1e-5);
-            for (int j = 0; j < 3; j++) ref[r * 3 + j] = x->data[r * 3 + j] * rs * w->data[j];
-        }
+        rms_reference(ref, x->data, w->data, 12, 3);
         assert_true(ag_max_diff(y->data, ref, 36) < 1e-5);
         ag_release(y);
         ag_tape_clear(ctx);

@@ -442,24 +442,17 @@ static void test_family_fields(void **state) {
     assert_int_equal(load_text(text, &c, &err, dir), 0);
     assert_int_equal(llama_layer_window(&c, 3), 0);
     // Qwen2: from max_window_layers on, when use_sliding_window; layer_types agreeing
-    snprintf(text, sizeof text,
-             "%s\"model_type\":\"qwen2\",\"use_sliding_window\":true,\"sliding_window\":8,"
-             "\"max_window_layers\":2}",
-             head);
+    const char *qwen = "\"model_type\":\"qwen2\",\"use_sliding_window\":true,\"sliding_window\":8,";
+    snprintf(text, sizeof text, "%s%s\"max_window_layers\":2}", head, qwen);
     assert_int_equal(load_text(text, &c, &err, dir), 0);
     assert_int_equal(llama_layer_window(&c, 1), 0);
     assert_int_equal(llama_layer_window(&c, 2), 8);
-    snprintf(text, sizeof text,
-             "%s\"model_type\":\"qwen2\",\"use_sliding_window\":true,\"sliding_window\":8,"
-             "\"layer_types\":[\"full_attention\",\"sliding_attention\",\"sliding_attention\",\"sliding_attention\"]}",
-             head);
+    const char *full = "\"full_attention\"", *slide = "\"sliding_attention\"";
+    snprintf(text, sizeof text, "%s%s\"layer_types\":[%s,%s,%s,%s]}", head, qwen, full, slide, slide, slide);
     assert_int_equal(load_text(text, &c, &err, dir), 0);
     assert_int_equal(llama_layer_window(&c, 0), 0);
     assert_int_equal(llama_layer_window(&c, 1), 8);
-    snprintf(text, sizeof text,
-             "%s\"model_type\":\"qwen2\",\"use_sliding_window\":true,\"sliding_window\":8,"
-             "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\",\"full_attention\"]}",
-             head);
+    snprintf(text, sizeof text, "%s%s\"layer_types\":[%s,%s,%s,%s]}", head, qwen, slide, full, slide, full);
     assert_int_equal(load_text(text, &c, &err, dir), -1);
     TU_MENTIONS(err.msg, "layer_types", "layer 1 is full");
     // use_cache false is kept; a llama config's sliding_window changes nothing (LlamaConfig has none)
