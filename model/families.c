@@ -22,6 +22,12 @@ static const family_info families[] = {
 #define NFAMILIES (sizeof families / sizeof families[0])
 #define SUPPORTED "supported: \"llama\", \"mistral\", \"qwen2\", \"qwen3\""
 
+const char *llama_family_name(llama_family f) {
+    for (size_t i = 0; i < NFAMILIES; i++)
+        if (families[i].family == f) return families[i].type;
+    return "?";
+}
+
 int llama_parse_family(llama_config *c, const json_t *root, const char *path, ag_err *err) {
     const json_t *mt = json_object_get(root, "model_type");
     if (!mt) {
@@ -179,6 +185,12 @@ static const struct {
     {"yarn", LLAMA_ROPE_YARN},       {"llama3", LLAMA_ROPE_LLAMA3},
 };
 #define NROPE (sizeof rope_types / sizeof rope_types[0])
+
+const char *llama_rope_type_name(llama_rope_type t) {
+    for (size_t i = 0; i < NROPE; i++)
+        if (rope_types[i].type == t) return rope_types[i].name;
+    return "?";
+}
 
 // A number that is required (1) or optional (0: stays as it is), refused when not positive.
 static int rope_number(const json_t *rs, const char *path, const char *field, bool required, double *out, ag_err *err) {

@@ -99,6 +99,10 @@ typedef struct {
 // rms_norm_eps in [10^-30, 1): RMSNorm adds it in float32, where a smaller one is 0 or subnormal.
 #define LLAMA_MIN_RMS_EPS 1e-30
 
+// The model_type of a family ("llama"...) and the name of a rope_scaling type ("default"...).
+const char *llama_family_name(llama_family f);
+const char *llama_rope_type_name(llama_rope_type t);
+
 // Built-in presets: smollm2-135m (the default), smollm2-360m, smollm2-1.7b, llama-2-7b,
 // llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b. Names are
 // matched without regard to case.

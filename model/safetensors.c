@@ -340,9 +340,11 @@ static int open_file(llama_st_file *f, ag_err *err) {
         return -1;
     }
     uint64_t hlen = load_le(len8, 8);
+    // JSON where the length should be: most likely an index of shards under another name
+    const char *hint = len8[0] == '{' ? " (it starts like JSON: a model.safetensors.index.json? Name it *.json)" : "";
     if (hlen > size - 8) {
-        ag_err_set(err, "%s: header length %llu goes past the end of the file (%llu bytes)", f->path,
-                   (unsigned long long)hlen, (unsigned long long)size);
+        ag_err_set(err, "%s: header length %llu goes past the end of the file (%llu bytes)%s", f->path,
+                   (unsigned long long)hlen, (unsigned long long)size, hint);
         return -1;
     }
     if (hlen > ST_HEADER_MAX) {
