@@ -95,6 +95,23 @@ static void folder_of(char *dir, size_t len, const char *index) {
 // A shard is named by a file name inside the index's folder: no path separator, no "." or "..".
 static bool plain_name(const char *s) { return s[0] && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0; }
 
+// One entry of the weight map names a file in the index's folder; else the message.
+static bool entry_ok(const char *path, const char *key, const json_t *v, ag_err *err) {
+    const char *file = json_string_value(v);
+    if (file && plain_name(file)) return true;
+    char shown[256] = "";
+    if (!file) {
+        ag_err_set(err, "%s: weight_map entry %s is not a string (expected a shard's file name)", path, key);
+        return false;
+    }
+    ag_escape(shown, sizeof shown, file);
+    ag_err_set(err,
+               "%s: weight_map puts tensor %s in \"%s\": expected the name of a file in the index's folder (a "
+               "path could lead outside it)",
+               path, key, shown);
+    return false;
+}
+
 // The weight map, checked: an object of tensor name -> shard file name. *shards gets the distinct
 // file names, sorted (borrowed from root).
 static const json_t *weight_map(const json_t *root, const char *path, const char ***shards, size_t *n, ag_err *err) {
@@ -111,26 +128,15 @@ static const json_t *weight_map(const json_t *root, const char *path, const char
     }
     const char *key;
     const json_t *v;
-    size_t k = 0;
+    size_t k = 0, u = 0;
     json_object_foreach((json_t *)map, key, v) {
-        const char *file = json_string_value(v);
-        if (!file || !plain_name(file)) {
-            char shown[256] = "";
-            if (file) ag_escape(shown, sizeof shown, file);
-            if (file)
-                ag_err_set(err,
-                           "%s: weight_map puts tensor %s in \"%s\": expected the name of a file in the index's "
-                           "folder (a path could lead outside it)",
-                           path, key, shown);
-            else
-                ag_err_set(err, "%s: weight_map entry %s is not a string (expected a shard's file name)", path, key);
+        if (!entry_ok(path, key, v, err)) {
             free(names);
             return NULL;
         }
-        names[k++] = file;
+        names[k++] = json_string_value(v);
     }
     qsort(names, k, sizeof *names, str_cmp);
-    size_t u = 0;
     for (size_t i = 0; i < k; i++)
         if (u == 0 || strcmp(names[u - 1], names[i]) != 0) names[u++] = names[i];
     *shards = names;
