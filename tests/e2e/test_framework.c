@@ -199,6 +199,14 @@ static void meta_equals_real_tiny(void **state) {
     meta_equals_real_at(a);
     snprintf(a, sizeof a, "--config %s --seq-len 70 --batch 2 --attention flash", cfg);
     meta_equals_real_at(a);
+    // the families: biases, q/k norms, windows (masks of both kinds; flash's past the window)
+    const char *families[] = {"tiny_qwen2", "tiny_qwen3", "tiny_mistral"};
+    for (int i = 0; i < 3; i++)
+        for (int flash = 0; flash < 2; flash++) {
+            snprintf(a, sizeof a, "--config %s/%s/config.json --seq-len 9%s", MEMBILL_GOLDEN_DIR, families[i],
+                     flash ? " --attention flash" : "");
+            meta_equals_real_at(a);
+        }
 }
 
 // The same math under every framework: the same losses, step after step.
