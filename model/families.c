@@ -258,7 +258,27 @@ static int rope_yarn(llama_rope_scaling *r, const json_t *rs, const char *path, 
     return 0;
 }
 
+// transformers 5 writes rope_parameters ({"rope_type", "rope_theta", ...}) in place of
+// rope_theta and rope_scaling: its theta is taken; a scaled type there is refused (its yarn
+// reads factor and original_max_position_embeddings otherwise than rope_scaling's).
+static int rope_parameters(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    const json_t *rp = json_object_get(root, "rope_parameters");
+    if (!rp || json_is_null(rp)) return 0;
+    char where[600];
+    snprintf(where, sizeof where, "%s: rope_parameters", path);
+    const json_t *t = json_is_object(rp) ? json_object_get(rp, "rope_type") : NULL;
+    if (!json_is_string(t) || strcmp(json_string_value(t), "default") != 0) {
+        ag_err_set(err,
+                   "%s: field rope_parameters must be an object with rope_type \"default\" (a scaled RoPE is read "
+                   "from rope_scaling)",
+                   path);
+        return -1;
+    }
+    return llama_json_number(rp, where, "rope_theta", &c->rope_theta, err) < 0 ? -1 : 0;
+}
+
 int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    if (rope_parameters(c, root, path, err) != 0) return -1;
     const json_t *rs = json_object_get(root, "rope_scaling");
     if (!rs || json_is_null(rs)) return 0;
     char where[600];

@@ -460,6 +460,13 @@ static void test_family_fields(void **state) {
     assert_int_equal(load_text(text, &c, &err, dir), 0);
     assert_true(c.no_cache);
     assert_int_equal(llama_layer_window(&c, 0), 0);
+    // transformers 5's rope_parameters: its theta, not the default
+    snprintf(text, sizeof text,
+             "%s\"model_type\":\"llama\",\"rope_parameters\":{\"rope_type\":\"default\","
+             "\"rope_theta\":500000.0}}",
+             head);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_true(c.rope_theta == 500000.0);
     tu_rmtree(dir);
 }
 
@@ -561,6 +568,8 @@ static const struct {
     {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", "low_freq_factor", "missing"},
     {"rope_scaling", "[1]", "rope_scaling", "object"},
     {"use_cache", "\"no\"", "use_cache", "true or false"},
+    {"rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", "rope_parameters", "rope_scaling"},
+    {"rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": \"big\"}", "rope_theta", "number"},
     {"num_hidden_layers", "2000000000", "num_hidden_layers (2000000000)", "at most 100000"},
     // every size allowed, the whole absurd: 2^20 x 2^24 embedding
     {NULL,
