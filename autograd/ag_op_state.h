@@ -37,7 +37,8 @@ AG_SAVED_IN_A_ROW(ag_linear_state, bc, 3);
 // embedding: y[rows, hidden] = table[ids[r]] from a table [vocab, hidden]; no tensor is saved.
 typedef struct {
     int64_t rows, hidden, vocab;
-    int32_t *ids; // malloc'd copy of the rows' ids; NULL in meta mode
+    int64_t padding_idx; // the id whose row gets no gradient (nn.Embedding's padding_idx); -1: none
+    int32_t *ids;        // malloc'd copy of the rows' ids; NULL in meta mode
 } ag_embedding_state;
 
 // rmsnorm over rows of `hidden` elements.

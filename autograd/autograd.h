@@ -172,6 +172,10 @@ uint64_t ag_tape_saved_bytes(const ag_ctx *ctx);
 ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, ag_tensor *b);
 // y[B, T, H] = table[ids[b*T + t]]; ids are copied.
 ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T, ag_tensor *table);
+// The same as nn.Embedding(padding_idx): positions holding padding_idx add nothing to the
+// table's gradient (-1: none, as ag_embedding).
+ag_tensor *ag_embedding_padded(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T,
+                               ag_tensor *table, int64_t padding_idx);
 // y = x * rsqrt(mean(x², last dim) + eps) * w, as HF LlamaRMSNorm; x[..., H], w[H]. A w[D]
 // with D dividing H normalises each D-slice on its own (per-head norms: x[..., heads * D]).
 ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps);

@@ -151,8 +151,21 @@ static int refuse_unsupported(const json_t *root, const char *path, ag_err *err)
     return 0;
 }
 
+// pad_token_id: nn.Embedding's padding_idx in every family's model, so its row gets no gradient.
+static int pad_token(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    int r = llama_json_int(root, path, "pad_token_id", false, &c->pad_token_id, err);
+    if (r < 0) return -1;
+    c->pad_token = r == 1;
+    if (c->pad_token && (c->pad_token_id < 0 || c->pad_token_id >= c->vocab)) {
+        ag_err_set(err, "%s: field pad_token_id (%lld) must be a token id, 0 to vocab_size - 1 (%lld)", path,
+                   (long long)c->pad_token_id, (long long)c->vocab - 1);
+        return -1;
+    }
+    return 0;
+}
+
 int llama_parse_family_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
-    if (refuse_unsupported(root, path, err) != 0) return -1;
+    if (refuse_unsupported(root, path, err) != 0 || pad_token(c, root, path, err) != 0) return -1;
     bool use_cache = true;
     if (llama_json_bool(root, path, "use_cache", &use_cache, err) < 0) return -1;
     c->no_cache = !use_cache;

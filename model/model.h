@@ -78,7 +78,9 @@ typedef struct {
     int64_t sliding_window;    // 0: none; else a query sees the last sliding_window keys, itself included
     int64_t window_from;       // the first layer with the window (qwen2's max_window_layers)
     bool no_cache;             // use_cache false: the forward returns no DynamicCache
-    llama_rope_scaling rope;   // rope_scaling
+    bool pad_token;            // pad_token_id given: the embedding's padding_idx (no gradient to its row)
+    int64_t pad_token_id;
+    llama_rope_scaling rope; // rope_scaling
 } llama_config;
 
 // The bounds of llama_config_validate, which presets and config.json files both pass through.

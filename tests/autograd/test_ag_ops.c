@@ -148,6 +148,18 @@ static void test_embedding(void **state) {
     }
     ag_release(ones);
     ag_release(y);
+    // nn.Embedding(padding_idx=4): the same lookup, and the row of id 4 gets nothing
+    ag_zero_grad(table);
+    y = ag_embedding_padded(ctx, "t.embed", emb_ids, 2, 3, table, 4);
+    for (int r = 0; r < 6; r++) assert_memory_equal(y->data + r * 4, table->data + emb_ids[r] * 4, 4 * sizeof(float));
+    ones = ag_test_ones(ctx, y);
+    assert_int_equal(ag_backward_grad(ctx, y, ones), AG_OK);
+    for (int j = 0; j < 4; j++) {
+        assert_true(table->grad->data[4 * 4 + j] == 0.0f);
+        assert_true(table->grad->data[1 * 4 + j] == 2.0f);
+    }
+    ag_release(ones);
+    ag_release(y);
     ag_release(table);
 }
 

@@ -467,6 +467,13 @@ static void test_family_fields(void **state) {
              head);
     assert_int_equal(load_text(text, &c, &err, dir), 0);
     assert_true(c.rope_theta == 500000.0);
+    // pad_token_id: the embedding's padding_idx; null: none
+    snprintf(text, sizeof text, "%s\"model_type\":\"qwen2\",\"pad_token_id\":7}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_true(c.pad_token && c.pad_token_id == 7);
+    snprintf(text, sizeof text, "%s\"model_type\":\"qwen2\",\"pad_token_id\":null}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_false(c.pad_token);
     tu_rmtree(dir);
 }
 
@@ -569,6 +576,8 @@ static const struct {
     {"rope_scaling", "[1]", "rope_scaling", "object"},
     {"use_cache", "\"no\"", "use_cache", "true or false"},
     {"rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", "rope_parameters", "rope_scaling"},
+    {"pad_token_id", "100", "pad_token_id (100)", "vocab_size - 1 (99)"},
+    {"pad_token_id", "-1", "pad_token_id (-1)", "token id"},
     {"rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": \"big\"}", "rope_theta", "number"},
     {"num_hidden_layers", "2000000000", "num_hidden_layers (2000000000)", "at most 100000"},
     // every size allowed, the whole absurd: 2^20 x 2^24 embedding

@@ -10,7 +10,8 @@ to measure memory (tests/reference/profile_step.py); llama_ref.py stays the nume
 Differences with transformers that change no allocation: no config object beyond the fields
 used, no output_attentions / output_hidden_states / gradient checkpointing / flash or sdpa paths
 (with PyTorch 1.13 transformers picks "eager" anyway: there is no scaled_dot_product_attention),
-no pretraining_tp > 1, no rope scaling, no sliding windows. The Qwen3 variant is the same module
+no pretraining_tp > 1, no rope scaling, no sliding windows (the embedding's padding_idx is
+pad_token_id, as transformers sets it). The Qwen3 variant is the same module
 tree with Qwen3Attention's differences: q, k, v and o_proj biases (attention_bias) and q_norm /
 k_norm (Qwen3RMSNorm over each head) applied to q_proj(x).view(...) before the transpose. The embedding has no padding_idx (it only zeroes one row
 of the gradient in place).
@@ -238,7 +239,7 @@ def causal_mask_4d(sequence_length, target_length, dtype, device, cache_position
 class LlamaModel(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
         self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, i)
                                      for i in range(cfg.num_hidden_layers)])
         self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

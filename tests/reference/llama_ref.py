@@ -63,6 +63,8 @@ class LlamaConfig:
         else:
             self.layer_windows = [0] * int(d["num_hidden_layers"])
         self.rope_scaling = d.get("rope_scaling")
+        # nn.Embedding(vocab, hidden, padding_idx=pad_token_id): that row gets no gradient
+        self.pad_token_id = d.get("pad_token_id")
         self.vocab_size = int(d["vocab_size"])
         self.max_position_embeddings = int(d["max_position_embeddings"])
         self.rope_theta = float(d["rope_theta"])
@@ -106,6 +108,8 @@ class LlamaConfig:
                      max_window_layers=self.max_window_layers)
         if self.rope_scaling is not None:
             d["rope_scaling"] = self.rope_scaling
+        if self.pad_token_id is not None:
+            d["pad_token_id"] = self.pad_token_id
         return d
 
 
@@ -401,7 +405,7 @@ def forward(cfg, params, input_ids, attention_mask=None, position_ids=None, cach
     if position_ids is None:
         position_ids = torch.arange(past, past + t)[None].expand(b, t)
     dtype = params["model.embed_tokens.weight"].dtype
-    x = F.embedding(input_ids, params["model.embed_tokens.weight"])
+    x = F.embedding(input_ids, params["model.embed_tokens.weight"], padding_idx=cfg.pad_token_id)
     cos, sin = rope_cos_sin(cfg, position_ids, dtype)
     eps = cfg.rms_norm_eps
     for layer in range(cfg.num_hidden_layers):

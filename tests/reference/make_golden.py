@@ -34,9 +34,11 @@ CASES = [
     ("tiny_tied", {"tie_word_embeddings": True}, 1001, "full"),
     ("tiny_untied", {"tie_word_embeddings": False}, 1002, "full"),
     ("tiny_mha", {"tie_word_embeddings": True, "num_key_value_heads": 4}, 1003, "grads"),
-    # Qwen2: q, k, v biases; the second layer under a sliding window of 4 (max_window_layers 1)
+    # Qwen2: q, k, v biases; the second layer under a sliding window of 4 (max_window_layers 1);
+    # pad_token_id one of the batch's ids (PAD_FROM_IDS), so that its embedding row gets no gradient
     ("tiny_qwen2", {"model_type": "qwen2", "tie_word_embeddings": False, "use_sliding_window": True,
-                    "sliding_window": 4, "max_window_layers": 1}, 1004, "family"),
+                    "sliding_window": 4, "max_window_layers": 1, "pad_token_id": "PAD_FROM_IDS"}, 1004,
+     "family"),
     # Qwen3: q_norm and k_norm, a head_dim that is not hidden / heads (4 x 24 = 96 != 64)
     ("tiny_qwen3", {"model_type": "qwen3", "tie_word_embeddings": True, "head_dim": 24}, 1005, "family"),
     # Mistral: every layer under a sliding window of 3 (the prompt is 7 tokens, 15 with the new)
@@ -134,10 +136,12 @@ def greedy_keys(cfg, params, ids, name):
 def make_case(out_dir, name, overrides, seed, level):
     full = level == "full"
     cfg_dict = dict(BASE_CONFIG, **overrides)
+    g = torch.Generator().manual_seed(seed + 500)
+    ids = torch.randint(1, cfg_dict["vocab_size"], (2, 7), generator=g, dtype=torch.int64)
+    if cfg_dict.get("pad_token_id") == "PAD_FROM_IDS":
+        cfg_dict["pad_token_id"] = int(ids[0, 2])
     cfg = L.LlamaConfig(cfg_dict)
     params = L.init_params(cfg, seed, std=WEIGHT_STD, norm_noise=NORM_NOISE)
-    g = torch.Generator().manual_seed(seed + 500)
-    ids = torch.randint(1, cfg.vocab_size, (2, 7), generator=g, dtype=torch.int64)
 
     folder = os.path.join(out_dir, name)
     os.makedirs(folder, exist_ok=True)
@@ -152,6 +156,10 @@ def make_case(out_dir, name, overrides, seed, level):
     golden["loss"] = loss.reshape(1)
     golden.update({"grad." + n: g for n, g in grads.items()})
     info = {"loss": loss.item(), "min_rel_grad": grad_health(grads)}
+    if cfg.pad_token_id is not None:  # the padding row gets nothing, though the batch holds it
+        if grads["model.embed_tokens.weight"][cfg.pad_token_id].abs().max().item() != 0.0:
+            fail("%s: the embedding row of pad_token_id %d has a gradient" % (name, cfg.pad_token_id))
+        info["pad_token_id"] = cfg.pad_token_id
 
     if full:
         bf16 = {n: t.to(torch.bfloat16) for n, t in weights.items()}
