@@ -118,8 +118,9 @@ const char *llama_preset_name(size_t i); // NULL past the end
 // num_attention_heads, vocab_size. Optional, with the defaults of transformers' config classes:
 // num_key_value_heads (= num_attention_heads), head_dim (= hidden_size / num_attention_heads;
 // qwen3 128), max_position_embeddings (2048 llama, 131072 mistral, 32768 qwen2 and qwen3),
-// rope_theta (10000), rms_norm_eps (1e-6), tie_word_embeddings (false), the biases, windows and
-// rope_scaling above, use_cache (true). What would change the numbers and is not implemented is
+// rope_theta (10000; or rope_parameters' when its type is default), rms_norm_eps (1e-6),
+// tie_word_embeddings (false), the biases, windows and rope_scaling above, use_cache (true),
+// pad_token_id (the embedding's padding_idx). What would change the numbers and is not implemented is
 // refused naming the field: a hidden_act other than silu, attention_dropout other than 0,
 // partial_rotary_factor other than 1, quantization_config, a rope_scaling type other than
 // default, linear, dynamic, yarn and llama3, a layer_types that is not full layers then sliding
