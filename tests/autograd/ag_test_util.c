@@ -179,3 +179,18 @@ float *ag_copy_of(const ag_tensor *t) {
     memcpy(p, t->data, (size_t)t->numel * sizeof(float));
     return p;
 }
+
+void ag_output_and_grads(ag_ctx *ctx, ag_tensor *o, ag_tensor **in, int n, float **res) {
+    if (!o) fail_msg("forward: %s", ag_ctx_error(ctx));
+    ag_tensor *dout = ag_tensor_new(ctx, o->ndim, o->shape, MP_ACTIVATION, "test:dout");
+    ag_fill(dout, 777, -1.0f, 1.0f);
+    assert_int_equal(ag_backward_grad(ctx, o, dout), AG_OK);
+    res[0] = ag_copy_of(o);
+    for (int i = 0; i < n; i++) {
+        assert_non_null(in[i]->grad);
+        res[i + 1] = ag_copy_of(in[i]->grad);
+    }
+    ag_release(dout);
+    ag_release(o);
+    for (int i = 0; i < n; i++) ag_release(in[i]);
+}
