@@ -221,6 +221,13 @@ AG_AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 static inline float ag_rope_inv_freq(float theta, int i, int hd) {
     return 1.0f / powf(theta, (float)(2 * i) / (float)hd);
 }
+// Frequency i of f (its own table, else the default from theta), and its scale of cos and sin.
+static inline float ag_rope_freq_at(const ag_rope_freqs *f, int i, int hd) {
+    return f->inv_freq ? f->inv_freq[i] : ag_rope_inv_freq(f->theta, i, hd);
+}
+static inline float ag_rope_scale(const ag_rope_freqs *f) { return f->scale > 0.0f ? f->scale : 1.0f; }
+// Frequencies that a rope op can take: positive theta, finite positive entries of a table.
+bool ag_rope_freqs_ok(const ag_rope_freqs *f, int hd);
 
 // op_attention.c: dst[B, H, T, D] = src[B, T, Hs*D], head h reading source head h / (H / Hs):
 // each head's rows made contiguous (the KV cache's layout; repeat_kv's copies when H > Hs).
@@ -229,6 +236,11 @@ void ag_to_heads(float *dst, const float *src, int64_t B, int64_t T, int H, int 
 // op_attention_eager.c: ag_attention under PYTORCH semantics (shapes already checked).
 ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
                               const ag_att_dims *a, bool rec);
+
+// The first key the query at position p sees: p - window + 1 under a sliding window, else 0.
+static inline int64_t ag_window_first(int64_t p, int64_t window) {
+    return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+}
 
 // op_attention.c: the shape checks of ag_attention (false with the error set).
 bool ag_attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, const ag_tensor *k, const ag_tensor *v,
@@ -250,6 +262,7 @@ typedef struct {
     float scale;
     const float *q;
     float *qt, *acc, *st, *m, *l, *corr;
+    int64_t window; // 0 (as begin leaves it): causal only; else keys window or more back are hidden
 } ag_flash_rows;
 size_t ag_flash_rows_floats(int D);
 void ag_flash_rows_begin(ag_flash_rows *w, float *ws, const float *q, int64_t ldq, int64_t nr, int D);

@@ -19,23 +19,26 @@
                        sizeof(((type *)0)->saved) == (n) * sizeof(ag_tensor *) && (n) <= AG_MAX_SAVED,                 \
                    #type ": saved tensors in a row, at most AG_MAX_SAVED")
 
-// linear: y[rows, out] = x[rows, in] · w[out, in]ᵀ.
+// linear: y[rows, out] = x[rows, in] · w[out, in]ᵀ (+ b[out]).
 typedef struct {
     union {
         struct {
-            ag_tensor *x; // for dw; NULL when w wants no gradient
-            ag_tensor *w; // for dx; NULL when x wants no gradient
+            ag_tensor *x;  // for dw; NULL when w wants no gradient
+            ag_tensor *w;  // for dx; NULL when x wants no gradient
+            ag_tensor *bc; // autocast: the bias's 16-bit cast (kept as the weight's is); else NULL
         };
-        ag_tensor *saved[2];
+        ag_tensor *saved[3];
     };
     int64_t rows, in, out;
+    bool bias; // a third input, b[out]: db = the column sums of dy
 } ag_linear_state;
-AG_SAVED_IN_A_ROW(ag_linear_state, w, 2);
+AG_SAVED_IN_A_ROW(ag_linear_state, bc, 3);
 
 // embedding: y[rows, hidden] = table[ids[r]] from a table [vocab, hidden]; no tensor is saved.
 typedef struct {
     int64_t rows, hidden, vocab;
-    int32_t *ids; // malloc'd copy of the rows' ids; NULL in meta mode
+    int64_t padding_idx; // the id whose row gets no gradient (nn.Embedding's padding_idx); -1: none
+    int32_t *ids;        // malloc'd copy of the rows' ids; NULL in meta mode
 } ag_embedding_state;
 
 // rmsnorm over rows of `hidden` elements.
@@ -59,8 +62,8 @@ typedef struct {
     int64_t B, T;
     int64_t pos0; // the position of t = 0 when pos is NULL
     int heads, head_dim;
-    float theta;
-    int32_t *pos; // malloc'd copy of one position per row [B*T], or NULL
+    ag_rope_freqs freqs; // its inv_freq (when not NULL) is the caller's, alive until backward
+    int32_t *pos;        // malloc'd copy of one position per row [B*T], or NULL
 } ag_rope_state;
 
 // rope_cs over x[B, T, heads * head_dim] with HF's tables, kept for backward.
@@ -80,6 +83,7 @@ AG_SAVED_IN_A_ROW(ag_rope_cs_state, sin, 2);
 typedef struct {
     int64_t B, Tq, Tk;
     int Hq, Hkv, D;
+    int64_t window; // 0: causal only; else the query at position p sees keys j with p - j < window
 } ag_att_dims;
 
 // attention (eager): the probabilities and what each gradient reads.

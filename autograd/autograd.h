@@ -167,17 +167,37 @@ uint64_t ag_tape_saved_bytes(const ag_ctx *ctx);
 // Ops: output first, then inputs, then sizes. Each returns a new tensor (owned by the caller)
 // or NULL with the context's error set.
 
-// y[..., out] = x[..., in] · w[out, in]ᵀ (nn.Linear without bias).
-ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w);
+// y[..., out] = x[..., in] · w[out, in]ᵀ + b[out] (nn.Linear); b NULL: no bias. The bias's
+// gradient needs nothing saved: it is the column sums of d(y).
+ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, ag_tensor *b);
 // y[B, T, H] = table[ids[b*T + t]]; ids are copied.
 ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T, ag_tensor *table);
-// y = x * rsqrt(mean(x², last dim) + eps) * w, as HF LlamaRMSNorm; x[..., H], w[H].
+// The same as nn.Embedding(padding_idx): positions holding padding_idx add nothing to the
+// table's gradient (-1: none, as ag_embedding).
+ag_tensor *ag_embedding_padded(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T,
+                               ag_tensor *table, int64_t padding_idx);
+// y = x * rsqrt(mean(x², last dim) + eps) * w, as HF LlamaRMSNorm; x[..., H], w[H]. A w[D]
+// with D dividing H normalises each D-slice on its own (per-head norms: x[..., heads * D]).
 ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps);
+// RoPE's frequencies. The default (inv_freq NULL): inv_freq[i] = 1 / theta^(2i/hd). A scaled
+// RoPE (transformers' rope_scaling: linear, llama3, yarn...) hands its own inv_freq[hd/2], which
+// must stay alive as long as any op made with it (backward recomputes the angles), and yarn a
+// factor on cos and sin (its attention factor; 0 reads as 1).
+typedef struct {
+    float theta;
+    const float *inv_freq;
+    float scale;
+} ag_rope_freqs;
+
 // Rotary embedding (HF rotate_half) of x[B, T, nh*hd] at positions pos0 .. pos0+T-1.
 ag_tensor *ag_rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta, int64_t pos0);
 // The same with one position per row: pos[B*T] (copied), e.g. for left-padded batches.
 ag_tensor *ag_rope_positions(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, float theta,
                              const int32_t *pos);
+// The two above with any frequencies (ag_rope is ag_rope_f with {theta, NULL, 1}).
+ag_tensor *ag_rope_f(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, const ag_rope_freqs *f, int64_t pos0);
+ag_tensor *ag_rope_positions_f(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, const ag_rope_freqs *f,
+                               const int32_t *pos);
 // Causal grouped-query attention, scale 1/sqrt(D): q[B, Tq, Hq*D], k and v [B, Tk, Hkv*D],
 // Hkv dividing Hq, Tk >= Tq (query i sits at position i + Tk - Tq); returns [B, Tq, Hq*D].
 // Eager: the softmax probabilities [B, Hq, Tq, Tk] are materialised (site "<prefix>:probs").
@@ -193,11 +213,21 @@ ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *
 // its transpose(1, 2).contiguous() copy.
 ag_tensor *ag_attention_flash(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                               int D);
+// Sliding-window attention (Mistral, Qwen2's windowed layers): the same, the query at position p
+// seeing only keys j with p - window < j <= p (window 0: every earlier key, as above). Eager and
+// flash, forward and backward.
+ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                               int D, int64_t window);
+ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
+                                     int Hkv, int D, int64_t window);
 // HF's LlamaRotaryEmbedding: cos and sin [1, T, hd] of positions pos0 .. pos0+T-1 (need no
 // gradient), made once per forward and shared by every layer's ag_rope_cs. Both are new tensors
 // owned by the caller ("<prefix>:cos", "<prefix>:sin"); false with the error set.
 bool ag_rope_tables(ag_ctx *ctx, const char *site, int64_t T, int hd, float theta, int64_t pos0, ag_tensor **cos,
                     ag_tensor **sin);
+// The same with any frequencies; yarn's scale multiplies both tables, as transformers does.
+bool ag_rope_tables_f(ag_ctx *ctx, const char *site, int64_t T, int hd, const ag_rope_freqs *f, int64_t pos0,
+                      ag_tensor **cos, ag_tensor **sin);
 // HF's apply_rotary_pos_emb of x[B, T, nh*hd]: x * cos + rotate_half(x) * sin, with its
 // transients (the two products, -x2 and the cat); the node keeps cos and sin.
 ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, ag_tensor *cos, ag_tensor *sin);
@@ -270,6 +300,11 @@ bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst);
 // one bounded temporary ("<prefix>:flash_workspace").
 ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                const int32_t *key_mask, int64_t mask_ld, int Hq);
+// The same under a sliding window of `window` cache slots (0: none): query i also hides the keys
+// window or more slots before its own (slots, not positions, as transformers' masks count them;
+// the pads of a row come first, so between real tokens the two agree).
+ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                      const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window);
 
 // ================================================================================================
 // Activation checkpointing (op_checkpoint.c)

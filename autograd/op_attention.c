@@ -12,18 +12,21 @@
 #define KH(base, a, b, g) ((base) + ((b) * (a).Tk * (a).Hkv + (g)) * (a).D)
 #define PH(base, a, b, h) ((base) + ((b) * (a).Hq + (h)) * (a).Tq * (a).Tk)
 
-// In place over one row of scores (query i): causal softmax; masked entries become zeros.
+// In place over one row of scores (query i): causal softmax (within the sliding window, if
+// any); masked entries become zeros.
 static void causal_softmax_row(float *row, int64_t i, const ag_att_dims *a) {
-    int64_t n = i + a->Tk - a->Tq + 1; // keys 0 .. i + Tk - Tq are visible
-    float mx = row[0];
-    for (int64_t j = 1; j < n; j++) mx = row[j] > mx ? row[j] : mx;
+    int64_t n = i + a->Tk - a->Tq + 1;              // keys 0 .. i + Tk - Tq are visible
+    int64_t lo = ag_window_first(n - 1, a->window); // ... from this one on
+    float mx = row[lo];
+    for (int64_t j = lo + 1; j < n; j++) mx = row[j] > mx ? row[j] : mx;
     double sum = 0.0;
-    for (int64_t j = 0; j < n; j++) {
+    for (int64_t j = lo; j < n; j++) {
         row[j] = expf(row[j] - mx);
         sum += row[j];
     }
     float inv = (float)(1.0 / sum);
-    for (int64_t j = 0; j < n; j++) row[j] *= inv;
+    for (int64_t j = lo; j < n; j++) row[j] *= inv;
+    for (int64_t j = 0; j < lo; j++) row[j] = 0.0f;
     for (int64_t j = n; j < a->Tk; j++) row[j] = 0.0f;
 }
 
@@ -38,8 +41,8 @@ static void softmax_part(void *p, int64_t lo, int64_t hi, int thread) {
     for (int64_t r = lo; r < hi; r++) causal_softmax_row(s->probs + r * s->a->Tk, r % s->a->Tq, s->a);
 }
 
-// Three phases rather than one pass per head: OpenMP's and OpenBLAS's thread pools then hand
-// the cores over twice per call instead of twice per head.
+// Three phases rather than one pass per head: each product and the softmax is then one loop of
+// the pool over every head.
 static void attention_forward(float *o, float *probs, const float *q, const float *k, const float *v,
                               const ag_att_dims *a) {
     int rep = a->Hq / a->Hkv;
@@ -57,16 +60,27 @@ static void attention_forward(float *o, float *probs, const float *q, const floa
                      KH(v, *a, b, h / rep), ldk, 0.0f, QH(o, *a, b, h), ldq);
 }
 
-// In place: dP -> dS = P ∘ (dP - rowsum(P ∘ dP)), the softmax backward. Serial: it sits
-// between sgemm calls, where an OpenMP region would wait for cores OpenBLAS still spins on.
-static void softmax_backward(float *dp, const float *p, const ag_att_dims *a) {
-    for (int64_t i = 0; i < a->Tq; i++) {
-        float *g = dp + i * a->Tk;
-        const float *pr = p + i * a->Tk;
+typedef struct {
+    float *dp;
+    const float *p;
+    int64_t n;
+} dsoftmax_args;
+
+static void dsoftmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const dsoftmax_args *x = arg;
+    for (int64_t i = lo; i < hi; i++) {
+        float *g = x->dp + i * x->n;
+        const float *pr = x->p + i * x->n;
         double dot = 0.0;
-        for (int64_t j = 0; j < a->Tk; j++) dot += (double)pr[j] * g[j];
-        for (int64_t j = 0; j < a->Tk; j++) g[j] = pr[j] * (g[j] - (float)dot);
+        for (int64_t j = 0; j < x->n; j++) dot += (double)pr[j] * g[j];
+        for (int64_t j = 0; j < x->n; j++) g[j] = pr[j] * (g[j] - (float)dot);
     }
+}
+
+// In place over one head: dP -> dS = P ∘ (dP - rowsum(P ∘ dP)), the softmax backward.
+static void softmax_backward(float *dp, const float *p, const ag_att_dims *a) {
+    ag_parallel_for(a->Tq, AG_PAR_GRAIN / a->Tk + 1, dsoftmax_part, &(dsoftmax_args){dp, p, a->Tk});
 }
 
 // One (batch, head): dV += Pᵀ dO; dP = dO Vᵀ; dS; dQ = dS K / sqrt(D); dK += dSᵀ Q / sqrt(D).
@@ -143,13 +157,19 @@ bool ag_attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, cons
 
 ag_tensor *ag_attention(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                         int D) {
-    if (ctx && ctx->attention == AG_ATTENTION_FLASH) return ag_attention_flash(ctx, site, q, k, v, Hq, Hkv, D);
+    return ag_attention_window(ctx, site, q, k, v, Hq, Hkv, D, 0);
+}
+
+ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                               int D, int64_t window) {
+    if (ctx && ctx->attention == AG_ATTENTION_FLASH)
+        return ag_attention_flash_window(ctx, site, q, k, v, Hq, Hkv, D, window);
     ag_tensor *ins[] = {q, k, v};
     if (!ag_check_inputs(ctx, "attention", site, 3, ins, (const char *[]){"q", "k", "v"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
     if (!ag_attention_shapes(ctx, s.base, q, k, v, Hq, Hkv, D)) return NULL;
-    ag_att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D};
+    ag_att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D, window < 0 ? 0 : window};
     if (ag_is_pytorch(ctx)) return ag_attention_eager(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");

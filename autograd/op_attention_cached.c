@@ -183,7 +183,8 @@ typedef struct {
     int Hq, Hkv, D;
     const int32_t *mask; // [B, ld] or NULL
     int64_t ld;
-    bool threaded; // heads split between threads: chunk products by ag_sgemm_small only
+    bool threaded;  // heads split between threads: chunk products by ag_sgemm_small only
+    int64_t window; // 0: none; else keys window or more cache slots back are hidden
 } cat_dims;
 
 // Eight partial sums, so that the compiler may keep them in vector registers.
@@ -285,19 +286,22 @@ static void chunk_values(float *o, int64_t ldo, const float *p, const float *vc,
 // (Tk - Tq + i) that the mask does not hide. Hidden keys get probability 0; a query that sees
 // no key at all (a pad whose earlier keys are all pads) gets a row of zeros, so its output is
 // 0 rather than NaN, and it is never read by a real query, whose mask hides it.
+// A sliding window counts cache slots, as transformers' masks do: the pads come first in a row,
+// so between real tokens that is their distance in positions.
 static void masked_softmax_row(float *row, int64_t b, int64_t i, const cat_dims *a) {
-    int64_t n = a->Tk - a->Tq + i + 1;
+    int64_t n = a->Tk - a->Tq + i + 1, lo = ag_window_first(n - 1, a->window);
     const int32_t *m = a->mask ? a->mask + b * a->ld : NULL;
     float mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++)
+    for (int64_t j = lo; j < n; j++)
         if ((!m || m[j]) && row[j] > mx) mx = row[j];
     double sum = 0.0;
-    for (int64_t j = 0; j < n; j++) {
+    for (int64_t j = lo; j < n; j++) {
         row[j] = (!m || m[j]) ? expf(row[j] - mx) : 0.0f;
         sum += row[j];
     }
     float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
-    for (int64_t j = 0; j < n; j++) row[j] *= inv;
+    for (int64_t j = lo; j < n; j++) row[j] *= inv;
+    for (int64_t j = 0; j < lo; j++) row[j] = 0.0f;
     for (int64_t j = n; j < a->Tk; j++) row[j] = 0.0f;
 }
 
@@ -472,6 +476,7 @@ static void cflash_part(void *p, int64_t lo, int64_t hi, int thread) {
                 klast = qpos0 + nr - 1, off = 0;
         ag_flash_rows w;
         ag_flash_rows_begin(&w, mine, q + (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D);
+        w.window = a->window;
         for (size_t i = 0; i < c->n && off <= klast; off += c->chunks[i++].t) {
             const kv_chunk *ch = &c->chunks[i];
             const float *kc = (const float *)ch->k.data + (b * a->Hkv + g) * ch->t * D,
@@ -527,6 +532,11 @@ static ag_tensor *cached_flash(ag_ctx *ctx, const ag_site *s, ag_tensor *q, cons
 
 ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                const int32_t *key_mask, int64_t mask_ld, int Hq) {
+    return ag_attention_cached_window(ctx, site, q, cache, key_mask, mask_ld, Hq, 0);
+}
+
+ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                      const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window) {
     ag_tensor *ins[] = {q};
     if (!ag_check_inputs(ctx, "attention_cached", site, 1, ins, (const char *[]){"q"})) return NULL;
     ag_site s;
@@ -538,7 +548,8 @@ ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, cons
     }
     if (!key_mask) mask_ld = cache->tokens;
     if (!cached_shapes(ctx, s.base, q, cache, Hq, mask_ld)) return NULL;
-    cat_dims a = {q->shape[0], q->shape[1], cache->tokens, Hq, cache->Hkv, cache->D, key_mask, mask_ld, false};
+    cat_dims a = {q->shape[0], q->shape[1], cache->tokens, Hq,    cache->Hkv,
+                  cache->D,    key_mask,    mask_ld,       false, window < 0 ? 0 : window};
     if (ctx->attention == AG_ATTENTION_FLASH) return cached_flash(ctx, &s, q, cache, &a);
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");

@@ -64,9 +64,10 @@ static void rows_part(void *arg, int64_t lo, int64_t hi, int thread) {
         const float *in = x->in + r * n, *P = x->p ? x->p + r * n : NULL;
         if (x->kind == ROWS_SCALE) {
             for (int64_t j = 0; j < n; j++) o[j] = in[j] * x->sc;
-        } else if (x->kind == ROWS_MASK) { // scaled + the causal mask (-inf where a query may not look)
-            int64_t seen = r % Tq + n - Tq + 1;
-            for (int64_t j = 0; j < n; j++) o[j] = j < seen ? in[j] : -INFINITY;
+        } else if (x->kind == ROWS_MASK) { // scaled + the causal mask: -inf where a query may not
+            // look (later keys, and keys the sliding window leaves behind)
+            int64_t seen = r % Tq + n - Tq + 1, first = ag_window_first(seen - 1, x->a->window);
+            for (int64_t j = 0; j < n; j++) o[j] = j < seen && j >= first ? in[j] : -INFINITY;
         } else { // SoftmaxBackward, then MulBackward (the scaling), each rounded as its own op
             double dot = 0.0;
             for (int64_t j = 0; j < n; j++) dot += (double)P[j] * in[j];

@@ -128,6 +128,7 @@ void ag_flash_rows_begin(ag_flash_rows *w, float *ws, const float *q, int64_t ld
     w->m = w->st + (size_t)BC * BR;
     w->l = w->m + BR;
     w->corr = w->l + BR;
+    w->window = 0;
     for (int64_t r = 0; r < nr; r++) {
         for (int d = 0; d < D; d++) w->qt[(int64_t)d * BR + r] = w->scale * q[r * ldq + d];
         w->m[r] = -INFINITY;
@@ -212,6 +213,10 @@ void ag_flash_rows_tile(ag_flash_rows *w, const float *k, int64_t ldk, const flo
         int64_t hidden = kpos0 + c - qpos0;
         for (int64_t r = 0; r < (hidden < nr ? hidden : nr); r++) w->st[c * BR + r] = -INFINITY;
     }
+    // Sliding window: key c is hidden from query r when it lies window or more positions back.
+    for (int64_t r = 0; w->window > 0 && r < nr; r++)
+        for (int64_t c = 0; c < nk && kpos0 + c < ag_window_first(qpos0 + r, w->window); c++)
+            w->st[c * BR + r] = -INFINITY;
     if (key_mask)
         for (int64_t c = 0; c < nk; c++)
             if (!key_mask[c])
@@ -297,7 +302,9 @@ static void forward_part(void *p, int64_t lo, int64_t hi, int thread) {
             int64_t nr = a->Tq - r0 < BR ? a->Tq - r0 : BR, qpos0 = r0 + a->Tk - a->Tq, klast = qpos0 + nr - 1;
             ag_flash_rows w;
             ag_flash_rows_begin(&w, mine, q + (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D);
-            for (int64_t c0 = 0; c0 <= klast; c0 += BC) {
+            w.window = a->window;
+            // tiles wholly behind the block's first query's window hold no key it sees
+            for (int64_t c0 = ag_window_first(qpos0, a->window) / BC * BC; c0 <= klast; c0 += BC) {
                 int64_t nk = klast + 1 - c0 < BC ? klast + 1 - c0 : BC;
                 const int64_t off = (b * a->Tk + c0) * ldk + (int64_t)g * D;
                 ag_flash_rows_tile(&w, k + off, ldk, v + off, ldk, nk, c0, qpos0, NULL);
@@ -358,6 +365,12 @@ static void probs(float *s, int64_t nr, int64_t nc, const float *lse, int64_t vi
         for (int64_t c = 0; c < nc; c++) s[r * BC + c] = c < vis0 + r ? expf(s[r * BC + c] - lse[r]) : 0.0f;
 }
 
+// Sliding window: P = 0 where key c0 + c lies window or more positions behind query qpos0 + r.
+static void window_zero(float *p, int64_t nr, int64_t nc, int64_t qpos0, int64_t c0, int64_t window) {
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t c = 0; c < nc && c0 + c < ag_window_first(qpos0 + r, window); c++) p[r * BC + c] = 0.0f;
+}
+
 static void dscores(float *dp, const float *p, int64_t nr, int64_t nc, const float *di) {
 #if defined(__x86_64__)
     if (fast()) {
@@ -406,6 +419,7 @@ static void backward_tile(const bwd_args *x, float *ws, int64_t b, int g, int64_
             const float *qi = x->q + row, *doi = x->dout + row;
             mm(nr, nc, D, scale, qi, ldq, 1, kt, BC, p, BC, false);
             probs(p, nr, nc, x->lse + stat, r0 + shift - c0 + 1); // query r sees keys c <= r0 + r + shift - c0
+            if (a->window > 0) window_zero(p, nr, nc, r0 + shift, c0, a->window);
             if (dv) mm(nc, D, nr, 1.0f, p, 1, BC, doi, ldq, dva, D, true);
             if (!dq && !dk) continue;
             mm(nr, nc, D, 1.0f, doi, ldq, 1, vt, BC, ds, BC, false);
@@ -568,11 +582,16 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
 
 ag_tensor *ag_attention_flash(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                               int D) {
+    return ag_attention_flash_window(ctx, site, q, k, v, Hq, Hkv, D, 0);
+}
+
+ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
+                                     int Hkv, int D, int64_t window) {
     ag_tensor *ins[] = {q, k, v};
     if (!ag_check_inputs(ctx, "attention", site, 3, ins, (const char *[]){"q", "k", "v"})) return NULL;
     ag_site s;
     ag_site_parse(&s, site);
     if (!ag_attention_shapes(ctx, s.base, q, k, v, Hq, Hkv, D)) return NULL;
-    ag_att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D};
+    ag_att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D, window < 0 ? 0 : window};
     return ag_attention_flash_checked(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
 }

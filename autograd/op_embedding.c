@@ -16,6 +16,7 @@ static void embedding_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
         memset(d.data, 0, (size_t)(V * H) * sizeof(float));
     // Serial over rows: two rows may hit the same id, and the order keeps the sum deterministic.
     for (int64_t r = 0; r < rows; r++) {
+        if (st->ids[r] == st->padding_idx) continue; // nn.Embedding(padding_idx): that row stays
         float *g = d.data + (int64_t)st->ids[r] * H;
         const float *src = dy + r * H;
         for (int64_t j = 0; j < H; j++) g[j] += src[j];
@@ -27,6 +28,11 @@ static void embedding_release(ag_op_state *st) { free(st->embedding.ids); }
 static const ag_op embedding_op = {.name = "embedding", .backward = embedding_backward, .release = embedding_release};
 
 ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T, ag_tensor *table) {
+    return ag_embedding_padded(ctx, site, ids, B, T, table, -1);
+}
+
+ag_tensor *ag_embedding_padded(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T,
+                               ag_tensor *table, int64_t padding_idx) {
     ag_tensor *ins[] = {table};
     if (!ag_check_inputs(ctx, "embedding", site, 1, ins, (const char *[]){"table"})) return NULL;
     ag_site s;
@@ -63,6 +69,6 @@ ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64
         return NULL;
     }
     if (!meta) memcpy(sn->ids, ids, (size_t)(B * T) * sizeof(int32_t));
-    sn->rows = B * T, sn->hidden = H, sn->vocab = V;
+    sn->rows = B * T, sn->hidden = H, sn->vocab = V, sn->padding_idx = padding_idx;
     return y;
 }

@@ -142,7 +142,7 @@ static void rms_scale(float *y, float *h, const float *x, const float *rstd, con
 // float32, where every cast is a no-op).
 static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tensor *w, float eps, bool rec) {
     ag_tensor *ins[] = {x, w};
-    int64_t H = x->shape[x->ndim - 1], rows = x->numel / H;
+    int64_t H = w->shape[0], rows = x->numel / H;
     const bool keep_sq = ctx->framework == AG_FRAMEWORK_PYTORCH_113 && rec, half = x->bits < 32;
     char l[5][AG_LABEL_MAX];
     ag_label(l[0], s->base, "float");
@@ -191,10 +191,13 @@ ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w,
     ag_site s;
     ag_site_parse(&s, site);
     char sx[64], sw[64];
-    int64_t H = x->shape[x->ndim - 1], rows = x->numel / H;
-    if (w->ndim != 1 || w->shape[0] != H) {
-        ag_fail(ctx, AG_ERR_SHAPE, "rmsnorm %s: weight %s %s does not fit x %s (expected [%lld])", s.base,
-                ag_tensor_name(w), ag_shape_str(w, sw), ag_shape_str(x, sx), (long long)H);
+    // A weight shorter than x's last dimension normalises each slice of its length on its own:
+    // Qwen3's q_norm and k_norm over q.view(..., heads, head_dim), the same rows in memory.
+    int64_t last = x->shape[x->ndim - 1], H = w->ndim == 1 ? w->shape[0] : 0, rows = H > 0 ? x->numel / H : 0;
+    if (w->ndim != 1 || H < 1 || last % H != 0) {
+        ag_fail(ctx, AG_ERR_SHAPE,
+                "rmsnorm %s: weight %s %s does not fit x %s (expected [%lld], or a length that divides it)", s.base,
+                ag_tensor_name(w), ag_shape_str(w, sw), ag_shape_str(x, sx), (long long)last);
         return NULL;
     }
     bool rec = ag_any_needs_grad(ctx, 2, ins);

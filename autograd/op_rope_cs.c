@@ -8,14 +8,19 @@
 
 bool ag_rope_tables(ag_ctx *ctx, const char *site, int64_t T, int hd, float theta, int64_t pos0, ag_tensor **cos_t,
                     ag_tensor **sin_t) {
+    return ag_rope_tables_f(ctx, site, T, hd, &(ag_rope_freqs){theta, NULL, 1.0f}, pos0, cos_t, sin_t);
+}
+
+bool ag_rope_tables_f(ag_ctx *ctx, const char *site, int64_t T, int hd, const ag_rope_freqs *f, int64_t pos0,
+                      ag_tensor **cos_t, ag_tensor **sin_t) {
     *cos_t = *sin_t = NULL;
     if (!ctx || ctx->status != AG_OK) return false;
     ag_site s;
     ag_site_parse(&s, site);
-    if (T < 1 || hd < 2 || hd % 2 || hd > AG_ROPE_MAX_HEAD_DIM || !(theta > 0.0f))
+    if (T < 1 || hd < 2 || hd % 2 || hd > AG_ROPE_MAX_HEAD_DIM || !ag_rope_freqs_ok(f, hd))
         return ag_fail(ctx, AG_ERR_SHAPE,
                        "rope tables %s: %lld positions of dimension %d (expected an even dimension "
-                       "of at most %d, theta > 0)",
+                       "of at most %d, theta and frequencies > 0)",
                        s.base, (long long)T, hd, AG_ROPE_MAX_HEAD_DIM);
     char lc[AG_LABEL_MAX], ls[AG_LABEL_MAX];
     ag_label(lc, s.base, "cos");
@@ -38,10 +43,11 @@ bool ag_rope_tables(ag_ctx *ctx, const char *site, int64_t T, int hd, float thet
     }
     if (mp_is_meta()) return true;
     int half = hd / 2;
+    const float scale = ag_rope_scale(f);
     for (int64_t t = 0; t < T; t++)
         for (int i = 0; i < half; i++) { // angles in float32, as the ag_rope kernel and HF form them
-            float a = (float)(pos0 + t) * ag_rope_inv_freq(theta, i, hd);
-            float c = (float)cos((double)a), sn = (float)sin((double)a);
+            float a = (float)(pos0 + t) * ag_rope_freq_at(f, i, hd);
+            float c = (float)cos((double)a) * scale, sn = (float)sin((double)a) * scale;
             (*cos_t)->data[t * hd + i] = (*cos_t)->data[t * hd + half + i] = c;
             (*sin_t)->data[t * hd + i] = (*sin_t)->data[t * hd + half + i] = sn;
         }

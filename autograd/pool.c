@@ -158,7 +158,7 @@ void ag_parallel_for(int64_t n, int64_t grain, ag_range_fn fn, void *arg) {
 
 void ag_parallel_tasks(int64_t n, ag_range_fn fn, void *arg) { run(n, 1, fn, arg); }
 
-// Until set, as many threads as the process may use cores (as OpenMP's default).
+// Until set, as many threads as the process may use cores.
 int ag_num_threads(void) {
     int n = atomic_load(&pool.threads);
     if (n > 0) return n;

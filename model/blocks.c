@@ -15,15 +15,15 @@ const char *llama_site(char buf[96], int64_t i, const char *what) {
 ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
     char s[96];
     ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "post_attention_layernorm"), x, L->post_norm, (float)c->rms_eps);
-    ag_tensor *g = ag_linear(ctx, llama_site(s, i, "mlp.gate_proj"), h, L->gate);
-    ag_tensor *u = ag_linear(ctx, llama_site(s, i, "mlp.up_proj"), h, L->up);
+    ag_tensor *g = ag_linear(ctx, llama_site(s, i, "mlp.gate_proj"), h, L->gate, L->gate_bias);
+    ag_tensor *u = ag_linear(ctx, llama_site(s, i, "mlp.up_proj"), h, L->up, L->up_bias);
     REL(h);
     ag_tensor *a = ag_silu(ctx, llama_site(s, i, "mlp.act"), g);
     REL(g);
     ag_tensor *m = ag_mul(ctx, llama_site(s, i, "mlp.act_mul_up"), a, u);
     REL(a);
     REL(u);
-    ag_tensor *d = ag_linear(ctx, llama_site(s, i, "mlp.down_proj"), m, L->down);
+    ag_tensor *d = ag_linear(ctx, llama_site(s, i, "mlp.down_proj"), m, L->down, L->down_bias);
     REL(m);
     ag_tensor *y = ag_add(ctx, llama_site(s, i, "mlp_residual"), x, d);
     ag_release(x);
@@ -35,15 +35,22 @@ void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tens
                ag_tensor **k, ag_tensor **v) {
     char s[96];
     ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
-    *q = ag_linear(ctx, llama_site(s, i, "self_attn.q_proj"), h, L->q);
-    *k = ag_linear(ctx, llama_site(s, i, "self_attn.k_proj"), h, L->k);
-    *v = ag_linear(ctx, llama_site(s, i, "self_attn.v_proj"), h, L->v);
+    *q = ag_linear(ctx, llama_site(s, i, "self_attn.q_proj"), h, L->q, L->q_bias);
+    *k = ag_linear(ctx, llama_site(s, i, "self_attn.k_proj"), h, L->k, L->k_bias);
+    *v = ag_linear(ctx, llama_site(s, i, "self_attn.v_proj"), h, L->v, L->v_bias);
     ag_release(h);
+    if (!c->qk_norm) return;
+    // Qwen3: RMSNorm of each head of q and k (q_norm over q.view(..., heads, head_dim)), before RoPE
+    ag_tensor *qn = ag_rmsnorm(ctx, llama_site(s, i, "self_attn.q_norm"), *q, L->q_norm, (float)c->rms_eps);
+    ag_tensor *kn = ag_rmsnorm(ctx, llama_site(s, i, "self_attn.k_norm"), *k, L->k_norm, (float)c->rms_eps);
+    ag_release(*q);
+    ag_release(*k);
+    *q = qn, *k = kn;
 }
 
 ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_layer *L, ag_tensor *x, ag_tensor *a, int64_t i) {
     char s[96];
-    ag_tensor *o = ag_linear(ctx, llama_site(s, i, "self_attn.o_proj"), a, L->o);
+    ag_tensor *o = ag_linear(ctx, llama_site(s, i, "self_attn.o_proj"), a, L->o, L->o_bias);
     ag_release(a);
     ag_tensor *y = ag_add(ctx, llama_site(s, i, "attn_residual"), x, o);
     ag_release(x);
@@ -56,15 +63,15 @@ ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama
                                  ag_tensor *x, int64_t i) {
     char s[96];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    const float theta = (float)c->rope_theta;
+    const ag_rope_freqs f = llama_rope_freqs(c);
     ag_tensor *q, *k, *v, *qr, *kr;
     llama_qkv(ctx, c, L, x, i, &q, &k, &v);
     if (sh && sh->cos) {
         qr = ag_rope_cs(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, sh->cos, sh->sin);
         kr = ag_rope_cs(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, sh->cos, sh->sin);
     } else {
-        qr = ag_rope(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, theta, 0);
-        kr = ag_rope(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, theta, 0);
+        qr = ag_rope_f(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, &f, 0);
+        kr = ag_rope_f(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, &f, 0);
     }
     REL(q);
     REL(k);
@@ -72,7 +79,8 @@ ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama
         sh->cache[2 * i] = ag_retain(kr);
         sh->cache[2 * i + 1] = ag_retain(v);
     }
-    ag_tensor *a = ag_attention(ctx, llama_site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd);
+    ag_tensor *a =
+        ag_attention_window(ctx, llama_site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd, llama_layer_window(c, i));
     REL(qr);
     REL(kr);
     REL(v);

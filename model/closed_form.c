@@ -17,6 +17,8 @@ void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, 
     out->act_lse_per_block = 0;
     out->act_per_block =
         (4 * BT * H + 2 * BT * hq * D + 2 * BT * hkv * D + 4 * BT * I) * a + 2 * BT * f32 + out->act_probs_per_block;
+    // Qwen3's q_norm and k_norm keep their inputs (q and k before RoPE) and an rstd per head
+    if (c->qk_norm) out->act_per_block += BT * (hq + hkv) * D * a + BT * (hq + hkv) * f32;
     // The head at the start of backward: the final norm's input and output, the logits and
     // their gradient, the float32 rstd and log-sum-exp rows.
     out->act_head = (2 * BT * H + 2 * BT * V) * a + 2 * BT * f32;

@@ -10,80 +10,10 @@
 
 #include <jansson.h>
 
-#include "model.h"
+#include "model_internal.h"
 
 // A config.json is a few kB; anything past this is not one.
 #define CONFIG_MAX_BYTES (16u << 20)
-
-// ---------------------------------------------------------------------------------------------
-// Parameter shapes
-
-size_t llama_param_count_tensors(const llama_config *c) {
-    if (c->layers < 0) return 0;
-    return 2 + (size_t)c->layers * LLAMA_PARAMS_PER_LAYER + (c->tied ? 0 : 1);
-}
-
-int llama_param_spec(const llama_config *c, size_t i, char *name, size_t name_len, int *ndim, int64_t shape[2]) {
-    static const char *const layer_names[LLAMA_PARAMS_PER_LAYER] = {
-        "input_layernorm",          "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "post_attention_layernorm", "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj",
-    };
-    size_t n = llama_param_count_tensors(c);
-    if (i >= n) return -1;
-    int64_t h = c->hidden, q, kv;
-    if (__builtin_mul_overflow(c->heads, c->head_dim, &q) || __builtin_mul_overflow(c->kv_heads, c->head_dim, &kv))
-        return -1;
-    int k;
-    shape[1] = 1;
-    if (i == 0) {
-        k = snprintf(name, name_len, "model.embed_tokens.weight");
-        *ndim = 2, shape[0] = c->vocab, shape[1] = h;
-    } else if (i == n - 1 && !c->tied) {
-        k = snprintf(name, name_len, "lm_head.weight");
-        *ndim = 2, shape[0] = c->vocab, shape[1] = h;
-    } else if (i == 1 + (size_t)c->layers * LLAMA_PARAMS_PER_LAYER) {
-        k = snprintf(name, name_len, "model.norm.weight");
-        *ndim = 1, shape[0] = h;
-    } else {
-        size_t layer = (i - 1) / LLAMA_PARAMS_PER_LAYER, j = (i - 1) % LLAMA_PARAMS_PER_LAYER;
-        k = snprintf(name, name_len, "model.layers.%zu.%s.weight", layer, layer_names[j]);
-        // rows (out features), columns (in features) of each tensor of a block, in order;
-        // the two norms (j = 0 and 5) are vectors
-        const int64_t rows[LLAMA_PARAMS_PER_LAYER] = {h, q, kv, kv, h, h, c->intermediate, c->intermediate, h};
-        const int64_t cols[LLAMA_PARAMS_PER_LAYER] = {1, h, h, h, q, 1, h, h, c->intermediate};
-        *ndim = (j == 0 || j == 5) ? 1 : 2;
-        shape[0] = rows[j];
-        shape[1] = cols[j];
-    }
-    return (k < 0 || (size_t)k >= name_len) ? -1 : 0;
-}
-
-static bool mul_ovf(uint64_t a, uint64_t b, uint64_t *r) { return __builtin_mul_overflow(a, b, r); }
-static bool add_ovf(uint64_t a, uint64_t b, uint64_t *r) { return __builtin_add_overflow(a, b, r); }
-
-// Total parameters in closed form (the tests check it against the sum over
-// llama_param_spec), or -1 if a size is negative or a sum or product overflows 64 bits.
-static int param_total(const llama_config *c, uint64_t *out) {
-    const int64_t v[] = {c->hidden, c->intermediate, c->layers, c->heads, c->kv_heads, c->head_dim, c->vocab};
-    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-        if (v[i] < 0) return -1;
-    uint64_t h = (uint64_t)c->hidden, q, kv, attn, mlp, layer, embed, t;
-    // per layer: q and o are q x h, k and v are kv x h, three MLP matrices, two norms
-    if (mul_ovf((uint64_t)c->heads, (uint64_t)c->head_dim, &q) ||
-        mul_ovf((uint64_t)c->kv_heads, (uint64_t)c->head_dim, &kv) || add_ovf(q, kv, &attn) ||
-        mul_ovf(attn, h, &attn) || mul_ovf(attn, 2, &attn) || mul_ovf((uint64_t)c->intermediate, h, &mlp) ||
-        mul_ovf(mlp, 3, &mlp) || add_ovf(attn, mlp, &layer) || add_ovf(layer, h, &layer) || add_ovf(layer, h, &layer) ||
-        mul_ovf(layer, (uint64_t)c->layers, &t) || mul_ovf((uint64_t)c->vocab, h, &embed) || add_ovf(t, embed, &t) ||
-        add_ovf(t, h, &t) || (!c->tied && add_ovf(t, embed, &t)))
-        return -1;
-    *out = t;
-    return 0;
-}
-
-uint64_t llama_param_count(const llama_config *c) {
-    uint64_t total;
-    return param_total(c, &total) == 0 ? total : 0;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Validation
@@ -136,6 +66,15 @@ static int validate(const llama_config *c, bool head_dim_derived, ag_err *err) {
         ag_err_set(err, "field head_dim (%lld%s) must be even (RoPE rotates pairs)", (long long)c->head_dim, hd);
         return -1;
     }
+    if (c->sliding_window < 0 || c->sliding_window > LLAMA_MAX_POSITIONS) {
+        ag_err_set(err, "field sliding_window (%lld) must be from 1 to %d, or null", (long long)c->sliding_window,
+                   LLAMA_MAX_POSITIONS);
+        return -1;
+    }
+    if (c->window_from < 0) {
+        ag_err_set(err, "field max_window_layers (%lld) must not be negative", (long long)c->window_from);
+        return -1;
+    }
     // written so that NaN fails every comparison
     if (!(c->rope_theta >= LLAMA_MIN_ROPE_THETA && c->rope_theta <= LLAMA_MAX_ROPE_THETA)) {
         ag_err_set(err, "field rope_theta (%g) must be a number from %g to %g", c->rope_theta, LLAMA_MIN_ROPE_THETA,
@@ -147,7 +86,7 @@ static int validate(const llama_config *c, bool head_dim_derived, ag_err *err) {
         return -1;
     }
     uint64_t total;
-    if (param_total(c, &total) != 0 || total > LLAMA_MAX_PARAMS) {
+    if (llama_param_total(c, &total) != 0 || total > LLAMA_MAX_PARAMS) {
         ag_err_set(err, "the config describes an absurd number of parameters (more than 10^13)");
         return -1;
     }
@@ -159,43 +98,7 @@ int llama_config_validate(const llama_config *c, ag_err *err) { return validate(
 // ---------------------------------------------------------------------------------------------
 // config.json
 
-static int read_small_file(const char *path, char **out, size_t *len, ag_err *err) {
-    uint64_t size;
-    int fd = llama_open_regular(path, &size, err);
-    if (fd < 0) return -1;
-    if (size > CONFIG_MAX_BYTES) {
-        ag_err_set(err, "%s: %llu bytes is too large for a config.json (at most %u)", path, (unsigned long long)size,
-                   CONFIG_MAX_BYTES);
-        close(fd);
-        return -1;
-    }
-    size_t got = 0;
-    char *buf = malloc((size_t)size + 1);
-    if (!buf) {
-        ag_err_set(err, "%s: out of memory", path);
-        close(fd);
-        return -1;
-    }
-    int errnum = 0;
-    while (got < size) {
-        ssize_t k = read(fd, buf + got, (size_t)size - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) errnum = errno;
-        if (k <= 0) break;
-        got += (size_t)k;
-    }
-    close(fd);
-    if (got != size) {
-        ag_err_set(err, "%s: read failed: %s", path, errnum ? strerror(errnum) : "the file shrank while being read");
-        free(buf);
-        return -1;
-    }
-    *out = buf;
-    *len = (size_t)size;
-    return 0;
-}
-
-static const char *json_kind(const json_t *v) {
+const char *llama_json_kind(const json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -210,7 +113,7 @@ static const char *json_kind(const json_t *v) {
 }
 
 // 1 found, 0 absent or null, -1 error (wrong type, or absent when required).
-static int get_int(const json_t *root, const char *path, const char *field, bool required, int64_t *out, ag_err *err) {
+int llama_json_int(const json_t *root, const char *path, const char *field, bool required, int64_t *out, ag_err *err) {
     const json_t *v = json_object_get(root, field);
     if (!v || json_is_null(v)) {
         if (!required) return 0;
@@ -224,40 +127,33 @@ static int get_int(const json_t *root, const char *path, const char *field, bool
                        "exponent (it is the real number %g)",
                        path, field, json_real_value(v));
         else
-            ag_err_set(err, "%s: field %s must be an integer (it is %s)", path, field, json_kind(v));
+            ag_err_set(err, "%s: field %s must be an integer (it is %s)", path, field, llama_json_kind(v));
         return -1;
     }
     *out = (int64_t)json_integer_value(v);
     return 1;
 }
 
-static int get_number(const json_t *root, const char *path, const char *field, double *out, ag_err *err) {
+int llama_json_number(const json_t *root, const char *path, const char *field, double *out, ag_err *err) {
     const json_t *v = json_object_get(root, field);
     if (!v || json_is_null(v)) return 0;
     if (!json_is_number(v)) {
-        ag_err_set(err, "%s: field %s must be a number (it is %s)", path, field, json_kind(v));
+        ag_err_set(err, "%s: field %s must be a number (it is %s)", path, field, llama_json_kind(v));
         return -1;
     }
     *out = json_number_value(v);
     return 1;
 }
 
-// Fields that would add tensors or change the MLP that this model does not have.
-static int check_unsupported(const json_t *root, const char *path, ag_err *err) {
-    const char *bias_fields[] = {"attention_bias", "mlp_bias"};
-    for (size_t i = 0; i < 2; i++) {
-        const json_t *v = json_object_get(root, bias_fields[i]);
-        if (v && !json_is_null(v) && !json_is_false(v)) {
-            ag_err_set(err, "%s: field %s must be false (biases are not supported)", path, bias_fields[i]);
-            return -1;
-        }
-    }
-    const json_t *act = json_object_get(root, "hidden_act");
-    if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
-        ag_err_set(err, "%s: field hidden_act must be \"silu\"", path);
+int llama_json_bool(const json_t *root, const char *path, const char *field, bool *out, ag_err *err) {
+    const json_t *v = json_object_get(root, field);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) {
+        ag_err_set(err, "%s: field %s must be true or false (it is %s)", path, field, llama_json_kind(v));
         return -1;
     }
-    return 0;
+    *out = json_is_true(v);
+    return 1;
 }
 
 // The length of the UTF-8 sequence at p (at most n bytes there), or 0 if it is not one.
@@ -297,38 +193,26 @@ static void set_name(char *dst, size_t len, const char *src) {
 }
 
 static int parse_config(llama_config *c, bool *head_dim_derived, const json_t *root, const char *path, ag_err *err) {
-    const json_t *mt = json_object_get(root, "model_type");
-    if (!mt) {
-        ag_err_set(err, "%s: field model_type missing (expected \"llama\" or \"mistral\")", path);
-        return -1;
-    }
-    const char *type = json_is_string(mt) ? json_string_value(mt) : "";
-    bool mistral = strcmp(type, "mistral") == 0;
-    if (!mistral && strcmp(type, "llama") != 0) {
-        ag_err_set(err, "%s: field model_type must be \"llama\" or \"mistral\"", path);
-        return -1;
-    }
-    if (check_unsupported(root, path, err) != 0) return -1;
     memset(c, 0, sizeof *c);
-    c->max_positions = mistral ? 131072 : 2048; // transformers' defaults
     c->rope_theta = 10000.0;
     c->rms_eps = 1e-6;
-    if (get_int(root, path, "hidden_size", true, &c->hidden, err) < 0 ||
-        get_int(root, path, "intermediate_size", true, &c->intermediate, err) < 0 ||
-        get_int(root, path, "num_hidden_layers", true, &c->layers, err) < 0 ||
-        get_int(root, path, "num_attention_heads", true, &c->heads, err) < 0 ||
-        get_int(root, path, "vocab_size", true, &c->vocab, err) < 0 ||
-        get_int(root, path, "max_position_embeddings", false, &c->max_positions, err) < 0 ||
-        get_number(root, path, "rope_theta", &c->rope_theta, err) < 0 ||
-        get_number(root, path, "rms_norm_eps", &c->rms_eps, err) < 0)
+    if (llama_parse_family(c, root, path, err) != 0) return -1; // model_type and its defaults
+    if (llama_json_int(root, path, "hidden_size", true, &c->hidden, err) < 0 ||
+        llama_json_int(root, path, "intermediate_size", true, &c->intermediate, err) < 0 ||
+        llama_json_int(root, path, "num_hidden_layers", true, &c->layers, err) < 0 ||
+        llama_json_int(root, path, "num_attention_heads", true, &c->heads, err) < 0 ||
+        llama_json_int(root, path, "vocab_size", true, &c->vocab, err) < 0 ||
+        llama_json_int(root, path, "max_position_embeddings", false, &c->max_positions, err) < 0 ||
+        llama_json_number(root, path, "rope_theta", &c->rope_theta, err) < 0 ||
+        llama_json_number(root, path, "rms_norm_eps", &c->rms_eps, err) < 0)
         return -1;
-    int r = get_int(root, path, "num_key_value_heads", false, &c->kv_heads, err);
+    int r = llama_json_int(root, path, "num_key_value_heads", false, &c->kv_heads, err);
     if (r < 0) return -1;
     if (r == 0) c->kv_heads = c->heads;
-    r = get_int(root, path, "head_dim", false, &c->head_dim, err);
+    r = llama_json_int(root, path, "head_dim", false, &c->head_dim, err);
     if (r < 0) return -1;
-    *head_dim_derived = r == 0;
-    if (r == 0 && c->heads > 0) {
+    *head_dim_derived = r == 0 && c->head_dim == 0; // qwen3's default is 128, not derived
+    if (*head_dim_derived && c->heads > 0) {
         if (c->hidden % c->heads != 0) {
             ag_err_set(err,
                        "%s: field hidden_size (%lld) is not a multiple of num_attention_heads "
@@ -338,12 +222,9 @@ static int parse_config(llama_config *c, bool *head_dim_derived, const json_t *r
         }
         c->head_dim = c->hidden / c->heads;
     }
-    const json_t *tied = json_object_get(root, "tie_word_embeddings");
-    if (tied && !json_is_null(tied) && !json_is_boolean(tied)) {
-        ag_err_set(err, "%s: field tie_word_embeddings must be true or false (it is %s)", path, json_kind(tied));
+    if (llama_json_bool(root, path, "tie_word_embeddings", &c->tied, err) < 0) return -1;
+    if (llama_parse_family_fields(c, root, path, err) != 0 || llama_parse_rope_scaling(c, root, path, err) != 0)
         return -1;
-    }
-    c->tied = tied && json_is_true(tied);
     const json_t *nm = json_object_get(root, "_name_or_path");
     set_name(c->name, sizeof c->name, json_is_string(nm) && json_string_length(nm) ? json_string_value(nm) : path);
     return 0;
@@ -404,7 +285,7 @@ int llama_config_parse(llama_config *out, const char *text, size_t len, const ch
 int llama_config_load(llama_config *out, const char *path, ag_err *err) {
     char *text;
     size_t len;
-    if (read_small_file(path, &text, &len, err) != 0) return -1;
+    if (llama_read_small_file(path, "a config.json", CONFIG_MAX_BYTES, &text, &len, err) != 0) return -1;
     int rc = llama_config_parse(out, text, len, path, err);
     free(text);
     return rc;

@@ -32,25 +32,48 @@ static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, const llama_share
     return y;
 }
 
+// Whether a layer of the config has a sliding window shorter than T tokens.
+static bool window_within(const llama_config *c, int64_t T) {
+    return c->sliding_window > 0 && c->window_from < c->layers && c->sliding_window < T;
+}
+
+// mask[rows, cols] as transformers fills it: 0 where query r % T may look, the lowest float
+// elsewhere (later keys; keys the window, if any, leaves behind).
+static void fill_mask(ag_tensor *mask, int64_t T, int64_t window) {
+    const int64_t rows = mask->shape[0], cols = mask->shape[1];
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cols; j++)
+            mask->data[r * cols + j] = j > r % T || (window > 0 && r % T - j >= window) ? -FLT_MAX : 0.0f;
+}
+
 // What transformers' LlamaModel.forward makes before its first layer: the rotary tables, the 4-D
 // causal mask (PyTorch 1.13's transformers: torch.full((T, T + 1), min) then triu, target length
 // T + 1 without an attention mask; current transformers: [B, 1, T, T] from a boolean mask), and
 // the DynamicCache (use_cache defaults to true). The mask is billed and filled as transformers
-// fills it; ag_attention applies the same causal pattern itself.
-static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, llama_shared *sh, ag_tensor **mask) {
+// fills it; ag_attention applies the same pattern itself. Current transformers makes one mask per
+// kind of layer: Mistral's sliding one alone, Qwen2's and Qwen3's full one and, when some layers
+// slide, the sliding one too (mask[1]).
+static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, llama_shared *sh, ag_tensor *mask[2]) {
     const llama_config *c = &m->cfg;
-    if (!ag_rope_tables(ctx, "rotary_emb", T, (int)c->head_dim, (float)c->rope_theta, 0, &sh->cos, &sh->sin))
-        return false;
+    const ag_rope_freqs f = llama_rope_freqs(c);
+    if (!ag_rope_tables_f(ctx, "rotary_emb", T, (int)c->head_dim, &f, 0, &sh->cos, &sh->sin)) return false;
     bool old = ag_ctx_framework(ctx) == AG_FRAMEWORK_PYTORCH_113;
     int64_t cols = old ? T + 1 : T, rows = old ? T : B * T;
+    bool qwen = c->family == LLAMA_FAMILY_QWEN2 || c->family == LLAMA_FAMILY_QWEN3;
+    bool sliding = c->sliding_window > 0 && c->window_from < c->layers, two = !old && qwen && sliding;
     // SDPA: without padding, transformers' sdpa_mask returns None and is_causal does the masking
-    // (which also lets SDPA take GQA as it is, enable_gqa, without repeat_kv).
-    bool sdpa = ag_ctx_attention(ctx) == AG_ATTENTION_FLASH;
-    *mask = sdpa ? NULL : ag_tensor_new(ctx, 2, (int64_t[]){rows, cols}, MP_ACTIVATION, "causal_mask");
-    if (*mask && !mp_is_meta())
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t j = 0; j < cols; j++) (*mask)->data[r * cols + j] = j > r % T ? -FLT_MAX : 0.0f;
-    sh->cache = *mask || sdpa ? calloc((size_t)(2 * c->layers), sizeof *sh->cache) : NULL;
+    // (which also lets SDPA take GQA as it is, enable_gqa, without repeat_kv), unless a sliding
+    // window shorter than the sequence needs a mask (transformers' is boolean, 1 byte an element;
+    // it is billed here at the mask's own element size).
+    bool sdpa = ag_ctx_attention(ctx) == AG_ATTENTION_FLASH, sdpa_window = sdpa && window_within(c, T);
+    for (int k = 0; k < (two ? 2 : 1); k++) {
+        bool full = two && k == 0, needed = !sdpa || (!full && sdpa_window);
+        mask[k] = needed ? ag_tensor_new(ctx, 2, (int64_t[]){rows, cols}, MP_ACTIVATION, "causal_mask") : NULL;
+        if (needed && !mask[k]) return false;
+        if (mask[k] && !mp_is_meta()) fill_mask(mask[k], T, full || !sliding ? 0 : c->sliding_window);
+    }
+    if (c->no_cache) return true; // use_cache false: the output holds no DynamicCache
+    sh->cache = calloc((size_t)(2 * c->layers), sizeof *sh->cache);
     return sh->cache != NULL;
 }
 
@@ -75,19 +98,20 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
         return NULL;
     }
     if (!mp_is_meta() && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return NULL;
-    ag_tensor *x = ag_embedding(ctx, "embed_tokens", ids, B, T, m->embed);
+    ag_tensor *x = ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed, c->pad_token ? c->pad_token_id : -1);
     llama_shared sh = {0};
-    ag_tensor *mask = NULL;
-    if (x && ag_ctx_framework(ctx) != AG_FRAMEWORK_LEAN && !checkpointing && !hf_prepare(ctx, m, B, T, &sh, &mask))
+    ag_tensor *mask[2] = {NULL, NULL};
+    if (x && ag_ctx_framework(ctx) != AG_FRAMEWORK_LEAN && !checkpointing && !hf_prepare(ctx, m, B, T, &sh, mask))
         ag_release(x), x = NULL;
     for (int64_t i = 0; i < c->layers && x; i++) x = run_block(ctx, m, &sh, checkpointing, x, i);
     ag_tensor *n = ag_rmsnorm(ctx, "norm", x, m->norm, (float)c->rms_eps);
     ag_release(x);
     // LlamaModel.forward returns: its mask and its references to the tables go.
-    ag_release(mask);
+    ag_release(mask[0]);
+    ag_release(mask[1]);
     ag_release(sh.cos);
     ag_release(sh.sin);
-    ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head);
+    ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head, NULL);
     // transformers: the base model's output object holds the last hidden state until the
     // causal LM's forward returns (it matters where lm_head keeps a cast of it, not it).
     if (ag_ctx_framework(ctx) == AG_FRAMEWORK_LEAN) ag_release(n), n = NULL;
@@ -100,4 +124,22 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     free(sh.cache);
     if (!loss) ag_err_set(err, "forward: %s", ag_ctx_error(ctx) ? ag_ctx_error(ctx) : "failed");
     return loss;
+}
+
+ag_tensor *llama_forward_logits(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B, int64_t T, ag_err *err) {
+    const llama_config *c = &m->cfg;
+    if (B < 1 || T < 1 || T > c->max_positions || B > INT32_MAX / T) {
+        ag_err_set(err, "batch %lld x length %lld: expected batch >= 1 and 1 to %lld tokens", (long long)B,
+                   (long long)T, (long long)c->max_positions);
+        return NULL;
+    }
+    if (!mp_is_meta() && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return NULL;
+    ag_tensor *x = ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed, c->pad_token ? c->pad_token_id : -1);
+    for (int64_t i = 0; i < c->layers && x; i++) x = llama_block(ctx, c, &m->layers[i], NULL, x, i);
+    ag_tensor *n = ag_rmsnorm(ctx, "norm", x, m->norm, (float)c->rms_eps);
+    ag_release(x);
+    ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head, NULL);
+    ag_release(n);
+    if (!logits) ag_err_set(err, "forward: %s", ag_ctx_error(ctx) ? ag_ctx_error(ctx) : "failed");
+    return logits;
 }

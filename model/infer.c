@@ -42,20 +42,21 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     const llama_config *c = g->c;
     const llama_layer *L = &g->m->layers[i];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    const float theta = (float)c->rope_theta;
+    const ag_rope_freqs f = llama_rope_freqs(c);
     char s[96];
     ag_kv_cache *kv =
         g->kv ? g->kv[i] : ag_kv_cache_new(ctx, llama_site(s, i, "self_attn"), MP_ACTIVATION, g->B, hkv, hd);
     ag_tensor *q, *k, *v;
     llama_qkv(ctx, c, L, x, i, &q, &k, &v);
-    ag_tensor *qr = ag_rope_positions(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, theta, g->step_pos);
-    ag_tensor *kr = ag_rope_positions(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, theta, g->step_pos);
+    ag_tensor *qr = ag_rope_positions_f(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, &f, g->step_pos);
+    ag_tensor *kr = ag_rope_positions_f(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, &f, g->step_pos);
     REL(q);
     REL(k);
     if (kr && v) ag_kv_cache_append(ctx, kv, kr, v);
     REL(kr);
     REL(v);
-    ag_tensor *a = ag_attention_cached(ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq);
+    ag_tensor *a = ag_attention_cached_window(ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq,
+                                              llama_layer_window(c, i));
     REL(qr);
     if (!g->kv) ag_kv_cache_free(kv);
     return llama_attention_out(ctx, L, x, a, i);
@@ -79,7 +80,7 @@ static ag_tensor *head(gen *g, ag_tensor *x, bool all_positions) {
     if (!all_positions) x = last_position(g->ctx, x);
     ag_tensor *n = ag_rmsnorm(g->ctx, "norm", x, g->m->norm, (float)g->c->rms_eps);
     ag_release(x);
-    ag_tensor *logits = ag_linear(g->ctx, "lm_head:logits", n, g->m->lm_head);
+    ag_tensor *logits = ag_linear(g->ctx, "lm_head:logits", n, g->m->lm_head, NULL);
     ag_release(n);
     return logits;
 }

@@ -18,22 +18,69 @@
 
 #define LLAMA_NAME_MAX 128
 
-// The shape of a LlamaForCausalLM (Llama, Mistral, SmolLM2). Every size is int64_t and, once
-// validated, within the bounds below (each at most 2^24), so that the product of two of them
-// never overflows.
+// The families a config.json may name (model_type). They share LlamaForCausalLM's shape and
+// differ in the rows of the parameter table (layout.c) and in attention:
+//   llama: attention_bias (q, k, v and o_proj biases) and mlp_bias (gate, up, down) optional;
+//   mistral: a sliding window over every layer (sliding_window, 4096 unless given, null: none);
+//   qwen2: q, k and v biases always; a sliding window from layer max_window_layers on when
+//     use_sliding_window is true;
+//   qwen3: per-head RMSNorm of q and k (q_norm, k_norm [head_dim]) before RoPE, head_dim 128
+//     unless given, attention_bias optional, a sliding window as qwen2's.
+typedef enum { LLAMA_FAMILY_LLAMA, LLAMA_FAMILY_MISTRAL, LLAMA_FAMILY_QWEN2, LLAMA_FAMILY_QWEN3 } llama_family;
+
+// rope_scaling (transformers' modeling_rope_utils): how the inverse frequencies of RoPE, and
+// for yarn the scale of cos and sin, differ from the default ones.
+typedef enum {
+    LLAMA_ROPE_DEFAULT,
+    LLAMA_ROPE_LINEAR,
+    LLAMA_ROPE_DYNAMIC,
+    LLAMA_ROPE_YARN,
+    LLAMA_ROPE_LLAMA3
+} llama_rope_type;
+
+typedef struct {
+    llama_rope_type type;
+    double factor;                            // linear, dynamic, yarn, llama3
+    double low_freq_factor, high_freq_factor; // llama3
+    int64_t original_max_positions;           // llama3 (required), yarn (0: max_position_embeddings)
+    double attention_factor;                  // yarn: 0 when not given (from factor and mscale)
+    double beta_fast, beta_slow;              // yarn: 32 and 1 unless given
+    double mscale, mscale_all_dim;            // yarn: 0 when not given
+    bool truncate;                            // yarn: floor / ceil of the correction range (true)
+    // What the ops use, filled by llama_rope_prepare (llama_model_new does it for the model's
+    // own copy of the config): the inverse frequencies [head_dim / 2] and the factor on cos and
+    // sin (yarn's attention factor, else 1).
+    bool prepared;
+    float inv_freq[AG_ROPE_MAX_HEAD_DIM / 2];
+    float scale;
+} llama_rope_scaling;
+
+// The shape of a LlamaForCausalLM (Llama, Mistral, SmolLM2, Qwen2, Qwen3). Every size is
+// int64_t and, once validated, within the bounds below (each at most 2^24), so that the
+// product of two of them never overflows.
 typedef struct {
     char name[LLAMA_NAME_MAX]; // preset name, or the config's "_name_or_path" (else its path)
+    llama_family family;       // model_type
     int64_t hidden;            // hidden_size
     int64_t intermediate;      // intermediate_size (MLP)
     int64_t layers;            // num_hidden_layers
     int64_t heads;             // num_attention_heads (query heads)
     int64_t kv_heads;          // num_key_value_heads (grouped-query attention)
-    int64_t head_dim;          // head_dim, else hidden / heads
+    int64_t head_dim;          // head_dim, else hidden / heads (qwen3: 128)
     int64_t vocab;             // vocab_size
     int64_t max_positions;     // max_position_embeddings
     double rope_theta;         // rope_theta
     double rms_eps;            // rms_norm_eps
     bool tied;                 // tie_word_embeddings: lm_head shares model.embed_tokens.weight
+    bool qkv_bias, o_bias;     // q, k and v_proj carry a bias; o_proj does
+    bool mlp_bias;             // gate, up and down_proj carry a bias
+    bool qk_norm;              // qwen3's q_norm and k_norm
+    int64_t sliding_window;    // 0: none; else a query sees the last sliding_window keys, itself included
+    int64_t window_from;       // the first layer with the window (qwen2's max_window_layers)
+    bool no_cache;             // use_cache false: the forward returns no DynamicCache
+    bool pad_token;            // pad_token_id given: the embedding's padding_idx (no gradient to its row)
+    int64_t pad_token_id;
+    llama_rope_scaling rope; // rope_scaling
 } llama_config;
 
 // The bounds of llama_config_validate, which presets and config.json files both pass through.
@@ -54,6 +101,10 @@ typedef struct {
 // rms_norm_eps in [10^-30, 1): RMSNorm adds it in float32, where a smaller one is 0 or subnormal.
 #define LLAMA_MIN_RMS_EPS 1e-30
 
+// The model_type of a family ("llama"...) and the name of a rope_scaling type ("default"...).
+const char *llama_family_name(llama_family f);
+const char *llama_rope_type_name(llama_rope_type t);
+
 // Built-in presets: smollm2-135m (the default), smollm2-360m, smollm2-1.7b, llama-2-7b,
 // llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b. Names are
 // matched without regard to case.
@@ -61,13 +112,20 @@ int llama_config_preset(llama_config *out, const char *name, ag_err *err);
 size_t llama_preset_count(void);
 const char *llama_preset_name(size_t i); // NULL past the end
 
-// A Hugging Face config.json of the Llama family (model_type "llama" or "mistral"). Required:
-// model_type, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-// vocab_size. Optional, with the defaults of transformers' LlamaConfig / MistralConfig:
-// num_key_value_heads (= num_attention_heads), head_dim (= hidden_size / num_attention_heads),
-// max_position_embeddings (2048 llama, 131072 mistral), rope_theta (10000), rms_norm_eps
-// (1e-6), tie_word_embeddings (false). attention_bias / mlp_bias true and a hidden_act other
-// than silu are refused: the parameter list below has no biases and the MLP is SwiGLU.
+// A Hugging Face config.json of one of the families above: model_type "llama", "mistral",
+// "qwen2" or "qwen3" (anything else is refused, naming the model_type found and the supported
+// ones). Required: model_type, hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads, vocab_size. Optional, with the defaults of transformers' config classes:
+// num_key_value_heads (= num_attention_heads), head_dim (= hidden_size / num_attention_heads;
+// qwen3 128), max_position_embeddings (2048 llama, 131072 mistral, 32768 qwen2 and qwen3),
+// rope_theta (10000; or rope_parameters' when its type is default), rms_norm_eps (1e-6),
+// tie_word_embeddings (false), the biases, windows and rope_scaling above, use_cache (true),
+// pad_token_id (the embedding's padding_idx). What would change the numbers and is not implemented is
+// refused naming the field: a hidden_act other than silu, attention_dropout other than 0,
+// partial_rotary_factor other than 1, quantization_config, a rope_scaling type other than
+// default, linear, dynamic, yarn and llama3, a layer_types that is not full layers then sliding
+// ones. Fields that change nothing membill computes (token ids, torch_dtype, initializer_range,
+// architectures...) are ignored.
 // A size must be a JSON integer (not 64.0, not "64"), rope_theta and rms_norm_eps JSON
 // numbers; a field of the wrong type, or one that JSON cannot hold (1e400, NaN), is refused
 // naming the field. The result is validated (llama_config_validate); every message starts with
@@ -88,25 +146,51 @@ int llama_config_parse(llama_config *out, const char *text, size_t len, const ch
 int llama_config_validate(const llama_config *c, ag_err *err);
 
 // ================================================================================================
-// Parameters: Hugging Face names and shapes ([out, in] for linear layers), in this order:
+// Parameters: Hugging Face names and shapes ([out, in] for linear layers), from one table
+// (layout.c), in this order:
 //   model.embed_tokens.weight                               [vocab, hidden]
-//   per layer i:
+//   per layer i, the rows the config has:
 //     model.layers.{i}.input_layernorm.weight               [hidden]
 //     model.layers.{i}.self_attn.q_proj.weight              [heads * head_dim, hidden]
+//     model.layers.{i}.self_attn.q_proj.bias                [heads * head_dim]     (qkv_bias)
 //     model.layers.{i}.self_attn.k_proj.weight              [kv_heads * head_dim, hidden]
+//     model.layers.{i}.self_attn.k_proj.bias                [kv_heads * head_dim]  (qkv_bias)
 //     model.layers.{i}.self_attn.v_proj.weight              [kv_heads * head_dim, hidden]
+//     model.layers.{i}.self_attn.v_proj.bias                [kv_heads * head_dim]  (qkv_bias)
 //     model.layers.{i}.self_attn.o_proj.weight              [hidden, heads * head_dim]
+//     model.layers.{i}.self_attn.o_proj.bias                [hidden]               (o_bias)
+//     model.layers.{i}.self_attn.q_norm.weight              [head_dim]             (qk_norm)
+//     model.layers.{i}.self_attn.k_norm.weight              [head_dim]             (qk_norm)
 //     model.layers.{i}.post_attention_layernorm.weight      [hidden]
 //     model.layers.{i}.mlp.gate_proj.weight                 [intermediate, hidden]
+//     model.layers.{i}.mlp.gate_proj.bias                   [intermediate]         (mlp_bias)
 //     model.layers.{i}.mlp.up_proj.weight                   [intermediate, hidden]
+//     model.layers.{i}.mlp.up_proj.bias                     [intermediate]         (mlp_bias)
 //     model.layers.{i}.mlp.down_proj.weight                 [hidden, intermediate]
+//     model.layers.{i}.mlp.down_proj.bias                   [hidden]               (mlp_bias)
 //   model.norm.weight                                       [hidden]
 //   lm_head.weight                                          [vocab, hidden]  (untied only)
 // ================================================================================================
 
 #define LLAMA_PARAM_NAME_MAX 96 // enough for any name above
 
-#define LLAMA_PARAMS_PER_LAYER 9
+// RoPE under rope_scaling, as transformers' modeling_rope_utils computes it (in double, then
+// float32): default 1 / theta^(2i/d); linear divides by factor; dynamic is the default at every
+// length up to max_position_embeddings (transformers recomputes it only past them, which a run
+// never reaches); llama3 divides the low frequencies by factor and interpolates the middle ones;
+// yarn blends interpolated and extrapolated frequencies over the correction range of beta_fast
+// and beta_slow, with factor = max_position_embeddings / original_max_position_embeddings when
+// the latter is given, and scales cos and sin by its attention factor.
+void llama_rope_prepare(llama_config *c);
+// The frequencies the ops take: the config's table once prepared (it must outlive the ops), else
+// the default from rope_theta.
+ag_rope_freqs llama_rope_freqs(const llama_config *c);
+
+// The tensors of one block under this config (9 for Llama, 12 for Qwen2, 11 for Qwen3).
+size_t llama_params_per_layer(const llama_config *c);
+
+// The sliding window of layer i: 0 (none) or sliding_window.
+int64_t llama_layer_window(const llama_config *c, int64_t i);
 
 size_t llama_param_count_tensors(const llama_config *c);
 
@@ -186,12 +270,38 @@ int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t 
 // many more there are.
 int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool allow_extra, ag_err *err);
 
-// --weights PATH: a .safetensors file, or a folder holding config.json and model.safetensors.
-// For a folder both paths are filled and both files must be regular files that open (a FIFO, a
-// device or a folder in their place is refused, naming it); for a file st_path is the file and
-// config_path is "" (the config then comes from --model or --config). Any other kind of path (a
-// FIFO, a device) is refused at once. Both buffers hold len bytes.
+// --weights PATH: a .safetensors file, a model.safetensors.index.json (the shards it names), or
+// a folder holding config.json and model.safetensors, else model.safetensors.index.json (the
+// order transformers looks for them in). For a folder both paths are filled and both files must
+// be regular files that open (a FIFO, a device or a folder in their place is refused, naming
+// it); for a file st_path is the file and config_path is "" (the config then comes from --model
+// or --config). Any other kind of path (a FIFO, a device) is refused at once. Both buffers hold
+// len bytes.
 int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len, ag_err *err);
+
+// ================================================================================================
+// Checkpoints: one safetensors file, or a sharded one (checkpoint.c)
+//
+// A path ending in ".json" is a model.safetensors.index.json: {"weight_map": {tensor: file}},
+// each file a name in the index's folder (a name with a '/', ".." or "." is refused). Every shard
+// is opened with llama_st_open, so checked as a single file is; then the index and the shards
+// must agree: each tensor in the shard the weight map names (not in another as well), and each
+// tensor of a shard in the weight map. Any other path is one safetensors file. Messages name the
+// index and the shard at fault.
+// ================================================================================================
+
+typedef struct llama_ckpt llama_ckpt;
+
+bool llama_ckpt_is_index(const char *path); // ends in ".json"
+int llama_ckpt_open(llama_ckpt **out, const char *path, ag_err *err);
+void llama_ckpt_close(llama_ckpt *c); // NULL is ignored
+const char *llama_ckpt_path(const llama_ckpt *c);
+size_t llama_ckpt_files(const llama_ckpt *c);                        // 1 for a single file
+const llama_st_file *llama_ckpt_file(const llama_ckpt *c, size_t i); // NULL past the end
+// The tensor of that name in whichever file holds it (*in, when not NULL, gets the file).
+const llama_st_tensor *llama_ckpt_find(const llama_ckpt *c, const char *name, const llama_st_file **in);
+// llama_st_check_params over every tensor of the checkpoint as one set.
+int llama_ckpt_check_params(const llama_ckpt *c, const llama_config *cfg, bool allow_extra, ag_err *err);
 
 // ================================================================================================
 // Safetensors writing
@@ -213,8 +323,10 @@ int llama_st_write_f32_file(FILE *f, size_t n, const char *const *names, const i
 
 #include "autograd.h"
 
+// One block's parameters; a row the config lacks (a bias, q_norm) is NULL.
 typedef struct {
     ag_tensor *input_norm, *q, *k, *v, *o, *post_norm, *gate, *up, *down;
+    ag_tensor *q_bias, *k_bias, *v_bias, *o_bias, *q_norm, *k_norm, *gate_bias, *up_bias, *down_bias;
 } llama_layer;
 
 // Parameters as autograd leaves (category weight), named as Hugging Face names them.
@@ -231,10 +343,11 @@ typedef struct {
 // Allocates every parameter (no data in meta mode; contents undefined until init or load).
 int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_err *err);
 void llama_model_free(llama_model *m); // NULL is ignored; frees the weights and their .grad
-// Normal(0, 0.02) for matrices and the embedding, 1 for norms, from the seed (the same
-// values whatever the thread count).
+// Normal(0, 0.02) for matrices and the embedding, 1 for norms, 0 for biases, from the seed (the
+// same values whatever the thread count).
 void llama_model_init_random(llama_model *m, uint64_t seed);
-// Reads every parameter from a safetensors file (F32, BF16, F16), checking names and shapes.
+// Reads every parameter from a checkpoint (a safetensors file or an index of shards, as
+// llama_ckpt_open; F32, BF16, F16), checking names and shapes.
 int llama_model_load(llama_model *m, const char *st_path, ag_err *err);
 // Writes the weights (or, with grads, each parameter's .grad) as F32 safetensors with HF names
 // to f, as llama_st_write_f32_file does.
@@ -247,6 +360,11 @@ int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, ag_e
 // ids[B*T] (labels = ids shifted by one, mean over B*(T-1) positions). Returns the loss
 // tensor [1] (owned by the caller), or NULL with the message in err.
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B, int64_t T, ag_err *err);
+
+// The logits [B, T, V] of ids[B*T] through the plain forward (no loss, nothing shared across
+// blocks as transformers does: the op-level math alone); recorded on the tape when grad mode is
+// on. NULL with the message in err.
+ag_tensor *llama_forward_logits(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B, int64_t T, ag_err *err);
 
 // How the training forward runs.
 typedef struct {
@@ -275,6 +393,7 @@ typedef struct {
     // output + residual, its norm), 2 rows of rstd, q and the attention output, k and v, the
     // attention probabilities (heads x s^2), 4 intermediate-sized tensors (gate, silu, up, product).
     // Every term at the activation's bytes but the two rows of rstd (float32 under autocast).
+    // With q_norm and k_norm (Qwen3) also q and k before RoPE and an rstd per row and head.
     uint64_t act_per_block;
     uint64_t act_probs_per_block; // the s^2 term alone: batch x heads x s x s x 4 (x act bytes)
     // The head when the logits' gradient is allocated, the activation peak: the final norm's

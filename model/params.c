@@ -1,5 +1,5 @@
 // The model's parameters: allocation in Hugging Face order, seeded random init, load, save.
-#include "model.h"
+#include "model_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -7,14 +7,9 @@
 
 // Slot of parameter i (HF order) inside the model struct.
 static ag_tensor **param_slot(llama_model *m, size_t i) {
-    size_t per = LLAMA_PARAMS_PER_LAYER, nl = (size_t)m->cfg.layers;
+    size_t per = llama_params_per_layer(&m->cfg), nl = (size_t)m->cfg.layers;
     if (i == 0) return &m->embed;
-    if (i <= nl * per) {
-        llama_layer *L = &m->layers[(i - 1) / per];
-        ag_tensor **slots[LLAMA_PARAMS_PER_LAYER] = {&L->input_norm, &L->q,    &L->k,  &L->v,   &L->o,
-                                                     &L->post_norm,  &L->gate, &L->up, &L->down};
-        return slots[(i - 1) % per];
-    }
+    if (i <= nl * per) return llama_layer_slot(&m->layers[(i - 1) / per], &m->cfg, (i - 1) % per);
     return i == nl * per + 1 ? &m->norm : &m->lm_head;
 }
 
@@ -25,6 +20,7 @@ int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_
     size_t n = llama_param_count_tensors(cfg);
     if (m) {
         m->cfg = *cfg;
+        llama_rope_prepare(&m->cfg); // the frequencies the model's ops point to
         m->layers = calloc((size_t)cfg->layers, sizeof *m->layers);
         m->params = calloc(n, sizeof *m->params);
     }
@@ -108,8 +104,11 @@ void llama_model_init_random(llama_model *m, uint64_t seed) {
     for (size_t i = 0; i < m->nparams; i++) {
         ag_tensor *p = m->params[i];
         if (!p->data) continue; // meta mode
-        if (p->ndim == 1) {
-            for (int64_t j = 0; j < p->numel; j++) p->data[j] = 1.0f;
+        if (p->ndim == 1) {     // norms start at 1, biases at 0 (transformers' _init_weights)
+            const char *name = ag_tensor_name(p);
+            size_t n = strlen(name);
+            float v = n >= 5 && strcmp(name + n - 5, ".bias") == 0 ? 0.0f : 1.0f;
+            for (int64_t j = 0; j < p->numel; j++) p->data[j] = v;
         } else {
             uint64_t s = seed * 0x9e3779b97f4a7c15ULL + i;
             fill_normal(p->data, p->numel, 0.02f, splitmix(&s));
@@ -118,15 +117,16 @@ void llama_model_init_random(llama_model *m, uint64_t seed) {
 }
 
 int llama_model_load(llama_model *m, const char *st_path, ag_err *err) {
-    llama_st_file *f = NULL;
-    if (llama_st_open(&f, st_path, err) != 0) return -1;
-    int rc = llama_st_check_params(f, &m->cfg, false, err);
+    llama_ckpt *c = NULL;
+    if (llama_ckpt_open(&c, st_path, err) != 0) return -1;
+    int rc = llama_ckpt_check_params(c, &m->cfg, false, err);
     for (size_t i = 0; rc == 0 && i < m->nparams; i++) {
         ag_tensor *p = m->params[i];
-        const llama_st_tensor *t = llama_st_find(f, ag_tensor_name(p));
+        const llama_st_file *f;
+        const llama_st_tensor *t = llama_ckpt_find(c, ag_tensor_name(p), &f);
         if (p->data) rc = llama_st_read_f32(f, t, p->data, (size_t)p->numel, err);
     }
-    llama_st_close(f);
+    llama_ckpt_close(c);
     return rc;
 }
 

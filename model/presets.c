@@ -11,20 +11,22 @@ typedef struct {
     int64_t hidden, intermediate, layers, heads, kv_heads, head_dim, vocab, max_positions;
     double rope_theta, rms_eps;
     bool tied;
+    llama_family family;
+    int64_t sliding_window; // every layer's (Mistral-7B-v0.1's config.json: 4096)
 } preset;
 
 static const preset presets[] = {
     // name             hidden inter  layers heads kv  hdim vocab   positions theta  eps  tied
-    {"smollm2-135m", 576, 1536, 30, 9, 3, 64, 49152, 8192, 100000.0, 1e-5, true},
-    {"smollm2-360m", 960, 2560, 32, 15, 5, 64, 49152, 8192, 100000.0, 1e-5, true},
-    {"smollm2-1.7b", 2048, 8192, 24, 32, 32, 64, 49152, 8192, 130000.0, 1e-5, true},
-    {"llama-2-7b", 4096, 11008, 32, 32, 32, 128, 32000, 4096, 10000.0, 1e-5, false},
-    {"llama-2-13b", 5120, 13824, 40, 40, 40, 128, 32000, 4096, 10000.0, 1e-5, false},
-    {"llama-2-70b", 8192, 28672, 80, 64, 8, 128, 32000, 4096, 10000.0, 1e-5, false},
-    {"llama-3-8b", 4096, 14336, 32, 32, 8, 128, 128256, 8192, 500000.0, 1e-5, false},
-    {"llama-3-70b", 8192, 28672, 80, 64, 8, 128, 128256, 8192, 500000.0, 1e-5, false},
-    {"llama-3.1-405b", 16384, 53248, 126, 128, 8, 128, 128256, 131072, 500000.0, 1e-5, false},
-    {"mistral-7b", 4096, 14336, 32, 32, 8, 128, 32000, 32768, 10000.0, 1e-5, false},
+    {"smollm2-135m", 576, 1536, 30, 9, 3, 64, 49152, 8192, 100000.0, 1e-5, true, LLAMA_FAMILY_LLAMA, 0},
+    {"smollm2-360m", 960, 2560, 32, 15, 5, 64, 49152, 8192, 100000.0, 1e-5, true, LLAMA_FAMILY_LLAMA, 0},
+    {"smollm2-1.7b", 2048, 8192, 24, 32, 32, 64, 49152, 8192, 130000.0, 1e-5, true, LLAMA_FAMILY_LLAMA, 0},
+    {"llama-2-7b", 4096, 11008, 32, 32, 32, 128, 32000, 4096, 10000.0, 1e-5, false, LLAMA_FAMILY_LLAMA, 0},
+    {"llama-2-13b", 5120, 13824, 40, 40, 40, 128, 32000, 4096, 10000.0, 1e-5, false, LLAMA_FAMILY_LLAMA, 0},
+    {"llama-2-70b", 8192, 28672, 80, 64, 8, 128, 32000, 4096, 10000.0, 1e-5, false, LLAMA_FAMILY_LLAMA, 0},
+    {"llama-3-8b", 4096, 14336, 32, 32, 8, 128, 128256, 8192, 500000.0, 1e-5, false, LLAMA_FAMILY_LLAMA, 0},
+    {"llama-3-70b", 8192, 28672, 80, 64, 8, 128, 128256, 8192, 500000.0, 1e-5, false, LLAMA_FAMILY_LLAMA, 0},
+    {"llama-3.1-405b", 16384, 53248, 126, 128, 8, 128, 128256, 131072, 500000.0, 1e-5, false, LLAMA_FAMILY_LLAMA, 0},
+    {"mistral-7b", 4096, 14336, 32, 32, 8, 128, 32000, 32768, 10000.0, 1e-5, false, LLAMA_FAMILY_MISTRAL, 4096},
 };
 
 #define NPRESETS (sizeof presets / sizeof presets[0])
@@ -60,6 +62,8 @@ int llama_config_preset(llama_config *out, const char *name, ag_err *err) {
         out->rope_theta = p->rope_theta;
         out->rms_eps = p->rms_eps;
         out->tied = p->tied;
+        out->family = p->family;
+        out->sliding_window = p->sliding_window;
         return 0;
     }
     char known[384];

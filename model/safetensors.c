@@ -14,7 +14,7 @@
 
 #include <jansson.h>
 
-#include "model.h"
+#include "model_internal.h"
 
 // The format's own limit on the header, which also bounds what jansson is asked to parse.
 #define ST_HEADER_MAX 100000000ULL
@@ -54,7 +54,7 @@ static unsigned dtype_size(llama_st_dtype d) {
     return 0;
 }
 
-static void format_shape(char *buf, size_t len, const int64_t *shape, int ndim) {
+void llama_format_shape(char *buf, size_t len, const int64_t *shape, int ndim) {
     size_t used = (size_t)snprintf(buf, len, "[");
     for (int d = 0; d < ndim && used < len; d++)
         used += (size_t)snprintf(buf + used, len - used, "%s%lld", d ? ", " : "", (long long)shape[d]);
@@ -114,7 +114,7 @@ static int parse_shape(llama_st_tensor *t, const json_t *entry, const char *path
     unsigned size = dtype_size(t->dtype);
     if (overflow || __builtin_mul_overflow(t->numel, (uint64_t)size, &t->nbytes)) {
         char sh[160];
-        format_shape(sh, sizeof sh, t->shape, t->ndim);
+        llama_format_shape(sh, sizeof sh, t->shape, t->ndim);
         ag_err_set(err, "%s: tensor %s: shape %s is absurd (its byte size overflows 64 bits)", path, t->name, sh);
         return -1;
     }
@@ -141,7 +141,7 @@ static int parse_offsets(llama_st_tensor *t, const json_t *entry, uint64_t data_
     t->offset = (uint64_t)begin;
     if ((uint64_t)(end - begin) != t->nbytes) {
         char sh[160];
-        format_shape(sh, sizeof sh, t->shape, t->ndim);
+        llama_format_shape(sh, sizeof sh, t->shape, t->ndim);
         ag_err_set(err,
                    "%s: tensor %s: data_offsets span %llu bytes but shape %s of %s "
                    "needs %llu",
@@ -263,6 +263,43 @@ int llama_open_regular(const char *path, uint64_t *size, ag_err *err) {
 
 // Reads len bytes at off into buf, retrying short reads; returns the bytes read (less than len
 // only at the end of the file), or -1 with errno set.
+int llama_read_small_file(const char *path, const char *what, uint64_t max, char **out, size_t *len, ag_err *err) {
+    uint64_t size;
+    int fd = llama_open_regular(path, &size, err);
+    if (fd < 0) return -1;
+    if (size > max) {
+        ag_err_set(err, "%s: %llu bytes is too large for %s (at most %llu)", path, (unsigned long long)size, what,
+                   (unsigned long long)max);
+        close(fd);
+        return -1;
+    }
+    size_t got = 0;
+    char *buf = malloc((size_t)size + 1);
+    if (!buf) {
+        ag_err_set(err, "%s: out of memory", path);
+        close(fd);
+        return -1;
+    }
+    int errnum = 0;
+    while (got < size) {
+        ssize_t k = read(fd, buf + got, (size_t)size - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) errnum = errno;
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    close(fd);
+    if (got != size) {
+        ag_err_set(err, "%s: read failed: %s", path, errnum ? strerror(errnum) : "the file shrank while being read");
+        free(buf);
+        return -1;
+    }
+    buf[size] = '\0';
+    *out = buf;
+    *len = (size_t)size;
+    return 0;
+}
+
 static int64_t pread_full(int fd, void *buf, uint64_t len, uint64_t off) {
     uint64_t got = 0;
     while (got < len) {
@@ -303,9 +340,11 @@ static int open_file(llama_st_file *f, ag_err *err) {
         return -1;
     }
     uint64_t hlen = load_le(len8, 8);
+    // JSON where the length should be: most likely an index of shards under another name
+    const char *hint = len8[0] == '{' ? " (it starts like JSON: a model.safetensors.index.json? Name it *.json)" : "";
     if (hlen > size - 8) {
-        ag_err_set(err, "%s: header length %llu goes past the end of the file (%llu bytes)", f->path,
-                   (unsigned long long)hlen, (unsigned long long)size);
+        ag_err_set(err, "%s: header length %llu goes past the end of the file (%llu bytes)%s", f->path,
+                   (unsigned long long)hlen, (unsigned long long)size, hint);
         return -1;
     }
     if (hlen > ST_HEADER_MAX) {
@@ -504,109 +543,7 @@ int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parameters against a config
-
-static bool is_float(llama_st_dtype d) { return d == LLAMA_ST_F32 || d == LLAMA_ST_BF16 || d == LLAMA_ST_F16; }
-
-// The first fault of one expected tensor, or 0 if it is present and right.
-static int param_fault(const llama_st_file *f, const char *name, int ndim, const int64_t *shape, char *msg,
-                       size_t len) {
-    const llama_st_tensor *t = llama_st_find(f, name);
-    if (!t) {
-        snprintf(msg, len, "%s: tensor %s missing", f->path, name);
-        return 1;
-    }
-    bool same = t->ndim == ndim;
-    for (int d = 0; same && d < ndim; d++) same = t->shape[d] == shape[d];
-    if (!same) {
-        char got[160], want[160];
-        format_shape(got, sizeof got, t->shape, t->ndim);
-        format_shape(want, sizeof want, shape, ndim);
-        snprintf(msg, len, "%s: tensor %s has shape %s, the config expects %s", f->path, name, got, want);
-        return 1;
-    }
-    if (!is_float(t->dtype)) {
-        snprintf(msg, len, "%s: tensor %s has dtype %s, expected F32, BF16 or F16", f->path, name,
-                 llama_st_dtype_name(t->dtype));
-        return 1;
-    }
-    return 0;
-}
-
-static int str_cmp(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
-
-// Tensors of the file that are not in the sorted list of expected names.
-static int check_extras(const llama_st_file *f, const char **names, size_t n, ag_err *err) {
-    const char *first = NULL;
-    size_t extra = 0;
-    for (size_t i = 0; i < f->n; i++) {
-        const char *key = f->tensors[i].name;
-        if (bsearch(&key, names, n, sizeof *names, str_cmp)) continue;
-        if (!first) first = key;
-        extra++;
-    }
-    if (!extra) return 0;
-    if (extra == 1)
-        ag_err_set(err, "%s: unexpected tensor %s (not a parameter of this config)", f->path, first);
-    else
-        ag_err_set(err,
-                   "%s: unexpected tensor %s (not a parameter of this config) and %zu "
-                   "more",
-                   f->path, first, extra - 1);
-    return -1;
-}
-
-int llama_st_check_params(const llama_st_file *f, const llama_config *c, bool allow_extra, ag_err *err) {
-    ag_err verr;
-    if (llama_config_validate(c, &verr) != 0) {
-        ag_err_set(err, "%s: cannot check against an invalid config: %s", f->path, verr.msg);
-        return -1;
-    }
-    // a tied config may still carry lm_head.weight (the embedding's shape): expected if present
-    bool tied_head = c->tied && llama_st_find(f, "lm_head.weight");
-    size_t n = llama_param_count_tensors(c), total = n + (tied_head ? 1 : 0);
-    char *store = malloc(total * LLAMA_PARAM_NAME_MAX);
-    const char **names = malloc(total * sizeof *names);
-    if (!store || !names) {
-        free(store);
-        free(names);
-        ag_err_set(err, "%s: out of memory", f->path);
-        return -1;
-    }
-    size_t faults = 0;
-    for (size_t i = 0; i < total; i++) {
-        char *name = store + i * LLAMA_PARAM_NAME_MAX;
-        int ndim = 2;
-        int64_t shape[2] = {c->vocab, c->hidden};
-        if (i < n)
-            llama_param_spec(c, i, name, LLAMA_PARAM_NAME_MAX, &ndim, shape);
-        else
-            snprintf(name, LLAMA_PARAM_NAME_MAX, "lm_head.weight");
-        names[i] = name;
-        char msg[sizeof err->msg];
-        if (param_fault(f, name, ndim, shape, msg, sizeof msg) && faults++ == 0) ag_err_set(err, "%s", msg);
-    }
-    if (faults > 1 && err) {
-        size_t used = strlen(err->msg);
-        snprintf(err->msg + used, sizeof err->msg - used, " (and %zu more tensors at fault)", faults - 1);
-    }
-    int rc = faults ? -1 : 0;
-    if (rc == 0 && !allow_extra) {
-        qsort(names, total, sizeof *names, str_cmp);
-        rc = check_extras(f, names, total, err);
-    }
-    free(store);
-    free(names);
-    return rc;
-}
-
-// ---------------------------------------------------------------------------------------------
 // --weights PATH
-
-static bool is_regular(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
 
 static int join(char *out, size_t len, const char *dir, const char *file, ag_err *err) {
     int k = snprintf(out, len, "%s/%s", dir, file);
@@ -656,15 +593,15 @@ int llama_weights_resolve(const char *path, char *config_path, char *st_path, si
         ag_err_set(err, "%s: folder holds no config.json", path);
         return -1;
     }
+    // transformers' order: the single file first, else the index of the shards
+    r = folder_file(st_path, err);
+    if (r < 0) return -1;
+    if (r == 0) return 0;
+    if (join(st_path, len, path, "model.safetensors.index.json", err) != 0) return -1;
     r = folder_file(st_path, err);
     if (r < 0) return -1;
     if (r > 0) {
-        char index[4096];
-        bool sharded = join(index, sizeof index, path, "model.safetensors.index.json", NULL) == 0 && is_regular(index);
-        ag_err_set(err, "%s: folder holds no model.safetensors%s", path,
-                   sharded ? " (sharded checkpoints are not supported: merge the shards into "
-                             "one model.safetensors)"
-                           : "");
+        ag_err_set(err, "%s: folder holds no model.safetensors nor model.safetensors.index.json", path);
         return -1;
     }
     return 0;

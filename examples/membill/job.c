@@ -40,6 +40,15 @@ int cli_outputs_declare(const cli_options *o, cli_outputs **outs, ag_err *err) {
     if (o->weights && llama_weights_resolve(o->weights, cfg, st, sizeof st, &ignored) == 0)
         for (int k = 0; k < 2; k++)
             if ((k ? st : cfg)[0] && cli_outputs_input(*outs, "--weights", k ? st : cfg, err) != 0) return -1;
+    // ... nor on the shards of an index (one that does not open fails the run later, naming why)
+    llama_ckpt *ck = NULL;
+    if (o->weights && st[0] && llama_ckpt_is_index(st) && llama_ckpt_open(&ck, st, &ignored) == 0) {
+        int rc = 0;
+        for (size_t i = 0; rc == 0 && i < llama_ckpt_files(ck); i++)
+            rc = cli_outputs_input(*outs, "--weights", llama_st_path(llama_ckpt_file(ck, i)), err);
+        llama_ckpt_close(ck);
+        if (rc != 0) return -1;
+    }
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++)
         if (list[i].path && cli_outputs_add(*outs, list[i].name, list[i].path, err) != 0) return -1;
     return 0;

@@ -34,9 +34,10 @@ static const opt_spec specs[] = {
     {"--model", "NAME", T_STR, OFF(model), RUNS | PL, "smollm2-135m", 0, NULL, 0, 0, NULL,
      "a built-in preset (membill plan --list names them)"},
     {"--config", "FILE", T_PATH, OFF(config), RUNS | PL, NULL, 0, NULL, 0, 0, NULL,
-     "a Hugging Face config.json (Llama family) instead of a preset"},
+     "a Hugging Face config.json (model_type llama, mistral, qwen2 or qwen3) instead of a preset"},
     {"--weights", "PATH", T_PATH, OFF(weights), RUNS, NULL, 0, NULL, 0, 0, NULL,
-     "a .safetensors file, or a folder with config.json and model.safetensors (default: random init)"},
+     "a .safetensors file, a model.safetensors.index.json (sharded), or a folder with config.json and "
+     "model.safetensors or the index (default: random init)"},
     {"--tokens", "IDS", T_STR, OFF(tokens), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "the input ids, 1,2,3; for infer, prompts separated by ';' make a batch (default: random ids)"},
     {"--prompt", "TEXT", T_STR, OFF(prompt), RUNS, NULL, 0, NULL, 0, 0, NULL,

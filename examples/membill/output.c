@@ -52,5 +52,8 @@ json_t *cli_model_json(const llama_config *c) {
     json_object_set_new(m, "vocab", json_integer(c->vocab));
     json_object_set_new(m, "max_positions", json_integer(c->max_positions));
     json_object_set_new(m, "tied", json_boolean(c->tied));
+    json_object_set_new(m, "model_type", json_string(llama_family_name(c->family)));
+    json_object_set_new(m, "sliding_window", json_integer(c->sliding_window)); // 0: none
+    json_object_set_new(m, "rope_scaling", json_string(llama_rope_type_name(c->rope.type)));
     return m;
 }

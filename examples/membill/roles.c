@@ -27,14 +27,14 @@ static bool has(const char *s, const char *part) { return strstr(s, part) != NUL
 
 // By the op's site label (autograd.h: "<prefix>:<what>").
 static int role_of(const char *label) {
-    if (has(label, ":weight_bf16")) return CLI_ROLE_AUTOCAST_WEIGHT_CAST;
+    if (has(label, ":weight_bf16") || has(label, ":bias_bf16")) return CLI_ROLE_AUTOCAST_WEIGHT_CAST;
     if (!strncmp(label, "embed_tokens:", 13)) return CLI_ROLE_EMBED;
     if (!strncmp(label, "norm:", 5)) return CLI_ROLE_FINAL_NORM;
     if (!strncmp(label, "rotary_emb:", 11)) return CLI_ROLE_ROPE_COS_SIN;
     if (!strncmp(label, "loss:", 5)) return CLI_ROLE_LOSS;
     if (!strncmp(label, "lm_head:", 8)) return CLI_ROLE_LOGITS;
     if (strncmp(label, "layers.", 7)) return CLI_ROLE_OTHER;
-    if (has(label, "layernorm:")) return CLI_ROLE_NORM;
+    if (has(label, "layernorm:") || has(label, "q_norm:") || has(label, "k_norm:")) return CLI_ROLE_NORM; // Qwen3's
     if (has(label, "_residual:")) return CLI_ROLE_RESIDUAL;
     if (has(label, ".mlp.")) return CLI_ROLE_MLP;
     if (has(label, "_rope:")) return CLI_ROLE_ATTN_ROPE;

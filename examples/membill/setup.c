@@ -86,6 +86,11 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
     st_path[0] = 0;
     if (o->weights && llama_weights_resolve(o->weights, cfg_from_weights, st_path, st_len, err) != 0)
         return EXIT_RUN_FAILED;
+    if (cfg_from_weights[0] && (cli_given(o, "--model") || cli_given(o, "--config"))) {
+        ag_err_set(err, "--weights %s is a folder with its own config.json: %s would name the model a second time",
+                   o->weights, cli_given(o, "--model") ? "--model" : "--config");
+        return EXIT_USAGE;
+    }
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
     if (cfg_file) return llama_config_load(cfg, cfg_file, err) == 0 ? 0 : EXIT_RUN_FAILED;
     if (llama_config_preset(cfg, o->model, err) == 0) return 0;

@@ -162,3 +162,35 @@ double ag_max_diff(const float *a, const double *b, int64_t n) {
     }
     return m;
 }
+
+double ag_rel_diff(const float *a, const float *b, int64_t n) {
+    double d = 0.0, m = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - b[i]);
+        d = isnan(x) || x > d ? (isnan(x) ? INFINITY : x) : d;
+        m = fabs(b[i]) > m ? fabs(b[i]) : m;
+    }
+    return m > 0.0 ? d / m : d;
+}
+
+float *ag_copy_of(const ag_tensor *t) {
+    float *p = malloc((size_t)t->numel * sizeof(float));
+    assert_non_null(p);
+    memcpy(p, t->data, (size_t)t->numel * sizeof(float));
+    return p;
+}
+
+void ag_output_and_grads(ag_ctx *ctx, ag_tensor *o, ag_tensor **in, int n, float **res) {
+    if (!o) fail_msg("forward: %s", ag_ctx_error(ctx));
+    ag_tensor *dout = ag_tensor_new(ctx, o->ndim, o->shape, MP_ACTIVATION, "test:dout");
+    ag_fill(dout, 777, -1.0f, 1.0f);
+    assert_int_equal(ag_backward_grad(ctx, o, dout), AG_OK);
+    res[0] = ag_copy_of(o);
+    for (int i = 0; i < n; i++) {
+        assert_non_null(in[i]->grad);
+        res[i + 1] = ag_copy_of(in[i]->grad);
+    }
+    ag_release(dout);
+    ag_release(o);
+    for (int i = 0; i < n; i++) ag_release(in[i]);
+}

@@ -44,3 +44,10 @@ void ag_fd_check(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tensor
 
 // Largest |a - b| over n elements.
 double ag_max_diff(const float *a, const double *b, int64_t n);
+// max |a - b| / max |b| (a NaN counts as infinite).
+double ag_rel_diff(const float *a, const float *b, int64_t n);
+// A malloc'd copy of t's data (the caller frees it).
+float *ag_copy_of(const ag_tensor *t);
+// Backward from o with a seeded random d(o); res[0] gets a copy of o, res[1 + i] of in[i]'s
+// gradient; o and the n inputs are released.
+void ag_output_and_grads(ag_ctx *ctx, ag_tensor *o, ag_tensor **in, int n, float **res);

@@ -33,45 +33,15 @@ static void make_inputs(ag_ctx *ctx, const att_case *c, ag_tensor **in) {
     for (int i = 0; i < 3; i++) in[i]->requires_grad = true;
 }
 
-static float *copy_of(const ag_tensor *t) {
-    float *p = malloc((size_t)t->numel * sizeof(float));
-    assert_non_null(p);
-    memcpy(p, t->data, (size_t)t->numel * sizeof(float));
-    return p;
-}
-
 // Output, dq, dk and dv of one forward and backward under the given framework and attention.
 static void run_case(ag_ctx *ctx, const att_case *c, ag_framework f, ag_attention_kind kind, float *res[4]) {
     ag_ctx_set_framework(ctx, f);
     ag_ctx_set_attention(ctx, kind);
     ag_tensor *in[3];
     make_inputs(ctx, c, in);
-    ag_tensor *o = g_attention(ctx, in, c);
-    if (!o) fail_msg("attention: %s", ag_ctx_error(ctx));
-    ag_tensor *dout = ag_tensor_new(ctx, 3, o->shape, MP_ACTIVATION, "test:dout");
-    ag_fill(dout, 777, -1.0f, 1.0f);
-    assert_int_equal(ag_backward_grad(ctx, o, dout), AG_OK);
-    res[0] = copy_of(o);
-    for (int i = 0; i < 3; i++) {
-        assert_non_null(in[i]->grad);
-        res[i + 1] = copy_of(in[i]->grad);
-    }
-    ag_release(dout);
-    ag_release(o);
-    for (int i = 0; i < 3; i++) ag_release(in[i]);
+    ag_output_and_grads(ctx, g_attention(ctx, in, c), in, 3, res);
     ag_ctx_set_framework(ctx, AG_FRAMEWORK_LEAN);
     ag_ctx_set_attention(ctx, AG_ATTENTION_EAGER);
-}
-
-// max |a - b| / max |b|
-static double rel_diff(const float *a, const float *b, int64_t n) {
-    double d = 0.0, m = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        double x = fabs((double)a[i] - b[i]);
-        d = isnan(x) || x > d ? (isnan(x) ? INFINITY : x) : d;
-        m = fabs(b[i]) > m ? fabs(b[i]) : m;
-    }
-    return m > 0.0 ? d / m : d;
 }
 
 static const att_case CASES[] = {
@@ -96,7 +66,7 @@ static void matches_eager(ag_framework f) {
         int64_t n[4] = {c->B * c->Tq * c->Hq * c->D, c->B * c->Tq * c->Hq * c->D, c->B * c->Tk * c->Hkv * c->D,
                         c->B * c->Tk * c->Hkv * c->D};
         for (int i = 0; i < 4; i++) {
-            double r = rel_diff(flash[i], eager[i], n[i]);
+            double r = ag_rel_diff(flash[i], eager[i], n[i]);
             if (!(r < 1e-5))
                 fail_msg("case %zu (B %lld, Tq %lld, Tk %lld, Hq %d, Hkv %d, D %d): %s differs by %g relative", k,
                          (long long)c->B, (long long)c->Tq, (long long)c->Tk, c->Hq, c->Hkv, c->D,
@@ -164,12 +134,12 @@ static void test_shared_input(void **state) {
         ag_tensor *dout = ag_tensor_new(ctx, 3, o->shape, MP_ACTIVATION, "test:dout");
         ag_fill(dout, 5, -1.0f, 1.0f);
         assert_int_equal(ag_backward_grad(ctx, o, dout), AG_OK);
-        g[a] = copy_of(x->grad);
+        g[a] = ag_copy_of(x->grad);
         ag_zero_grad(x);
         ag_release(dout);
         ag_release(o);
     }
-    assert_true(rel_diff(g[1], g[0], x->numel) < 1e-5);
+    assert_true(ag_rel_diff(g[1], g[0], x->numel) < 1e-5);
     free(g[0]), free(g[1]);
     ag_release(x);
 }
@@ -469,7 +439,7 @@ static void cached_case(ag_framework f, int64_t Tq_last) {
             if (!o) fail_msg("attention_cached: %s", ag_ctx_error(ctx));
             ag_release(q), ag_release(k), ag_release(v);
         }
-        res[a] = copy_of(o);
+        res[a] = ag_copy_of(o);
         ag_release(o);
         ag_kv_cache_free(cache);
         free(mask);
@@ -483,7 +453,7 @@ static void cached_case(ag_framework f, int64_t Tq_last) {
         if (a) assert_int_equal(ws, 3);
         stop(ctx, NULL);
     }
-    assert_true(rel_diff(res[1], res[0], B * Tq_last * Hq * D) < 1e-5);
+    assert_true(ag_rel_diff(res[1], res[0], B * Tq_last * Hq * D) < 1e-5);
     free(res[0]), free(res[1]);
 }
 

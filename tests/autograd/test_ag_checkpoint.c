@@ -35,13 +35,13 @@ static ag_tensor *block(ag_ctx *ctx, const void *arg, ag_tensor *x) {
     const char *what[] = {"norm", "up", "gate", "act", "mul"};
     for (int k = 0; k < 5; k++) snprintf(s[k], sizeof s[k], "b.%d.%s", a->i, what[k]);
     ag_tensor *h = ag_rmsnorm(ctx, s[0], x, a->norm, 1e-5f);
-    ag_tensor *u = ag_linear(ctx, s[1], h, a->up);
-    ag_tensor *g = step(h, ag_linear(ctx, s[2], h, a->gate));
+    ag_tensor *u = ag_linear(ctx, s[1], h, a->up, NULL);
+    ag_tensor *g = step(h, ag_linear(ctx, s[2], h, a->gate, NULL));
     g = step(g, ag_silu(ctx, s[3], g));
     ag_tensor *m = ag_mul(ctx, s[4], g, u);
     ag_release(g);
     ag_release(u);
-    ag_tensor *d = step(m, ag_linear(ctx, "b.down", m, a->down));
+    ag_tensor *d = step(m, ag_linear(ctx, "b.down", m, a->down, NULL));
     ag_tensor *y = ag_add(ctx, "b.residual", x, d);
     ag_release(x);
     ag_release(d);

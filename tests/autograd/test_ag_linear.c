@@ -9,7 +9,7 @@
 static void check_shape(ag_ctx *ctx, int64_t M, int64_t N, int64_t K) {
     ag_tensor *x = ag_test_param(ctx, 2, (int64_t[]){M, K}, "x", 11 + (uint64_t)(M * 1000 + N * 10 + K));
     ag_tensor *w = ag_test_param(ctx, 2, (int64_t[]){N, K}, "w", 17 + (uint64_t)(M + N * 100 + K * 7));
-    ag_tensor *y = ag_linear(ctx, "lin", x, w);
+    ag_tensor *y = ag_linear(ctx, "lin", x, w, NULL);
     assert_non_null(y);
     ag_tensor *dy = ag_tensor_new(ctx, 2, (int64_t[]){M, N}, MP_ACTIVATION, "dy");
     ag_fill(dy, 5 + (uint64_t)M, -1, 1);
@@ -32,7 +32,7 @@ static void check_shape(ag_ctx *ctx, int64_t M, int64_t N, int64_t K) {
     assert_true(ag_max_diff(w->grad->data, dw, N * K) <= tol);
     // A second pass accumulates into the gradients it finds (beta 1, not a fresh write).
     ag_release(y);
-    y = ag_linear(ctx, "lin", x, w);
+    y = ag_linear(ctx, "lin", x, w, NULL);
     assert_int_equal(ag_backward_grad(ctx, y, dy), AG_OK);
     for (int64_t i = 0; i < M * K; i++) dx[i] *= 2;
     for (int64_t i = 0; i < N * K; i++) dw[i] *= 2;

@@ -69,9 +69,9 @@ static ag_tensor *block(ag_ctx *ctx, ag_tensor **w, int l, ag_tensor *h) {
                          "layers.%d.mlp"};
     for (int i = 0; i < 8; i++) snprintf(s[i], sizeof s[i], fmt[i], l);
     ag_tensor *x = ag_rmsnorm(ctx, s[0], h, w[0], 1e-5f);
-    ag_tensor *q = ag_linear(ctx, s[1], x, w[1]);
-    ag_tensor *k = ag_linear(ctx, s[2], x, w[2]);
-    ag_tensor *v = ag_linear(ctx, s[3], x, w[3]);
+    ag_tensor *q = ag_linear(ctx, s[1], x, w[1], NULL);
+    ag_tensor *k = ag_linear(ctx, s[2], x, w[2], NULL);
+    ag_tensor *v = ag_linear(ctx, s[3], x, w[3], NULL);
     ag_release(x);
     q = step(q, ag_rope(ctx, s[1], q, HQ, HD, 10000.0f, 0));
     k = step(k, ag_rope(ctx, s[2], k, HKV, HD, 10000.0f, 0));
@@ -79,17 +79,17 @@ static ag_tensor *block(ag_ctx *ctx, ag_tensor **w, int l, ag_tensor *h) {
     ag_release(q);
     ag_release(k);
     ag_release(v);
-    a = step(a, ag_linear(ctx, s[5], a, w[4]));
+    a = step(a, ag_linear(ctx, s[5], a, w[4], NULL));
     ag_tensor *h1 = ag_add(ctx, s[4], h, a);
     ag_release(a);
     x = ag_rmsnorm(ctx, s[6], h1, w[5], 1e-5f);
-    ag_tensor *g = ag_linear(ctx, s[7], x, w[6]);
-    ag_tensor *u = ag_linear(ctx, s[7], x, w[7]);
+    ag_tensor *g = ag_linear(ctx, s[7], x, w[6], NULL);
+    ag_tensor *u = ag_linear(ctx, s[7], x, w[7], NULL);
     ag_release(x);
     g = step(g, ag_silu(ctx, s[7], g));
     g = step(g, ag_mul(ctx, s[7], g, u));
     ag_release(u);
-    g = step(g, ag_linear(ctx, s[7], g, w[8]));
+    g = step(g, ag_linear(ctx, s[7], g, w[8], NULL));
     ag_tensor *h2 = ag_add(ctx, s[7], h1, g);
     ag_release(h1);
     ag_release(g);
@@ -101,7 +101,7 @@ static ag_tensor *tiny_loss(ag_ctx *ctx, ag_tensor **w) {
     ag_tensor *h = ag_embedding(ctx, "embed_tokens", ids, B, T, w[0]);
     for (int l = 0; l < L; l++) h = step(h, block(ctx, w + 2 + 9 * l, l, h));
     h = step(h, ag_rmsnorm(ctx, "norm", h, w[1], 1e-5f));
-    h = step(h, ag_linear(ctx, "lm_head:logits", h, w[0]));
+    h = step(h, ag_linear(ctx, "lm_head:logits", h, w[0], NULL));
     return step(h, ag_cross_entropy(ctx, "loss", h, ids));
 }
 
@@ -303,8 +303,8 @@ static void test_unused_branch_and_long_tape(void **state) {
     ag_tensor *w1 = ag_test_param(ctx, 2, (int64_t[]){2, 4}, "w1", 32);
     ag_tensor *w2 = ag_test_param(ctx, 2, (int64_t[]){2, 4}, "w2", 33);
     ag_tensor *c = ag_test_const(ctx, 2, (int64_t[]){3, 2}, "c", 34);
-    ag_tensor *unused = ag_linear(ctx, "unused", x, w2);
-    ag_tensor *y = ag_linear(ctx, "used", x, w1);
+    ag_tensor *unused = ag_linear(ctx, "unused", x, w2, NULL);
+    ag_tensor *y = ag_linear(ctx, "used", x, w1, NULL);
     for (int i = 0; i < 1000; i++) // d(y + c)/dy = 1: the gradient reaches w1 unchanged
         y = step(y, ag_add(ctx, "chain", y, c));
     assert_int_equal(ag_tape_size(ctx), 1002);
@@ -338,9 +338,9 @@ static void test_errors(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_param(ctx, 2, (int64_t[]){3, 4}, "x", 41);
     ag_tensor *w = ag_test_param(ctx, 2, (int64_t[]){2, 5}, "w", 42);
-    assert_null(ag_linear(ctx, "layers.1.mlp.up_proj", x, NULL));
+    assert_null(ag_linear(ctx, "layers.1.mlp.up_proj", x, NULL, NULL));
     expect_error(ctx, AG_ERR_ARG, "input w is NULL");
-    assert_null(ag_linear(ctx, "layers.1.mlp.up_proj", x, w));
+    assert_null(ag_linear(ctx, "layers.1.mlp.up_proj", x, w, NULL));
     assert_non_null(strstr(ag_ctx_error(ctx), "[3, 4]"));
     // Sticky: a valid op after the error returns NULL too and keeps the first message.
     assert_null(ag_silu(ctx, "s", x));
@@ -373,7 +373,7 @@ static void test_budget(void **state) {
     ag_ctx *ctx = ag_ctx_new();
     ag_tensor *x = ag_test_param(ctx, 2, (int64_t[]){8, 32}, "x", 51); // 1024 bytes
     ag_tensor *w = ag_test_param(ctx, 2, (int64_t[]){8, 32}, "w", 52);
-    ag_tensor *y = ag_linear(ctx, "small", x, w); // 256 bytes
+    ag_tensor *y = ag_linear(ctx, "small", x, w, NULL); // 256 bytes
     assert_non_null(y);
     ag_tensor *s = ag_silu(ctx, "big", x);                  // 1024: 3328 live
     ag_tensor *too_far = ag_mul(ctx, "layers.7.mlp", s, x); // would make 4352

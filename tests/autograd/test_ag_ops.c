@@ -14,8 +14,8 @@ static ag_tensor *sum_of(ag_ctx *ctx, ag_tensor *a, ag_tensor *b) {
 
 // ---- linear ----
 static ag_tensor *g_linear(ag_ctx *ctx, ag_tensor **in, const void *twice) {
-    ag_tensor *y = ag_linear(ctx, "t.linear", in[0], in[1]);
-    return *(const bool *)twice ? sum_of(ctx, y, ag_linear(ctx, "t.linear2", in[0], in[1])) : y;
+    ag_tensor *y = ag_linear(ctx, "t.linear", in[0], in[1], NULL);
+    return *(const bool *)twice ? sum_of(ctx, y, ag_linear(ctx, "t.linear2", in[0], in[1], NULL)) : y;
 }
 
 static void test_fd_checker_catches_wrong_gradient(void **state) {
@@ -33,7 +33,7 @@ static void test_linear(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_param(ctx, 3, (int64_t[]){2, 3, 4}, "x", 3);
     ag_tensor *w = ag_test_param(ctx, 2, (int64_t[]){5, 4}, "w", 4);
-    ag_tensor *y = ag_linear(ctx, "t.linear", x, w);
+    ag_tensor *y = ag_linear(ctx, "t.linear", x, w, NULL);
     assert_non_null(y);
     assert_int_equal(y->ndim, 3);
     assert_int_equal(y->shape[2], 5);
@@ -53,13 +53,54 @@ static void test_linear(void **state) {
     ag_release(w);
 }
 
+static ag_tensor *g_linear_bias(ag_ctx *ctx, ag_tensor **in, const void *twice) {
+    ag_tensor *y = ag_linear(ctx, "t.linear", in[0], in[1], in[2]);
+    return *(const bool *)twice ? sum_of(ctx, y, ag_linear(ctx, "t.linear2", in[0], in[1], in[2])) : y;
+}
+
+// With a bias: y = x wᵀ + b, and db the column sums of dy, under every framework; a bias of
+// the wrong length is refused naming it.
+static void test_linear_bias(void **state) {
+    ag_ctx *ctx = ag_fixture_ctx(state);
+    ag_tensor *x = ag_test_param(ctx, 3, (int64_t[]){2, 3, 4}, "x", 3);
+    ag_tensor *w = ag_test_param(ctx, 2, (int64_t[]){5, 4}, "w", 4);
+    ag_tensor *b = ag_test_param(ctx, 1, (int64_t[]){5}, "b", 7);
+    const ag_framework fw[] = {AG_FRAMEWORK_LEAN, AG_FRAMEWORK_PYTORCH};
+    for (int f = 0; f < 2; f++) {
+        ag_ctx_set_framework(ctx, fw[f]);
+        ag_tensor *y = ag_linear(ctx, "t.linear", x, w, b);
+        assert_non_null(y);
+        double ref[30];
+        for (int m = 0; m < 6; m++)
+            for (int o = 0; o < 5; o++) {
+                ref[m * 5 + o] = b->data[o];
+                for (int i = 0; i < 4; i++) ref[m * 5 + o] += (double)x->data[m * 4 + i] * w->data[o * 4 + i];
+            }
+        assert_true(ag_max_diff(y->data, ref, 30) < 1e-5);
+        assert_true(fabs(ref[0] - (ref[0] - b->data[0])) > 1e-3); // the bias does move the output
+        ag_release(y);
+        ag_tape_clear(ctx);
+        ag_tensor *in[] = {x, w, b};
+        for (int twice = 0; twice < 2; twice++) ag_fd_check(ctx, g_linear_bias, &(bool){twice}, 3, in);
+    }
+    ag_ctx_set_framework(ctx, AG_FRAMEWORK_LEAN);
+    ag_tensor *bad = ag_test_param(ctx, 1, (int64_t[]){4}, "short_bias", 8);
+    assert_null(ag_linear(ctx, "t.linear", x, w, bad));
+    assert_non_null(strstr(ag_ctx_error(ctx), "short_bias"));
+    ag_ctx_clear_error(ctx);
+    ag_release(bad);
+    ag_release(x);
+    ag_release(w);
+    ag_release(b);
+}
+
 // A frozen weight: only dx is computed, and the node keeps no activation (x is not needed).
 static void test_linear_frozen_weight(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_param(ctx, 2, (int64_t[]){3, 4}, "x", 5);
     ag_tensor *w = ag_test_param(ctx, 2, (int64_t[]){2, 4}, "w", 6);
     w->requires_grad = false;
-    ag_tensor *y = ag_linear(ctx, "t.linear", x, w);
+    ag_tensor *y = ag_linear(ctx, "t.linear", x, w, NULL);
     ag_node_info info;
     assert_true(ag_tape_node(ctx, 0, &info));
     assert_string_equal(info.op, "linear");
@@ -107,6 +148,18 @@ static void test_embedding(void **state) {
     }
     ag_release(ones);
     ag_release(y);
+    // nn.Embedding(padding_idx=4): the same lookup, and the row of id 4 gets nothing
+    ag_zero_grad(table);
+    y = ag_embedding_padded(ctx, "t.embed", emb_ids, 2, 3, table, 4);
+    for (int r = 0; r < 6; r++) assert_memory_equal(y->data + r * 4, table->data + emb_ids[r] * 4, 4 * sizeof(float));
+    ones = ag_test_ones(ctx, y);
+    assert_int_equal(ag_backward_grad(ctx, y, ones), AG_OK);
+    for (int j = 0; j < 4; j++) {
+        assert_true(table->grad->data[4 * 4 + j] == 0.0f);
+        assert_true(table->grad->data[1 * 4 + j] == 2.0f);
+    }
+    ag_release(ones);
+    ag_release(y);
     ag_release(table);
 }
 
@@ -117,7 +170,7 @@ static ag_tensor *g_tied(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     (void)arg;
     ag_tensor *emb = in[0], *head = in[1] ? in[1] : in[0];
     ag_tensor *h = ag_embedding(ctx, "embed_tokens", tied_ids, 2, 4, emb);
-    ag_tensor *logits = ag_linear(ctx, "lm_head:logits", h, head);
+    ag_tensor *logits = ag_linear(ctx, "lm_head:logits", h, head, NULL);
     ag_release(h);
     ag_tensor *loss = ag_cross_entropy(ctx, "loss", logits, tied_ids);
     ag_release(logits);
@@ -159,6 +212,16 @@ static ag_tensor *g_rmsnorm(ag_ctx *ctx, ag_tensor **in, const void *twice) {
     return *(const bool *)twice ? sum_of(ctx, y, ag_rmsnorm(ctx, "t.n2", in[0], in[1], 1e-5f)) : y;
 }
 
+// ref[rows * H] = x * rsqrt(mean(x², each H-slice) + 1e-5) * w, in double.
+static void rms_reference(double *ref, const float *x, const float *w, int rows, int H) {
+    for (int r = 0; r < rows; r++) {
+        double ss = 0.0;
+        for (int j = 0; j < H; j++) ss += (double)x[r * H + j] * x[r * H + j];
+        double rs = 1.0 / sqrt(ss / H + 1e-5);
+        for (int j = 0; j < H; j++) ref[r * H + j] = x[r * H + j] * rs * w[j];
+    }
+}
+
 static void test_rmsnorm(void **state) {
     ag_ctx *ctx = ag_fixture_ctx(state);
     ag_tensor *x = ag_test_const(ctx, 3, (int64_t[]){2, 3, 6}, "x", 9); // an activation
@@ -166,12 +229,7 @@ static void test_rmsnorm(void **state) {
     ag_tensor *w = ag_test_param(ctx, 1, (int64_t[]){6}, "w", 10);
     ag_tensor *y = ag_rmsnorm(ctx, "layers.0.input_layernorm", x, w, 1e-5f);
     double ref[36];
-    for (int r = 0; r < 6; r++) {
-        double ss = 0.0;
-        for (int j = 0; j < 6; j++) ss += (double)x->data[r * 6 + j] * x->data[r * 6 + j];
-        double rs = 1.0 / sqrt(ss / 6.0 + 1e-5);
-        for (int j = 0; j < 6; j++) ref[r * 6 + j] = x->data[r * 6 + j] * rs * w->data[j];
-    }
+    rms_reference(ref, x->data, w->data, 6, 6);
     assert_true(ag_max_diff(y->data, ref, 36) < 1e-5);
     // Saved: x and one rstd per row, labelled; not the output.
     ag_node_info info;
@@ -187,6 +245,35 @@ static void test_rmsnorm(void **state) {
     ag_tape_clear(ctx);
     ag_tensor *in[] = {x, w};
     for (int twice = 0; twice < 2; twice++) ag_fd_check(ctx, g_rmsnorm, &(bool){twice}, 2, in);
+    ag_release(x);
+    ag_release(w);
+}
+
+// Per-head: w[3] over x[..., 2 * 3], each head's slice normalised on its own (Qwen3's q_norm),
+// under both frameworks; a weight that does not divide the last dimension is refused.
+static void test_rmsnorm_per_head(void **state) {
+    ag_ctx *ctx = ag_fixture_ctx(state);
+    ag_tensor *x = ag_test_const(ctx, 3, (int64_t[]){2, 3, 6}, "x", 9);
+    x->requires_grad = true;
+    ag_tensor *w = ag_test_param(ctx, 1, (int64_t[]){3}, "w", 10);
+    for (int f = 0; f < 2; f++) {
+        ag_ctx_set_framework(ctx, f ? AG_FRAMEWORK_PYTORCH : AG_FRAMEWORK_LEAN);
+        ag_tensor *y = ag_rmsnorm(ctx, "layers.0.self_attn.q_norm", x, w, 1e-5f);
+        assert_non_null(y);
+        double ref[36];
+        rms_reference(ref, x->data, w->data, 12, 3);
+        assert_true(ag_max_diff(y->data, ref, 36) < 1e-5);
+        ag_release(y);
+        ag_tape_clear(ctx);
+        ag_tensor *in[] = {x, w};
+        for (int twice = 0; twice < 2; twice++) ag_fd_check(ctx, g_rmsnorm, &(bool){twice}, 2, in);
+    }
+    ag_ctx_set_framework(ctx, AG_FRAMEWORK_LEAN);
+    ag_tensor *bad = ag_test_param(ctx, 1, (int64_t[]){4}, "w4", 11);
+    assert_null(ag_rmsnorm(ctx, "t.norm", x, bad, 1e-5f));
+    assert_non_null(strstr(ag_ctx_error(ctx), "w4"));
+    ag_ctx_clear_error(ctx);
+    ag_release(bad);
     ag_release(x);
     ag_release(w);
 }
@@ -395,10 +482,12 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_fd_checker_catches_wrong_gradient, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_linear, ag_setup, ag_teardown),
+        cmocka_unit_test_setup_teardown(test_linear_bias, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_linear_frozen_weight, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_embedding, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_tied_embedding, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_rmsnorm, ag_setup, ag_teardown),
+        cmocka_unit_test_setup_teardown(test_rmsnorm_per_head, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_rope, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_silu, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_mul, ag_setup, ag_teardown),

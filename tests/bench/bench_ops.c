@@ -62,7 +62,7 @@ static ag_tensor *linear(bench_case *c, bool make, int64_t in, int64_t out) {
         activation(c, in);
         weight(c, out, in);
     }
-    return ag_linear(c->ctx, "linear", c->in[0], c->in[1]);
+    return ag_linear(c->ctx, "linear", c->in[0], c->in[1], NULL);
 }
 
 static ag_tensor *op_q_proj(bench_case *c, bool make) { return linear(c, make, HID, HQ * HD); }

@@ -267,24 +267,39 @@ static json_int_t jint(json_t *root, const char *obj, const char *key) {
 // head or one recomputed block, whichever is larger.
 static void test_plan_closed_form_sweep(void **state) {
     (void)state;
-    char tiny[2][256];
-    snprintf(tiny[0], sizeof tiny[0], "--config %s/tiny_tied/config.json", MEMBILL_GOLDEN_DIR);
-    snprintf(tiny[1], sizeof tiny[1], "--config %s/tiny_mha/config.json", MEMBILL_GOLDEN_DIR);
+    // the tiny configs first (128 positions), then Qwen2 (biases), Qwen3 (q/k norms), Mistral's
+    // window, Llama 3.1's rope_scaling, then the presets
+    enum { TINY = 5 };
+    static const char *const tiny_names[TINY] = {"tiny_tied", "tiny_mha", "tiny_qwen2", "tiny_qwen3", "tiny_mistral"};
+    static const char *const configs[] = {"qwen2.5-0.5b", "qwen3-0.6b", "llama-3.1-8b"};
+    char tiny[TINY + 3][256];
+    for (int i = 0; i < TINY; i++)
+        snprintf(tiny[i], sizeof tiny[i], "--config %s/%s/config.json", MEMBILL_GOLDEN_DIR, tiny_names[i]);
+    for (int i = 0; i < 3; i++)
+        snprintf(tiny[TINY + i], sizeof tiny[i], "--config %s/../model/configs/%s.json", MEMBILL_GOLDEN_DIR,
+                 configs[i]);
     const char *models[] = {tiny[0],
                             tiny[1],
+                            tiny[2],
+                            tiny[3],
+                            tiny[4],
+                            tiny[5],
+                            tiny[6],
+                            tiny[7],
                             "--model smollm2-135m",
                             "--model smollm2-360m",
                             "--model llama-2-7b",
                             "--model mistral-7b",
                             "--model llama-3-70b",
                             "--model llama-3.1-405b"};
+    const int nmodels = (int)(sizeof models / sizeof *models);
     const char *lens[] = {"25", "1024", "4096", "8192"};
     for (int ck = 0; ck < 2; ck++)
-        for (int m = 0; m < 8; m++)
+        for (int m = 0; m < nmodels; m++)
             for (int l = 0; l < 4; l++) {
                 char a[512];
-                if (m < 2 && l > 0) continue;   // the tiny configs have 128 positions
-                if (l == 3 && m == 4) continue; // Llama-2 has 4,096 positions
+                if (m < TINY && l > 0) continue;                                  // the tiny configs have 128 positions
+                if (l == 3 && !strcmp(models[m], "--model llama-2-7b")) continue; // Llama-2 has 4,096
                 // The closed form is the lean framework's (what fused kernels keep).
                 snprintf(a, sizeof a, "%s --seq-len %s --batch 2%s --framework lean", models[m], lens[l],
                          ck ? " --checkpointing" : "");

@@ -56,13 +56,22 @@ static const json_t *phase_named(const json_t *phases, const char *name) {
 // One configuration of the golden set: every phase's peak and end-live of both steps within
 // 0.05%, the saved set after the forward by role within 0.1%.
 static void against_golden(const char *name, const char *extra) {
-    char path[512], args[512];
+    char path[512], args[1600];
     snprintf(path, sizeof path, "%s/pytorch/%s.json", MEMBILL_GOLDEN_DIR, name);
     json_t *g = json_load_file(path, 0, NULL);
     assert_non_null(g);
     const json_t *cfg = json_object_get(g, "config");
-    snprintf(args, sizeof args, "train --meta --framework pytorch-1.13 --steps 2 --batch %lld --seq-len %lld %s",
-             (long long)num(cfg, "batch"), (long long)num(cfg, "seq_len"), extra);
+    // a family other than SmolLM2's: its config.json, written from the golden file's own fields
+    char model[600] = "";
+    const json_t *fields = json_object_get(cfg, "model");
+    if (json_object_get(fields, "model_type")) {
+        char cpath[512];
+        snprintf(cpath, sizeof cpath, "%s/%s.json", cli_run_dir, name);
+        assert_int_equal(json_dump_file(fields, cpath, 0), 0);
+        snprintf(model, sizeof model, "--config %s", cpath);
+    }
+    snprintf(args, sizeof args, "train --meta --framework pytorch-1.13 --steps 2 --batch %lld --seq-len %lld %s %s",
+             (long long)num(cfg, "batch"), (long long)num(cfg, "seq_len"), model, extra);
     json_t *m = cli_run_json(args);
     const json_t *gsteps = json_object_get(g, "steps"), *msteps = json_object_get(m, "steps");
     assert_int_equal(json_array_size(msteps), 2);
@@ -111,6 +120,12 @@ static void golden_fp32_foreach(void **state) {
 
 // The model cast to bfloat16 (model.to(torch.bfloat16)) and float32 parameters under
 // torch.autocast(bfloat16): a dtype per tensor, as PyTorch's type promotion and autocast give.
+// Qwen3's attention (q, k, v and o biases, q_norm and k_norm) on SmolLM2-135M's shape.
+static void golden_qwen3(void **state) {
+    (void)state;
+    against_golden("qwen3_135m_b1_t128_fp32_forloop", "--adam-impl for-loop");
+}
+
 static void golden_16_bit(void **state) {
     (void)state;
     against_golden("smollm2_135m_b1_t128_bf16_forloop", "--adam-impl for-loop --dtype bf16");
@@ -185,6 +200,14 @@ static void meta_equals_real_tiny(void **state) {
     meta_equals_real_at(a);
     snprintf(a, sizeof a, "--config %s --seq-len 70 --batch 2 --attention flash", cfg);
     meta_equals_real_at(a);
+    // the families: biases, q/k norms, windows (masks of both kinds; flash's past the window)
+    const char *families[] = {"tiny_qwen2", "tiny_qwen3", "tiny_mistral"};
+    for (int i = 0; i < 3; i++)
+        for (int flash = 0; flash < 2; flash++) {
+            snprintf(a, sizeof a, "--config %s/%s/config.json --seq-len 9%s", MEMBILL_GOLDEN_DIR, families[i],
+                     flash ? " --attention flash" : "");
+            meta_equals_real_at(a);
+        }
 }
 
 // The same math under every framework: the same losses, step after step.
@@ -274,9 +297,10 @@ static void meta_equals_real_smollm2(void **state) {
 // (MEMBILL_HEAVY set, label heavy) the real SmolLM2-135M runs.
 int main(void) {
     const struct CMUnitTest quick[] = {
-        cmocka_unit_test(golden_fp32_forloop), cmocka_unit_test(golden_fp32_foreach),   cmocka_unit_test(golden_16_bit),
-        cmocka_unit_test(lean_unchanged),      cmocka_unit_test(meta_equals_real_tiny), cmocka_unit_test(same_losses),
-        cmocka_unit_test(flash_memory_meta),
+        cmocka_unit_test(golden_fp32_forloop), cmocka_unit_test(golden_fp32_foreach),
+        cmocka_unit_test(golden_16_bit),       cmocka_unit_test(golden_qwen3),
+        cmocka_unit_test(lean_unchanged),      cmocka_unit_test(meta_equals_real_tiny),
+        cmocka_unit_test(same_losses),         cmocka_unit_test(flash_memory_meta),
     };
     const struct CMUnitTest heavy[] = {cmocka_unit_test(meta_equals_real_smollm2), cmocka_unit_test(flash_memory_real)};
     if (getenv("MEMBILL_HEAVY")) return cmocka_run_group_tests(heavy, cli_run_make_dir, cli_run_remove_dir);

@@ -253,6 +253,48 @@ static void test_frameworks_and_attention_grads(void **s) {
             }
 }
 
+// The families and RoPE variants (tests/golden/tiny_qwen2, ...): loss and every gradient under
+// every framework and attention, against the reference written from transformers' code.
+static const char *const family_folders[] = {"tiny_qwen2",       "tiny_qwen3",         "tiny_mistral",
+                                             "tiny_rope_linear", "tiny_rope_dynamic",  "tiny_rope_llama3",
+                                             "tiny_rope_yarn",   "tiny_rope_yarn_orig"};
+#define NFAMILY (sizeof family_folders / sizeof family_folders[0])
+
+static void test_family_grads(void **s) {
+    (void)s;
+    for (size_t f = 0; f < NFAMILY; f++)
+        for (ag_framework fw = AG_FRAMEWORK_LEAN; fw <= AG_FRAMEWORK_PYTORCH_113; fw++)
+            for (int a = 0; a < 2; a++) {
+                if (fw == AG_FRAMEWORK_PYTORCH_113 && a) continue; // PyTorch 1.13 has no SDPA
+                check_grads_as(family_folders[f], "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD, fw,
+                               a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER);
+            }
+}
+
+// The RoPE variants' logits, eager and flash, against the reference's.
+static void test_rope_logits(void **s) {
+    (void)s;
+    for (size_t f = 3; f < NFAMILY; f++)
+        for (int a = 0; a < 2; a++) {
+            run r;
+            run_open(&r, family_folders[f], "model.safetensors");
+            ag_ctx_set_attention(r.ctx, a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER);
+            ag_set_grad_enabled(r.ctx, false);
+            ag_err err = {{0}};
+            ag_tensor *logits = llama_forward_logits(r.ctx, r.m, r.ids, B, T, &err);
+            if (!logits) fail_msg("%s", err.msg);
+            size_t n;
+            float *want = golden_f32(r.g, "logits", &n);
+            assert_int_equal(n, (size_t)logits->numel);
+            double d = scaled_diff(logits->data, want, n);
+            if (!(d <= GRAD_TOL)) fail_msg("%s: logits differ by %g x max|golden|", family_folders[f], d);
+            note(W_GRAD, d);
+            free(want);
+            ag_release(logits);
+            run_close(&r);
+        }
+}
+
 static void test_tied_grads(void **s) {
     (void)s;
     check_grads("tiny_tied", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD);
@@ -449,7 +491,8 @@ int main(void) {
         cmocka_unit_test(test_untied_adam),        cmocka_unit_test(test_tied_adamw),
         cmocka_unit_test(test_untied_adamw),       cmocka_unit_test(test_tied_sgdm),
         cmocka_unit_test(test_untied_sgdm),        cmocka_unit_test(test_detects_wrong_batch),
-        cmocka_unit_test(test_tied_checkpointing),
+        cmocka_unit_test(test_tied_checkpointing), cmocka_unit_test(test_family_grads),
+        cmocka_unit_test(test_rope_logits),
     };
     return cmocka_run_group_tests(tests, NULL, print_worst);
 }

@@ -2,6 +2,7 @@
 // llama_config_load from a file. A config that parses must validate, with a clean name and a
 // parameter list that adds up; a refusal leaves one line naming the input.
 #include <jansson.h>
+#include <math.h>
 
 #include "fuzz_util.h"
 #include "model.h"
@@ -21,13 +22,20 @@ static void check_config(const llama_config *c) {
     FZ_REQUIRE(total > 0 && total <= LLAMA_MAX_PARAMS);
     // the first tensors, one block's worth, and the last ones (a config may have 10^5 layers)
     size_t n = llama_param_count_tensors(c);
-    for (size_t i = 0; i < n; i = (i == 2 * LLAMA_PARAMS_PER_LAYER && n > i + 4) ? n - 4 : i + 1) {
+    for (size_t i = 0; i < n; i = (i == 2 * llama_params_per_layer(c) && n > i + 4) ? n - 4 : i + 1) {
         char name[LLAMA_PARAM_NAME_MAX];
         int nd;
         int64_t shape[2];
         FZ_REQUIRE(llama_param_spec(c, i, name, sizeof name, &nd, shape) == 0);
         FZ_REQUIRE((nd == 1 || nd == 2) && shape[0] > 0 && shape[1] > 0);
     }
+    // an accepted rope_scaling gives frequencies every rope op takes: positive and finite
+    llama_config r = *c;
+    llama_rope_prepare(&r);
+    ag_rope_freqs f = llama_rope_freqs(&r);
+    FZ_REQUIRE(f.scale > 0.0f && isfinite(f.scale));
+    for (int64_t i = 0; f.inv_freq && i < c->head_dim / 2; i++)
+        FZ_REQUIRE(f.inv_freq[i] > 0.0f && isfinite(f.inv_freq[i]));
 }
 
 static bool same_shape(const llama_config *a, const llama_config *b) {

@@ -6,6 +6,9 @@
 #define T 7 // golden prompts
 #define N 8 // golden new tokens
 
+// The attention the checks below generate with (the families run both).
+static ag_attention_kind attention = AG_ATTENTION_EAGER;
+
 // new ids [B, N] of prompt [B, t] (mask may be NULL), checking the bill on the way out.
 static void generate(it_run *r, bool cache, const int32_t *ids, const int32_t *mask, int64_t B, int64_t t,
                      int32_t *out) {
@@ -22,6 +25,7 @@ static void generate(it_run *r, bool cache, const int32_t *ids, const int32_t *m
 static void check_solo(const char *folder) {
     it_run r;
     it_open_golden(&r, folder);
+    ag_ctx_set_attention(r.ctx, attention);
     int32_t *ids = it_golden_ids(&r, "input_ids", 2, T);
     int32_t *want = it_golden_ids(&r, "greedy", 1, N);
     int32_t cached[N], uncached[N];
@@ -48,6 +52,7 @@ static void test_untied_solo(void **s) {
 static void check_batch(const char *folder) {
     it_run r;
     it_open_golden(&r, folder);
+    ag_ctx_set_attention(r.ctx, attention);
     int32_t *ids = it_golden_ids(&r, "prompt_batch", 2, T);
     int32_t *mask = it_golden_ids(&r, "mask_batch", 2, T);
     int32_t *want = it_golden_ids(&r, "greedy_batch", 2, N);
@@ -94,10 +99,26 @@ static void test_mask_matters(void **s) {
     it_close(&r);
 }
 
+// Qwen2 (biases, a window on its second layer), Qwen3 (q/k norms, head_dim 24), Mistral (a
+// window of 3 over a 7-token prompt and 8 new tokens): the reference's tokens, solo and as a
+// padded batch, with and without the cache, eager and flash.
+static void test_families(void **s) {
+    (void)s;
+    const char *folders[] = {"tiny_qwen2", "tiny_qwen3", "tiny_mistral"};
+    for (int a = 0; a < 2; a++) {
+        attention = a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER;
+        for (int f = 0; f < 3; f++) {
+            check_solo(folders[f]);
+            check_batch(folders[f]);
+        }
+    }
+    attention = AG_ATTENTION_EAGER;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tied_solo),    cmocka_unit_test(test_untied_solo),  cmocka_unit_test(test_tied_batch),
-        cmocka_unit_test(test_untied_batch), cmocka_unit_test(test_mask_matters),
+        cmocka_unit_test(test_untied_batch), cmocka_unit_test(test_mask_matters), cmocka_unit_test(test_families),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -267,10 +267,10 @@ static void test_many_layers(void **state) {
     if (llama_config_load(&c, path, &err) != 0) fail_msg("%s", err.msg);
     assert_int_equal(c.layers, 30000);
     assert_int_equal(llama_config_validate(&c, &err), 0);
-    assert_int_equal(llama_param_count_tensors(&c), 2 + 30000 * LLAMA_PARAMS_PER_LAYER);
-    expect_spec(&c, 1 + 29999 * LLAMA_PARAMS_PER_LAYER + 5, "model.layers.29999.post_attention_layernorm.weight", 1, 64,
-                1);
-    expect_spec(&c, 1 + 30000 * LLAMA_PARAMS_PER_LAYER, "model.norm.weight", 1, 64, 1);
+    assert_int_equal(llama_param_count_tensors(&c), 2 + 30000 * llama_params_per_layer(&c));
+    expect_spec(&c, 1 + 29999 * llama_params_per_layer(&c) + 5, "model.layers.29999.post_attention_layernorm.weight", 1,
+                64, 1);
+    expect_spec(&c, 1 + 30000 * llama_params_per_layer(&c), "model.norm.weight", 1, 64, 1);
     uint64_t sum = 0;
     for (size_t i = 0; i < llama_param_count_tensors(&c); i++) {
         char name[LLAMA_PARAM_NAME_MAX];
@@ -367,6 +367,116 @@ static void test_load_mistral(void **state) {
     tu_rmtree(dir);
 }
 
+// The hand-written config.json files of tests/model/configs, from the published hyperparameters:
+// each parameter count against the published one, and what each family adds to a block.
+static void load_config_file(llama_config *c, const char *name) {
+    char path[4096];
+    ag_err err = {{0}};
+    snprintf(path, sizeof path, "%s/%s.json", MEMBILL_CONFIGS_DIR, name);
+    if (llama_config_load(c, path, &err) != 0) fail_msg("%s", err.msg);
+}
+
+static void expect_tensor(const llama_config *c, const char *want, int ndim, int64_t rows) {
+    for (size_t i = 0; i < llama_param_count_tensors(c); i++) {
+        char name[LLAMA_PARAM_NAME_MAX];
+        int nd;
+        int64_t shape[2];
+        assert_int_equal(llama_param_spec(c, i, name, sizeof name, &nd, shape), 0);
+        if (strcmp(name, want) != 0) continue;
+        assert_int_equal(nd, ndim);
+        assert_int_equal(shape[0], rows);
+        return;
+    }
+    fail_msg("no tensor %s", want);
+}
+
+static void test_families(void **state) {
+    (void)state;
+    llama_config c;
+    load_config_file(&c, "qwen2.5-0.5b"); // Qwen2.5-0.5B: 494,032,768 (its model card: 0.49B)
+    assert_int_equal(c.family, LLAMA_FAMILY_QWEN2);
+    assert_true(c.qkv_bias && !c.o_bias && !c.qk_norm && c.tied);
+    assert_int_equal(c.sliding_window, 0); // use_sliding_window false
+    assert_int_equal(llama_params_per_layer(&c), 12);
+    assert_int_equal(llama_param_count(&c), 494032768ULL);
+    expect_tensor(&c, "model.layers.23.self_attn.k_proj.bias", 1, 128);
+    load_config_file(&c, "qwen3-0.6b"); // 596,049,920: 0.44B outside the embedding, as published
+    assert_int_equal(c.family, LLAMA_FAMILY_QWEN3);
+    assert_true(c.qk_norm && !c.qkv_bias && c.head_dim == 128);
+    assert_int_equal(llama_params_per_layer(&c), 11);
+    assert_int_equal(llama_param_count(&c), 596049920ULL);
+    assert_int_equal(llama_param_count(&c) - 151936ULL * 1024, 440467456ULL);
+    expect_tensor(&c, "model.layers.0.self_attn.q_norm.weight", 1, 128);
+    expect_tensor(&c, "model.layers.0.self_attn.q_proj.weight", 2, 2048); // 16 heads x 128, not hidden
+    load_config_file(&c, "llama-3.1-8b");                                 // 8,030,261,248, Llama 3.1 8B's
+    assert_int_equal(llama_param_count(&c), 8030261248ULL);
+    assert_int_equal(c.rope.type, LLAMA_ROPE_LLAMA3);
+    assert_int_equal(c.rope.original_max_positions, 8192);
+    assert_true(c.rope.factor == 8.0 && c.rope.high_freq_factor == 4.0);
+}
+
+// The optional rows, each from its field: Llama's attention_bias and mlp_bias, Qwen3's, windows.
+static void test_family_fields(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    llama_config c;
+    ag_err err = {{0}};
+    const char *head = "{\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":4,"
+                       "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":100,";
+    char text[1024];
+    snprintf(text, sizeof text, "%s\"model_type\":\"llama\",\"attention_bias\":true,\"mlp_bias\":true}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_true(c.qkv_bias && c.o_bias && c.mlp_bias);
+    assert_int_equal(llama_params_per_layer(&c), 9 + 4 + 3);
+    expect_tensor(&c, "model.layers.3.mlp.down_proj.bias", 1, 64);
+    snprintf(text, sizeof text, "%s\"model_type\":\"qwen3\",\"attention_bias\":true}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_int_equal(c.head_dim, 128); // Qwen3Config's default, not hidden / heads
+    assert_int_equal(llama_params_per_layer(&c), 9 + 4 + 2);
+    // Mistral: 4096 unless given, null for none, every layer
+    snprintf(text, sizeof text, "%s\"model_type\":\"mistral\"}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_int_equal(llama_layer_window(&c, 0), 4096);
+    assert_int_equal(c.max_positions, 131072);
+    snprintf(text, sizeof text, "%s\"model_type\":\"mistral\",\"sliding_window\":null}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_int_equal(llama_layer_window(&c, 3), 0);
+    // Qwen2: from max_window_layers on, when use_sliding_window; layer_types agreeing
+    const char *qwen = "\"model_type\":\"qwen2\",\"use_sliding_window\":true,\"sliding_window\":8,";
+    snprintf(text, sizeof text, "%s%s\"max_window_layers\":2}", head, qwen);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_int_equal(llama_layer_window(&c, 1), 0);
+    assert_int_equal(llama_layer_window(&c, 2), 8);
+    const char *full = "\"full_attention\"", *slide = "\"sliding_attention\"";
+    snprintf(text, sizeof text, "%s%s\"layer_types\":[%s,%s,%s,%s]}", head, qwen, full, slide, slide, slide);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_int_equal(llama_layer_window(&c, 0), 0);
+    assert_int_equal(llama_layer_window(&c, 1), 8);
+    snprintf(text, sizeof text, "%s%s\"layer_types\":[%s,%s,%s,%s]}", head, qwen, slide, full, slide, full);
+    assert_int_equal(load_text(text, &c, &err, dir), -1);
+    TU_MENTIONS(err.msg, "layer_types", "layer 1 is full");
+    // use_cache false is kept; a llama config's sliding_window changes nothing (LlamaConfig has none)
+    snprintf(text, sizeof text, "%s\"model_type\":\"llama\",\"use_cache\":false,\"sliding_window\":4}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_true(c.no_cache);
+    assert_int_equal(llama_layer_window(&c, 0), 0);
+    // transformers 5's rope_parameters: its theta, not the default
+    snprintf(text, sizeof text,
+             "%s\"model_type\":\"llama\",\"rope_parameters\":{\"rope_type\":\"default\","
+             "\"rope_theta\":500000.0}}",
+             head);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_true(c.rope_theta == 500000.0);
+    // pad_token_id: the embedding's padding_idx; null: none
+    snprintf(text, sizeof text, "%s\"model_type\":\"qwen2\",\"pad_token_id\":7}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_true(c.pad_token && c.pad_token_id == 7);
+    snprintf(text, sizeof text, "%s\"model_type\":\"qwen2\",\"pad_token_id\":null}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_false(c.pad_token);
+    tu_rmtree(dir);
+}
+
 // head_dim given and not hidden / heads: q and o take heads * head_dim.
 static void test_load_explicit_head_dim(void **state) {
     (void)state;
@@ -450,9 +560,25 @@ static const struct {
     {"rms_norm_eps", "0", "rms_norm_eps", NULL},
     {"rms_norm_eps", "2.5", "rms_norm_eps", NULL},
     {"tie_word_embeddings", "\"yes\"", "tie_word_embeddings", NULL},
-    {"attention_bias", "true", "attention_bias", NULL},
-    {"mlp_bias", "true", "mlp_bias", NULL},
+    {"attention_bias", "\"yes\"", "attention_bias", "true or false"},
+    {"mlp_bias", "1", "mlp_bias", "true or false"},
     {"hidden_act", "\"gelu\"", "hidden_act", NULL},
+    {"model_type", "\"gemma\"", "\"gemma\"", "\"qwen3\""},
+    // what would change the numbers and is not modelled
+    {"attention_dropout", "0.1", "attention_dropout (0.1)", "must be 0"},
+    {"partial_rotary_factor", "0.5", "partial_rotary_factor", "must be 1"},
+    {"quantization_config", "{\"quant_method\": \"gptq\"}", "quantization_config", "not supported"},
+    {"rope_scaling", "{\"rope_type\": \"longrope\", \"factor\": 2.0}", "\"longrope\"", "supported"},
+    {"rope_scaling", "{\"type\": \"su\"}", "\"su\"", "llama3"},
+    {"rope_scaling", "{\"rope_type\": \"linear\"}", "rope_scaling", "factor missing"},
+    {"rope_scaling", "{\"rope_type\": \"linear\", \"factor\": -2.0}", "factor (-2)", "positive"},
+    {"rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0}", "low_freq_factor", "missing"},
+    {"rope_scaling", "[1]", "rope_scaling", "object"},
+    {"use_cache", "\"no\"", "use_cache", "true or false"},
+    {"rope_parameters", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", "rope_parameters", "rope_scaling"},
+    {"pad_token_id", "100", "pad_token_id (100)", "vocab_size - 1 (99)"},
+    {"pad_token_id", "-1", "pad_token_id (-1)", "token id"},
+    {"rope_parameters", "{\"rope_type\": \"default\", \"rope_theta\": \"big\"}", "rope_theta", "number"},
     {"num_hidden_layers", "2000000000", "num_hidden_layers (2000000000)", "at most 100000"},
     // every size allowed, the whole absurd: 2^20 x 2^24 embedding
     {NULL,
@@ -670,6 +796,8 @@ int main(void) {
         cmocka_unit_test(test_validate_messages),
         cmocka_unit_test(test_load_smollm2),
         cmocka_unit_test(test_load_mistral),
+        cmocka_unit_test(test_families),
+        cmocka_unit_test(test_family_fields),
         cmocka_unit_test(test_load_explicit_head_dim),
         cmocka_unit_test(test_load_defaults),
         cmocka_unit_test(test_bad_configs),

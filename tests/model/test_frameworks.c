@@ -141,8 +141,44 @@ static void test_finite_differences(void **state) {
     mp_shutdown();
 }
 
+// The forward's peak under PYTORCH semantics, meta mode: with use_cache (the default) the
+// output's DynamicCache holds every layer's k and v until the loss is out.
+static uint64_t forward_peak(const llama_config *c) {
+    assert_int_equal(mp_init(&(mp_options){.meta = true}), MP_OK);
+    ag_ctx *ctx = ag_ctx_new();
+    ag_ctx_set_framework(ctx, AG_FRAMEWORK_PYTORCH);
+    llama_model *m = NULL;
+    ag_err err;
+    assert_int_equal(llama_model_new(&m, ctx, c, &err), 0);
+    mp_set_phase(MP_PHASE_FORWARD);
+    ag_tensor *loss = llama_forward_loss(ctx, m, NULL, 1, 32, &err);
+    assert_non_null(loss);
+    uint64_t peak = mp_get_phase_stats(MP_PHASE_FORWARD).peak;
+    ag_release(loss);
+    ag_tape_clear(ctx);
+    llama_model_free(m);
+    ag_ctx_free(ctx);
+    mp_shutdown();
+    return peak;
+}
+
+// config.json's use_cache: false drops the DynamicCache, and only it: k after RoPE and v of
+// every layer, which nothing else keeps (repeat_kv copies them), at the loss.
+static void test_use_cache(void **state) {
+    (void)state;
+    llama_config c = tiny(true);
+    uint64_t with = forward_peak(&c);
+    c.no_cache = true;
+    uint64_t without = forward_peak(&c);
+    const uint64_t kv = 2 * 2 * 32 * 2 * 16 * 4; // layers x (k, v) x tokens x kv heads x head_dim x 4
+    print_message("forward peak %llu with the cache, %llu without\n", (unsigned long long)with,
+                  (unsigned long long)without);
+    assert_true(with > without);
+    assert_int_equal(with - without, kv);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_same_gradients),
-                                       cmocka_unit_test(test_finite_differences)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_same_gradients), cmocka_unit_test(test_finite_differences),
+                                       cmocka_unit_test(test_use_cache)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -476,18 +476,25 @@ static void test_weights_resolve(void **state) {
     tu_path(p, sizeof p, dir, "config.json");
     tu_write(p, "{}", 2);
     assert_int_equal(llama_weights_resolve(dir, cfg, st, sizeof cfg, &err), -1);
-    TU_MENTIONS(err.msg, dir, "model.safetensors");
-    assert_null(strstr(err.msg, "sharded"));
-    tu_path(p, sizeof p, dir, "model.safetensors.index.json");
-    tu_write(p, "{}", 2);
-    assert_int_equal(llama_weights_resolve(dir, cfg, st, sizeof cfg, &err), -1);
-    TU_MENTIONS(err.msg, "model.safetensors", "sharded");
+    TU_MENTIONS(err.msg, dir, "model.safetensors", "model.safetensors.index.json");
+    // the index of a sharded checkpoint when there is no single file, as transformers looks
+    char index[8192];
+    tu_path(index, sizeof index, dir, "model.safetensors.index.json");
+    tu_write(index, "{}", 2);
+    assert_int_equal(llama_weights_resolve(dir, cfg, st, sizeof cfg, &err), 0);
+    assert_string_equal(st, index);
+    assert_true(llama_ckpt_is_index(st));
     tu_path(p, sizeof p, dir, "model.safetensors");
     tu_write(p, "x", 1);
     assert_int_equal(llama_weights_resolve(dir, cfg, st, sizeof cfg, &err), 0);
     tu_path(want, sizeof want, dir, "config.json");
     assert_string_equal(cfg, want);
     assert_string_equal(st, p);
+    assert_false(llama_ckpt_is_index(st));
+    // the index itself: a file, so no config
+    assert_int_equal(llama_weights_resolve(index, cfg, st, sizeof cfg, &err), 0);
+    assert_string_equal(st, index);
+    assert_string_equal(cfg, "");
     // a file: itself, and no config
     assert_int_equal(llama_weights_resolve(p, cfg, st, sizeof cfg, &err), 0);
     assert_string_equal(st, p);

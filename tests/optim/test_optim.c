@@ -302,7 +302,7 @@ static void test_sgd_nesterov(void **state) {
     run_against_ref(*state, &c, "sgd-momentum 0.9, nesterov, weight_decay 0.2");
 }
 
-// A 2-D parameter large enough for the OpenMP loop to split it (results are elementwise, so
+// A 2-D parameter large enough for the pool to split the update (results are elementwise, so
 // they equal the reference whatever the thread count).
 static void test_large_parameter(void **state) {
     ag_ctx *ctx = *state;

@@ -138,7 +138,7 @@ def _repeat_kv_tiled(x, n_rep):
     return x if n_rep == 1 else x.repeat(1, n_rep, 1, 1)
 
 
-def _no_causal(attention_mask, q_len, kv_len):
+def _no_causal(attention_mask, q_len, kv_len, window=0):
     return torch.ones(1, 1, q_len, kv_len, dtype=torch.bool)
 
 
@@ -169,7 +169,8 @@ MUTATIONS = [
     ("norm weight ignored", "rms_norm", lambda x, w, eps: ORIG_RMS_NORM(x, 1.0, eps)),
     ("eps outside sqrt (subtle)", "rms_norm", _eps_outside),
     ("gelu for silu", "swiglu_mlp",
-     lambda x, g, u, d: F.linear(F.gelu(F.linear(x, g)) * F.linear(x, u), d)),
+     lambda x, g, u, d, gb=None, ub=None, db=None: F.linear(F.gelu(F.linear(x, g, gb)) * F.linear(x, u, ub), d,
+                                                          db)),
 ]
 
 

@@ -10,7 +10,10 @@ to measure memory (tests/reference/profile_step.py); llama_ref.py stays the nume
 Differences with transformers that change no allocation: no config object beyond the fields
 used, no output_attentions / output_hidden_states / gradient checkpointing / flash or sdpa paths
 (with PyTorch 1.13 transformers picks "eager" anyway: there is no scaled_dot_product_attention),
-no pretraining_tp > 1, no rope scaling. The embedding has no padding_idx (it only zeroes one row
+no pretraining_tp > 1, no rope scaling, no sliding windows (the embedding's padding_idx is
+pad_token_id, as transformers sets it). The Qwen3 variant is the same module
+tree with Qwen3Attention's differences: q, k, v and o_proj biases (attention_bias) and q_norm /
+k_norm (Qwen3RMSNorm over each head) applied to q_proj(x).view(...) before the transpose. The embedding has no padding_idx (it only zeroes one row
 of the gradient in place).
 
 scope(name) wraps each module's work in a profiler record_function range when TRACE is set, so
@@ -159,18 +162,27 @@ class LlamaAttention(nn.Module):
         self.attention_dropout = 0.0
         h, nq = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim
         nkv = cfg.num_key_value_heads * cfg.head_dim
-        self.q_proj = nn.Linear(h, nq, bias=False)
-        self.k_proj = nn.Linear(h, nkv, bias=False)
-        self.v_proj = nn.Linear(h, nkv, bias=False)
-        self.o_proj = nn.Linear(nq, h, bias=False)
+        self.q_proj = nn.Linear(h, nq, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(h, nkv, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(h, nkv, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(nq, h, bias=cfg.o_bias)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:  # Qwen3Attention
+            self.q_norm = LlamaRMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = LlamaRMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def forward(self, hidden_states, position_embeddings, attention_mask, past_key_value=None):
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
         with scope("attn.qkv"):
-            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-            key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            query_states = self.q_proj(hidden_states).view(hidden_shape)
+            key_states = self.k_proj(hidden_states).view(hidden_shape)
             value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        if self.qk_norm:
+            with scope("norm"):
+                query_states = self.q_norm(query_states)
+                key_states = self.k_norm(key_states)
+        query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)
         with scope("attn.rope"):
             cos, sin = position_embeddings
             query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
@@ -227,7 +239,7 @@ def causal_mask_4d(sequence_length, target_length, dtype, device, cache_position
 class LlamaModel(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
         self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, i)
                                      for i in range(cfg.num_hidden_layers)])
         self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -308,8 +320,10 @@ def init_weights(model, seed, std=0.02):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+            if name.endswith("norm.weight"):
                 p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
     return model

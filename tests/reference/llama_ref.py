@@ -1,4 +1,6 @@
-"""Pure-PyTorch reference of Hugging Face LlamaForCausalLM semantics.
+"""Pure-PyTorch reference of Hugging Face LlamaForCausalLM semantics (and of the Mistral, Qwen2
+and Qwen3 variants of it: q/k/v biases, per-head q/k RMSNorm, sliding windows; RoPE scaling as
+transformers' modeling_rope_utils computes it).
 
 Self-contained (torch only): the model is a dict of leaf tensors under HF names and a set of
 functions over it, so that the same code serves training (autograd, torch.optim), float64
@@ -20,7 +22,11 @@ import torch.nn.functional as F
 
 
 class LlamaConfig:
-    """The HF config.json fields the model needs; head_dim defaults to hidden / heads."""
+    """The HF config.json fields the model needs; head_dim defaults to hidden / heads (Qwen3:
+    128). model_type decides, as transformers' classes do: llama (attention_bias: q, k, v and o
+    biases; mlp_bias), mistral (sliding_window on every layer, 4096 unless given), qwen2 (q, k, v
+    biases; a window from layer max_window_layers on when use_sliding_window), qwen3 (q_norm and
+    k_norm, attention_bias, windows as qwen2)."""
 
     FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "vocab_size", "max_position_embeddings", "rope_theta",
@@ -35,8 +41,30 @@ class LlamaConfig:
         self.num_hidden_layers = int(d["num_hidden_layers"])
         self.num_attention_heads = int(d["num_attention_heads"])
         self.num_key_value_heads = int(d.get("num_key_value_heads") or self.num_attention_heads)
-        hd = d.get("head_dim")
+        self.model_type = d.get("model_type", "llama")
+        if self.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
+            raise ValueError("config: model_type %r" % self.model_type)
+        hd = d.get("head_dim") or (128 if self.model_type == "qwen3" else None)
         self.head_dim = int(hd) if hd else self.hidden_size // self.num_attention_heads
+        family_bias = bool(d.get("attention_bias", False))
+        self.attention_bias = family_bias if self.model_type in ("llama", "qwen3") else False
+        self.qkv_bias = self.attention_bias or self.model_type == "qwen2"
+        self.o_bias = self.attention_bias
+        self.mlp_bias = bool(d.get("mlp_bias", False)) if self.model_type == "llama" else False
+        self.qk_norm = self.model_type == "qwen3"
+        self.use_sliding_window = bool(d.get("use_sliding_window", False))
+        self.max_window_layers = int(d.get("max_window_layers", 28))
+        self.sliding_window = d.get("sliding_window", 4096)
+        if self.model_type == "mistral":
+            self.layer_windows = [self.sliding_window or 0] * int(d["num_hidden_layers"])
+        elif self.model_type in ("qwen2", "qwen3") and self.use_sliding_window and self.sliding_window:
+            self.layer_windows = [self.sliding_window if i >= self.max_window_layers else 0
+                                  for i in range(int(d["num_hidden_layers"]))]
+        else:
+            self.layer_windows = [0] * int(d["num_hidden_layers"])
+        self.rope_scaling = d.get("rope_scaling")
+        # nn.Embedding(vocab, hidden, padding_idx=pad_token_id): that row gets no gradient
+        self.pad_token_id = d.get("pad_token_id")
         self.vocab_size = int(d["vocab_size"])
         self.max_position_embeddings = int(d["max_position_embeddings"])
         self.rope_theta = float(d["rope_theta"])
@@ -52,9 +80,11 @@ class LlamaConfig:
             return cls(json.load(f))
 
     def to_dict(self):
-        return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+        arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+        d = {
+            "architectures": [arch],
+            "model_type": self.model_type,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_hidden_layers,
@@ -67,10 +97,20 @@ class LlamaConfig:
             "rms_norm_eps": self.rms_norm_eps,
             "tie_word_embeddings": self.tie_word_embeddings,
             "hidden_act": "silu",
-            "attention_bias": False,
-            "mlp_bias": False,
+            "attention_bias": self.attention_bias,
+            "mlp_bias": self.mlp_bias,
             "torch_dtype": "float32",
         }
+        if self.model_type == "mistral":
+            d["sliding_window"] = self.sliding_window
+        if self.model_type in ("qwen2", "qwen3"):
+            d.update(use_sliding_window=self.use_sliding_window, sliding_window=self.sliding_window,
+                     max_window_layers=self.max_window_layers)
+        if self.rope_scaling is not None:
+            d["rope_scaling"] = self.rope_scaling
+        if self.pad_token_id is not None:
+            d["pad_token_id"] = self.pad_token_id
+        return d
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,9 +129,22 @@ def param_shapes(cfg):
         shapes[p + "self_attn.k_proj.weight"] = (nkv, h)
         shapes[p + "self_attn.v_proj.weight"] = (nkv, h)
         shapes[p + "self_attn.o_proj.weight"] = (h, nq)
+        if cfg.qkv_bias:
+            shapes[p + "self_attn.q_proj.bias"] = (nq,)
+            shapes[p + "self_attn.k_proj.bias"] = (nkv,)
+            shapes[p + "self_attn.v_proj.bias"] = (nkv,)
+        if cfg.o_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if cfg.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (hd,)
+            shapes[p + "self_attn.k_norm.weight"] = (hd,)
         shapes[p + "mlp.gate_proj.weight"] = (i, h)
         shapes[p + "mlp.up_proj.weight"] = (i, h)
         shapes[p + "mlp.down_proj.weight"] = (h, i)
+        if cfg.mlp_bias:
+            shapes[p + "mlp.gate_proj.bias"] = (i,)
+            shapes[p + "mlp.up_proj.bias"] = (i,)
+            shapes[p + "mlp.down_proj.bias"] = (h,)
         shapes[p + "input_layernorm.weight"] = (h,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
     shapes["model.norm.weight"] = (h,)
@@ -101,11 +154,13 @@ def param_shapes(cfg):
 
 
 def is_norm(name):
-    return name.endswith("layernorm.weight") or name == "model.norm.weight"
+    return (name.endswith("layernorm.weight") or name == "model.norm.weight"
+            or name.endswith("q_norm.weight") or name.endswith("k_norm.weight"))
 
 
 def init_params(cfg, seed, std=0.02, norm_noise=0.0, dtype=torch.float32):
-    """Matrices ~ N(0, std); norm weights 1 (+ N(0, norm_noise) when asked).
+    """Matrices and biases ~ N(0, std); norm weights 1 (+ N(0, norm_noise) when asked). (Biases
+    are not zero, as transformers' init makes them, so that a dropped bias shows.)
 
     Drawn in a fixed order from one seeded generator, so the result depends only on the seed.
     """
@@ -155,18 +210,91 @@ def rms_norm(x, weight, eps):
     return weight * xf.to(dt)
 
 
-def rope_inv_freq(cfg):
+def rope_default(cfg):
     """HF default rope: 1 / theta^(arange(0, hd, 2) / hd), in float32."""
     hd = cfg.head_dim
     return 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
 
 
+def rope_inv_freq(cfg):
+    """(inv_freq, attention_factor) as transformers' modeling_rope_utils computes them for the
+    config's rope_scaling ("rope_type", or "type" in older configs)."""
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    inv = rope_default(cfg)
+    if kind == "default":
+        return inv, 1.0
+    factor = rs["factor"]
+    if kind == "linear":
+        return inv / factor, 1.0
+    if kind == "dynamic":
+        # at init (and for any length up to max_position_embeddings) seq_len is the maximum
+        seq_len, mx, dim = cfg.max_position_embeddings, cfg.max_position_embeddings, cfg.head_dim
+        base = cfg.rope_theta * ((factor * seq_len / mx) - (factor - 1)) ** (dim / (dim - 2))
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)), 1.0
+    if kind == "llama3":
+        return rope_llama3(inv, rs), 1.0
+    if kind == "yarn":
+        return rope_yarn(cfg, rs)
+    raise ValueError("rope_scaling: type %r" % kind)
+
+
+def rope_llama3(inv_freq, rs):
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / inv_freq
+    inv_llama = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_llama / factor + smooth * inv_llama
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, inv_llama)
+
+
+def rope_yarn(cfg, rs):
+    base, dim = cfg.rope_theta, cfg.head_dim
+    factor = rs["factor"]
+    attention_factor = rs.get("attention_factor")
+    mscale, mscale_all_dim = rs.get("mscale"), rs.get("mscale_all_dim")
+    if "original_max_position_embeddings" in rs:
+        orig = rs["original_max_position_embeddings"]
+        factor = cfg.max_position_embeddings / orig
+    else:
+        orig = cfg.max_position_embeddings
+
+    def get_mscale(scale, m=1):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
+        else:
+            attention_factor = get_mscale(factor)
+    beta_fast, beta_slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+    def correction_dim(rot):
+        return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).float() / dim)
+    extrapolation = 1 - ramp
+    inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv, attention_factor
+
+
 def rope_cos_sin(cfg, position_ids, dtype):
-    """cos, sin of shape [B, T, hd] for integer positions [B, T] (emb = cat(freqs, freqs))."""
-    inv = rope_inv_freq(cfg)
+    """cos, sin of shape [B, T, hd] for integer positions [B, T] (emb = cat(freqs, freqs)),
+    times the attention factor (yarn's; 1 otherwise), as the rotary embedding returns them."""
+    inv, scale = rope_inv_freq(cfg)
     freqs = position_ids[:, :, None].float() * inv[None, None, :]  # [B, T, hd/2]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
 def rotate_half(x):
@@ -189,15 +317,19 @@ def repeat_kv(x, n_rep):
     return x[:, :, None].expand(b, kv, n_rep, t, hd).reshape(b, kv * n_rep, t, hd)
 
 
-def attention_mask_4d(attention_mask, q_len, kv_len):
+def attention_mask_4d(attention_mask, q_len, kv_len, window=0):
     """Boolean [B, 1, q_len, kv_len], True where attention is allowed.
 
     Queries are the last q_len positions of the kv_len-long sequence (causal); a 0 in the 2D
-    mask [B, kv_len] hides that key position from every query.
+    mask [B, kv_len] hides that key position from every query; a sliding window hides the keys
+    `window` or more slots back (transformers: kv_idx > q_idx - sliding_window).
     """
     q_pos = torch.arange(kv_len - q_len, kv_len)[:, None]
     k_pos = torch.arange(kv_len)[None, :]
-    allowed = (k_pos <= q_pos)[None, None]
+    allowed = k_pos <= q_pos
+    if window:
+        allowed = allowed & (k_pos > q_pos - window)
+    allowed = allowed[None, None]
     if attention_mask is not None:
         allowed = allowed & attention_mask[:, None, None, :].bool()
     return allowed
@@ -218,8 +350,8 @@ def attention(q, k, v, allowed):
     return torch.matmul(probs, v)
 
 
-def swiglu_mlp(x, gate_w, up_w, down_w):
-    return F.linear(F.silu(F.linear(x, gate_w)) * F.linear(x, up_w), down_w)
+def swiglu_mlp(x, gate_w, up_w, down_w, gate_b=None, up_b=None, down_b=None):
+    return F.linear(F.silu(F.linear(x, gate_w, gate_b)) * F.linear(x, up_w, up_b), down_w, down_b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,9 +363,14 @@ def attention_block(cfg, params, prefix, x, cos, sin, allowed, cache_kv):
     extended in place with this call's (post-RoPE) keys and values [B, KV, S, hd]."""
     b, t, _ = x.shape
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q = F.linear(x, params[prefix + "q_proj.weight"]).view(b, t, nh, hd).transpose(1, 2)
-    k = F.linear(x, params[prefix + "k_proj.weight"]).view(b, t, nkv, hd).transpose(1, 2)
-    v = F.linear(x, params[prefix + "v_proj.weight"]).view(b, t, nkv, hd).transpose(1, 2)
+    bias = params.get
+    q = F.linear(x, params[prefix + "q_proj.weight"], bias(prefix + "q_proj.bias")).view(b, t, nh, hd)
+    k = F.linear(x, params[prefix + "k_proj.weight"], bias(prefix + "k_proj.bias")).view(b, t, nkv, hd)
+    v = F.linear(x, params[prefix + "v_proj.weight"], bias(prefix + "v_proj.bias")).view(b, t, nkv, hd)
+    if cfg.qk_norm:  # Qwen3Attention: q_norm(q_proj(x).view(...)), before the transpose and RoPE
+        q = rms_norm(q, params[prefix + "q_norm.weight"], cfg.rms_norm_eps)
+        k = rms_norm(k, params[prefix + "k_norm.weight"], cfg.rms_norm_eps)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     q = apply_rope(q, cos, sin)
     k = apply_rope(k, cos, sin)
     if cache_kv is not None:
@@ -244,7 +381,7 @@ def attention_block(cfg, params, prefix, x, cos, sin, allowed, cache_kv):
     n_rep = nh // nkv
     out = attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), allowed)
     out = out.transpose(1, 2).reshape(b, t, nh * hd)
-    return F.linear(out, params[prefix + "o_proj.weight"])
+    return F.linear(out, params[prefix + "o_proj.weight"], bias(prefix + "o_proj.bias"))
 
 
 def new_cache(cfg):
@@ -268,18 +405,20 @@ def forward(cfg, params, input_ids, attention_mask=None, position_ids=None, cach
     if position_ids is None:
         position_ids = torch.arange(past, past + t)[None].expand(b, t)
     dtype = params["model.embed_tokens.weight"].dtype
-    x = F.embedding(input_ids, params["model.embed_tokens.weight"])
+    x = F.embedding(input_ids, params["model.embed_tokens.weight"], padding_idx=cfg.pad_token_id)
     cos, sin = rope_cos_sin(cfg, position_ids, dtype)
-    allowed = attention_mask_4d(attention_mask, t, past + t)
     eps = cfg.rms_norm_eps
     for layer in range(cfg.num_hidden_layers):
         p = "model.layers.%d." % layer
+        allowed = attention_mask_4d(attention_mask, t, past + t, cfg.layer_windows[layer])
         hn = rms_norm(x, params[p + "input_layernorm.weight"], eps)
         x = x + attention_block(cfg, params, p + "self_attn.", hn, cos, sin, allowed,
                                 cache[layer] if cache is not None else None)
         hn = rms_norm(x, params[p + "post_attention_layernorm.weight"], eps)
-        x = x + swiglu_mlp(hn, params[p + "mlp.gate_proj.weight"],
-                           params[p + "mlp.up_proj.weight"], params[p + "mlp.down_proj.weight"])
+        m = p + "mlp."
+        x = x + swiglu_mlp(hn, params[m + "gate_proj.weight"], params[m + "up_proj.weight"],
+                           params[m + "down_proj.weight"], params.get(m + "gate_proj.bias"),
+                           params.get(m + "up_proj.bias"), params.get(m + "down_proj.bias"))
     x = rms_norm(x, params["model.norm.weight"], eps)
     return F.linear(x, lm_head_weight(cfg, params))
 

@@ -29,10 +29,30 @@ NORM_NOISE = 0.1  # norm weights 1 + N(0, 0.1): a dropped or misapplied norm wei
 N_NEW = 8
 MIN_MARGIN = 1e-3  # every greedy argmax must win by this much, so float noise cannot flip it
 CASES = [
-    # name, overrides, seed, full set of keys
-    ("tiny_tied", {"tie_word_embeddings": True}, 1001, True),
-    ("tiny_untied", {"tie_word_embeddings": False}, 1002, True),
-    ("tiny_mha", {"tie_word_embeddings": True, "num_key_value_heads": 4}, 1003, False),
+    # name, overrides, seed, keys: "full" (all), "grads" (input_ids, loss, grad.*), "family"
+    # (those and the greedy tokens), "rope" (those and the logits)
+    ("tiny_tied", {"tie_word_embeddings": True}, 1001, "full"),
+    ("tiny_untied", {"tie_word_embeddings": False}, 1002, "full"),
+    ("tiny_mha", {"tie_word_embeddings": True, "num_key_value_heads": 4}, 1003, "grads"),
+    # Qwen2: q, k, v biases; the second layer under a sliding window of 4 (max_window_layers 1);
+    # pad_token_id one of the batch's ids (PAD_FROM_IDS), so that its embedding row gets no gradient
+    ("tiny_qwen2", {"model_type": "qwen2", "tie_word_embeddings": False, "use_sliding_window": True,
+                    "sliding_window": 4, "max_window_layers": 1, "pad_token_id": "PAD_FROM_IDS"}, 1004,
+     "family"),
+    # Qwen3: q_norm and k_norm, a head_dim that is not hidden / heads (4 x 24 = 96 != 64)
+    ("tiny_qwen3", {"model_type": "qwen3", "tie_word_embeddings": True, "head_dim": 24}, 1005, "family"),
+    # Mistral: every layer under a sliding window of 3 (the prompt is 7 tokens, 15 with the new)
+    ("tiny_mistral", {"model_type": "mistral", "tie_word_embeddings": False, "sliding_window": 3}, 1006,
+     "family"),
+    # rope_scaling: each type transformers computes, on the tied model's shape
+    ("tiny_rope_linear", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 1007, "rope"),
+    ("tiny_rope_dynamic", {"rope_scaling": {"type": "dynamic", "factor": 2.0}}, 1008, "rope"),
+    ("tiny_rope_llama3", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 32}},
+     1009, "rope"),
+    ("tiny_rope_yarn", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, 1010, "rope"),
+    ("tiny_rope_yarn_orig", {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_fast": 16.0,
+                                              "original_max_position_embeddings": 32}}, 1011, "rope"),
 ]
 META = {"format": "pt", "generator": "tests/reference/make_golden.py"}
 
@@ -99,12 +119,29 @@ def grad_health(grads):
     return worst
 
 
-def make_case(out_dir, name, overrides, seed, full):
+def greedy_keys(cfg, params, ids, name):
+    """greedy (solo prompt) and the left-padded batch, checked against each row alone."""
+    greedy, m1 = generate_checked(cfg, params, ids[:1])
+    solo2, m2 = generate_checked(cfg, params, ids[1:2, :4])
+    prompt_b, mask_b = L.left_pad([ids[0], ids[1, :4]], pad_id=0)
+    batch, m3 = generate_checked(cfg, params, prompt_b, mask_b)
+    if not torch.equal(batch[0], greedy[0]) or not torch.equal(batch[1], solo2[0]):
+        fail("%s: padded batch greedy %s differs from solo prompts %s, %s"
+             % (name, batch.tolist(), greedy.tolist(), solo2.tolist()))
+    keys = {"greedy": greedy, "greedy_batch": batch, "prompt_batch": prompt_b, "mask_batch": mask_b}
+    info = {"greedy": greedy.tolist(), "greedy_batch": batch.tolist(), "min_margin": min(m1, m2, m3)}
+    return keys, info
+
+
+def make_case(out_dir, name, overrides, seed, level):
+    full = level == "full"
     cfg_dict = dict(BASE_CONFIG, **overrides)
+    g = torch.Generator().manual_seed(seed + 500)
+    ids = torch.randint(1, cfg_dict["vocab_size"], (2, 7), generator=g, dtype=torch.int64)
+    if cfg_dict.get("pad_token_id") == "PAD_FROM_IDS":
+        cfg_dict["pad_token_id"] = int(ids[0, 2])
     cfg = L.LlamaConfig(cfg_dict)
     params = L.init_params(cfg, seed, std=WEIGHT_STD, norm_noise=NORM_NOISE)
-    g = torch.Generator().manual_seed(seed + 500)
-    ids = torch.randint(1, cfg.vocab_size, (2, 7), generator=g, dtype=torch.int64)
 
     folder = os.path.join(out_dir, name)
     os.makedirs(folder, exist_ok=True)
@@ -119,6 +156,10 @@ def make_case(out_dir, name, overrides, seed, full):
     golden["loss"] = loss.reshape(1)
     golden.update({"grad." + n: g for n, g in grads.items()})
     info = {"loss": loss.item(), "min_rel_grad": grad_health(grads)}
+    if cfg.pad_token_id is not None:  # the padding row gets nothing, though the batch holds it
+        if grads["model.embed_tokens.weight"][cfg.pad_token_id].abs().max().item() != 0.0:
+            fail("%s: the embedding row of pad_token_id %d has a gradient" % (name, cfg.pad_token_id))
+        info["pad_token_id"] = cfg.pad_token_id
 
     if full:
         bf16 = {n: t.to(torch.bfloat16) for n, t in weights.items()}
@@ -133,17 +174,22 @@ def make_case(out_dir, name, overrides, seed, full):
             golden[opt_name + "_losses"] = losses.float()
             golden.update({opt_name + "." + n: t for n, t in after.items()})
 
-        greedy, m1 = generate_checked(cfg, params, ids[:1])
-        solo2, m2 = generate_checked(cfg, params, ids[1:2, :4])
-        prompt_b, mask_b = L.left_pad([ids[0], ids[1, :4]], pad_id=0)
-        batch, m3 = generate_checked(cfg, params, prompt_b, mask_b)
-        if not torch.equal(batch[0], greedy[0]) or not torch.equal(batch[1], solo2[0]):
-            fail("%s: padded batch greedy %s differs from solo prompts %s, %s"
-                 % (name, batch.tolist(), greedy.tolist(), solo2.tolist()))
-        golden.update({"greedy": greedy, "greedy_batch": batch, "prompt_batch": prompt_b,
-                       "mask_batch": mask_b})
-        info.update({"greedy": greedy.tolist(), "greedy_batch": batch.tolist(),
-                     "min_margin": min(m1, m2, m3)})
+    if level in ("full", "family"):
+        keys, more = greedy_keys(cfg, params, ids, name)
+        golden.update(keys)
+        info.update(more)
+    if level == "rope":
+        with torch.no_grad():
+            golden["logits"] = L.forward(cfg, fresh(params), ids).detach()
+        plain = L.LlamaConfig(dict(cfg_dict, rope_scaling=None))
+        with torch.no_grad():
+            moved = (L.forward(plain, fresh(params), ids) - golden["logits"]).abs().max().item()
+        # dynamic is the default up to max_position_embeddings (transformers grows the base only
+        # past them); every other type must move the logits, or the test would prove nothing
+        dynamic = (cfg.rope_scaling.get("rope_type") or cfg.rope_scaling.get("type")) == "dynamic"
+        if (moved != 0.0) if dynamic else (moved < 1e-3):
+            fail("%s: the rope scaling moves the logits by %.1e" % (name, moved))
+        info["logits_moved_by_scaling"] = moved
 
     L.st_write(os.path.join(folder, "golden.safetensors"), golden, META)
     return info
@@ -155,8 +201,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(here, "..", "golden"))
     args = ap.parse_args()
     torch.set_num_threads(1)  # one thread: same summation order on every machine
-    for name, overrides, seed, full in CASES:
-        info = make_case(args.out, name, overrides, seed, full)
+    for name, overrides, seed, level in CASES:
+        info = make_case(args.out, name, overrides, seed, level)
         print(name, json.dumps(info))
 
 

@@ -109,6 +109,7 @@ SMOLLM2_135M = {
     "max_position_embeddings": 8192, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
     "tie_word_embeddings": True,
 }
+QWEN3_135M = dict(SMOLLM2_135M, model_type="qwen3", attention_bias=True)
 SEED = 0
 LR = 1e-5
 THREADS = 2
@@ -127,6 +128,9 @@ def _configs():
                                                     autocast=None, adam="for-loop")
     out["smollm2_135m_b1_t128_autocast_forloop"] = dict(batch=1, seq_len=128, dtype="float32",
                                                         autocast="bfloat16", adam="for-loop")
+    # Qwen3's attention on SmolLM2-135M's shape: q, k, v and o biases, q_norm and k_norm
+    out["qwen3_135m_b1_t128_fp32_forloop"] = dict(batch=1, seq_len=128, dtype="float32", autocast=None,
+                                                  adam="for-loop", model=QWEN3_135M)
     return out
 
 
@@ -150,7 +154,7 @@ def run_config(name):
     spec = CONFIGS[name]
     torch.set_num_threads(THREADS)
     torch.manual_seed(SEED)
-    cfg = L.LlamaConfig(SMOLLM2_135M)
+    cfg = L.LlamaConfig(spec.get("model", SMOLLM2_135M))
     model = H.init_weights(H.LlamaForCausalLM(cfg), SEED)
     model.train()
     if spec["dtype"] == "bfloat16":
@@ -197,7 +201,7 @@ def run_config(name):
     H.TRACE = False
     gc.enable()
     result = analyse(prof, baseline, marks)
-    result_cfg = {"name": name, "model": dict(SMOLLM2_135M), "batch": spec["batch"],
+    result_cfg = {"name": name, "model": dict(spec.get("model", SMOLLM2_135M)), "batch": spec["batch"],
                   "seq_len": spec["seq_len"], "dtype": spec["dtype"],
                   "autocast": spec["autocast"], "adam": spec["adam"], "lr": LR,
                   "threads": THREADS, "seed": SEED}

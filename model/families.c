@@ -1,0 +1,312 @@
+// The families of config.json (model_type) and what each one's transformers config class
+// defaults to; the fields that change the numbers, implemented or refused; rope_scaling.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "model_internal.h"
+
+typedef struct {
+    const char *type;
+    llama_family family;
+    int64_t max_positions; // the config class's default
+    int64_t head_dim;      // its default, 0: hidden_size / num_attention_heads
+} family_info;
+
+static const family_info families[] = {
+    {"llama", LLAMA_FAMILY_LLAMA, 2048, 0},
+    {"mistral", LLAMA_FAMILY_MISTRAL, 131072, 0},
+    {"qwen2", LLAMA_FAMILY_QWEN2, 32768, 0},
+    {"qwen3", LLAMA_FAMILY_QWEN3, 32768, 128},
+};
+#define NFAMILIES (sizeof families / sizeof families[0])
+#define SUPPORTED "supported: \"llama\", \"mistral\", \"qwen2\", \"qwen3\""
+
+const char *llama_family_name(llama_family f) {
+    for (size_t i = 0; i < NFAMILIES; i++)
+        if (families[i].family == f) return families[i].type;
+    return "?";
+}
+
+int llama_parse_family(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    const json_t *mt = json_object_get(root, "model_type");
+    if (!mt) {
+        ag_err_set(err, "%s: field model_type missing (" SUPPORTED ")", path);
+        return -1;
+    }
+    for (size_t i = 0; json_is_string(mt) && i < NFAMILIES; i++) {
+        if (strcmp(json_string_value(mt), families[i].type) != 0) continue;
+        c->family = families[i].family;
+        c->max_positions = families[i].max_positions;
+        c->head_dim = families[i].head_dim;
+        return 0;
+    }
+    if (json_is_string(mt)) {
+        char shown[64];
+        ag_escape(shown, sizeof shown, json_string_value(mt));
+        ag_err_set(err, "%s: field model_type is \"%s\", a family membill does not model (" SUPPORTED ")", path, shown);
+    } else {
+        ag_err_set(err, "%s: field model_type must be a string (it is %s; " SUPPORTED ")", path, llama_json_kind(mt));
+    }
+    return -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sliding windows
+
+// sliding_window: an integer, or null (none); absent: dflt.
+static int window_field(const json_t *root, const char *path, int64_t dflt, int64_t *out, ag_err *err) {
+    const json_t *v = json_object_get(root, "sliding_window");
+    if (!v) {
+        *out = dflt;
+        return 0;
+    }
+    *out = 0;
+    return llama_json_int(root, path, "sliding_window", false, out, err) < 0 ? -1 : 0;
+}
+
+// layer_types (newer transformers): each "full_attention" or "sliding_attention", the sliding
+// ones after the full ones, which the window's first layer says.
+static int layer_types(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    const json_t *lt = json_object_get(root, "layer_types");
+    if (!lt || json_is_null(lt)) return 0;
+    if (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->layers) {
+        ag_err_set(err, "%s: field layer_types must be an array of num_hidden_layers (%lld) strings", path,
+                   (long long)c->layers);
+        return -1;
+    }
+    int64_t first = c->layers;
+    for (size_t i = 0; i < json_array_size(lt); i++) {
+        const char *t = json_string_value(json_array_get(lt, i));
+        bool sliding = t && strcmp(t, "sliding_attention") == 0, full = t && strcmp(t, "full_attention") == 0;
+        if (!sliding && !full) {
+            ag_err_set(err, "%s: field layer_types[%zu] must be \"full_attention\" or \"sliding_attention\"", path, i);
+            return -1;
+        }
+        if (sliding && first == c->layers) first = (int64_t)i;
+        if (full && first < c->layers) {
+            ag_err_set(err,
+                       "%s: field layer_types: layer %zu is full after sliding layer %lld (only full layers then "
+                       "sliding ones are supported)",
+                       path, i, (long long)first);
+            return -1;
+        }
+    }
+    if (first < c->layers && c->sliding_window == 0) {
+        ag_err_set(err, "%s: field layer_types has sliding layers but sliding_window is null", path);
+        return -1;
+    }
+    c->window_from = first;
+    if (first == c->layers) c->sliding_window = 0;
+    return 0;
+}
+
+// Qwen2 and Qwen3: the window from layer max_window_layers on, when use_sliding_window is true.
+static int qwen_window(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    bool use = false;
+    int64_t w, from = 28; // Qwen2Config's and Qwen3Config's defaults
+    if (llama_json_bool(root, path, "use_sliding_window", &use, err) < 0 || window_field(root, path, 4096, &w, err) ||
+        llama_json_int(root, path, "max_window_layers", false, &from, err) < 0)
+        return -1;
+    c->sliding_window = use ? w : 0;
+    c->window_from = from < 0 ? 0 : from;
+    return layer_types(c, root, path, err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The family's own fields
+
+// attention_bias: q, k, v and o_proj biases (LlamaConfig, Qwen3Config).
+static int attention_bias(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    bool b = false;
+    if (llama_json_bool(root, path, "attention_bias", &b, err) < 0) return -1;
+    c->qkv_bias = c->o_bias = b;
+    return 0;
+}
+
+// What changes the numbers and is not modelled: refused, naming the field.
+static int refuse_unsupported(const json_t *root, const char *path, ag_err *err) {
+    const json_t *act = json_object_get(root, "hidden_act");
+    if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        ag_err_set(err, "%s: field hidden_act must be \"silu\" (the MLP is SwiGLU)", path);
+        return -1;
+    }
+    double v = 0.0;
+    if (llama_json_number(root, path, "attention_dropout", &v, err) < 0) return -1;
+    if (v != 0.0) {
+        ag_err_set(err, "%s: field attention_dropout (%g) must be 0 (dropout is not modelled)", path, v);
+        return -1;
+    }
+    v = 1.0;
+    if (llama_json_number(root, path, "partial_rotary_factor", &v, err) < 0) return -1;
+    if (v != 1.0) {
+        ag_err_set(err, "%s: field partial_rotary_factor (%g) must be 1 (RoPE rotates the whole head)", path, v);
+        return -1;
+    }
+    const json_t *q = json_object_get(root, "quantization_config");
+    if (q && !json_is_null(q)) {
+        ag_err_set(err, "%s: field quantization_config: quantized checkpoints are not supported", path);
+        return -1;
+    }
+    return 0;
+}
+
+// pad_token_id: nn.Embedding's padding_idx in every family's model, so its row gets no gradient.
+static int pad_token(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    int r = llama_json_int(root, path, "pad_token_id", false, &c->pad_token_id, err);
+    if (r < 0) return -1;
+    c->pad_token = r == 1;
+    if (c->pad_token && (c->pad_token_id < 0 || c->pad_token_id >= c->vocab)) {
+        ag_err_set(err, "%s: field pad_token_id (%lld) must be a token id, 0 to vocab_size - 1 (%lld)", path,
+                   (long long)c->pad_token_id, (long long)c->vocab - 1);
+        return -1;
+    }
+    return 0;
+}
+
+int llama_parse_family_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    if (refuse_unsupported(root, path, err) != 0 || pad_token(c, root, path, err) != 0) return -1;
+    bool use_cache = true;
+    if (llama_json_bool(root, path, "use_cache", &use_cache, err) < 0) return -1;
+    c->no_cache = !use_cache;
+    switch (c->family) {
+    case LLAMA_FAMILY_LLAMA: // LlamaConfig has no window: a sliding_window there changes nothing
+        return attention_bias(c, root, path, err) != 0 || llama_json_bool(root, path, "mlp_bias", &c->mlp_bias, err) < 0
+                   ? -1
+                   : 0;
+    case LLAMA_FAMILY_MISTRAL: // every layer, MistralConfig's default 4096
+        c->window_from = 0;
+        return window_field(root, path, 4096, &c->sliding_window, err);
+    case LLAMA_FAMILY_QWEN2: // Qwen2Attention: bias=True on q, k and v; none on o_proj
+        c->qkv_bias = true;
+        return qwen_window(c, root, path, err);
+    case LLAMA_FAMILY_QWEN3:
+        c->qk_norm = true;
+        return attention_bias(c, root, path, err) != 0 ? -1 : qwen_window(c, root, path, err);
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// rope_scaling
+
+static const struct {
+    const char *name;
+    llama_rope_type type;
+} rope_types[] = {
+    {"default", LLAMA_ROPE_DEFAULT}, {"linear", LLAMA_ROPE_LINEAR}, {"dynamic", LLAMA_ROPE_DYNAMIC},
+    {"yarn", LLAMA_ROPE_YARN},       {"llama3", LLAMA_ROPE_LLAMA3},
+};
+#define NROPE (sizeof rope_types / sizeof rope_types[0])
+
+const char *llama_rope_type_name(llama_rope_type t) {
+    for (size_t i = 0; i < NROPE; i++)
+        if (rope_types[i].type == t) return rope_types[i].name;
+    return "?";
+}
+
+// A number that is required (1) or optional (0: stays as it is), refused when not positive.
+static int rope_number(const json_t *rs, const char *path, const char *field, bool required, double *out, ag_err *err) {
+    int r = llama_json_number(rs, path, field, out, err);
+    if (r < 0) return -1;
+    if (r == 0 && required) {
+        ag_err_set(err, "%s: field %s missing", path, field);
+        return -1;
+    }
+    if (r == 1 && !(*out > 0.0 && isfinite(*out))) {
+        ag_err_set(err, "%s: field %s (%g) must be a positive number", path, field, *out);
+        return -1;
+    }
+    return 0;
+}
+
+static int rope_type_of(const json_t *rs, const char *path, llama_rope_type *type, ag_err *err) {
+    // "rope_type", or "type" as older configs write it
+    const json_t *t = json_object_get(rs, "rope_type");
+    if (!t) t = json_object_get(rs, "type");
+    const char *name = json_is_string(t) ? json_string_value(t) : t && !json_is_null(t) ? "?" : "default";
+    for (size_t i = 0; i < NROPE; i++)
+        if (strcmp(name, rope_types[i].name) == 0) {
+            *type = rope_types[i].type;
+            return 0;
+        }
+    char shown[64];
+    ag_escape(shown, sizeof shown, name);
+    ag_err_set(err,
+               "%s: field rope_type is \"%s\", which membill does not compute (supported: default, linear, dynamic, "
+               "yarn, llama3)",
+               path, shown);
+    return -1;
+}
+
+static int rope_llama3(llama_rope_scaling *r, const json_t *rs, const char *path, ag_err *err) {
+    if (rope_number(rs, path, "low_freq_factor", true, &r->low_freq_factor, err) != 0 ||
+        rope_number(rs, path, "high_freq_factor", true, &r->high_freq_factor, err) != 0 ||
+        llama_json_int(rs, path, "original_max_position_embeddings", true, &r->original_max_positions, err) < 0)
+        return -1;
+    if (r->high_freq_factor == r->low_freq_factor || r->original_max_positions < 1) {
+        ag_err_set(err,
+                   "%s: fields high_freq_factor and low_freq_factor must differ and "
+                   "original_max_position_embeddings be positive",
+                   path);
+        return -1;
+    }
+    return 0;
+}
+
+static int rope_yarn(llama_rope_scaling *r, const json_t *rs, const char *path, ag_err *err) {
+    r->beta_fast = 32.0, r->beta_slow = 1.0, r->truncate = true;
+    if (rope_number(rs, path, "attention_factor", false, &r->attention_factor, err) != 0 ||
+        rope_number(rs, path, "beta_fast", false, &r->beta_fast, err) != 0 ||
+        rope_number(rs, path, "beta_slow", false, &r->beta_slow, err) != 0 ||
+        rope_number(rs, path, "mscale", false, &r->mscale, err) != 0 ||
+        rope_number(rs, path, "mscale_all_dim", false, &r->mscale_all_dim, err) != 0 ||
+        llama_json_int(rs, path, "original_max_position_embeddings", false, &r->original_max_positions, err) < 0 ||
+        llama_json_bool(rs, path, "truncate", &r->truncate, err) < 0)
+        return -1;
+    if (r->original_max_positions < 0) {
+        ag_err_set(err, "%s: field original_max_position_embeddings must be positive", path);
+        return -1;
+    }
+    return 0;
+}
+
+// transformers 5 writes rope_parameters ({"rope_type", "rope_theta", ...}) in place of
+// rope_theta and rope_scaling: its theta is taken; a scaled type there is refused (its yarn
+// reads factor and original_max_position_embeddings otherwise than rope_scaling's).
+static int rope_parameters(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    const json_t *rp = json_object_get(root, "rope_parameters");
+    if (!rp || json_is_null(rp)) return 0;
+    char where[600];
+    snprintf(where, sizeof where, "%s: rope_parameters", path);
+    const json_t *t = json_is_object(rp) ? json_object_get(rp, "rope_type") : NULL;
+    if (!json_is_string(t) || strcmp(json_string_value(t), "default") != 0) {
+        ag_err_set(err,
+                   "%s: field rope_parameters must be an object with rope_type \"default\" (a scaled RoPE is read "
+                   "from rope_scaling)",
+                   path);
+        return -1;
+    }
+    return llama_json_number(rp, where, "rope_theta", &c->rope_theta, err) < 0 ? -1 : 0;
+}
+
+int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    if (rope_parameters(c, root, path, err) != 0) return -1;
+    const json_t *rs = json_object_get(root, "rope_scaling");
+    if (!rs || json_is_null(rs)) return 0;
+    char where[600];
+    snprintf(where, sizeof where, "%s: rope_scaling", path);
+    if (!json_is_object(rs)) {
+        ag_err_set(err, "%s: field rope_scaling must be an object or null (it is %s)", path, llama_json_kind(rs));
+        return -1;
+    }
+    llama_rope_scaling *r = &c->rope;
+    memset(r, 0, sizeof *r);
+    r->factor = 1.0;
+    if (rope_type_of(rs, where, &r->type, err) != 0) return -1;
+    if (r->type == LLAMA_ROPE_DEFAULT) return 0;
+    if (rope_number(rs, where, "factor", true, &r->factor, err) != 0) return -1;
+    if (r->type == LLAMA_ROPE_LLAMA3) return rope_llama3(r, rs, where, err);
+    if (r->type == LLAMA_ROPE_YARN) return rope_yarn(r, rs, where, err);
+    return 0;
+}

@@ -1,0 +1,33 @@
+// Private to model/: file helpers that the config, safetensors and checkpoint readers share.
+#pragma once
+
+#include <jansson.h>
+
+#include "model.h"
+
+// The whole of a small regular file (opened with llama_open_regular) into *out (malloc'd, one
+// byte more than *len, for a terminator); what names the kind of file in the message when it is
+// larger than max bytes ("a config.json").
+int llama_read_small_file(const char *path, const char *what, uint64_t max, char **out, size_t *len, ag_err *err);
+
+// "[2, 3]" into buf (len bytes).
+void llama_format_shape(char *buf, size_t len, const int64_t *shape, int ndim);
+
+// layout.c: the slot of the j-th parameter a block has under this config (NULL past the last).
+ag_tensor **llama_layer_slot(llama_layer *L, const llama_config *c, size_t j);
+// The parameter count from the table, or -1 if a size is negative or a sum or product overflows.
+int llama_param_total(const llama_config *c, uint64_t *out);
+
+// config.c: fields of a config.json object. 1 found, 0 absent or null, -1 wrong type (or absent
+// when required), the message starting with path and naming the field.
+int llama_json_int(const json_t *root, const char *path, const char *field, bool required, int64_t *out, ag_err *err);
+int llama_json_number(const json_t *root, const char *path, const char *field, double *out, ag_err *err);
+int llama_json_bool(const json_t *root, const char *path, const char *field, bool *out, ag_err *err);
+const char *llama_json_kind(const json_t *v); // "an integer", "a string"...
+
+// families.c: model_type, and the defaults of its transformers config class (before the shared
+// fields are read); then the fields of that family (biases, windows, use_cache) and the refusal
+// of what would change the numbers and is not implemented; then rope_scaling.
+int llama_parse_family(llama_config *c, const json_t *root, const char *path, ag_err *err);
+int llama_parse_family_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *path, ag_err *err);

@@ -1,0 +1,227 @@
+// Sliding-window attention (ag_attention_window, ag_attention_flash_window,
+// ag_attention_cached_window): the eager op against a double-precision reference and finite
+// differences, flash against eager (AVX-512 and portable, lean and PyTorch semantics, windows
+// inside one tile and across tiles), the cached op (eager and flash) against the training op,
+// and window 0 equal to plain causal attention to the bit.
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ag_internal.h"
+#include "ag_test_util.h"
+
+typedef struct {
+    int64_t B, T;
+    int Hq, Hkv, D;
+    int64_t window;
+} win_case;
+
+static const char *SITE = "layers.0.self_attn";
+
+static ag_tensor *g_window(ag_ctx *ctx, ag_tensor **in, const void *arg) {
+    const win_case *c = arg;
+    return ag_attention_window(ctx, SITE, in[0], in[1], in[2], c->Hq, c->Hkv, c->D, c->window);
+}
+
+// out[b, i, h] = Σ_{i - W < j <= i} softmax_j(q·k / sqrt(D)) v[b, j, g]
+static void reference(double *out, const float *q, const float *k, const float *v, const win_case *c) {
+    int rep = c->Hq / c->Hkv;
+    for (int64_t b = 0; b < c->B; b++)
+        for (int h = 0; h < c->Hq; h++)
+            for (int64_t i = 0; i < c->T; i++) {
+                int g = h / rep;
+                int64_t lo = c->window && i - c->window + 1 > 0 ? i - c->window + 1 : 0;
+                double s[64], mx = -INFINITY, z = 0.0;
+                const float *qi = q + ((b * c->T + i) * c->Hq + h) * c->D;
+                for (int64_t j = lo; j <= i; j++) {
+                    const float *kj = k + ((b * c->T + j) * c->Hkv + g) * c->D;
+                    s[j] = 0.0;
+                    for (int d = 0; d < c->D; d++) s[j] += (double)qi[d] * kj[d];
+                    s[j] /= sqrt((double)c->D);
+                    mx = fmax(mx, s[j]);
+                }
+                for (int64_t j = lo; j <= i; j++) z += (s[j] = exp(s[j] - mx));
+                double *o = out + ((b * c->T + i) * c->Hq + h) * c->D;
+                for (int d = 0; d < c->D; d++) {
+                    o[d] = 0.0;
+                    for (int64_t j = lo; j <= i; j++) o[d] += s[j] / z * v[((b * c->T + j) * c->Hkv + g) * c->D + d];
+                }
+            }
+}
+
+static void make_inputs(ag_ctx *ctx, const win_case *c, ag_tensor **in, bool leaves) {
+    const int64_t sq[3] = {c->B, c->T, (int64_t)c->Hq * c->D}, skv[3] = {c->B, c->T, (int64_t)c->Hkv * c->D};
+    const char *names[] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++) {
+        in[i] = leaves ? ag_test_param(ctx, 3, i ? skv : sq, names[i], 41 + (uint64_t)i)
+                       : ag_test_const(ctx, 3, i ? skv : sq, names[i], 41 + (uint64_t)i);
+        ag_fill(in[i], 41 + (uint64_t)i, -2.0f, 2.0f);
+        in[i]->requires_grad = true;
+    }
+}
+
+static void test_eager_reference(void **state) {
+    ag_ctx *ctx = ag_fixture_ctx(state);
+    const win_case cases[] = {
+        {2, 7, 4, 2, 3, 1}, {2, 7, 4, 2, 3, 2}, {1, 9, 3, 1, 4, 3}, {2, 6, 2, 2, 3, 6}, {1, 8, 6, 2, 2, 5},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const win_case *c = &cases[k];
+        ag_tensor *in[3];
+        make_inputs(ctx, c, in, true);
+        ag_tensor *o = g_window(ctx, in, c);
+        assert_non_null(o);
+        double ref[512];
+        reference(ref, in[0]->data, in[1]->data, in[2]->data, c);
+        assert_true(ag_max_diff(o->data, ref, o->numel) < 1e-5);
+        // a window shorter than the sequence does change the output
+        win_case causal = *c;
+        causal.window = 0;
+        double full[512];
+        reference(full, in[0]->data, in[1]->data, in[2]->data, &causal);
+        if (c->window < c->T) assert_true(ag_max_diff(o->data, full, o->numel) > 1e-3);
+        ag_release(o);
+        ag_tape_clear(ctx);
+        ag_fd_check(ctx, g_window, c, 3, in);
+        for (int i = 0; i < 3; i++) ag_release(in[i]);
+    }
+}
+
+// Output, dq, dk, dv of one forward and backward.
+static void run(const win_case *c, ag_framework f, ag_attention_kind kind, float *res[4]) {
+    ag_ctx *ctx = ag_ctx_new();
+    ag_ctx_set_framework(ctx, f);
+    ag_ctx_set_attention(ctx, kind);
+    ag_tensor *in[3];
+    make_inputs(ctx, c, in, false);
+    ag_output_and_grads(ctx, g_window(ctx, in, c), in, 3, res);
+    ag_ctx_free(ctx);
+}
+
+static const win_case CASES[] = {
+    {2, 9, 4, 2, 4, 3},      // inside one tile
+    {2, 70, 6, 2, 16, 64},   // the window one tile wide
+    {1, 131, 3, 1, 64, 50},  // three key tiles, windows across their edges
+    {2, 200, 4, 2, 32, 130}, // wider than two tiles
+    {1, 150, 2, 2, 16, 1},   // each query sees itself alone
+};
+
+static void flash_matches_eager(ag_framework f, ag_framework g) {
+    for (size_t k = 0; k < sizeof CASES / sizeof *CASES; k++) {
+        const win_case *c = &CASES[k];
+        float *eager[4], *flash[4];
+        run(c, f, AG_ATTENTION_EAGER, eager);
+        run(c, g, AG_ATTENTION_FLASH, flash);
+        int64_t nq = c->B * c->T * c->Hq * c->D, nkv = c->B * c->T * c->Hkv * c->D, n[4] = {nq, nq, nkv, nkv};
+        for (int i = 0; i < 4; i++) {
+            double r = ag_rel_diff(flash[i], eager[i], n[i]);
+            if (!(r < 1e-5)) fail_msg("case %zu: %s differs by %g", k, (const char *[]){"out", "dq", "dk", "dv"}[i], r);
+            free(eager[i]), free(flash[i]);
+        }
+    }
+}
+
+static void test_flash_matches_eager(void **state) {
+    (void)state;
+    flash_matches_eager(AG_FRAMEWORK_LEAN, AG_FRAMEWORK_LEAN);
+    flash_matches_eager(AG_FRAMEWORK_PYTORCH, AG_FRAMEWORK_PYTORCH);
+    flash_matches_eager(AG_FRAMEWORK_LEAN, AG_FRAMEWORK_PYTORCH); // eager under PyTorch's mask, too
+    ag_flash_force_portable(true);
+    flash_matches_eager(AG_FRAMEWORK_LEAN, AG_FRAMEWORK_LEAN);
+    ag_flash_force_portable(false);
+}
+
+// Window 0 is causal attention itself.
+static void test_window_zero(void **state) {
+    (void)state;
+    const win_case c = {2, 70, 6, 2, 16, 0};
+    for (int kind = 0; kind < 2; kind++) {
+        float *a[4], *b[4];
+        run(&c, AG_FRAMEWORK_LEAN, kind ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER, a);
+        ag_ctx *ctx = ag_ctx_new();
+        ag_ctx_set_attention(ctx, kind ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER);
+        ag_tensor *in[3];
+        make_inputs(ctx, &c, in, false);
+        ag_tensor *o = ag_attention(ctx, SITE, in[0], in[1], in[2], c.Hq, c.Hkv, c.D);
+        b[0] = ag_copy_of(o);
+        assert_memory_equal(a[0], b[0], (size_t)o->numel * sizeof(float));
+        ag_release(o);
+        for (int i = 0; i < 3; i++) ag_release(in[i]);
+        ag_ctx_free(ctx);
+        for (int i = 0; i < 4; i++) free(a[i]);
+        free(b[0]);
+    }
+}
+
+// The cache: a prefill of T tokens (every query) then decode steps of one, under eager and flash,
+// against the training op over the whole sequence.
+static void cached_matches(ag_framework f, ag_attention_kind kind, const win_case *c) {
+    float *train[4];
+    run(c, AG_FRAMEWORK_LEAN, AG_ATTENTION_EAGER, train);
+    ag_ctx *ctx = ag_ctx_new();
+    ag_ctx_set_framework(ctx, f);
+    ag_ctx_set_attention(ctx, kind);
+    ag_set_grad_enabled(ctx, false);
+    ag_tensor *in[3];
+    make_inputs(ctx, c, in, false);
+    const int64_t prefill = c->T - 3, wq = (int64_t)c->Hq * c->D, wk = (int64_t)c->Hkv * c->D;
+    ag_kv_cache *cache = ag_kv_cache_new(ctx, SITE, MP_CACHE, c->B, c->Hkv, c->D);
+    for (int64_t t0 = 0; t0 < c->T; t0 += t0 ? 1 : prefill) {
+        int64_t t = t0 ? 1 : prefill;
+        ag_tensor *part[3];
+        for (int i = 0; i < 3; i++) {
+            int64_t w = i ? wk : wq;
+            part[i] = ag_tensor_new(ctx, 3, (int64_t[]){c->B, t, w}, MP_ACTIVATION, "test:part");
+            for (int64_t b = 0; b < c->B; b++)
+                memcpy(part[i]->data + b * t * w, in[i]->data + (b * c->T + t0) * w, (size_t)(t * w) * sizeof(float));
+        }
+        assert_true(ag_kv_cache_append(ctx, cache, part[1], part[2]));
+        ag_tensor *o = ag_attention_cached_window(ctx, SITE, part[0], cache, NULL, 0, c->Hq, c->window);
+        if (!o) fail_msg("attention_cached: %s", ag_ctx_error(ctx));
+        for (int64_t b = 0; b < c->B; b++) {
+            const float *want = train[0] + (b * c->T + t0) * wq;
+            float *got = o->data + b * t * wq;
+            double r = ag_rel_diff(got, want, t * wq);
+            if (!(r < 1e-5))
+                fail_msg("window %lld, tokens from %lld: differs by %g", (long long)c->window, (long long)t0, r);
+        }
+        ag_release(o);
+        for (int i = 0; i < 3; i++) ag_release(part[i]);
+    }
+    ag_kv_cache_free(cache);
+    for (int i = 0; i < 3; i++) ag_release(in[i]);
+    ag_ctx_free(ctx);
+    for (int i = 0; i < 4; i++) free(train[i]);
+}
+
+static void test_cached(void **state) {
+    (void)state;
+    const win_case cases[] = {{2, 12, 4, 2, 8, 4}, {1, 140, 4, 2, 16, 70}, {1, 20, 2, 1, 8, 1}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
+        for (int f = 0; f < 2; f++)
+            for (int kind = 0; kind < 2; kind++)
+                cached_matches(f ? AG_FRAMEWORK_PYTORCH : AG_FRAMEWORK_LEAN,
+                               kind ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER, &cases[k]);
+}
+
+static int setup_plain(void **state) {
+    (void)state;
+    mp_options o = {0};
+    return mp_init(&o) == MP_OK ? 0 : -1;
+}
+
+static int teardown_plain(void **state) {
+    (void)state;
+    mp_shutdown();
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_eager_reference, ag_setup, ag_teardown),
+        cmocka_unit_test_setup_teardown(test_flash_matches_eager, setup_plain, teardown_plain),
+        cmocka_unit_test_setup_teardown(test_window_zero, setup_plain, teardown_plain),
+        cmocka_unit_test_setup_teardown(test_cached, setup_plain, teardown_plain),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
