@@ -436,22 +436,24 @@ uint64_t mp_budget(void) { return mp_g.active ? mp_g.opt.budget : 0; } // fixed 
 #define MP_MAX_REQUEST ((uint64_t)1 << 50)
 
 #if defined(MEMBILL_BARE_ALLOC)
-// The benchmark build that measures the profiler's own cost: every block straight from
-// jemalloc's default arena and thread cache, with no lock, no site, no count and no hooks on
-// plain malloc. Its bill is empty; only its times mean something.
+// The benchmark build that measures the profiler's own cost: every block from its category's
+// arena as in the normal build (the same pages, kept the same way), but with no lock, no site,
+// no count and no hooks on plain malloc. Its bill is empty; only its times mean something.
 mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site) {
     (void)site;
     memset(out, 0, sizeof *out);
     if (!mp_g.active) return MP_ERR_STATE;
     if ((unsigned)cat >= MP_OTHER || bytes > MP_MAX_REQUEST) return MP_ERR_INVALID;
-    if (!mp_g.opt.meta && !(out->data = mallocx(bytes ? bytes : 1, 0))) return MP_ERR_NOMEM;
-    out->bytes = out->usable = bytes;
+    size_t usable = bytes;
+    if (!mp_g.opt.meta && !(out->data = mp_backend_alloc(bytes, cat, &usable))) return MP_ERR_NOMEM;
+    out->bytes = bytes;
+    out->usable = usable;
     out->category = (uint8_t)cat;
     return MP_OK;
 }
 
 void mp_free(mp_block *b) {
-    if (b && b->data) dallocx(b->data, 0);
+    if (b && b->data) mp_backend_free(b->data);
     if (b) memset(b, 0, sizeof *b);
 }
 #else
