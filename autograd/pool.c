@@ -3,9 +3,11 @@
 //
 // Work is handed out in chunks claimed one at a time, so a thread that loses its core to
 // another process does less of the loop instead of holding the others back. An idle thread
-// spins for a few microseconds (a loop that follows another at once finds it awake), then
-// sleeps on a futex: nothing spins while a core is wanted elsewhere. The caller works too and
-// waits only for chunks that are in progress, never for a thread that has not woken yet.
+// spins a while (a loop that follows another soon finds it awake: a decode step is hundreds of
+// short loops), then sleeps on a futex; once a spinning thread finds it lost its core, every
+// spin is cut to a few microseconds for a while, so nothing spins while a core is wanted
+// elsewhere. The caller works too and waits only for chunks that are in progress, never for a
+// thread that has not woken yet.
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
@@ -27,7 +29,10 @@
 #endif
 
 #define POOL_MAX 256
-#define SPIN_NS 5000 // how long an idle thread or a waiting caller spins before sleeping
+#define SPIN_NS 100000         // how long an idle thread or a waiting caller spins before sleeping
+#define SPIN_BUSY_NS 5000      // the same on a busy machine
+#define PREEMPTED_NS 20000     // wall time beyond the thread's CPU time: it lost its core
+#define CONTENDED_NS 100000000 // how long the machine counts as busy after that
 
 typedef struct {
     ag_range_fn fn;
@@ -66,13 +71,33 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-// Spins until *w differs from seen or SPIN_NS passed; true when it changed.
+static int64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// When a spinning thread last found that it had lost its core to another thread or process.
+static _Atomic int64_t lost_core_at = INT64_MIN / 2;
+
+// Spins until *w differs from seen; true when it changed, false when the spin ran out. It runs
+// out after SPIN_NS, or at once when this thread lost its core while spinning (the wall clock
+// ran ahead of its own CPU clock): the machine is busy, and for CONTENDED_NS after that every
+// spin stops at SPIN_BUSY_NS.
 static bool spin_until_changed(_Atomic uint32_t *w, uint32_t seen) {
-    int64_t t0 = now_ns();
+    int64_t t0 = now_ns(), c0 = thread_cpu_ns();
+    int64_t limit =
+        t0 - atomic_load_explicit(&lost_core_at, memory_order_relaxed) < CONTENDED_NS ? SPIN_BUSY_NS : SPIN_NS;
     for (int i = 1;; i++) {
         if (atomic_load_explicit(w, memory_order_acquire) != seen) return true;
         cpu_relax();
-        if (i % 64 == 0 && now_ns() - t0 > SPIN_NS) return false;
+        if (i % 64) continue;
+        int64_t t = now_ns() - t0;
+        if (t > limit) return false;
+        if (i % 512 == 0 && t - (thread_cpu_ns() - c0) > PREEMPTED_NS) {
+            atomic_store_explicit(&lost_core_at, t0 + t, memory_order_relaxed);
+            return false;
+        }
     }
 }
 
