@@ -40,8 +40,10 @@ struct ag_node {
     size_t index;    // on the tape
     int ninputs;
     ag_edge in[AG_MAX_INPUTS];
-    ag_tensor *out;    // weak: cleared when the output tensor is freed
-    int64_t numel;     // of the output
+    ag_tensor *out; // weak: cleared when the output tensor is freed
+    int64_t numel;  // of the output
+    int ndim;       // and its shape, for the description of its gradient's block
+    int64_t shape[AG_MAX_DIMS];
     int out_bits;      // the output's element size: its gradient's, under PYTORCH semantics
     mp_block grad;     // gradient of the output; bytes == 0 until a consumer wrote it
     ag_op_state state; // the member op names; its saved tensors are retained until backward ran
@@ -95,6 +97,8 @@ static inline int ag_max_bits(int a, int b) { return a > b ? a : b; } // PyTorch
 ag_tensor *ag_tensor_promoted(ag_ctx *ctx, const ag_tensor *a, const ag_tensor *b, const char *label);
 // A block of exactly `bytes`, whatever the dtype (a float64 scalar, int64 labels).
 bool ag_alloc_exact(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label);
+// An activation block of that shape at bits an element, described as such (the trace's shape).
+bool ag_alloc_shaped(ag_ctx *ctx, mp_block *b, int ndim, const int64_t *shape, int bits, const char *label);
 // A tensor billed at float32 whatever the dtype: the statistics PyTorch's autocast keeps in
 // float32 (RMSNorm's rstd, the cross-entropy's log-sum-exp).
 ag_tensor *ag_tensor_new_f32(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site);

@@ -122,6 +122,7 @@ typedef struct {
     // its float32 operands to 16 bits (the casts of weights and inputs kept for backward) and
     // returns 16 bits; other ops follow PyTorch's type promotion from their inputs.
     bool autocast;
+    bool fp16; // 16 bits are float16, not bfloat16 (only names differ: the trace's dtypes)
 } ag_meta_dtype;
 
 // Every size float32 (the default of a new context).
@@ -251,6 +252,10 @@ typedef void (*ag_range_fn)(void *arg, int64_t begin, int64_t end, int thread);
 void ag_parallel_for(int64_t n, int64_t grain, ag_range_fn fn, void *arg);
 // The same with every item its own chunk: tasks of uneven size (attention's causal blocks).
 void ag_parallel_tasks(int64_t n, ag_range_fn fn, void *arg);
+
+// "[25, 576] float32": a tensor of like's shape at bits an element (16: float16 when fp16, else
+// bfloat16), the description the profiler keeps beside an allocation (mp_alloc_described).
+void ag_describe_like(char *out, size_t cap, const ag_tensor *like, int bits, bool fp16);
 
 // Time spent in sgemm since the last reset (all ops, forward and backward).
 typedef struct {

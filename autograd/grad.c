@@ -73,8 +73,7 @@ static bool node_grad(ag_ctx *ctx, ag_node *node, ag_grad_dst *dst) {
         char label[AG_LABEL_MAX];
         ag_label(label, mp_site_name(node->site), "grad");
         bool ok = ag_is_pytorch(ctx) // a gradient has its tensor's dtype
-                      ? ag_alloc_exact(ctx, &node->grad, (size_t)node->numel * (size_t)node->out_bits / 8,
-                                       MP_ACTIVATION, label)
+                      ? ag_alloc_shaped(ctx, &node->grad, node->ndim, node->shape, node->out_bits, label)
                       : ag_alloc_block(ctx, &node->grad, (size_t)node->numel * sizeof(float), MP_ACTIVATION, label);
         if (!ok) return false;
         dst->fresh = true;

@@ -1,6 +1,8 @@
 // Nodes of the tape: what an op recorded for its backward.
 #include <stdlib.h>
 
+#include <string.h>
+
 #include "ag_internal.h"
 
 bool ag_needs_grad(const ag_ctx *ctx, const ag_tensor *t) { return ctx->grad_enabled && (t->node || t->requires_grad); }
@@ -38,6 +40,8 @@ ag_node *ag_record(ag_ctx *ctx, const ag_op *op, const char *base, ag_tensor *ou
         if (node->in[i].kind == AG_EDGE_LEAF && ag_first_edge_to(node, i)) node->in[i].leaf->tape_nodes++;
     }
     node->numel = out->numel;
+    node->ndim = out->ndim;
+    memcpy(node->shape, out->shape, sizeof node->shape);
     node->out_bits = out->bits;
     if (!ag_tape_push(ctx, node)) {
         ag_node_free(node);

@@ -64,8 +64,9 @@ uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_c
     return bytes;
 }
 
-static bool alloc_billed(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label) {
-    mp_status st = mp_alloc(b, bytes, cat, label);
+static bool alloc_described(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label,
+                            const char *detail) {
+    mp_status st = mp_alloc_described(b, bytes, cat, label, detail);
     if (st == MP_OK) return true;
     ag_status code = st == MP_ERR_BUDGET  ? AG_ERR_BUDGET
                      : st == MP_ERR_NOMEM ? AG_ERR_NOMEM
@@ -73,6 +74,10 @@ static bool alloc_billed(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat
                                           : AG_ERR_ARG;
     return ag_fail(ctx, code, "cannot allocate %s (%zu bytes, %s): %s", label, bytes, mp_category_name(cat),
                    status_text(st));
+}
+
+static bool alloc_billed(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label) {
+    return alloc_described(ctx, b, bytes, cat, label, NULL);
 }
 
 bool ag_alloc_exact(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label) {
@@ -107,6 +112,37 @@ static bool shape_ok(ag_ctx *ctx, int ndim, const int64_t *shape, const char *la
     return true;
 }
 
+static const char *dtype_name(int bits, bool fp16) {
+    switch (bits) {
+    case 32: return "float32";
+    case 16: return fp16 ? "float16" : "bfloat16";
+    case 8: return "int8";
+    case 4: return "int4";
+    default: return "?";
+    }
+}
+
+// "[25, 576] float32": what the trace shows beside a tensor's bytes.
+static void describe(char *out, size_t cap, int ndim, const int64_t *shape, int bits, bool fp16) {
+    size_t n = (size_t)snprintf(out, cap, "[");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(out + n, cap - n, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (n < cap) snprintf(out + n, cap - n, "] %s", dtype_name(bits, fp16));
+}
+
+void ag_describe_like(char *out, size_t cap, const ag_tensor *like, int bits, bool fp16) {
+    describe(out, cap, like->ndim, like->shape, bits, fp16);
+}
+
+bool ag_alloc_shaped(ag_ctx *ctx, mp_block *b, int ndim, const int64_t *shape, int bits, const char *label) {
+    if (!ctx || ctx->status != AG_OK) return false;
+    uint64_t numel = 1;
+    for (int i = 0; i < ndim; i++) numel *= (uint64_t)shape[i];
+    char detail[AG_LABEL_MAX];
+    describe(detail, sizeof detail, ndim, shape, bits, ctx->dtype.fp16);
+    return alloc_described(ctx, b, (size_t)(numel * (uint64_t)bits / 8), MP_ACTIVATION, label, detail);
+}
+
 // fp32: billed at 4 bytes an element whatever the dtype (statistics autocast keeps in float32).
 // bits 0: the category's size under the context's dtype (ag_billed_bytes).
 static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site, int bits) {
@@ -120,7 +156,9 @@ static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
         return NULL;
     }
     uint64_t bytes = bits ? (uint64_t)numel * (uint64_t)bits / 8 : ag_billed_bytes(ctx, ndim, shape, cat, label);
-    if (!alloc_billed(ctx, &t->block, (size_t)bytes, cat, label)) {
+    char detail[AG_LABEL_MAX];
+    describe(detail, sizeof detail, ndim, shape, bits ? bits : category_bits(ctx, cat), ctx->dtype.fp16);
+    if (!alloc_described(ctx, &t->block, (size_t)bytes, cat, label, detail)) {
         free(t);
         return NULL;
     }

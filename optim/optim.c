@@ -163,10 +163,13 @@ static void free_state(optim_slot *s) {
     mp_free(&s->master);
 }
 
-static int alloc_one(mp_block *b, const ag_tensor *param, const char *what, size_t bytes, ag_err *err) {
-    char site[256];
+// One tensor of param's shape at bits an element.
+static int alloc_one(mp_block *b, const ag_tensor *param, const char *what, int bits, bool fp16, ag_err *err) {
+    char site[256], detail[128];
+    size_t bytes = (size_t)param->numel * (size_t)bits / 8;
     snprintf(site, sizeof site, "%s:%s", ag_tensor_name(param), what);
-    mp_status st = mp_alloc(b, bytes, MP_OPTIMIZER, site);
+    ag_describe_like(detail, sizeof detail, param, bits, fp16);
+    mp_status st = mp_alloc_described(b, bytes, MP_OPTIMIZER, site, detail);
     if (st == MP_OK) return 0;
     ag_err_set(err, "optimizer: cannot allocate %s (%zu bytes): %s", site, bytes,
                st == MP_ERR_BUDGET ? "over the memory budget" : "out of memory");
@@ -183,9 +186,9 @@ static int alloc_state(optim_slot *s, const optim_config *c, ag_err *err) {
     static const char *const names[2][2] = {{"exp_avg", "exp_avg_sq"}, {"momentum_buffer", ""}};
     int count = (int)(optim_state_bytes_per_element(c->kind) / sizeof(float));
     const char *const *nm = names[c->kind == OPTIM_SGD_MOMENTUM];
-    size_t numel = (size_t)s->param->numel, bytes = numel * (size_t)optim_state_bits(c) / 8;
-    int rc = c->master ? alloc_one(&s->master, s->param, "master", numel * sizeof(float), err) : 0;
-    for (int j = 0; j < count && rc == 0; j++) rc = alloc_one(&s->state[j], s->param, nm[j], bytes, err);
+    int rc = c->master ? alloc_one(&s->master, s->param, "master", 32, false, err) : 0;
+    for (int j = 0; j < count && rc == 0; j++)
+        rc = alloc_one(&s->state[j], s->param, nm[j], optim_state_bits(c), c->state_fp16, err);
     if (rc != 0) {
         free_state(s);
         return -1;

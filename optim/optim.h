@@ -49,7 +49,8 @@ typedef struct {
     // state_bits 16 keeps exp_avg / exp_avg_sq / momentum_buffer in a 16-bit parameter's dtype,
     // as torch.optim does; master adds a float32 copy of every parameter ("<param>:master", as
     // mixed precision keeps beside 16-bit weights), billed as optimizer state.
-    int state_bits; // 32 (0 means 32) or 16
+    int state_bits;  // 32 (0 means 32) or 16
+    bool state_fp16; // 16-bit state is float16 rather than bfloat16 (its name in the trace only)
     bool master;
     optim_adam_impl adam_impl; // Adam and AdamW; fused (0) unless asked
     bool torch_113_foreach;    // foreach as PyTorch 1.13 runs it

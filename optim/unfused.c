@@ -73,9 +73,10 @@ static int take(pass *p, optim_slot *s, int t) {
         p->live += bytes;
         return 0;
     }
-    char site[256];
+    char site[256], detail[128];
     snprintf(site, sizeof site, "%s:%s", ag_tensor_name(s->param), tmp_names[t]);
-    mp_status st = mp_alloc(&s->tmp[t], bytes, MP_TEMPORARY, site);
+    ag_describe_like(detail, sizeof detail, s->param, optim_state_bits(&p->o->cfg), p->o->cfg.state_fp16);
+    mp_status st = mp_alloc_described(&s->tmp[t], bytes, MP_TEMPORARY, site, detail);
     if (st == MP_OK) return 0;
     ag_err_set(p->err, "optimizer: cannot allocate %s (%zu bytes, a temporary of Adam's %s step): %s", site, bytes,
                optim_adam_impl_name(p->o->cfg.adam_impl),

@@ -34,7 +34,7 @@ static mp_event *event_at(const mp_timeline *t, size_t i) {
     return &t->chunks[i >> MP_CHUNK_SHIFT][i & (MP_CHUNK_EVENTS - 1)];
 }
 
-static void timeline_push(mp_category cat, int64_t delta, uint32_t site) {
+static void timeline_push(mp_category cat, int64_t delta, uint32_t site, uint32_t detail) {
     mp_timeline *t = &mp_g.timeline;
     if (t->count == t->nchunks * MP_CHUNK_EVENTS) {
         // One more chunk; only the small table of chunk pointers is ever copied.
@@ -59,17 +59,18 @@ static void timeline_push(mp_category cat, int64_t delta, uint32_t site) {
     e->seconds = mp_now() - mp_g.t0;
     e->bytes = delta;
     e->site = site;
+    e->detail = detail;
     e->category = (uint8_t)cat;
     e->phase = (uint8_t)mp_g.phase;
 }
 
-void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint32_t site) {
+void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint32_t site, uint32_t detail) {
     mp_counter *k = &mp_g.counters[cat];
     k->live = (uint64_t)((int64_t)k->live + delta);
     k->live_usable = (uint64_t)((int64_t)k->live_usable + delta_usable);
     mp_g.live_total = (uint64_t)((int64_t)mp_g.live_total + delta);
     // Recorded before the peaks, so that a moment's event count includes the event that made it.
-    if (mp_g.opt.keep_timeline) timeline_push(cat, delta, site);
+    if (mp_g.opt.keep_timeline) timeline_push(cat, delta, site, detail);
     if (delta < 0 || (delta == 0 && delta_usable < 0)) {
         k->frees++;
         return;
@@ -207,8 +208,7 @@ static bool sites_reindex(mp_sites *s, size_t ncap) {
 // Ids are 32-bit and 0 doubles as "(none)" on failure: the table stops short of that.
 #define MP_MAX_SITES ((size_t)UINT32_MAX - 1)
 
-uint32_t mp_site_id_locked(const char *label) {
-    mp_sites *s = &mp_g.sites;
+static uint32_t intern_locked(mp_sites *s, const char *label) {
     // Load at most one half: a lookup then examines under two slots on average.
     if ((s->count + 1) * 2 > s->index_cap && !sites_reindex(s, s->index_cap ? s->index_cap * 2 : 256)) return 0;
     uint64_t h = hash_str(label);
@@ -240,6 +240,21 @@ uint32_t mp_site_id_locked(const char *label) {
     uint32_t id = (uint32_t)s->count++;
     s->index[j] = id + 1;
     return id;
+}
+
+uint32_t mp_site_id_locked(const char *label) { return intern_locked(&mp_g.sites, label); }
+
+// Descriptions are interned apart from the sites (no report lists them); 0 is none.
+uint32_t mp_detail_id_locked(const char *detail) {
+    return detail && *detail ? intern_locked(&mp_g.details, detail) + 1 : 0;
+}
+
+const char *mp_detail_name(uint32_t id) {
+    if (!mp_g.active || !id) return NULL;
+    mp_lock();
+    const char *name = id - 1 < mp_g.details.count ? mp_g.details.names[id - 1] : NULL;
+    mp_unlock();
+    return name;
 }
 
 uint32_t mp_site_id(const char *label) {

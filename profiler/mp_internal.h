@@ -55,6 +55,7 @@ typedef struct {
     mp_process proc_peak;
 
     mp_sites sites;
+    mp_sites details; // what a block is (a tensor's shape and dtype), per allocation event
     mp_timeline timeline;
 
     // jemalloc backend
@@ -68,7 +69,9 @@ extern mp_state mp_g;
 
 double mp_now(void);
 // Counters: a change of `delta` requested / `delta_usable` usable bytes in `cat`, with the site.
-void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint32_t site);
+// detail: an interned description (mp_detail_id_locked), 0 for none.
+void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint32_t site, uint32_t detail);
+uint32_t mp_detail_id_locked(const char *detail);
 // Whether `bytes` more would take the live total past the budget.
 bool mp_over_budget_locked(uint64_t bytes);
 // Fills the out-of-memory record: what asked, and what was live before it.

@@ -156,7 +156,7 @@ static void hook_alloc(void *extra, int type, void *result, uintptr_t result_raw
     if (mp_g.active) {
         other_budget_locked(u);
         ptrset_put(&mp_g.other_ptrs, (uintptr_t)result, u);
-        mp_count_locked(MP_OTHER, (int64_t)u, (int64_t)u, other_site);
+        mp_count_locked(MP_OTHER, (int64_t)u, (int64_t)u, other_site, 0);
     }
     mp_unlock();
     mp_in_profiler--;
@@ -171,7 +171,7 @@ static void hook_dalloc(void *extra, int type, void *address, uintptr_t args_raw
     if (sz) {
         int64_t u = (int64_t)*sz;
         ptrset_remove(&mp_g.other_ptrs, (uintptr_t)address);
-        mp_count_locked(MP_OTHER, -u, -u, other_site);
+        mp_count_locked(MP_OTHER, -u, -u, other_site, 0);
     }
     mp_unlock();
     mp_in_profiler--;
@@ -188,7 +188,7 @@ static void hook_expand(void *extra, int type, void *address, size_t old_usize, 
         int64_t d = (int64_t)new_usize - (int64_t)old_usize;
         if (d > 0) other_budget_locked((size_t)d);
         *sz = new_usize;
-        mp_count_locked(MP_OTHER, d, d, other_site);
+        mp_count_locked(MP_OTHER, d, d, other_site, 0);
     }
     mp_unlock();
     mp_in_profiler--;
@@ -424,6 +424,7 @@ void mp_shutdown(void) {
     mp_g.active = false;
     mp_unlock();
     mp_sites_free(&mp_g.sites);
+    mp_sites_free(&mp_g.details);
     mp_timeline_free(&mp_g.timeline);
     pthread_mutex_destroy(&mp_g.lock);
 }
@@ -440,7 +441,11 @@ uint64_t mp_budget(void) { return mp_g.active ? mp_g.opt.budget : 0; } // fixed 
 // arena as in the normal build (the same pages, kept the same way), but with no lock, no site,
 // no count and no hooks on plain malloc. Its bill is empty; only its times mean something.
 mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site) {
-    (void)site;
+    return mp_alloc_described(out, bytes, cat, site, NULL);
+}
+
+mp_status mp_alloc_described(mp_block *out, size_t bytes, mp_category cat, const char *site, const char *detail) {
+    (void)site, (void)detail;
     memset(out, 0, sizeof *out);
     if (!mp_g.active) return MP_ERR_STATE;
     if ((unsigned)cat >= MP_OTHER || bytes > MP_MAX_REQUEST) return MP_ERR_INVALID;
@@ -458,6 +463,10 @@ void mp_free(mp_block *b) {
 }
 #else
 mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site) {
+    return mp_alloc_described(out, bytes, cat, site, NULL);
+}
+
+mp_status mp_alloc_described(mp_block *out, size_t bytes, mp_category cat, const char *site, const char *detail) {
     memset(out, 0, sizeof *out);
     if (!mp_g.active) return MP_ERR_STATE;
     if ((unsigned)cat >= MP_OTHER || bytes > MP_MAX_REQUEST) return MP_ERR_INVALID;
@@ -484,7 +493,7 @@ mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *sit
             return MP_ERR_NOMEM;
         }
     }
-    mp_count_locked(cat, (int64_t)bytes, (int64_t)usable, sid);
+    mp_count_locked(cat, (int64_t)bytes, (int64_t)usable, sid, mp_detail_id_locked(detail));
     mp_unlock();
     out->data = p;
     out->bytes = bytes;
@@ -501,7 +510,7 @@ void mp_free(mp_block *b) {
     } else {
         mp_lock();
         if (b->data) mp_backend_free(b->data);
-        mp_count_locked((mp_category)b->category, -(int64_t)b->bytes, -(int64_t)b->usable, b->site);
+        mp_count_locked((mp_category)b->category, -(int64_t)b->bytes, -(int64_t)b->usable, b->site, 0);
         mp_unlock();
     }
     memset(b, 0, sizeof *b);

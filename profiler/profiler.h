@@ -123,6 +123,7 @@ typedef struct {
     double seconds;
     int64_t bytes; // + allocation, - free (requested bytes)
     uint32_t site;
+    uint32_t detail; // what the block holds (mp_detail_name), 0: nothing said; allocations only
     uint8_t category;
     uint8_t phase;
 } mp_event;
@@ -145,6 +146,11 @@ const char *mp_backend(void); // "jemalloc" or "system"
 // Allocation. On failure *out is zeroed and nothing is counted; past the budget, mp_oom()
 // tells what asked and what was live.
 mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site);
+// The same with a description of what the block holds (a tensor's shape and dtype, say),
+// kept on the allocation's timeline event for the trace (mp_detail_name); NULL: none.
+mp_status mp_alloc_described(mp_block *out, size_t bytes, mp_category cat, const char *site, const char *detail);
+// A timeline event's description; NULL when it has none.
+const char *mp_detail_name(uint32_t id);
 // Frees and zeroes the block; a zeroed block is ignored.
 void mp_free(mp_block *b);
 

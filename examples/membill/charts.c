@@ -289,7 +289,8 @@ void cli_xml_escape(FILE *f, const char *s) {
 
 // ---- Chrome trace-event format ----
 // Counter tracks per category, a slice per phase, and every tensor an async slice from its
-// allocation to its free on its category's track (name: the site; args: bytes, category), so
+// allocation to its free on its category's track (name: the site; args: bytes, category and,
+// for tensors, shape and dtype), so
 // that Perfetto can say which tensors were live at any moment.
 
 // Microseconds, made strictly increasing (a nanosecond apart at least): "what was live at the
@@ -334,6 +335,14 @@ static void trace_phase(FILE *f, bool *first, int phase, double start, double en
             mp_phase_name(phase), start, end - start);
 }
 
+// A tensor's "[25, 576] float32" as the args "shape": [25, 576] and "dtype": "float32".
+static void trace_detail(FILE *f, const char *d) {
+    const char *close = d && d[0] == '[' ? strchr(d, ']') : NULL;
+    if (!close || close[1] != ' ') return;
+    fprintf(f, ",\"shape\":%.*s,\"dtype\":", (int)(close - d + 1), d);
+    cli_json_string(f, close + 2);
+}
+
 // One end of a tensor's slice: "b" at its allocation, "e" at its free.
 static void trace_tensor(FILE *f, bool *first, const cli_lifetime *l, size_t id, const char *ph, double ts) {
     trace_sep(f, first);
@@ -341,9 +350,11 @@ static void trace_tensor(FILE *f, bool *first, const cli_lifetime *l, size_t id,
     cli_json_string(f, mp_site_name(l->site));
     fprintf(f, ",\"cat\":\"%s\",\"ph\":\"%s\",\"id\":%zu,\"ts\":%.3f,\"pid\":1,\"tid\":%d",
             mp_category_name(l->category), ph, id, ts, l->category + 2);
-    if (*ph == 'b')
-        fprintf(f, ",\"args\":{\"bytes\":%lld,\"category\":\"%s\"}", (long long)l->bytes,
-                mp_category_name(l->category));
+    if (*ph == 'b') {
+        fprintf(f, ",\"args\":{\"bytes\":%lld,\"category\":\"%s\"", (long long)l->bytes, mp_category_name(l->category));
+        trace_detail(f, mp_detail_name(l->detail));
+        fputc('}', f);
+    }
     fputc('}', f);
 }
 

@@ -57,11 +57,13 @@ ag_meta_dtype cli_meta_dtype(const cli_dtype *d) {
                            .grad_bits = d->grad_bits,
                            .group = d->group,
                            .scale_bytes = d->scale_bytes,
-                           .autocast = d->autocast};
+                           .autocast = d->autocast,
+                           .fp16 = strncmp(d->name, "fp16", 4) == 0};
 }
 
 void cli_dtype_optim(const cli_dtype *d, optim_config *c) {
     c->state_bits = d->name ? d->state_bits : 32;
+    c->state_fp16 = d->name && strncmp(d->name, "fp16", 4) == 0;
     c->master = d->name && d->master;
 }
 

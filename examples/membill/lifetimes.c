@@ -44,7 +44,7 @@ static void pair_event(open_table *t, cli_lifetime *out, size_t *n, const mp_eve
     }
     // An allocation, or a free with nothing open to end (kept as a negative lifetime to the end,
     // so that every moment's sums stay those of the events).
-    out[*n] = (cli_lifetime){e->site, e->category, e->bytes, i, CLI_LIVE_TO_END};
+    out[*n] = (cli_lifetime){e->site, e->category, e->bytes, i, CLI_LIVE_TO_END, e->detail};
     if (e->bytes > 0) {
         *k = (open_key){e->site, e->category, size, k->top};
         t->below[*n] = k->top;

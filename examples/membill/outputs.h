@@ -118,6 +118,7 @@ typedef struct {
     uint8_t category;
     int64_t bytes;
     size_t start, end;
+    uint32_t detail; // the allocation's description: shape and dtype (mp_detail_name), 0: none
 } cli_lifetime;
 cli_lifetime *cli_lifetimes(size_t n, size_t *count);
 

@@ -147,6 +147,23 @@ static json_t *event_named(json_t *ev, const char *ph, const char *name) {
     return NULL;
 }
 
+// A tensor's slice says its shape and dtype, and they make its bytes; weights, gradients and
+// optimizer state always say them (plain malloc never does).
+static void check_shape(json_t *e) {
+    json_t *args = json_object_get(e, "args"), *shape = json_object_get(args, "shape"), *d;
+    const char *cat = json_string_value(json_object_get(e, "cat"));
+    if (!strcmp(cat, "weight") || !strcmp(cat, "gradient") || !strcmp(cat, "optimizer")) assert_non_null(shape);
+    if (!strcmp(cat, "other")) assert_null(shape);
+    if (!shape) return;
+    json_int_t numel = 1;
+    size_t i;
+    json_array_foreach(shape, i, d) numel *= json_integer_value(d);
+    const char *dtype = json_string_value(json_object_get(args, "dtype"));
+    assert_non_null(dtype);
+    assert_string_equal(dtype, "float32"); // a real run
+    assert_int_equal(numel * 4, json_integer_value(json_object_get(args, "bytes")));
+}
+
 // Sums into sum, by category, the bytes of the tensor slices live at timestamp at (begun at or
 // before it, ended after it), checking each slice on the way; returns how many slices there are.
 static size_t live_slices_at(json_t *ev, double at, json_int_t *sum) {
@@ -158,6 +175,7 @@ static size_t live_slices_at(json_t *ev, double at, json_int_t *sum) {
         snprintf(id, sizeof id, "%lld", (long long)json_integer_value(json_object_get(e, "id")));
         if (strcmp(ph, "b") == 0) {
             assert_true(json_integer_value(json_object_get(json_object_get(e, "args"), "bytes")) > 0);
+            check_shape(e);
             assert_true(cat_index(json_string_value(json_object_get(e, "cat"))) >= 0);
             assert_null(json_object_get(begins, id)); // ids are unique
             json_object_set(begins, id, e);
@@ -178,8 +196,9 @@ static size_t live_slices_at(json_t *ev, double at, json_int_t *sum) {
     return slices;
 }
 
-// Every tensor an async slice from allocation to free; the slices live at the total peak's
-// timestamp hold the report's composition of the peak, category by category, to the byte.
+// Every tensor an async slice from allocation to free, with its shape and dtype; the slices live
+// at the total peak's timestamp hold the report's composition of the peak, category by
+// category, to the byte.
 static void test_trace_slices(void **state) {
     (void)state;
     json_t *t = load_output("t.json");
