@@ -27,19 +27,27 @@
 static double worst_seen, worst_vs_fused;
 
 // ---------------------------------------------------------------------------------------------
-// Fault injection: the test links with -Wl,--wrap=mp_alloc, so every mp_alloc of the libraries
-// comes here; an allocation labelled fail_site fails as if the allocator were out of memory
-// (what the budget cannot foretell).
+// Fault injection: the test links with -Wl,--wrap=mp_alloc,--wrap=mp_alloc_described, so every
+// allocation the libraries ask the profiler for comes here; one labelled fail_site fails as if
+// the allocator were out of memory (what the budget cannot foretell).
 
 mp_status __real_mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site);
+mp_status __real_mp_alloc_described(mp_block *out, size_t bytes, mp_category cat, const char *site, const char *detail);
 static const char *fail_site;
 
+static bool injected(mp_block *out, const char *site) {
+    if (!fail_site || !site || strcmp(site, fail_site) != 0) return false;
+    memset(out, 0, sizeof *out);
+    return true;
+}
+
 mp_status __wrap_mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *site) {
-    if (fail_site && site && strcmp(site, fail_site) == 0) {
-        memset(out, 0, sizeof *out);
-        return MP_ERR_NOMEM;
-    }
-    return __real_mp_alloc(out, bytes, cat, site);
+    return injected(out, site) ? MP_ERR_NOMEM : __real_mp_alloc(out, bytes, cat, site);
+}
+
+mp_status __wrap_mp_alloc_described(mp_block *out, size_t bytes, mp_category cat, const char *site,
+                                    const char *detail) {
+    return injected(out, site) ? MP_ERR_NOMEM : __real_mp_alloc_described(out, bytes, cat, site, detail);
 }
 
 // ---------------------------------------------------------------------------------------------
