@@ -164,6 +164,8 @@ void ag_skinny_backward(const float *dy, const float *x, const float *w, float *
 // head's angles from (c0, s0), the second from (c1, s1).
 void ag_rope_row(float *y, const float *x, const float *c0, const float *s0, const float *c1, const float *s1, int nh,
                  int hd, float sign, bool accumulate);
+// op_attention.c: one row of the softmax backward, ds = p ∘ (dp - Σ p ∘ dp) (ds may be dp).
+void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t n);
 // vec.c: dst = a + b; dst = a * b (fresh) or dst += a * b.
 void ag_vec_add(float *dst, const float *a, const float *b, int64_t n);
 void ag_vec_mul_into(float *dst, bool fresh, const float *a, const float *b, int64_t n);
@@ -259,7 +261,7 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
 // key c of a tile at kpos0 + c; key_mask (NULL: none) hides keys of the tile whose entry is 0.
 #define AG_FLASH_BR 64
 #define AG_FLASH_BC 64
-#define AG_FLASH_OMP_MIN_MACS (1 << 21) // below this many multiply-adds an op runs on one thread
+#define AG_FLASH_PAR_MIN_MACS (1 << 21) // below this many multiply-adds an op runs on one thread
 typedef struct {
     int D;
     int64_t nr, ldq;

@@ -69,13 +69,14 @@ typedef struct {
 static void dsoftmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const dsoftmax_args *x = arg;
-    for (int64_t i = lo; i < hi; i++) {
-        float *g = x->dp + i * x->n;
-        const float *pr = x->p + i * x->n;
-        double dot = 0.0;
-        for (int64_t j = 0; j < x->n; j++) dot += (double)pr[j] * g[j];
-        for (int64_t j = 0; j < x->n; j++) g[j] = pr[j] * (g[j] - (float)dot);
-    }
+    for (int64_t i = lo; i < hi; i++)
+        ag_softmax_backward_row(x->dp + i * x->n, x->dp + i * x->n, x->p + i * x->n, x->n);
+}
+
+void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t n) {
+    double dot = 0.0;
+    for (int64_t j = 0; j < n; j++) dot += (double)p[j] * dp[j];
+    for (int64_t j = 0; j < n; j++) ds[j] = p[j] * (dp[j] - (float)dot);
 }
 
 // In place over one head: dP -> dS = P ∘ (dP - rowsum(P ∘ dP)), the softmax backward.

@@ -69,9 +69,7 @@ static void rows_part(void *arg, int64_t lo, int64_t hi, int thread) {
             int64_t seen = r % Tq + n - Tq + 1, first = ag_window_first(seen - 1, x->a->window);
             for (int64_t j = 0; j < n; j++) o[j] = j < seen && j >= first ? in[j] : -INFINITY;
         } else { // SoftmaxBackward, then MulBackward (the scaling), each rounded as its own op
-            double dot = 0.0;
-            for (int64_t j = 0; j < n; j++) dot += (double)P[j] * in[j];
-            for (int64_t j = 0; j < n; j++) o[j] = P[j] * (in[j] - (float)dot);
+            ag_softmax_backward_row(o, in, P, n);
             if (x->sc != 1.0f)
                 for (int64_t j = 0; j < n; j++) o[j] *= x->sc;
         }

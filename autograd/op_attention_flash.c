@@ -242,7 +242,7 @@ void ag_flash_rows_end(ag_flash_rows *w, float *o, int64_t ldo, float *lse) {
 }
 
 int ag_flash_threads(int64_t tasks, double macs) {
-    if (macs < AG_FLASH_OMP_MIN_MACS || tasks < 2) return 1;
+    if (macs < AG_FLASH_PAR_MIN_MACS || tasks < 2) return 1;
     int n = ag_num_threads();
     return n < 1 ? 1 : (tasks < n ? (int)tasks : n);
 }
