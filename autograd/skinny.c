@@ -11,7 +11,7 @@
 // panels before multiplying (an extra pass over it, which M rows do not repay) and, for the
 // backward, reads the weight for dx and writes dw in two separate calls. These kernels touch
 // the weight once per pass: the forward reads it once; the backward reads it once for dx and
-// writes dw once, in the same sweep (each thread owns a slice of the input columns, so dx and
+// writes dw once, in the same sweep (each chunk of the pool owns a slice of the input columns, so dx and
 // dw need no reduction between threads), dw with streaming stores. What is left is the
 // multiply-adds themselves: on a 2-core AVX-512 machine they run at ~90% of the measured FMA
 // rate (tests/bench/bench_bandwidth), faster than the weight's bytes need. They run where
