@@ -251,6 +251,10 @@ static inline int64_t ag_window_first(int64_t p, int64_t window) {
 // op_attention.c: the shape checks of ag_attention (false with the error set).
 bool ag_attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, const ag_tensor *k, const ag_tensor *v,
                          int Hq, int Hkv, int D);
+// The inputs and shapes of an attention call checked, its site parsed and its dims made (false
+// with the error set): what eager and flash do first.
+bool ag_attention_begin(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv, int D,
+                        int64_t window, ag_site *s, ag_att_dims *a);
 
 // op_attention_flash.c: ag_attention when the context says FLASH (shapes already checked).
 ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,

@@ -587,11 +587,9 @@ ag_tensor *ag_attention_flash(ag_ctx *ctx, const char *site, ag_tensor *q, ag_te
 
 ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
                                      int Hkv, int D, int64_t window) {
-    ag_tensor *ins[] = {q, k, v};
-    if (!ag_check_inputs(ctx, "attention", site, 3, ins, (const char *[]){"q", "k", "v"})) return NULL;
     ag_site s;
-    ag_site_parse(&s, site);
-    if (!ag_attention_shapes(ctx, s.base, q, k, v, Hq, Hkv, D)) return NULL;
-    ag_att_dims a = {q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D, window < 0 ? 0 : window};
+    ag_att_dims a;
+    if (!ag_attention_begin(ctx, site, q, k, v, Hq, Hkv, D, window, &s, &a)) return NULL;
+    ag_tensor *ins[] = {q, k, v};
     return ag_attention_flash_checked(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
 }

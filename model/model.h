@@ -120,8 +120,8 @@ const char *llama_preset_name(size_t i); // NULL past the end
 // qwen3 128), max_position_embeddings (2048 llama, 131072 mistral, 32768 qwen2 and qwen3),
 // rope_theta (10000; or rope_parameters' when its type is default), rms_norm_eps (1e-6),
 // tie_word_embeddings (false), the biases, windows and rope_scaling above, use_cache (true),
-// pad_token_id (the embedding's padding_idx). What would change the numbers and is not implemented is
-// refused naming the field: a hidden_act other than silu, attention_dropout other than 0,
+// pad_token_id (the embedding's padding_idx). Fields that would change the numbers but membill
+// does not compute are refused, naming the field: a hidden_act other than silu, attention_dropout other than 0,
 // partial_rotary_factor other than 1, quantization_config, a rope_scaling type other than
 // default, linear, dynamic, yarn and llama3, a layer_types that is not full layers then sliding
 // ones. Fields that change nothing membill computes (token ids, torch_dtype, initializer_range,

@@ -26,8 +26,8 @@ int llama_json_bool(const json_t *root, const char *path, const char *field, boo
 const char *llama_json_kind(const json_t *v); // "an integer", "a string"...
 
 // families.c: model_type, and the defaults of its transformers config class (before the shared
-// fields are read); then the fields of that family (biases, windows, use_cache) and the refusal
-// of what would change the numbers and is not implemented; then rope_scaling.
+// fields are read); then the fields of that family (biases, windows, use_cache), refusing those
+// that would change the numbers but are not computed; then rope_scaling.
 int llama_parse_family(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_parse_family_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *path, ag_err *err);

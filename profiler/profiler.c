@@ -493,7 +493,9 @@ mp_status mp_alloc_described(mp_block *out, size_t bytes, mp_category cat, const
             return MP_ERR_NOMEM;
         }
     }
-    mp_count_locked(cat, (int64_t)bytes, (int64_t)usable, sid, mp_detail_id_locked(detail));
+    // A description lives on the timeline alone: without one there is nothing to intern.
+    uint32_t did = mp_g.opt.keep_timeline ? mp_detail_id_locked(detail) : 0;
+    mp_count_locked(cat, (int64_t)bytes, (int64_t)usable, sid, did);
     mp_unlock();
     out->data = p;
     out->bytes = bytes;

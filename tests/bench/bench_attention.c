@@ -10,34 +10,15 @@
 #include <time.h>
 
 #include "autograd.h"
+#include "bench_util.h"
 
 enum { HQ = 9, HKV = 3, HD = 64 };
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t rng = 88172645463325252ull;
-
-static float uniform(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (float)(rng >> 40) / 16777216.0f;
-}
-
-static ag_tensor *checked(ag_ctx *ctx, ag_tensor *t) {
-    if (!t) {
-        fprintf(stderr, "bench_attention: %s\n", ag_ctx_error(ctx));
-        exit(1);
-    }
-    return t;
-}
-
 static ag_tensor *leaf(ag_ctx *ctx, int64_t T, int64_t width, float amp) {
-    ag_tensor *t = checked(ctx, ag_tensor_new(ctx, 3, (int64_t[]){1, T, width}, MP_ACTIVATION, "bench:input"));
+    ag_tensor *t = bench_checked("bench_attention", ctx,
+                                 ag_tensor_new(ctx, 3, (int64_t[]){1, T, width}, MP_ACTIVATION, "bench:input"));
     t->requires_grad = true;
-    for (int64_t i = 0; i < t->numel; i++) t->data[i] = amp * (uniform() - 0.5f);
+    for (int64_t i = 0; i < t->numel; i++) t->data[i] = amp * (bench_uniform() - 0.5f);
     return t;
 }
 
@@ -65,14 +46,15 @@ static result run(ag_ctx *ctx, ag_attention_kind kind, int64_t T, int reps) {
     for (int i = reps > 1 ? -1 : 0; i < reps; i++) {
         mp_reset_peaks();
         uint64_t base = mp_get_counter(MP_ACTIVATION).live;
-        double t0 = now();
-        ag_tensor *o = checked(ctx, ag_attention(ctx, "layers.0.self_attn", q, k, v, HQ, HKV, HD));
-        double t1 = now();
-        ag_tensor *seed = checked(ctx, ag_tensor_new(ctx, 3, o->shape, MP_ACTIVATION, "seed"));
-        for (int64_t e = 0; e < seed->numel; e++) seed->data[e] = uniform() - 0.5f;
-        double t2 = now();
-        if (ag_backward_grad(ctx, o, seed) != AG_OK) checked(ctx, NULL);
-        double t3 = now();
+        double t0 = bench_now();
+        ag_tensor *o =
+            bench_checked("bench_attention", ctx, ag_attention(ctx, "layers.0.self_attn", q, k, v, HQ, HKV, HD));
+        double t1 = bench_now();
+        ag_tensor *seed = bench_checked("bench_attention", ctx, ag_tensor_new(ctx, 3, o->shape, MP_ACTIVATION, "seed"));
+        for (int64_t e = 0; e < seed->numel; e++) seed->data[e] = bench_uniform() - 0.5f;
+        double t2 = bench_now();
+        if (ag_backward_grad(ctx, o, seed) != AG_OK) bench_checked("bench_attention", ctx, NULL);
+        double t3 = bench_now();
         ag_release(seed);
         ag_release(o);
         ag_zero_grad(q), ag_zero_grad(k), ag_zero_grad(v);

@@ -16,14 +16,9 @@
 #include <time.h>
 
 #include "autograd.h"
+#include "bench_util.h"
 
 #define BENCH_BYTES ((size_t)538060032)
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 // Eight independent sums so the loop is bound by loads, not by one add chain.
 static float sum_range(const float *p, size_t n) {
@@ -60,9 +55,9 @@ static void pass_part(void *p, int64_t lo, int64_t hi, int thread) {
 
 static double run_pass(pass_args *a, float *sink) {
     memset(a->sums, 0, sizeof a->sums);
-    double t0 = now();
+    double t0 = bench_now();
     ag_parallel_for(a->threads, 1, pass_part, a);
-    double t = now() - t0;
+    double t = bench_now() - t0;
     for (int i = 0; i < a->threads; i++) *sink += a->sums[i];
     return t;
 }

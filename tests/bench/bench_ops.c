@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "autograd.h"
+#include "bench_util.h"
 
 enum { HID = 576, INTER = 1536, HQ = 9, HKV = 3, HD = 64, VOCAB = 49152 };
 
@@ -19,31 +20,10 @@ typedef struct {
     int32_t *ids;
 } bench_case;
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint64_t rng = 88172645463325252ull;
-
-static float uniform(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (float)(rng >> 40) / 16777216.0f;
-}
-
-static ag_tensor *checked(bench_case *c, ag_tensor *t) {
-    if (!t) {
-        fprintf(stderr, "bench_ops: %s\n", ag_ctx_error(c->ctx));
-        exit(1);
-    }
-    return t;
-}
-
 static void add_leaf(bench_case *c, int ndim, const int64_t *shape, mp_category cat) {
-    ag_tensor *t = checked(c, ag_tensor_new(c->ctx, ndim, shape, cat, "bench:input"));
+    ag_tensor *t = bench_checked("bench_ops", c->ctx, ag_tensor_new(c->ctx, ndim, shape, cat, "bench:input"));
     t->requires_grad = true;
-    for (int64_t i = 0; i < t->numel; i++) t->data[i] = 0.1f * (uniform() - 0.5f);
+    for (int64_t i = 0; i < t->numel; i++) t->data[i] = 0.1f * (bench_uniform() - 0.5f);
     c->in[c->nin++] = t;
 }
 
@@ -167,15 +147,16 @@ static bench_result run_op(ag_ctx *ctx, const bench_op *op, int64_t T, int32_t *
     double fwd[64], bwd[64], sum_fwd = 0.0, sum_bwd = 0.0, sg_fwd = 0.0, sg_bwd = 0.0;
     for (int r = -1; r < reps; r++) {
         ag_blas_stats s0 = ag_get_blas_stats();
-        double t0 = now();
-        ag_tensor *y = checked(&c, op->run(&c, r == -1 && c.nin == 0));
-        double t1 = now();
+        double t0 = bench_now();
+        ag_tensor *y = bench_checked("bench_ops", c.ctx, op->run(&c, r == -1 && c.nin == 0));
+        double t1 = bench_now();
         ag_blas_stats s1 = ag_get_blas_stats();
-        ag_tensor *seed = checked(&c, ag_tensor_new(ctx, y->ndim, y->shape, MP_ACTIVATION, "seed"));
+        ag_tensor *seed =
+            bench_checked("bench_ops", c.ctx, ag_tensor_new(ctx, y->ndim, y->shape, MP_ACTIVATION, "seed"));
         for (int64_t i = 0; i < seed->numel; i++) seed->data[i] = 1.0f;
-        double t2 = now();
-        if (ag_backward_grad(ctx, y, seed) != AG_OK) checked(&c, NULL);
-        double t3 = now();
+        double t2 = bench_now();
+        if (ag_backward_grad(ctx, y, seed) != AG_OK) bench_checked("bench_ops", c.ctx, NULL);
+        double t3 = bench_now();
         ag_blas_stats s2 = ag_get_blas_stats();
         ag_release(seed);
         ag_release(y);
@@ -191,7 +172,7 @@ static bench_result run_op(ag_ctx *ctx, const bench_op *op, int64_t T, int32_t *
 
 static void run_tokens(ag_ctx *ctx, int64_t T, int reps) {
     int32_t *ids = malloc((size_t)T * sizeof *ids);
-    for (int64_t i = 0; i < T; i++) ids[i] = (int32_t)(uniform() * VOCAB);
+    for (int64_t i = 0; i < T; i++) ids[i] = (int32_t)(bench_uniform() * VOCAB);
     printf("\n%lld tokens (batch 1), median of %d runs\n", (long long)T, reps);
     printf("%-26s %10s %10s %8s %8s\n", "op", "fwd ms", "bwd ms", "sgemm%f", "sgemm%b");
     double total = 0.0, total_sgemm = 0.0;
