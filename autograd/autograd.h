@@ -105,6 +105,25 @@ typedef enum { AG_ATTENTION_EAGER, AG_ATTENTION_FLASH } ag_attention_kind;
 void ag_ctx_set_attention(ag_ctx *ctx, ag_attention_kind a);
 ag_attention_kind ag_ctx_attention(const ag_ctx *ctx);
 
+// Element types. Every tensor has one; its element size and row conversions come from one table
+// (ag_type_traits, as ggml's type_traits). Quantised weights (Q8, Q4) keep integers and scales:
+//   AG_Q8: int8, one float32 scale for the whole tensor (symmetric, zero point 0), as PyTorch's
+//     quantize_dynamic stores a Linear weight; the scale lives in the tensor, not in its data.
+//   AG_Q4: int4 in [-8, 7] packed two a byte (element 2i in the low nibble), then one float16
+//     scale per `group` elements of a row (the last dimension), in the same block.
+typedef enum { AG_F32, AG_BF16, AG_F16, AG_Q8, AG_Q4, AG_NDTYPES } ag_dtype;
+
+typedef struct {
+    const char *name; // "float32", "bfloat16", "float16", "int8", "int4"
+    int bits;         // of one element (scales not counted)
+    bool quantised;   // integers with scales: no row conversions below (see the kernels)
+    // n elements of a row to float32 and back (round to nearest even); NULL for quantised types.
+    void (*to_f32)(const void *src, float *dst, int64_t n);
+    void (*from_f32)(const float *src, void *dst, int64_t n);
+} ag_type_traits;
+
+const ag_type_traits *ag_type_traits_of(ag_dtype t); // NULL for a value outside the enum
+
 // Meta mode can bill other dtypes. Real runs compute in float32; in meta mode (no data) a
 // context may bill its allocations at other element sizes, so that one run of the same code
 // gives the bill of a 16-bit, mixed-precision or quantised setting. Categories: weight at
