@@ -13,8 +13,21 @@
 #define AG_MAX_INPUTS 3
 #define AG_LABEL_MAX 256
 
-// Writes the gradients of the node's inputs from dout, the gradient of its output.
-typedef void (*ag_backward_fn)(ag_ctx *ctx, ag_node *n, const float *dout);
+// Data and its element type: what kernels take, so that one loop serves every dtype.
+typedef struct {
+    void *p;
+    ag_dtype t;
+} ag_buf;
+static inline ag_buf ag_buf_of(const ag_tensor *t) { return (ag_buf){t ? t->data : NULL, t ? t->dtype : AG_F32}; }
+static inline ag_buf ag_buf_f32(const float *p) { return (ag_buf){(void *)p, AG_F32}; }
+// b advanced by off elements (float dtypes).
+static inline ag_buf ag_buf_at(ag_buf b, int64_t off) {
+    return (ag_buf){b.p ? (char *)b.p + off * (b.t == AG_F32 ? 4 : 2) : NULL, b.t};
+}
+
+// Writes the gradients of the node's inputs from dout, the gradient of its output (its dtype is
+// the node's grad_dtype).
+typedef void (*ag_backward_fn)(ag_ctx *ctx, ag_node *n, const void *dout);
 
 // What the nodes of one op share (one static instance per op, in its file): it tags the node's
 // state, so the generic code knows how many saved tensors to release and what else to free.
@@ -44,9 +57,9 @@ struct ag_node {
     int64_t numel;  // of the output
     int ndim;       // and its shape, for the description of its gradient's block
     int64_t shape[AG_MAX_DIMS];
-    int out_bits;      // the output's element size: its gradient's, under PYTORCH semantics
-    mp_block grad;     // gradient of the output; bytes == 0 until a consumer wrote it
-    ag_op_state state; // the member op names; its saved tensors are retained until backward ran
+    ag_dtype grad_dtype; // of the output's gradient: the output's own under PYTORCH semantics
+    mp_block grad;       // gradient of the output; bytes == 0 until a consumer wrote it
+    ag_op_state state;   // the member op names; its saved tensors are retained until backward ran
 };
 
 struct ag_ctx {
@@ -62,10 +75,12 @@ struct ag_ctx {
 
 // A gradient destination handed to backward code.
 typedef struct {
-    float *data; // NULL in meta mode
-    bool needed; // false: the input needs no gradient, skip its computation
-    bool fresh;  // just allocated, contents undefined: write with '=' / beta 0, not accumulate
+    void *data;     // NULL in meta mode
+    ag_dtype dtype; // of data
+    bool needed;    // false: the input needs no gradient, skip its computation
+    bool fresh;     // just allocated, contents undefined: write with '=' / beta 0, not accumulate
 } ag_grad_dst;
+static inline ag_buf ag_dst_buf(const ag_grad_dst *d) { return (ag_buf){d->data, d->dtype}; }
 
 // Labels derived from an op's site argument (see autograd.h).
 // The prefix is kept shorter than a label, so that every "<prefix>:<suffix>" fits one.
@@ -132,6 +147,10 @@ bool ag_grad_pass(ag_node *n, int i);
 // lengths, up to AG_SMALL_GEMM_MAX multiply-adds) run in blas.c's own loops on AVX-512 machines.
 void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+// gemm.c: the same for operands of any float dtype (ag_buf), accumulated in float32 and rounded
+// once into C's dtype; false when out of memory for a conversion.
+bool ag_gemm_buf(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha, ag_buf A,
+                 int64_t lda, ag_buf B, int64_t ldb, float beta, ag_buf C, int64_t ldc);
 // The small products alone, untimed, so that threads may run them at once: false (nothing done)
 // when the product is above AG_SMALL_GEMM_MAX, A is transposed with B, or the CPU lacks
 // AVX-512; the caller then uses ag_sgemm.
@@ -166,9 +185,60 @@ void ag_rope_row(float *y, const float *x, const float *c0, const float *s0, con
                  int hd, float sign, bool accumulate);
 // op_attention.c: one row of the softmax backward, ds = p ∘ (dp - Σ p ∘ dp) (ds may be dp).
 void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t n);
-// vec.c: dst = a + b; dst = a * b (fresh) or dst += a * b.
-void ag_vec_add(float *dst, const float *a, const float *b, int64_t n);
-void ag_vec_mul_into(float *dst, bool fresh, const float *a, const float *b, int64_t n);
+// vec.c: dst = a + b; dst = a * b (fresh) or dst += a * b; dst = src (a cast when the dtypes
+// differ); dst (+)= src. Each rounds once to dst's dtype.
+void ag_vec_add(ag_buf dst, ag_buf a, ag_buf b, int64_t n);
+void ag_vec_mul_into(ag_buf dst, bool fresh, ag_buf a, ag_buf b, int64_t n);
+void ag_vec_copy(ag_buf dst, ag_buf src, int64_t n);
+void ag_vec_acc(ag_buf dst, bool fresh, ag_buf src, int64_t n);
+
+// dtype.c: one element each way (bfloat16 and float16 round to nearest even).
+float ag_bf16_to_f32(uint16_t h);
+uint16_t ag_bf16_from_f32(float f);
+float ag_f16_to_f32(uint16_t h);
+uint16_t ag_f16_from_f32(float f);
+// Rows [sr, sr + n) of src, each of its last dimension, as rows [dr, dr + n) of dst (same row
+// length): a copy, a cast, or a dequantisation of Q8 and Q4 rows.
+void ag_tensor_rows(ag_tensor *dst, int64_t dr, const ag_tensor *src, int64_t sr, int64_t n);
+// Row r of a Q4 block of rows x cols elements, group scales, as float32.
+void ag_q4_row_f32(const void *block, int64_t rows, int64_t cols, int64_t group, int64_t r, float *out);
+// One row of a tensor of any dtype as float32 (cols floats).
+void ag_tensor_row_f32(const ag_tensor *t, int64_t r, float *out);
+// The dtype of a float element size (16: float16 when fp16, else bfloat16; 8: int8; 4: int4).
+ag_dtype ag_dtype_of_bits(int bits, bool fp16);
+
+// Float32 views of typed data, a block of elements at a time: kernels written for float32 read
+// and write any dtype through these, the conversions in a stack buffer of AG_BLK floats.
+#define AG_BLK 512
+static inline float ag_get(const void *p, ag_dtype t, int64_t i) {
+    switch (t) {
+    case AG_BF16: return ag_bf16_to_f32(((const uint16_t *)p)[i]);
+    case AG_F16: return ag_f16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+static inline void ag_set(void *p, ag_dtype t, int64_t i, float v) {
+    switch (t) {
+    case AG_BF16: ((uint16_t *)p)[i] = ag_bf16_from_f32(v); break;
+    case AG_F16: ((uint16_t *)p)[i] = ag_f16_from_f32(v); break;
+    default: ((float *)p)[i] = v;
+    }
+}
+// Elements [off, off + n) of b as float32: b's own for F32, else widened into buf (n floats).
+static inline const float *ag_rd(ag_buf b, int64_t off, int64_t n, float *buf) {
+    if (b.t == AG_F32) return (const float *)b.p + off;
+    ag_type_traits_of(b.t)->to_f32((const uint16_t *)b.p + off, buf, n);
+    return buf;
+}
+// Where a kernel writes elements [off, off + n): b's own for F32, else buf, narrowed by ag_wr_end.
+// ag_rw is the same with buf holding the current values (for accumulation).
+static inline float *ag_wr(ag_buf b, int64_t off, float *buf) { return b.t == AG_F32 ? (float *)b.p + off : buf; }
+static inline float *ag_rw(ag_buf b, int64_t off, int64_t n, float *buf) {
+    return b.t == AG_F32 ? (float *)b.p + off : (float *)ag_rd(b, off, n, buf);
+}
+static inline void ag_wr_end(ag_buf b, int64_t off, int64_t n, const float *buf) {
+    if (b.t != AG_F32) ag_type_traits_of(b.t)->from_f32(buf, (uint16_t *)b.p + off, n);
+}
 // pool.c
 void ag_pool_set_threads(int n);
 
@@ -237,7 +307,9 @@ bool ag_rope_freqs_ok(const ag_rope_freqs *f, int hd);
 
 // op_attention.c: dst[B, H, T, D] = src[B, T, Hs*D], head h reading source head h / (H / Hs):
 // each head's rows made contiguous (the KV cache's layout; repeat_kv's copies when H > Hs).
-void ag_to_heads(float *dst, const float *src, int64_t B, int64_t T, int H, int Hs, int D);
+void ag_to_heads(ag_buf dst, ag_buf src, int64_t B, int64_t T, int H, int Hs, int D);
+// D elements of type st at src as type dt at dst (a copy, or a cast; not through the pool).
+void ag_copy_elems(void *dst, ag_dtype dt, const void *src, ag_dtype st, int64_t D);
 
 // op_attention_eager.c: ag_attention under PYTORCH semantics (shapes already checked).
 ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,

@@ -39,6 +39,25 @@ void ag_err_set(ag_err *err, const char *fmt, ...) __attribute__((format(printf,
 // src into dst (len bytes, NUL-terminated) with control characters as \xNN; returns the length.
 size_t ag_escape(char *dst, size_t len, const char *src);
 
+// Element types. Every tensor has one; its element size and row conversions come from one table
+// (ag_type_traits, as ggml's type_traits). Quantised weights (Q8, Q4) keep integers and scales:
+//   AG_Q8: int8, one float32 scale for the whole tensor (symmetric, zero point 0), as PyTorch's
+//     quantize_dynamic stores a Linear weight; the scale lives in the tensor, not in its data.
+//   AG_Q4: int4 in [-8, 7] packed two a byte (element 2i in the low nibble), then one float16
+//     scale per `group` elements of a row (the last dimension), in the same block.
+typedef enum { AG_F32, AG_BF16, AG_F16, AG_Q8, AG_Q4, AG_NDTYPES } ag_dtype;
+
+typedef struct {
+    const char *name; // "float32", "bfloat16", "float16", "int8", "int4"
+    int bits;         // of one element (scales not counted)
+    bool quantised;   // integers with scales: no row conversions below (see the kernels)
+    // n elements of a row to float32 and back (round to nearest even); NULL for quantised types.
+    void (*to_f32)(const void *src, float *dst, int64_t n);
+    void (*from_f32)(const float *src, void *dst, int64_t n);
+} ag_type_traits;
+
+const ag_type_traits *ag_type_traits_of(ag_dtype t); // NULL for a value outside the enum
+
 typedef struct ag_ctx ag_ctx;
 typedef struct ag_node ag_node;
 typedef struct ag_tensor ag_tensor;
@@ -56,19 +75,25 @@ struct ag_tensor {
     int ndim;
     int64_t shape[AG_MAX_DIMS];
     int64_t numel;
-    float *data;    // block.data; NULL in meta mode
+    void *data;     // block.data, elements of `dtype`; NULL in meta mode
     mp_block block; // owned: freed when refcount reaches 0
     bool requires_grad;
     bool is_param;
     ag_tensor *grad; // leaves only (category gradient, site "<name>:grad"); NULL until backward
     ag_node *node;   // the node that made it, while the tape holds it; NULL for leaves
     int refcount;
-    int bits;           // the element size it is billed at: 32 in real runs, the dtype's in meta mode
+    int bits;           // the element size of its dtype (ag_type_traits_of(dtype)->bits)
+    ag_dtype dtype;     // what data holds
+    float q_scale;      // AG_Q8: the per-tensor scale
+    int64_t q_group;    // AG_Q4: elements of a row sharing one scale
     int tape_nodes;     // leaves: nodes on the tape with an edge to it
     mp_block grad_wait; // leaves, PYTORCH semantics: a gradient waiting for the others to be summed
     mp_block grad_new;  // ... and the one just written, summed with it after its node's backward
     uint32_t site;      // interned label (mp_site_name); a parameter's name
 };
+
+// The data of a float32 tensor (NULL in meta mode): the typed view callers write and read.
+static inline float *ag_f32(const ag_tensor *t) { return (float *)t->data; }
 
 // Context: grad mode, the tape, a sticky error.
 ag_ctx *ag_ctx_new(void);                       // grad mode on; NULL if out of memory
@@ -104,25 +129,6 @@ ag_framework ag_ctx_framework(const ag_ctx *ctx);
 typedef enum { AG_ATTENTION_EAGER, AG_ATTENTION_FLASH } ag_attention_kind;
 void ag_ctx_set_attention(ag_ctx *ctx, ag_attention_kind a);
 ag_attention_kind ag_ctx_attention(const ag_ctx *ctx);
-
-// Element types. Every tensor has one; its element size and row conversions come from one table
-// (ag_type_traits, as ggml's type_traits). Quantised weights (Q8, Q4) keep integers and scales:
-//   AG_Q8: int8, one float32 scale for the whole tensor (symmetric, zero point 0), as PyTorch's
-//     quantize_dynamic stores a Linear weight; the scale lives in the tensor, not in its data.
-//   AG_Q4: int4 in [-8, 7] packed two a byte (element 2i in the low nibble), then one float16
-//     scale per `group` elements of a row (the last dimension), in the same block.
-typedef enum { AG_F32, AG_BF16, AG_F16, AG_Q8, AG_Q4, AG_NDTYPES } ag_dtype;
-
-typedef struct {
-    const char *name; // "float32", "bfloat16", "float16", "int8", "int4"
-    int bits;         // of one element (scales not counted)
-    bool quantised;   // integers with scales: no row conversions below (see the kernels)
-    // n elements of a row to float32 and back (round to nearest even); NULL for quantised types.
-    void (*to_f32)(const void *src, float *dst, int64_t n);
-    void (*from_f32)(const float *src, void *dst, int64_t n);
-} ag_type_traits;
-
-const ag_type_traits *ag_type_traits_of(ag_dtype t); // NULL for a value outside the enum
 
 // Meta mode can bill other dtypes. Real runs compute in float32; in meta mode (no data) a
 // context may bill its allocations at other element sizes, so that one run of the same code

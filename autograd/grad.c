@@ -3,6 +3,8 @@
 
 #include "ag_internal.h"
 
+static ag_dtype grad_dtype(const ag_ctx *ctx) { return ag_dtype_of_bits(ctx->dtype.grad_bits, ctx->dtype.fp16); }
+
 static bool leaf_grad(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
     if (!leaf->grad) {
         char label[AG_LABEL_MAX];
@@ -12,6 +14,7 @@ static bool leaf_grad(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
         dst->fresh = true;
     }
     dst->data = leaf->grad->data;
+    dst->dtype = leaf->grad->dtype;
     return true;
 }
 
@@ -21,6 +24,7 @@ static bool leaf_grad(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
 static bool leaf_grad_pytorch(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
     if (leaf->grad_new.bytes) { // a second edge of the same node: write into the same buffer
         dst->data = leaf->grad_new.data;
+        dst->dtype = grad_dtype(ctx);
         return true;
     }
     if (leaf->grad || (leaf->tape_nodes <= 1 && !leaf->grad_wait.bytes)) return leaf_grad(ctx, leaf, dst);
@@ -31,12 +35,14 @@ static bool leaf_grad_pytorch(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
     if (!ag_alloc_exact(ctx, b, bytes, MP_TEMPORARY, label)) return false;
     dst->fresh = true;
     dst->data = b->data;
+    dst->dtype = grad_dtype(ctx);
     return true;
 }
 
-static void add_into(float *dst, const float *a, const float *b, int64_t n) {
+static void add_into(ag_ctx *ctx, void *dst, const void *a, const void *b, int64_t n) {
     if (!dst) return;
-    ag_vec_add(dst, a, b, n);
+    ag_dtype t = grad_dtype(ctx);
+    ag_vec_add((ag_buf){dst, t}, (ag_buf){(void *)a, t}, (ag_buf){(void *)b, t}, n);
 }
 
 // After node n's backward: each leaf gradient it wrote beside a waiting one is summed out of
@@ -59,9 +65,9 @@ static void leaf_grads_settle(ag_ctx *ctx, ag_node *n) {
             ag_alloc_exact(ctx, &sum, (size_t)leaf->numel * (size_t)ctx->dtype.grad_bits / 8, MP_TEMPORARY, label);
         }
         if (sum.bytes && leaf->grad_new.bytes)
-            add_into(sum.data, leaf->grad_wait.data, leaf->grad_new.data, leaf->numel);
+            add_into(ctx, sum.data, leaf->grad_wait.data, leaf->grad_new.data, leaf->numel);
         else if (sum.data && leaf->grad_wait.data)
-            memcpy(sum.data, leaf->grad_wait.data, (size_t)leaf->numel * sizeof(float));
+            memcpy(sum.data, leaf->grad_wait.data, (size_t)leaf->numel * (size_t)ctx->dtype.grad_bits / 8);
         mp_free(&leaf->grad_new);
         mp_free(&leaf->grad_wait);
         if (!last) leaf->grad_wait = sum;
@@ -73,12 +79,14 @@ static bool node_grad(ag_ctx *ctx, ag_node *node, ag_grad_dst *dst) {
         char label[AG_LABEL_MAX];
         ag_label(label, mp_site_name(node->site), "grad");
         bool ok = ag_is_pytorch(ctx) // a gradient has its tensor's dtype
-                      ? ag_alloc_shaped(ctx, &node->grad, node->ndim, node->shape, node->out_bits, label)
+                      ? ag_alloc_shaped(ctx, &node->grad, node->ndim, node->shape,
+                                        ag_type_traits_of(node->grad_dtype)->bits, label)
                       : ag_alloc_block(ctx, &node->grad, (size_t)node->numel * sizeof(float), MP_ACTIVATION, label);
         if (!ok) return false;
         dst->fresh = true;
     }
     dst->data = node->grad.data;
+    dst->dtype = node->grad_dtype;
     return true;
 }
 
@@ -106,7 +114,7 @@ bool ag_grad_get_all(ag_ctx *ctx, ag_node *n, ag_grad_dst *dst) {
             if (!same_target(&n->in[i], &n->in[j])) continue;
             if (dst[i].fresh && dst[i].data) {
                 int64_t numel = n->in[i].kind == AG_EDGE_NODE ? n->in[i].node->numel : n->in[i].leaf->numel;
-                memset(dst[i].data, 0, (size_t)numel * sizeof(float));
+                memset(dst[i].data, 0, (size_t)numel * (size_t)ag_type_traits_of(dst[i].dtype)->bits / 8);
             }
             dst[i].fresh = dst[j].fresh = false;
         }
@@ -159,8 +167,8 @@ ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss) {
                 (long long)loss->numel);
     ag_status st = seed(ctx, loss);
     if (st != AG_OK) return st;
-    float *g = loss->node->grad.data;
-    if (g) g[0] = 1.0f;
+    void *g = loss->node->grad.data;
+    if (g) ag_set(g, loss->node->grad_dtype, 0, 1.0f);
     return ag_run_tape_to(ctx, 0);
 }
 
@@ -171,7 +179,7 @@ ag_status ag_backward_grad(ag_ctx *ctx, ag_tensor *out, const ag_tensor *grad) {
                 (long long)out->numel);
     ag_status st = seed(ctx, out);
     if (st != AG_OK) return st;
-    float *g = out->node->grad.data;
-    if (g && grad->data) memcpy(g, grad->data, (size_t)out->numel * sizeof(float));
+    void *g = out->node->grad.data;
+    if (g && grad->data) ag_vec_copy((ag_buf){g, out->node->grad_dtype}, ag_buf_of(grad), out->numel);
     return ag_run_tape_to(ctx, 0);
 }

@@ -1,25 +1,16 @@
 // add: y = a + b, elementwise, same shapes (residual connections).
-#include <string.h>
-
 #include "ag_internal.h"
-
-static void add_into(float *dst, bool fresh, const float *g, int64_t n) {
-    if (fresh) {
-        memcpy(dst, g, (size_t)n * sizeof(float));
-        return;
-    }
-    ag_vec_add(dst, dst, g, n);
-}
 
 // Saves nothing: both gradients are dy. b's is written first; a then takes over dy's buffer
 // itself when its gradient does not exist yet (as PyTorch passes the same tensor on), which
 // spares a copy and a buffer on every residual connection.
-static void add_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
+static void add_backward(ag_ctx *ctx, ag_node *n, const void *dy) {
     ag_grad_dst d;
+    ag_buf g = {(void *)dy, n->grad_dtype};
     if (!ag_grad_get(ctx, n, 1, &d)) return;
-    if (d.needed && !mp_is_meta()) add_into(d.data, d.fresh, dy, n->numel);
+    if (d.needed && !mp_is_meta()) ag_vec_acc(ag_dst_buf(&d), d.fresh, g, n->numel);
     if (ag_grad_pass(n, 0) || !ag_grad_get(ctx, n, 0, &d)) return;
-    if (d.needed && !mp_is_meta()) add_into(d.data, d.fresh, dy, n->numel);
+    if (d.needed && !mp_is_meta()) ag_vec_acc(ag_dst_buf(&d), d.fresh, g, n->numel);
 }
 
 static const ag_op add_op = {.name = "add", .backward = add_backward};
@@ -33,7 +24,7 @@ ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b) {
     ag_tensor *y = ag_tensor_promoted(ctx, a, b, s.out);
     if (!y) return NULL;
     if (!mp_is_meta()) {
-        ag_vec_add(y->data, a->data, b->data, a->numel);
+        ag_vec_add(ag_buf_of(y), ag_buf_of(a), ag_buf_of(b), a->numel);
     }
     if (ag_any_needs_grad(ctx, 2, ins) && !ag_record(ctx, &add_op, s.base, y, 2, ins)) {
         ag_release(y);

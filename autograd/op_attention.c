@@ -8,9 +8,10 @@
 #include "ag_internal.h"
 
 // Pointers to one (batch, head) slice; rows are strided by the width of all heads.
-#define QH(base, a, b, h) ((base) + ((b) * (a).Tq * (a).Hq + (h)) * (a).D)
-#define KH(base, a, b, g) ((base) + ((b) * (a).Tk * (a).Hkv + (g)) * (a).D)
-#define PH(base, a, b, h) ((base) + ((b) * (a).Hq + (h)) * (a).Tq * (a).Tk)
+#define QH(base, a, b, h) ag_buf_at(base, ((b) * (a).Tq * (a).Hq + (h)) * (a).D)
+#define KH(base, a, b, g) ag_buf_at(base, ((b) * (a).Tk * (a).Hkv + (g)) * (a).D)
+#define PH(base, a, b, h) ag_buf_at(base, ((b) * (a).Hq + (h)) * (a).Tq * (a).Tk)
+#define GEMM(...) ok = ok && ag_gemm_buf(__VA_ARGS__)
 
 // In place over one row of scores (query i): causal softmax (within the sliding window, if
 // any); masked entries become zeros.
@@ -31,46 +32,56 @@ static void causal_softmax_row(float *row, int64_t i, const ag_att_dims *a) {
 }
 
 typedef struct {
-    float *probs;
+    ag_buf probs;
     const ag_att_dims *a;
 } softmax_args;
 
 static void softmax_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const softmax_args *s = p;
-    for (int64_t r = lo; r < hi; r++) causal_softmax_row(s->probs + r * s->a->Tk, r % s->a->Tq, s->a);
+    int64_t n = s->a->Tk;
+    float buf[n];
+    for (int64_t r = lo; r < hi; r++) {
+        float *row = ag_rw(s->probs, r * n, n, buf);
+        causal_softmax_row(row, r % s->a->Tq, s->a);
+        ag_wr_end(s->probs, r * n, n, row);
+    }
 }
 
 // Three phases rather than one pass per head: each product and the softmax is then one loop of
 // the pool over every head.
-static void attention_forward(float *o, float *probs, const float *q, const float *k, const float *v,
-                              const ag_att_dims *a) {
+static bool attention_forward(ag_buf o, ag_buf probs, ag_buf q, ag_buf k, ag_buf v, const ag_att_dims *a) {
+    bool ok = true;
     int rep = a->Hq / a->Hkv;
     int64_t ldq = (int64_t)a->Hq * a->D, ldk = (int64_t)a->Hkv * a->D;
     float scale = 1.0f / sqrtf((float)a->D);
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
-            ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, scale, QH(q, *a, b, h), ldq, KH(k, *a, b, h / rep),
-                     ldk, 0.0f, PH(probs, *a, b, h), a->Tk);
+            GEMM(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, scale, QH(q, *a, b, h), ldq, KH(k, *a, b, h / rep), ldk,
+                 0.0f, PH(probs, *a, b, h), a->Tk);
     int64_t rows = a->B * a->Hq * a->Tq;
-    ag_parallel_for(rows, AG_PAR_GRAIN_EXP / a->Tk + 1, softmax_part, &(softmax_args){probs, a});
+    if (ok) ag_parallel_for(rows, AG_PAR_GRAIN_EXP / a->Tk + 1, softmax_part, &(softmax_args){probs, a});
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
-            ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, PH(probs, *a, b, h), a->Tk,
-                     KH(v, *a, b, h / rep), ldk, 0.0f, QH(o, *a, b, h), ldq);
+            GEMM(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, PH(probs, *a, b, h), a->Tk,
+                 KH(v, *a, b, h / rep), ldk, 0.0f, QH(o, *a, b, h), ldq);
+    return ok;
 }
 
 typedef struct {
-    float *dp;
-    const float *p;
+    ag_buf dp, p;
     int64_t n;
 } dsoftmax_args;
 
 static void dsoftmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const dsoftmax_args *x = arg;
-    for (int64_t i = lo; i < hi; i++)
-        ag_softmax_backward_row(x->dp + i * x->n, x->dp + i * x->n, x->p + i * x->n, x->n);
+    float db[x->n], pb[x->n];
+    for (int64_t i = lo; i < hi; i++) {
+        float *dp = ag_rw(x->dp, i * x->n, x->n, db);
+        ag_softmax_backward_row(dp, dp, ag_rd(x->p, i * x->n, x->n, pb), x->n);
+        ag_wr_end(x->dp, i * x->n, x->n, dp);
+    }
 }
 
 void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t n) {
@@ -80,39 +91,40 @@ void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t
 }
 
 // In place over one head: dP -> dS = P ∘ (dP - rowsum(P ∘ dP)), the softmax backward.
-static void softmax_backward(float *dp, const float *p, const ag_att_dims *a) {
+static void softmax_backward(ag_buf dp, ag_buf p, const ag_att_dims *a) {
     ag_parallel_for(a->Tq, AG_PAR_GRAIN / a->Tk + 1, dsoftmax_part, &(dsoftmax_args){dp, p, a->Tk});
 }
 
 // One (batch, head): dV += Pᵀ dO; dP = dO Vᵀ; dS; dQ = dS K / sqrt(D); dK += dSᵀ Q / sqrt(D).
 // dK and dV sum over the query heads of a group: the group's first head writes, if fresh.
-static void attention_head_backward(const ag_grad_dst *d, const float *dout, float *dp, const ag_attention_state *st,
+static bool attention_head_backward(const ag_grad_dst *d, ag_buf dout, ag_buf dp, const ag_attention_state *st,
                                     int64_t b, int h) {
     const ag_att_dims *a = &st->dims;
     int rep = a->Hq / a->Hkv, g = h / rep;
     int64_t ldq = (int64_t)a->Hq * a->D, ldk = (int64_t)a->Hkv * a->D;
     float scale = 1.0f / sqrtf((float)a->D);
-    const float *p = PH(st->probs->data, *a, b, h), *dO = QH(dout, *a, b, h);
-    bool first = h % rep == 0;
+    ag_buf p = PH(ag_buf_of(st->probs), *a, b, h), dO = QH(dout, *a, b, h);
+    bool first = h % rep == 0, ok = true;
     if (d[2].needed)
-        ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, p, a->Tk, dO, ldq,
-                 first && d[2].fresh ? 0.0f : 1.0f, KH(d[2].data, *a, b, g), ldk);
-    if (!d[0].needed && !d[1].needed) return;
-    ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldq, KH(st->v->data, *a, b, g), ldk, 0.0f, dp,
-             a->Tk);
+        GEMM(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, p, a->Tk, dO, ldq, first && d[2].fresh ? 0.0f : 1.0f,
+             KH(ag_dst_buf(&d[2]), *a, b, g), ldk);
+    if (!d[0].needed && !d[1].needed) return ok;
+    GEMM(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldq, KH(ag_buf_of(st->v), *a, b, g), ldk, 0.0f, dp,
+         a->Tk);
     softmax_backward(dp, p, a);
     if (d[0].needed)
-        ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, scale, dp, a->Tk, KH(st->k->data, *a, b, g), ldk,
-                 d[0].fresh ? 0.0f : 1.0f, QH(d[0].data, *a, b, h), ldq);
+        GEMM(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, scale, dp, a->Tk, KH(ag_buf_of(st->k), *a, b, g), ldk,
+             d[0].fresh ? 0.0f : 1.0f, QH(ag_dst_buf(&d[0]), *a, b, h), ldq);
     if (d[1].needed)
-        ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, scale, dp, a->Tk, QH(st->q->data, *a, b, h), ldq,
-                 first && d[1].fresh ? 0.0f : 1.0f, KH(d[1].data, *a, b, g), ldk);
+        GEMM(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, scale, dp, a->Tk, QH(ag_buf_of(st->q), *a, b, h), ldq,
+             first && d[1].fresh ? 0.0f : 1.0f, KH(ag_dst_buf(&d[1]), *a, b, g), ldk);
+    return ok;
 }
 
 // Backward needs P for dV and for the softmax backward; V for dP (when q or k wants a
 // gradient); K for dQ; Q for dK. Recomputing P would cost the forward's QKᵀ again: eager
 // attention keeps it, which is why its memory grows with the square of the length.
-static void attention_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
+static void attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const ag_attention_state *st = &n->state.attention;
     ag_att_dims a = st->dims;
     ag_grad_dst d[3];
@@ -120,21 +132,37 @@ static void attention_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
     mp_block dp = {0}; // dP of one head, reused across heads
     char label[AG_LABEL_MAX];
     ag_label(label, mp_site_name(n->site), "dprobs");
-    bool need_dp = d[0].needed || d[1].needed;
+    bool need_dp = d[0].needed || d[1].needed, ok = true;
     if (need_dp && !ag_alloc_block(ctx, &dp, (size_t)(a.Tq * a.Tk) * sizeof(float), MP_ACTIVATION, label)) return;
+    ag_buf dpb = {dp.data, n->grad_dtype}, dy = {(void *)dout, n->grad_dtype};
     if (!mp_is_meta())
         for (int64_t b = 0; b < a.B; b++)
-            for (int h = 0; h < a.Hq; h++) attention_head_backward(d, dout, dp.data, st, b, h);
+            for (int h = 0; h < a.Hq && ok; h++) ok = attention_head_backward(d, dy, dpb, st, b, h);
+    if (!ok) ag_fail(ctx, AG_ERR_NOMEM, "attention %s backward: out of memory for a conversion", mp_site_name(n->site));
     mp_free(&dp);
 }
 
-void ag_to_heads(float *dst, const float *src, int64_t B, int64_t T, int H, int Hs, int D) {
+// D elements from src (type st) to dst (type dt): a copy, or a cast.
+void ag_copy_elems(void *dst, ag_dtype dt, const void *src, ag_dtype st, int64_t D) {
+    if (dt == st) {
+        memcpy(dst, src, (size_t)D * (size_t)ag_type_traits_of(dt)->bits / 8);
+        return;
+    }
+    float buf[AG_BLK];
+    for (int64_t i = 0; i < D; i += AG_BLK) {
+        int64_t n = D - i < AG_BLK ? D - i : AG_BLK;
+        const float *f = ag_rd((ag_buf){(void *)src, st}, i, n, buf);
+        ag_vec_copy(ag_buf_at((ag_buf){dst, dt}, i), ag_buf_f32(f), n);
+    }
+}
+
+void ag_to_heads(ag_buf dst, ag_buf src, int64_t B, int64_t T, int H, int Hs, int D) {
     int rep = H / Hs;
     for (int64_t b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int64_t t = 0; t < T; t++)
-                memcpy(dst + ((b * H + h) * T + t) * D, src + ((b * T + t) * Hs + h / rep) * D,
-                       (size_t)D * sizeof(float));
+                ag_copy_elems(ag_buf_at(dst, ((b * H + h) * T + t) * D).p, dst.t,
+                              ag_buf_at(src, ((b * T + t) * Hs + h / rep) * D).p, src.t, D);
 }
 
 static const ag_op attention_op = {.name = "attention", .backward = attention_backward, .nsaved = AG_NSAVED(attention)};
@@ -191,7 +219,9 @@ ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_t
         ag_release(o);
         return NULL;
     }
-    if (!mp_is_meta()) attention_forward(o->data, probs->data, q->data, k->data, v->data, &a);
+    if (!mp_is_meta() &&
+        !attention_forward(ag_buf_of(o), ag_buf_of(probs), ag_buf_of(q), ag_buf_of(k), ag_buf_of(v), &a))
+        ag_fail(ctx, AG_ERR_NOMEM, "attention %s: out of memory for a conversion", s.base);
     if (n) {
         bool dq = ag_wants_grad(n, 0), dk = ag_wants_grad(n, 1);
         n->state.attention = (ag_attention_state){

@@ -17,6 +17,7 @@ typedef struct {
 struct ag_kv_cache {
     int64_t B;
     int Hkv, D;
+    ag_dtype t; // the activations' dtype
     mp_category cat;
     char k_label[AG_LABEL_MAX], v_label[AG_LABEL_MAX];
     int64_t tokens; // over all chunks
@@ -58,6 +59,7 @@ ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int
         return NULL;
     }
     c->B = B, c->Hkv = Hkv, c->D = D, c->cat = cat;
+    c->t = ag_dtype_of_bits(ctx->dtype.act_bits, ctx->dtype.fp16);
     bool cache = cat == MP_CACHE;
     ag_label(c->k_label, s.base, cache ? "k_cache" : "keys");
     ag_label(c->v_label, s.base, cache ? "v_cache" : "values");
@@ -85,13 +87,16 @@ static bool append_shapes(ag_ctx *ctx, const ag_kv_cache *c, const ag_tensor *k,
 }
 
 // dst[B, Hkv, t0 + t, D] = cat(old[B, Hkv, t0, D], new[B, t, Hkv*D] as heads), along the tokens.
-static void cat_heads(float *dst, const float *old, int64_t t0, const float *add, int64_t t, const ag_kv_cache *c) {
+static void cat_heads(void *dst, const void *old, int64_t t0, const ag_tensor *add, int64_t t, const ag_kv_cache *c) {
+    ag_buf d = {dst, c->t}, a = ag_buf_of(add);
     for (int64_t b = 0; b < c->B; b++)
         for (int g = 0; g < c->Hkv; g++) {
-            float *o = dst + (b * c->Hkv + g) * (t0 + t) * c->D;
-            memcpy(o, old + (b * c->Hkv + g) * t0 * c->D, (size_t)(t0 * c->D) * sizeof(float));
+            ag_buf o = ag_buf_at(d, (b * c->Hkv + g) * (t0 + t) * c->D);
+            ag_copy_elems(o.p, c->t, ag_buf_at((ag_buf){(void *)old, c->t}, (b * c->Hkv + g) * t0 * c->D).p, c->t,
+                          t0 * c->D);
             for (int64_t s = 0; s < t; s++)
-                memcpy(o + (t0 + s) * c->D, add + ((b * t + s) * c->Hkv + g) * c->D, (size_t)c->D * sizeof(float));
+                ag_copy_elems(ag_buf_at(o, (t0 + s) * c->D).p, c->t, ag_buf_at(a, ((b * t + s) * c->Hkv + g) * c->D).p,
+                              a.t, c->D);
         }
 }
 
@@ -102,13 +107,13 @@ static bool append_cat(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const ag
     kv_chunk *old = &c->chunks[0], ch = {.t = old->t + k->shape[1]};
     size_t bytes = (size_t)(c->B * c->Hkv * ch.t * c->D) * sizeof(float);
     if (!ag_alloc_block(ctx, &ch.k, bytes, c->cat, c->k_label)) return false;
-    if (!mp_is_meta()) cat_heads(ch.k.data, old->k.data, old->t, k->data, k->shape[1], c);
+    if (!mp_is_meta()) cat_heads(ch.k.data, old->k.data, old->t, k, k->shape[1], c);
     mp_free(&old->k);
     if (!ag_alloc_block(ctx, &ch.v, bytes, c->cat, c->v_label)) {
         old->k = ch.k; // keep the cache whole: the keys hold the new tokens, the values do not
         return false;
     }
-    if (!mp_is_meta()) cat_heads(ch.v.data, old->v.data, old->t, v->data, v->shape[1], c);
+    if (!mp_is_meta()) cat_heads(ch.v.data, old->v.data, old->t, v, v->shape[1], c);
     mp_free(&old->v);
     *old = ch;
     c->tokens = ch.t;
@@ -136,8 +141,8 @@ bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const a
         return false;
     }
     if (!mp_is_meta()) {
-        ag_to_heads(ch.k.data, k->data, c->B, ch.t, c->Hkv, c->Hkv, c->D);
-        ag_to_heads(ch.v.data, v->data, c->B, ch.t, c->Hkv, c->Hkv, c->D);
+        ag_to_heads((ag_buf){ch.k.data, c->t}, ag_buf_of(k), c->B, ch.t, c->Hkv, c->Hkv, c->D);
+        ag_to_heads((ag_buf){ch.v.data, c->t}, ag_buf_of(v), c->B, ch.t, c->Hkv, c->Hkv, c->D);
     }
     c->chunks[c->n++] = ch;
     c->tokens += ch.t;
@@ -167,9 +172,10 @@ bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst) {
     int64_t row = (int64_t)c->D, off = 0;
     for (size_t i = 0; i < c->n; i++) {
         const kv_chunk *ch = &c->chunks[i];
-        const float *src = values ? ch->v.data : ch->k.data;
+        ag_buf src = {values ? ch->v.data : ch->k.data, c->t};
         for (int64_t bg = 0; bg < c->B * c->Hkv; bg++)
-            memcpy(dst + (bg * c->tokens + off) * row, src + bg * ch->t * row, (size_t)(ch->t * row) * sizeof(float));
+            ag_copy_elems(dst + (bg * c->tokens + off) * row, AG_F32, ag_buf_at(src, bg * ch->t * row).p, c->t,
+                          ch->t * row);
         off += ch->t;
     }
     return true;
@@ -433,10 +439,11 @@ static bool eager_transients(ag_ctx *ctx, const char *base, const ag_kv_cache *c
         for (int64_t b = 0; b < a->B; b++)
             for (int h = 0; h < a->Hq; h++) {
                 size_t n = (size_t)(a->Tk * a->D), src = (size_t)((b * a->Hkv + h / rep) * a->Tk * a->D);
-                memcpy((float *)kr.data + (b * a->Hq + h) * (int64_t)n, (const float *)c->chunks[0].k.data + src,
-                       n * sizeof(float));
-                memcpy((float *)vr.data + (b * a->Hq + h) * (int64_t)n, (const float *)c->chunks[0].v.data + src,
-                       n * sizeof(float));
+                ag_buf K = {c->chunks[0].k.data, c->t}, V = {c->chunks[0].v.data, c->t};
+                ag_copy_elems(ag_buf_at((ag_buf){kr.data, c->t}, (b * a->Hq + h) * (int64_t)n).p, c->t,
+                              ag_buf_at(K, (int64_t)src).p, c->t, (int64_t)n);
+                ag_copy_elems(ag_buf_at((ag_buf){vr.data, c->t}, (b * a->Hq + h) * (int64_t)n).p, c->t,
+                              ag_buf_at(V, (int64_t)src).p, c->t, (int64_t)n);
             }
     ok = ok && ag_alloc_block(ctx, &s1, sc, MP_ACTIVATION, l[2]) && ag_alloc_block(ctx, &s2, sc, MP_ACTIVATION, l[3]);
     mp_free(&s1); // the scores go once scaled; the masked scores then take their place
@@ -453,20 +460,30 @@ static bool eager_transients(ag_ctx *ctx, const char *base, const ag_kv_cache *c
 // they are (enable_gqa, no repeat_kv) and makes no scores; its output [B, Hq, Tq, D] is a
 // temporary until transpose(1, 2).contiguous() copies it into the returned tensor.
 typedef struct {
-    float *o, *ws;
+    ag_buf o, q;
+    float *ws;
     int64_t sb, sh, st;
-    const float *q;
     const ag_kv_cache *c;
     const cat_dims *a;
 } cflash_args;
+
+// A 16-bit cache and queries are read a tile at a time into float32 (nr rows of D, strided by ld
+// in src), the output written back the same way.
+static const float *tile_f32(ag_buf src, int64_t off, int64_t ld, int64_t nr, int D, float *buf) {
+    if (src.t == AG_F32) return (const float *)src.p + off;
+    for (int64_t r = 0; r < nr; r++) ag_rd(src, off + r * ld, D, buf + r * D);
+    return buf;
+}
 
 // Tasks [lo, hi): one block of queries of one head each, the last blocks (most keys) first.
 static void cflash_part(void *p, int64_t lo, int64_t hi, int thread) {
     const cflash_args *x = p;
     const cat_dims *a = x->a;
     const ag_kv_cache *c = x->c;
-    const float *q = x->q;
     const int rep = a->Hq / a->Hkv, D = a->D;
+    const bool f32 = x->q.t == AG_F32 && c->t == AG_F32 && x->o.t == AG_F32;
+    float qb[f32 ? 1 : AG_FLASH_BR * D], kb[f32 ? 1 : AG_FLASH_BC * D], vb[f32 ? 1 : AG_FLASH_BC * D],
+        ob[f32 ? 1 : AG_FLASH_BR * D];
     const int64_t ldq = (int64_t)a->Hq * D, nqb = (a->Tq + AG_FLASH_BR - 1) / AG_FLASH_BR, heads = a->B * a->Hq;
     float *mine = x->ws + (size_t)thread * ag_flash_rows_floats(D);
     for (int64_t t = lo; t < hi; t++) {
@@ -475,26 +492,34 @@ static void cflash_part(void *p, int64_t lo, int64_t hi, int thread) {
         int64_t nr = a->Tq - r0 < AG_FLASH_BR ? a->Tq - r0 : AG_FLASH_BR, qpos0 = a->Tk - a->Tq + r0,
                 klast = qpos0 + nr - 1, off = 0;
         ag_flash_rows w;
-        ag_flash_rows_begin(&w, mine, q + (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D);
+        const float *qr = tile_f32(x->q, (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D, qb);
+        ag_flash_rows_begin(&w, mine, qr, f32 ? ldq : D, nr, D);
         w.window = a->window;
         for (size_t i = 0; i < c->n && off <= klast; off += c->chunks[i++].t) {
             const kv_chunk *ch = &c->chunks[i];
-            const float *kc = (const float *)ch->k.data + (b * a->Hkv + g) * ch->t * D,
-                        *vc = (const float *)ch->v.data + (b * a->Hkv + g) * ch->t * D;
+            ag_buf kc = {ch->k.data, c->t}, vc = {ch->v.data, c->t};
+            int64_t base = (b * a->Hkv + g) * ch->t * D;
             for (int64_t s0 = 0; s0 < ch->t && off + s0 <= klast; s0 += AG_FLASH_BC) {
                 int64_t nk = ch->t - s0 < AG_FLASH_BC ? ch->t - s0 : AG_FLASH_BC;
                 if (nk > klast + 1 - off - s0) nk = klast + 1 - off - s0;
-                ag_flash_rows_tile(&w, kc + s0 * D, D, vc + s0 * D, D, nk, off + s0, qpos0,
+                ag_flash_rows_tile(&w, tile_f32(kc, base + s0 * D, D, nk, D, kb), D,
+                                   tile_f32(vc, base + s0 * D, D, nk, D, vb), D, nk, off + s0, qpos0,
                                    a->mask ? a->mask + b * a->ld + off + s0 : NULL);
             }
         }
-        ag_flash_rows_end(&w, x->o + b * x->sb + h * x->sh + r0 * x->st, x->st, NULL);
+        int64_t at = b * x->sb + h * x->sh + r0 * x->st;
+        if (f32) {
+            ag_flash_rows_end(&w, (float *)x->o.p + at, x->st, NULL);
+            continue;
+        }
+        ag_flash_rows_end(&w, ob, D, NULL);
+        for (int64_t r = 0; r < nr; r++) ag_vec_copy(ag_buf_at(x->o, at + r * x->st), ag_buf_f32(ob + r * D), D);
     }
 }
 
-static void cached_flash_run(float *o, int64_t sb, int64_t sh, int64_t st, const float *q, const ag_kv_cache *c,
+static void cached_flash_run(ag_buf o, int64_t sb, int64_t sh, int64_t st, ag_buf q, const ag_kv_cache *c,
                              const cat_dims *a, float *ws, int nthreads) {
-    cflash_args x = {o, ws, sb, sh, st, q, c, a};
+    cflash_args x = {o, q, ws, sb, sh, st, c, a};
     ag_run_tasks(nthreads, a->B * a->Hq * ((a->Tq + AG_FLASH_BR - 1) / AG_FLASH_BR), cflash_part, &x);
 }
 
@@ -513,21 +538,37 @@ static ag_tensor *cached_flash(ag_ctx *ctx, const ag_site *s, ag_tensor *q, cons
     ok = ok && (!pt || ag_alloc_block(ctx, &sdpa, (size_t)(a->B * Hq * Tq * D) * sizeof(float), MP_ACTIVATION, l));
     if (ok && !meta) {
         if (pt) {
-            cached_flash_run(sdpa.data, Hq * Tq * D, Tq * D, D, q->data, c, a, ws.data, nthreads);
-            const float *src = sdpa.data;
+            ag_buf src = {sdpa.data, o->dtype};
+            cached_flash_run(src, Hq * Tq * D, Tq * D, D, ag_buf_of(q), c, a, ws.data, nthreads);
             for (int64_t b = 0; b < a->B; b++)
                 for (int64_t h = 0; h < Hq; h++)
                     for (int64_t t = 0; t < Tq; t++)
-                        memcpy(o->data + ((b * Tq + t) * Hq + h) * D, src + ((b * Hq + h) * Tq + t) * D,
-                               (size_t)D * sizeof(float));
+                        ag_copy_elems(ag_buf_at(ag_buf_of(o), ((b * Tq + t) * Hq + h) * D).p, o->dtype,
+                                      ag_buf_at(src, ((b * Hq + h) * Tq + t) * D).p, o->dtype, D);
         } else {
-            cached_flash_run(o->data, Tq * Hq * D, D, Hq * D, q->data, c, a, ws.data, nthreads);
+            cached_flash_run(ag_buf_of(o), Tq * Hq * D, D, Hq * D, ag_buf_of(q), c, a, ws.data, nthreads);
         }
     }
     mp_free(&sdpa);
     mp_free(&ws);
     if (!ok) ag_release(o), o = NULL;
     return o;
+}
+
+// The tiled loop alone into o[B, Tq, Hq*D], its workspace a temporary.
+static bool cached_flash_compute(ag_ctx *ctx, const ag_site *s, ag_tensor *o, ag_tensor *q, const ag_kv_cache *c,
+                                 const cat_dims *a) {
+    const int64_t D = a->D, Hq = a->Hq, Tq = a->Tq;
+    int nthreads = ag_flash_threads(a->B * Hq * ((Tq + AG_FLASH_BR - 1) / AG_FLASH_BR),
+                                    (double)a->B * Hq * (double)Tq * (double)a->Tk * (double)D);
+    char l[AG_LABEL_MAX];
+    mp_block ws = {0};
+    ag_label(l, s->base, "tile_workspace");
+    if (!ag_alloc_exact(ctx, &ws, (size_t)nthreads * ag_flash_rows_floats(a->D) * sizeof(float), MP_TEMPORARY, l))
+        return false;
+    if (!mp_is_meta()) cached_flash_run(ag_buf_of(o), Tq * Hq * D, D, Hq * D, ag_buf_of(q), c, a, ws.data, nthreads);
+    mp_free(&ws);
+    return true;
 }
 
 ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
@@ -566,7 +607,13 @@ ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *
         ag_release(probs);
         return NULL;
     }
-    if (!mp_is_meta()) cached_forward(o->data, probs->data, q->data, cache, &a);
+    // 16-bit keys and values: the same math by the tiled loop of the flash path, which reads them a
+    // tile at a time (the probabilities above are billed as eager attention makes them).
+    if (cache->t == AG_F32 && q->dtype == AG_F32) {
+        if (!mp_is_meta()) cached_forward(o->data, probs->data, q->data, cache, &a);
+    } else if (!cached_flash_compute(ctx, &s, o, q, cache, &a)) {
+        ag_release(o), o = NULL;
+    }
     ag_release(probs);
     return o;
 }

@@ -10,47 +10,56 @@
 #include "ag_internal.h"
 
 // [B, H, T, D] contiguous: one (batch, head) slice.
-#define BH(base, b, h, H, T, D) ((base) + (((b) * (H) + (h)) * (T)) * (D))
+#define BH(base, b, h, H, T, D) ag_buf_at(base, (((b) * (H) + (h)) * (T)) * (D))
 
-static float *blk(mp_block *b) { return (float *)b->data; }
+// A block of the activations' dtype (how blocks() bills it).
+static ag_buf blk(const ag_ctx *ctx, mp_block *b) {
+    return (ag_buf){b->data, ag_dtype_of_bits(ctx->dtype.act_bits, ctx->dtype.fp16)};
+}
 
-// dst[B, T, Hs*D] (+)= the sum over each group of src[B, Hq, T, D].
-static void from_heads(float *dst, bool fresh, const float *src, int64_t B, int64_t T, int Hq, int Hs, int D) {
+// dst[B, T, Hs*D] (+)= the sum over each group of src[B, Hq, T, D], in float32.
+static void from_heads(ag_buf dst, bool fresh, ag_buf src, int64_t B, int64_t T, int Hq, int Hs, int D) {
     int rep = Hq / Hs;
+    float ob[D], sb[D];
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++)
             for (int g = 0; g < Hs; g++) {
-                float *o = dst + ((b * T + t) * Hs + g) * D;
-                for (int j = 0; j < D; j++) {
-                    float sum = fresh ? 0.0f : o[j];
-                    for (int r = 0; r < rep; r++) sum += BH(src, b, g * rep + r, Hq, T, D)[t * D + j];
-                    o[j] = sum;
+                int64_t at = ((b * T + t) * Hs + g) * D;
+                float *o = fresh ? ag_wr(dst, at, ob) : ag_rw(dst, at, D, ob);
+                if (fresh) memset(o, 0, (size_t)D * sizeof(float));
+                for (int r = 0; r < rep; r++) {
+                    const float *x = ag_rd(BH(src, b, g * rep + r, Hq, T, D), t * D, D, sb);
+                    for (int j = 0; j < D; j++) o[j] += x[j];
                 }
+                ag_wr_end(dst, at, D, o);
             }
 }
 
 // Q of one (batch, head): the rope output [B, Tq, Hq*D] itself (B = 1) or its copy [B, Hq, Tq, D].
-static const float *q_head(const ag_tensor *q, bool copied, const ag_att_dims *a, int64_t b, int h, int64_t *ld) {
+static ag_buf q_head(const ag_tensor *q, bool copied, const ag_att_dims *a, int64_t b, int h, int64_t *ld) {
     *ld = copied ? a->D : (int64_t)a->Hq * a->D;
-    return copied ? BH(q->data, b, h, a->Hq, a->Tq, a->D) : q->data + (b * a->Tq * a->Hq + h) * a->D;
+    return copied ? BH(ag_buf_of(q), b, h, a->Hq, a->Tq, a->D)
+                  : ag_buf_at(ag_buf_of(q), (b * a->Tq * a->Hq + h) * a->D);
 }
 
-static void scores(float *S, const ag_tensor *q, bool copied, const float *krep, const ag_att_dims *a) {
+static bool scores(ag_buf S, const ag_tensor *q, bool copied, ag_buf krep, const ag_att_dims *a) {
+    bool ok = true;
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++) {
             int64_t ldq;
-            const float *qh = q_head(q, copied, a, b, h, &ldq);
-            ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, qh, ldq, BH(krep, b, h, a->Hq, a->Tk, a->D),
-                     a->D, 0.0f, BH(S, b, h, a->Hq, a->Tq, a->Tk), a->Tk);
+            ag_buf qh = q_head(q, copied, a, b, h, &ldq);
+            ok = ok &&
+                 ag_gemm_buf(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, qh, ldq,
+                             BH(krep, b, h, a->Hq, a->Tk, a->D), a->D, 0.0f, BH(S, b, h, a->Hq, a->Tq, a->Tk), a->Tk);
         }
+    return ok;
 }
 
 // The row-wise passes over [B, Hq, Tq, Tk] between the products, split over the pool.
 enum { ROWS_SCALE, ROWS_MASK, ROWS_SOFTMAX_BWD };
 typedef struct {
     int kind;
-    float *out;
-    const float *in, *p; // p: the probabilities (ROWS_SOFTMAX_BWD)
+    ag_buf out, in, p; // p: the probabilities (ROWS_SOFTMAX_BWD)
     const ag_att_dims *a;
     float sc;
 } rows_args;
@@ -59,9 +68,10 @@ static void rows_part(void *arg, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const rows_args *x = arg;
     const int64_t n = x->a->Tk, Tq = x->a->Tq;
+    float ob[n], ib[n], pb[n];
     for (int64_t r = lo; r < hi; r++) {
-        float *o = x->out + r * n;
-        const float *in = x->in + r * n, *P = x->p ? x->p + r * n : NULL;
+        float *o = ag_wr(x->out, r * n, ob);
+        const float *in = ag_rd(x->in, r * n, n, ib), *P = x->p.p ? ag_rd(x->p, r * n, n, pb) : NULL;
         if (x->kind == ROWS_SCALE) {
             for (int64_t j = 0; j < n; j++) o[j] = in[j] * x->sc;
         } else if (x->kind == ROWS_MASK) { // scaled + the causal mask: -inf where a query may not
@@ -73,6 +83,7 @@ static void rows_part(void *arg, int64_t lo, int64_t hi, int thread) {
             if (x->sc != 1.0f)
                 for (int64_t j = 0; j < n; j++) o[j] *= x->sc;
         }
+        ag_wr_end(x->out, r * n, n, o);
     }
 }
 
@@ -82,8 +93,7 @@ static void rows_pass(rows_args x) {
 }
 
 typedef struct {
-    float *p;
-    const float *m;
+    ag_buf p, m;
     int64_t n;
 } softmax_args;
 
@@ -91,18 +101,20 @@ static void softmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const softmax_args *s = arg;
     const int64_t n = s->n;
+    float xb[n], yb[n];
     for (int64_t r = lo; r < hi; r++) {
-        const float *x = s->m + r * n;
-        float *y = s->p + r * n, mx = x[0];
+        const float *x = ag_rd(s->m, r * n, n, xb);
+        float *y = ag_wr(s->p, r * n, yb), mx = x[0];
         for (int64_t j = 1; j < n; j++) mx = x[j] > mx ? x[j] : mx;
         double sum = 0.0;
         for (int64_t j = 0; j < n; j++) sum += (y[j] = expf(x[j] - mx));
         float inv = (float)(1.0 / sum);
         for (int64_t j = 0; j < n; j++) y[j] *= inv;
+        ag_wr_end(s->p, r * n, n, y);
     }
 }
 
-static void softmax_rows(float *p, const float *m, int64_t rows, int64_t n) {
+static void softmax_rows(ag_buf p, ag_buf m, int64_t rows, int64_t n) {
     ag_parallel_for(rows, AG_PAR_GRAIN_EXP / n + 1, softmax_part, &(softmax_args){p, m, n});
 }
 
@@ -116,28 +128,32 @@ static ag_tensor *act_bits(ag_ctx *ctx, const char *base, const char *what, cons
 static ag_tensor *autocast_operand(ag_ctx *ctx, const char *base, const char *what, ag_tensor *t) {
     if (!t || !ctx->dtype.autocast || t->bits <= 16) return t;
     ag_tensor *c = act_bits(ctx, base, what, t->shape, 16);
+    if (c && !mp_is_meta()) ag_vec_copy(ag_buf_of(c), ag_buf_of(t), t->numel);
     ag_release(t);
     return c;
 }
 
-static void eager_backward(ag_ctx *ctx, ag_node *n, const float *dout);
+static void eager_backward(ag_ctx *ctx, ag_node *n, const void *dout);
 
 static const ag_op eager_op = {.name = "attention", .backward = eager_backward, .nsaved = AG_NSAVED(attention)};
 
-static void context(float *o, const float *probs, const float *vrep, const ag_att_dims *a) {
+static bool context(ag_buf o, ag_buf probs, ag_buf vrep, const ag_att_dims *a) {
+    bool ok = true;
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
-            ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, BH(probs, b, h, a->Hq, a->Tq, a->Tk), a->Tk,
-                     BH(vrep, b, h, a->Hq, a->Tk, a->D), a->D, 0.0f, BH(o, b, h, a->Hq, a->Tq, a->D), a->D);
+            ok = ok && ag_gemm_buf(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f,
+                                   BH(probs, b, h, a->Hq, a->Tq, a->Tk), a->Tk, BH(vrep, b, h, a->Hq, a->Tk, a->D),
+                                   a->D, 0.0f, BH(o, b, h, a->Hq, a->Tq, a->D), a->D);
+    return ok;
 }
 
 // out[B, Tq, Hq*D] = ctx[B, Hq, Tq, D].transpose(1, 2).contiguous()
-static void untranspose(float *out, const float *c, const ag_att_dims *a) {
+static void untranspose(ag_buf out, ag_buf c, const ag_att_dims *a) {
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
             for (int64_t t = 0; t < a->Tq; t++)
-                memcpy(out + ((b * a->Tq + t) * a->Hq + h) * a->D, BH(c, b, h, a->Hq, a->Tq, a->D) + t * a->D,
-                       (size_t)a->D * sizeof(float));
+                ag_copy_elems(ag_buf_at(out, ((b * a->Tq + t) * a->Hq + h) * a->D).p, out.t,
+                              ag_buf_at(BH(c, b, h, a->Hq, a->Tq, a->D), t * a->D).p, c.t, a->D);
 }
 
 #define SWAP_FREE(t) (ag_release(t), (t) = NULL)
@@ -152,20 +168,24 @@ static ag_tensor *eager_probs(ag_ctx *ctx, const char *base, const ag_tensor *qk
     const int64_t sh[4] = {a->B, a->Hq, a->Tq, a->Tk};
     const int sbits = ctx->dtype.autocast ? 16 : qk->bits, mbits = ag_max_bits(sbits, ctx->dtype.act_bits);
     ag_tensor *S = act_bits(ctx, base, "scores", sh, sbits);
-    if (S && !meta) scores(S->data, qk, copied, krep->data, a);
+    if (S && !meta && !scores(ag_buf_of(S), qk, copied, ag_buf_of(krep), a))
+        ag_fail(ctx, AG_ERR_NOMEM, "attention %s: out of memory for a conversion", base);
     char l[AG_LABEL_MAX];
     ag_label(l, base, "scaling");
     *scale = ag_tensor_new_f32(ctx, 1, (int64_t[]){2}, MP_ACTIVATION, l); // a float64 scalar: 8 bytes
     ag_tensor *scaled = act_bits(ctx, base, "scores_scaled", sh, sbits);
     const float sc = 1.0f / sqrtf((float)a->D);
-    if (S && scaled && !meta) rows_pass((rows_args){ROWS_SCALE, scaled->data, S->data, NULL, a, sc});
+    if (S && scaled && !meta) rows_pass((rows_args){ROWS_SCALE, ag_buf_of(scaled), ag_buf_of(S), {0}, a, sc});
     SWAP_FREE(S);
     ag_tensor *masked = act_bits(ctx, base, "scores_masked", sh, mbits);
-    if (scaled && masked && !meta) rows_pass((rows_args){ROWS_MASK, masked->data, scaled->data, NULL, a, 1.0f});
+    if (scaled && masked && !meta)
+        rows_pass((rows_args){ROWS_MASK, ag_buf_of(masked), ag_buf_of(scaled), {0}, a, 1.0f});
     SWAP_FREE(scaled);
     ag_tensor *wide = mbits < 32 ? act_bits(ctx, base, "scores_float", sh, 32) : NULL;
     ag_tensor *probs = act_bits(ctx, base, "probs", sh, 32);
-    if (masked && probs && !meta) softmax_rows(probs->data, masked->data, a->B * a->Hq * a->Tq, a->Tk);
+    if (wide && !meta) ag_vec_copy(ag_buf_of(wide), ag_buf_of(masked), masked->numel);
+    if (masked && probs && !meta)
+        softmax_rows(ag_buf_of(probs), ag_buf_of(wide ? wide : masked), a->B * a->Hq * a->Tq, a->Tk);
     SWAP_FREE(wide);
     SWAP_FREE(masked);
     return ctx->status == AG_OK ? probs : (ag_release(probs), NULL);
@@ -179,8 +199,8 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     ag_tensor *krep = act_bits(ctx, s->base, "k_repeated", kv_shape, k->bits);
     ag_tensor *vrep = act_bits(ctx, s->base, "v_repeated", kv_shape, v->bits);
     if (krep && vrep && !meta) {
-        ag_to_heads(krep->data, k->data, B, Tk, a->Hq, a->Hkv, a->D);
-        ag_to_heads(vrep->data, v->data, B, Tk, a->Hq, a->Hkv, a->D);
+        ag_to_heads(ag_buf_of(krep), ag_buf_of(k), B, Tk, a->Hq, a->Hkv, a->D);
+        ag_to_heads(ag_buf_of(vrep), ag_buf_of(v), B, Tk, a->Hq, a->Hkv, a->D);
     }
     // The score matmul's operands. B > 1: it cannot view q [B, Hq, Tq, D] (laid out [B, Tq, Hq, D])
     // as a batch of matrices, so it keeps a contiguous copy instead of q (autocast's cast is one).
@@ -188,7 +208,7 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     ag_tensor *qk =
         !copied ? ag_retain(q)
                 : act_bits(ctx, s->base, cast && q->bits > 16 ? "q_bf16" : "q_bmm", q_shape, cast ? 16 : q->bits);
-    if (copied && qk && !meta) ag_to_heads(qk->data, q->data, B, Tq, a->Hq, a->Hq, a->D);
+    if (copied && qk && !meta) ag_to_heads(ag_buf_of(qk), ag_buf_of(q), B, Tq, a->Hq, a->Hq, a->D);
     krep = autocast_operand(ctx, s->base, "k_bf16", krep);
     ag_tensor *scale = NULL,
               *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale) : NULL;
@@ -196,12 +216,14 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     ag_tensor *pc = NULL;
     if (probs && (q->bits < 32 || cast))
         pc = act_bits(ctx, s->base, cast ? "probs_bf16" : "probs_to_q_dtype", probs->shape, cast ? 16 : q->bits);
+    if (pc && !meta) ag_vec_copy(ag_buf_of(pc), ag_buf_of(probs), probs->numel);
     vrep = autocast_operand(ctx, s->base, "v_bf16", vrep);
     const int cbits = cast ? 16 : (pc ? pc->bits : 32);
     ag_tensor *c = probs ? act_bits(ctx, s->base, "context", q_shape, cbits) : NULL;
-    if (c && vrep && !meta) context(c->data, probs->data, vrep->data, a);
+    if (c && vrep && !meta && !context(ag_buf_of(c), ag_buf_of(pc ? pc : probs), ag_buf_of(vrep), a))
+        ag_fail(ctx, AG_ERR_NOMEM, "attention %s: out of memory for a conversion", s->base);
     ag_tensor *out = c ? ag_tensor_new_bits(ctx, 3, (int64_t[]){B, Tq, Hq * D}, MP_ACTIVATION, s->out, cbits) : NULL;
-    if (out && !meta) untranspose(out->data, c->data, a);
+    if (out && !meta) untranspose(ag_buf_of(out), ag_buf_of(c), a);
     ag_release(c);
     ag_tensor *ins[] = {q, k, v};
     ag_node *n = out && vrep && rec && ctx->status == AG_OK ? ag_record(ctx, &eager_op, s->base, out, 3, ins) : NULL;
@@ -222,42 +244,47 @@ static bool blocks(ag_ctx *ctx, const char *base, mp_block *b, const char *what,
 }
 
 // BmmBackward (probs @ v_rep): dP = dO v_repᵀ, dV_rep = Pᵀ dO, at every query head.
-static void bmm_backward(const ag_attention_state *st, const float *dout, float *dP, float *dV) {
+// P is the probabilities as the product saw them (their cast to q's dtype, when there is one).
+static bool bmm_backward(const ag_attention_state *st, ag_buf dout, ag_buf dP, ag_buf dV) {
     const ag_att_dims *a = &st->dims;
     int64_t ldo = (int64_t)a->Hq * a->D;
+    bool ok = true;
+    ag_buf probs = ag_buf_of(st->probs_cast ? st->probs_cast : st->probs);
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++) {
-            const float *dO = dout + (b * a->Tq * a->Hq + h) * a->D,
-                        *P = BH(st->probs->data, b, h, a->Hq, a->Tq, a->Tk);
-            ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, P, a->Tk, dO, ldo, 0.0f,
-                     BH(dV, b, h, a->Hq, a->Tk, a->D), a->D);
-            ag_sgemm(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldo,
-                     BH(st->v_rep->data, b, h, a->Hq, a->Tk, a->D), a->D, 0.0f, BH(dP, b, h, a->Hq, a->Tq, a->Tk),
-                     a->Tk);
+            ag_buf dO = ag_buf_at(dout, (b * a->Tq * a->Hq + h) * a->D), P = BH(probs, b, h, a->Hq, a->Tq, a->Tk);
+            ok = ok && ag_gemm_buf(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, P, a->Tk, dO, ldo, 0.0f,
+                                   BH(dV, b, h, a->Hq, a->Tk, a->D), a->D);
+            ok = ok && ag_gemm_buf(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldo,
+                                   BH(ag_buf_of(st->v_rep), b, h, a->Hq, a->Tk, a->D), a->D, 0.0f,
+                                   BH(dP, b, h, a->Hq, a->Tq, a->Tk), a->Tk);
         }
+    return ok;
 }
 
 // The score matmul's backward: dQ (+)= dS k_rep into q's gradient, dK_rep = dSᵀ Q.
-static void scores_backward(const ag_attention_state *st, const float *dS, const ag_grad_dst *dq, float *dK) {
+static bool scores_backward(const ag_attention_state *st, ag_buf dS, const ag_grad_dst *dq, ag_buf dK) {
     const ag_att_dims *a = &st->dims;
-    bool copied = a->B > 1;
+    bool copied = st->q->ndim == 4, ok = true; // the forward's copy [B, Hq, Tq, D], else q itself
     int64_t ldo = (int64_t)a->Hq * a->D;
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++) {
-            const float *S = BH(dS, b, h, a->Hq, a->Tq, a->Tk);
+            ag_buf S = BH(dS, b, h, a->Hq, a->Tq, a->Tk);
             int64_t ldq;
-            const float *qh = q_head(st->q, copied, a, b, h, &ldq);
+            ag_buf qh = q_head(st->q, copied, a, b, h, &ldq);
             if (dq->needed)
-                ag_sgemm(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, S, a->Tk,
-                         BH(st->k_rep->data, b, h, a->Hq, a->Tk, a->D), a->D, dq->fresh ? 0.0f : 1.0f,
-                         dq->data + (b * a->Tq * a->Hq + h) * a->D, ldo);
-            if (dK)
-                ag_sgemm(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, S, a->Tk, qh, ldq, 0.0f,
-                         BH(dK, b, h, a->Hq, a->Tk, a->D), a->D);
+                ok =
+                    ok && ag_gemm_buf(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, S, a->Tk,
+                                      BH(ag_buf_of(st->k_rep), b, h, a->Hq, a->Tk, a->D), a->D, dq->fresh ? 0.0f : 1.0f,
+                                      ag_buf_at(ag_dst_buf(dq), (b * a->Tq * a->Hq + h) * a->D), ldo);
+            if (dK.p)
+                ok = ok && ag_gemm_buf(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, S, a->Tk, qh, ldq, 0.0f,
+                                       BH(dK, b, h, a->Hq, a->Tk, a->D), a->D);
         }
+    return ok;
 }
 
-static void eager_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
+static void eager_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const ag_attention_state *st = &n->state.attention;
     const ag_att_dims *a = &st->dims;
     const char *base = mp_site_name(n->site);
@@ -267,19 +294,22 @@ static void eager_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
     mp_block dP = {0}, dV = {0}, dS = {0}, dK = {0};
     ag_grad_dst d[3];
     if (!blocks(ctx, base, &dP, "dprobs", scores_bytes) || !blocks(ctx, base, &dV, "dv_repeated", kv_bytes)) goto done;
-    if (!meta) bmm_backward(st, dout, blk(&dP), blk(&dV));
+    bool ok = meta || bmm_backward(st, (ag_buf){(void *)dout, n->grad_dtype}, blk(ctx, &dP), blk(ctx, &dV));
     if (!blocks(ctx, base, &dS, "dscores", scores_bytes)) goto done;
     if (!meta)
-        rows_pass((rows_args){ROWS_SOFTMAX_BWD, blk(&dS), blk(&dP), st->probs->data, a, 1.0f / sqrtf((float)a->D)});
+        rows_pass((rows_args){ROWS_SOFTMAX_BWD, blk(ctx, &dS), blk(ctx, &dP), ag_buf_of(st->probs), a,
+                              1.0f / sqrtf((float)a->D)});
     mp_free(&dP);
     if (!ag_grad_get(ctx, n, 0, &d[0]) || !ag_grad_get(ctx, n, 1, &d[1])) goto done;
     if (d[1].needed && !blocks(ctx, base, &dK, "dk_repeated", kv_bytes)) goto done;
-    if (!meta) scores_backward(st, blk(&dS), &d[0], d[1].needed ? blk(&dK) : NULL);
+    ok = ok && (meta || scores_backward(st, blk(ctx, &dS), &d[0], d[1].needed ? blk(ctx, &dK) : (ag_buf){0}));
     mp_free(&dS);
-    if (d[1].needed && !meta) from_heads(d[1].data, d[1].fresh, blk(&dK), a->B, a->Tk, a->Hq, a->Hkv, a->D);
+    if (d[1].needed && !meta)
+        from_heads(ag_dst_buf(&d[1]), d[1].fresh, blk(ctx, &dK), a->B, a->Tk, a->Hq, a->Hkv, a->D);
     mp_free(&dK);
     if (ag_grad_get(ctx, n, 2, &d[2]) && d[2].needed && !meta)
-        from_heads(d[2].data, d[2].fresh, blk(&dV), a->B, a->Tk, a->Hq, a->Hkv, a->D);
+        from_heads(ag_dst_buf(&d[2]), d[2].fresh, blk(ctx, &dV), a->B, a->Tk, a->Hq, a->Hkv, a->D);
+    if (!ok) ag_fail(ctx, AG_ERR_NOMEM, "attention %s backward: out of memory for a conversion", base);
 done:
     mp_free(&dK), mp_free(&dS), mp_free(&dV), mp_free(&dP);
 }

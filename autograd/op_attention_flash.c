@@ -427,7 +427,7 @@ static void backward_tile(const bwd_args *x, float *ws, int64_t b, int g, int64_
             if (dq) {
                 pthread_mutex_t *lk = &x->locks[((b * a->Hq + h) * nqb + ib) % NLOCKS];
                 pthread_mutex_lock(lk);
-                mm(nr, D, nc, scale, ds, BC, 1, kj, ldk, x->d[0].data + row, ldq, true);
+                mm(nr, D, nc, scale, ds, BC, 1, kj, ldk, (float *)x->d[0].data + row, ldq, true);
                 pthread_mutex_unlock(lk);
             }
             if (dk) mm(nc, D, nr, scale, ds, 1, BC, qi, ldq, dka, D, true);
@@ -435,7 +435,7 @@ static void backward_tile(const bwd_args *x, float *ws, int64_t b, int g, int64_
     for (int i = 1; i < 3; i++) {
         if (!x->d[i].needed) continue;
         const float *src = i == 1 ? dka : dva;
-        float *dst = x->d[i].data + (b * a->Tk + c0) * ldk + (int64_t)g * D;
+        float *dst = (float *)x->d[i].data + (b * a->Tk + c0) * ldk + (int64_t)g * D;
         for (int64_t c = 0; c < nc; c++)
             for (int d = 0; d < D; d++)
                 dst[c * ldk + d] = x->d[i].fresh ? src[c * D + d] : dst[c * ldk + d] + src[c * D + d];
@@ -458,7 +458,7 @@ static void delta_part(void *p, int64_t lo, int64_t hi, int thread) {
         for (int d = 0; d < D; d++) s += (double)dO[d] * O[d];
         x->di[r] = (float)s;
         if (x->d[0].needed && x->d[0].fresh)
-            memset(x->d[0].data + (b * a->Tq + i) * ldq + h * D, 0, (size_t)D * sizeof(float));
+            memset((float *)x->d[0].data + (b * a->Tq + i) * ldq + h * D, 0, (size_t)D * sizeof(float));
     }
 }
 
@@ -494,7 +494,7 @@ static bool shared_grad(const ag_node *n, int i, int j) {
     return x->kind != AG_EDGE_NONE && x->kind == y->kind && x->node == y->node && x->leaf == y->leaf;
 }
 
-static void flash_attention_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
+static void flash_attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const ag_attention_flash_state *st = &n->state.attention_flash;
     const ag_att_dims *a = &st->dims;
     bwd_args x = {.a = a, .os = strides_of(a, st->heads_first)};
@@ -541,6 +541,13 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
                                       const ag_att_dims *a, bool rec) {
     const bool pt = ag_is_pytorch(ctx), meta = mp_is_meta();
     char label[AG_LABEL_MAX];
+    if (!meta && (q->dtype != AG_F32 || k->dtype != AG_F32 || v->dtype != AG_F32 || ctx->dtype.autocast)) {
+        ag_fail(ctx, AG_ERR_STATE,
+                "attention %s: flash attention over %s tensors is billed in meta mode only; a real run computes "
+                "it in float32 (eager attention computes 16 bits)",
+                s->base, ctx->dtype.autocast ? "autocast" : ag_type_traits_of(q->dtype)->name);
+        return NULL;
+    }
     ag_tensor *qs = sdpa_operand(ctx, s->base, "q_bf16", q), *ks = sdpa_operand(ctx, s->base, "k_bf16", k),
               *vs = sdpa_operand(ctx, s->base, "v_bf16", v);
     // PYTORCH: SDPA's own output [B, Hq, Tq, D] (kept by its node), at its inputs' element size.

@@ -24,7 +24,7 @@ static bool seed_recomputed(ag_ctx *ctx, ag_node *n, ag_tensor *y) {
 // Recompute under grad mode on a private part of the tape (the nodes above `floor`, the index
 // this node had), run its backward, and leave the tape as it was below. The block's edges to x
 // point at x's producer (or x itself, a leaf), so x's gradient lands there directly.
-static void checkpoint_backward(ag_ctx *ctx, ag_node *n, const float *dout) {
+static void checkpoint_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     (void)dout; // handed over with the buffer that holds it
     const ag_checkpoint_state *st = &n->state.checkpoint;
     ag_tensor *x = st->x;

@@ -58,8 +58,9 @@ float ag_row_logsumexp(const float *x, int64_t V) {
 }
 
 typedef struct {
-    float *out;
-    const float *logits, *lse;
+    float *out;        // lse_part
+    ag_buf dl, logits; // dl: grad_part's output
+    const float *lse;
     const int32_t *labels;
     int64_t T, V;
     float scale;
@@ -70,12 +71,13 @@ static void lse_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const ce_args *c = p;
     const int64_t T = c->T, V = c->V;
+    float xb[c->logits.t == AG_F32 ? 1 : V];
     for (int64_t r = lo; r < hi; r++)
-        c->out[r] = ag_row_logsumexp(c->logits + ((r / (T - 1)) * T + r % (T - 1)) * V, V);
+        c->out[r] = ag_row_logsumexp(ag_rd(c->logits, ((r / (T - 1)) * T + r % (T - 1)) * V, V, xb), V);
 }
 
 // lse[b*(T-1) + t] for every predicting position.
-static void row_logsumexp(float *lse, const float *logits, int64_t B, int64_t T, int64_t V) {
+static void row_logsumexp(float *lse, ag_buf logits, int64_t B, int64_t T, int64_t V) {
     ce_args c = {.out = lse, .logits = logits, .T = T, .V = V};
     ag_parallel_for(B * (T - 1), AG_PAR_GRAIN_EXP / V + 1, lse_part, &c);
 }
@@ -98,27 +100,31 @@ static void grad_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const ce_args *c = p;
     const int64_t T = c->T, V = c->V;
+    const bool f32 = c->dl.t == AG_F32 && c->logits.t == AG_F32;
+    float gb[f32 ? 1 : V], xb[f32 ? 1 : V];
     for (int64_t r = lo; r < hi; r++) {
         int64_t t = r % T;
-        float *g = c->out + r * V;
+        float *g = c->fresh ? ag_wr(c->dl, r * V, gb) : ag_rw(c->dl, r * V, V, gb);
         if (t == T - 1) {
             if (c->fresh) memset(g, 0, (size_t)V * sizeof(float));
-            continue;
+        } else {
+            row_grad(g, ag_rd(c->logits, r * V, V, xb), c->lse[(r / T) * (T - 1) + t], c->scale, V, c->fresh);
+            g[c->labels[r + 1]] -= c->scale;
         }
-        row_grad(g, c->logits + r * V, c->lse[(r / T) * (T - 1) + t], c->scale, V, c->fresh);
-        g[c->labels[r + 1]] -= c->scale;
+        ag_wr_end(c->dl, r * V, V, g);
     }
 }
 
 // Backward needs the logits (kept by reference: the output head's result, not a copy), the
 // per-position logsumexp (one float each, instead of a second pass over V) and the labels
 // (copied into the node). dlogits = (softmax - onehot) * dloss / N; zero at last positions.
-static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const float *dloss) {
+static void cross_entropy_backward(ag_ctx *ctx, ag_node *n, const void *dloss) {
     const ag_cross_entropy_state *st = &n->state.cross_entropy;
     int64_t B = st->B, T = st->T, V = st->V;
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
-    ce_args c = {d.data, st->logits->data, st->lse->data, st->labels, T, V, dloss[0] / (float)(B * (T - 1)), d.fresh};
+    float dl = ag_get(dloss, n->grad_dtype, 0) / (float)(B * (T - 1));
+    ce_args c = {NULL, ag_dst_buf(&d), ag_buf_of(st->logits), st->lse->data, st->labels, T, V, dl, d.fresh};
     ag_parallel_for(B * T, AG_PAR_GRAIN_EXP / V + 1, grad_part, &c);
 }
 
@@ -129,12 +135,12 @@ static const ag_op cross_entropy_op = {.name = "cross_entropy",
                                        .nsaved = AG_NSAVED(cross_entropy),
                                        .release = cross_entropy_release};
 
-static float mean_loss(const float *lse, const float *logits, const int32_t *ids, int64_t B, int64_t T, int64_t V) {
+static float mean_loss(const float *lse, ag_buf logits, const int32_t *ids, int64_t B, int64_t T, int64_t V) {
     double sum = 0.0; // serial: the same sum in the same order every run
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T - 1; t++) {
             int64_t r = b * T + t;
-            sum += (double)lse[b * (T - 1) + t] - logits[r * V + ids[r + 1]];
+            sum += (double)lse[b * (T - 1) + t] - ag_get(logits.p, logits.t, r * V + ids[r + 1]);
         }
     return (float)(sum / (double)(B * (T - 1)));
 }
@@ -185,8 +191,8 @@ ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, co
         return NULL;
     }
     if (!mp_is_meta()) {
-        row_logsumexp(lse->data, logits->data, B, T, V);
-        loss->data[0] = mean_loss(lse->data, logits->data, ids, B, T, V);
+        row_logsumexp(lse->data, ag_buf_of(logits), B, T, V);
+        ag_set(loss->data, loss->dtype, 0, mean_loss(lse->data, ag_buf_of(logits), ids, B, T, V));
     }
     if (n) {
         ag_cross_entropy_state *st = &n->state.cross_entropy;

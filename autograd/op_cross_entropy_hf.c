@@ -46,7 +46,7 @@ static int64_t label_at(const ag_tensor *lab, int64_t B, int64_t T, int64_t r) {
     return B == 1 ? l[t + 1] : l[b * T + t];
 }
 
-static void hf_backward(ag_ctx *ctx, ag_node *n, const float *dloss) {
+static void hf_backward(ag_ctx *ctx, ag_node *n, const void *dloss) {
     ag_cross_entropy_state *st = &n->state.cross_entropy;
     int64_t B = st->B, T = st->T, V = st->V;
     const bool meta = mp_is_meta();
@@ -55,7 +55,7 @@ static void hf_backward(ag_ctx *ctx, ag_node *n, const float *dloss) {
     ag_label(label, mp_site_name(n->site), "nll_grad");
     const size_t f32_bytes = (size_t)(B * T * V) * sizeof(float);
     if (!ag_alloc_exact(ctx, &g, f32_bytes, MP_ACTIVATION, label)) return;
-    float *gd = (float *)g.data, scale = meta ? 0.0f : dloss[0] / (float)(B * (T - 1));
+    float *gd = (float *)g.data, scale = meta ? 0.0f : ag_get(dloss, n->grad_dtype, 0) / (float)(B * (T - 1));
     if (!meta) {
         memset(gd, 0, (size_t)(B * T * V) * sizeof(float));
         for (int64_t r = 0; r < B * T; r++) {
@@ -65,13 +65,17 @@ static void hf_backward(ag_ctx *ctx, ag_node *n, const float *dloss) {
     }
     ag_release(st->labels_t); // NllLossBackward releases what it saved
     st->labels_t = NULL;
-    if (st->logits_bits < 32) { // meta mode: LogSoftmaxBackward in float32, then ToCopyBackward
+    if (st->logits_bits < 32) { // LogSoftmaxBackward in float32, then ToCopyBackward
         mp_block lg = {0};
         ag_label(label, mp_site_name(n->site), "log_softmax_grad");
         ag_grad_dst d;
         if (ag_alloc_exact(ctx, &lg, f32_bytes, MP_ACTIVATION, label)) {
+            if (!meta)
+                ag_parallel_for(B * T, AG_PAR_GRAIN_EXP / V + 1, rows_part,
+                                &(rows_args){lg.data, st->logp->data, gd, V, true});
             mp_free(&g);
-            ag_grad_get(ctx, n, 0, &d);
+            if (ag_grad_get(ctx, n, 0, &d) && !meta)
+                ag_vec_acc(ag_dst_buf(&d), d.fresh, ag_buf_f32(lg.data), B * T * V);
         }
         mp_free(&lg);
         mp_free(&g);
@@ -131,15 +135,16 @@ ag_tensor *ag_cross_entropy_hf(ag_ctx *ctx, const ag_site *s, ag_tensor *logits,
         return NULL;
     }
     if (!meta) {
+        if (lf) ag_vec_copy(ag_buf_of(lf), ag_buf_of(logits), logits->numel);
         ag_parallel_for(B * T, AG_PAR_GRAIN_EXP / V + 1, rows_part,
-                        &(rows_args){logp->data, logits->data, NULL, V, false});
+                        &(rows_args){logp->data, (lf ? lf : logits)->data, NULL, V, false});
         double sum = 0.0; // serial: the same sum in the same order every run
         for (int64_t r = 0; r < B * T; r++) {
             int64_t y = label_at(lab, B, T, r);
-            if (y >= 0) sum -= logp->data[r * V + y];
+            if (y >= 0) sum -= ((const float *)logp->data)[r * V + y];
         }
-        tw->data[0] = (float)(B * (T - 1));
-        loss->data[0] = (float)(sum / (double)(B * (T - 1)));
+        *(float *)tw->data = (float)(B * (T - 1));
+        *(float *)loss->data = (float)(sum / (double)(B * (T - 1)));
     }
     ag_release(lf); // the float32 copy goes when ForCausalLMLoss returns
     if (!n) {

@@ -7,19 +7,25 @@
 // Backward needs only the ids (copied into the node, not a tensor): the table gradient is
 // dy scattered back onto the rows they picked. Rows picked twice, and a table also used as
 // the output head (tied), accumulate.
-static void embedding_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
+static void embedding_backward(ag_ctx *ctx, ag_node *n, const void *dy) {
     const ag_embedding_state *st = &n->state.embedding;
     int64_t rows = st->rows, H = st->hidden, V = st->vocab;
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
     if (d.fresh) // a scatter-add: rows no id picked must read zero
-        memset(d.data, 0, (size_t)(V * H) * sizeof(float));
+        memset(d.data, 0, (size_t)(V * H) * (size_t)ag_type_traits_of(d.dtype)->bits / 8);
     // Serial over rows: two rows may hit the same id, and the order keeps the sum deterministic.
+    ag_buf g = ag_dst_buf(&d), src = {(void *)dy, n->grad_dtype};
+    float gb[AG_BLK], sb[AG_BLK];
     for (int64_t r = 0; r < rows; r++) {
         if (st->ids[r] == st->padding_idx) continue; // nn.Embedding(padding_idx): that row stays
-        float *g = d.data + (int64_t)st->ids[r] * H;
-        const float *src = dy + r * H;
-        for (int64_t j = 0; j < H; j++) g[j] += src[j];
+        for (int64_t j = 0; j < H; j += AG_BLK) {
+            int64_t m = H - j < AG_BLK ? H - j : AG_BLK, at = (int64_t)st->ids[r] * H + j;
+            float *o = ag_rw(g, at, m, gb);
+            const float *x = ag_rd(src, r * H + j, m, sb);
+            for (int64_t k = 0; k < m; k++) o[k] += x[k];
+            ag_wr_end(g, at, m, o);
+        }
     }
 }
 
@@ -57,8 +63,7 @@ ag_tensor *ag_embedding_padded(ag_ctx *ctx, const char *site, const int32_t *ids
     ag_tensor *y = ag_tensor_new(ctx, 3, (int64_t[]){B, T, H}, MP_ACTIVATION, s.out);
     if (!y) return NULL;
     if (!meta)
-        for (int64_t r = 0; r < B * T; r++)
-            memcpy(y->data + r * H, table->data + (int64_t)ids[r] * H, (size_t)H * sizeof(float));
+        for (int64_t r = 0; r < B * T; r++) ag_tensor_rows(y, r, table, ids[r], 1);
     if (!ag_any_needs_grad(ctx, 1, ins)) return y;
     ag_node *n = ag_record(ctx, &embedding_op, s.base, y, 1, ins);
     ag_embedding_state *sn = n ? &n->state.embedding : NULL;

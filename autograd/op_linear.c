@@ -1,77 +1,146 @@
 // linear: y[M, out] = x[M, in] · w[out, in]ᵀ (+ b[out]), M the product of x's leading dimensions.
+#include <stdlib.h>
 #include <string.h>
 
 #include "ag_internal.h"
 
-// db[out] (+)= the sum over the M rows of dy[M, out]: the bias needs nothing saved.
-static void bias_backward(float *db, bool fresh, const float *dy, int64_t M, int64_t out) {
-    if (fresh) memset(db, 0, (size_t)out * sizeof *db);
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t j = 0; j < out; j++) db[j] += dy[r * out + j];
+// db[out] (+)= the sum over the M rows of dy[M, out] (in float32): the bias needs nothing saved.
+static void bias_backward(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out) {
+    float acc[out], rb[out];
+    if (fresh)
+        memset(acc, 0, sizeof acc);
+    else
+        memcpy(acc, ag_rd(db, 0, out, rb), sizeof acc);
+    for (int64_t r = 0; r < M; r++) {
+        const float *g = ag_rd(dy, r * out, out, rb);
+        for (int64_t j = 0; j < out; j++) acc[j] += g[j];
+    }
+    ag_vec_copy(db, ag_buf_f32(acc), out);
 }
 
-// y[r, :] += b for every row (nn.Linear's addmm).
-static void bias_forward(float *y, const float *b, int64_t M, int64_t out) {
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t j = 0; j < out; j++) y[r * out + j] += b[j];
+// y[r, :] += b for every row (nn.Linear's addmm), rounded once.
+static void bias_forward(ag_buf y, ag_buf b, int64_t M, int64_t out) {
+    float bb[out], yb[out];
+    const float *bv = ag_rd(b, 0, out, bb);
+    for (int64_t r = 0; r < M; r++) {
+        float *o = ag_rw(y, r * out, out, yb);
+        for (int64_t j = 0; j < out; j++) o[j] += bv[j];
+        ag_wr_end(y, r * out, out, o);
+    }
 }
 
 // dx = dy · w needs w; dw = dyᵀ · x needs x. Each is kept only when the other side wants its
 // gradient, so a frozen weight saves no activation at all.
-// Under autocast (meta mode only): MmBackward's 16-bit gradients of the two casts, then each
-// ToCopyBackward's float32 one into the input's and the weight's gradient.
-static void linear_backward_autocast(ag_ctx *ctx, ag_node *n) {
+// Under autocast: MmBackward's 16-bit gradients of the two casts, then each ToCopyBackward's
+// float32 one into the input's and the weight's gradient.
+static void linear_backward_autocast(ag_ctx *ctx, ag_node *n, ag_buf dy) {
     const ag_linear_state *st = &n->state.linear;
     const char *base = mp_site_name(n->site);
+    const bool real = !mp_is_meta();
+    const ag_dtype h = dy.t;
+    int64_t M = st->rows, in = st->in, out = st->out;
     char l[AG_LABEL_MAX];
     mp_block dx16 = {0}, dw16 = {0}, db16 = {0};
     bool want_x = ag_wants_grad(n, 0), want_w = ag_wants_grad(n, 1);
     ag_label(l, base, "dx_bf16");
     if (want_x && !ag_alloc_exact(ctx, &dx16, (size_t)(st->rows * st->in) * 2, MP_ACTIVATION, l)) return;
+    if (want_x && real)
+        ag_gemm_buf(CblasNoTrans, CblasNoTrans, M, in, out, 1.0f, dy, out, ag_buf_of(st->w), in, 0.0f,
+                    (ag_buf){dx16.data, h}, in);
     ag_label(l, base, "dw_bf16");
     if (want_w && !ag_alloc_exact(ctx, &dw16, (size_t)(st->out * st->in) * 2, MP_ACTIVATION, l)) goto done;
+    if (want_w && real)
+        ag_gemm_buf(CblasTrans, CblasNoTrans, out, in, M, 1.0f, dy, out, ag_buf_of(st->x), in, 0.0f,
+                    (ag_buf){dw16.data, h}, in);
     ag_grad_dst d;
-    if (want_x && ag_grad_get(ctx, n, 0, &d)) mp_free(&dx16);
-    if (want_w) ag_grad_get(ctx, n, 1, &d);
+    if (want_x && ag_grad_get(ctx, n, 0, &d)) {
+        if (real) ag_vec_acc(ag_dst_buf(&d), d.fresh, (ag_buf){dx16.data, h}, M * in);
+        mp_free(&dx16);
+    }
+    if (want_w && ag_grad_get(ctx, n, 1, &d) && real)
+        ag_vec_acc(ag_dst_buf(&d), d.fresh, (ag_buf){dw16.data, h}, out * in);
     ag_label(l, base, "db_bf16");
-    if (st->bias && ag_wants_grad(n, 2) && ag_alloc_exact(ctx, &db16, (size_t)st->out * 2, MP_ACTIVATION, l))
-        ag_grad_get(ctx, n, 2, &d);
+    if (st->bias && ag_wants_grad(n, 2) && ag_alloc_exact(ctx, &db16, (size_t)st->out * 2, MP_ACTIVATION, l) &&
+        ag_grad_get(ctx, n, 2, &d) && real) {
+        bias_backward((ag_buf){db16.data, h}, true, dy, M, out);
+        ag_vec_acc(ag_dst_buf(&d), d.fresh, (ag_buf){db16.data, h}, out);
+    }
 done:
     mp_free(&dx16);
     mp_free(&dw16);
     mp_free(&db16);
 }
 
-static void linear_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
+static bool all_f32(ag_buf a, ag_buf b, ag_buf c) { return a.t == AG_F32 && b.t == AG_F32 && c.t == AG_F32; }
+
+static void linear_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const ag_linear_state *st = &n->state.linear;
     int64_t M = st->rows, in = st->in, out = st->out;
+    ag_buf dy = {(void *)dout, n->grad_dtype};
     if (ctx->dtype.autocast && ag_is_pytorch(ctx)) {
-        linear_backward_autocast(ctx, n);
+        linear_backward_autocast(ctx, n, dy);
         return;
     }
     ag_grad_dst d[3];
     if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
-    if (st->bias && d[2].needed) bias_backward(d[2].data, d[2].fresh, dy, M, out);
-    if (d[0].needed && d[1].needed && d[0].data != d[1].data && ag_skinny_available(M)) {
-        ag_skinny_backward(dy, st->x->data, st->w->data, d[0].data, d[1].data, M, out, in, d[0].fresh, d[1].fresh);
+    ag_buf x = ag_buf_of(st->x), w = ag_buf_of(st->w), dx = ag_dst_buf(&d[0]), dw = ag_dst_buf(&d[1]);
+    if (st->bias && d[2].needed) bias_backward(ag_dst_buf(&d[2]), d[2].fresh, dy, M, out);
+    if (d[0].needed && d[1].needed && d[0].data != d[1].data && ag_skinny_available(M) && all_f32(dy, x, w) &&
+        all_f32(dx, dw, dy)) {
+        ag_skinny_backward(dy.p, x.p, w.p, dx.p, dw.p, M, out, in, d[0].fresh, d[1].fresh);
         return;
     }
+    bool ok = true;
     if (d[0].needed) // dx[M, in] = dy[M, out] · w[out, in]
-        ag_sgemm(CblasNoTrans, CblasNoTrans, M, in, out, 1.0f, dy, out, st->w->data, in, d[0].fresh ? 0.0f : 1.0f,
-                 d[0].data, in);
-    if (d[1].needed) // dw[out, in] = dy[M, out]ᵀ · x[M, in]
-        ag_sgemm(CblasTrans, CblasNoTrans, out, in, M, 1.0f, dy, out, st->x->data, in, d[1].fresh ? 0.0f : 1.0f,
-                 d[1].data, in);
+        ok =
+            ag_gemm_buf(CblasNoTrans, CblasNoTrans, M, in, out, 1.0f, dy, out, w, in, d[0].fresh ? 0.0f : 1.0f, dx, in);
+    if (ok && d[1].needed) // dw[out, in] = dy[M, out]ᵀ · x[M, in]
+        ok = ag_gemm_buf(CblasTrans, CblasNoTrans, out, in, M, 1.0f, dy, out, x, in, d[1].fresh ? 0.0f : 1.0f, dw, in);
+    if (!ok) ag_fail(ctx, AG_ERR_NOMEM, "linear %s backward: out of memory for a conversion", mp_site_name(n->site));
 }
 
 static const ag_op linear_op = {.name = "linear", .backward = linear_backward, .nsaved = AG_NSAVED(linear)};
 
+// y[M, out] = x[M, in] · w[out, in]ᵀ with a quantised w: its rows dequantised a tile at a time.
+static bool linear_quantised(ag_buf y, ag_buf x, const ag_tensor *w, int64_t M, int64_t out, int64_t in) {
+    enum { TILE = 64 };
+    float *xf = x.t == AG_F32 ? x.p : malloc((size_t)(M * in) * sizeof(float));
+    float *yf = y.t == AG_F32 ? y.p : malloc((size_t)(M * out) * sizeof(float));
+    float *wt = malloc((size_t)(TILE * in) * sizeof(float));
+    bool ok = xf && yf && wt;
+    if (ok && xf != x.p) ag_type_traits_of(x.t)->to_f32(x.p, xf, M * in);
+    for (int64_t n0 = 0; ok && n0 < out; n0 += TILE) {
+        int64_t nt = out - n0 < TILE ? out - n0 : TILE;
+        for (int64_t r = 0; r < nt; r++) ag_tensor_row_f32(w, n0 + r, wt + r * in);
+        ag_sgemm(CblasNoTrans, CblasTrans, M, nt, in, 1.0f, xf, in, wt, in, 0.0f, yf + n0, out);
+    }
+    if (ok && yf != y.p) ag_type_traits_of(y.t)->from_f32(yf, y.p, M * out);
+    if (xf != x.p) free(xf);
+    if (yf != y.p) free(yf);
+    free(wt);
+    return ok;
+}
+
 // y[M, out] = x[M, in] · w[out, in]ᵀ
-static void linear_forward(float *y, const float *x, const float *w, int64_t M, int64_t out, int64_t in) {
+static bool linear_forward(ag_buf y, ag_buf x, const ag_tensor *w, int64_t M, int64_t out, int64_t in) {
+    if (ag_type_traits_of(w->dtype)->quantised) return linear_quantised(y, x, w, M, out, in);
+    if (!all_f32(y, x, ag_buf_of(w)))
+        return ag_gemm_buf(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x, in, ag_buf_of(w), in, 0.0f, y, out);
     if (ag_skinny_forward_available(M))
-        ag_skinny_forward(x, w, y, M, out, in);
+        ag_skinny_forward(x.p, w->data, y.p, M, out, in);
     else
-        ag_sgemm(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+        ag_sgemm(CblasNoTrans, CblasTrans, M, out, in, 1.0f, x.p, in, w->data, in, 0.0f, y.p, out);
+    return true;
+}
+
+// The forward's product and bias into y (a real run), or the error set.
+static bool linear_compute(ag_ctx *ctx, const ag_site *s, ag_tensor *y, ag_tensor *x, ag_tensor *w, ag_tensor *b) {
+    if (mp_is_meta()) return true;
+    int64_t in = w->shape[1], out = w->shape[0], M = x->numel / in;
+    if (!linear_forward(ag_buf_of(y), ag_buf_of(x), w, M, out, in))
+        return ag_fail(ctx, AG_ERR_NOMEM, "linear %s: out of memory for a conversion", s->base);
+    if (b) bias_forward(ag_buf_of(y), ag_buf_of(b), M, out);
+    return true;
 }
 
 // Under PYTORCH semantics the output has the input's dtype; under autocast the matmul casts a
@@ -102,8 +171,10 @@ static ag_tensor *linear_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tens
     }
     ag_tensor *y =
         xc && wc ? ag_tensor_new_bits(ctx, x->ndim, shape, MP_ACTIVATION, s->out, cast ? 16 : x->bits) : NULL;
-    if (y && !mp_is_meta()) linear_forward(y->data, x->data, w->data, M, out, in); // real: xc, wc are x, w
-    if (y && b && !mp_is_meta()) bias_forward(y->data, b->data, M, out);
+    if (!mp_is_meta() && xc != x && xc) ag_vec_copy(ag_buf_of(xc), ag_buf_of(x), x->numel);
+    if (!mp_is_meta() && wc != w && wc) ag_vec_copy(ag_buf_of(wc), ag_buf_of(w), w->numel);
+    if (!mp_is_meta() && bc) ag_vec_copy(ag_buf_of(bc), ag_buf_of(b), b->numel);
+    if (y && !linear_compute(ctx, s, y, xc, wc, bc ? bc : b)) ag_release(y), y = NULL;
     ag_node *n = y && ag_any_needs_grad(ctx, nin, ins) ? ag_record(ctx, &linear_op, s->base, y, nin, ins) : NULL;
     if (n)
         n->state.linear = (ag_linear_state){
@@ -149,8 +220,10 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, 
     if (ag_is_pytorch(ctx)) return linear_pt(ctx, &s, x, w, b, shape);
     ag_tensor *y = ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s.out);
     if (!y) return NULL;
-    if (!mp_is_meta()) linear_forward(y->data, x->data, w->data, M, out, in);
-    if (b && !mp_is_meta()) bias_forward(y->data, b->data, M, out);
+    if (!linear_compute(ctx, &s, y, x, w, b)) {
+        ag_release(y);
+        return NULL;
+    }
     if (!ag_any_needs_grad(ctx, nin, ins)) return y;
     ag_node *n = ag_record(ctx, &linear_op, s.base, y, nin, ins);
     if (!n) {

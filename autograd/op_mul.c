@@ -3,12 +3,13 @@
 
 // da = dy * b needs b; db = dy * a needs a: each is kept only when the other side wants its
 // gradient.
-static void mul_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
+static void mul_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
+    ag_buf dy = {(void *)dout, n->grad_dtype};
     const ag_mul_state *st = &n->state.mul;
     ag_grad_dst d[2];
     if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
-    if (d[0].needed) ag_vec_mul_into(d[0].data, d[0].fresh, dy, st->b->data, n->numel);
-    if (d[1].needed) ag_vec_mul_into(d[1].data, d[1].fresh, dy, st->a->data, n->numel);
+    if (d[0].needed) ag_vec_mul_into(ag_dst_buf(&d[0]), d[0].fresh, dy, ag_buf_of(st->b), n->numel);
+    if (d[1].needed) ag_vec_mul_into(ag_dst_buf(&d[1]), d[1].fresh, dy, ag_buf_of(st->a), n->numel);
 }
 
 static const ag_op mul_op = {.name = "mul", .backward = mul_backward, .nsaved = AG_NSAVED(mul)};
@@ -21,7 +22,7 @@ ag_tensor *ag_mul(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b) {
     if (!ag_same_shape(ctx, "mul", s.base, a, b)) return NULL;
     ag_tensor *y = ag_tensor_promoted(ctx, a, b, s.out);
     if (!y) return NULL;
-    if (!mp_is_meta()) ag_vec_mul_into(y->data, true, a->data, b->data, a->numel);
+    if (!mp_is_meta()) ag_vec_mul_into(ag_buf_of(y), true, ag_buf_of(a), ag_buf_of(b), a->numel);
     if (!ag_any_needs_grad(ctx, 2, ins)) return y;
     ag_node *n = ag_record(ctx, &mul_op, s.base, y, 2, ins);
     if (!n) {

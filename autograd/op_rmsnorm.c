@@ -1,22 +1,16 @@
 // rmsnorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x², last dim) + eps), as HF LlamaRMSNorm.
+// Any dtype: each row is read into float32, computed there, and rounded once to its output's dtype.
 #include <math.h>
 #include <string.h>
 
 #include "ag_internal.h"
 
-// One row: returns rstd. The mean of squares is summed in double (H can be 8192).
-static float rms_row(float *y, const float *x, const float *w, int64_t H, float eps) {
-    double ss = 0.0;
-    for (int64_t j = 0; j < H; j++) ss += (double)x[j] * x[j];
-    float r = 1.0f / sqrtf((float)(ss / (double)H) + eps);
-    for (int64_t j = 0; j < H; j++) y[j] = w[j] * (x[j] * r); // HF's order: weight * (x * rstd)
-    return r;
-}
-
 // The operands of one of the row loops below; each runs over rows [lo, hi) of the pool.
 typedef struct {
-    float *out, *out2, *rstd; // what the loop writes
-    const float *x, *w, *dy, *rs;
+    ag_buf out, out2; // what the loop writes
+    float *rstd;
+    ag_buf x, w, dy;
+    const float *rs;
     int64_t H, rows;
     float eps;
     bool fresh;
@@ -24,17 +18,30 @@ typedef struct {
 
 static int64_t rows_grain(int64_t H) { return AG_PAR_GRAIN / H + 1; }
 
+// Σ x² of one row, in double (H can be 8192).
+static double sum_squares(const float *x, int64_t H) {
+    double ss = 0.0;
+    for (int64_t j = 0; j < H; j++) ss += (double)x[j] * x[j];
+    return ss;
+}
+
 static void forward_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const rms_args *a = p;
     int64_t H = a->H;
+    float xb[H], wb[H], yb[H];
+    const float *w = ag_rd(a->w, 0, H, wb);
     for (int64_t r = lo; r < hi; r++) {
-        float v = rms_row(a->out + r * H, a->x + r * H, a->w, H, a->eps);
-        if (a->rstd) a->rstd[r] = v;
+        const float *x = ag_rd(a->x, r * H, H, xb);
+        float *y = ag_wr(a->out, r * H, yb);
+        float rs = 1.0f / sqrtf((float)(sum_squares(x, H) / (double)H) + a->eps);
+        for (int64_t j = 0; j < H; j++) y[j] = w[j] * (x[j] * rs); // HF's order: weight * (x * rstd)
+        ag_wr_end(a->out, r * H, H, y);
+        if (a->rstd) a->rstd[r] = rs;
     }
 }
 
-static void rmsnorm_forward(float *y, float *rstd, const float *x, const float *w, int64_t rows, int64_t H, float eps) {
+static void rmsnorm_forward(ag_buf y, float *rstd, ag_buf x, ag_buf w, int64_t rows, int64_t H, float eps) {
     rms_args a = {.out = y, .rstd = rstd, .x = x, .w = w, .H = H, .eps = eps};
     ag_parallel_for(rows, rows_grain(H), forward_part, &a);
 }
@@ -44,10 +51,11 @@ static void dx_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const rms_args *a = p;
     int64_t H = a->H;
-    const float *w = a->w;
+    float xb[H], wb[H], gb[H], ob[H];
+    const float *w = ag_rd(a->w, 0, H, wb);
     for (int64_t r = lo; r < hi; r++) {
-        const float *xr = a->x + r * H, *g = a->dy + r * H;
-        float *o = a->out + r * H;
+        const float *xr = ag_rd(a->x, r * H, H, xb), *g = ag_rd(a->dy, r * H, H, gb);
+        float *o = a->fresh ? ag_wr(a->out, r * H, ob) : ag_rw(a->out, r * H, H, ob);
         double dot = 0.0;
         for (int64_t j = 0; j < H; j++) dot += (double)g[j] * w[j] * xr[j];
         float rs = a->rs[r], c = (float)(dot * rs * rs * rs / (double)H);
@@ -55,43 +63,53 @@ static void dx_part(void *p, int64_t lo, int64_t hi, int thread) {
             float v = rs * w[j] * g[j] - c * xr[j];
             o[j] = a->fresh ? v : o[j] + v;
         }
+        ag_wr_end(a->out, r * H, H, o);
     }
 }
 
-static void rmsnorm_dx(float *dx, bool fresh, const float *dy, const float *x, const float *rstd, const float *w,
-                       int64_t rows, int64_t H) {
+static void rmsnorm_dx(ag_buf dx, bool fresh, ag_buf dy, ag_buf x, const float *rstd, ag_buf w, int64_t rows,
+                       int64_t H) {
     rms_args a = {.out = dx, .x = x, .w = w, .dy = dy, .rs = rstd, .H = H, .fresh = fresh};
     ag_parallel_for(rows, rows_grain(H), dx_part, &a);
 }
 
-// Columns [lo, hi) of dw; rows in order, so that the sum does not depend on the threads.
+// Columns [lo, hi) of dw, summed in float32; rows in order, so that the sum does not depend on
+// the threads.
 static void dw_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const rms_args *a = p;
-    int64_t H = a->H, rows = a->rows;
-    float *dw = a->out;
-    if (a->fresh) memset(dw + lo, 0, (size_t)(hi - lo) * sizeof(float));
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = lo; j < hi; j++) dw[j] += a->dy[r * H + j] * a->x[r * H + j] * a->rs[r];
+    int64_t H = a->H, rows = a->rows, n = hi - lo;
+    float acc[n], xb[n], gb[n], ob[n];
+    if (a->fresh)
+        memset(acc, 0, sizeof acc);
+    else
+        memcpy(acc, ag_rd(a->out, lo, n, ob), sizeof acc);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = ag_rd(a->x, r * H + lo, n, xb), *g = ag_rd(a->dy, r * H + lo, n, gb);
+        for (int64_t j = 0; j < n; j++) acc[j] += g[j] * x[j] * a->rs[r];
+    }
+    float *o = ag_wr(a->out, lo, ob);
+    memcpy(o, acc, sizeof acc);
+    ag_wr_end(a->out, lo, n, o);
 }
 
 // dw_j = Σ_rows dy_j x_j r
-static void rmsnorm_dw(float *dw, bool fresh, const float *dy, const float *x, const float *rstd, int64_t rows,
-                       int64_t H) {
+static void rmsnorm_dw(ag_buf dw, bool fresh, ag_buf dy, ag_buf x, const float *rstd, int64_t rows, int64_t H) {
     rms_args a = {.out = dw, .x = x, .dy = dy, .rs = rstd, .H = H, .rows = rows, .fresh = fresh};
     ag_parallel_for(H, AG_PAR_GRAIN / rows + 16, dw_part, &a);
 }
 
 // Backward needs x and rstd (one float per row, cheaper to keep than to recompute from x
 // with another pass) for both gradients, and w for dx. The output is not needed.
-static void rmsnorm_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
+static void rmsnorm_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const ag_rmsnorm_state *st = &n->state.rmsnorm;
     int64_t rows = st->rows, H = st->hidden;
     ag_grad_dst d[2];
     if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
-    const float *x = st->x->data, *rstd = st->rstd->data;
-    if (d[0].needed) rmsnorm_dx(d[0].data, d[0].fresh, dy, x, rstd, st->w->data, rows, H);
-    if (d[1].needed) rmsnorm_dw(d[1].data, d[1].fresh, dy, x, rstd, rows, H);
+    ag_buf x = ag_buf_of(st->x), dy = {(void *)dout, n->grad_dtype};
+    const float *rstd = st->rstd->data;
+    if (d[0].needed) rmsnorm_dx(ag_dst_buf(&d[0]), d[0].fresh, dy, x, rstd, ag_buf_of(st->w), rows, H);
+    if (d[1].needed) rmsnorm_dw(ag_dst_buf(&d[1]), d[1].fresh, dy, x, rstd, rows, H);
 }
 
 static const ag_op rmsnorm_op = {.name = "rmsnorm", .backward = rmsnorm_backward, .nsaved = AG_NSAVED(rmsnorm)};
@@ -104,42 +122,51 @@ static void squares_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const rms_args *a = p;
     int64_t H = a->H;
-    float *sq = a->out;
+    float xb[H], sb[H];
     for (int64_t r = lo; r < hi; r++) {
+        const float *x = ag_rd(a->x, r * H, H, xb);
+        float *sq = ag_wr(a->out, r * H, sb);
         double ss = 0.0;
         for (int64_t j = 0; j < H; j++) {
-            sq[r * H + j] = a->x[r * H + j] * a->x[r * H + j];
-            ss += sq[r * H + j];
+            sq[j] = x[j] * x[j];
+            ss += sq[j];
         }
+        ag_wr_end(a->out, r * H, H, sq);
         a->rstd[r] = 1.0f / sqrtf((float)(ss / (double)H) + a->eps);
     }
 }
 
-static void rms_squares(float *sq, float *rstd, const float *x, int64_t rows, int64_t H, float eps) {
+static void rms_squares(ag_buf sq, float *rstd, ag_buf x, int64_t rows, int64_t H, float eps) {
     rms_args a = {.out = sq, .rstd = rstd, .x = x, .H = H, .eps = eps};
     ag_parallel_for(rows, rows_grain(H), squares_part, &a);
 }
 
+// h = x * rstd in h's dtype, then y = w * h from h as rounded (HF casts h before the weight's mul).
 static void scale_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const rms_args *a = p;
     int64_t H = a->H;
-    for (int64_t r = lo; r < hi; r++)
-        for (int64_t j = 0; j < H; j++) {
-            a->out2[r * H + j] = a->x[r * H + j] * a->rs[r];
-            a->out[r * H + j] = a->w[j] * a->out2[r * H + j];
-        }
+    float xb[H], wb[H], hb[H], yb[H];
+    const float *w = ag_rd(a->w, 0, H, wb);
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = ag_rd(a->x, r * H, H, xb);
+        float *h = ag_wr(a->out2, r * H, hb), *y = ag_wr(a->out, r * H, yb);
+        for (int64_t j = 0; j < H; j++) h[j] = x[j] * a->rs[r];
+        ag_wr_end(a->out2, r * H, H, h);
+        h = (float *)ag_rd(a->out2, r * H, H, hb);
+        for (int64_t j = 0; j < H; j++) y[j] = w[j] * h[j];
+        ag_wr_end(a->out, r * H, H, y);
+    }
 }
 
-static void rms_scale(float *y, float *h, const float *x, const float *rstd, const float *w, int64_t rows, int64_t H) {
+static void rms_scale(ag_buf y, ag_buf h, ag_buf x, const float *rstd, ag_buf w, int64_t rows, int64_t H) {
     rms_args a = {.out = y, .out2 = h, .x = x, .w = w, .rs = rstd, .H = H};
     ag_parallel_for(rows, rows_grain(H), scale_part, &a);
 }
 
 // In a 16-bit model, `hidden_states.to(torch.float32)` first: the float32 copy is what pow and the
 // first mul keep (the 16-bit input is kept by nobody), h is float32 and freed once cast back to
-// the model's dtype, and that cast is what the weight's mul keeps. Meta mode only (real runs are
-// float32, where every cast is a no-op).
+// the model's dtype, and that cast is what the weight's mul keeps.
 static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tensor *w, float eps, bool rec) {
     ag_tensor *ins[] = {x, w};
     int64_t H = w->shape[0], rows = x->numel / H;
@@ -153,7 +180,8 @@ static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_ten
     ag_tensor *xf = half ? ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l[0], 32) : ag_retain(x);
     ag_tensor *sq = ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l[1], 32);
     ag_tensor *rstd = ag_tensor_new_f32(ctx, 1, &rows, MP_ACTIVATION, l[2]);
-    if (sq && rstd && !mp_is_meta()) rms_squares(sq->data, rstd->data, x->data, rows, H, eps);
+    if (xf && half && !mp_is_meta()) ag_vec_copy(ag_buf_of(xf), ag_buf_of(x), x->numel);
+    if (sq && rstd && !mp_is_meta()) rms_squares(ag_buf_of(sq), rstd->data, ag_buf_of(x), rows, H, eps);
     if (!keep_sq) ag_release(sq), sq = NULL;
     ag_tensor *h = ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l[3], 32);
     if (half) { // h.to(input_dtype): the cast is kept, the float32 h goes
@@ -168,7 +196,7 @@ static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_ten
         ag_release(xf), ag_release(sq), ag_release(rstd), ag_release(h), ag_release(y);
         return NULL;
     }
-    if (!mp_is_meta()) rms_scale(y->data, h->data, x->data, rstd->data, w->data, rows, H);
+    if (!mp_is_meta()) rms_scale(ag_buf_of(y), ag_buf_of(h), ag_buf_of(x), rstd->data, ag_buf_of(w), rows, H);
     if (!n) {
         ag_release(xf), ag_release(rstd), ag_release(h);
         return y;
@@ -212,7 +240,8 @@ ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w,
         ag_release(y);
         return NULL;
     }
-    if (!mp_is_meta()) rmsnorm_forward(y->data, rstd ? rstd->data : NULL, x->data, w->data, rows, H, eps);
+    if (!mp_is_meta())
+        rmsnorm_forward(ag_buf_of(y), rstd ? rstd->data : NULL, ag_buf_of(x), ag_buf_of(w), rows, H, eps);
     if (n) {
         n->state.rmsnorm = (ag_rmsnorm_state){
             .x = ag_retain(x),

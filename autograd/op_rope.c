@@ -11,8 +11,7 @@
 // y = R(±a) x over x[B, T, nh*hd]; `accumulate` adds into y. Angles are formed in float32
 // as HF does (inv_freq in float32, one float product with the position), so results match it.
 typedef struct {
-    float *y;
-    const float *x;
+    ag_buf y, x;
     const int32_t *pos;
     int64_t T, pos0;
     int nh, hd;
@@ -35,7 +34,10 @@ static void rotate_part(void *p, int64_t lo, int64_t hi, int thread) {
             c[i] = (float)cos((double)a) * ra->scale;
             s[i] = (float)sin((double)a) * ra->scale;
         }
-        ag_rope_row(ra->y + r * width, ra->x + r * width, c, s, c, s, ra->nh, ra->hd, ra->sign, ra->accumulate);
+        float xb[width], yb[width];
+        float *y = ra->accumulate ? ag_rw(ra->y, r * width, width, yb) : ag_wr(ra->y, r * width, yb);
+        ag_rope_row(y, ag_rd(ra->x, r * width, width, xb), c, s, c, s, ra->nh, ra->hd, ra->sign, ra->accumulate);
+        ag_wr_end(ra->y, r * width, width, y);
     }
 }
 
@@ -53,7 +55,7 @@ void ag_rope_row(float *y, const float *x, const float *c0, const float *s0, con
     }
 }
 
-static void rope_rotate(float *y, bool accumulate, const float *x, int64_t B, int64_t T, int nh, int hd,
+static void rope_rotate(ag_buf y, bool accumulate, ag_buf x, int64_t B, int64_t T, int nh, int hd,
                         const ag_rope_freqs *f, const int32_t *pos, int64_t pos0, float sign) {
     rope_args a = {y, x, pos, T, pos0, nh, hd, sign, accumulate, ag_rope_scale(f), {0}};
     for (int i = 0; i < hd / 2; i++) a.inv_freq[i] = ag_rope_freq_at(f, i, hd);
@@ -62,11 +64,12 @@ static void rope_rotate(float *y, bool accumulate, const float *x, int64_t B, in
 
 // A rotation's gradient is the inverse rotation: backward saves nothing and recomputes the
 // angles from the positions (pos0, or the copied per-row positions).
-static void rope_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
+static void rope_backward(ag_ctx *ctx, ag_node *n, const void *dy) {
     const ag_rope_state *st = &n->state.rope;
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
-    rope_rotate(d.data, !d.fresh, dy, st->B, st->T, st->heads, st->head_dim, &st->freqs, st->pos, st->pos0, -1.0f);
+    rope_rotate(ag_dst_buf(&d), !d.fresh, (ag_buf){(void *)dy, n->grad_dtype}, st->B, st->T, st->heads, st->head_dim,
+                &st->freqs, st->pos, st->pos0, -1.0f);
 }
 
 static void rope_release(ag_op_state *st) { free(st->rope.pos); }
@@ -98,7 +101,7 @@ static ag_tensor *rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int 
     int64_t B = x->shape[0], T = x->shape[1];
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
     if (!y) return NULL;
-    if (!mp_is_meta()) rope_rotate(y->data, false, x->data, B, T, nh, hd, f, pos, pos0, 1.0f);
+    if (!mp_is_meta()) rope_rotate(ag_buf_of(y), false, ag_buf_of(x), B, T, nh, hd, f, pos, pos0, 1.0f);
     if (!ag_any_needs_grad(ctx, 1, ins)) return y;
     ag_node *n = ag_record(ctx, &rope_op, s.base, y, 1, ins);
     ag_rope_state *sn = n ? &n->state.rope : NULL;

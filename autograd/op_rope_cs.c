@@ -44,20 +44,21 @@ bool ag_rope_tables_f(ag_ctx *ctx, const char *site, int64_t T, int hd, const ag
     if (mp_is_meta()) return true;
     int half = hd / 2;
     const float scale = ag_rope_scale(f);
+    void *cd = (*cos_t)->data, *sd = (*sin_t)->data;
+    ag_dtype dt = (*cos_t)->dtype;
     for (int64_t t = 0; t < T; t++)
         for (int i = 0; i < half; i++) { // angles in float32, as the ag_rope kernel and HF form them
             float a = (float)(pos0 + t) * ag_rope_freq_at(f, i, hd);
             float c = (float)cos((double)a) * scale, sn = (float)sin((double)a) * scale;
-            (*cos_t)->data[t * hd + i] = (*cos_t)->data[t * hd + half + i] = c;
-            (*sin_t)->data[t * hd + i] = (*sin_t)->data[t * hd + half + i] = sn;
+            ag_set(cd, dt, t * hd + i, c), ag_set(cd, dt, t * hd + half + i, c);
+            ag_set(sd, dt, t * hd + i, sn), ag_set(sd, dt, t * hd + half + i, sn);
         }
     return true;
 }
 
 // y (+)= x * cos + rotate_half(x) * (sign * sin); sign -1 is the transpose, the backward.
 typedef struct {
-    float *y;
-    const float *x, *cs, *sn;
+    ag_buf y, x, cs, sn;
     int64_t T;
     int nh, hd;
     float sign;
@@ -69,22 +70,25 @@ static void rotate_part(void *p, int64_t lo, int64_t hi, int thread) {
     const rotate_args *ra = p;
     const int half = ra->hd / 2;
     const int64_t width = (int64_t)ra->nh * ra->hd, T = ra->T;
+    float cb[ra->hd], sb[ra->hd], xb[width], yb[width];
     for (int64_t r = lo; r < hi; r++) {
-        const float *c = ra->cs + (r % T) * ra->hd, *s = ra->sn + (r % T) * ra->hd;
-        ag_rope_row(ra->y + r * width, ra->x + r * width, c, s, c + half, s + half, ra->nh, ra->hd, ra->sign,
+        const float *c = ag_rd(ra->cs, (r % T) * ra->hd, ra->hd, cb), *s = ag_rd(ra->sn, (r % T) * ra->hd, ra->hd, sb);
+        float *y = ra->accumulate ? ag_rw(ra->y, r * width, width, yb) : ag_wr(ra->y, r * width, yb);
+        ag_rope_row(y, ag_rd(ra->x, r * width, width, xb), c, s, c + half, s + half, ra->nh, ra->hd, ra->sign,
                     ra->accumulate);
+        ag_wr_end(ra->y, r * width, width, y);
     }
 }
 
-static void rotate(float *y, bool accumulate, const float *x, const float *cs, const float *sn, int64_t B, int64_t T,
-                   int nh, int hd, float sign) {
+static void rotate(ag_buf y, bool accumulate, ag_buf x, ag_buf cs, ag_buf sn, int64_t B, int64_t T, int nh, int hd,
+                   float sign) {
     rotate_args a = {y, x, cs, sn, T, nh, hd, sign, accumulate};
     ag_parallel_for(B * T, AG_PAR_GRAIN / ((int64_t)nh * hd) + 1, rotate_part, &a);
 }
 
 // Backward: dy * cos and the sliced gradient of rotate_half(x) * sin, two x-sized tensors,
 // summed into dx.
-static void rope_cs_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
+static void rope_cs_backward(ag_ctx *ctx, ag_node *n, const void *dy) {
     const ag_rope_cs_state *st = &n->state.rope_cs;
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d)) return;
@@ -95,7 +99,8 @@ static void rope_cs_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
     if (!ag_alloc_block(ctx, &t1, bytes, MP_ACTIVATION, label)) return;
     ag_label(label, mp_site_name(n->site), "dsin");
     if (ag_alloc_block(ctx, &t2, bytes, MP_ACTIVATION, label) && !mp_is_meta())
-        rotate(d.data, !d.fresh, dy, st->cos->data, st->sin->data, st->B, st->T, st->heads, st->head_dim, -1.0f);
+        rotate(ag_dst_buf(&d), !d.fresh, (ag_buf){(void *)dy, n->grad_dtype}, ag_buf_of(st->cos), ag_buf_of(st->sin),
+               st->B, st->T, st->heads, st->head_dim, -1.0f);
     mp_free(&t2);
     mp_free(&t1);
 }
@@ -121,20 +126,28 @@ static bool rope_cs_products(ag_ctx *ctx, const char *base, const ag_tensor *x, 
     bool ok = ag_alloc_exact(ctx, xc, bytes, MP_ACTIVATION, l[0]) &&
               ag_alloc_exact(ctx, &neg, xbytes / 2, MP_ACTIVATION, l[1]) &&
               ag_alloc_exact(ctx, &rot, xbytes, MP_ACTIVATION, l[2]);
+    const ag_dtype pt = ag_dtype_of_bits(ag_max_bits(x->bits, cs->bits), ctx->dtype.fp16);
+    ag_buf X = ag_buf_of(x), C = ag_buf_of(cs), S = ag_buf_of(sn), XC = {xc->data, pt}, NG = {neg.data, x->dtype},
+           RT = {rot.data, x->dtype};
+    float xb[hd], cb[hd], ob[hd], gb[hd], rb[hd];
     if (ok && !mp_is_meta())
         for (int64_t r = 0; r < rows; r++) { // r: one (row, head) of hd elements
-            const float *xr = x->data + r * hd, *c = cs->data + ((r * hd / width) % T) * hd;
-            float *o = (float *)xc->data + r * hd, *ng = (float *)neg.data + r * half, *rt = (float *)rot.data + r * hd;
+            const float *xr = ag_rd(X, r * hd, hd, xb), *c = ag_rd(C, ((r * hd / width) % T) * hd, hd, cb);
+            float *o = ag_wr(XC, r * hd, ob), *ng = ag_wr(NG, r * half, gb), *rt = ag_wr(RT, r * hd, rb);
             for (int i = 0; i < hd; i++) o[i] = xr[i] * c[i];
             for (int i = 0; i < half; i++) ng[i] = -xr[half + i];
             for (int i = 0; i < half; i++) rt[i] = ng[i], rt[half + i] = xr[i];
+            ag_wr_end(XC, r * hd, hd, o), ag_wr_end(NG, r * half, half, ng), ag_wr_end(RT, r * hd, hd, rt);
         }
     mp_free(&neg);
     ok = ok && ag_alloc_exact(ctx, rs, bytes, MP_ACTIVATION, l[3]);
+    ag_buf RS = {rs->data, pt};
     if (ok && !mp_is_meta())
         for (int64_t r = 0; r < rows; r++) {
-            const float *s = sn->data + ((r * hd / width) % T) * hd, *rt = (const float *)rot.data + r * hd;
-            for (int i = 0; i < hd; i++) ((float *)rs->data)[r * hd + i] = rt[i] * s[i];
+            const float *s = ag_rd(S, ((r * hd / width) % T) * hd, hd, cb), *rt = ag_rd(RT, r * hd, hd, rb);
+            float *o = ag_wr(RS, r * hd, ob);
+            for (int i = 0; i < hd; i++) o[i] = rt[i] * s[i];
+            ag_wr_end(RS, r * hd, hd, o);
         }
     mp_free(&rot);
     if (!ok) mp_free(xc), mp_free(rs);
@@ -158,7 +171,7 @@ ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int h
     if (!rope_cs_products(ctx, s.base, x, cos_t, sin_t, hd, &xc, &rs)) return NULL;
     ag_tensor *y = ag_tensor_new_bits(ctx, 3, x->shape, MP_ACTIVATION, s.out, ag_max_bits(x->bits, cos_t->bits));
     if (y && !mp_is_meta())
-        for (int64_t i = 0; i < x->numel; i++) y->data[i] = ((float *)xc.data)[i] + ((float *)rs.data)[i];
+        ag_vec_add(ag_buf_of(y), (ag_buf){xc.data, y->dtype}, (ag_buf){rs.data, y->dtype}, x->numel);
     mp_free(&rs);
     mp_free(&xc);
     if (!y) return NULL;

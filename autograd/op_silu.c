@@ -47,37 +47,40 @@ static void silu_bwd(float *dx, const float *dy, const float *x, int64_t n, bool
 }
 
 typedef struct {
-    float *out;
-    const float *x, *dy; // dy: NULL in forward
+    ag_buf out, x, dy; // dy.p: NULL in forward
     bool fresh;
 } silu_args;
+
+static void silu_block(const silu_args *a, float *y, const float *x, const float *dy, int64_t n) {
+    bool vec = false;
+#if defined(__x86_64__)
+    vec = ag_has_avx512();
+    if (vec && !dy) silu_fwd_avx512(y, x, n);
+    if (vec && dy) silu_bwd_avx512(y, dy, x, n, a->fresh);
+#endif
+    if (!vec && !dy) silu_fwd(y, x, n);
+    if (!vec && dy) silu_bwd(y, dy, x, n, a->fresh);
+}
 
 static void silu_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const silu_args *a = p;
-    bool vec = false;
-#if defined(__x86_64__)
-    vec = ag_has_avx512();
-#endif
-    if (!a->dy) {
-#if defined(__x86_64__)
-        if (vec) silu_fwd_avx512(a->out + lo, a->x + lo, hi - lo);
-#endif
-        if (!vec) silu_fwd(a->out + lo, a->x + lo, hi - lo);
-        return;
+    float xb[AG_BLK], gb[AG_BLK], ob[AG_BLK];
+    for (int64_t i = lo; i < hi; i += AG_BLK) {
+        int64_t n = hi - i < AG_BLK ? hi - i : AG_BLK;
+        const float *x = ag_rd(a->x, i, n, xb), *dy = a->dy.p ? ag_rd(a->dy, i, n, gb) : NULL;
+        float *o = dy && !a->fresh ? ag_rw(a->out, i, n, ob) : ag_wr(a->out, i, ob);
+        silu_block(a, o, x, dy, n);
+        ag_wr_end(a->out, i, n, o);
     }
-#if defined(__x86_64__)
-    if (vec) silu_bwd_avx512(a->out + lo, a->dy + lo, a->x + lo, hi - lo, a->fresh);
-#endif
-    if (!vec) silu_bwd(a->out + lo, a->dy + lo, a->x + lo, hi - lo, a->fresh);
 }
 
 // Backward needs x: dy/dx = s (1 + x (1 - s)), s = sigmoid(x). Keeping y instead would not
 // spare x's sigmoid, and x is usually kept alive anyway (by the gate projection's output).
-static void silu_backward(ag_ctx *ctx, ag_node *n, const float *dy) {
+static void silu_backward(ag_ctx *ctx, ag_node *n, const void *dy) {
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d) || mp_is_meta()) return;
-    silu_args a = {d.data, n->state.silu.x->data, dy, d.fresh};
+    silu_args a = {ag_dst_buf(&d), ag_buf_of(n->state.silu.x), {(void *)dy, n->grad_dtype}, d.fresh};
     ag_parallel_for(n->numel, AG_PAR_GRAIN_EXP, silu_part, &a);
 }
 
@@ -91,7 +94,7 @@ ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x) {
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
     if (!y) return NULL;
     if (!mp_is_meta()) {
-        silu_args a = {y->data, x->data, NULL, false};
+        silu_args a = {ag_buf_of(y), ag_buf_of(x), {0}, false};
         ag_parallel_for(x->numel, AG_PAR_GRAIN_EXP, silu_part, &a);
     }
     if (!ag_any_needs_grad(ctx, 1, ins)) return y;

@@ -157,7 +157,9 @@ static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
     }
     uint64_t bytes = bits ? (uint64_t)numel * (uint64_t)bits / 8 : ag_billed_bytes(ctx, ndim, shape, cat, label);
     char detail[AG_LABEL_MAX];
-    describe(detail, sizeof detail, ndim, shape, bits ? bits : category_bits(ctx, cat), ctx->dtype.fp16);
+    int ebits = bits ? bits : category_bits(ctx, cat);
+    if (!bits && cat == MP_WEIGHT && ebits < 16 && ndim == 1) ebits = ctx->dtype.act_bits; // as billed
+    describe(detail, sizeof detail, ndim, shape, ebits, ctx->dtype.fp16);
     if (!alloc_described(ctx, &t->block, (size_t)bytes, cat, label, detail)) {
         free(t);
         return NULL;
@@ -167,7 +169,8 @@ static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
     t->numel = numel;
     t->data = t->block.data;
     t->refcount = 1;
-    t->bits = bits ? bits : category_bits(ctx, cat);
+    t->bits = ebits;
+    t->dtype = ag_dtype_of_bits(t->bits, ctx->dtype.fp16);
     t->site = t->block.site;
     return t;
 }

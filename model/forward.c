@@ -43,7 +43,7 @@ static void fill_mask(ag_tensor *mask, int64_t T, int64_t window) {
     const int64_t rows = mask->shape[0], cols = mask->shape[1];
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < cols; j++)
-            mask->data[r * cols + j] = j > r % T || (window > 0 && r % T - j >= window) ? -FLT_MAX : 0.0f;
+            ag_f32(mask)[r * cols + j] = j > r % T || (window > 0 && r % T - j >= window) ? -FLT_MAX : 0.0f;
 }
 
 // What transformers' LlamaModel.forward makes before its first layer: the rotary tables, the 4-D

@@ -69,7 +69,7 @@ static ag_tensor *last_position(ag_ctx *ctx, ag_tensor *x) {
     ag_tensor *y = ag_tensor_new(ctx, 3, (int64_t[]){B, 1, H}, MP_ACTIVATION, "last_position:out");
     if (y && y->data)
         for (int64_t b = 0; b < B; b++)
-            memcpy(y->data + b * H, x->data + (b * t + t - 1) * H, (size_t)H * sizeof(float));
+            memcpy(ag_f32(y) + b * H, ag_f32(x) + (b * t + t - 1) * H, (size_t)H * sizeof(float));
     ag_release(x);
     return y;
 }
@@ -110,7 +110,7 @@ static void pick(gen *g, const ag_tensor *logits) {
     for (int64_t b = 0; b < g->B; b++) {
         g->next[b] = 0;
         if (!logits->data) continue;
-        const float *row = logits->data + (b * t + t - 1) * V;
+        const float *row = ag_f32(logits) + (b * t + t - 1) * V;
         for (int64_t j = 1; j < V; j++)
             if (row[j] > row[g->next[b]]) g->next[b] = (int32_t)j;
     }

@@ -108,7 +108,7 @@ void llama_model_init_random(llama_model *m, uint64_t seed) {
             const char *name = ag_tensor_name(p);
             size_t n = strlen(name);
             float v = n >= 5 && strcmp(name + n - 5, ".bias") == 0 ? 0.0f : 1.0f;
-            for (int64_t j = 0; j < p->numel; j++) p->data[j] = v;
+            for (int64_t j = 0; j < p->numel; j++) ag_f32(p)[j] = v;
         } else {
             uint64_t s = seed * 0x9e3779b97f4a7c15ULL + i;
             fill_normal(p->data, p->numel, 0.02f, splitmix(&s));

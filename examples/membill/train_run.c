@@ -73,7 +73,7 @@ static int run_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long 
     llama_forward_opts fo = {.checkpointing = r->checkpointing};
     ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, r->ids, r->batch, r->seq_len, err);
     if (!loss) return -1;
-    rec->loss = loss->data ? loss->data[0] : NAN;
+    rec->loss = loss->data ? ag_f32(loss)[0] : NAN;
     cli_saved_by_role(ctx, rec->saved_by_role); // plain malloc: it moves "other" only
     double t1 = now_s();
     rec->forward_s = t1 - t0;

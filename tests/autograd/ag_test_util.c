@@ -60,7 +60,7 @@ void ag_fill(ag_tensor *t, uint64_t seed, float lo, float hi) {
     if (!t->data) return;
     for (int64_t i = 0; i < t->numel; i++) {
         double u = (double)(splitmix(seed * 1000003ull + (uint64_t)i) >> 11) / 9007199254740992.0;
-        t->data[i] = lo + (hi - lo) * (float)u;
+        ag_f32(t)[i] = lo + (hi - lo) * (float)u;
     }
 }
 
@@ -81,7 +81,7 @@ ag_tensor *ag_test_const(ag_ctx *ctx, int ndim, const int64_t *shape, const char
 ag_tensor *ag_test_ones(ag_ctx *ctx, const ag_tensor *like) {
     ag_tensor *t = ag_tensor_new(ctx, like->ndim, like->shape, MP_ACTIVATION, "test:ones");
     assert_non_null(t);
-    for (int64_t i = 0; t->data && i < t->numel; i++) t->data[i] = 1.0f;
+    for (int64_t i = 0; t->data && i < t->numel; i++) ag_f32(t)[i] = 1.0f;
     return t;
 }
 
@@ -92,7 +92,7 @@ static double objective(ag_ctx *ctx, ag_graph_fn f, const void *arg, ag_tensor *
     ag_set_grad_enabled(ctx, was);
     assert_non_null(out);
     double l = 0.0;
-    for (int64_t i = 0; i < out->numel; i++) l += (double)out->data[i] * (dout ? dout[i] : 1.0);
+    for (int64_t i = 0; i < out->numel; i++) l += (double)ag_f32(out)[i] * (dout ? dout[i] : 1.0);
     ag_release(out);
     return l;
 }
@@ -131,7 +131,7 @@ double ag_fd_worst(ag_ctx *ctx, ag_graph_fn f, const void *arg, int nin, ag_tens
             corrupted = true;
         }
         for (int64_t e = 0; e < in[i]->numel; e++) {
-            float *x = &in[i]->data[e], x0 = *x;
+            float *x = &ag_f32(in[i])[e], x0 = *x;
             *x = x0 + (float)h;
             double hp = (double)*x - x0; // the step float32 really took
             double lp = objective(ctx, f, arg, in, dd);

@@ -92,14 +92,14 @@ static void test_causal_mask(void **state) {
     const int64_t j = 3; // perturb key and value at position 3 of both rows
     for (int64_t b = 0; b < 2; b++)
         for (int e = 0; e < 6; e++) {
-            in[1]->data[(b * 5 + j) * 6 + e] += 1.0f;
-            in[2]->data[(b * 5 + j) * 6 + e] -= 1.0f;
+            ag_f32(in[1])[(b * 5 + j) * 6 + e] += 1.0f;
+            ag_f32(in[2])[(b * 5 + j) * 6 + e] -= 1.0f;
         }
     ag_tensor *after = g_attention(ctx, in, &c);
     const int64_t row = 4 * 3; // one position, all heads
     for (int64_t b = 0; b < 2; b++)
         for (int64_t i = 0; i < 5; i++) {
-            const float *x = before->data + (b * 5 + i) * row, *y = after->data + (b * 5 + i) * row;
+            const float *x = ag_f32(before) + (b * 5 + i) * row, *y = ag_f32(after) + (b * 5 + i) * row;
             if (i < j)
                 assert_memory_equal(x, y, row * sizeof(float));
             else
@@ -116,7 +116,7 @@ static void test_causal_mask(void **state) {
         for (int64_t i = 0; i < 5; i++) {
             double total = 0.0;
             for (int64_t k = 0; k < 5; k++) {
-                float pk = p->data[(s * 5 + i) * 5 + k];
+                float pk = ag_f32(p)[(s * 5 + i) * 5 + k];
                 if (k > i)
                     assert_true(pk == 0.0f);
                 else

@@ -173,10 +173,10 @@ static void test_saved_lean(void **state) {
     double z = 0.0;
     for (int64_t j = 0; j <= 20; j++) {
         double s = 0.0;
-        for (int d = 0; d < 16; d++) s += (double)in[0]->data[d] * in[1]->data[j * 32 + d];
+        for (int d = 0; d < 16; d++) s += (double)ag_f32(in[0])[d] * ag_f32(in[1])[j * 32 + d];
         z += exp(s / 4.0);
     }
-    assert_true(fabs(lse->data[0] - log(z)) < 1e-5 * fabs(log(z)) + 1e-6);
+    assert_true(fabs(ag_f32(lse)[0] - log(z)) < 1e-5 * fabs(log(z)) + 1e-6);
     ag_release(o);
     ag_tape_clear(ctx);
     // No grad mode: no node, no log-sum-exp; only the output is left.
@@ -214,7 +214,7 @@ static void test_saved_pytorch(void **state) {
     for (int i = 0; i < info.nsaved; i++) assert_true(info.saved[i] != o);
     for (int64_t t = 0; t < 33; t++) // the copy is the transpose
         for (int h = 0; h < 6; h++)
-            assert_memory_equal(o->data + (33 + t) * 96 + h * 16, so->data + ((6 + h) * 33 + t) * 16, 16 * 4);
+            assert_memory_equal(ag_f32(o) + (33 + t) * 96 + h * 16, ag_f32(so) + ((6 + h) * 33 + t) * 16, 16 * 4);
     assert_string_equal(ag_tensor_name(info.saved[4]), "layers.0.self_attn:lse");
     uint64_t want = 2 * bytes_of(&c, c.Tq, c.Hq) + 2 * bytes_of(&c, c.Tk, c.Hkv) + 2 * 6 * 33 * 4;
     assert_int_equal(info.saved_bytes, want);

@@ -173,14 +173,14 @@ static void cached_matches(ag_framework f, ag_attention_kind kind, const win_cas
             int64_t w = i ? wk : wq;
             part[i] = ag_tensor_new(ctx, 3, (int64_t[]){c->B, t, w}, MP_ACTIVATION, "test:part");
             for (int64_t b = 0; b < c->B; b++)
-                memcpy(part[i]->data + b * t * w, in[i]->data + (b * c->T + t0) * w, (size_t)(t * w) * sizeof(float));
+                memcpy(ag_f32(part[i]) + b * t * w, ag_f32(in[i]) + (b * c->T + t0) * w, (size_t)(t * w) * sizeof(float));
         }
         assert_true(ag_kv_cache_append(ctx, cache, part[1], part[2]));
         ag_tensor *o = ag_attention_cached_window(ctx, SITE, part[0], cache, NULL, 0, c->Hq, c->window);
         if (!o) fail_msg("attention_cached: %s", ag_ctx_error(ctx));
         for (int64_t b = 0; b < c->B; b++) {
             const float *want = train[0] + (b * c->T + t0) * wq;
-            float *got = o->data + b * t * wq;
+            float *got = ag_f32(o) + b * t * wq;
             double r = ag_rel_diff(got, want, t * wq);
             if (!(r < 1e-5))
                 fail_msg("window %lld, tokens from %lld: differs by %g", (long long)c->window, (long long)t0, r);

@@ -18,7 +18,7 @@ static void check_shape(ag_ctx *ctx, int64_t M, int64_t N, int64_t K) {
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++)
             for (int64_t k = 0; k < K; k++) {
-                double xv = x->data[i * K + k], wv = w->data[j * K + k], g = dy->data[i * N + j];
+                double xv = ag_f32(x)[i * K + k], wv = ag_f32(w)[j * K + k], g = ag_f32(dy)[i * N + j];
                 ref[i * N + j] += xv * wv;
                 dx[i * K + k] += g * wv;
                 dw[j * K + k] += g * xv;

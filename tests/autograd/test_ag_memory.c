@@ -140,7 +140,7 @@ static chain_stats run_chain(ag_ctx *ctx, tiny *m) {
     st.saved = ag_tape_saved_bytes(ctx);
     st.forward_live = mp_get_counter(MP_ACTIVATION).live;
     st.forward_peak = mp_get_counter(MP_ACTIVATION).peak;
-    st.loss = loss->data ? loss->data[0] : NAN;
+    st.loss = loss->data ? ag_f32(loss)[0] : NAN;
     mp_reset_peaks();
     assert_int_equal(ag_backward(ctx, loss), AG_OK);
     st.backward_peak = mp_get_counter(MP_ACTIVATION).peak;
@@ -262,7 +262,7 @@ static void test_no_grad(void **state) {
     assert_false(loss->requires_grad);
     assert_int_equal(mp_get_counter(MP_ACTIVATION).live, sizeof(float));
     assert_true(mp_get_counter(MP_ACTIVATION).peak < st.forward_peak / 2);
-    assert_true(loss->data[0] == st.loss);
+    assert_true(ag_f32(loss)[0] == st.loss);
     assert_int_equal(ag_backward(ctx, loss), AG_ERR_STATE);
     assert_non_null(strstr(ag_ctx_error(ctx), "no graph"));
     ag_release(loss);
@@ -284,7 +284,7 @@ static void test_grad_accumulates(void **state) {
     assert_int_equal(mp_get_counter(MP_GRADIENT).live, grad_bytes);
     for (int64_t i = 0; i < n; i++) {
         float twice = 2.0f * first[i];
-        assert_true(fabsf(m.p[0]->grad->data[i] - twice) <= 1e-5f * (1.0f + fabsf(twice)));
+        assert_true(fabsf(ag_f32(m.p[0]->grad)[i] - twice) <= 1e-5f * (1.0f + fabsf(twice)));
     }
     free(first);
     for (int i = 0; i < NPARAMS; i++) {
@@ -314,8 +314,8 @@ static void test_unused_branch_and_long_tape(void **state) {
     assert_null(w2->grad);
     for (int o = 0; o < 2; o++) // dw1[o, i] = Σ_rows x[r, i]
         for (int i = 0; i < 4; i++) {
-            float want = x->data[i] + x->data[4 + i] + x->data[8 + i];
-            assert_true(fabsf(w1->grad->data[o * 4 + i] - want) < 1e-6f);
+            float want = ag_f32(x)[i] + ag_f32(x)[4 + i] + ag_f32(x)[8 + i];
+            assert_true(fabsf(ag_f32(w1->grad)[o * 4 + i] - want) < 1e-6f);
         }
     ag_release(ones);
     ag_release(y);

@@ -41,7 +41,7 @@ static void test_linear(void **state) {
     for (int m = 0; m < 6; m++)
         for (int o = 0; o < 5; o++) {
             ref[m * 5 + o] = 0.0;
-            for (int i = 0; i < 4; i++) ref[m * 5 + o] += (double)x->data[m * 4 + i] * w->data[o * 4 + i];
+            for (int i = 0; i < 4; i++) ref[m * 5 + o] += (double)ag_f32(x)[m * 4 + i] * ag_f32(w)[o * 4 + i];
         }
     assert_true(ag_max_diff(y->data, ref, 30) < 1e-5);
     assert_string_equal(ag_tensor_name(y), "t.linear:out");
@@ -73,11 +73,11 @@ static void test_linear_bias(void **state) {
         double ref[30];
         for (int m = 0; m < 6; m++)
             for (int o = 0; o < 5; o++) {
-                ref[m * 5 + o] = b->data[o];
-                for (int i = 0; i < 4; i++) ref[m * 5 + o] += (double)x->data[m * 4 + i] * w->data[o * 4 + i];
+                ref[m * 5 + o] = ag_f32(b)[o];
+                for (int i = 0; i < 4; i++) ref[m * 5 + o] += (double)ag_f32(x)[m * 4 + i] * ag_f32(w)[o * 4 + i];
             }
         assert_true(ag_max_diff(y->data, ref, 30) < 1e-5);
-        assert_true(fabs(ref[0] - (ref[0] - b->data[0])) > 1e-3); // the bias does move the output
+        assert_true(fabs(ref[0] - (ref[0] - ag_f32(b)[0])) > 1e-3); // the bias does move the output
         ag_release(y);
         ag_tape_clear(ctx);
         ag_tensor *in[] = {x, w, b};
@@ -130,7 +130,7 @@ static void test_embedding(void **state) {
     assert_int_equal(y->shape[0], 2);
     assert_int_equal(y->shape[1], 3);
     assert_int_equal(y->shape[2], 4);
-    for (int r = 0; r < 6; r++) assert_memory_equal(y->data + r * 4, table->data + emb_ids[r] * 4, 4 * sizeof(float));
+    for (int r = 0; r < 6; r++) assert_memory_equal(ag_f32(y) + r * 4, ag_f32(table) + emb_ids[r] * 4, 4 * sizeof(float));
     ag_node_info info;
     assert_true(ag_tape_node(ctx, 0, &info));
     assert_int_equal(info.saved_bytes, 0);
@@ -142,21 +142,21 @@ static void test_embedding(void **state) {
     ag_tensor *ones = ag_test_ones(ctx, y);
     assert_int_equal(ag_backward_grad(ctx, y, ones), AG_OK);
     for (int j = 0; j < 4; j++) {
-        assert_true(table->grad->data[2 * 4 + j] == 0.0f);
-        assert_true(table->grad->data[4 * 4 + j] == 3.0f);
-        assert_true(table->grad->data[1 * 4 + j] == 2.0f);
+        assert_true(ag_f32(table->grad)[2 * 4 + j] == 0.0f);
+        assert_true(ag_f32(table->grad)[4 * 4 + j] == 3.0f);
+        assert_true(ag_f32(table->grad)[1 * 4 + j] == 2.0f);
     }
     ag_release(ones);
     ag_release(y);
     // nn.Embedding(padding_idx=4): the same lookup, and the row of id 4 gets nothing
     ag_zero_grad(table);
     y = ag_embedding_padded(ctx, "t.embed", emb_ids, 2, 3, table, 4);
-    for (int r = 0; r < 6; r++) assert_memory_equal(y->data + r * 4, table->data + emb_ids[r] * 4, 4 * sizeof(float));
+    for (int r = 0; r < 6; r++) assert_memory_equal(ag_f32(y) + r * 4, ag_f32(table) + emb_ids[r] * 4, 4 * sizeof(float));
     ones = ag_test_ones(ctx, y);
     assert_int_equal(ag_backward_grad(ctx, y, ones), AG_OK);
     for (int j = 0; j < 4; j++) {
-        assert_true(table->grad->data[4 * 4 + j] == 0.0f);
-        assert_true(table->grad->data[1 * 4 + j] == 2.0f);
+        assert_true(ag_f32(table->grad)[4 * 4 + j] == 0.0f);
+        assert_true(ag_f32(table->grad)[1 * 4 + j] == 2.0f);
     }
     ag_release(ones);
     ag_release(y);
@@ -197,8 +197,8 @@ static void test_tied_embedding(void **state) {
     double both[15];
     double norm = 0.0;
     for (int i = 0; i < 15; i++) {
-        both[i] = (double)table->grad->data[i] + copy->grad->data[i];
-        norm += fabs((double)table->grad->data[i]) * fabs((double)copy->grad->data[i]);
+        both[i] = (double)ag_f32(table->grad)[i] + ag_f32(copy->grad)[i];
+        norm += fabs((double)ag_f32(table->grad)[i]) * fabs((double)ag_f32(copy->grad)[i]);
     }
     assert_true(norm > 1e-4); // both paths really contribute
     assert_true(ag_max_diff(tied, both, 15) < 1e-6);
@@ -344,7 +344,7 @@ static void test_silu(void **state) {
     ag_fill(x, 12, -4.0f, 4.0f);
     ag_tensor *y = ag_silu(ctx, "t.silu", x);
     double ref[30];
-    for (int i = 0; i < 30; i++) ref[i] = x->data[i] / (1.0 + exp(-(double)x->data[i]));
+    for (int i = 0; i < 30; i++) ref[i] = ag_f32(x)[i] / (1.0 + exp(-(double)ag_f32(x)[i]));
     assert_true(ag_max_diff(y->data, ref, 30) < 1e-5);
     ag_release(y);
     ag_tape_clear(ctx);
@@ -368,7 +368,7 @@ static void test_mul(void **state) {
     ag_tensor *b = ag_test_param(ctx, 2, (int64_t[]){3, 4}, "b", 14);
     ag_tensor *in[] = {a, b};
     ag_tensor *y = g_mul(ctx, in, NULL);
-    for (int i = 0; i < 12; i++) assert_true(y->data[i] == a->data[i] * b->data[i]);
+    for (int i = 0; i < 12; i++) assert_true(ag_f32(y)[i] == ag_f32(a)[i] * ag_f32(b)[i]);
     ag_release(y);
     ag_tape_clear(ctx);
     ag_fd_check(ctx, g_mul, NULL, 2, in);
@@ -414,7 +414,7 @@ static void test_add(void **state) {
     ag_tensor *b = ag_test_param(ctx, 2, (int64_t[]){3, 4}, "b", 17);
     ag_tensor *in[] = {a, b};
     ag_tensor *y = g_add(ctx, in, NULL);
-    for (int i = 0; i < 12; i++) assert_true(y->data[i] == a->data[i] + b->data[i]);
+    for (int i = 0; i < 12; i++) assert_true(ag_f32(y)[i] == ag_f32(a)[i] + ag_f32(b)[i]);
     assert_int_equal(ag_tape_saved_bytes(ctx), 0);
     ag_release(y);
     ag_tape_clear(ctx);
@@ -452,7 +452,7 @@ static void test_cross_entropy(void **state) {
     ag_tensor *loss = g_ce(ctx, &logits, NULL);
     assert_int_equal(loss->numel, 1);
     double ref = ce_reference(logits->data, ce_ids, 2, 4, 7);
-    assert_true(fabs(loss->data[0] - ref) < 1e-5);
+    assert_true(fabs(ag_f32(loss)[0] - ref) < 1e-5);
     // Saved: the logits themselves (no copy) and one logsumexp per predicting position.
     ag_node_info info;
     assert_true(ag_tape_node(ctx, 0, &info));
@@ -466,14 +466,14 @@ static void test_cross_entropy(void **state) {
     int32_t ids2[8];
     memcpy(ids2, ce_ids, sizeof ids2);
     ids2[0] = 6, ids2[4] = 0;
-    logits->data[3 * 7 + 2] += 5.0f;
+    ag_f32(logits)[3 * 7 + 2] += 5.0f;
     ag_set_grad_enabled(ctx, false);
     loss = ag_cross_entropy(ctx, "loss", logits, ids2);
-    assert_true(fabs(loss->data[0] - ref) < 1e-5);
+    assert_true(fabs(ag_f32(loss)[0] - ref) < 1e-5);
     ag_release(loss);
     ids2[1] = 1; // a real label: the loss must move
     loss = ag_cross_entropy(ctx, "loss", logits, ids2);
-    assert_true(fabs(loss->data[0] - ref) > 1e-3);
+    assert_true(fabs(ag_f32(loss)[0] - ref) > 1e-3);
     ag_release(loss);
     ag_release(logits);
 }

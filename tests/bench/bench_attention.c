@@ -18,7 +18,7 @@ static ag_tensor *leaf(ag_ctx *ctx, int64_t T, int64_t width, float amp) {
     ag_tensor *t = bench_checked("bench_attention", ctx,
                                  ag_tensor_new(ctx, 3, (int64_t[]){1, T, width}, MP_ACTIVATION, "bench:input"));
     t->requires_grad = true;
-    for (int64_t i = 0; i < t->numel; i++) t->data[i] = amp * (bench_uniform() - 0.5f);
+    for (int64_t i = 0; i < t->numel; i++) ag_f32(t)[i] = amp * (bench_uniform() - 0.5f);
     return t;
 }
 
@@ -51,7 +51,7 @@ static result run(ag_ctx *ctx, ag_attention_kind kind, int64_t T, int reps) {
             bench_checked("bench_attention", ctx, ag_attention(ctx, "layers.0.self_attn", q, k, v, HQ, HKV, HD));
         double t1 = bench_now();
         ag_tensor *seed = bench_checked("bench_attention", ctx, ag_tensor_new(ctx, 3, o->shape, MP_ACTIVATION, "seed"));
-        for (int64_t e = 0; e < seed->numel; e++) seed->data[e] = bench_uniform() - 0.5f;
+        for (int64_t e = 0; e < seed->numel; e++) ag_f32(seed)[e] = bench_uniform() - 0.5f;
         double t2 = bench_now();
         if (ag_backward_grad(ctx, o, seed) != AG_OK) bench_checked("bench_attention", ctx, NULL);
         double t3 = bench_now();

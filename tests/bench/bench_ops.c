@@ -23,7 +23,7 @@ typedef struct {
 static void add_leaf(bench_case *c, int ndim, const int64_t *shape, mp_category cat) {
     ag_tensor *t = bench_checked("bench_ops", c->ctx, ag_tensor_new(c->ctx, ndim, shape, cat, "bench:input"));
     t->requires_grad = true;
-    for (int64_t i = 0; i < t->numel; i++) t->data[i] = 0.1f * (bench_uniform() - 0.5f);
+    for (int64_t i = 0; i < t->numel; i++) ag_f32(t)[i] = 0.1f * (bench_uniform() - 0.5f);
     c->in[c->nin++] = t;
 }
 
@@ -153,7 +153,7 @@ static bench_result run_op(ag_ctx *ctx, const bench_op *op, int64_t T, int32_t *
         ag_blas_stats s1 = ag_get_blas_stats();
         ag_tensor *seed =
             bench_checked("bench_ops", c.ctx, ag_tensor_new(ctx, y->ndim, y->shape, MP_ACTIVATION, "seed"));
-        for (int64_t i = 0; i < seed->numel; i++) seed->data[i] = 1.0f;
+        for (int64_t i = 0; i < seed->numel; i++) ag_f32(seed)[i] = 1.0f;
         double t2 = bench_now();
         if (ag_backward_grad(ctx, y, seed) != AG_OK) bench_checked("bench_ops", c.ctx, NULL);
         double t3 = bench_now();

@@ -206,7 +206,7 @@ static float forward_backward_opts(run *r, const llama_forward_opts *opts) {
     assert_int_equal(live(MP_GRADIENT), 0);
     assert_true(live(MP_ACTIVATION) > 0); // what the tape saved
     if (ag_backward(r->ctx, loss) != AG_OK) fail_msg("backward: %s", ag_ctx_error(r->ctx));
-    float l = loss->data[0];
+    float l = ag_f32(loss)[0];
     ag_release(loss);
     assert_int_equal(live(MP_WEIGHT), 4 * r->nparams);
     assert_int_equal(live(MP_GRADIENT), 4 * r->nparams);

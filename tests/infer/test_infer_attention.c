@@ -18,7 +18,7 @@ static float value(uint64_t seed, int64_t i) {
 static ag_tensor *tensor(ag_ctx *ctx, int64_t t, int heads, uint64_t seed, const char *site) {
     ag_tensor *x = ag_tensor_new(ctx, 3, (int64_t[]){B, t, (int64_t)heads * D}, MP_ACTIVATION, site);
     assert_non_null(x);
-    for (int64_t i = 0; x->data && i < x->numel; i++) x->data[i] = 2.0f * value(seed, i);
+    for (int64_t i = 0; x->data && i < x->numel; i++) ag_f32(x)[i] = 2.0f * value(seed, i);
     return x;
 }
 
@@ -28,7 +28,7 @@ static ag_tensor *rows(ag_ctx *ctx, const ag_tensor *x, int64_t from, int64_t t)
     ag_tensor *y = ag_tensor_new(ctx, 3, (int64_t[]){B, t, W}, MP_ACTIVATION, "rows");
     assert_non_null(y);
     for (int64_t b = 0; b < B; b++)
-        memcpy(y->data + b * t * W, x->data + (b * T + from) * W, (size_t)(t * W) * sizeof(float));
+        memcpy(ag_f32(y) + b * t * W, ag_f32(x) + (b * T + from) * W, (size_t)(t * W) * sizeof(float));
     return y;
 }
 
@@ -44,7 +44,7 @@ static double max_diff(const ag_tensor *a, const ag_tensor *b) {
     assert_int_equal(a->numel, b->numel);
     double m = 0;
     for (int64_t i = 0; i < a->numel; i++) {
-        double d = fabs((double)a->data[i] - b->data[i]);
+        double d = fabs((double)ag_f32(a)[i] - ag_f32(b)[i]);
         if (!(d <= m)) m = d;
     }
     return m;
@@ -90,7 +90,7 @@ static void test_matches_eager(void **s) {
             for (int t = 0; t < total; t++)
                 for (int d = 0; d < D; d++)
                     assert_true(kc[((b * HKV + g) * total + t) * D + d] ==
-                                k->data[((b * total + t) * HKV + g) * D + d]);
+                                ag_f32(k)[((b * total + t) * HKV + g) * D + d]);
     free(kc);
     ag_kv_cache_free(c);
     assert_int_equal(it_live(MP_CACHE), 0);
@@ -147,19 +147,19 @@ static void test_key_mask(void **s) {
             for (int64_t i = 0; i < 6; i++) {
                 double ref[D];
                 reference(ref, qn->data, k->data, v->data, mask, 6, T, b, h, i);
-                for (int d = 0; d < D; d++) worst = fmax(worst, fabs(ref[d] - o->data[((b * 6 + i) * HQ + h) * D + d]));
+                for (int d = 0; d < D; d++) worst = fmax(worst, fabs(ref[d] - ag_f32(o)[((b * 6 + i) * HQ + h) * D + d]));
             }
     if (!(worst < 1e-5)) fail_msg("max|cached - float64| = %g", worst);
     // Without the mask, row 1's real queries read the pads and differ.
     ag_tensor *u = ag_attention_cached(ctx, "l", qn, c, NULL, 0, HQ);
-    assert_true(fabs(u->data[(6 + 5) * HQ * D] - o->data[(6 + 5) * HQ * D]) > 1e-3);
+    assert_true(fabs(ag_f32(u)[(6 + 5) * HQ * D] - ag_f32(o)[(6 + 5) * HQ * D]) > 1e-3);
     // A query that sees only pads (row 1, position 1, as the 2-token prefix of the cache).
     ag_kv_cache *p = ag_kv_cache_new(ctx, "p", MP_ACTIVATION, B, HKV, D);
     ag_tensor *k0 = rows(ctx, k, 0, 2), *v0 = rows(ctx, v, 0, 2), *q0 = rows(ctx, q, 0, 2);
     assert_true(ag_kv_cache_append(ctx, p, k0, v0));
     ag_tensor *z = ag_attention_cached(ctx, "p", q0, p, mask, T, HQ);
-    for (int64_t j = 2 * HQ * D; j < 4 * HQ * D; j++) assert_true(z->data[j] == 0.0f);
-    for (int64_t j = 0; j < 2 * HQ * D; j++) assert_true(isfinite(z->data[j]));
+    for (int64_t j = 2 * HQ * D; j < 4 * HQ * D; j++) assert_true(ag_f32(z)[j] == 0.0f);
+    for (int64_t j = 0; j < 2 * HQ * D; j++) assert_true(isfinite(ag_f32(z)[j]));
     ag_release(z), ag_release(k0), ag_release(v0), ag_release(q0), ag_kv_cache_free(p);
     ag_release(u), ag_release(o), ag_release(qn);
     ag_release(k1), ag_release(v1), ag_release(k2), ag_release(v2);

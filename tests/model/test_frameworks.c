@@ -39,7 +39,7 @@ static float loss_and_grads(const llama_config *c, ag_framework fw, const int32_
     llama_model_init_random(m, 3);
     ag_tensor *loss = llama_forward_loss(ctx, m, ids, B, T, &err);
     assert_non_null(loss);
-    float l = loss->data[0];
+    float l = ag_f32(loss)[0];
     assert_int_equal(ag_backward(ctx, loss), AG_OK);
     ag_release(loss);
     if (grads) {
@@ -121,15 +121,15 @@ static void test_finite_differences(void **state) {
         for (int k = 0; k < 3; k++) {
             // the embedding: rows the ids picked (its head gradient is dense, its lookup sparse)
             int64_t j = p == 0 ? (int64_t)ids[k] * c.hidden + 3 * k : (k * 97 + 13) % probe[p]->numel;
-            float w = probe[p]->data[j], h = 1e-2f, g = probe[p]->grad->data[j];
+            float w = ag_f32(probe[p])[j], h = 1e-2f, g = ag_f32(probe[p]->grad)[j];
             ag_set_grad_enabled(ctx, false);
-            probe[p]->data[j] = w + h;
+            ag_f32(probe[p])[j] = w + h;
             ag_tensor *lp = llama_forward_loss(ctx, m, ids, B, T, &err);
-            probe[p]->data[j] = w - h;
+            ag_f32(probe[p])[j] = w - h;
             ag_tensor *lm = llama_forward_loss(ctx, m, ids, B, T, &err);
-            probe[p]->data[j] = w;
+            ag_f32(probe[p])[j] = w;
             ag_set_grad_enabled(ctx, true);
-            double fd = ((double)lp->data[0] - lm->data[0]) / (2.0 * h);
+            double fd = ((double)ag_f32(lp)[0] - ag_f32(lm)[0]) / (2.0 * h);
             ag_release(lp);
             ag_release(lm);
             if (fabs(fd - g) > 2e-3 + 0.05 * fabs(g))

@@ -31,7 +31,7 @@ static void test_init_statistics(void **state) {
     double sum = 0, sq = 0, beyond3 = 0;
     int64_t n = m->embed->numel;
     for (int64_t i = 0; i < n; i++) {
-        double v = m->embed->data[i];
+        double v = ag_f32(m->embed)[i];
         sum += v;
         sq += v * v;
         beyond3 += fabs(v) > 3 * 0.02;
@@ -40,7 +40,7 @@ static void test_init_statistics(void **state) {
     assert_true(fabs(mean) < 1e-4);
     assert_true(fabs(sd - 0.02) < 2e-4);
     assert_true(fabs(beyond3 / (double)n - 0.0027) < 0.0005); // a normal's tails, not a uniform's
-    for (int64_t i = 0; i < m->norm->numel; i++) assert_true(m->norm->data[i] == 1.0f);
+    for (int64_t i = 0; i < m->norm->numel; i++) assert_true(ag_f32(m->norm)[i] == 1.0f);
 
     // Same seed, another thread count: the same values; another seed: different ones.
     ag_set_num_threads(1);

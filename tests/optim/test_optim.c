@@ -320,10 +320,10 @@ static void test_large_parameter(void **state) {
     float *g = malloc(R * C * sizeof(float));
     assert_non_null(g);
     for (int i = 0; i < R * C; i++) {
-        p->data[i] = (float)cos(0.01 * i);
+        ag_f32(p)[i] = (float)cos(0.01 * i);
         g[i] = (float)sin(0.37 * i);
     }
-    double w_first = p->data[0], w_last = p->data[R * C - 1];
+    double w_first = ag_f32(p)[0], w_last = ag_f32(p)[R * C - 1];
     optim_config c = cfg_of(OPTIM_ADAMW, 0.1f);
     ag_err e_ = {""};
     char *err = e_.msg;
@@ -337,10 +337,10 @@ static void test_large_parameter(void **state) {
     for (int i = 0; i < R * C; i++) {
         double gi = g[i];
         double want = (double)(float)cos(0.01 * i) * (1 - 0.1 * 0.01) - 0.1 * gi / (fabs(gi) + 1e-8);
-        if (!(fabs(p->data[i] - want) <= TOL)) fail_msg("element %d: %.9g, want %.9g", i, p->data[i], want);
+        if (!(fabs(ag_f32(p)[i] - want) <= TOL)) fail_msg("element %d: %.9g, want %.9g", i, ag_f32(p)[i], want);
     }
-    assert_true(g[0] == 0 && p->data[0] < (float)w_first); // decayed without a gradient
-    assert_true(p->data[R * C - 1] != (float)w_last);
+    assert_true(g[0] == 0 && ag_f32(p)[0] < (float)w_first); // decayed without a gradient
+    assert_true(ag_f32(p)[R * C - 1] != (float)w_last);
     free(g);
     optim_free(o);
     ag_release(p);
@@ -760,7 +760,7 @@ static float *grad_n(int64_t n, int s, float scale) {
 static ag_tensor *param_n(ag_ctx *ctx, const char *name, int64_t n, float phase) {
     ag_tensor *p = ag_param_new(ctx, 1, (int64_t[]){n}, name);
     assert_non_null(p);
-    for (int64_t i = 0; p->data && i < n; i++) p->data[i] = (float)cos(0.37 * (double)i + phase);
+    for (int64_t i = 0; p->data && i < n; i++) ag_f32(p)[i] = (float)cos(0.37 * (double)i + phase);
     return p;
 }
 
@@ -933,7 +933,7 @@ static void impl_vs_fused(ag_ctx *ctx, optim_kind kind, float wd, const impl_cas
         assert_int_equal(live(MP_TEMPORARY), 0);
         for (int i = 0; i < NP; i++)
             for (int64_t j = 0; j < sz[i]; j++) {
-                double a = pi[i]->data[j], b = pf[i]->data[j], scale = fmax(1.0, fabs(b));
+                double a = ag_f32(pi[i])[j], b = ag_f32(pf[i])[j], scale = fmax(1.0, fabs(b));
                 double ulps = fabs(a - b) / (FLT_EPSILON * scale);
                 if (ulps > worst_vs_fused) worst_vs_fused = ulps;
                 if (!(ulps <= FUSED_ULPS))
@@ -994,8 +994,8 @@ static void impl_budget_run(bool meta, optim_kind kind, const impl_case *ic, flo
     optim *o = optim_new(&c, p, 2, &e_);
     assert_non_null(o);
     ref_param ra[NB / N], rb[NB / N]; // the reference, N elements at a time
-    for (int i = 0; i < NA / N; i++) ref_init(&ra[i], meta ? w0 : p[0]->data + i * N, N);
-    for (int i = 0; i < NB / N; i++) ref_init(&rb[i], meta ? w0 : p[1]->data + i * N, N);
+    for (int i = 0; i < NA / N; i++) ref_init(&ra[i], meta ? w0 : ag_f32(p[0]) + i * N, N);
+    for (int i = 0; i < NB / N; i++) ref_init(&rb[i], meta ? w0 : ag_f32(p[1]) + i * N, N);
     float *g[2] = {grad_n(NA, 0, 1.0f), grad_n(NB, 1, 1.0f)};
     if (later) { // one step first, so that the state holds values
         give_grad(ctx, p[0], meta ? NULL : g[0]);
@@ -1043,11 +1043,11 @@ static void impl_budget_run(bool meta, optim_kind kind, const impl_case *ic, flo
     assert_int_equal(optim_steps_taken(o), steps + 1);
     for (int i = 0; !meta && i < NA / N; i++) {
         ref_step(&c, &ra[i], g[0] + i * N);
-        assert_matches(p[0]->data + i * N, &ra[i], "a, after the retried step", later ? 2 : 1);
+        assert_matches(ag_f32(p[0]) + i * N, &ra[i], "a, after the retried step", later ? 2 : 1);
     }
     for (int i = 0; !meta && i < NB / N; i++) {
         ref_step(&c, &rb[i], g[1] + i * N);
-        assert_matches(p[1]->data + i * N, &rb[i], "b, after the retried step", later ? 2 : 1);
+        assert_matches(ag_f32(p[1]) + i * N, &rb[i], "b, after the retried step", later ? 2 : 1);
     }
     optim_zero_grad(o);
     optim_free(o);
@@ -1092,7 +1092,7 @@ static void test_impl_unforeseen_failure(void **state) {
         optim *o = optim_new(&c, p, 2, &e_);
         assert_non_null(o);
         ref_param ra[NA / N], rb;
-        for (int i = 0; i < NA / N; i++) ref_init(&ra[i], p[0]->data + i * N, N);
+        for (int i = 0; i < NA / N; i++) ref_init(&ra[i], ag_f32(p[0]) + i * N, N);
         ref_init(&rb, p[1]->data, NB);
         float *g[2] = {grad_n(NA, 0, 1.0f), grad_n(NB, 1, 1.0f)};
         float wa[NA], wb[NB];
@@ -1118,7 +1118,7 @@ static void test_impl_unforeseen_failure(void **state) {
             assert_int_equal(live(MP_OPTIMIZER), 8 * (NA + NB));
             for (int i = 0; i < NA / N; i++) {
                 ref_step(&c, &ra[i], g[0] + i * N);
-                assert_matches(p[0]->data + i * N, &ra[i], "a, stepped before the failure", 1);
+                assert_matches(ag_f32(p[0]) + i * N, &ra[i], "a, stepped before the failure", 1);
             }
         }
         assert_int_equal(optim_step(o, &e_), 0);
@@ -1127,7 +1127,7 @@ static void test_impl_unforeseen_failure(void **state) {
         if (k < 2) {
             for (int i = 0; i < NA / N; i++) {
                 ref_step(&c, &ra[i], g[0] + i * N); // for-loop: a's second step
-                assert_matches(p[0]->data + i * N, &ra[i], "a, after the retry", k == 0 ? 2 : 1);
+                assert_matches(ag_f32(p[0]) + i * N, &ra[i], "a, after the retry", k == 0 ? 2 : 1);
             }
             ref_step(&c, &rb, g[1]);
             assert_matches(p[1]->data, &rb, "b, after the retry", 1);
