@@ -13,18 +13,6 @@
 #define AG_MAX_INPUTS 3
 #define AG_LABEL_MAX 256
 
-// Data and its element type: what kernels take, so that one loop serves every dtype.
-typedef struct {
-    void *p;
-    ag_dtype t;
-} ag_buf;
-static inline ag_buf ag_buf_of(const ag_tensor *t) { return (ag_buf){t ? t->data : NULL, t ? t->dtype : AG_F32}; }
-static inline ag_buf ag_buf_f32(const float *p) { return (ag_buf){(void *)p, AG_F32}; }
-// b advanced by off elements (float dtypes).
-static inline ag_buf ag_buf_at(ag_buf b, int64_t off) {
-    return (ag_buf){b.p ? (char *)b.p + off * (b.t == AG_F32 ? 4 : 2) : NULL, b.t};
-}
-
 // Writes the gradients of the node's inputs from dout, the gradient of its output (its dtype is
 // the node's grad_dtype).
 typedef void (*ag_backward_fn)(ag_ctx *ctx, ag_node *n, const void *dout);
@@ -64,7 +52,7 @@ struct ag_node {
 
 struct ag_ctx {
     bool grad_enabled;
-    ag_meta_dtype dtype; // element sizes billed (meta mode); float32 by default
+    ag_precision dtype; // element sizes billed (meta mode); float32 by default
     ag_framework framework;
     ag_attention_kind attention;
     ag_node **tape;
@@ -185,11 +173,10 @@ void ag_rope_row(float *y, const float *x, const float *c0, const float *s0, con
                  int hd, float sign, bool accumulate);
 // op_attention.c: one row of the softmax backward, ds = p ∘ (dp - Σ p ∘ dp) (ds may be dp).
 void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t n);
-// vec.c: dst = a + b; dst = a * b (fresh) or dst += a * b; dst = src (a cast when the dtypes
-// differ); dst (+)= src. Each rounds once to dst's dtype.
+// vec.c: dst = a + b; dst = a * b (fresh) or dst += a * b; dst (+)= src. Each rounds once to
+// dst's dtype (ag_vec_copy is in autograd.h).
 void ag_vec_add(ag_buf dst, ag_buf a, ag_buf b, int64_t n);
 void ag_vec_mul_into(ag_buf dst, bool fresh, ag_buf a, ag_buf b, int64_t n);
-void ag_vec_copy(ag_buf dst, ag_buf src, int64_t n);
 void ag_vec_acc(ag_buf dst, bool fresh, ag_buf src, int64_t n);
 
 // dtype.c: one element each way (bfloat16 and float16 round to nearest even).
@@ -197,48 +184,11 @@ float ag_bf16_to_f32(uint16_t h);
 uint16_t ag_bf16_from_f32(float f);
 float ag_f16_to_f32(uint16_t h);
 uint16_t ag_f16_from_f32(float f);
-// Rows [sr, sr + n) of src, each of its last dimension, as rows [dr, dr + n) of dst (same row
-// length): a copy, a cast, or a dequantisation of Q8 and Q4 rows.
-void ag_tensor_rows(ag_tensor *dst, int64_t dr, const ag_tensor *src, int64_t sr, int64_t n);
 // Row r of a Q4 block of rows x cols elements, group scales, as float32.
 void ag_q4_row_f32(const void *block, int64_t rows, int64_t cols, int64_t group, int64_t r, float *out);
-// One row of a tensor of any dtype as float32 (cols floats).
-void ag_tensor_row_f32(const ag_tensor *t, int64_t r, float *out);
 // The dtype of a float element size (16: float16 when fp16, else bfloat16; 8: int8; 4: int4).
 ag_dtype ag_dtype_of_bits(int bits, bool fp16);
 
-// Float32 views of typed data, a block of elements at a time: kernels written for float32 read
-// and write any dtype through these, the conversions in a stack buffer of AG_BLK floats.
-#define AG_BLK 512
-static inline float ag_get(const void *p, ag_dtype t, int64_t i) {
-    switch (t) {
-    case AG_BF16: return ag_bf16_to_f32(((const uint16_t *)p)[i]);
-    case AG_F16: return ag_f16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
-    }
-}
-static inline void ag_set(void *p, ag_dtype t, int64_t i, float v) {
-    switch (t) {
-    case AG_BF16: ((uint16_t *)p)[i] = ag_bf16_from_f32(v); break;
-    case AG_F16: ((uint16_t *)p)[i] = ag_f16_from_f32(v); break;
-    default: ((float *)p)[i] = v;
-    }
-}
-// Elements [off, off + n) of b as float32: b's own for F32, else widened into buf (n floats).
-static inline const float *ag_rd(ag_buf b, int64_t off, int64_t n, float *buf) {
-    if (b.t == AG_F32) return (const float *)b.p + off;
-    ag_type_traits_of(b.t)->to_f32((const uint16_t *)b.p + off, buf, n);
-    return buf;
-}
-// Where a kernel writes elements [off, off + n): b's own for F32, else buf, narrowed by ag_wr_end.
-// ag_rw is the same with buf holding the current values (for accumulation).
-static inline float *ag_wr(ag_buf b, int64_t off, float *buf) { return b.t == AG_F32 ? (float *)b.p + off : buf; }
-static inline float *ag_rw(ag_buf b, int64_t off, int64_t n, float *buf) {
-    return b.t == AG_F32 ? (float *)b.p + off : (float *)ag_rd(b, off, n, buf);
-}
-static inline void ag_wr_end(ag_buf b, int64_t off, int64_t n, const float *buf) {
-    if (b.t != AG_F32) ag_type_traits_of(b.t)->from_f32(buf, (uint16_t *)b.p + off, n);
-}
 // pool.c
 void ag_pool_set_threads(int n);
 

@@ -1,5 +1,5 @@
-// autograd: float32 tensors billed through the profiler (other dtypes billed in meta mode only), a tape of nodes,
-// reverse-mode backward.
+// autograd: tensors of float32, bfloat16, float16, int8 or int4 billed through the profiler, a tape
+// of nodes, reverse-mode backward.
 //
 // Tensors are contiguous and row-major, shapes in PyTorch order (shape[0] outermost). Their data
 // is one mp_block (NULL in meta mode: every op then allocates exactly as in a real run and skips
@@ -92,8 +92,65 @@ struct ag_tensor {
     uint32_t site;      // interned label (mp_site_name); a parameter's name
 };
 
+// Data and its element type: what kernels take, so that one loop serves every dtype.
+typedef struct {
+    void *p;
+    ag_dtype t;
+} ag_buf;
+static inline ag_buf ag_buf_of(const ag_tensor *t) { return (ag_buf){t ? t->data : NULL, t ? t->dtype : AG_F32}; }
+static inline ag_buf ag_buf_f32(const float *p) { return (ag_buf){(void *)p, AG_F32}; }
+// b advanced by off elements (float dtypes).
+static inline ag_buf ag_buf_at(ag_buf b, int64_t off) {
+    return (ag_buf){b.p ? (char *)b.p + off * (b.t == AG_F32 ? 4 : 2) : NULL, b.t};
+}
+
+// Float32 views of typed data, a block of elements at a time: kernels written for float32 read
+// and write any dtype through these, the conversions in a stack buffer of AG_BLK floats.
+#define AG_BLK 512
+// One element of a float dtype as float32, and its store.
+static inline float ag_get(const void *p, ag_dtype t, int64_t i) {
+    float v;
+    if (t == AG_F32) return ((const float *)p)[i];
+    ag_type_traits_of(t)->to_f32((const uint16_t *)p + i, &v, 1);
+    return v;
+}
+static inline void ag_set(void *p, ag_dtype t, int64_t i, float v) {
+    if (t == AG_F32)
+        ((float *)p)[i] = v;
+    else
+        ag_type_traits_of(t)->from_f32(&v, (uint16_t *)p + i, 1);
+}
+// Elements [off, off + n) of b as float32: b's own for F32, else widened into buf (n floats).
+static inline const float *ag_rd(ag_buf b, int64_t off, int64_t n, float *buf) {
+    if (b.t == AG_F32) return (const float *)b.p + off;
+    ag_type_traits_of(b.t)->to_f32((const uint16_t *)b.p + off, buf, n);
+    return buf;
+}
+// Where a kernel writes elements [off, off + n): b's own for F32, else buf, narrowed by ag_wr_end.
+// ag_rw is the same with buf holding the current values (for accumulation).
+static inline float *ag_wr(ag_buf b, int64_t off, float *buf) { return b.t == AG_F32 ? (float *)b.p + off : buf; }
+static inline float *ag_rw(ag_buf b, int64_t off, int64_t n, float *buf) {
+    return b.t == AG_F32 ? (float *)b.p + off : (float *)ag_rd(b, off, n, buf);
+}
+static inline void ag_wr_end(ag_buf b, int64_t off, int64_t n, const float *buf) {
+    if (b.t != AG_F32) ag_type_traits_of(b.t)->from_f32(buf, (uint16_t *)b.p + off, n);
+}
+// dst = src, n elements: a copy, or a cast rounding once when the dtypes differ (on the pool).
+void ag_vec_copy(ag_buf dst, ag_buf src, int64_t n);
+
 // The data of a float32 tensor (NULL in meta mode): the typed view callers write and read.
 static inline float *ag_f32(const ag_tensor *t) { return (float *)t->data; }
+
+// The data of any tensor from float32 values (numel of them): a copy, a rounding, or a
+// quantisation (Q8: its per-tensor scale set; Q4: its group scales written); and back. Nothing
+// in meta mode.
+void ag_tensor_from_f32(ag_tensor *t, const float *src);
+void ag_tensor_to_f32(const ag_tensor *t, float *dst);
+// Rows [sr, sr + n) of src, each of its last dimension, as rows [dr, dr + n) of dst (same row
+// length): a copy, a cast, or a dequantisation of Q8 and Q4 rows.
+void ag_tensor_rows(ag_tensor *dst, int64_t dr, const ag_tensor *src, int64_t sr, int64_t n);
+// Row r (its last dimension) of a tensor of any dtype as float32.
+void ag_tensor_row_f32(const ag_tensor *t, int64_t r, float *out);
 
 // Context: grad mode, the tape, a sticky error.
 ag_ctx *ag_ctx_new(void);                       // grad mode on; NULL if out of memory
@@ -130,13 +187,12 @@ typedef enum { AG_ATTENTION_EAGER, AG_ATTENTION_FLASH } ag_attention_kind;
 void ag_ctx_set_attention(ag_ctx *ctx, ag_attention_kind a);
 ag_attention_kind ag_ctx_attention(const ag_ctx *ctx);
 
-// Meta mode can bill other dtypes. Real runs compute in float32; in meta mode (no data) a
-// context may bill its allocations at other element sizes, so that one run of the same code
-// gives the bill of a 16-bit, mixed-precision or quantised setting. Categories: weight at
-// weight_bits (matrices under 16 bits add one scale of scale_bytes per `group` elements of a
-// row, the last dimension; vectors such as norm weights stay at act_bits); gradient at
-// grad_bits; activation and cache at act_bits, except the statistics autocast keeps in float32
-// whatever the compute dtype: RMSNorm's ":rstd" and cross-entropy's ":lse" (4 bytes).
+// The precision policy: which dtype each category and op output gets, the one place a real run
+// and a meta run both take it from. Categories: weight at weight_bits (matrices under 16 bits are
+// Q8 or Q4: Q4 adds one float16 scale (scale_bytes 2) per `group` elements of a row; vectors such
+// as norm weights stay at act_bits); gradient at grad_bits; activation and cache at act_bits,
+// except the statistics autocast keeps in float32 whatever the compute dtype: RMSNorm's ":rstd"
+// and cross-entropy's ":lse" (4 bytes). 16 bits are bfloat16, or float16 when fp16.
 typedef struct {
     int act_bits;    // activations, gradients of non-parameters, KV cache: 32 or 16
     int weight_bits; // parameters: 32, 16, 8 or 4
@@ -147,15 +203,16 @@ typedef struct {
     // its float32 operands to 16 bits (the casts of weights and inputs kept for backward) and
     // returns 16 bits; other ops follow PyTorch's type promotion from their inputs.
     bool autocast;
-    bool fp16; // 16 bits are float16, not bfloat16 (only names differ: the trace's dtypes)
-} ag_meta_dtype;
+    bool fp16; // 16 bits are float16, not bfloat16
+} ag_precision;
 
 // Every size float32 (the default of a new context).
-ag_meta_dtype ag_meta_dtype_f32(void);
-// False with the context's error set for sizes not listed above, or for anything but float32
-// outside meta mode. Applies to allocations made afterwards.
-bool ag_ctx_set_meta_dtype(ag_ctx *ctx, const ag_meta_dtype *d);
-ag_meta_dtype ag_ctx_meta_dtype(const ag_ctx *ctx);
+ag_precision ag_precision_f32(void);
+// False with the context's error set for sizes not listed above. Applies to allocations made
+// afterwards. Real runs compute every setting except flash attention over 16-bit tensors (billed
+// in meta mode only) and gradients through quantised weights (inference only).
+bool ag_ctx_set_precision(ag_ctx *ctx, const ag_precision *d);
+ag_precision ag_ctx_precision(const ag_ctx *ctx);
 // The bytes a tensor of this shape, category and label is billed under the context's dtype.
 uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *label);
 

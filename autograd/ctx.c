@@ -9,7 +9,7 @@ ag_ctx *ag_ctx_new(void) {
     ag_ctx *ctx = calloc(1, sizeof *ctx);
     if (ctx) {
         ctx->grad_enabled = true;
-        ctx->dtype = ag_meta_dtype_f32();
+        ctx->dtype = ag_precision_f32();
     }
     return ctx;
 }

@@ -1,4 +1,5 @@
 // The element types: sizes, names and row conversions in one table.
+#include <math.h>
 #include <string.h>
 
 #include "ag_internal.h"
@@ -130,4 +131,58 @@ void ag_q4_row_f32(const void *block, int64_t rows, int64_t cols, int64_t group,
         memcpy(&h, sc + 2 * (r * ng + j / group), sizeof h);
         out[j] = (float)(v >= 8 ? v - 16 : v) * ag_f16_to_f32(h);
     }
+}
+
+// PyTorch's MinMaxObserver(qint8, per_tensor_symmetric): scale = max|w| / 127.5, at least
+// float32's epsilon; q = round-half-even(w / scale) within [-128, 127].
+static void q8_quantize(const float *w, int64_t n, int8_t *q, float *scale) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) amax = fabsf(w[i]) > amax ? fabsf(w[i]) : amax;
+    float s = amax / 127.5f;
+    if (s < 1.1920929e-07f) s = 1.1920929e-07f;
+    float inv = 1.0f / s;
+    for (int64_t i = 0; i < n; i++) {
+        float v = nearbyintf(w[i] * inv);
+        q[i] = (int8_t)(v < -128.0f ? -128 : v > 127.0f ? 127 : v);
+    }
+    *scale = s;
+}
+
+// Symmetric per group of a row: s = amax / 7 as float16 (1 for an all-zero group),
+// q = round-half-even(w / s) within [-8, 7].
+static void q4_quantize(const float *w, int64_t rows, int64_t cols, int64_t group, uint8_t *block) {
+    int64_t ng = (cols + group - 1) / group;
+    uint8_t *sc = block + (rows * cols + 1) / 2;
+    memset(block, 0, (size_t)(rows * cols + 1) / 2);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t g = 0; g < ng; g++) {
+            int64_t j0 = g * group, j1 = j0 + group < cols ? j0 + group : cols;
+            float amax = 0.0f;
+            for (int64_t j = j0; j < j1; j++) amax = fabsf(w[r * cols + j]) > amax ? fabsf(w[r * cols + j]) : amax;
+            uint16_t h = ag_f16_from_f32(amax > 0.0f ? amax / 7.0f : 1.0f);
+            memcpy(sc + 2 * (r * ng + g), &h, sizeof h);
+            float s = ag_f16_to_f32(h);
+            for (int64_t j = j0; j < j1; j++) {
+                float v = nearbyintf(w[r * cols + j] / s);
+                int q = (int)(v < -8.0f ? -8 : v > 7.0f ? 7 : v);
+                int64_t e = r * cols + j;
+                block[e >> 1] |= (uint8_t)((q & 0xf) << ((e & 1) * 4));
+            }
+        }
+}
+
+void ag_tensor_from_f32(ag_tensor *t, const float *src) {
+    if (!t->data) return;
+    int64_t cols = t->shape[t->ndim - 1];
+    switch (t->dtype) {
+    case AG_Q8: q8_quantize(src, t->numel, t->data, &t->q_scale); break;
+    case AG_Q4: q4_quantize(src, t->numel / cols, cols, t->q_group, t->data); break;
+    default: ag_type_traits_of(t->dtype)->from_f32(src, t->data, t->numel);
+    }
+}
+
+void ag_tensor_to_f32(const ag_tensor *t, float *dst) {
+    if (!t->data) return;
+    int64_t cols = t->shape[t->ndim - 1];
+    for (int64_t r = 0; r < t->numel / cols; r++) ag_tensor_row_f32(t, r, dst + r * cols);
 }

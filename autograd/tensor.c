@@ -1,4 +1,4 @@
-// Tensors: shape, a billed block of float32 (other element sizes in meta mode), a reference count.
+// Tensors: shape, a billed block of elements of one dtype, a reference count.
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,11 +14,11 @@ static const char *status_text(mp_status st) {
     }
 }
 
-ag_meta_dtype ag_meta_dtype_f32(void) { return (ag_meta_dtype){.act_bits = 32, .weight_bits = 32, .grad_bits = 32}; }
+ag_precision ag_precision_f32(void) { return (ag_precision){.act_bits = 32, .weight_bits = 32, .grad_bits = 32}; }
 
-ag_meta_dtype ag_ctx_meta_dtype(const ag_ctx *ctx) { return ctx->dtype; }
+ag_precision ag_ctx_precision(const ag_ctx *ctx) { return ctx->dtype; }
 
-bool ag_ctx_set_meta_dtype(ag_ctx *ctx, const ag_meta_dtype *d) {
+bool ag_ctx_set_precision(ag_ctx *ctx, const ag_precision *d) {
     if (!ctx || ctx->status != AG_OK) return false;
     bool ok = d && (d->act_bits == 32 || d->act_bits == 16) && (d->grad_bits == 32 || d->grad_bits == 16) &&
               (d->weight_bits == 32 || d->weight_bits == 16 || d->weight_bits == 8 || d->weight_bits == 4) &&
@@ -30,12 +30,6 @@ bool ag_ctx_set_meta_dtype(ag_ctx *ctx, const ag_meta_dtype *d) {
                        "for weights under 16 bits)",
                        d ? d->act_bits : 0, d ? d->weight_bits : 0, d ? d->grad_bits : 0,
                        d ? (long long)d->group : 0LL);
-    bool f32 = d->act_bits == 32 && d->weight_bits == 32 && d->grad_bits == 32 && !d->autocast;
-    if (!f32 && !mp_is_meta())
-        return ag_fail(ctx, AG_ERR_STATE,
-                       "dtype: real runs compute in float32; %d-bit weights, "
-                       "%d-bit activations and %d-bit gradients are billed in meta mode only",
-                       d->weight_bits, d->act_bits, d->grad_bits);
     ctx->dtype = *d;
     return true;
 }
@@ -171,6 +165,7 @@ static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
     t->refcount = 1;
     t->bits = ebits;
     t->dtype = ag_dtype_of_bits(t->bits, ctx->dtype.fp16);
+    if (t->dtype == AG_Q4) t->q_group = ctx->dtype.group;
     t->site = t->block.site;
     return t;
 }

@@ -39,11 +39,16 @@ static bool window_within(const llama_config *c, int64_t T) {
 
 // mask[rows, cols] as transformers fills it: 0 where query r % T may look, the lowest float
 // elsewhere (later keys; keys the window, if any, leaves behind).
+// (The lowest finite value of the mask's dtype: torch.finfo(dtype).min.)
 static void fill_mask(ag_tensor *mask, int64_t T, int64_t window) {
     const int64_t rows = mask->shape[0], cols = mask->shape[1];
+    const float lowest = mask->dtype == AG_BF16 ? -3.38953139e38f : mask->dtype == AG_F16 ? -65504.0f : -FLT_MAX;
+    float *v = mask->dtype == AG_F32 ? mask->data : malloc((size_t)(rows * cols) * sizeof(float));
+    if (!v) return; // the mask is billed, not read: ag_attention applies the pattern itself
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < cols; j++)
-            ag_f32(mask)[r * cols + j] = j > r % T || (window > 0 && r % T - j >= window) ? -FLT_MAX : 0.0f;
+            v[r * cols + j] = j > r % T || (window > 0 && r % T - j >= window) ? lowest : 0.0f;
+    if (v != mask->data) ag_tensor_from_f32(mask, v), free(v);
 }
 
 // What transformers' LlamaModel.forward makes before its first layer: the rotary tables, the 4-D

@@ -68,8 +68,7 @@ static ag_tensor *last_position(ag_ctx *ctx, ag_tensor *x) {
     int64_t B = x->shape[0], t = x->shape[1], H = x->shape[2];
     ag_tensor *y = ag_tensor_new(ctx, 3, (int64_t[]){B, 1, H}, MP_ACTIVATION, "last_position:out");
     if (y && y->data)
-        for (int64_t b = 0; b < B; b++)
-            memcpy(ag_f32(y) + b * H, ag_f32(x) + (b * t + t - 1) * H, (size_t)H * sizeof(float));
+        for (int64_t b = 0; b < B; b++) ag_tensor_rows(y, b, x, b * t + t - 1, 1);
     ag_release(x);
     return y;
 }
@@ -107,13 +106,15 @@ static ag_tensor *forward(gen *g, int64_t from, bool all_positions) {
 // torch.argmax). In meta mode there are no logits: every row picks id 0.
 static void pick(gen *g, const ag_tensor *logits) {
     int64_t t = logits->shape[1], V = logits->shape[2];
+    float *row = logits->data ? malloc((size_t)V * sizeof(float)) : NULL;
     for (int64_t b = 0; b < g->B; b++) {
         g->next[b] = 0;
-        if (!logits->data) continue;
-        const float *row = ag_f32(logits) + (b * t + t - 1) * V;
+        if (!row) continue;
+        ag_tensor_row_f32(logits, b * t + t - 1, row);
         for (int64_t j = 1; j < V; j++)
             if (row[j] > row[g->next[b]]) g->next[b] = (int32_t)j;
     }
+    free(row);
 }
 
 // Appends the chosen ids as every row's next token: real, one position past the last.

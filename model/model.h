@@ -379,7 +379,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
 
 // ================================================================================================
 // The closed form of a training step's bill, term by term (float32, or other dtypes as meta
-// mode bills them: autograd.h's ag_meta_dtype)
+// mode bills them: autograd.h's ag_precision)
 // ================================================================================================
 
 // What each category comes to, derived from the shapes and from what each op saves for

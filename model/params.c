@@ -100,19 +100,23 @@ static void fill_normal(float *x, int64_t n, float std, uint64_t seed) {
     ag_parallel_for((n + INIT_CHUNK - 1) / INIT_CHUNK, 1, normal_part, &(normal_args){x, n, std, seed});
 }
 
+// A parameter's values are made in float32, then stored in its dtype (rounded or quantised).
 void llama_model_init_random(llama_model *m, uint64_t seed) {
     for (size_t i = 0; i < m->nparams; i++) {
         ag_tensor *p = m->params[i];
         if (!p->data) continue; // meta mode
-        if (p->ndim == 1) {     // norms start at 1, biases at 0 (transformers' _init_weights)
+        float *f = p->dtype == AG_F32 ? p->data : malloc((size_t)p->numel * sizeof(float));
+        if (!f) continue;   // left as allocated: out of memory shows in the loss
+        if (p->ndim == 1) { // norms start at 1, biases at 0 (transformers' _init_weights)
             const char *name = ag_tensor_name(p);
             size_t n = strlen(name);
             float v = n >= 5 && strcmp(name + n - 5, ".bias") == 0 ? 0.0f : 1.0f;
-            for (int64_t j = 0; j < p->numel; j++) ag_f32(p)[j] = v;
+            for (int64_t j = 0; j < p->numel; j++) f[j] = v;
         } else {
             uint64_t s = seed * 0x9e3779b97f4a7c15ULL + i;
-            fill_normal(p->data, p->numel, 0.02f, splitmix(&s));
+            fill_normal(f, p->numel, 0.02f, splitmix(&s));
         }
+        if (f != p->data) ag_tensor_from_f32(p, f), free(f);
     }
 }
 
@@ -124,7 +128,15 @@ int llama_model_load(llama_model *m, const char *st_path, ag_err *err) {
         ag_tensor *p = m->params[i];
         const llama_st_file *f;
         const llama_st_tensor *t = llama_ckpt_find(c, ag_tensor_name(p), &f);
-        if (p->data) rc = llama_st_read_f32(f, t, p->data, (size_t)p->numel, err);
+        if (!p->data) continue;
+        float *v = p->dtype == AG_F32 ? p->data : malloc((size_t)p->numel * sizeof(float));
+        if (!v) {
+            ag_err_set(err, "%s: out of memory for its float32 values", ag_tensor_name(p));
+            rc = -1;
+            break;
+        }
+        rc = llama_st_read_f32(f, t, v, (size_t)p->numel, err);
+        if (v != p->data) ag_tensor_from_f32(p, v), free(v);
     }
     llama_ckpt_close(c);
     return rc;
@@ -136,8 +148,9 @@ int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err
     int *ndims = calloc(n, sizeof *ndims);
     int64_t(*shapes)[LLAMA_ST_WRITE_MAX_DIMS] = calloc(n, sizeof *shapes);
     const float **data = calloc(n, sizeof *data);
+    float **wide = calloc(n, sizeof *wide); // float32 copies of tensors of other dtypes
     int rc = -1;
-    if (!names || !ndims || !shapes || !data) {
+    if (!names || !ndims || !shapes || !data || !wide) {
         ag_err_set(err, "out of memory");
         goto done;
     }
@@ -152,10 +165,20 @@ int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err
         ndims[i] = p->ndim;
         memcpy(shapes[i], p->shape, sizeof(int64_t) * (size_t)p->ndim);
         data[i] = src->data;
+        if (src->dtype != AG_F32) {
+            if (!(wide[i] = malloc((size_t)src->numel * sizeof(float)))) {
+                ag_err_set(err, "%s: out of memory for its float32 copy", ag_tensor_name(p));
+                goto done;
+            }
+            ag_tensor_to_f32(src, wide[i]);
+            data[i] = wide[i];
+        }
     }
     const int64_t(*cshapes)[LLAMA_ST_WRITE_MAX_DIMS] = (const int64_t(*)[LLAMA_ST_WRITE_MAX_DIMS])shapes;
     rc = llama_st_write_f32_file(f, n, names, ndims, cshapes, data, err);
 done:
+    for (size_t i = 0; wide && i < n; i++) free(wide[i]);
+    free(wide);
     free(names);
     free(ndims);
     free(shapes);

@@ -64,11 +64,6 @@ static bool check_dtype(const optim_config *c, ag_err *err) {
         ag_err_set(err, "optimizer %s: state_bits is %d, expected 32 or 16", optim_kind_name(c->kind), c->state_bits);
         return false;
     }
-    if ((optim_state_bits(c) != 32 || c->master) && !mp_is_meta()) {
-        ag_err_set(err, "optimizer %s: %s is billed in meta mode only: real runs compute in float32",
-                   optim_kind_name(c->kind), c->master ? "a float32 master copy" : "16-bit state");
-        return false;
-    }
     return true;
 }
 
@@ -187,6 +182,7 @@ static int alloc_state(optim_slot *s, const optim_config *c, ag_err *err) {
     int count = (int)(optim_state_bytes_per_element(c->kind) / sizeof(float));
     const char *const *nm = names[c->kind == OPTIM_SGD_MOMENTUM];
     int rc = c->master ? alloc_one(&s->master, s->param, "master", 32, false, err) : 0;
+    if (rc == 0 && s->master.data) ag_tensor_to_f32(s->param, s->master.data); // made from the weights
     for (int j = 0; j < count && rc == 0; j++)
         rc = alloc_one(&s->state[j], s->param, nm[j], optim_state_bits(c), c->state_fp16, err);
     if (rc != 0) {
@@ -241,7 +237,10 @@ int optim_step(optim *o, ag_err *err) {
         ag_tensor *g = s->param->grad;
         if (!g) continue;
         s->step++;
-        if (!meta) optim_update(&o->cfg, s, s->param->data, g->data, (size_t)s->param->numel);
+        if (!meta && optim_update_is_typed(s))
+            optim_update_typed(&o->cfg, s);
+        else if (!meta)
+            optim_update(&o->cfg, s, s->param->data, g->data, (size_t)s->param->numel);
         s->fresh = false;
     }
     return 0;

@@ -45,12 +45,11 @@ typedef struct {
     float weight_decay;      // Adam: added to the gradient; AdamW: decoupled
     float momentum, dampening;
     bool nesterov;
-    // What the state is billed as (meta mode only: real runs keep float32 state, no master).
-    // state_bits 16 keeps exp_avg / exp_avg_sq / momentum_buffer in a 16-bit parameter's dtype,
-    // as torch.optim does; master adds a float32 copy of every parameter ("<param>:master", as
-    // mixed precision keeps beside 16-bit weights), billed as optimizer state.
+    // What the state is kept in. state_bits 16 keeps exp_avg / exp_avg_sq / momentum_buffer in a 16-bit parameter's
+    // dtype, as torch.optim does; master adds a float32 copy of every parameter ("<param>:master", as mixed precision
+    // keeps beside 16-bit weights), billed as optimizer state.
     int state_bits;  // 32 (0 means 32) or 16
-    bool state_fp16; // 16-bit state is float16 rather than bfloat16 (its name in the trace only)
+    bool state_fp16; // 16-bit state is float16 rather than bfloat16
     bool master;
     optim_adam_impl adam_impl; // Adam and AdamW; fused (0) unless asked
     bool torch_113_foreach;    // foreach as PyTorch 1.13 runs it
@@ -76,8 +75,9 @@ size_t optim_state_bytes(const optim_config *cfg);
 // The optimizer refers to the parameters (it does not own them). Returns NULL on bad
 // arguments or out of memory, with a message in err naming the setting at fault. As in
 // torch.optim: lr, eps, weight_decay >= 0, betas in [0, 1); sgd takes no momentum and
-// sgd-momentum a positive one; nesterov needs sgd-momentum with zero dampening. 16-bit state
-// or a master copy outside meta mode is refused.
+// sgd-momentum a positive one; nesterov needs sgd-momentum with zero dampening. Parameters,
+// gradients and state of 16 bits are read into float32 a block at a time, updated there and
+// rounded once; with a master copy the step runs on it and the parameter becomes its rounding.
 optim *optim_new(const optim_config *cfg, ag_tensor *const *params, size_t n, ag_err *err);
 void optim_free(optim *o); // frees the state
 // One step over every parameter that has a gradient. Returns 0, or -1 with a message naming

@@ -11,7 +11,7 @@ enum { OPTIM_TMP_SQRT, OPTIM_TMP_DENOM, OPTIM_TMP_GRAD, OPTIM_NTMP };
 typedef struct {
     ag_tensor *param;
     mp_block state[2];        // Adam: exp_avg, exp_avg_sq; SGD momentum: momentum_buffer
-    mp_block master;          // float32 copy of a 16-bit parameter (meta mode billing only)
+    mp_block master;          // float32 copy of a 16-bit parameter (mixed precision)
     mp_block tmp[OPTIM_NTMP]; // Adam for-loop / foreach: this step's temporaries (MP_TEMPORARY)
     long step;                // per parameter, as torch.optim's state["step"]
     bool fresh;               // state just allocated: its first update overwrites instead of reading
@@ -35,6 +35,11 @@ optim_adam_consts optim_adam_consts_of(const optim_config *c, const optim_slot *
 
 // One fused pass over a parameter: w and g of n elements.
 void optim_update(const optim_config *c, optim_slot *s, float *w, const float *g, size_t n);
+
+// The same for a parameter, gradient or state not all float32, or with a master copy (which the
+// step updates, the parameter then its rounding).
+bool optim_update_is_typed(const optim_slot *s);
+void optim_update_typed(const optim_config *c, optim_slot *s);
 
 // Adam's for-loop or foreach step over every slot with a gradient, its state already there
 // (unfused.c). Returns 0, or -1 with the message in err, every temporary freed; *changed tells

@@ -312,7 +312,16 @@ int optim_adam_unfused(optim *o, bool *changed, ag_err *err) {
         if (rc != 0) return -1;
         // Room came back meanwhile (another thread freed memory): the step runs after all.
     }
-    pass run = {.o = o, .apply = true, .compute = !mp_is_meta(), .err = err};
+    // Not all float32: the sequence's memory as it is, its arithmetic by the typed fused update.
+    bool typed = false;
+    for (size_t i = 0; i < o->n; i++) typed = typed || (o->slots[i].param->grad && optim_update_is_typed(&o->slots[i]));
+    pass run = {.o = o, .apply = true, .compute = !mp_is_meta() && !typed, .err = err};
+    for (size_t i = 0; typed && !mp_is_meta() && i < o->n; i++)
+        if (o->slots[i].param->grad) {
+            o->slots[i].step++;
+            optim_update_typed(&o->cfg, &o->slots[i]);
+            o->slots[i].step--; // the sequence counts it
+        }
     int rc = seq(&run);
     free_temporaries(o); // all already freed unless the sequence stopped part way
     *changed = run.changed;

@@ -165,3 +165,58 @@ void optim_update(const optim_config *c, optim_slot *s, float *w, const float *g
     else if (c->kind == OPTIM_SGD || c->kind == OPTIM_SGD_MOMENTUM)
         sgd_update(c, s, w, g, n);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Parameters, gradients or state in 16 bits, or a float32 master copy: the same update a block at
+// a time, read into float32 and rounded once into each tensor's dtype (as torch's fused Adam
+// computes in float32). With a master copy the step runs on it and the parameter becomes its
+// rounding.
+
+typedef struct {
+    const optim_config *c;
+    optim_slot *s;
+    optim_adam_consts k;
+    ag_buf w, g, m, v, master;
+    size_t n;
+} typed_args;
+
+enum { BLK = 1024 };
+
+static void typed_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const typed_args *a = p;
+    float wb[BLK], gb[BLK], mb[BLK], vb[BLK];
+    bool avx = has_avx512(), adam = a->c->kind == OPTIM_ADAM || a->c->kind == OPTIM_ADAMW;
+    for (int64_t b = lo; b < hi; b++) {
+        int64_t off = b * BLK, n = (int64_t)a->n - off < BLK ? (int64_t)a->n - off : BLK;
+        ag_buf wsrc = a->master.p ? a->master : a->w;
+        float *w = ag_rw(wsrc, off, n, wb);
+        const float *g = ag_rd(a->g, off, n, gb);
+        float *m = a->m.p ? (a->s->fresh ? ag_wr(a->m, off, mb) : ag_rw(a->m, off, n, mb)) : NULL;
+        float *v = a->v.p ? (a->s->fresh ? ag_wr(a->v, off, vb) : ag_rw(a->v, off, n, vb)) : NULL;
+        if (adam) {
+            adam_range(&a->k, avx, w, g, m, v, 0, (size_t)n);
+        } else {
+            update_args u = {.c = a->c, .fresh = a->s->fresh, .w = w, .m = m, .g = g, .n = (size_t)n};
+            sgd_part(&u, 0, n, 0);
+        }
+        ag_wr_end(wsrc, off, n, w);
+        if (m) ag_wr_end(a->m, off, n, m);
+        if (v) ag_wr_end(a->v, off, n, v);
+        if (a->master.p) ag_vec_copy(ag_buf_at(a->w, off), ag_buf_f32(w), n);
+    }
+}
+
+bool optim_update_is_typed(const optim_slot *s) {
+    return s->param->dtype != AG_F32 || s->param->grad->dtype != AG_F32 || s->master.bytes ||
+           (s->state[0].bytes && s->state[0].bytes != (size_t)s->param->numel * sizeof(float));
+}
+
+void optim_update_typed(const optim_config *c, optim_slot *s) {
+    const ag_dtype st = optim_state_bits(c) == 16 ? (c->state_fp16 ? AG_F16 : AG_BF16) : AG_F32;
+    typed_args a = {.c = c, .s = s, .k = optim_adam_consts_of(c, s), .n = (size_t)s->param->numel};
+    a.w = ag_buf_of(s->param), a.g = ag_buf_of(s->param->grad);
+    a.m = (ag_buf){s->state[0].data, st}, a.v = (ag_buf){s->state[1].data, st};
+    a.master = (ag_buf){s->master.data, AG_F32};
+    ag_parallel_for((int64_t)(a.n + BLK - 1) / BLK, OPTIM_PAR_GRAIN / BLK, typed_part, &a);
+}

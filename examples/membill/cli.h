@@ -86,7 +86,7 @@ bool cli_parse_dtype(const char *name, cli_dtype *out);
 // group_size, 0 for the default 32). False for anything else.
 bool cli_parse_weight_dtype(const char *name, long group_size, cli_dtype *d);
 bool cli_dtype_is_f32(const cli_dtype *d);
-ag_meta_dtype cli_meta_dtype(const cli_dtype *d);
+ag_precision cli_precision(const cli_dtype *d);
 // The optimizer state as the dtype keeps it (16-bit states in a pure 16-bit run, a master copy
 // in mixed precision).
 void cli_dtype_optim(const cli_dtype *d, optim_config *c);

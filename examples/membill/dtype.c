@@ -16,7 +16,7 @@ static const cli_dtype dtypes[] = {
     {"fp16-mixed", "fp16-mixed", 16, 16, 16, 32, true, 0, 0, NULL, false},
     {"bf16-mixed-fp32-grads", "bf16-mixed-fp32-grads", 16, 16, 32, 32, true, 0, 0, NULL, false},
     // torch.autocast(bfloat16) over a float32 model: float32 parameters, gradients and Adam state;
-    // each op's output in the dtype autocast gives it (ag_meta_dtype.autocast).
+    // each op's output in the dtype autocast gives it (ag_precision.autocast).
     {"autocast-bf16", "float32 under torch.autocast(bfloat16)", 32, 32, 32, 32, false, 0, 0, NULL, true},
 };
 
@@ -50,15 +50,15 @@ bool cli_dtype_is_f32(const cli_dtype *d) {
                         !d->master && !d->autocast);
 }
 
-ag_meta_dtype cli_meta_dtype(const cli_dtype *d) {
-    if (!d->name) return ag_meta_dtype_f32();
-    return (ag_meta_dtype){.act_bits = d->act_bits,
-                           .weight_bits = d->weight_bits,
-                           .grad_bits = d->grad_bits,
-                           .group = d->group,
-                           .scale_bytes = d->scale_bytes,
-                           .autocast = d->autocast,
-                           .fp16 = strncmp(d->name, "fp16", 4) == 0};
+ag_precision cli_precision(const cli_dtype *d) {
+    if (!d->name) return ag_precision_f32();
+    return (ag_precision){.act_bits = d->act_bits,
+                          .weight_bits = d->weight_bits,
+                          .grad_bits = d->grad_bits,
+                          .group = d->group,
+                          .scale_bytes = d->scale_bytes,
+                          .autocast = d->autocast,
+                          .fp16 = strncmp(d->name, "fp16", 4) == 0};
 }
 
 void cli_dtype_optim(const cli_dtype *d, optim_config *c) {

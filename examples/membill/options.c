@@ -82,7 +82,8 @@ static const opt_spec specs[] = {
      "fp32|bf16|fp16|bf16-mixed|fp16-mixed|bf16-mixed-fp32-grads|autocast-bf16",
      "what weights, gradients, state and activations are stored in (bf16: the model cast, as "
      "model.to(torch.bfloat16); autocast-bf16: float32 parameters under torch.autocast, with a pytorch "
-     "framework); anything but fp32 needs --meta in train and infer; a generation takes fp32, bf16 or fp16"},
+     "framework); real runs compute every one but fp16 training (loss scaling: --meta only); a generation takes fp32, "
+     "bf16 or fp16"},
     {"--weight-dtype", "NAME", T_CHOICE, OFF(weight_dtype), IN | PL, NULL, 0, NULL, 0, 0, "fp32|bf16|fp16|int8|int4",
      "a generation's weights (plan: with --infer): int8 1 byte, int4 half a byte and a 2-byte scale per group"},
     {"--group-size", "N", T_LONG, OFF(group_size), IN | PL, "32", 0, NULL, 1, 1 << 20, NULL,

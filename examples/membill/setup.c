@@ -18,10 +18,16 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--model and --config both name a model: give one";
     else if (o->meta && (o->weights || o->dump_grads || o->save_weights))
         bad = "--meta runs on shapes alone: --weights, --dump-grads and --save-weights need data";
-    else if (o->cmd & (CLI_TRAIN | CLI_INFER) && !o->meta && (!is_f32(o->dtype) || !is_f32(o->weight_dtype)))
-        snprintf(buf, sizeof buf, "--dtype %s%s%s needs --meta: real runs compute in float32", o->dtype,
-                 o->weight_dtype ? " --weight-dtype " : "", o->weight_dtype ? o->weight_dtype : ""),
+    else if (o->cmd == CLI_TRAIN && !o->meta && o->dtype && !strncmp(o->dtype, "fp16", 4))
+        snprintf(buf, sizeof buf,
+                 "--dtype %s trains in float16, which needs loss scaling that membill does not compute: it needs "
+                 "--meta",
+                 o->dtype),
             bad = buf;
+    else if (o->cmd & (CLI_TRAIN | CLI_INFER | CLI_COMPARE) && !o->meta && o->attention &&
+             !strcmp(o->attention, "flash") && (!is_f32(o->dtype) || !is_f32(o->weight_dtype)))
+        bad = "--attention flash over 16-bit tensors is billed with --meta only: a real run computes 16 bits with "
+              "--attention eager";
     else if (o->dtype && !strcmp(o->dtype, "autocast-bf16") && o->framework && !strcmp(o->framework, "lean"))
         bad = "--dtype autocast-bf16 is torch.autocast's semantics: it needs --framework pytorch or pytorch-1.13";
     else if (o->attention && !strcmp(o->attention, "flash") && o->framework && !strcmp(o->framework, "pytorch-1.13"))

@@ -73,7 +73,9 @@ static int run_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long 
     llama_forward_opts fo = {.checkpointing = r->checkpointing};
     ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, r->ids, r->batch, r->seq_len, err);
     if (!loss) return -1;
-    rec->loss = loss->data ? ag_f32(loss)[0] : NAN;
+    float lv = NAN;
+    if (loss->data) ag_tensor_row_f32(loss, 0, &lv);
+    rec->loss = lv;
     cli_saved_by_role(ctx, rec->saved_by_role); // plain malloc: it moves "other" only
     double t1 = now_s();
     rec->forward_s = t1 - t0;
@@ -106,8 +108,8 @@ static int run_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long 
 
 int cli_model_build(ag_ctx *ctx, const llama_config *cfg, const cli_dtype *dtype, const char *st_path, uint64_t seed,
                     llama_model **out, ag_err *err) {
-    ag_meta_dtype md = cli_meta_dtype(dtype);
-    if (!ag_ctx_set_meta_dtype(ctx, &md)) {
+    ag_precision md = cli_precision(dtype);
+    if (!ag_ctx_set_precision(ctx, &md)) {
         ag_err_set(err, "%s", ag_ctx_error(ctx));
         return -1;
     }

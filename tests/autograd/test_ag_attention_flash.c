@@ -363,9 +363,9 @@ static void test_meta_equals_real(void **state) {
 static void test_meta_16_bits(void **state) {
     (void)state;
     ag_ctx *ctx = start(true);
-    ag_meta_dtype d = ag_meta_dtype_f32();
+    ag_precision d = ag_precision_f32();
     d.act_bits = 16;
-    assert_true(ag_ctx_set_meta_dtype(ctx, &d));
+    assert_true(ag_ctx_set_precision(ctx, &d));
     const att_case c = {2, 100, 100, 6, 2, 16};
     step(ctx, &c, AG_FRAMEWORK_LEAN);
     size_t n = mp_timeline_count(), seen = 0;
@@ -383,9 +383,9 @@ static void test_meta_16_bits(void **state) {
 static void test_meta_autocast(void **state) {
     (void)state;
     ag_ctx *ctx = start(true);
-    ag_meta_dtype d = ag_meta_dtype_f32();
+    ag_precision d = ag_precision_f32();
     d.autocast = true;
-    assert_true(ag_ctx_set_meta_dtype(ctx, &d));
+    assert_true(ag_ctx_set_precision(ctx, &d));
     ag_ctx_set_framework(ctx, AG_FRAMEWORK_PYTORCH);
     ag_ctx_set_attention(ctx, AG_ATTENTION_FLASH);
     const att_case c = {1, 40, 40, 6, 2, 16};

@@ -588,12 +588,14 @@ static void test_plan_infer(void **state) {
     json_decref(root);
 }
 
-// Other dtypes are bills of meta mode: a real run refuses them in one line.
-static void test_dtype_needs_meta(void **state) {
+// Real runs compute every dtype but fp16 training (loss scaling) and flash attention over 16 bits;
+// those are bills of meta mode, refused in one line.
+static void test_dtype_real_or_meta(void **state) {
     (void)state;
-    expect_failure("train --dtype bf16", 2, "--dtype bf16 needs --meta: real runs compute in float32");
-    expect_failure("infer --dtype bf16", 2, "needs --meta");
-    expect_failure("infer --weight-dtype int4", 2, "needs --meta");
+    expect_failure("train --dtype fp16", 2, "--dtype fp16 trains in float16, which needs loss scaling");
+    expect_failure("train --dtype fp16-mixed", 2, "it needs --meta");
+    expect_failure("train --dtype bf16 --attention flash", 2, "--attention flash over 16-bit tensors");
+    expect_failure("infer --weight-dtype int4 --attention flash", 2, "--attention eager");
     expect_failure("train --meta --dtype bf17", 2, "bf17");
     expect_failure("plan --dtype e4m3", 2, "--dtype");
     expect_failure("plan --weight-dtype int4", 2, "--infer");
@@ -603,6 +605,8 @@ static void test_dtype_needs_meta(void **state) {
     expect_failure("plan --infer --gpus 8", 2, "--gpus");
     run_result r;
     membill(&r, "train --meta --dtype fp32 --quiet");
+    assert_int_equal(r.code, 0);
+    membill(&r, "train --meta --dtype fp16 --attention flash --quiet");
     assert_int_equal(r.code, 0);
 }
 
@@ -826,7 +830,7 @@ int main(void) {
         cmocka_unit_test(test_plan_zero_formulas),
         cmocka_unit_test(test_plan_closed_form_dtypes),
         cmocka_unit_test(test_plan_infer),
-        cmocka_unit_test(test_dtype_needs_meta),
+        cmocka_unit_test(test_dtype_real_or_meta),
         cmocka_unit_test(test_infer_matches_reference),
         cmocka_unit_test(test_infer_cache_bill),
         cmocka_unit_test(test_compare),

@@ -566,8 +566,8 @@ static void dtype_run(optim_kind kind, int state_bits, bool master, uint64_t per
     assert_int_equal(mp_init(&(mp_options){.meta = true, .keep_timeline = true}), MP_OK);
     ag_ctx *ctx = ag_ctx_new();
     assert_non_null(ctx);
-    ag_meta_dtype d = {.act_bits = 16, .weight_bits = 16, .grad_bits = 16};
-    assert_true(ag_ctx_set_meta_dtype(ctx, &d));
+    ag_precision d = {.act_bits = 16, .weight_bits = 16, .grad_bits = 16};
+    assert_true(ag_ctx_set_precision(ctx, &d));
     enum { BIG = 1 << 20 };
     ag_tensor *p = param(ctx, "a", BIG, NULL);
     optim_config c = optim_defaults(kind);
@@ -609,32 +609,45 @@ static void test_meta_dtypes(void **state) {
     assert_int_equal(optim_state_bytes(&none), 0); // no step, nothing kept
 }
 
-static void test_dtypes_refused_in_real_runs(void **state) {
+// A real run in 16 bits: the step computed in float32 and rounded once into each tensor (bf16
+// state), and with a master copy the float32 step on the master, the weight its rounding.
+static void test_bf16_real_steps(void **state) {
     ag_ctx *ctx = *state;
-    ag_meta_dtype d = {.act_bits = 16, .weight_bits = 16, .grad_bits = 16};
-    assert_false(ag_ctx_set_meta_dtype(ctx, &d));
-    assert_non_null(strstr(ag_ctx_error(ctx), "float32"));
-    ag_ctx_clear_error(ctx);
-    ag_meta_dtype f32 = ag_meta_dtype_f32();
-    assert_true(ag_ctx_set_meta_dtype(ctx, &f32));
-    ag_tensor *p = param(ctx, "w", N, NULL);
-    assert_int_equal(p->block.bytes, 4 * N);
-    ag_err e_ = {""};
-    char *err = e_.msg;
-    (void)err;
-    optim_config c = optim_defaults(OPTIM_ADAM);
-    c.state_bits = 16;
-    assert_null(optim_new(&c, &p, 1, &e_));
-    assert_non_null(strstr(err, "meta mode only"));
-    c = optim_defaults(OPTIM_ADAM);
-    c.master = true;
-    assert_null(optim_new(&c, &p, 1, &e_));
-    assert_non_null(strstr(err, "master"));
-    c = optim_defaults(OPTIM_ADAM);
-    c.state_bits = 8;
-    assert_null(optim_new(&c, &p, 1, &e_));
-    assert_non_null(strstr(err, "state_bits"));
-    ag_release(p);
+    ag_precision d = {.act_bits = 16, .weight_bits = 16, .grad_bits = 16};
+    assert_true(ag_ctx_set_precision(ctx, &d));
+    float w0[N], g0[N], got[N];
+    for (int i = 0; i < N; i++) w0[i] = 0.5f - 0.03f * (float)i, g0[i] = 0.01f * (float)((i * 7) % 11) - 0.05f;
+    for (int master = 0; master < 2; master++) {
+        ag_tensor *p = ag_param_new(ctx, 1, (int64_t[]){N}, "w");
+        assert_non_null(p);
+        assert_int_equal(p->dtype, AG_BF16);
+        assert_int_equal(p->block.bytes, 2 * N);
+        ag_tensor_from_f32(p, w0);
+        p->grad = ag_tensor_new(ctx, 1, (int64_t[]){N}, MP_GRADIENT, "w:grad");
+        ag_tensor_from_f32(p->grad, g0);
+        float wr[N], gr[N];
+        ag_tensor_to_f32(p, wr);
+        ag_tensor_to_f32(p->grad, gr);
+        optim_config c = optim_defaults(OPTIM_ADAM);
+        c.state_bits = master ? 32 : 16;
+        c.master = master;
+        ag_err e = {""};
+        optim *o = optim_new(&c, &p, 1, &e);
+        assert_non_null(o);
+        assert_int_equal(optim_step(o, &e), 0);
+        ag_tensor_to_f32(p, got);
+        ref_param r;
+        ref_init(&r, wr, N);
+        ref_step(&c, &r, gr);
+        for (int i = 0; i < N; i++) { // one bfloat16 rounding of the float32 step: 2^-8 relative
+            assert_true(fabsf(got[i] - (float)r.w[i]) <= 0x1p-8f * fabsf((float)r.w[i]) + 1e-7f);
+            uint32_t u;
+            memcpy(&u, &got[i], sizeof u);
+            assert_int_equal(u & 0xffffu, 0); // the weight holds bfloat16 values
+        }
+        optim_free(o);
+        ag_release(p);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -868,8 +881,8 @@ static void test_impl_temporaries_dtypes(void **state) {
     for (int master = 0; master < 2; master++) {
         assert_int_equal(mp_init(&(mp_options){.meta = true}), MP_OK);
         ag_ctx *ctx = ag_ctx_new();
-        ag_meta_dtype d = {.act_bits = 16, .weight_bits = 16, .grad_bits = 16};
-        assert_true(ag_ctx_set_meta_dtype(ctx, &d));
+        ag_precision d = {.act_bits = 16, .weight_bits = 16, .grad_bits = 16};
+        assert_true(ag_ctx_set_precision(ctx, &d));
         enum { BIG = 1 << 20 };
         ag_tensor *p = param(ctx, "a", BIG, NULL);
         optim_config c = impl_cfg(OPTIM_ADAMW, &impls[1]);
@@ -1299,7 +1312,7 @@ int main(void) {
         cmocka_unit_test(test_meta),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_meta_dtypes),
-        cmocka_unit_test_setup_teardown(test_dtypes_refused_in_real_runs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_real_steps, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parse_kind, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_settings, setup, teardown),
         cmocka_unit_test(test_impl_temporaries),
