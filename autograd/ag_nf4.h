@@ -16,7 +16,8 @@
 extern const float ag_nf4_code[16];
 
 // bitsandbytes' create_dynamic_map(signed=True, max_exponent_bits=7, total_bits=8): 256 sorted
-// float32 values in [-1, 1], the code of the second-level (8-bit) quantisation.
+// float32 values in [-1, 1], the code of the second-level (8-bit) quantisation. (PyTorch's
+// vectorised linspace rounds a few of them an ulp away from the formula, by SIMD width.)
 void ag_dynamic_map(float code[256]);
 
 // What one quantised tensor of n elements holds, in bytes, as bitsandbytes keeps it in memory.

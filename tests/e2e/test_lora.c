@@ -304,8 +304,9 @@ static void refused(const char *folder, int64_t rank, unsigned targets, const ch
 static void test_refusals(void **s) {
     (void)s;
     // another rank: the first tensor, its shape and the one expected
-    refused("tiny_untied", 8, LLAMA_LORA_ALL, "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight is [4, 160], "
-                                              "expected [8, 160]");
+    refused("tiny_untied", 8, LLAMA_LORA_ALL,
+            "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight is [4, 160], "
+            "expected [8, 160]");
     // another model: tiny_mha has 4 key-value heads, so k_proj's B is [64, 4], not [32, 4]
     refused("tiny_mha", RANK, LLAMA_LORA_ALL, "k_proj.lora_B.weight is [32, 4], expected [64, 4]");
     // fewer targets: the file's others are not adapters of this model
@@ -331,10 +332,10 @@ static void test_targets(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_targets),         cmocka_unit_test(test_grads_lean),
-        cmocka_unit_test(test_grads_pytorch),   cmocka_unit_test(test_two_adam_steps),
+        cmocka_unit_test(test_targets),          cmocka_unit_test(test_grads_lean),
+        cmocka_unit_test(test_grads_pytorch),    cmocka_unit_test(test_two_adam_steps),
         cmocka_unit_test(test_meta_equals_real), cmocka_unit_test(test_frozen_saves_less),
-        cmocka_unit_test(test_save_reload),     cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_save_reload),      cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
