@@ -147,6 +147,10 @@ typedef struct {
     bool nf4;
 } ag_meta_dtype;
 
+// The bytes bitsandbytes holds for an NF4 tensor of n elements (ag_nf4.h's layout): 4-bit
+// values, an 8-bit absmax per 64, a float32 absmax per 64 x 256, the offset and the code tables.
+uint64_t ag_nf4_bytes(uint64_t n);
+
 // Every size float32 (the default of a new context).
 ag_meta_dtype ag_meta_dtype_f32(void);
 // False with the context's error set for sizes not listed above, or for anything but float32

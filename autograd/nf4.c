@@ -2,6 +2,7 @@
 // reference kernels: a value scaled into [-1, 1] takes the lowest code whose midpoint with the
 // next is not below it (torch.bucketize over the midpoints).
 #include "ag_nf4.h"
+#include "autograd.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -68,6 +69,8 @@ ag_nf4_layout ag_nf4_layout_of(uint64_t n) {
     l.total = l.paper + l.offset + l.code + l.code2;
     return l;
 }
+
+uint64_t ag_nf4_bytes(uint64_t n) { return ag_nf4_layout_of(n).total; }
 
 // The index of v in a sorted code of n values: the first midpoint >= v (bucketize, right=False).
 static int bucket(float v, const float *mid, int nmid) {

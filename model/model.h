@@ -105,7 +105,7 @@ typedef struct {
 const char *llama_family_name(llama_family f);
 const char *llama_rope_type_name(llama_rope_type t);
 
-// Built-in presets: smollm2-135m (the default), smollm2-360m, smollm2-1.7b, llama-2-7b,
+// Built-in presets: smollm2-135m (the default), smollm2-360m, smollm2-1.7b, llama-65b, llama-2-7b,
 // llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b. Names are
 // matched without regard to case.
 int llama_config_preset(llama_config *out, const char *name, ag_err *err);
@@ -530,6 +530,18 @@ void llama_closed_form_flash(const llama_config *c, int64_t batch, int64_t seq, 
 // activations; the other fields stay.
 void llama_closed_form_checkpointing(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
                                      llama_closed_form *out);
+
+// LoRA's model states in closed form: the frozen base (its block matrices under the base's
+// storage: base_bits 32/16 plain, 8 or 4 with a scale of scale_bytes per group of a row, nf4 as
+// bitsandbytes' NF4; everything else at d->weight), the adapters at d->weight, and gradients and
+// optimizer state for the adapters alone.
+typedef struct {
+    uint64_t base_params, adapter_params;
+    uint64_t base_weights, adapter_weights, weights; // bytes
+    uint64_t gradients, optimizer;
+} llama_lora_closed_form;
+void llama_closed_form_lora(const llama_config *c, const llama_lora_config *l, const llama_dtype_bytes *d,
+                            int base_bits, int64_t group, int scale_bytes, bool nf4, llama_lora_closed_form *out);
 
 // The exact bytes of the parameters at `bits` a weight element (32, 16, 8, 4). Under 16 bits
 // matrices pack their elements and add one scale of scale_bytes per group of `group` elements
