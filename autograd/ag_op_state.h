@@ -179,6 +179,24 @@ typedef struct {
 } ag_checkpoint_state;
 AG_SAVED_IN_A_ROW(ag_checkpoint_state, x, 1);
 
+// scale: y = s x; nothing saved.
+typedef struct {
+    float s;
+} ag_scale_state;
+
+// dropout: the one-byte mask (PYTORCH; NULL under LEAN, where backward draws it again).
+typedef struct {
+    union {
+        struct {
+            ag_tensor *mask;
+        };
+        ag_tensor *saved[1];
+    };
+    float p;
+    uint64_t seed;
+} ag_dropout_state;
+AG_SAVED_IN_A_ROW(ag_dropout_state, mask, 1);
+
 // One node's state: the member named after the node's op (add keeps none).
 typedef union {
     ag_tensor *saved[AG_MAX_SAVED]; // the generic view of any op's saved tensors
@@ -193,6 +211,8 @@ typedef union {
     ag_mul_state mul;
     ag_cross_entropy_state cross_entropy;
     ag_checkpoint_state checkpoint;
+    ag_scale_state scale;
+    ag_dropout_state dropout;
 } ag_op_state;
 
 // The number of saved tensors of the state member `m`.

@@ -204,7 +204,14 @@ typedef struct {
     // returns 16 bits; other ops follow PyTorch's type promotion from their inputs.
     bool autocast;
     bool fp16; // 16 bits are float16, not bfloat16
+    // Weight matrices as bitsandbytes' NF4 with double quantisation (weight_bits 4, group 0):
+    // billed at that layout's exact bytes per tensor (ag_nf4.h); vectors as above.
+    bool nf4;
 } ag_precision;
+
+// The bytes bitsandbytes holds for an NF4 tensor of n elements (ag_nf4.h's layout): 4-bit
+// values, an 8-bit absmax per 64, a float32 absmax per 64 x 256, the offset and the code tables.
+uint64_t ag_nf4_bytes(uint64_t n);
 
 // Every size float32 (the default of a new context).
 ag_precision ag_precision_f32(void);
@@ -315,6 +322,14 @@ bool ag_rope_tables_f(ag_ctx *ctx, const char *site, int64_t T, int hd, const ag
 // transients (the two products, -x2 and the cat); the node keeps cos and sin.
 ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, ag_tensor *cos, ag_tensor *sin);
 ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x);
+// y = s x (a constant factor: LoRA's alpha / r); saves nothing.
+ag_tensor *ag_scale(ag_ctx *ctx, const char *site, ag_tensor *x, float s);
+// Training-mode dropout (nn.Dropout(p)): y = x m / (1 - p), element i kept with probability
+// 1 - p by a draw that depends on (seed, i) alone, so a recomputation draws the same mask.
+// Under the PyTorch frameworks, native_dropout's bill: a one-byte mask per element
+// ("<prefix>:mask"), kept for backward when x needs a gradient; LEAN keeps none (backward draws
+// it again). 0 <= p < 1.
+ag_tensor *ag_dropout(ag_ctx *ctx, const char *site, ag_tensor *x, float p, uint64_t seed);
 ag_tensor *ag_mul(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b); // same shapes
 ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b); // same shapes
 // Next-token cross-entropy of logits[B, T, V] against ids[B*T]: position t predicts ids[t+1],

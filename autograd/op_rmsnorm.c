@@ -201,6 +201,8 @@ static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_ten
         ag_release(xf), ag_release(rstd), ag_release(h);
         return y;
     }
+    // The weight's mul keeps h only for the weight's own gradient (a frozen norm keeps none).
+    if (!ag_wants_grad(n, 1)) ag_release(h), h = NULL;
     n->state.rmsnorm = (ag_rmsnorm_state){
         .x = xf, // the node takes these references over
         .rstd = rstd,

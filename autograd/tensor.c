@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ag_internal.h"
+#include "ag_nf4.h"
 
 static const char *status_text(mp_status st) {
     switch (st) {
@@ -22,7 +23,8 @@ bool ag_ctx_set_precision(ag_ctx *ctx, const ag_precision *d) {
     if (!ctx || ctx->status != AG_OK) return false;
     bool ok = d && (d->act_bits == 32 || d->act_bits == 16) && (d->grad_bits == 32 || d->grad_bits == 16) &&
               (d->weight_bits == 32 || d->weight_bits == 16 || d->weight_bits == 8 || d->weight_bits == 4) &&
-              d->group >= 0 && d->scale_bytes >= 0 && (d->group == 0 || d->weight_bits < 16);
+              d->group >= 0 && d->scale_bytes >= 0 && (d->group == 0 || d->weight_bits < 16) &&
+              (!d->nf4 || (d->weight_bits == 4 && d->group == 0));
     if (!ok)
         return ag_fail(ctx, AG_ERR_ARG,
                        "dtype: activations %d, weights %d, gradients %d bits, "
@@ -51,6 +53,7 @@ uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_c
     int bits = category_bits(ctx, cat);
     if (cat == MP_WEIGHT && bits < 16 && ndim == 1) bits = ctx->dtype.act_bits; // norm weights are not quantised
     if (cat != MP_WEIGHT || bits >= 16) return numel * (uint64_t)bits / 8;
+    if (ctx->dtype.nf4) return ag_nf4_layout_of(numel).total;
     // Quantised matrix: packed elements, then one scale per group of each row.
     uint64_t cols = (uint64_t)shape[ndim - 1], rows = numel / cols, g = (uint64_t)ctx->dtype.group;
     uint64_t bytes = (numel * (uint64_t)bits + 7) / 8;

@@ -15,15 +15,15 @@ const char *llama_site(char buf[96], int64_t i, const char *what) {
 ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
     char s[96];
     ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "post_attention_layernorm"), x, L->post_norm, (float)c->rms_eps);
-    ag_tensor *g = ag_linear(ctx, llama_site(s, i, "mlp.gate_proj"), h, L->gate, L->gate_bias);
-    ag_tensor *u = ag_linear(ctx, llama_site(s, i, "mlp.up_proj"), h, L->up, L->up_bias);
+    ag_tensor *g = llama_proj_forward(ctx, L, i, LLAMA_PROJ_GATE, h);
+    ag_tensor *u = llama_proj_forward(ctx, L, i, LLAMA_PROJ_UP, h);
     REL(h);
     ag_tensor *a = ag_silu(ctx, llama_site(s, i, "mlp.act"), g);
     REL(g);
     ag_tensor *m = ag_mul(ctx, llama_site(s, i, "mlp.act_mul_up"), a, u);
     REL(a);
     REL(u);
-    ag_tensor *d = ag_linear(ctx, llama_site(s, i, "mlp.down_proj"), m, L->down, L->down_bias);
+    ag_tensor *d = llama_proj_forward(ctx, L, i, LLAMA_PROJ_DOWN, m);
     REL(m);
     ag_tensor *y = ag_add(ctx, llama_site(s, i, "mlp_residual"), x, d);
     ag_release(x);
@@ -35,9 +35,9 @@ void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tens
                ag_tensor **k, ag_tensor **v) {
     char s[96];
     ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
-    *q = ag_linear(ctx, llama_site(s, i, "self_attn.q_proj"), h, L->q, L->q_bias);
-    *k = ag_linear(ctx, llama_site(s, i, "self_attn.k_proj"), h, L->k, L->k_bias);
-    *v = ag_linear(ctx, llama_site(s, i, "self_attn.v_proj"), h, L->v, L->v_bias);
+    *q = llama_proj_forward(ctx, L, i, LLAMA_PROJ_Q, h);
+    *k = llama_proj_forward(ctx, L, i, LLAMA_PROJ_K, h);
+    *v = llama_proj_forward(ctx, L, i, LLAMA_PROJ_V, h);
     ag_release(h);
     if (!c->qk_norm) return;
     // Qwen3: RMSNorm of each head of q and k (q_norm over q.view(..., heads, head_dim)), before RoPE
@@ -50,7 +50,7 @@ void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tens
 
 ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_layer *L, ag_tensor *x, ag_tensor *a, int64_t i) {
     char s[96];
-    ag_tensor *o = ag_linear(ctx, llama_site(s, i, "self_attn.o_proj"), a, L->o, L->o_bias);
+    ag_tensor *o = llama_proj_forward(ctx, L, i, LLAMA_PROJ_O, a);
     ag_release(a);
     ag_tensor *y = ag_add(ctx, llama_site(s, i, "attn_residual"), x, o);
     ag_release(x);

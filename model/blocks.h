@@ -3,6 +3,9 @@
 
 #include "model.h"
 
+// lora.c: projection p of block i on x (x stays the caller's): the base linear, plus its adapter
+// when it has one (PEFT's lora.Linear).
+ag_tensor *llama_proj_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, llama_proj p, ag_tensor *x);
 // "layers.<i>.<what>": the site prefix of an op inside block i.
 const char *llama_site(char buf[96], int64_t i, const char *what);
 // The attention half's two ends, shared by training and generation. llama_qkv: q, k, v of

@@ -83,3 +83,31 @@ uint64_t llama_weight_bytes(const llama_config *c, int bits, int64_t group, int 
     }
     return total;
 }
+
+void llama_closed_form_lora(const llama_config *c, const llama_lora_config *l, const llama_dtype_bytes *d,
+                            int base_bits, int64_t group, int scale_bytes, bool nf4, llama_lora_closed_form *out) {
+    out->base_params = llama_param_count(c);
+    out->adapter_params = llama_lora_param_count(c, l);
+    out->base_weights = 0;
+    const size_t per = llama_params_per_layer(c), n = llama_param_count_tensors(c);
+    for (size_t i = 0; i < n; i++) {
+        char name[LLAMA_PARAM_NAME_MAX];
+        int ndim;
+        int64_t shape[2];
+        if (llama_param_spec(c, i, name, sizeof name, &ndim, shape) != 0) return;
+        const uint64_t rows = (uint64_t)shape[0], cols = (uint64_t)shape[1], numel = rows * cols;
+        const bool block_matrix = ndim == 2 && i >= 1 && i <= (size_t)c->layers * per;
+        if (!block_matrix || base_bits >= 16)
+            out->base_weights += numel * (block_matrix ? (uint64_t)base_bits / 8 : d->weight);
+        else if (nf4)
+            out->base_weights += ag_nf4_bytes(numel);
+        else
+            out->base_weights +=
+                (numel * (uint64_t)base_bits + 7) / 8 +
+                (group ? rows * ((cols + (uint64_t)group - 1) / (uint64_t)group) * (uint64_t)scale_bytes : 0);
+    }
+    out->adapter_weights = out->adapter_params * d->weight;
+    out->weights = out->base_weights + out->adapter_weights;
+    out->gradients = out->adapter_params * d->gradient;
+    out->optimizer = out->adapter_params * d->optimizer;
+}

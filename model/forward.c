@@ -103,6 +103,8 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
         return NULL;
     }
     if (!mp_is_meta() && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return NULL;
+    m->lora.training = true; // the adapters' dropout draws this forward's masks
+    m->lora.forwards++;
     ag_tensor *x = ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed, c->pad_token ? c->pad_token_id : -1);
     llama_shared sh = {0};
     ag_tensor *mask[2] = {NULL, NULL};
@@ -139,6 +141,7 @@ ag_tensor *llama_forward_logits(ag_ctx *ctx, llama_model *m, const int32_t *ids,
         return NULL;
     }
     if (!mp_is_meta() && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return NULL;
+    m->lora.training = false;
     ag_tensor *x = ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed, c->pad_token ? c->pad_token_id : -1);
     for (int64_t i = 0; i < c->layers && x; i++) x = llama_block(ctx, c, &m->layers[i], NULL, x, i);
     ag_tensor *n = ag_rmsnorm(ctx, "norm", x, m->norm, (float)c->rms_eps);

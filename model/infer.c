@@ -346,6 +346,7 @@ int llama_generate(ag_ctx *ctx, llama_model *m, const llama_generate_opts *opts,
     const llama_generate_opts *o = opts ? opts : &defaults;
     if (stats) memset(stats, 0, sizeof *stats);
     if (check_args(ctx, m, prompt_ids, mask, B, T, new_tokens, out_ids, err) != 0) return -1;
+    m->lora.training = false; // PEFT in eval mode: no dropout
     if (stats && stats_init(stats, new_tokens, err) != 0) return -1;
     gen g;
     if (gen_init(&g, ctx, m, o->use_cache, prompt_ids, mask, B, T, new_tokens, err) != 0) return -1;

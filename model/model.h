@@ -105,7 +105,7 @@ typedef struct {
 const char *llama_family_name(llama_family f);
 const char *llama_rope_type_name(llama_rope_type t);
 
-// Built-in presets: smollm2-135m (the default), smollm2-360m, smollm2-1.7b, llama-2-7b,
+// Built-in presets: smollm2-135m (the default), smollm2-360m, smollm2-1.7b, llama-65b, llama-2-7b,
 // llama-2-13b, llama-2-70b, llama-3-8b, llama-3-70b, llama-3.1-405b, mistral-7b. Names are
 // matched without regard to case.
 int llama_config_preset(llama_config *out, const char *name, ag_err *err);
@@ -323,10 +323,57 @@ int llama_st_write_f32_file(FILE *f, size_t n, const char *const *names, const i
 
 #include "autograd.h"
 
+// The linear layers of a block, by PEFT's module names.
+typedef enum {
+    LLAMA_PROJ_Q,
+    LLAMA_PROJ_K,
+    LLAMA_PROJ_V,
+    LLAMA_PROJ_O,
+    LLAMA_PROJ_GATE,
+    LLAMA_PROJ_UP,
+    LLAMA_PROJ_DOWN,
+    LLAMA_NPROJ
+} llama_proj;
+
+const char *llama_proj_name(llama_proj p);   // "q_proj", ..., "down_proj"
+const char *llama_proj_module(llama_proj p); // "self_attn.q_proj", ..., "mlp.down_proj"
+
+// LoRA as PEFT's LoraConfig sets it (init_lora_weights=True, bias "none", no DoRA or rsLoRA):
+// each target's frozen weight W [out, in] gains A [rank, in] (Kaiming-uniform, a = sqrt(5)) and
+// B [out, rank] (zeros), and computes y = W x + B (A dropout(x)) x alpha / rank.
+typedef struct {
+    int64_t rank;     // r; 0: no adapters
+    double alpha;     // lora_alpha (PEFT's default 8)
+    unsigned targets; // bit 1 << llama_proj per target module
+    double dropout;   // lora_dropout, on the adapter's input only
+} llama_lora_config;
+
+#define LLAMA_LORA_ALL ((1u << LLAMA_NPROJ) - 1)
+#define LLAMA_LORA_DEFAULT_TARGETS ((1u << LLAMA_PROJ_Q) | (1u << LLAMA_PROJ_V)) // PEFT's for Llama
+
+// "q_proj,v_proj" (PEFT's names, any order, each once) or "all-linear" into a bit set; the
+// message names the item at fault.
+int llama_lora_parse_targets(const char *list, unsigned *out, ag_err *err);
+// The targets as "q_proj,v_proj" into buf.
+const char *llama_lora_targets_text(unsigned targets, char *buf, size_t len);
+// rank >= 1, alpha > 0, 0 <= dropout < 1, a target at least.
+int llama_lora_validate(const llama_lora_config *l, ag_err *err);
+
+// What the adapted model shares with its blocks (set by llama_model_add_lora).
+typedef struct {
+    llama_lora_config cfg;
+    float scale;       // alpha / rank
+    uint64_t seed;     // of the dropout masks
+    uint64_t forwards; // training forwards so far: each draws new masks (a recomputation the same)
+    bool training;     // dropout applies (a training forward), not in generation
+} llama_lora_state;
+
 // One block's parameters; a row the config lacks (a bias, q_norm) is NULL.
 typedef struct {
     ag_tensor *input_norm, *q, *k, *v, *o, *post_norm, *gate, *up, *down;
     ag_tensor *q_bias, *k_bias, *v_bias, *o_bias, *q_norm, *k_norm, *gate_bias, *up_bias, *down_bias;
+    ag_tensor *lora_a[LLAMA_NPROJ], *lora_b[LLAMA_NPROJ]; // NULL where the projection has no adapter
+    const llama_lora_state *lora;                         // NULL without adapters
 } llama_layer;
 
 // Parameters as autograd leaves (category weight), named as Hugging Face names them.
@@ -338,10 +385,22 @@ typedef struct {
     ag_tensor *lm_head; // [vocab, hidden]; the embedding itself when tied
     ag_tensor **params; // every parameter once, in Hugging Face order (owned references)
     size_t nparams;
+    // What trains: every parameter, or with adapters only the adapters (block by block, each
+    // target's A then B, in llama_proj order), the base frozen (no .grad, no optimizer state).
+    ag_tensor **trainable;
+    size_t ntrainable;
+    ag_tensor **adapters; // the adapters (owned references); NULL without
+    size_t nadapters;
+    llama_lora_state lora;
 } llama_model;
 
 // Allocates every parameter (no data in meta mode; contents undefined until init or load).
 int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_err *err);
+// The same with the block's linear weights (the seven projections) billed under proj (meta mode:
+// a quantised frozen base, autograd.h's ag_precision) and every other parameter under the
+// context's dtype; proj NULL is llama_model_new.
+int llama_model_new_proj_dtype(llama_model **out, ag_ctx *ctx, const llama_config *cfg, const ag_precision *proj,
+                               ag_err *err);
 void llama_model_free(llama_model *m); // NULL is ignored; frees the weights and their .grad
 // Normal(0, 0.02) for matrices and the embedding, 1 for norms, 0 for biases, from the seed (the
 // same values whatever the thread count).
@@ -349,9 +408,41 @@ void llama_model_init_random(llama_model *m, uint64_t seed);
 // Reads every parameter from a checkpoint (a safetensors file or an index of shards, as
 // llama_ckpt_open; F32, BF16, F16), checking names and shapes.
 int llama_model_load(llama_model *m, const char *st_path, ag_err *err);
-// Writes the weights (or, with grads, each parameter's .grad) as F32 safetensors with HF names
+// Writes the weights (or, with grads, each trainable parameter's .grad) as F32 safetensors with HF names
 // to f, as llama_st_write_f32_file does.
 int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err);
+
+// ================================================================================================
+// LoRA adapters (lora.c, adapter.c)
+// ================================================================================================
+
+// Freezes every parameter (requires_grad off) and adds an adapter to each target of every block,
+// billed as weight under the context's dtype ("model.layers.{i}.self_attn.q_proj.lora_A.weight"
+// and "...lora_B.weight"), initialised as PEFT does from the seed (A uniform in
+// +-1/sqrt(in), B zeros); the trainable parameters become the adapters. Once per model.
+int llama_model_add_lora(llama_model *m, ag_ctx *ctx, const llama_lora_config *l, uint64_t seed, ag_err *err);
+// Parameter counts: the trainable ones (the adapters, or every parameter without) and all.
+uint64_t llama_model_trainable_count(const llama_model *m);
+uint64_t llama_model_param_total(const llama_model *m); // base + adapters
+// The adapter parameters a config adds to a model: rank x (in + out) summed over the targets.
+uint64_t llama_lora_param_count(const llama_config *c, const llama_lora_config *l);
+
+// PEFT's save format: adapter_model.safetensors with the adapters under
+// "base_model.model.<name>" (F32) and adapter_config.json (peft_type LORA, task_type CAUSAL_LM,
+// r, lora_alpha, lora_dropout, target_modules, base_model_name_or_path...), each to f.
+#define LLAMA_ADAPTER_WEIGHTS "adapter_model.safetensors"
+#define LLAMA_ADAPTER_CONFIG "adapter_config.json"
+int llama_adapter_write_weights(const llama_model *m, FILE *f, ag_err *err);
+int llama_adapter_write_config(const llama_model *m, FILE *f, ag_err *err);
+// A saved adapter's adapter_config.json (dir/adapter_config.json) into *l; base_name (len bytes,
+// may be NULL) gets base_model_name_or_path. Settings that change what is computed and that
+// membill does not compute (DoRA, rsLoRA, fan_in_fan_out, bias, patterns, modules_to_save, a
+// peft_type other than LORA) are refused, naming the field.
+int llama_adapter_read_config(const char *dir, llama_lora_config *l, char *base_name, size_t len, ag_err *err);
+// Loads dir/adapter_model.safetensors into the model's adapters (F32, BF16, F16): every adapter
+// of the model there with its shape, and nothing else. A tensor of another rank, of another
+// model's sizes, missing or unknown is refused with one line naming it and what was expected.
+int llama_adapter_load(llama_model *m, const char *dir, ag_err *err);
 
 // Every id in [0, vocab).
 int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, ag_err *err);
@@ -439,6 +530,18 @@ void llama_closed_form_flash(const llama_config *c, int64_t batch, int64_t seq, 
 // activations; the other fields stay.
 void llama_closed_form_checkpointing(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
                                      llama_closed_form *out);
+
+// LoRA's model states in closed form: the frozen base (its block matrices under the base's
+// storage: base_bits 32/16 plain, 8 or 4 with a scale of scale_bytes per group of a row, nf4 as
+// bitsandbytes' NF4; everything else at d->weight), the adapters at d->weight, and gradients and
+// optimizer state for the adapters alone.
+typedef struct {
+    uint64_t base_params, adapter_params;
+    uint64_t base_weights, adapter_weights, weights; // bytes
+    uint64_t gradients, optimizer;
+} llama_lora_closed_form;
+void llama_closed_form_lora(const llama_config *c, const llama_lora_config *l, const llama_dtype_bytes *d,
+                            int base_bits, int64_t group, int scale_bytes, bool nf4, llama_lora_closed_form *out);
 
 // The exact bytes of the parameters at `bits` a weight element (32, 16, 8, 4). Under 16 bits
 // matrices pack their elements and add one scale of scale_bytes per group of `group` elements

@@ -31,3 +31,9 @@ const char *llama_json_kind(const json_t *v); // "an integer", "a string"...
 int llama_parse_family(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_parse_family_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *path, ag_err *err);
+
+// A tensor's values as float32: its own data when it is float32, else a malloc'd copy left in
+// *own for the caller to free (NULL and err set when out of memory).
+const float *llama_f32_view(const ag_tensor *t, float **own, ag_err *err);
+// A checkpoint tensor read into p, converted to p's dtype (rounded or quantised).
+int llama_read_into(const llama_st_file *f, const llama_st_tensor *t, ag_tensor *p, ag_err *err);

@@ -14,6 +14,16 @@ static ag_tensor **param_slot(llama_model *m, size_t i) {
 }
 
 int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_err *err) {
+    return llama_model_new_proj_dtype(out, ctx, cfg, NULL, err);
+}
+
+// Parameter i is one of a block's linear weights (a matrix inside the blocks).
+static bool is_block_matrix(const llama_config *c, size_t i, int ndim) {
+    return ndim == 2 && i >= 1 && i <= (size_t)c->layers * llama_params_per_layer(c);
+}
+
+int llama_model_new_proj_dtype(llama_model **out, ag_ctx *ctx, const llama_config *cfg, const ag_precision *proj,
+                               ag_err *err) {
     *out = NULL;
     if (llama_config_validate(cfg, err) != 0) return -1;
     llama_model *m = calloc(1, sizeof *m);
@@ -24,6 +34,7 @@ int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_
         m->layers = calloc((size_t)cfg->layers, sizeof *m->layers);
         m->params = calloc(n, sizeof *m->params);
     }
+    const ag_precision own = ag_ctx_precision(ctx);
     if (!m || !m->layers || !m->params) {
         llama_model_free(m);
         ag_err_set(err, "out of memory building the model");
@@ -34,7 +45,14 @@ int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_
         int ndim;
         int64_t shape[2];
         llama_param_spec(cfg, i, name, sizeof name, &ndim, shape);
+        bool switched = proj && is_block_matrix(cfg, i, ndim);
+        if (switched && !ag_ctx_set_precision(ctx, proj)) {
+            ag_err_set(err, "%s", ag_ctx_error(ctx));
+            llama_model_free(m);
+            return -1;
+        }
         ag_tensor *p = ag_param_new(ctx, ndim, shape, name);
+        if (switched) ag_ctx_set_precision(ctx, &own);
         if (!p) {
             ag_err_set(err, "%s", ag_ctx_error(ctx));
             llama_model_free(m);
@@ -44,6 +62,8 @@ int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_
         *param_slot(m, i) = p;
     }
     if (cfg->tied) m->lm_head = m->embed;
+    m->trainable = m->params;
+    m->ntrainable = m->nparams;
     *out = m;
     return 0;
 }
@@ -51,7 +71,9 @@ int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_
 void llama_model_free(llama_model *m) {
     if (!m) return;
     for (size_t i = 0; i < m->nparams; i++) ag_release(m->params[i]);
+    for (size_t i = 0; i < m->nadapters; i++) ag_release(m->adapters[i]);
     free(m->params);
+    free(m->adapters);
     free(m->layers);
     free(m);
 }
@@ -120,6 +142,30 @@ void llama_model_init_random(llama_model *m, uint64_t seed) {
     }
 }
 
+const float *llama_f32_view(const ag_tensor *t, float **own, ag_err *err) {
+    *own = NULL;
+    if (t->dtype == AG_F32) return t->data;
+    if (!(*own = malloc((size_t)t->numel * sizeof(float)))) {
+        ag_err_set(err, "%s: out of memory for its float32 values", ag_tensor_name(t));
+        return NULL;
+    }
+    ag_tensor_to_f32(t, *own);
+    return *own;
+}
+
+int llama_read_into(const llama_st_file *f, const llama_st_tensor *t, ag_tensor *p, ag_err *err) {
+    if (p->dtype == AG_F32) return llama_st_read_f32(f, t, p->data, (size_t)p->numel, err);
+    float *v = malloc((size_t)p->numel * sizeof(float));
+    if (!v) {
+        ag_err_set(err, "%s: out of memory for its float32 values", ag_tensor_name(p));
+        return -1;
+    }
+    int rc = llama_st_read_f32(f, t, v, (size_t)p->numel, err);
+    if (rc == 0) ag_tensor_from_f32(p, v);
+    free(v);
+    return rc;
+}
+
 int llama_model_load(llama_model *m, const char *st_path, ag_err *err) {
     llama_ckpt *c = NULL;
     if (llama_ckpt_open(&c, st_path, err) != 0) return -1;
@@ -128,22 +174,15 @@ int llama_model_load(llama_model *m, const char *st_path, ag_err *err) {
         ag_tensor *p = m->params[i];
         const llama_st_file *f;
         const llama_st_tensor *t = llama_ckpt_find(c, ag_tensor_name(p), &f);
-        if (!p->data) continue;
-        float *v = p->dtype == AG_F32 ? p->data : malloc((size_t)p->numel * sizeof(float));
-        if (!v) {
-            ag_err_set(err, "%s: out of memory for its float32 values", ag_tensor_name(p));
-            rc = -1;
-            break;
-        }
-        rc = llama_st_read_f32(f, t, v, (size_t)p->numel, err);
-        if (v != p->data) ag_tensor_from_f32(p, v), free(v);
+        if (p->data) rc = llama_read_into(f, t, p, err);
     }
     llama_ckpt_close(c);
     return rc;
 }
 
 int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err) {
-    size_t n = m->nparams;
+    ag_tensor *const *list = grads ? m->trainable : m->params;
+    size_t n = grads ? m->ntrainable : m->nparams;
     const char **names = calloc(n, sizeof *names);
     int *ndims = calloc(n, sizeof *ndims);
     int64_t(*shapes)[LLAMA_ST_WRITE_MAX_DIMS] = calloc(n, sizeof *shapes);
@@ -155,7 +194,7 @@ int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
-        const ag_tensor *p = m->params[i];
+        const ag_tensor *p = list[i];
         const ag_tensor *src = grads ? p->grad : p;
         if (!src || !src->data) {
             ag_err_set(err, "%s has no %s to write", ag_tensor_name(p), grads ? "gradient" : "data (meta mode)");
@@ -164,15 +203,7 @@ int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err
         names[i] = ag_tensor_name(p);
         ndims[i] = p->ndim;
         memcpy(shapes[i], p->shape, sizeof(int64_t) * (size_t)p->ndim);
-        data[i] = src->data;
-        if (src->dtype != AG_F32) {
-            if (!(wide[i] = malloc((size_t)src->numel * sizeof(float)))) {
-                ag_err_set(err, "%s: out of memory for its float32 copy", ag_tensor_name(p));
-                goto done;
-            }
-            ag_tensor_to_f32(src, wide[i]);
-            data[i] = wide[i];
-        }
+        if (!(data[i] = llama_f32_view(src, &wide[i], err))) goto done;
     }
     const int64_t(*cshapes)[LLAMA_ST_WRITE_MAX_DIMS] = (const int64_t(*)[LLAMA_ST_WRITE_MAX_DIMS])shapes;
     rc = llama_st_write_f32_file(f, n, names, ndims, cshapes, data, err);

@@ -22,6 +22,8 @@ static const preset presets[] = {
     {"smollm2-1.7b", 2048, 8192, 24, 32, 32, 64, 49152, 8192, 130000.0, 1e-5, true, LLAMA_FAMILY_LLAMA, 0},
     {"llama-2-7b", 4096, 11008, 32, 32, 32, 128, 32000, 4096, 10000.0, 1e-5, false, LLAMA_FAMILY_LLAMA, 0},
     {"llama-2-13b", 5120, 13824, 40, 40, 40, 128, 32000, 4096, 10000.0, 1e-5, false, LLAMA_FAMILY_LLAMA, 0},
+    // LLaMA (1) 65B: the model the QLoRA paper fine-tunes on one 48 GB GPU
+    {"llama-65b", 8192, 22016, 80, 64, 64, 128, 32000, 2048, 10000.0, 1e-6, false, LLAMA_FAMILY_LLAMA, 0},
     {"llama-2-70b", 8192, 28672, 80, 64, 8, 128, 32000, 4096, 10000.0, 1e-5, false, LLAMA_FAMILY_LLAMA, 0},
     {"llama-3-8b", 4096, 14336, 32, 32, 8, 128, 128256, 8192, 500000.0, 1e-5, false, LLAMA_FAMILY_LLAMA, 0},
     {"llama-3-70b", 8192, 28672, 80, 64, 8, 128, 128256, 8192, 500000.0, 1e-5, false, LLAMA_FAMILY_LLAMA, 0},

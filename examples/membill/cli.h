@@ -41,6 +41,10 @@ typedef struct {
     double lr;
     bool meta, help, quiet, explain, checkpointing, no_cache, no_speed, list, infer, progress, ignore_eos;
     const char *json, *timeline, *dump_grads, *save_weights, *svg, *trace, *html;
+    long lora_rank;
+    double lora_alpha, lora_dropout;
+    const char *lora_targets, *base_dtype, *adapter, *save_adapter;
+    bool lora;
     unsigned char given[CLI_MAX_OPTIONS]; // by table row: the user named it
 } cli_options;
 
@@ -162,6 +166,7 @@ enum {
     CLI_ROLE_LOGITS,
     CLI_ROLE_LOSS,
     CLI_ROLE_ROPE_COS_SIN,
+    CLI_ROLE_LORA, // an adapter's own tensors (its input dropped out, A's output)
     CLI_ROLE_OTHER,
     CLI_NROLES
 };
@@ -184,6 +189,27 @@ typedef struct {
 // Writes --dump-grads (grads) or --save-weights of the model; NULL: the run writes neither.
 typedef int (*cli_save_fn)(void *arg, const llama_model *m, bool grads, ag_err *err);
 
+// LoRA and QLoRA (lora_cli.c): the adapters, the frozen base's storage, an adapter to load.
+typedef struct {
+    llama_lora_config cfg;  // rank 0: every parameter trains
+    const char *base_dtype; // NULL: the base as --dtype; "nf4", "int4", "int8" (meta mode only)
+    char adapter[4096];     // --adapter DIR, "" for none
+} cli_lora;
+
+// --lora-* and --adapter into *l (an adapter's adapter_config.json fills what was not given);
+// an exit code with the message in *err.
+int cli_lora_from_options(const cli_options *o, cli_lora *l, ag_err *err);
+// The frozen base's linear weights under base_dtype over the run's dtype; false for none.
+bool cli_lora_base_dtype(const cli_lora *l, const cli_dtype *d, ag_precision *out);
+// "LoRA r 8, alpha 16 (scale 2), dropout 0, targets q_proj,v_proj" (and the base's dtype).
+const char *cli_lora_text(const cli_lora *l, char *buf, size_t len);
+// PEFT's print_trainable_parameters line and the frozen share, for a model of cfg under l.
+void cli_lora_params_text(FILE *f, const llama_config *cfg, const cli_lora *l);
+// The adapters' weights, gradients and optimizer state by site (each category at its own peak),
+// the frozen base beside them, and the four copies restated for what trains; after a run.
+void cli_lora_bill_text(FILE *f, const llama_config *cfg, const cli_lora *l);
+struct json_t *cli_lora_json(const llama_config *cfg, const cli_lora *l);
+
 typedef struct {
     llama_config cfg;
     char st_path[4096]; // "" for random init
@@ -202,12 +228,19 @@ typedef struct {
     bool dump_grads, save_weights; // through save, after the last backward / optimizer step
     cli_save_fn save;
     void *save_arg;
+    cli_lora lora;
+    // --save-adapter: after the last optimizer step (NULL: none)
+    int (*save_adapter)(void *arg, const llama_model *m, ag_err *err);
 } train_run;
 
 // The model of a run in its context: built at the dtype's sizes, then loaded from st_path
 // ("" for the seeded random init). On failure *out may hold a model to free.
 int cli_model_build(ag_ctx *ctx, const llama_config *cfg, const cli_dtype *dtype, const char *st_path, uint64_t seed,
                     llama_model **out, ag_err *err);
+// The same with adapters (l NULL or rank 0: none): the base built (its linear weights under the
+// base dtype) and loaded, frozen, then the adapters added, initialised, or loaded from l->adapter.
+int cli_model_build_lora(ag_ctx *ctx, const llama_config *cfg, const cli_dtype *dtype, const cli_lora *l,
+                         const char *st_path, uint64_t seed, llama_model **out, ag_err *err);
 // The settings of a training run from the options (ids and steps allocated); an exit code.
 int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err);
 void cli_train_free(train_run *r);
@@ -269,6 +302,7 @@ typedef struct {
     ag_attention_kind attention;
     bool meta;
     uint64_t seed;
+    cli_lora lora; // --adapter: generation through the adapters
 } infer_run;
 
 // An exit code, as cli_load_config.

@@ -27,18 +27,55 @@ static void read_side(side *s, const cli_options *o, const char *title, double y
     fclose(f);
 }
 
+// With --lora: full fine-tune, LoRA, QLoRA (billed in meta mode: a low-bit base is not computed
+// for real yet) and inference; without: training and inference.
+#define MAX_SIDES 4
+
 typedef struct {
     const cli_options *o;
-    train_run tr;
+    train_run tr, lora, qlora;
     infer_run ir;
-    side s[2];
-    const char *html[2]; // each side's run for the page, once measured
+    int nsides;
+    side s[MAX_SIDES];
+    const char *html[MAX_SIDES]; // each side's run for the page, once measured
+    step_record rec[2];
 } compare_cmd;
+
+static const char *const lora_titles[MAX_SIDES] = {"full fine-tune", "LoRA", "QLoRA (meta)", "inference"};
+
+// The next side's profiler: the skeleton started the first and stops the last.
+static int next_profiler(compare_cmd *c, bool meta, ag_err *err) {
+    mp_shutdown();
+    if (cli_profiler_start(c->o, meta) == 0) return 0;
+    ag_err_set(err, "cannot start the profiler");
+    mp_options mo = {.meta = true};
+    mp_init(&mo);
+    return -1;
+}
+
+static int run_lora(compare_cmd *c, ag_err *err) {
+    train_run *t[3] = {&c->tr, &c->lora, &c->qlora};
+    double ymax = 0;
+    for (int k = 0; k < 3; k++) {
+        cli_progress("%s", lora_titles[k]);
+        if (k && next_profiler(c, t[k]->meta, err) != 0) return -1;
+        if (cli_train_run(t[k], err) != 0) return -1;
+        if (k == 0) ymax = (double)mp_peak().total;
+        read_side(&c->s[k], c->o, lora_titles[k], ymax);
+        c->html[k] = c->s[k].html_len ? c->s[k].html : NULL;
+    }
+    if (next_profiler(c, c->o->meta, err) != 0) return -1;
+    int rc = cli_infer_run(&c->ir, err);
+    if (rc == 0) read_side(&c->s[3], c->o, lora_titles[3], ymax);
+    c->html[3] = c->s[3].html_len ? c->s[3].html : NULL;
+    return rc;
+}
 
 // Training first: its total peak sets the common scale of both charts. Each side has a
 // profiler of its own; the skeleton started the first and stops the last.
 static int run(void *arg, ag_err *err) {
     compare_cmd *c = arg;
+    if (c->nsides == MAX_SIDES) return run_lora(c, err);
     cli_progress("training step");
     int rc = cli_train_run(&c->tr, err);
     double ymax = (double)mp_peak().total;
@@ -85,13 +122,15 @@ static uint64_t meta_peak(void *arg, ag_err *err) {
 // (share of each run), in one picture of fixed aspect that scales to the page.
 static int svg_pair(FILE *f, void *arg, ag_err *err) {
     (void)err;
-    const side *s = arg;
+    const compare_cmd *c = arg;
+    const side *s = c->s;
+    const int n = c->nsides;
     fprintf(
         f,
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"100%%\" "
         "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"#fff\"/>\n",
-        CLI_SVG_W, 2 * CLI_SVG_H);
-    for (int i = 0; i < 2; i++) {
+        CLI_SVG_W, n * CLI_SVG_H);
+    for (int i = 0; i < n; i++) {
         // Each side's own <svg> element nested at its offset, its size set here.
         const char *body = strstr(s[i].svg ? s[i].svg : "", "viewBox=");
         if (!body) return -1;
@@ -101,8 +140,49 @@ static int svg_pair(FILE *f, void *arg, ag_err *err) {
     return 0;
 }
 
+static void print_lora_table(FILE *f, const compare_cmd *c) {
+    char a[4][40], t[256];
+    fprintf(f,
+            "membill compare --lora: %s; training: batch %ld x %ld tokens, %s; inference: batch %ld x %ld-token "
+            "prompt + %ld new\n",
+            c->tr.cfg.name, c->tr.batch, c->tr.seq_len, optim_kind_name(c->tr.ocfg.kind), c->ir.batch, c->ir.seq_len,
+            c->ir.new_tokens);
+    fprintf(f,
+            "%s; QLoRA: the same adapters on a %s base, billed in meta mode (a low-bit base is not computed for "
+            "real yet)\n",
+            cli_lora_text(&c->lora.lora, t, sizeof t), c->qlora.lora.base_dtype);
+    cli_lora_params_text(f, &c->lora.cfg, &c->lora.lora);
+    fprintf(f, "\n  %-11s", "category");
+    for (int k = 0; k < MAX_SIDES; k++) fprintf(f, " %-20s", lora_titles[k]);
+    fputc('\n', f);
+    for (int cat = 0; cat <= MP_NCATEGORIES; cat++) {
+        fprintf(f, "  %-11s", cat < MP_NCATEGORIES ? mp_category_name(cat) : "total peak");
+        for (int k = 0; k < MAX_SIDES; k++) {
+            uint64_t v = cat < MP_NCATEGORIES ? c->s[k].peak[cat] : c->s[k].total.total;
+            fprintf(f, " %-20s", cli_commas(a[k], sizeof a[k], v));
+        }
+        fputc('\n', f);
+    }
+    const train_run *t3[3] = {&c->tr, &c->lora, &c->qlora};
+    fprintf(f, "  %-11s", "step time");
+    for (int k = 0; k < 3; k++) {
+        char st[32] = "-";
+        if (!t3[k]->meta) snprintf(st, sizeof st, "%.3f s", t3[k]->steps[0].step_s);
+        fprintf(f, " %-20s", st);
+    }
+    fprintf(f, " %-20s\n", "-");
+    const double inf = (double)c->s[3].total.total;
+    fprintf(f, "\n  total peak over inference's: full %.2f x, LoRA %.2f x, QLoRA %.2f x\n",
+            inf ? (double)c->s[0].total.total / inf : 0, inf ? (double)c->s[1].total.total / inf : 0,
+            inf ? (double)c->s[2].total.total / inf : 0);
+}
+
 static void print_table(FILE *f, const void *arg, bool failed) {
     const compare_cmd *c = arg;
+    if (!failed && c->nsides == MAX_SIDES) {
+        print_lora_table(f, c);
+        return;
+    }
     const train_run *tr = &c->tr;
     const infer_run *ir = &c->ir;
     const side *t = &c->s[0], *g = &c->s[1];
@@ -143,6 +223,12 @@ static json_t *compare_json(const void *arg, bool failed) {
     json_t *root = cli_report_root(&c->tr.cfg);
     if (c->ir.text.ids) json_object_set_new(root, "prompt_ids", cli_prompt_ids_json(&c->ir.text, c->ir.batch));
     if (failed) return root;
+    if (c->nsides == MAX_SIDES) {
+        static const char *const keys[MAX_SIDES] = {"full", "lora", "qlora", "infer"};
+        for (int k = 0; k < MAX_SIDES; k++) json_object_set_new(root, keys[k], side_json(&c->s[k]));
+        json_object_set_new(root, "lora", cli_lora_json(&c->lora.cfg, &c->lora.lora));
+        return root;
+    }
     json_object_set_new(root, "train", side_json(&c->s[0]));
     json_object_set_new(root, "infer", side_json(&c->s[1]));
     json_object_set_new(root, "ratio",
@@ -173,7 +259,25 @@ int cmd_compare(const cli_options *o) {
         c.tr.seed = o->seed;
         c.tr.framework = c.ir.framework;
         c.tr.attention = c.ir.attention;
-        if (c.tr.seq_len < 2) {
+        c.nsides = 2;
+        if (o->lora && (rc = cli_lora_from_options(o, &c.lora.lora, &err)) == 0) {
+            c.nsides = MAX_SIDES;
+            c.lora.cfg = c.tr.cfg; // the same run with adapters, then on a quantised base in meta mode
+            memcpy(c.lora.st_path, c.tr.st_path, sizeof c.lora.st_path);
+            c.lora.ocfg = c.tr.ocfg;
+            c.lora.dtype = c.tr.dtype;
+            c.lora.ids = c.tr.ids;
+            c.lora.batch = c.tr.batch, c.lora.seq_len = c.tr.seq_len;
+            c.lora.nsteps = 1, c.lora.steps = &c.rec[0];
+            c.lora.meta = o->meta, c.lora.seed = o->seed;
+            c.lora.framework = c.tr.framework, c.lora.attention = c.tr.attention;
+            c.qlora = c.lora;
+            c.qlora.steps = &c.rec[1];
+            c.qlora.meta = true;
+            if (!c.qlora.lora.base_dtype) c.qlora.lora.base_dtype = "nf4";
+            c.lora.lora.base_dtype = NULL; // --base-dtype is the QLoRA column's
+        }
+        if (rc == 0 && c.tr.seq_len < 2) {
             ag_err_set(&err, "a training step needs at least 2 tokens, not %ld", c.tr.seq_len);
             rc = EXIT_USAGE;
         }
@@ -189,9 +293,9 @@ int cmd_compare(const cli_options *o) {
                    .text = print_table,
                    .json = compare_json,
                    .svg = svg_pair,
-                   .svg_arg = c.s,
+                   .svg_arg = &c,
                    .html_runs = c.html,
-                   .html_nruns = 2,
+                   .html_nruns = c.nsides,
                    .title = "membill compare"};
     rc = cli_job_main(o, &job);
     free(c.s[0].svg);

@@ -52,6 +52,7 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     if (o->cmd == CLI_INFER && !cli_infer_dtype(o, &r->dtype, err)) return EXIT_USAGE;
     if (o->cmd != CLI_INFER) cli_parse_dtype("fp32", &r->dtype);
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
+    if (rc == 0 && o->cmd == CLI_INFER) rc = cli_lora_from_options(o, &r->lora, err);
     if (rc == 0) rc = cli_text_prepare(o, &r->text, err);
     if (rc != 0) return rc;
     if (o->tokens && strchr(o->tokens, ';')) {
@@ -117,7 +118,7 @@ int cli_infer_run(infer_run *r, ag_err *err) {
     ag_ctx_set_attention(ctx, r->attention);
     ag_set_grad_enabled(ctx, false);
     mp_set_phase(MP_PHASE_LOAD);
-    if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, &m, err) != 0) goto done;
+    if (cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, &m, err) != 0) goto done;
     llama_generate_opts go = {.use_cache = r->use_cache, .on_step = on_step, .stop = all_ended, .user = r};
     cli_progress("prefill of %ld x %ld tokens", r->batch, r->seq_len);
     rc = llama_generate(ctx, m, &go, r->ids, r->mask, r->batch, r->seq_len, r->new_tokens, r->out, &r->stats, err);

@@ -4,13 +4,35 @@
 #include "cli.h"
 #include "outputs.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int cli_profiler_start(const cli_options *o, bool meta) {
     mp_options mo = {.meta = meta, .budget = o->budget, .track_other = !meta, .keep_timeline = true};
     return mp_init(&mo) == MP_OK ? 0 : -1;
+}
+
+// An --adapter folder's two files are inputs; --save-adapter DIR (made if absent, as PEFT's
+// save_pretrained does) declares its two files as outputs.
+static int declare_adapter(const cli_options *o, cli_outputs *outs, ag_err *err) {
+    char path[4200];
+    const char *const files[2] = {LLAMA_ADAPTER_WEIGHTS, LLAMA_ADAPTER_CONFIG};
+    for (int k = 0; o->adapter && k < 2; k++) {
+        snprintf(path, sizeof path, "%s/%s", o->adapter, files[k]);
+        if (cli_outputs_input(outs, "--adapter", path, err) != 0) return -1;
+    }
+    if (!o->save_adapter) return 0;
+    if (mkdir(o->save_adapter, 0777) != 0 && errno != EEXIST) {
+        ag_err_set(err, "--save-adapter %s: cannot make the folder: %s", o->save_adapter, strerror(errno));
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/%s", o->save_adapter, files[0]);
+    if (cli_outputs_add(outs, "--save-adapter", path, err) != 0) return -1;
+    snprintf(path, sizeof path, "%s/%s", o->save_adapter, files[1]);
+    return cli_outputs_add(outs, "--save-adapter " LLAMA_ADAPTER_CONFIG, path, err);
 }
 
 int cli_outputs_declare(const cli_options *o, cli_outputs **outs, ag_err *err) {
@@ -51,7 +73,7 @@ int cli_outputs_declare(const cli_options *o, cli_outputs **outs, ag_err *err) {
     }
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++)
         if (list[i].path && cli_outputs_add(*outs, list[i].name, list[i].path, err) != 0) return -1;
-    return 0;
+    return declare_adapter(o, *outs, err);
 }
 
 int cli_outputs_finish(const cli_options *o, cli_outputs *outs, json_t *root, const cli_report *rep, ag_err *err) {

@@ -29,6 +29,7 @@ static int meta_step(const plan_setting *s, long B, long T, step_record *steps, 
     r.checkpointing = s->checkpointing;
     r.framework = s->framework;
     r.attention = s->attention;
+    r.lora = s->lora;
     return cli_train_run(&r, err);
 }
 
@@ -273,6 +274,7 @@ int cmd_plan(const cli_options *o) {
     plan_setting_from(o, &s);
     char st_path[8];
     int rc = cli_load_config(o, &s.cfg, st_path, sizeof st_path, &err);
+    if (rc == 0) rc = cli_lora_from_options(o, &s.lora, &err);
     if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_USAGE;
     plan_fit_result fit = {0};
     if (rc == 0 && o->device_memory && plan_fit(&s, o->device_memory, &fit, &err) != 0) rc = EXIT_RUN_FAILED;

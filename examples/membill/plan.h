@@ -31,6 +31,7 @@ typedef struct {
     bool checkpointing; // training: every block recomputed in backward
     ag_framework framework;
     ag_attention_kind attention;
+    cli_lora lora; // rank 0: every parameter trains
 } plan_setting;
 
 // One device's share: model states as ZeRO shards them (stage 1 the optimizer state, 2 also
@@ -65,6 +66,7 @@ typedef struct {
 } plan_fit_result;
 
 llama_dtype_bytes plan_dtype_bytes(const plan_setting *s);
+void plan_lora_closed_form(const plan_setting *s, llama_lora_closed_form *lf);
 long plan_cache_tokens(const plan_setting *s);
 const char *plan_weight_dtype_name(const cli_dtype *d);
 void plan_report_text(FILE *out, const void *arg);

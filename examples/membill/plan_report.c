@@ -166,6 +166,45 @@ static void text_fit(FILE *out, const plan_view *v) {
                 v->seq_capped ? ", the model's positions (max_position_embeddings), not memory, are the limit" : "");
 }
 
+// LoRA's closed form of the model states for the setting.
+void plan_lora_closed_form(const plan_setting *s, llama_lora_closed_form *lf) {
+    llama_dtype_bytes d = plan_dtype_bytes(s);
+    ag_precision base;
+    bool q = cli_lora_base_dtype(&s->lora, &s->dt, &base);
+    llama_closed_form_lora(&s->cfg, &s->lora.cfg, &d, q ? base.weight_bits : s->dt.weight_bits, q ? base.group : 0,
+                           q ? base.scale_bytes : 0, q && base.nf4, lf);
+}
+
+// With adapters: the frozen base and the adapters apart; gradients and state for the adapters.
+static void text_states_lora(FILE *out, const plan_view *v) {
+    const plan_setting *s = v->s;
+    const plan_bill *b = v->b;
+    llama_lora_closed_form lf;
+    plan_lora_closed_form(s, &lf);
+    llama_dtype_bytes d = plan_dtype_bytes(s);
+    char f[256], x[64], y[64], t[256];
+    unsigned long long A = (unsigned long long)lf.adapter_params;
+    snprintf(f, sizeof f, "frozen base %s (%s) + adapters %llu x %llu", mp_format_bytes(x, sizeof x, lf.base_weights),
+             s->lora.base_dtype ? s->lora.base_dtype : s->dt.long_name, A, (unsigned long long)d.weight);
+    row(out, "weight", b->peak[MP_WEIGHT], lf.weights, f);
+    snprintf(f, sizeof f, "adapters A x %llu = %llu x %llu; none for the frozen base", (unsigned long long)d.gradient,
+             A, (unsigned long long)d.gradient);
+    row(out, "gradient", b->peak[MP_GRADIENT], lf.gradients, f);
+    snprintf(f, sizeof f, "adapters A x %llu; none for the frozen base", (unsigned long long)d.optimizer);
+    row(out, "optimizer", b->peak[MP_OPTIMIZER], lf.optimizer, f);
+    row(out, "activation", b->peak[MP_ACTIVATION], 0,
+        "the frozen base saves no input for its own weights; each adapter keeps its input and A's output");
+    row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
+    fprintf(out, "  %-11s %-36s step 2, the steady state; step 1 peak %s\n", "total peak",
+            mp_format_bytes(x, sizeof x, b->total), mp_format_bytes(y, sizeof y, b->first_step));
+    fprintf(out, "\n  %s\n", cli_lora_text(&s->lora, t, sizeof t));
+    cli_lora_params_text(out, &s->cfg, &s->lora);
+    uint64_t four = lf.adapter_weights + lf.gradients + lf.optimizer;
+    fprintf(out, "  four copies of what trains: %s = %.3f x the adapters; the frozen base adds %s\n",
+            mp_format_bytes(x, sizeof x, four), lf.adapter_weights ? (double)four / (double)lf.adapter_weights : 0.0,
+            mp_format_bytes(y, sizeof y, lf.base_weights));
+}
+
 static void report_train_text(FILE *out, const plan_view *v) {
     const plan_setting *s = v->s;
     char pc[32];
@@ -180,7 +219,10 @@ static void report_train_text(FILE *out, const plan_view *v) {
     fprintf(out, "framework: %s; attention: %s\n", cli_framework_text(s->framework), cli_attention_text(s->attention));
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
-    text_states(out, v);
+    if (s->lora.cfg.rank)
+        text_states_lora(out, v);
+    else
+        text_states(out, v);
     if (s->gpus > 1 || s->zero > 0 || v->device) text_per_gpu(out, v);
     if (v->device) text_fit(out, v);
 }
@@ -365,6 +407,19 @@ json_t *plan_report_json(const plan_view *v) {
     }
     json_decref(rep);
     json_object_set_new(root, "closed_form", closed_form_json(v->cf, v->b, s->checkpointing));
+    if (s->lora.cfg.rank && !s->infer) {
+        llama_lora_closed_form lf;
+        plan_lora_closed_form(s, &lf);
+        json_t *cf = json_object_get(root, "closed_form"), *l = cli_lora_json(&s->cfg, &s->lora);
+        // with adapters the model states are LoRA's; activations are measured only
+        json_object_set_new(cf, "weight", json_integer((json_int_t)lf.weights));
+        json_object_set_new(cf, "gradient", json_integer((json_int_t)lf.gradients));
+        json_object_set_new(cf, "optimizer", json_integer((json_int_t)lf.optimizer));
+        json_object_set_new(cf, "activation", json_null());
+        json_object_set_new(l, "base_weight_bytes", json_integer((json_int_t)lf.base_weights));
+        json_object_set_new(l, "closed_form_adapter_weight_bytes", json_integer((json_int_t)lf.adapter_weights));
+        json_object_set_new(root, "lora", l);
+    }
     if (s->infer)
         json_object_set_new(root, "inference", infer_json(v));
     else

@@ -19,6 +19,7 @@ static const char *const role_names[CLI_NROLES] = {"autocast_weight_cast",
                                                    "logits",
                                                    "loss",
                                                    "rope_cos_sin",
+                                                   "lora",
                                                    "other"};
 
 const char *cli_role_name(int role) { return role >= 0 && role < CLI_NROLES ? role_names[role] : "?"; }
@@ -34,6 +35,7 @@ static int role_of(const char *label) {
     if (!strncmp(label, "loss:", 5)) return CLI_ROLE_LOSS;
     if (!strncmp(label, "lm_head:", 8)) return CLI_ROLE_LOGITS;
     if (strncmp(label, "layers.", 7)) return CLI_ROLE_OTHER;
+    if (has(label, ".lora_")) return CLI_ROLE_LORA;
     if (has(label, "layernorm:") || has(label, "q_norm:") || has(label, "k_norm:")) return CLI_ROLE_NORM; // Qwen3's
     if (has(label, "_residual:")) return CLI_ROLE_RESIDUAL;
     if (has(label, ".mlp.")) return CLI_ROLE_MLP;

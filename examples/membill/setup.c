@@ -8,6 +8,37 @@
 
 static bool is_f32(const char *dtype) { return !dtype || strcmp(dtype, "fp32") == 0; }
 
+// The LoRA options: each needs adapters (--lora-rank, an --adapter, compare's --lora); a real run
+// cannot compute a low-bit base yet.
+static const char *lora_combinations(const cli_options *o, char *buf, size_t len) {
+    bool adapters = o->lora_rank > 0 || o->adapter || o->lora;
+    const char *const needs[] = {"--lora-alpha", "--lora-targets", "--lora-dropout", "--base-dtype", "--save-adapter"};
+    for (size_t i = 0; i < sizeof needs / sizeof needs[0]; i++)
+        if (!adapters && cli_given(o, needs[i])) {
+            snprintf(buf, len, "%s configures LoRA: add --lora-rank R%s", needs[i],
+                     o->cmd == CLI_COMPARE ? " and --lora"
+                     : o->cmd == CLI_TRAIN ? " (or --adapter DIR)"
+                                           : "");
+            return buf;
+        }
+    if (o->cmd == CLI_COMPARE && cli_given(o, "--lora-rank") && !o->lora)
+        return "--lora-rank in compare sets the LoRA column: add --lora";
+    if (o->cmd == CLI_COMPARE && o->lora && cli_given(o, "--lora-rank") && o->lora_rank == 0)
+        return "compare --lora needs a rank of 1 or more";
+    if (o->cmd == CLI_TRAIN && o->base_dtype && !o->meta) {
+        snprintf(buf, len,
+                 "--base-dtype %s: real low-bit bases are not computed yet; add --meta to bill it (membill plan plans "
+                 "it)",
+                 o->base_dtype);
+        return buf;
+    }
+    if (o->meta && (o->save_adapter || o->adapter))
+        return "--meta runs on shapes alone: --adapter and --save-adapter need data";
+    if (o->adapter && o->save_adapter && strcmp(o->adapter, o->save_adapter) == 0)
+        return "--save-adapter names the --adapter folder the run reads: give another folder";
+    return NULL;
+}
+
 // Every rule that ties two options together, per subcommand. The table has already refused
 // options a subcommand does not take.
 bool cli_check_combinations(const cli_options *o) {
@@ -58,6 +89,7 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--tokenizer reads --prompt or --prompt-file: give one of them";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
         bad = "compare trains on one prompt repeated over --batch: give one prompt";
+    if (!bad) bad = lora_combinations(o, buf, sizeof buf);
     if (!bad) {
         // Two outputs on stdout would interleave.
         const char *outs[] = {o->json, o->timeline, o->svg, o->trace, o->html, o->dump_grads, o->save_weights};

@@ -241,6 +241,7 @@ static json_t *report_json(const void *arg, bool failed) {
     json_t *peak = json_object_get(root, "peak");
     if (peak) json_object_set_new(peak, "step", ps ? json_integer(ps) : json_null());
     if (steps_completed(r) > 0) json_object_set_new(root, "four_copies", four_copies_json());
+    if (r->lora.cfg.rank) json_object_set_new(root, "lora", cli_lora_json(&r->cfg, &r->lora));
     json_object_set_new(root, "breakdown", cli_breakdown_json((long)r->cfg.layers));
     if (!failed) json_object_set_new(root, "timing", timing_json(r));
     json_object_set_new(root, "teardown_all_zero", json_boolean(r->torn_down_clean));
@@ -299,6 +300,12 @@ static void report_text(FILE *f, const void *arg, bool failed) {
             failed ? " (FAILED: see below)" : "");
     fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
     if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
+    char lt[256];
+    if (r->lora.cfg.rank) {
+        fprintf(f, "%s%s%s\n", cli_lora_text(&r->lora, lt, sizeof lt), r->lora.adapter[0] ? "; loaded from " : "",
+                r->lora.adapter);
+        cli_lora_params_text(f, &r->cfg, &r->lora);
+    }
     cli_text_line(f, &r->text);
     if (!r->meta && r->steps[0].phases_done >= 1)
         fprintf(f, "loss %.4f (a random init is near ln(vocab) = %.4f)\n", r->steps[0].loss, log((double)r->cfg.vocab));
@@ -307,6 +314,7 @@ static void report_text(FILE *f, const void *arg, bool failed) {
     cli_breakdown_text(f, (long)r->cfg.layers);
     long done = steps_completed(r);
     if (done > 0) text_four_copies(f);
+    if (done > 0 && r->lora.cfg.rank) cli_lora_bill_text(f, &r->cfg, &r->lora);
     if (r->nsteps >= 2 || failed) {
         text_steps(f, r);
     } else if (!r->meta && done) {
@@ -338,6 +346,16 @@ static int save(void *arg, const llama_model *m, bool grads, ag_err *err) {
     return cli_outputs_write(t->job.outs, grads ? "--dump-grads" : "--save-weights", cli_model_writer, &file, err);
 }
 
+static int adapter_weights(FILE *f, void *m, ag_err *err) { return llama_adapter_write_weights(m, f, err); }
+static int adapter_config(FILE *f, void *m, ag_err *err) { return llama_adapter_write_config(m, f, err); }
+
+// --save-adapter: both files of the folder, committed with the other outputs.
+static int save_adapter(void *arg, const llama_model *m, ag_err *err) {
+    const train_cmd *t = arg;
+    if (cli_outputs_write(t->job.outs, "--save-adapter", adapter_weights, (void *)m, err) != 0) return -1;
+    return cli_outputs_write(t->job.outs, "--save-adapter " LLAMA_ADAPTER_CONFIG, adapter_config, (void *)m, err);
+}
+
 static int run(void *arg, ag_err *err) {
     train_cmd *t = arg;
     return cli_train_run(&t->r, err);
@@ -350,6 +368,8 @@ static uint64_t meta_peak(void *arg, ag_err *err) {
     step_record recs[2];
     m.meta = true;
     m.save = NULL;
+    m.save_adapter = NULL;
+    m.lora.adapter[0] = 0; // shapes alone: nothing is read
     m.nsteps = m.nsteps < 2 ? m.nsteps : 2;
     m.steps = recs;
     memset(recs, 0, sizeof recs);
@@ -374,6 +394,7 @@ int cmd_train(const cli_options *o) {
              t.r.seq_len, optim_kind_name(t.r.ocfg.kind), t.r.dtype.long_name, o->meta ? ", meta" : "");
     t.r.save = save;
     t.r.save_arg = &t;
+    if (o->save_adapter) t.r.save_adapter = save_adapter;
     t.job = (cli_job){
         .arg = &t, .run = run, .meta_peak = meta_peak, .text = report_text, .json = report_json, .title = title};
     rc = cli_job_main(o, &t.job);

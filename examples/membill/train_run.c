@@ -32,6 +32,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     r->dump_grads = o->dump_grads != NULL;
     r->save_weights = o->save_weights != NULL;
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
+    if (rc == 0) rc = cli_lora_from_options(o, &r->lora, err);
     if (rc == 0) rc = cli_text_prepare(o, &r->text, err);
     if (rc == 0) rc = cli_make_tokens(o, &r->cfg, &r->text, o->meta, &r->ids, &r->batch, &r->seq_len, err);
     if (rc == 0 && r->seq_len < 2) {
@@ -108,17 +109,25 @@ static int run_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long 
 
 int cli_model_build(ag_ctx *ctx, const llama_config *cfg, const cli_dtype *dtype, const char *st_path, uint64_t seed,
                     llama_model **out, ag_err *err) {
-    ag_precision md = cli_precision(dtype);
+    return cli_model_build_lora(ctx, cfg, dtype, NULL, st_path, seed, out, err);
+}
+
+int cli_model_build_lora(ag_ctx *ctx, const llama_config *cfg, const cli_dtype *dtype, const cli_lora *l,
+                         const char *st_path, uint64_t seed, llama_model **out, ag_err *err) {
+    ag_precision md = cli_precision(dtype), base;
     if (!ag_ctx_set_precision(ctx, &md)) {
         ag_err_set(err, "%s", ag_ctx_error(ctx));
         return -1;
     }
-    if (llama_model_new(out, ctx, cfg, err) != 0) return -1;
-    if (!st_path[0]) {
+    bool quantised = l && cli_lora_base_dtype(l, dtype, &base);
+    if (llama_model_new_proj_dtype(out, ctx, cfg, quantised ? &base : NULL, err) != 0) return -1;
+    if (!st_path[0])
         llama_model_init_random(*out, seed);
-        return 0;
-    }
-    return llama_model_load(*out, st_path, err);
+    else if (llama_model_load(*out, st_path, err) != 0)
+        return -1;
+    if (!l || l->cfg.rank == 0) return 0;
+    if (llama_model_add_lora(*out, ctx, &l->cfg, seed, err) != 0) return -1;
+    return l->adapter[0] && !mp_is_meta() ? llama_adapter_load(*out, l->adapter, err) : 0;
 }
 
 int cli_train_run(train_run *r, ag_err *err) {
@@ -134,14 +143,15 @@ int cli_train_run(train_run *r, ag_err *err) {
     ag_ctx_set_attention(ctx, r->attention);
     mp_set_phase(MP_PHASE_LOAD);
     cli_progress("building the model");
-    if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, &m, err) != 0) goto done;
+    if (cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, &m, err) != 0) goto done;
     optim_config oc = r->ocfg; // foreach's temporaries are the framework's version's
     oc.torch_113_foreach = r->framework == AG_FRAMEWORK_PYTORCH_113;
-    opt = optim_new(&oc, m->params, m->nparams, err);
+    opt = optim_new(&oc, m->trainable, m->ntrainable, err); // a frozen base gets no state
     if (!opt) goto done;
     for (long s = 0; s < r->nsteps; s++)
         if (run_step(r, ctx, m, opt, s, err) != 0) goto done;
     if (r->save_weights && r->save && r->save(r->save_arg, m, false, err) != 0) goto done;
+    if (r->save_adapter && r->save_adapter(r->save_arg, m, err) != 0) goto done;
     rc = 0;
 done:
     mp_set_phase(MP_PHASE_TEARDOWN);

@@ -30,6 +30,10 @@ static const char *value_for(const char *opt, const char *value) {
     if (strcmp(opt, "--adam-impl") == 0) return "fused";
     if (strcmp(opt, "--weight-dtype") == 0) return "int4";
     if (strcmp(opt, "--tokens") == 0) return "1,2,3";
+    if (strcmp(opt, "--base-dtype") == 0) return "nf4";
+    if (strcmp(opt, "--lora-targets") == 0) return "q_proj";
+    if (strcmp(value, "R") == 0 || strcmp(value, "A") == 0) return "2";
+    if (strcmp(value, "P") == 0) return "0.1";
     if (strcmp(value, "SIZE") == 0) return "1GB";
     if (strcmp(value, "X") == 0) return "0.5";
     if (strcmp(value, "N") == 0 || strcmp(value, "B") == 0 || strcmp(value, "S") == 0) return "2";

@@ -15,7 +15,7 @@ static const struct {
     {"smollm2-135m", 134515008ULL}, {"smollm2-360m", 361821120ULL},  {"smollm2-1.7b", 1711376384ULL},
     {"llama-2-7b", 6738415616ULL},  {"llama-2-13b", 13015864320ULL}, {"llama-2-70b", 68976648192ULL},
     {"llama-3-8b", 8030261248ULL},  {"llama-3-70b", 70553706496ULL}, {"llama-3.1-405b", 405853388800ULL},
-    {"mistral-7b", 7241732096ULL},
+    {"mistral-7b", 7241732096ULL},  {"llama-65b", 65285660672ULL},
 };
 #define NPUBLISHED (sizeof published / sizeof published[0])
 

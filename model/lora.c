@@ -1,0 +1,194 @@
+// LoRA as PEFT builds it: the targets' settings, the adapters beside the frozen base weights,
+// PEFT's initialisation, and each adapted projection's forward.
+#include "blocks.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const proj_names[LLAMA_NPROJ] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                    "gate_proj", "up_proj", "down_proj"};
+static const char *const proj_modules[LLAMA_NPROJ] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                      "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                                      "mlp.down_proj"};
+
+const char *llama_proj_name(llama_proj p) { return (unsigned)p < LLAMA_NPROJ ? proj_names[p] : "?"; }
+const char *llama_proj_module(llama_proj p) { return (unsigned)p < LLAMA_NPROJ ? proj_modules[p] : "?"; }
+
+int llama_lora_parse_targets(const char *list, unsigned *out, ag_err *err) {
+    if (list && strcmp(list, "all-linear") == 0) {
+        *out = LLAMA_LORA_ALL;
+        return 0;
+    }
+    unsigned t = 0;
+    const char *p = list ? list : "";
+    for (int item = 1;; item++) {
+        size_t n = strcspn(p, ",");
+        int k = 0;
+        while (k < LLAMA_NPROJ && !(strlen(proj_names[k]) == n && strncmp(p, proj_names[k], n) == 0)) k++;
+        if (k == LLAMA_NPROJ || (t & (1u << k))) {
+            ag_err_set(err,
+                       "--lora-targets: item %d '%.*s' is %s (expected PEFT's module names q_proj, k_proj, v_proj, "
+                       "o_proj, gate_proj, up_proj, down_proj, comma-separated, or all-linear)",
+                       item, (int)n, p, k == LLAMA_NPROJ ? "not a linear layer of the model" : "given twice");
+            return -1;
+        }
+        t |= 1u << k;
+        if (!p[n]) break;
+        p += n + 1;
+    }
+    *out = t;
+    return 0;
+}
+
+const char *llama_lora_targets_text(unsigned targets, char *buf, size_t len) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int k = 0; k < LLAMA_NPROJ; k++)
+        if (targets & (1u << k))
+            n += (size_t)snprintf(buf + n, n < len ? len - n : 0, "%s%s", n ? "," : "", proj_names[k]);
+    return buf;
+}
+
+int llama_lora_validate(const llama_lora_config *l, ag_err *err) {
+    if (l->rank < 1 || l->rank > (1 << 20))
+        ag_err_set(err, "LoRA rank %lld: expected 1 to %d", (long long)l->rank, 1 << 20);
+    else if (!(l->alpha > 0) || !isfinite(l->alpha))
+        ag_err_set(err, "LoRA alpha %g: expected a number > 0", l->alpha);
+    else if (!(l->dropout >= 0 && l->dropout < 1))
+        ag_err_set(err, "LoRA dropout %g: expected 0 <= p < 1", l->dropout);
+    else if (!(l->targets & LLAMA_LORA_ALL) || (l->targets & ~LLAMA_LORA_ALL))
+        ag_err_set(err, "LoRA targets: expected at least one of the seven linear layers");
+    else
+        return 0;
+    return -1;
+}
+
+// A block's weight and bias of projection p.
+static ag_tensor *proj_weight(const llama_layer *L, llama_proj p, ag_tensor **bias) {
+    ag_tensor *const w[LLAMA_NPROJ] = {L->q, L->k, L->v, L->o, L->gate, L->up, L->down};
+    ag_tensor *const b[LLAMA_NPROJ] = {L->q_bias,    L->k_bias,  L->v_bias,   L->o_bias,
+                                       L->gate_bias, L->up_bias, L->down_bias};
+    if (bias) *bias = b[p];
+    return w[p];
+}
+
+uint64_t llama_lora_param_count(const llama_config *c, const llama_lora_config *l) {
+    const uint64_t H = (uint64_t)c->hidden, Q = (uint64_t)(c->heads * c->head_dim),
+                   KV = (uint64_t)(c->kv_heads * c->head_dim), I = (uint64_t)c->intermediate;
+    const uint64_t in_out[LLAMA_NPROJ] = {H + Q, H + KV, H + KV, Q + H, H + I, H + I, I + H};
+    uint64_t per = 0;
+    for (int k = 0; k < LLAMA_NPROJ; k++)
+        if (l->targets & (1u << k)) per += in_out[k];
+    return per * (uint64_t)l->rank * (uint64_t)c->layers;
+}
+
+uint64_t llama_model_trainable_count(const llama_model *m) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < m->ntrainable; i++) n += (uint64_t)m->trainable[i]->numel;
+    return n;
+}
+
+uint64_t llama_model_param_total(const llama_model *m) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < m->nparams; i++) n += (uint64_t)m->params[i]->numel;
+    for (size_t i = 0; i < m->nadapters; i++) n += (uint64_t)m->adapters[i]->numel;
+    return n;
+}
+
+static uint64_t mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+// kaiming_uniform_(a=sqrt(5)) on A [rank, in]: gain sqrt(2 / (1 + 5)), bound gain x sqrt(3 / in)
+// = 1 / sqrt(in). B stays zero (PEFT's init_lora_weights=True: the adapted model starts as the base).
+static void init_adapter(ag_tensor *a, ag_tensor *b, uint64_t seed) {
+    if (!a->data) return; // meta mode
+    const float bound = 1.0f / sqrtf((float)a->shape[1]);
+    for (int64_t j = 0; j < a->numel; j++) {
+        uint64_t v = mix(seed + 0x9e3779b97f4a7c15ULL * (uint64_t)(j + 1));
+        ag_set(a->data, a->dtype, j, bound * (2.0f * (float)(v >> 40) * 0x1p-24f - 1.0f));
+    }
+    memset(b->data, 0, (size_t)b->numel * (size_t)b->bits / 8); // zero in every float dtype
+}
+
+static ag_tensor *adapter_new(ag_ctx *ctx, int64_t layer, llama_proj p, const char *which, int64_t rows, int64_t cols,
+                              ag_err *err) {
+    char name[LLAMA_PARAM_NAME_MAX + 32];
+    snprintf(name, sizeof name, "model.layers.%lld.%s.%s.weight", (long long)layer, proj_modules[p], which);
+    ag_tensor *t = ag_param_new(ctx, 2, (int64_t[]){rows, cols}, name);
+    if (!t) ag_err_set(err, "%s", ag_ctx_error(ctx));
+    return t;
+}
+
+int llama_model_add_lora(llama_model *m, ag_ctx *ctx, const llama_lora_config *l, uint64_t seed, ag_err *err) {
+    if (llama_lora_validate(l, err) != 0) return -1;
+    if (m->adapters) {
+        ag_err_set(err, "the model already has adapters");
+        return -1;
+    }
+    size_t per = 0;
+    for (int k = 0; k < LLAMA_NPROJ; k++) per += (l->targets >> k) & 1u;
+    size_t n = 2 * per * (size_t)m->cfg.layers;
+    m->adapters = calloc(n, sizeof *m->adapters);
+    if (!m->adapters) {
+        ag_err_set(err, "out of memory for the adapters");
+        return -1;
+    }
+    for (size_t i = 0; i < m->nparams; i++) m->params[i]->requires_grad = false;
+    m->lora =
+        (llama_lora_state){.cfg = *l, .scale = (float)(l->alpha / (double)l->rank), .seed = mix(seed ^ 0x4c6f5241)};
+    for (int64_t i = 0; i < m->cfg.layers; i++) {
+        llama_layer *L = &m->layers[i];
+        L->lora = &m->lora;
+        for (int k = 0; k < LLAMA_NPROJ; k++) {
+            if (!(l->targets & (1u << k))) continue;
+            const ag_tensor *w = proj_weight(L, (llama_proj)k, NULL);
+            ag_tensor *a = adapter_new(ctx, i, (llama_proj)k, "lora_A", l->rank, w->shape[1], err);
+            if (a) m->adapters[m->nadapters++] = a;
+            ag_tensor *b = a ? adapter_new(ctx, i, (llama_proj)k, "lora_B", w->shape[0], l->rank, err) : NULL;
+            if (!b) return -1; // what was made is freed with the model
+            m->adapters[m->nadapters++] = b;
+            L->lora_a[k] = a, L->lora_b[k] = b;
+            init_adapter(a, b, mix(seed * 0x9e3779b97f4a7c15ULL + (uint64_t)(i * LLAMA_NPROJ + k)));
+        }
+    }
+    m->trainable = m->adapters;
+    m->ntrainable = m->nadapters;
+    return 0;
+}
+
+// PEFT's lora.Linear.forward: result = base(x); result + lora_B(lora_A(dropout(x))) * scaling.
+// Without an adapter, the base linear alone.
+ag_tensor *llama_proj_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, llama_proj p, ag_tensor *x) {
+    char s[96], t[128];
+    ag_tensor *b, *w = proj_weight(L, p, &b);
+    llama_site(s, i, proj_modules[p]);
+    if (!L->lora || !L->lora_a[p]) return ag_linear(ctx, s, x, w, b);
+    const llama_lora_state *st = L->lora;
+    snprintf(t, sizeof t, "%s:base_out", s);
+    ag_tensor *y = ag_linear(ctx, t, x, w, b), *h = ag_retain(x);
+    if (st->training && st->cfg.dropout > 0) { // nn.Dropout; p = 0 is nn.Identity (no copy)
+        snprintf(t, sizeof t, "%s.lora_dropout", s);
+        uint64_t seed = mix(st->seed ^ mix(st->forwards * 0x9e3779b97f4a7c15ULL + (uint64_t)(i * LLAMA_NPROJ + p)));
+        ag_release(h);
+        h = ag_dropout(ctx, t, x, (float)st->cfg.dropout, seed);
+    }
+    snprintf(t, sizeof t, "%s.lora_A", s);
+    ag_tensor *ha = ag_linear(ctx, t, h, L->lora_a[p], NULL);
+    ag_release(h);
+    snprintf(t, sizeof t, "%s.lora_B", s);
+    ag_tensor *hb = ag_linear(ctx, t, ha, L->lora_b[p], NULL);
+    ag_release(ha);
+    snprintf(t, sizeof t, "%s.lora_scale", s);
+    ag_tensor *sc = ag_scale(ctx, t, hb, st->scale);
+    ag_release(hb);
+    snprintf(t, sizeof t, "%s:out", s);
+    ag_tensor *out = ag_add(ctx, t, y, sc);
+    ag_release(y);
+    ag_release(sc);
+    return out;
+}
