@@ -34,9 +34,9 @@ static void claim_num(checker *k, const char *id, const char *text, const char *
     cli_progress("claim %d/%d", k->n, k->total);
 }
 
-// W, T, K, A, S, and by number within each.
+// W, T, K, A, S, Q, B, and by number within each.
 static int claim_order(const void *a, const void *b) {
-    static const char order[] = "WTKAS";
+    static const char order[] = "WTKASQB";
     const claim_row *x = a, *y = b;
     long dx = strchr(order, x->id[0]) - order, dy = strchr(order, y->id[0]) - order;
     if (dx != dy) return dx < dy ? -1 : 1;
@@ -309,6 +309,64 @@ static int check_speed(checker *k, const llama_config *c, ag_err *err) {
     return 0;
 }
 
+// Q1 to Q3 and B1: real generations of 40 tokens in float32, int8 weights and bfloat16 from the
+// same random weights, and the next-token distributions along float32's text.
+static int check_quant(checker *k, const llama_config *c, bool speed, ag_err *err) {
+    enum { T = 25, N = 40 };
+    cli_dtype dt[3];
+    cli_parse_dtype("fp32", &dt[0]);
+    cli_parse_dtype("fp32", &dt[1]);
+    cli_parse_weight_dtype("int8", 0, &dt[1]);
+    cli_parse_dtype("bf16", &dt[2]);
+    infer_run run[3];
+    uint64_t weights[3];
+    for (int i = 0; i < 3; i++)
+        if (generate_dt(c, 1, T, N, true, false, &dt[i], look_weights, &weights[i], &run[i], err) != 0) {
+            for (int j = 0; j < i; j++) cli_infer_free(&run[j]);
+            return -1;
+        }
+    cli_dtype_outcome q = {0}, b = {0};
+    long n = N; // the tokens every run made (a row ends at an end-of-text id)
+    for (int i = 0; i < 3; i++)
+        if (run[i].out_len && run[i].out_len[0] < n) n = run[i].out_len[0];
+    int rc = n < 1 ? -1 : cli_dtype_compare(c, T, n, &dt[1], run[0].ids, run[0].out, run[1].out, &q, err);
+    if (rc == 0) rc = cli_dtype_compare(c, T, n, &dt[2], run[0].ids, run[0].out, run[2].out, &b, err);
+    if (n < 1) ag_err_set(err, "check: a generation ended before its first token");
+    char m[200];
+    // Norm weights are vectors, kept at 4 bytes: the matrices are what quantize_dynamic packs.
+    uint64_t vec = (uint64_t)(c->layers * 2 + 1) * (uint64_t)c->hidden * 4;
+    double ratio = (double)(weights[1] - vec) / (double)(weights[0] - vec);
+    snprintf(m, sizeof m, "%.2f MB of int8 matrices vs %.2f MB in float32 (x%.4f), measured in real runs",
+             (weights[1] - vec) / 1e6, (weights[0] - vec) / 1e6, ratio);
+    claim_num(k, "Q1", "dynamic int8 stores every Linear layer's weights in 1 byte", "a quarter of float32's", m, ratio,
+              weights[1] - vec == (weights[0] - vec) / 4);
+    if (rc == 0 && speed) {
+        double s0 = run[0].stats.generate_s, s1 = run[1].stats.generate_s;
+        snprintf(m, sizeof m, "int8 %.2f s vs float32 %.2f s: int8 x%.2f %s here", s1, s0, s1 > s0 ? s1 / s0 : s0 / s1,
+                 s1 > s0 ? "slower" : "faster");
+        claim_num(k, "Q2", "40 tokens, int8 vs float32 (may or may not save time)", "0.60 s vs 0.46 s (int8 slower)", m,
+                  s0 / s1, s0 > 0 && s1 > 0);
+    }
+    if (rc == 0) {
+        char part[2][48];
+        cli_dtype_outcome *o2[2] = {&q, &b};
+        for (int i = 0; i < 2; i++)
+            if (o2[i]->diverge < 0)
+                snprintf(part[i], sizeof part[i], "the same %ld tokens", n);
+            else
+                snprintf(part[i], sizeof part[i], "texts part at new token %ld", o2[i]->diverge + 1);
+        snprintf(m, sizeof m, "top-1 agreement %.0f%%, KL %.2e nats, p %.4f -> %.4f, %s", 100 * q.top1, q.kl, q.p_ref,
+                 q.p, part[0]);
+        claim_num(k, "Q3", "int8 changes the outputs", "p 0.107 -> 0.195; another text", m, q.kl, q.kl > 0);
+        snprintf(m, sizeof m, "top-1 agreement %.0f%%, KL %.2e nats (int8's / %.1f), p %.4f -> %.4f, %s", 100 * b.top1,
+                 b.kl, q.kl / (b.kl > 0 ? b.kl : 1), b.p_ref, b.p, part[1]);
+        claim_num(k, "B1", "bfloat16 moves the numbers a little (less than int8)", "p 0.102 for 0.107; ~10 tokens same",
+                  m, b.kl, b.kl > 0 && b.kl < q.kl);
+    }
+    for (int i = 0; i < 3; i++) cli_infer_free(&run[i]);
+    return rc;
+}
+
 static json_t *claims_json(const checker *k) {
     json_t *root = json_object(), *rows = json_array();
     json_object_set_new(root, "membill_version", json_string(MEMBILL_VERSION));
@@ -349,7 +407,7 @@ int cmd_check(const cli_options *o) {
     }
     static checker k;
     memset(&k, 0, sizeof k);
-    k.total = o->no_speed ? 21 : 24;
+    k.total = o->no_speed ? 21 : 25;
     bool quiet = o->quiet || (o->json && strcmp(o->json, "-") == 0);
     ag_set_num_threads((int)o->threads);
     cli_parse_framework(o->framework, &check_framework);
@@ -358,6 +416,7 @@ int cmd_check(const cli_options *o) {
     int rc = check_weights_and_training(&k, &c, &err);
     if (rc == 0) rc = check_cache(&k, &c, &err);
     if (rc == 0 && !o->no_speed) rc = check_speed(&k, &c, &err);
+    if (rc == 0) rc = check_quant(&k, &c, !o->no_speed, &err);
     cli_progress_end();
     if (rc != 0) {
         fprintf(stderr, "membill check: %s\n", err.msg[0] ? err.msg : "a run failed");

@@ -284,6 +284,18 @@ struct json_t *cli_breakdown_json(long layers);
 void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_len, optim_kind kind,
                        ag_attention_kind attention);
 
+// check's Q and B claims (check_dtype.c): the distributions of the next token along float32's
+// greedy text (prompt[T], ref_new[N]) under float32 and under dt, from the same random weights,
+// and where dt's own greedy text (new_ids[N]) parts from float32's.
+typedef struct {
+    double top1;     // share of the N positions whose most likely token is float32's
+    double kl;       // mean KL(float32 || dt) over the positions, in nats
+    double p_ref, p; // the probability of float32's first new token under float32 and under dt
+    long diverge;    // the first new token that differs (-1: none of the N)
+} cli_dtype_outcome;
+int cli_dtype_compare(const llama_config *c, long T, long N, const cli_dtype *dt, const int32_t *prompt,
+                      const int32_t *ref_new, const int32_t *new_ids, cli_dtype_outcome *out, ag_err *err);
+
 // One generation (build or load the model, prefill and greedy decode, teardown) inside an
 // initialised profiler.
 typedef struct {
