@@ -41,9 +41,18 @@ bool cli_check_combinations(const cli_options *o) {
              (o->weight_dtype || cli_given(o, "--group-size") || cli_given(o, "--new-tokens")))
         bad = "--weight-dtype, --group-size and --new-tokens plan a generation: add --infer";
     else if (infer_plan && (cli_given(o, "--optimizer") || cli_given(o, "--adam-impl") || cli_given(o, "--gpus") ||
-                            cli_given(o, "--zero") || o->checkpointing))
-        bad = "--infer plans one device's generation: --optimizer, --adam-impl, --gpus, --zero and --checkpointing are "
-              "training settings";
+                            cli_given(o, "--zero") || o->checkpointing || cli_given(o, "--bucket-mb") ||
+                            cli_given(o, "--prefetch-layers")))
+        bad = "--infer plans one device's generation: --optimizer, --adam-impl, --gpus, --zero, --bucket-mb, "
+              "--prefetch-layers and --checkpointing are training settings";
+    else if (o->cmd == CLI_TRAIN && !cli_given(o, "--zero") &&
+             (cli_given(o, "--bucket-mb") || cli_given(o, "--prefetch-layers")))
+        bad = "--bucket-mb and --prefetch-layers set up a sharded step: add --zero";
+    else if (cli_given(o, "--zero") && o->zero == 3 && o->checkpointing)
+        bad = "--zero 3 gathers each block's weights around its forward and backward: --checkpointing, which reruns "
+              "the forward inside backward, is not supported with it";
+    else if (o->cmd == CLI_TRAIN && cli_given(o, "--zero") && o->dump_grads)
+        bad = "--dump-grads writes whole gradients, which --zero shards or reduces in buckets: use it without --zero";
     else if (o->cmd == CLI_INFER && o->tokens && strchr(o->tokens, ';') && cli_given(o, "--batch"))
         bad = "--batch repeats one prompt: give several prompts with ';' or --batch, not both";
     else if ((o->prompt != NULL) + (o->prompt_file != NULL) + (o->tokens != NULL) > 1)
