@@ -119,6 +119,11 @@ int dist_max_int(dist_comm *c, int mine, int *out, ag_err *err) {
     return !c->simulated && c->size > 1 ? dist_mpi_max_int(mine, out, err) : 0;
 }
 
+int dist_agree(dist_comm *c, int mine, double timeout_s, int *worst, ag_err *err) {
+    *worst = mine;
+    return !c->simulated && c->size > 1 ? dist_mpi_agree(mine, timeout_s, worst, err) : 0;
+}
+
 void dist_abort(dist_comm *c, int code) {
     if (c && !c->simulated) dist_mpi_abort(code);
 }

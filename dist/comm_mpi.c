@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 bool dist_mpi_built(void) { return true; }
 
@@ -144,6 +145,25 @@ int dist_mpi_gather_text(const dist_comm *c, const char *mine, char ***all, ag_e
 
 int dist_mpi_max_int(int mine, int *out, ag_err *err) {
     return check(MPI_Allreduce(&mine, out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce", err);
+}
+
+int dist_mpi_agree(int mine, double timeout_s, int *worst, ag_err *err) {
+    MPI_Request req;
+    if (check(MPI_Iallreduce(&mine, worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req), "MPI_Iallreduce", err) != 0)
+        return -1;
+    struct timespec t0, t, nap = {0, 1000000};
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int done = 0;
+        if (check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test", err) != 0) return -1;
+        if (done) return 0;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec) > timeout_s) {
+            ag_err_set(err, "the other ranks did not reach the end of the run within %.0f s", timeout_s);
+            return -1;
+        }
+        nanosleep(&nap, NULL);
+    }
 }
 
 void dist_mpi_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }

@@ -37,4 +37,9 @@ int dist_mpi_max_int(int mine, int *out, ag_err *err) {
     ag_err_set(err, "no MPI in this build");
     return -1;
 }
+int dist_mpi_agree(int mine, double timeout_s, int *worst, ag_err *err) {
+    (void)mine, (void)timeout_s, (void)worst;
+    ag_err_set(err, "no MPI in this build");
+    return -1;
+}
 void dist_mpi_abort(int code) { (void)code; }

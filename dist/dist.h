@@ -61,6 +61,10 @@ int dist_all_gather(dist_comm *c, float *buf, const size_t *counts, const size_t
 int dist_gather_text(dist_comm *c, const char *mine, char ***all, ag_err *err);
 // The largest of each rank's value, on every rank (not counted).
 int dist_max_int(dist_comm *c, int mine, int *out, ag_err *err);
+// The largest of each rank's status, waiting at most timeout_s for every rank to come: 0 and
+// *worst when they all did, -1 when one did not (it may wait in a collective the others left:
+// the caller should dist_abort). Not counted.
+int dist_agree(dist_comm *c, int mine, double timeout_s, int *worst, ag_err *err);
 // Ends every rank of the job at once with this exit code (MPI_Abort): a rank that failed while
 // the others may be waiting in a collective. Simulated: does nothing.
 void dist_abort(dist_comm *c, int code);

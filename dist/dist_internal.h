@@ -21,4 +21,5 @@ int dist_mpi_reduce_scatter(float *buf, const size_t *counts, int size, ag_err *
 int dist_mpi_all_gather(float *buf, const size_t *counts, const size_t *displs, int size, ag_err *err);
 int dist_mpi_gather_text(const dist_comm *c, const char *mine, char ***all, ag_err *err);
 int dist_mpi_max_int(int mine, int *out, ag_err *err);
+int dist_mpi_agree(int mine, double timeout_s, int *worst, ag_err *err);
 void dist_mpi_abort(int code);
