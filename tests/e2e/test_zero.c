@@ -21,6 +21,7 @@
 #define dir cli_run_dir
 #define TINY MEMBILL_GOLDEN_DIR "/tiny_tied/config.json"
 
+#ifdef MEMBILL_MPIEXEC
 static const char *const cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary"};
 
 static json_int_t jpath(json_t *o, const char *a, const char *b, const char *c) {
@@ -31,7 +32,6 @@ static json_int_t jpath(json_t *o, const char *a, const char *b, const char *c) 
     return json_integer_value(v);
 }
 
-#ifdef MEMBILL_MPIEXEC
 // mpirun with 2 ranks on however many cores there are, as root too, never hanging: a rank that
 // waits past the limit ends the job.
 static void mpirun(run_result *r, int ranks, int limit_s, const char *args) {
