@@ -58,8 +58,8 @@ struct ag_ctx {
     size_t ntape, cap;
     ag_status status;
     char msg[256];
-    ag_leaf_hooks hooks;  // hooks.c: none unless set
-    bool defer_params;    // ag_param_new makes parameters without storage
+    ag_leaf_hooks hooks; // hooks.c: none unless set
+    bool defer_params;   // ag_param_new makes parameters without storage
 };
 
 // A gradient destination handed to backward code.

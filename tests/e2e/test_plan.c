@@ -168,7 +168,8 @@ static void test_device_share_is_step_2_replayed(void **state) {
             assert_int_equal(sum, jget(g, "total_bytes", NULL));
             assert_int_equal(jget(g, "step", NULL), 2);
             for (int c = 0; c < 6; c++) {
-                json_int_t own = jget(json_object_get(json_object_get(train, "categories"), keys[c]), "peak_bytes", NULL);
+                json_int_t own =
+                    jget(json_object_get(json_object_get(train, "categories"), keys[c]), "peak_bytes", NULL);
                 if (z < 0) {
                     assert_int_equal(jget(g, keys[c], NULL), (json_int_t)whole.at[c]);
                     assert_int_equal(jget(g, "own_peak", keys[c]), own);
@@ -177,7 +178,8 @@ static void test_device_share_is_step_2_replayed(void **state) {
                 if (sharded) assert_true(jget(g, "own_peak", keys[c]) < own);
                 if (c == 2 && z == 0) assert_int_equal(jget(g, "own_peak", keys[c]), own);
             }
-            if (z < 0) assert_int_equal(jget(g, "total_bytes", NULL), (json_int_t)whole.peak + jget(g, "overhead", NULL));
+            if (z < 0)
+                assert_int_equal(jget(g, "total_bytes", NULL), (json_int_t)whole.peak + jget(g, "overhead", NULL));
             json_decref(train);
             json_decref(plan);
         }
