@@ -59,6 +59,8 @@ struct ag_ctx {
     size_t ntape, cap;
     ag_status status;
     char msg[256];
+    ag_leaf_hooks hooks; // hooks.c: none unless set
+    bool defer_params;   // ag_param_new makes parameters without storage
 };
 
 // A gradient destination handed to backward code.
@@ -77,6 +79,11 @@ typedef struct {
     char out[AG_LABEL_MAX];
 } ag_site;
 
+// hooks.c: the context's leaf hooks around node n's backward (none set: nothing). Before it
+// runs, for each leaf it reaches; after it was freed, for each leaf whose gradient is final.
+bool ag_hooks_before(ag_ctx *ctx, const ag_node *n);
+void ag_hooks_after(ag_ctx *ctx, ag_tensor *const *leaves, int n);
+
 // ctx.c
 bool ag_fail(ag_ctx *ctx, ag_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 bool ag_check_inputs(ag_ctx *ctx, const char *op, const char *site, int n, ag_tensor *const *ins,
@@ -87,6 +94,8 @@ const char *ag_shape_str(const ag_tensor *t, char buf[64]);
 bool ag_same_shape(ag_ctx *ctx, const char *op, const char *site, const ag_tensor *a, const ag_tensor *b);
 
 // tensor.c
+// hooks.c: a parameter of that shape and name without storage (ag_ctx_defer_params).
+ag_tensor *ag_param_deferred(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name);
 ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, const char *label);
 // bytes: the float32 size of the data; billed at the context's dtype for the category (the
 // same size in real runs, which are float32 only).

@@ -232,6 +232,31 @@ void ag_release(ag_tensor *t);       // NULL is a no-op; a parameter's .grad goe
 void ag_zero_grad(ag_tensor *param); // frees .grad (set to none, as PyTorch)
 const char *ag_tensor_name(const ag_tensor *t);
 
+// Hooks on the parameters (leaves) of a backward, as data-parallel engines hang theirs (PyTorch
+// DDP's post-accumulate-grad hooks, DeepSpeed ZeRO-3's pre-backward fetch): before_backward(leaf)
+// runs before each node that reaches the leaf runs its backward (so that a sharded parameter's
+// data can be gathered for it); grad_ready(leaf) once the leaf's .grad is final for this backward
+// (every node reaching it ran and was freed). Either may be NULL. A hook that returns false stops
+// the backward with its message (the rest of the tape is dropped, as on any error). Neither runs
+// for nodes skipped after an error, nor for ag_tape_clear.
+typedef struct {
+    bool (*before_backward)(void *user, ag_tensor *leaf, ag_err *err);
+    bool (*grad_ready)(void *user, ag_tensor *leaf, ag_err *err);
+    void *user;
+} ag_leaf_hooks;
+void ag_ctx_set_leaf_hooks(ag_ctx *ctx, const ag_leaf_hooks *hooks); // NULL: none
+
+// Parameters without storage, as torch's meta-device construction and DeepSpeed's zero.Init:
+// with defer on, ag_param_new bills and allocates nothing (data NULL, block empty), and the
+// caller gives each parameter its storage when it needs the data. ag_param_alloc_storage
+// allocates it (billed weight at the context's dtype, under the parameter's name; contents
+// undefined), false with the context's error set; ag_param_free_storage frees it (the tensor,
+// its shape and its .grad stay). ag_param_has_storage: in meta mode too (a block without data).
+void ag_ctx_defer_params(ag_ctx *ctx, bool defer);
+bool ag_param_alloc_storage(ag_ctx *ctx, ag_tensor *param);
+void ag_param_free_storage(ag_tensor *param);
+bool ag_param_has_storage(const ag_tensor *param);
+
 // Backward. ag_backward seeds d(loss) = 1 (loss must hold one element); ag_backward_grad seeds
 // d(out) = grad (same number of elements). Both run the tape in reverse, release each node's
 // saved tensors and gradient right after its backward ran, and leave the tape empty: tensors

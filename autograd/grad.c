@@ -135,12 +135,18 @@ bool ag_grad_pass(ag_node *n, int i) {
 ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor) {
     while (ctx->ntape > floor) {
         ag_node *n = ctx->tape[--ctx->ntape];
-        if (n->grad.bytes != 0 && ctx->status == AG_OK) n->op->backward(ctx, n, n->grad.data);
+        bool run = n->grad.bytes != 0 && ctx->status == AG_OK && ag_hooks_before(ctx, n);
+        if (run) n->op->backward(ctx, n, n->grad.data);
         if (ag_is_pytorch(ctx)) { // the engine drops the node's input gradient before summing its outputs
             mp_free(&n->grad);
             leaf_grads_settle(ctx, n);
         }
-        ag_node_free(n);
+        ag_tensor *leaves[AG_MAX_INPUTS];
+        int nleaves = 0;
+        for (int i = 0; i < n->ninputs; i++)
+            if (n->in[i].kind == AG_EDGE_LEAF && ag_first_edge_to(n, i)) leaves[nleaves++] = n->in[i].leaf;
+        ag_node_free(n); // the leaves live on: their owner holds them
+        if (ctx->status == AG_OK) ag_hooks_after(ctx, leaves, nleaves);
     }
     return ctx->status;
 }

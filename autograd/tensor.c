@@ -198,7 +198,8 @@ ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, cons
 }
 
 ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name) {
-    ag_tensor *t = ag_tensor_new(ctx, ndim, shape, MP_WEIGHT, name);
+    ag_tensor *t = ctx && ctx->defer_params ? ag_param_deferred(ctx, ndim, shape, name)
+                                            : ag_tensor_new(ctx, ndim, shape, MP_WEIGHT, name);
     if (t) {
         t->requires_grad = true;
         t->is_param = true;

@@ -82,6 +82,19 @@ static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, 
     return sh->cache != NULL;
 }
 
+// The caller's hook around one part of the forward; false (its message in err) stops the forward.
+typedef struct {
+    const llama_forward_opts *o; // NULL: no hook
+    ag_err *err;
+    bool ok;
+} part_hook;
+
+static bool part(part_hook *h, int64_t i, bool before) {
+    if (!h->o || !h->o->on_part || !h->ok) return h->ok;
+    h->ok = h->o->on_part(h->o->user, i, before, h->err);
+    return h->ok;
+}
+
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B, int64_t T, ag_err *err) {
     return llama_forward_loss_opts(ctx, m, NULL, ids, B, T, err);
 }
@@ -105,12 +118,21 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     if (!mp_is_meta() && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return NULL;
     m->lora.training = true; // the adapters' dropout draws this forward's masks
     m->lora.forwards++;
-    ag_tensor *x = ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed, c->pad_token ? c->pad_token_id : -1);
+    part_hook hk = {opts && !checkpointing ? opts : NULL, err, true};
+    ag_tensor *x = part(&hk, 0, true) ? ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed,
+                                                            c->pad_token ? c->pad_token_id : -1)
+                                      : NULL;
+    if (x && !part(&hk, 0, false)) ag_release(x), x = NULL;
     llama_shared sh = {0};
     ag_tensor *mask[2] = {NULL, NULL};
     if (x && ag_ctx_framework(ctx) != AG_FRAMEWORK_LEAN && !checkpointing && !hf_prepare(ctx, m, B, T, &sh, mask))
         ag_release(x), x = NULL;
-    for (int64_t i = 0; i < c->layers && x; i++) x = run_block(ctx, m, &sh, checkpointing, x, i);
+    for (int64_t i = 0; i < c->layers && x; i++) {
+        if (!part(&hk, i + 1, true)) ag_release(x), x = NULL;
+        if (x) x = run_block(ctx, m, &sh, checkpointing, x, i);
+        if (x && !part(&hk, i + 1, false)) ag_release(x), x = NULL;
+    }
+    if (x && !part(&hk, c->layers + 1, true)) ag_release(x), x = NULL;
     ag_tensor *n = ag_rmsnorm(ctx, "norm", x, m->norm, (float)c->rms_eps);
     ag_release(x);
     // LlamaModel.forward returns: its mask and its references to the tables go.
@@ -129,7 +151,8 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     ag_release(logits);
     for (int64_t i = 0; sh.cache && i < 2 * c->layers; i++) ag_release(sh.cache[i]);
     free(sh.cache);
-    if (!loss) ag_err_set(err, "forward: %s", ag_ctx_error(ctx) ? ag_ctx_error(ctx) : "failed");
+    if (loss && !part(&hk, c->layers + 1, false)) ag_release(loss), loss = NULL;
+    if (!loss && hk.ok) ag_err_set(err, "forward: %s", ag_ctx_error(ctx) ? ag_ctx_error(ctx) : "failed");
     return loss;
 }
 

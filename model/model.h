@@ -462,6 +462,12 @@ typedef struct {
     // Full activation recomputation: each block runs under ag_checkpoint, so forward keeps only
     // the blocks' inputs and backward recomputes each block just before its own backward.
     bool checkpointing;
+    // Called just before and just after each part of the forward runs (a module's forward pre- and
+    // post-hook: ZeRO-3 gathers a part's parameters before it and frees them after): part 0 the
+    // embedding, 1 to layers the blocks, layers + 1 the final norm and the head. NULL: none.
+    // Returning false stops the forward with the hook's message. Not with checkpointing.
+    bool (*on_part)(void *user, int64_t part, bool before, ag_err *err);
+    void *user;
 } llama_forward_opts;
 
 // llama_forward_loss with options (NULL: the defaults, all false).

@@ -35,7 +35,7 @@ typedef struct {
     const char *command;
     cli_command_bit cmd;
     const char *model, *config, *weights, *tokens, *prompt, *prompt_file, *tokenizer;
-    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size;
+    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size, bucket_mb, prefetch_layers;
     uint64_t seed, budget, device_memory, overhead;
     const char *optimizer, *adam_impl, *dtype, *weight_dtype, *framework, *attention;
     double lr;
@@ -367,6 +367,23 @@ int cli_profiler_start(const cli_options *o, bool meta);
 void cli_progress_begin(const cli_options *o);
 void cli_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_progress_end(void);
+
+// The report of a training run (train.c), text and JSON, as membill train prints and writes it.
+void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool failed);
+struct json_t *cli_train_json(const cli_options *o, const train_run *r, bool failed);
+
+// Sharded data parallelism (zero_run.c): one rank's training run of r over a communicator, ZeRO's
+// stage sharding the model states (dist.h); membill plan runs it on a simulated rank.
+struct dist_comm;
+typedef struct {
+    int stage, prefetch;
+    size_t bucket_bytes;
+    struct dist_comm *comm;
+    double *comm_s; // [r->nsteps]: seconds in collectives per step (the caller's)
+} cli_zero;
+int cli_zero_train_run(train_run *r, cli_zero *z, ag_err *err);
+// membill train --zero S (zero.c): this process's rank of the job, the report gathered on rank 0.
+int cli_train_zero(const cli_options *o);
 
 int cmd_train(const cli_options *o);
 int cmd_infer(const cli_options *o);

@@ -12,9 +12,11 @@
 // Two meta training steps of the setting at batch B and length T, inside an initialised
 // profiler: the first allocates the optimizer's state, the second is the steady state. Meta mode
 // reads no ids, so none are made: a plan takes no memory per token.
-#define PLAN_STEPS 2
+#define PLAN_STEPS PLAN_STEPS_BILLED
 
-static int meta_step(const plan_setting *s, long B, long T, step_record *steps, ag_err *err) {
+bool plan_simulates_rank(const plan_setting *s) { return !s->infer && (s->gpus > 1 || s->zero > 0); }
+
+static int meta_step(const plan_setting *s, long B, long T, step_record *steps, dist_comm *rank, ag_err *err) {
     train_run r;
     memset(&r, 0, sizeof r);
     memset(steps, 0, PLAN_STEPS * sizeof *steps);
@@ -30,7 +32,9 @@ static int meta_step(const plan_setting *s, long B, long T, step_record *steps, 
     r.framework = s->framework;
     r.attention = s->attention;
     r.lora = s->lora;
-    return cli_train_run(&r, err);
+    if (!rank) return cli_train_run(&r, err);
+    cli_zero z = {(int)s->zero, (int)s->prefetch, (size_t)s->bucket_mb << 20, rank, NULL};
+    return cli_zero_train_run(&r, &z, err);
 }
 
 // One meta generation: the prefill over B prompts of T tokens, then new_tokens - 1 decode steps.
@@ -52,24 +56,12 @@ static int meta_generate(const plan_setting *s, long B, long T, ag_err *err) {
 }
 
 static int meta_run(const plan_setting *s, long B, long T, step_record *steps, ag_err *err) {
-    return s->infer ? meta_generate(s, B, T, err) : meta_step(s, B, T, steps, err);
-}
-
-static uint64_t shard(uint64_t bytes, long gpus, bool sharded) {
-    return sharded ? (bytes + (uint64_t)gpus - 1) / (uint64_t)gpus : bytes;
-}
-
-// How many devices share each category: ZeRO's stages shard the model states.
-static void device_divisors(const plan_setting *s, uint64_t div[MP_NCATEGORIES]) {
-    for (int c = 0; c < MP_NCATEGORIES; c++) div[c] = 1;
-    if (s->zero >= 3) div[MP_WEIGHT] = (uint64_t)s->gpus;
-    if (s->zero >= 2) div[MP_GRADIENT] = (uint64_t)s->gpus;
-    if (s->zero >= 1) div[MP_OPTIMIZER] = (uint64_t)s->gpus;
+    return s->infer ? meta_generate(s, B, T, err) : meta_step(s, B, T, steps, NULL, err);
 }
 
 // The bill of the run just made (its step records for training). Training replays the timeline
-// step by step: the headline is step 2's total peak, and one device's peak is step 2 replayed
-// with each category at the device's share.
+// step by step: the headline is step 2's total peak; one device is the run itself (a simulated
+// rank's run is read the same way by measure_rank).
 static void read_bill(const plan_setting *s, const step_record *steps, plan_bill *b) {
     memset(b, 0, sizeof *b);
     for (int c = 0; c < MP_NCATEGORIES; c++) b->peak[c] = mp_get_counter(c).peak;
@@ -83,12 +75,9 @@ static void read_bill(const plan_setting *s, const step_record *steps, plan_bill
     memset(&r, 0, sizeof r);
     r.steps = (step_record *)steps;
     r.nsteps = PLAN_STEPS;
-    step_figures whole[PLAN_STEPS], device[PLAN_STEPS];
-    uint64_t div[MP_NCATEGORIES];
-    device_divisors(s, div);
+    step_figures whole[PLAN_STEPS];
     cli_replay_steps(&r, NULL, whole);
-    cli_replay_steps(&r, div, device);
-    const step_figures *last = &whole[PLAN_STEPS - 1], *dev = &device[PLAN_STEPS - 1];
+    const step_figures *last = &whole[PLAN_STEPS - 1], *dev = last;
     b->first_step = whole[0].peak;
     b->total = last->peak;
     memcpy(b->at_peak, last->at_peak, sizeof b->at_peak);
@@ -97,6 +86,35 @@ static void read_bill(const plan_setting *s, const step_record *steps, plan_bill
     b->device_peak = dev->peak;
     memcpy(b->device_at, dev->at_peak, sizeof b->device_at);
     b->device_phase = dev->peak_phase;
+    memcpy(b->device_own, b->peak, sizeof b->device_own);
+}
+
+// One device as a simulated rank: rank 0 of --gpus running membill train --zero's step in meta
+// mode, its collectives counted and skipped. Its own bill fills the device's figures of *b.
+static int measure_rank(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err) {
+    dist_comm *c = NULL;
+    if (dist_comm_simulated(&c, 0, (int)s->gpus, err) != 0) return -1;
+    mp_options mo = {.meta = true, .keep_timeline = true};
+    if (mp_init(&mo) != MP_OK) {
+        dist_comm_free(c);
+        ag_err_set(err, "cannot start the profiler");
+        return -1;
+    }
+    step_record steps[PLAN_STEPS];
+    int rc = meta_step(s, B, T, steps, c, err);
+    plan_bill rank;
+    plan_setting one = *s;
+    one.infer = false;
+    read_bill(&one, steps, &rank);
+    mp_shutdown();
+    b->device_peak = rank.total;
+    memcpy(b->device_at, rank.at_peak, sizeof b->device_at);
+    b->device_phase = rank.peak_phase;
+    memcpy(b->device_own, rank.peak, sizeof b->device_own);
+    b->simulated_rank = true;
+    b->comm = dist_get_stats(c);
+    dist_comm_free(c);
+    return rc;
 }
 
 static int measure(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err) {
@@ -115,9 +133,7 @@ static int measure(const plan_setting *s, long B, long T, plan_bill *b, ag_err *
 static gpu_share per_gpu(const plan_setting *s, const plan_bill *b) {
     gpu_share g;
     memset(&g, 0, sizeof g);
-    uint64_t div[MP_NCATEGORIES];
-    device_divisors(s, div);
-    for (int c = 0; c < MP_NCATEGORIES; c++) g.own_peak[c] = shard(b->peak[c], s->gpus, div[c] > 1);
+    memcpy(g.own_peak, s->infer ? b->peak : b->device_own, sizeof g.own_peak);
     // Training: the moment of the device's own peak; a generation: each category's peak.
     const uint64_t *at = s->infer ? g.own_peak : b->device_at;
     g.weights = at[MP_WEIGHT];
@@ -133,9 +149,15 @@ static gpu_share per_gpu(const plan_setting *s, const plan_bill *b) {
     return g;
 }
 
+// The device's bill: the whole run's, or the simulated rank's.
+static int measure_device(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err) {
+    memset(b, 0, sizeof *b);
+    return plan_simulates_rank(s) ? measure_rank(s, B, T, b, err) : measure(s, B, T, b, err);
+}
+
 static int fits(const plan_setting *s, long B, long T, uint64_t device, bool *ok, ag_err *err) {
     plan_bill b;
-    if (measure(s, B, T, &b, err) != 0) {
+    if (measure_device(s, B, T, &b, err) != 0) {
         // A tensor past what meta mode bills (2^48 elements, a petabyte) fits no device.
         if (!strstr(err->msg, "too large for one tensor")) return -1;
         err->msg[0] = 0;
@@ -203,6 +225,8 @@ static void plan_setting_from(const cli_options *o, plan_setting *s) {
     s->new_tokens = s->infer ? o->new_tokens : 0;
     s->gpus = o->gpus;
     s->zero = o->zero;
+    s->bucket_mb = o->bucket_mb;
+    s->prefetch = o->prefetch_layers;
     s->overhead = o->overhead;
     s->checkpointing = o->checkpointing;
 }
@@ -231,7 +255,7 @@ static int plan_fit(const plan_setting *s, uint64_t device, plan_fit_result *f, 
         plan_setting one = *s;
         one.batch = 1;
         plan_bill b;
-        if (measure(&one, 1, shortest, &b, err) != 0) return -1;
+        if (measure_device(&one, 1, shortest, &b, err) != 0) return -1;
         f->smallest = per_gpu(&one, &b).total;
     }
     return 0;
@@ -286,6 +310,9 @@ int cmd_plan(const cli_options *o) {
         ag_err oe = {""};
         if (measure(&os, s.batch, s.seq_len, &other_bill, &oe) == 0) other = &other_bill;
     }
+    plan_bill rank = {0};
+    if (rc == 0 && plan_simulates_rank(&s) && measure_rank(&s, s.batch, s.seq_len, &rank, &err) != 0)
+        rc = EXIT_RUN_FAILED;
     if (rc == 0) {
         mp_options mo = {.meta = true, .keep_timeline = true};
         if (mp_init(&mo) != MP_OK) {
@@ -298,6 +325,14 @@ int cmd_plan(const cli_options *o) {
                 rc = EXIT_RUN_FAILED;
             else
                 read_bill(&s, steps, &b);
+            if (rc == 0 && rank.simulated_rank) { // the device is the simulated rank
+                b.device_peak = rank.device_peak;
+                memcpy(b.device_at, rank.device_at, sizeof b.device_at);
+                b.device_phase = rank.device_phase;
+                memcpy(b.device_own, rank.device_own, sizeof b.device_own);
+                b.simulated_rank = true;
+                b.comm = rank.comm;
+            }
             if (rc == 0 && plan_report(o, &s, &b, other, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
             mp_shutdown();
         }

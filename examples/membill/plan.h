@@ -2,8 +2,13 @@
 #pragma once
 
 #include "cli.h"
+#include "dist.h"
 
 #include <jansson.h>
+
+// Training's meta run is two steps (plan.c): per-step figures of the simulated rank's collectives
+// are its totals over them divided by this.
+#define PLAN_STEPS_BILLED 2
 
 // The meta bill. Training runs two steps: the second is the steady state (the optimizer's state
 // kept from the first, the gradients set to none), and its total peak is the headline.
@@ -18,11 +23,18 @@ typedef struct {
     // device's share (ZeRO's shards), and each category's share at that moment.
     uint64_t device_peak, device_at[MP_NCATEGORIES];
     mp_phase device_phase;
+    // Each category's own peak on the device. With several devices or a ZeRO stage, the device
+    // is a simulated rank (rank 0 of --gpus, membill train --zero's own code with the collectives
+    // skipped): its figures are that run's, and comm what its collectives would move (two steps).
+    uint64_t device_own[MP_NCATEGORIES];
+    bool simulated_rank;
+    dist_stats comm;
 } plan_bill;
 
 typedef struct {
     llama_config cfg;
     long batch, seq_len, gpus, zero;
+    long bucket_mb, prefetch; // the simulated rank's buckets and stage 3's prefetch
     optim_config ocfg;
     uint64_t overhead;
     cli_dtype dt;
@@ -67,6 +79,8 @@ typedef struct {
 
 llama_dtype_bytes plan_dtype_bytes(const plan_setting *s);
 void plan_lora_closed_form(const plan_setting *s, llama_lora_closed_form *lf);
+// Whether one device is a simulated rank (training on several devices, or under a ZeRO stage).
+bool plan_simulates_rank(const plan_setting *s);
 long plan_cache_tokens(const plan_setting *s);
 const char *plan_weight_dtype_name(const cli_dtype *d);
 void plan_report_text(FILE *out, const void *arg);

@@ -120,25 +120,103 @@ static void text_states(FILE *out, const plan_view *v) {
             mp_format_bytes(y, sizeof y, states_bytes + b->peak[MP_ACTIVATION]), s->batch, s->seq_len);
 }
 
+// DeepSpeed's "largest layer" (estimate_zero3_model_states_mem_needs_all_live): the most
+// parameters one module holds itself; a Llama's modules hold a weight, and maybe its bias.
+static uint64_t largest_layer(const llama_config *c) {
+    uint64_t best = 0;
+    size_t n = llama_param_count_tensors(c);
+    for (size_t i = 0; i < n; i++) {
+        char name[LLAMA_PARAM_NAME_MAX], next[LLAMA_PARAM_NAME_MAX];
+        int ndim, nd2;
+        int64_t shape[2], sh2[2];
+        if (llama_param_spec(c, i, name, sizeof name, &ndim, shape) != 0) continue;
+        uint64_t k = (uint64_t)shape[0] * (uint64_t)shape[1];
+        size_t len = strlen(name);
+        if (len > 7 && strcmp(name + len - 7, ".weight") == 0 && i + 1 < n &&
+            llama_param_spec(c, i + 1, next, sizeof next, &nd2, sh2) == 0 && strncmp(next, name, len - 7) == 0 &&
+            strcmp(next + len - 7, ".bias") == 0)
+            k += (uint64_t)sh2[0];
+        if (k > best) best = k;
+    }
+    return best;
+}
+
+// DeepSpeed's estimators of one GPU's model states, in their fp16 mixed-precision bytes whatever
+// the dtype: estimate_zero2_model_states_mem_needs (stages 1 and 2), 4P + 16P/N; and
+// estimate_zero3_model_states_mem_needs, 4 x largest layer + 18P/N. 0 for stage 0 (none).
+static uint64_t deepspeed_formula(const plan_setting *s, uint64_t P, char *text, size_t len) {
+    uint64_t N = (uint64_t)s->gpus;
+    if (s->zero == 0) {
+        snprintf(text, len, "none for stage 0 (DDP keeps 16P in its terms)");
+        return 0;
+    }
+    if (s->zero < 3) {
+        snprintf(text, len, "estimate_zero2_model_states_mem_needs: 4P + 16P/N");
+        return 4 * P + 16 * P / N;
+    }
+    uint64_t L = largest_layer(&s->cfg);
+    snprintf(text, len, "estimate_zero3_model_states_mem_needs: 4 x largest layer (%llu) + 18P/N",
+             (unsigned long long)L);
+    return 4 * L + 18 * P / N;
+}
+
+static const char *const paper_why =
+    "model states alone, at this dtype's sizes: no activations, no buckets, no gathered blocks";
+static const char *const deepspeed_why[] = {
+    "",
+    "fp16 weights and gradients whole (4P), fp32 master, moments and a gradient partition sharded (16P/N): "
+    "its own mixed precision whatever --dtype, nothing for activations or buckets",
+    "fp16 weights and gradients whole (4P), fp32 master, moments and a gradient partition sharded (16P/N): "
+    "its own mixed precision whatever --dtype, nothing for activations or buckets",
+    "an fp16 shard, an fp32 gradient partition and fp32 state (2 + 4 + 12 = 18P/N) and the largest layer's "
+    "gathered fp16 parameters twice (4 x), in its own mixed precision; this rank gathers whole blocks, prefetched, "
+    "and reduces in buckets"};
+
+static void text_collectives(FILE *out, const dist_stats *st) {
+    char x[64];
+    fprintf(out, "    collectives a step:");
+    for (int k = 0; k < DIST_NCOLLECTIVES; k++)
+        fprintf(out, "%s %s %llu x, %s", k ? ";" : "", dist_collective_name(k),
+                (unsigned long long)(st->calls[k] / PLAN_STEPS_BILLED),
+                mp_format_bytes(x, sizeof x, st->bytes[k] / PLAN_STEPS_BILLED));
+    fprintf(out, "\n");
+}
+
 static void text_per_gpu(FILE *out, const plan_view *v) {
     const plan_setting *s = v->s;
     const gpu_share *g = v->g;
-    char x[64], y[64], f[128];
+    char x[64], y[64], f[160];
     llama_dtype_bytes d = plan_dtype_bytes(s);
-    fprintf(
-        out,
-        "\n  per device (%ld GPU%s, ZeRO stage %ld; activations of its own batch of %ld), at its steady-state peak\n"
-        "  (step 2 replayed with each category at the device's share; phase %s):\n",
-        s->gpus, s->gpus > 1 ? "s" : "", s->zero, s->batch, mp_phase_name(g->phase));
+    if (v->b->simulated_rank)
+        fprintf(out,
+                "\n  per device (%ld GPU%s, ZeRO stage %ld, batch %ld each): a simulated rank's own bill, rank 0 of "
+                "%ld\n  running membill train --zero's step on shapes (its shards, buckets and gathered blocks; the "
+                "collectives\n  counted, not run), at its steady-state peak (step 2, phase %s):\n",
+                s->gpus, s->gpus > 1 ? "s" : "", s->zero, s->batch, s->gpus, mp_phase_name(g->phase));
+    else
+        fprintf(out, "\n  one device: the whole bill at its steady-state peak (step 2, phase %s):\n",
+                mp_phase_name(g->phase));
     const char *names[] = {"weights", "gradients", "optimizer", "activations", "temporary", "overhead allowance"};
     const uint64_t vals[] = {g->weights, g->gradients, g->optimizer, g->activations, g->temporary, g->overhead};
     for (int i = 0; i < 6; i++) fprintf(out, "    %-19s %s\n", names[i], mp_format_bytes(x, sizeof x, vals[i]));
     fprintf(out, "    %-19s %s\n", "total", mp_format_bytes(x, sizeof x, g->total));
-    uint64_t formula = zero_formula(s, &d, v->cf->params, f, sizeof f);
     const uint64_t *own = g->own_peak;
-    fprintf(out, "    model states (each at its own peak) %s; ZeRO's formula %s, N = %ld: %s\n",
-            mp_format_bytes(x, sizeof x, own[MP_WEIGHT] + own[MP_GRADIENT] + own[MP_OPTIMIZER]), f, s->gpus,
-            mp_format_bytes(y, sizeof y, formula));
+    uint64_t states = own[MP_WEIGHT] + own[MP_GRADIENT] + own[MP_OPTIMIZER];
+    fprintf(out, "    each at its own peak: weights %s, gradients ", mp_format_bytes(x, sizeof x, own[MP_WEIGHT]));
+    fprintf(out, "%s,\n      optimizer ", mp_format_bytes(x, sizeof x, own[MP_GRADIENT]));
+    fprintf(out, "%s, temporary ", mp_format_bytes(x, sizeof x, own[MP_OPTIMIZER]));
+    fprintf(out, "%s\n", mp_format_bytes(x, sizeof x, own[MP_TEMPORARY]));
+    if (v->b->simulated_rank) text_collectives(out, &v->b->comm);
+    uint64_t formula = zero_formula(s, &d, v->cf->params, f, sizeof f);
+    fprintf(out, "    model states at their own peaks %s\n", mp_format_bytes(x, sizeof x, states));
+    fprintf(out, "      ZeRO paper's %s, N = %ld: %s\n        (%s)\n", f, s->gpus,
+            mp_format_bytes(y, sizeof y, formula), paper_why);
+    uint64_t ds = deepspeed_formula(s, v->cf->params, f, sizeof f);
+    if (ds)
+        fprintf(out, "      DeepSpeed's %s: %s\n        (%s)\n", f, mp_format_bytes(y, sizeof y, ds),
+                deepspeed_why[s->zero]);
+    else
+        fprintf(out, "      DeepSpeed: %s\n", f);
 }
 
 static void text_fit(FILE *out, const plan_view *v) {
@@ -303,6 +381,41 @@ static json_t *closed_form_json(const llama_closed_form *cf, const plan_bill *b,
 
 // Training: each category's share at the device's steady-state peak (they add up to
 // total_bytes with the overhead), and own_peak, each category's own peak at the device's share.
+static json_t *formula_json(uint64_t bytes, const char *formula, const char *why) {
+    json_t *o = json_object();
+    json_object_set_new(o, "bytes", json_integer((json_int_t)bytes));
+    json_object_set_new(o, "formula", json_string(formula));
+    json_object_set_new(o, "differs_because", json_string(why));
+    return o;
+}
+
+// The simulated rank: its collectives a step, ZeRO's and DeepSpeed's formulas beside it.
+static void rank_json(json_t *pg, const plan_view *v) {
+    const plan_setting *s = v->s;
+    json_object_set_new(pg, "simulated_rank", json_boolean(v->b->simulated_rank));
+    if (!v->b->simulated_rank) return;
+    json_object_set_new(pg, "rank", json_integer(0));
+    json_object_set_new(pg, "ranks", json_integer(s->gpus));
+    json_object_set_new(pg, "bucket_bytes", json_integer((json_int_t)((uint64_t)s->bucket_mb << 20)));
+    json_object_set_new(pg, "prefetch_layers", json_integer(s->prefetch));
+    json_t *c = json_object();
+    for (int k = 0; k < DIST_NCOLLECTIVES; k++) {
+        json_t *e = json_object();
+        json_object_set_new(e, "calls", json_integer((json_int_t)(v->b->comm.calls[k] / PLAN_STEPS_BILLED)));
+        json_object_set_new(e, "bytes", json_integer((json_int_t)(v->b->comm.bytes[k] / PLAN_STEPS_BILLED)));
+        json_object_set_new(e, "sent_bytes", json_integer((json_int_t)(v->b->comm.sent_bytes[k] / PLAN_STEPS_BILLED)));
+        json_object_set_new(c, dist_collective_name(k), e);
+    }
+    json_object_set_new(pg, "collectives_per_step", c);
+    char f[160];
+    llama_dtype_bytes d = plan_dtype_bytes(s);
+    uint64_t paper = zero_formula(s, &d, v->cf->params, f, sizeof f);
+    json_object_set_new(pg, "zero_paper", formula_json(paper, f, paper_why));
+    uint64_t ds = deepspeed_formula(s, v->cf->params, f, sizeof f);
+    json_object_set_new(pg, "deepspeed", ds ? formula_json(ds, f, deepspeed_why[s->zero]) : json_null());
+    json_object_set_new(pg, "largest_layer_params", json_integer((json_int_t)largest_layer(&s->cfg)));
+}
+
 static json_t *per_gpu_json(const gpu_share *g, bool infer) {
     json_t *pg = json_object(), *own = json_object();
     json_object_set_new(pg, "weight", json_integer((json_int_t)g->weights));
@@ -424,7 +537,9 @@ json_t *plan_report_json(const plan_view *v) {
         json_object_set_new(root, "inference", infer_json(v));
     else
         json_object_set_new(root, "bytes_per_parameter", states_json(v));
-    json_object_set_new(root, "per_gpu", per_gpu_json(v->g, s->infer));
+    json_t *pg = per_gpu_json(v->g, s->infer);
+    if (!s->infer) rank_json(pg, v);
+    json_object_set_new(root, "per_gpu", pg);
     if (v->device) {
         json_t *fit = json_object();
         json_object_set_new(fit, "device_memory_bytes", json_integer((json_int_t)v->device));

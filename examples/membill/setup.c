@@ -49,6 +49,9 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--model and --config both name a model: give one";
     else if (o->meta && (o->weights || o->dump_grads || o->save_weights))
         bad = "--meta runs on shapes alone: --weights, --dump-grads and --save-weights need data";
+    else if (o->cmd == CLI_TRAIN && !o->meta && cli_given(o, "--zero") && !is_f32(o->dtype))
+        bad = "--zero computes its shards in float32: another --dtype is a bill of plan --gpus N --zero S (or "
+              "--meta)";
     else if (o->cmd == CLI_TRAIN && !o->meta && o->dtype && !strncmp(o->dtype, "fp16", 4))
         snprintf(buf, sizeof buf,
                  "--dtype %s trains in float16, which needs loss scaling that membill does not compute: it needs "
@@ -78,9 +81,18 @@ bool cli_check_combinations(const cli_options *o) {
              (o->weight_dtype || cli_given(o, "--group-size") || cli_given(o, "--new-tokens")))
         bad = "--weight-dtype, --group-size and --new-tokens plan a generation: add --infer";
     else if (infer_plan && (cli_given(o, "--optimizer") || cli_given(o, "--adam-impl") || cli_given(o, "--gpus") ||
-                            cli_given(o, "--zero") || o->checkpointing))
-        bad = "--infer plans one device's generation: --optimizer, --adam-impl, --gpus, --zero and --checkpointing are "
-              "training settings";
+                            cli_given(o, "--zero") || o->checkpointing || cli_given(o, "--bucket-mb") ||
+                            cli_given(o, "--prefetch-layers")))
+        bad = "--infer plans one device's generation: --optimizer, --adam-impl, --gpus, --zero, --bucket-mb, "
+              "--prefetch-layers and --checkpointing are training settings";
+    else if (o->cmd == CLI_TRAIN && !cli_given(o, "--zero") &&
+             (cli_given(o, "--bucket-mb") || cli_given(o, "--prefetch-layers")))
+        bad = "--bucket-mb and --prefetch-layers set up a sharded step: add --zero";
+    else if (cli_given(o, "--zero") && o->zero == 3 && o->checkpointing)
+        bad = "--zero 3 gathers each block's weights around its forward and backward: --checkpointing, which reruns "
+              "the forward inside backward, is not supported with it";
+    else if (o->cmd == CLI_TRAIN && cli_given(o, "--zero") && o->dump_grads)
+        bad = "--dump-grads writes whole gradients, which --zero shards or reduces in buckets: use it without --zero";
     else if (o->cmd == CLI_INFER && o->tokens && strchr(o->tokens, ';') && cli_given(o, "--batch"))
         bad = "--batch repeats one prompt: give several prompts with ';' or --batch, not both";
     else if ((o->prompt != NULL) + (o->prompt_file != NULL) + (o->tokens != NULL) > 1)

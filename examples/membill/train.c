@@ -203,9 +203,7 @@ typedef struct {
 
 static bool adam(const train_run *r) { return r->ocfg.kind == OPTIM_ADAM || r->ocfg.kind == OPTIM_ADAMW; }
 
-static json_t *report_json(const void *arg, bool failed) {
-    const train_cmd *t = arg;
-    const train_run *r = &t->r;
+json_t *cli_train_json(const cli_options *o, const train_run *r, bool failed) {
     json_t *root = cli_report_root(&r->cfg), *run = json_object();
     json_object_set_new(run, "kind", json_string("train"));
     json_object_set_new(run, "batch", json_integer(r->batch));
@@ -215,11 +213,11 @@ static json_t *report_json(const void *arg, bool failed) {
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
     json_object_set_new(run, "adam_impl", adam(r) ? json_string(optim_adam_impl_name(r->ocfg.adam_impl)) : json_null());
-    json_object_set_new(run, "lr", json_real(t->o->lr));
+    json_object_set_new(run, "lr", json_real(o->lr));
     json_object_set_new(run, "dtype", json_string(r->dtype.long_name));
     json_object_set_new(run, "meta", json_boolean(r->meta));
     json_object_set_new(run, "checkpointing", json_boolean(r->checkpointing));
-    json_object_set_new(run, "threads", json_integer(t->o->threads));
+    json_object_set_new(run, "threads", json_integer(o->threads));
     json_object_set_new(run, "seed", json_integer((json_int_t)r->seed));
     json_object_set_new(run, "weights", json_string(r->st_path[0] ? r->st_path : "random"));
     json_object_set_new(root, "run", run);
@@ -246,6 +244,11 @@ static json_t *report_json(const void *arg, bool failed) {
     if (!failed) json_object_set_new(root, "timing", timing_json(r));
     json_object_set_new(root, "teardown_all_zero", json_boolean(r->torn_down_clean));
     return root;
+}
+
+static json_t *report_json(const void *arg, bool failed) {
+    const train_cmd *t = arg;
+    return cli_train_json(t->o, &t->r, failed);
 }
 
 static void text_four_copies(FILE *f) {
@@ -289,14 +292,12 @@ static void text_steps(FILE *f, const train_run *r) {
 }
 
 // The text report. A failed run says only what it measured before the failure.
-static void report_text(FILE *f, const void *arg, bool failed) {
-    const train_cmd *t = arg;
-    const train_run *r = &t->r;
+void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool failed) {
     char p[32], impl[32] = "";
     if (adam(r)) snprintf(impl, sizeof impl, " (%s)", optim_adam_impl_name(r->ocfg.adam_impl));
     fprintf(f, "membill train: %s, %s parameters, batch %ld x %ld tokens, %s%s lr %g, %s%s%s\n", r->cfg.name,
             cli_commas(p, sizeof p, llama_param_count(&r->cfg)), r->batch, r->seq_len, optim_kind_name(r->ocfg.kind),
-            impl, t->o->lr, r->dtype.long_name, r->meta ? ", meta (shapes only)" : "",
+            impl, o->lr, r->dtype.long_name, r->meta ? ", meta (shapes only)" : "",
             failed ? " (FAILED: see below)" : "");
     fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
     if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
@@ -330,13 +331,18 @@ static void report_text(FILE *f, const void *arg, bool failed) {
             steady(r, offsetof(step_record, optimizer_s)), steady(r, offsetof(step_record, step_s)));
     fprintf(f, "  teardown: weight, gradient, optimizer, activation, cache and temporary back at zero: %s\n",
             r->torn_down_clean ? "yes" : "NO");
-    if (failed || !t->o->explain) return;
+    if (failed || !o->explain) return;
     if (cli_dtype_is_f32(&r->dtype))
         cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind, r->attention);
     else // the worked formulas are float32's; plan has each dtype's closed form
         fprintf(
             f, "\n  --explain works out the float32 formulas: membill plan --dtype %s gives this dtype's closed form\n",
             r->dtype.name);
+}
+
+static void report_text(FILE *f, const void *arg, bool failed) {
+    const train_cmd *t = arg;
+    cli_train_text(f, t->o, &t->r, failed);
 }
 
 // --dump-grads and --save-weights go to their temporaries now, committed with the rest.
@@ -381,6 +387,7 @@ static uint64_t meta_peak(void *arg, ag_err *err) {
 }
 
 int cmd_train(const cli_options *o) {
+    if (cli_given(o, "--zero")) return cli_train_zero(o); // data parallel: zero.c
     train_cmd t = {.o = o};
     ag_err err = {""};
     int rc = cli_train_prepare(o, &t.r, &err);

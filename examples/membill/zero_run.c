@@ -1,0 +1,174 @@
+// One rank's training run under ZeRO (dist.h): the model built sharded for stage 3 (unit by
+// unit, as zero.Init), each step's forward with stage 3's gathers around each part, backward
+// with the gradients reduced in buckets, the optimizer on this rank's shards, the weights
+// gathered back. membill train --zero runs it on every rank; membill plan on a simulated one.
+#include "cli.h"
+#include "dist.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// The model's modules as ZeRO-3 gathers them: the embedding, each block, the final norm with the
+// head (a tied head is the embedding again).
+typedef struct {
+    dist_unit *units;
+    size_t n;
+    ag_tensor *head[2];
+} model_units;
+
+static int make_units(llama_model *m, model_units *mu, ag_err *err) {
+    size_t L = (size_t)m->cfg.layers, per = llama_params_per_layer(&m->cfg);
+    mu->n = L + 2;
+    mu->units = calloc(mu->n, sizeof *mu->units);
+    if (!mu->units) {
+        ag_err_set(err, "out of memory");
+        return -1;
+    }
+    mu->units[0] = (dist_unit){m->params, 1};
+    for (size_t i = 0; i < L; i++) mu->units[i + 1] = (dist_unit){m->params + 1 + i * per, per};
+    mu->head[0] = m->norm;
+    mu->head[1] = m->lm_head;
+    mu->units[L + 1] = (dist_unit){mu->head, 2};
+    return 0;
+}
+
+typedef struct {
+    train_run *r;
+    llama_model *m;
+} fill_arg;
+
+// Every parameter that has its storage now: the seeded init (each parameter's values depend on
+// its index alone) or the checkpoint's tensors.
+static int fill(void *user, ag_err *err) {
+    fill_arg *a = user;
+    if (!a->r->st_path[0]) {
+        llama_model_init_random(a->m, a->r->seed);
+        return 0;
+    }
+    return llama_model_load(a->m, a->r->st_path, err);
+}
+
+static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, dist_zero **z, model_units *mu,
+                 ag_err *err) {
+    dist_zero_config zcfg = {zc->stage, zc->bucket_bytes, zc->prefetch};
+    if (zc->stage < 3) {
+        if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, m, err) != 0) return -1;
+        if (make_units(*m, mu, err) != 0) return -1;
+        return dist_zero_new(z, &zcfg, zc->comm, ctx, (*m)->params, (*m)->nparams, mu->units, mu->n, err);
+    }
+    ag_precision md = cli_precision(&r->dtype);
+    if (!ag_ctx_set_precision(ctx, &md)) {
+        ag_err_set(err, "%s", ag_ctx_error(ctx));
+        return -1;
+    }
+    ag_ctx_defer_params(ctx, true);
+    int rc = llama_model_new(m, ctx, &r->cfg, err);
+    ag_ctx_defer_params(ctx, false);
+    if (rc == 0) rc = make_units(*m, mu, err);
+    if (rc == 0) rc = dist_zero_new(z, &zcfg, zc->comm, ctx, (*m)->params, (*m)->nparams, mu->units, mu->n, err);
+    fill_arg fa = {r, *m};
+    if (rc == 0) rc = dist_zero_materialize(*z, fill, &fa, err);
+    return rc;
+}
+
+// One step as train_run.c's, with ZeRO's hooks: zero_grad on the shards too, the part hook in
+// forward, the buckets' last reductions after backward, the weights gathered after the update.
+static int zero_step(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model *m, dist_zero *z, optim *opt, long s,
+                     ag_err *err) {
+    step_record *rec = &r->steps[s];
+    double t0 = now_s(), c0 = dist_comm_seconds(zc->comm);
+    if (r->framework != AG_FRAMEWORK_LEAN) {
+        rec->zero_grad = true;
+        rec->zero_grad_events[0] = mp_timeline_count();
+        mp_set_phase(MP_PHASE_ZERO_GRAD);
+        dist_zero_zero_grad(z);
+        rec->zero_grad_events[1] = mp_timeline_count();
+        rec->zero_grad_s = now_s() - t0;
+    }
+    rec->events[0] = mp_timeline_count();
+    cli_progress("step %ld/%ld: forward", s + 1, r->nsteps);
+    mp_set_phase(MP_PHASE_FORWARD);
+    llama_forward_opts fo = {.checkpointing = r->checkpointing, .on_part = dist_zero_on_part, .user = z};
+    ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, r->ids, r->batch, r->seq_len, err);
+    if (!loss) return -1;
+    float lv = NAN;
+    if (loss->data) ag_tensor_row_f32(loss, 0, &lv);
+    rec->loss = lv;
+    cli_saved_by_role(ctx, rec->saved_by_role); // plain malloc: it moves "other" only
+    double t1 = now_s();
+    rec->forward_s = t1 - t0;
+    rec->events[1] = mp_timeline_count();
+    rec->phases_done = 1;
+    cli_progress("step %ld/%ld: backward", s + 1, r->nsteps);
+    mp_set_phase(MP_PHASE_BACKWARD);
+    ag_status st = ag_backward(ctx, loss);
+    ag_release(loss);
+    if (st != AG_OK) {
+        ag_err_set(err, "backward: %s", ag_ctx_error(ctx));
+        return -1;
+    }
+    if (dist_zero_after_backward(z, err) != 0) return -1;
+    double t2 = now_s();
+    rec->backward_s = t2 - t1;
+    rec->events[2] = mp_timeline_count();
+    rec->phases_done = 2;
+    cli_progress("step %ld/%ld: optimizer", s + 1, r->nsteps);
+    mp_set_phase(MP_PHASE_OPTIMIZER);
+    if (optim_step(opt, err) != 0 || dist_zero_after_step(z, err) != 0) return -1;
+    if (r->framework == AG_FRAMEWORK_LEAN) dist_zero_zero_grad(z);
+    double t3 = now_s();
+    rec->optimizer_s = t3 - t2;
+    rec->step_s = t3 - t0;
+    rec->events[3] = mp_timeline_count();
+    rec->phases_done = 3;
+    if (zc->comm_s) zc->comm_s[s] = dist_comm_seconds(zc->comm) - c0;
+    return 0;
+}
+
+int cli_zero_train_run(train_run *r, cli_zero *zc, ag_err *err) {
+    int rc = -1;
+    ag_ctx *ctx = ag_ctx_new();
+    llama_model *m = NULL;
+    dist_zero *z = NULL;
+    optim *opt = NULL;
+    model_units mu = {0};
+    if (!ctx) {
+        ag_err_set(err, "out of memory");
+        return -1;
+    }
+    ag_ctx_set_framework(ctx, r->framework);
+    ag_ctx_set_attention(ctx, r->attention);
+    mp_set_phase(MP_PHASE_LOAD);
+    cli_progress("building the model, sharded");
+    if (build(r, zc, ctx, &m, &z, &mu, err) != 0) goto done;
+    optim_config oc = r->ocfg;
+    oc.torch_113_foreach = r->framework == AG_FRAMEWORK_PYTORCH_113;
+    size_t nopt;
+    ag_tensor *const *op = dist_zero_opt_params(z, &nopt);
+    if (!(opt = optim_new(&oc, op, nopt, err))) goto done;
+    for (long s = 0; s < r->nsteps; s++)
+        if (zero_step(r, zc, ctx, m, z, opt, s, err) != 0) goto done;
+    if (r->save_weights) { // stage 3 gathers every unit on every rank; rank 0 writes
+        if (dist_zero_gather_all(z, err) != 0) goto done;
+        int src = r->save ? r->save(r->save_arg, m, false, err) : 0;
+        dist_zero_release_all(z);
+        if (src != 0) goto done;
+    }
+    rc = 0;
+done:
+    mp_set_phase(MP_PHASE_TEARDOWN);
+    optim_free(opt);
+    dist_zero_free(z);
+    llama_model_free(m);
+    free(mu.units);
+    ag_ctx_free(ctx);
+    return cli_run_end(rc, &r->torn_down_clean, err);
+}
