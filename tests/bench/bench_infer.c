@@ -1,8 +1,9 @@
-// Greedy generation on SmolLM2-135M (random init, float32): the prefill of a 25-token prompt,
+// Greedy generation on SmolLM2-135M (random init; float32, or --dtype bf16 and --weight-dtype
+// int8 | int4): the prefill of a 25-token prompt,
 // the median decode step, and 40 new tokens with the KV cache against recomputing the whole
 // sequence at each step (claims S1, S3); optionally 8 prompts one after another against one
 // batch of 8 (S2). Usage: bench_infer [--threads N] [--tokens T] [--new-tokens N] [--repeat R]
-// [--batch-claim] [--steps] [--json FILE] (--steps prints every step's time of the best runs;
+// [--batch-claim] [--steps] [--json FILE] [--dtype bf16] [--weight-dtype int8|int4] (--steps prints every step's time of the best runs;
 // --json also writes the figures as one JSON object, for tests/bench/bench_infer.sh)
 #include <jansson.h>
 #include <stdio.h>
@@ -15,10 +16,11 @@ typedef struct {
     int threads, tokens, new_tokens, repeat;
     bool batch_claim, steps;
     const char *json;
+    int act_bits, weight_bits; // --dtype bf16: 16; --weight-dtype int8 / int4: 8 / 4
 } bench_args;
 
 static int parse(bench_args *a, int argc, char **argv) {
-    *a = (bench_args){.threads = 2, .tokens = 25, .new_tokens = 40, .repeat = 3};
+    *a = (bench_args){.threads = 2, .tokens = 25, .new_tokens = 40, .repeat = 3, .act_bits = 32, .weight_bits = 32};
     for (int i = 1; i < argc; i++) {
         int *dst = !strcmp(argv[i], "--threads")      ? &a->threads
                    : !strcmp(argv[i], "--tokens")     ? &a->tokens
@@ -31,10 +33,16 @@ static int parse(bench_args *a, int argc, char **argv) {
             a->steps = true;
         } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
             a->json = argv[++i];
+        } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc && !strcmp(argv[i + 1], "bf16")) {
+            a->act_bits = a->weight_bits = 16, i++;
+        } else if (!strcmp(argv[i], "--weight-dtype") && i + 1 < argc &&
+                   (!strcmp(argv[i + 1], "int8") || !strcmp(argv[i + 1], "int4"))) {
+            a->weight_bits = argv[++i][3] - '0';
         } else if (!dst || i + 1 >= argc || (*dst = atoi(argv[++i])) < 1) {
             fprintf(stderr,
                     "bench_infer: bad argument %s (options: --threads N --tokens T "
-                    "--new-tokens N --repeat R --batch-claim --steps --json FILE, numbers >= 1)\n",
+                    "--new-tokens N --repeat R --batch-claim --steps --json FILE --dtype bf16 --weight-dtype int8|int4, "
+                    "numbers >= 1)\n",
                     argv[i]);
             return -1;
         }
@@ -112,6 +120,10 @@ int main(int argc, char **argv) {
     llama_config cfg;
     llama_model *m = NULL;
     ag_err err = {{0}};
+    ag_precision prec = ag_precision_f32();
+    prec.act_bits = a.act_bits, prec.weight_bits = a.weight_bits, prec.grad_bits = a.act_bits;
+    if (a.weight_bits == 4) prec.group = 32, prec.scale_bytes = 2;
+    if (ctx) ag_ctx_set_precision(ctx, &prec);
     if (!ctx || llama_config_preset(&cfg, "smollm2-135m", &err) != 0 || llama_model_new(&m, ctx, &cfg, &err) != 0) {
         fprintf(stderr, "bench_infer: %s\n", err.msg[0] ? err.msg : "out of memory");
         return 1;
@@ -125,8 +137,13 @@ int main(int argc, char **argv) {
         s = s * 6364136223846793005ULL + 1442695040888963407ULL;
         ids[i] = (int32_t)((s >> 33) % (uint64_t)cfg.vocab);
     }
-    printf("SmolLM2-135M, random init, float32, %d threads, prompt %d tokens, %d new tokens, "
+    printf("SmolLM2-135M, random init, %s activations, %s weights, %d threads, prompt %d tokens, %d new tokens, "
            "best of %d\n",
+           a.act_bits == 16 ? "bfloat16" : "float32",
+           a.weight_bits == 8   ? "int8"
+           : a.weight_bits == 4 ? "int4"
+           : a.act_bits == 16   ? "bfloat16"
+                                : "float32",
            a.threads, a.tokens, a.new_tokens, a.repeat);
     run(ctx, m, true, ids, 1, a.tokens, 2, 1, out); // warm-up: thread pools, page faults
     llama_generate_stats c = run(ctx, m, true, ids, 1, a.tokens, a.new_tokens, a.repeat, out);
@@ -146,6 +163,8 @@ int main(int argc, char **argv) {
     for (int k = 0; a.steps && k < a.new_tokens; k++)
         printf("    step %2d: with the cache %.4f s, without %.4f s\n", k, c.step_s[k], u.step_s[k]);
     json_t *report = a.json ? single_report(&a, &c, &u, same) : NULL;
+    if (report) // what a decode step reads: every weight once, in its dtype
+        json_object_set_new(report, "weight_bytes", json_integer((json_int_t)mp_get_counter(MP_WEIGHT).peak));
     llama_generate_stats_free(&c);
     llama_generate_stats_free(&u);
     if (a.batch_claim) same = batch_claim(ctx, m, ids, a.tokens, a.repeat, report) && same;

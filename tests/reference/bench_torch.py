@@ -2,6 +2,10 @@
 
     OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 tests/reference/bench_torch.py --mode train --steps 3
     OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 tests/reference/bench_torch.py --mode generate
+    OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 tests/reference/bench_torch.py --mode generate --int8
+
+--int8: every linear as quantize_dynamic makes it (nn.quantized.dynamic.Linear's
+torch.ops.quantized.linear_dynamic, reduce_range, on the build's default engine).
 
 Prints one JSON object on stdout. Model: SmolLM2-135M's shape unless --config names an HF
 config.json; random init (normal, std 0.02; norms 1), seeded. Uses llama_ref.py's model.
@@ -114,6 +118,28 @@ def bench_generate(cfg, params, args):
             "peak_rss_bytes": peak_rss_bytes()}
 
 
+def use_int8_linears():
+    """F.linear of llama_ref as quantize_dynamic's int8 Linear, weights packed once."""
+    packed = {}
+    real = L.F.linear
+
+    def qlinear(x, w, b=None):
+        if w.dim() != 2:
+            return real(x, w, b)
+        key = id(w)
+        if key not in packed:
+            obs = torch.ao.quantization.MinMaxObserver(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)
+            obs(w)
+            scale, zp = obs.calculate_qparams()
+            q = torch.quantize_per_tensor(w, float(scale), int(zp), torch.qint8)
+            packed[key] = torch.ops.quantized.linear_prepack(q, b)
+        shape = x.shape
+        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, shape[-1]).contiguous(), packed[key], True)
+        return y.reshape(*shape[:-1], y.shape[-1])
+
+    L.F.linear = qlinear
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("train", "generate"), default="train")
@@ -127,6 +153,7 @@ def main():
     ap.add_argument("--batch-prompts", type=int, default=8)
     ap.add_argument("--batch-new-tokens", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--int8", action="store_true", help="generate with quantize_dynamic's int8 linears")
     args = ap.parse_args()
     if args.steps < 1 or args.seq_len < 2 or args.new_tokens < 1 or args.batch < 1:
         ap.error("--steps, --batch, --new-tokens must be >= 1 and --seq-len >= 2")
@@ -140,8 +167,12 @@ def main():
     if args.mode == "generate":
         for t in params.values():
             t.requires_grad_(False)
+    if args.int8:
+        if args.mode != "generate":
+            ap.error("--int8 is a generation setting")
+        use_int8_linears()
     n_params = sum(t.numel() for t in params.values())
-    report = {"engine": "pytorch " + torch.__version__,
+    report = {"engine": "pytorch " + torch.__version__ + (" int8 dynamic" if args.int8 else ""),
               "model": {"name": os.path.basename(args.config) if args.config else "smollm2-135m",
                         "parameters": n_params, "layers": cfg.num_hidden_layers,
                         "hidden": cfg.hidden_size},
