@@ -1,0 +1,169 @@
+// The element-type table and its row conversions (bfloat16, float16 <-> float32), vectorised
+// with AVX-512 / F16C where the CPU has them, bit-exact with the scalar code below.
+#include <stdint.h>
+#include <string.h>
+
+#include "ag_kernels.h"
+
+static bool portable_only;
+void ag_kernels_force_portable(bool on) { portable_only = on; }
+
+#if defined(__x86_64__)
+// Each feature once; the compiler's CPU model answers from cpuid.
+static int cpu_flag(int *cache, const char *name) {
+    if (*cache < 0) {
+        __builtin_cpu_init();
+        if (!strcmp(name, "avx512"))
+            *cache = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                     __builtin_cpu_supports("avx512vl");
+        else if (!strcmp(name, "bf16"))
+            *cache = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+        else if (!strcmp(name, "vnni"))
+            *cache = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+        else
+            *cache = __builtin_cpu_supports("f16c");
+    }
+    return *cache;
+}
+static int has_avx512 = -1, has_bf16 = -1, has_vnni = -1, has_f16c = -1;
+bool ag_cpu_avx512(void) { return !portable_only && cpu_flag(&has_avx512, "avx512"); }
+bool ag_cpu_avx512_bf16(void) { return ag_cpu_avx512() && cpu_flag(&has_bf16, "bf16"); }
+bool ag_cpu_avx512_vnni(void) { return ag_cpu_avx512() && cpu_flag(&has_vnni, "vnni"); }
+bool ag_cpu_f16c(void) { return !portable_only && cpu_flag(&has_f16c, "f16c"); }
+#else
+bool ag_cpu_avx512(void) { return false; }
+bool ag_cpu_avx512_bf16(void) { return false; }
+bool ag_cpu_avx512_vnni(void) { return false; }
+bool ag_cpu_f16c(void) { return false; }
+#endif
+
+// ---- float16, portable ----
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float f32_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t ag_f16_from_f32(float f) {
+    uint32_t u = f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu)); // quiet NaN
+    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);                       // >= 65520: inf
+    if (a < 0x38800000u) {
+        // Below 2^-14: a subnormal half. Adding 0.5 puts the value's multiples of 2^-24 in the low
+        // bits of the sum's mantissa, rounded to nearest even by the addition itself.
+        uint32_t s = f32_bits(f32_of(a) + 0.5f) - 0x3F000000u;
+        return (uint16_t)(sign | s);
+    }
+    // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even.
+    uint32_t odd = (a >> 13) & 1u;
+    a += ((uint32_t)(15 - 127) << 23) + 0xFFFu + odd;
+    return (uint16_t)(sign | (a >> 13));
+}
+
+float ag_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0x1F) return f32_of(sign | 0x7F800000u | (m << 13) | (m ? 0x400000u : 0)); // inf, quiet NaN
+    if (e == 0) {
+        float v = (float)m * 0x1p-24f; // zero or subnormal: exact
+        return sign ? -v : v;
+    }
+    return f32_of(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// ---- rows ----
+
+static void f32_to_f32(const void *src, float *dst, int64_t n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
+static void f32_from_f32(const float *src, void *dst, int64_t n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
+
+#if defined(__x86_64__)
+#define AG_BW __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define AG_F16C __attribute__((target("avx512f,f16c")))
+
+AG_BW static void bf16_to_f32_avx512(const uint16_t *s, float *d, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = ag_lanes16(n - i);
+        __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, s + i));
+        _mm512_mask_storeu_ps(d + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+    }
+}
+
+// The scalar rounding in 16 lanes: u + 0x7FFF + (bit 16 of u), NaN lanes 0x7FC0.
+AG_BW static inline __m256i bf16_round16(__m512 x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)),
+                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+    r = _mm512_srli_epi32(r, 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+AG_BW static void bf16_from_f32_avx512(const float *s, uint16_t *d, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = ag_lanes16(n - i);
+        _mm256_mask_storeu_epi16(d + i, m, bf16_round16(_mm512_maskz_loadu_ps(m, s + i)));
+    }
+}
+
+AG_F16C static void f16_to_f32_f16c(const uint16_t *s, float *d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
+    for (; i < n; i++) d[i] = _cvtsh_ss(s[i]);
+}
+
+AG_F16C static void f16_from_f32_f16c(const float *s, uint16_t *d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+}
+#endif
+
+static void bf16_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+#if defined(__x86_64__)
+    if (ag_cpu_avx512()) return bf16_to_f32_avx512(s, dst, n);
+#endif
+    for (int64_t i = 0; i < n; i++) dst[i] = ag_bf16_to_f32(s[i]);
+}
+
+static void bf16_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+#if defined(__x86_64__)
+    if (ag_cpu_avx512()) return bf16_from_f32_avx512(src, d, n);
+#endif
+    for (int64_t i = 0; i < n; i++) d[i] = ag_bf16_from_f32(src[i]);
+}
+
+// The F16C kernels use 512-bit forms, so they need AVX-512 F as well.
+static void f16_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+#if defined(__x86_64__)
+    if (ag_cpu_f16c() && ag_cpu_avx512()) return f16_to_f32_f16c(s, dst, n);
+#endif
+    for (int64_t i = 0; i < n; i++) dst[i] = ag_f16_to_f32(s[i]);
+}
+
+static void f16_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+#if defined(__x86_64__)
+    if (ag_cpu_f16c() && ag_cpu_avx512()) return f16_from_f32_f16c(src, d, n);
+#endif
+    for (int64_t i = 0; i < n; i++) d[i] = ag_f16_from_f32(src[i]);
+}
+
+static const ag_type_traits traits[AG_NDTYPES] = {
+    [AG_F32] = {"float32", 32, false, f32_to_f32, f32_from_f32},
+    [AG_BF16] = {"bfloat16", 16, false, bf16_to_f32, bf16_from_f32},
+    [AG_F16] = {"float16", 16, false, f16_to_f32, f16_from_f32},
+    [AG_Q8] = {"int8", 8, true, NULL, NULL},
+    [AG_Q4] = {"int4", 4, true, NULL, NULL},
+};
+
+const ag_type_traits *ag_type_traits_of(ag_dtype t) { return (int)t >= 0 && t < AG_NDTYPES ? &traits[t] : NULL; }
