@@ -123,6 +123,20 @@ AG_F16C static void f16_from_f32_f16c(const float *s, uint16_t *d, int64_t n) {
         _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
     for (; i < n; i++) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
 }
+
+// F16C without AVX-512: 8 lanes.
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c8(const uint16_t *s, float *d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++) d[i] = _cvtsh_ss(s[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void f16_from_f32_f16c8(const float *s, uint16_t *d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+}
 #endif
 
 static void bf16_to_f32(const void *src, float *dst, int64_t n) {
@@ -141,11 +155,11 @@ static void bf16_from_f32(const float *src, void *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) d[i] = ag_bf16_from_f32(src[i]);
 }
 
-// The F16C kernels use 512-bit forms, so they need AVX-512 F as well.
+// F16C in 16 lanes where AVX-512 is there too, else in 8.
 static void f16_to_f32(const void *src, float *dst, int64_t n) {
     const uint16_t *s = src;
 #if defined(__x86_64__)
-    if (ag_cpu_f16c() && ag_cpu_avx512()) return f16_to_f32_f16c(s, dst, n);
+    if (ag_cpu_f16c()) return ag_cpu_avx512() ? f16_to_f32_f16c(s, dst, n) : f16_to_f32_f16c8(s, dst, n);
 #endif
     for (int64_t i = 0; i < n; i++) dst[i] = ag_f16_to_f32(s[i]);
 }
@@ -153,7 +167,7 @@ static void f16_to_f32(const void *src, float *dst, int64_t n) {
 static void f16_from_f32(const float *src, void *dst, int64_t n) {
     uint16_t *d = dst;
 #if defined(__x86_64__)
-    if (ag_cpu_f16c() && ag_cpu_avx512()) return f16_from_f32_f16c(src, d, n);
+    if (ag_cpu_f16c()) return ag_cpu_avx512() ? f16_from_f32_f16c(src, d, n) : f16_from_f32_f16c8(src, d, n);
 #endif
     for (int64_t i = 0; i < n; i++) d[i] = ag_f16_from_f32(src[i]);
 }

@@ -18,14 +18,20 @@ size_t ag_q4_bytes(int64_t N, int64_t K, int64_t group) {
     return (size_t)((numel * 4 + 7) / 8 + (uint64_t)N * (uint64_t)groups_of(K, group) * 2);
 }
 
-static const uint16_t *scales_of(const void *block, int64_t N, int64_t K) {
-    return (const uint16_t *)((const uint8_t *)block + ((uint64_t)N * (uint64_t)K + 1) / 2);
+// The scales start right after the nibbles, at any byte: read and written with memcpy.
+static const uint8_t *scales_of(const void *block, int64_t N, int64_t K) {
+    return (const uint8_t *)block + ((uint64_t)N * (uint64_t)K + 1) / 2;
+}
+static inline uint16_t scale_at(const uint8_t *sc, int64_t i) {
+    uint16_t h;
+    memcpy(&h, sc + 2 * i, 2);
+    return h;
 }
 
 void ag_q4_quantize_weight(const float *w, int64_t N, int64_t K, int64_t group, void *block) {
     uint8_t *q = block;
     int64_t G = groups_of(K, group);
-    uint16_t *sc = (uint16_t *)(q + ((uint64_t)N * (uint64_t)K + 1) / 2);
+    uint8_t *sc = q + ((uint64_t)N * (uint64_t)K + 1) / 2;
     memset(q, 0, ((size_t)N * (size_t)K + 1) / 2);
     for (int64_t n = 0; n < N; n++)
         for (int64_t g = 0; g < G; g++) {
@@ -35,7 +41,7 @@ void ag_q4_quantize_weight(const float *w, int64_t N, int64_t K, int64_t group, 
             uint16_t s16 = ag_f16_from_f32(amax / 7.0f);
             float s = ag_f16_to_f32(s16);
             if (!(s > 0.0f) || isinf(s)) s16 = 0x3C00, s = 1.0f; // all zero (or beyond float16): scale 1
-            sc[n * G + g] = s16;
+            memcpy(sc + 2 * (n * G + g), &s16, 2);
             for (int64_t k = k0; k < k1; k++) {
                 float r = nearbyintf(w[n * K + k] / s);
                 int v = r < -8.0f ? -8 : r > 7.0f ? 7 : (int)r;
@@ -47,11 +53,11 @@ void ag_q4_quantize_weight(const float *w, int64_t N, int64_t K, int64_t group, 
 
 void ag_q4_dequantize_rows(const void *block, int64_t N, int64_t K, int64_t group, int64_t n0, int64_t n1, float *w) {
     const uint8_t *q = block;
-    const uint16_t *sc = scales_of(block, N, K);
+    const uint8_t *sc = scales_of(block, N, K);
     int64_t G = groups_of(K, group);
     for (int64_t n = n0; n < n1; n++)
         for (int64_t g = 0; g < G; g++) {
-            float s = ag_f16_to_f32(sc[n * G + g]);
+            float s = ag_f16_to_f32(scale_at(sc, n * G + g));
             int64_t k1 = (g + 1) * group < K ? (g + 1) * group : K;
             for (int64_t k = g * group; k < k1; k++) {
                 uint64_t e = (uint64_t)(n * K + k);
@@ -64,7 +70,7 @@ void ag_q4_dequantize_rows(const void *block, int64_t N, int64_t K, int64_t grou
 typedef struct {
     const float *x; // as given, or (fast path) split into even / odd halves per 32
     const uint8_t *q;
-    const uint16_t *sc;
+    const uint8_t *sc; // float16 scales, unaligned
     const float *bias;
     float *y;
     int64_t M, N, K, group, G;
@@ -75,7 +81,7 @@ typedef struct {
 static float q4_at(const q4_args *a, int64_t n, int64_t k) {
     uint64_t e = (uint64_t)(n * a->K + k);
     int v = (a->q[e / 2] >> (4 * (e & 1))) & 15;
-    return (float)(v >= 8 ? v - 16 : v) * ag_f16_to_f32(a->sc[n * a->G + k / a->group]);
+    return (float)(v >= 8 ? v - 16 : v) * ag_f16_to_f32(scale_at(a->sc, n * a->G + k / a->group));
 }
 
 static void tiled_part(void *p, int64_t t0, int64_t t1, int thread) {
@@ -105,48 +111,58 @@ static void tiled_part(void *p, int64_t t0, int64_t t1, int thread) {
 #if defined(__x86_64__)
 #define Q4_MR 4
 #define Q4_NR 4
+#define Q4_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma")))
+#define Q4_INLINE static inline __attribute__((always_inline)) Q4_TARGET
 
-// 32 weights of one row from 16 packed bytes, times their group's scale: even elements, odd ones.
-AG_AVX512_INLINE void q4_weights32(const uint8_t *p, __m512 s, __m512 *even, __m512 *odd) {
-    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    *even = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 28), 28)), s);
-    *odd = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24), 28)), s);
-}
-
-// y[mr, nr] = x'[mr, K] · dequant(w[nr, K])ᵀ (+ bias), 32 k a step.
-AG_AVX512_INLINE void q4_tile(const q4_args *a, int mr, int nr, int64_t m0, int64_t n0) {
+// y[mr, nr] = x'[mr, K] · dequant(w[nr, K])ᵀ (+ bias), 32 k a step. Each group's 16 possible
+// weights q s form a table; vpermps picks entries by the low 4 bits of each 32-bit lane, which
+// hold a byte's low nibble as loaded and its high nibble after a shift by 4: no sign extension
+// or conversion per weight, and q s is exact (int4 times a float16).
+Q4_INLINE void q4_tile(const q4_args *a, int mr, int nr, int64_t m0, int64_t n0) {
     const int64_t K = a->K;
-    __m512 acc[Q4_MR][Q4_NR];
+    const __m512 base = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+    const uint8_t *q[Q4_NR];
+    const uint8_t *sc[Q4_NR];
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++) q[j] = a->q + (n0 + j) * K / 2, sc[j] = a->sc + 2 * (n0 + j) * a->G;
+    const float *x[Q4_MR];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) x[i] = a->x + (m0 + i) * K;
+    __m512 acc[Q4_MR][Q4_NR], acc2[Q4_MR][Q4_NR]; // even and odd elements: two chains of FMAs
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps();
+        for (int j = 0; j < nr; j++) acc[i][j] = acc2[i][j] = _mm512_setzero_ps();
     for (int64_t g = 0; g < a->G; g++) {
-        __m512 s[Q4_NR];
+        __m512 lut[Q4_NR];
 #pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) s[j] = _mm512_set1_ps(ag_f16_to_f32(a->sc[(n0 + j) * a->G + g]));
+        for (int j = 0; j < nr; j++) lut[j] = _mm512_mul_ps(base, _mm512_set1_ps(_cvtsh_ss(scale_at(sc[j], g))));
         int64_t k1 = (g + 1) * a->group < K ? (g + 1) * a->group : K;
         for (int64_t k = g * a->group; k < k1; k += 32) {
             __m512 we[Q4_NR], wo[Q4_NR];
 #pragma GCC unroll 4
             for (int j = 0; j < nr; j++) {
-                const uint8_t *p = a->q + ((n0 + j) * K + k) / 2;
-                q4_weights32(p, s[j], &we[j], &wo[j]);
-                _mm_prefetch((const char *)(p + Q4_NR * K / 2), _MM_HINT_T1);
+                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q[j] + k / 2)));
+                we[j] = _mm512_permutexvar_ps(v, lut[j]);
+                wo[j] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut[j]);
+                _mm_prefetch((const char *)(q[j] + 32 * K / 2 + k / 2), _MM_HINT_T1); // ~9 KB ahead at K 576
             }
 #pragma GCC unroll 4
             for (int i = 0; i < mr; i++) {
-                const float *xp = a->x + (m0 + i) * K + k;
-                __m512 xe = _mm512_loadu_ps(xp), xo = _mm512_loadu_ps(xp + 16);
+                __m512 xe = _mm512_loadu_ps(x[i] + k), xo = _mm512_loadu_ps(x[i] + k + 16);
 #pragma GCC unroll 4
-                for (int j = 0; j < nr; j++)
-                    acc[i][j] = _mm512_fmadd_ps(xo, wo[j], _mm512_fmadd_ps(xe, we[j], acc[i][j]));
+                for (int j = 0; j < nr; j++) {
+                    acc[i][j] = _mm512_fmadd_ps(xe, we[j], acc[i][j]);
+                    acc2[i][j] = _mm512_fmadd_ps(xo, wo[j], acc2[i][j]);
+                }
             }
         }
     }
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++) {
         float sum[Q4_NR];
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) acc[i][j] = _mm512_add_ps(acc[i][j], acc2[i][j]);
         if (nr == Q4_NR)
             _mm_storeu_ps(sum, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
         else
@@ -155,7 +171,7 @@ AG_AVX512_INLINE void q4_tile(const q4_args *a, int mr, int nr, int64_t m0, int6
     }
 }
 
-AG_AVX512 static void q4_rows(const q4_args *a, int nr, int64_t n0) {
+Q4_TARGET static void q4_rows(const q4_args *a, int nr, int64_t n0) {
     int64_t m = 0;
     for (; m + Q4_MR <= a->M; m += Q4_MR) q4_tile(a, Q4_MR, nr, m, n0);
     switch (a->M - m) {
@@ -193,7 +209,7 @@ bool ag_q4_linear(const float *x, int64_t M, int64_t K, const void *block, int64
     double t0 = ag_blas_clock();
     q4_args a = {x, block, scales_of(block, N, K), bias, y, M, N, K, group, groups_of(K, group)};
 #if defined(__x86_64__)
-    if (ag_cpu_avx512() && M >= 1 && M <= AG_SKINNY_MAX_M && K % 32 == 0 && group % 32 == 0) {
+    if (ag_cpu_avx512() && ag_cpu_f16c() && M >= 1 && M <= AG_SKINNY_MAX_M && K % 32 == 0 && group % 32 == 0) {
         float *xs = malloc((size_t)(M * K) * sizeof(float));
         if (!xs) return false;
         split_even_odd(x, M * K, xs);

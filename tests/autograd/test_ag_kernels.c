@@ -464,6 +464,13 @@ static void test_q8_against_pytorch(void **state) {
 
 // ---- int4 ----
 
+// Scale i of a block (they follow the nibbles at any byte).
+static uint16_t q4_scale(const void *block, int64_t N, int64_t K, int64_t i) {
+    uint16_t h;
+    memcpy(&h, (const uint8_t *)block + (N * K + 1) / 2 + 2 * i, 2);
+    return h;
+}
+
 static void test_q4_layout(void **state) {
     (void)state;
     // ag_billed_bytes' formula for weight_bits 4, scale_bytes 2.
@@ -494,9 +501,8 @@ static void test_q4_layout(void **state) {
         assert_int_equal(nib >= 8 ? nib - 16 : nib, expect);
     }
     assert_int_equal(block[N * K / 2] >> 4, 0); // the last byte's unused nibble is zero
-    const uint16_t *sc = (const uint16_t *)(block + (N * K + 1) / 2);
-    assert_int_equal(sc[0], ag_f16_from_f32(0.25f * 8 / 7.0f)); // row 0, group 0: {7, -8} * 0.25
-    assert_int_equal(sc[1], ag_f16_from_f32(0.25f / 7.0f));     // row 0, group 1: {1, 0} * 0.25
+    assert_int_equal(q4_scale(block, N, K, 0), ag_f16_from_f32(0.25f * 8 / 7.0f)); // row 0, group 0: {7, -8} * 0.25
+    assert_int_equal(q4_scale(block, N, K, 1), ag_f16_from_f32(0.25f / 7.0f));     // row 0, group 1: {1, 0} * 0.25
 }
 
 static void test_q4_roundtrip(void **state) {
@@ -508,11 +514,10 @@ static void test_q4_roundtrip(void **state) {
     void *block = malloc(ag_q4_bytes(N, K, group));
     ag_q4_quantize_weight(w, N, K, group, block);
     ag_q4_dequantize_rows(block, N, K, group, 0, N, d);
-    const uint16_t *sc = (const uint16_t *)((const uint8_t *)block + (N * K + 1) / 2);
-    assert_int_equal(sc[2 * G], 0x3C00);
+    assert_int_equal(q4_scale(block, N, K, 2 * G), 0x3C00);
     for (int64_t n = 0; n < N; n++)
         for (int64_t k = 0; k < K; k++) {
-            float s = ag_f16_to_f32(sc[n * G + k / group]);
+            float s = ag_f16_to_f32(q4_scale(block, N, K, n * G + k / group));
             double q = d[n * K + k] / s;
             assert_true(q == nearbyint(q) && q >= -8 && q <= 7); // an integer times its scale, exactly
             // within half a step, except where the largest magnitude was rounded by the f16 scale
