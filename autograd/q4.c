@@ -111,6 +111,7 @@ static void tiled_part(void *p, int64_t t0, int64_t t1, int thread) {
 #if defined(__x86_64__)
 #define Q4_MR 4
 #define Q4_NR 4
+#define Q4_SWIN 64 // scales converted at a time
 #define Q4_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma")))
 #define Q4_INLINE static inline __attribute__((always_inline)) Q4_TARGET
 
@@ -133,10 +134,21 @@ Q4_INLINE void q4_tile(const q4_args *a, int mr, int nr, int64_t m0, int64_t n0)
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) acc[i][j] = acc2[i][j] = _mm512_setzero_ps();
+    float sf[Q4_NR][Q4_SWIN]; // a window of each row's scales as float32, broadcast from memory
     for (int64_t g = 0; g < a->G; g++) {
+        if (g % Q4_SWIN == 0) {
+            int64_t left = a->G - g < Q4_SWIN ? a->G - g : Q4_SWIN;
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++)
+                for (int64_t t = 0; t < left; t += 16) {
+                    __mmask16 m = ag_lanes16(left - t);
+                    __m256i h = _mm256_maskz_loadu_epi16(m, sc[j] + 2 * (g + t));
+                    _mm512_storeu_ps(&sf[j][t], _mm512_cvtph_ps(h));
+                }
+        }
         __m512 lut[Q4_NR];
 #pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) lut[j] = _mm512_mul_ps(base, _mm512_set1_ps(_cvtsh_ss(scale_at(sc[j], g))));
+        for (int j = 0; j < nr; j++) lut[j] = _mm512_mul_ps(base, _mm512_set1_ps(sf[j][g % Q4_SWIN]));
         int64_t k1 = (g + 1) * a->group < K ? (g + 1) * a->group : K;
         for (int64_t k = g * a->group; k < k1; k += 32) {
             __m512 we[Q4_NR], wo[Q4_NR];
