@@ -188,14 +188,7 @@ void ag_vec_add(ag_buf dst, ag_buf a, ag_buf b, int64_t n);
 void ag_vec_mul_into(ag_buf dst, bool fresh, ag_buf a, ag_buf b, int64_t n);
 void ag_vec_acc(ag_buf dst, bool fresh, ag_buf src, int64_t n);
 
-// dtype.c: one element each way (bfloat16 and float16 round to nearest even).
-float ag_bf16_to_f32(uint16_t h);
-uint16_t ag_bf16_from_f32(float f);
-float ag_f16_to_f32(uint16_t h);
-uint16_t ag_f16_from_f32(float f);
-// Row r of a Q4 block of rows x cols elements, group scales, as float32.
-void ag_q4_row_f32(const void *block, int64_t rows, int64_t cols, int64_t group, int64_t r, float *out);
-// The dtype of a float element size (16: float16 when fp16, else bfloat16; 8: int8; 4: int4).
+// tensor_dtype.c: the dtype of a float element size (16: float16 when fp16, else bfloat16; 8: int8; 4: int4).
 ag_dtype ag_dtype_of_bits(int bits, bool fp16);
 
 // pool.c

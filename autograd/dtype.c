@@ -1,188 +1,183 @@
-// The element types: sizes, names and row conversions in one table.
-#include <math.h>
+// The element-type table and its row conversions (bfloat16, float16 <-> float32), vectorised
+// with AVX-512 / F16C where the CPU has them, bit-exact with the scalar code below.
+#include <stdint.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_kernels.h"
 
-float ag_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
+static bool portable_only;
+void ag_kernels_force_portable(bool on) { portable_only = on; }
+
+#if defined(__x86_64__)
+// Each feature once; the compiler's CPU model answers from cpuid.
+static int cpu_flag(int *cache, const char *name) {
+    if (*cache < 0) {
+        __builtin_cpu_init();
+        if (!strcmp(name, "avx512"))
+            *cache = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                     __builtin_cpu_supports("avx512vl");
+        else if (!strcmp(name, "bf16"))
+            *cache = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+        else if (!strcmp(name, "vnni"))
+            *cache = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+        else
+            *cache = __builtin_cpu_supports("f16c");
+    }
+    return *cache;
+}
+static int has_avx512 = -1, has_bf16 = -1, has_vnni = -1, has_f16c = -1;
+bool ag_cpu_avx512(void) { return !portable_only && cpu_flag(&has_avx512, "avx512"); }
+bool ag_cpu_avx512_bf16(void) { return ag_cpu_avx512() && cpu_flag(&has_bf16, "bf16"); }
+bool ag_cpu_avx512_vnni(void) { return ag_cpu_avx512() && cpu_flag(&has_vnni, "vnni"); }
+bool ag_cpu_f16c(void) { return !portable_only && cpu_flag(&has_f16c, "f16c"); }
+#else
+bool ag_cpu_avx512(void) { return false; }
+bool ag_cpu_avx512_bf16(void) { return false; }
+bool ag_cpu_avx512_vnni(void) { return false; }
+bool ag_cpu_f16c(void) { return false; }
+#endif
+
+// ---- float16, portable ----
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float f32_of(uint32_t u) {
     float f;
-    memcpy(&f, &u, sizeof f);
+    memcpy(&f, &u, 4);
     return f;
 }
 
-// Round to nearest even, as c10::BFloat16; a NaN stays a (quiet) NaN.
-uint16_t ag_bf16_from_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+uint16_t ag_f16_from_f32(float f) {
+    uint32_t u = f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu)); // quiet NaN
+    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u);                       // >= 65520: inf
+    if (a < 0x38800000u) {
+        // Below 2^-14: a subnormal half. Adding 0.5 puts the value's multiples of 2^-24 in the low
+        // bits of the sum's mantissa, rounded to nearest even by the addition itself.
+        uint32_t s = f32_bits(f32_of(a) + 0.5f) - 0x3F000000u;
+        return (uint16_t)(sign | s);
+    }
+    // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even.
+    uint32_t odd = (a >> 13) & 1u;
+    a += ((uint32_t)(15 - 127) << 23) + 0xFFFu + odd;
+    return (uint16_t)(sign | (a >> 13));
 }
 
 float ag_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
-    if (e == 0x1f)
-        u = sign | 0x7f800000u | (m << 13);
-    else if (e)
-        u = sign | ((e + 112u) << 23) | (m << 13);
-    else if (!m)
-        u = sign;
-    else { // subnormal: normalise
-        int s = 0;
-        while (!(m & 0x400u)) m <<= 1, s++;
-        u = sign | ((uint32_t)(113 - s) << 23) | ((m & 0x3ffu) << 13);
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    if (e == 0x1F) return f32_of(sign | 0x7F800000u | (m << 13) | (m ? 0x400000u : 0)); // inf, quiet NaN
+    if (e == 0) {
+        float v = (float)m * 0x1p-24f; // zero or subnormal: exact
+        return sign ? -v : v;
     }
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
+    return f32_of(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-// IEEE half, round to nearest even; overflow to inf, NaN kept.
-uint16_t ag_f16_from_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); // rounds to >= 65520: inf
-    if (a < 0x38800000u) {                                   // below the smallest normal half
-        if (a < 0x33000000u) return (uint16_t)sign;          // below half the smallest subnormal
-        uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126u - e;
-        uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-        if (rem > half || (rem == half && (q & 1u))) q++;
-        return (uint16_t)(sign | q);
+// ---- rows ----
+
+static void f32_to_f32(const void *src, float *dst, int64_t n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
+static void f32_from_f32(const float *src, void *dst, int64_t n) { memcpy(dst, src, (size_t)n * sizeof(float)); }
+
+#if defined(__x86_64__)
+#define AG_BW __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define AG_F16C __attribute__((target("avx512f,f16c")))
+
+AG_BW static void bf16_to_f32_avx512(const uint16_t *s, float *d, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = ag_lanes16(n - i);
+        __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, s + i));
+        _mm512_mask_storeu_ps(d + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
     }
-    uint32_t r = a - 0x38000000u; // rebias 127 -> 15
-    r = r + 0xfffu + ((r >> 13) & 1u);
-    return (uint16_t)(sign | (r >> 13));
 }
 
-static void f32_to(const void *s, float *d, int64_t n) { memcpy(d, s, (size_t)n * sizeof(float)); }
-static void f32_from(const float *s, void *d, int64_t n) { memcpy(d, s, (size_t)n * sizeof(float)); }
-static void bf16_to(const void *s, float *d, int64_t n) {
-    const uint16_t *h = s;
-    for (int64_t i = 0; i < n; i++) d[i] = ag_bf16_to_f32(h[i]);
+// The scalar rounding in 16 lanes: u + 0x7FFF + (bit 16 of u), NaN lanes 0x7FC0.
+AG_BW static inline __m256i bf16_round16(__m512 x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)),
+                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+    r = _mm512_srli_epi32(r, 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+    return _mm512_cvtepi32_epi16(r);
 }
-static void bf16_from(const float *s, void *d, int64_t n) {
-    uint16_t *h = d;
-    for (int64_t i = 0; i < n; i++) h[i] = ag_bf16_from_f32(s[i]);
+
+AG_BW static void bf16_from_f32_avx512(const float *s, uint16_t *d, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = ag_lanes16(n - i);
+        _mm256_mask_storeu_epi16(d + i, m, bf16_round16(_mm512_maskz_loadu_ps(m, s + i)));
+    }
 }
-static void f16_to(const void *s, float *d, int64_t n) {
-    const uint16_t *h = s;
-    for (int64_t i = 0; i < n; i++) d[i] = ag_f16_to_f32(h[i]);
+
+AG_F16C static void f16_to_f32_f16c(const uint16_t *s, float *d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
+    for (; i < n; i++) d[i] = _cvtsh_ss(s[i]);
 }
-static void f16_from(const float *s, void *d, int64_t n) {
-    uint16_t *h = d;
-    for (int64_t i = 0; i < n; i++) h[i] = ag_f16_from_f32(s[i]);
+
+AG_F16C static void f16_from_f32_f16c(const float *s, uint16_t *d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+// F16C without AVX-512: 8 lanes.
+__attribute__((target("avx,f16c"))) static void f16_to_f32_f16c8(const uint16_t *s, float *d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++) d[i] = _cvtsh_ss(s[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void f16_from_f32_f16c8(const float *s, uint16_t *d, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+}
+#endif
+
+static void bf16_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+#if defined(__x86_64__)
+    if (ag_cpu_avx512()) return bf16_to_f32_avx512(s, dst, n);
+#endif
+    for (int64_t i = 0; i < n; i++) dst[i] = ag_bf16_to_f32(s[i]);
+}
+
+static void bf16_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+#if defined(__x86_64__)
+    if (ag_cpu_avx512()) return bf16_from_f32_avx512(src, d, n);
+#endif
+    for (int64_t i = 0; i < n; i++) d[i] = ag_bf16_from_f32(src[i]);
+}
+
+// F16C in 16 lanes where AVX-512 is there too, else in 8.
+static void f16_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+#if defined(__x86_64__)
+    if (ag_cpu_f16c()) return ag_cpu_avx512() ? f16_to_f32_f16c(s, dst, n) : f16_to_f32_f16c8(s, dst, n);
+#endif
+    for (int64_t i = 0; i < n; i++) dst[i] = ag_f16_to_f32(s[i]);
+}
+
+static void f16_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+#if defined(__x86_64__)
+    if (ag_cpu_f16c()) return ag_cpu_avx512() ? f16_from_f32_f16c(src, d, n) : f16_from_f32_f16c8(src, d, n);
+#endif
+    for (int64_t i = 0; i < n; i++) d[i] = ag_f16_from_f32(src[i]);
 }
 
 static const ag_type_traits traits[AG_NDTYPES] = {
-    [AG_F32] = {"float32", 32, false, f32_to, f32_from},
-    [AG_BF16] = {"bfloat16", 16, false, bf16_to, bf16_from},
-    [AG_F16] = {"float16", 16, false, f16_to, f16_from},
+    [AG_F32] = {"float32", 32, false, f32_to_f32, f32_from_f32},
+    [AG_BF16] = {"bfloat16", 16, false, bf16_to_f32, bf16_from_f32},
+    [AG_F16] = {"float16", 16, false, f16_to_f32, f16_from_f32},
     [AG_Q8] = {"int8", 8, true, NULL, NULL},
     [AG_Q4] = {"int4", 4, true, NULL, NULL},
 };
 
-const ag_type_traits *ag_type_traits_of(ag_dtype t) { return (unsigned)t < AG_NDTYPES ? &traits[t] : NULL; }
-
-ag_dtype ag_dtype_of_bits(int bits, bool fp16) {
-    switch (bits) {
-    case 16: return fp16 ? AG_F16 : AG_BF16;
-    case 8: return AG_Q8;
-    case 4: return AG_Q4;
-    default: return AG_F32;
-    }
-}
-
-void ag_tensor_row_f32(const ag_tensor *t, int64_t r, float *out) {
-    int64_t cols = t->shape[t->ndim - 1], rows = t->numel / cols;
-    if (t->dtype == AG_Q8) {
-        const int8_t *q = (const int8_t *)t->data + r * cols;
-        for (int64_t j = 0; j < cols; j++) out[j] = (float)q[j] * t->q_scale;
-    } else if (t->dtype == AG_Q4) {
-        ag_q4_row_f32(t->data, rows, cols, t->q_group, r, out);
-    } else {
-        ag_type_traits_of(t->dtype)->to_f32((const char *)t->data + r * cols * t->bits / 8, out, cols);
-    }
-}
-
-void ag_tensor_rows(ag_tensor *dst, int64_t dr, const ag_tensor *src, int64_t sr, int64_t n) {
-    int64_t cols = dst->shape[dst->ndim - 1];
-    if (dst->dtype == src->dtype && !ag_type_traits_of(src->dtype)->quantised) {
-        size_t row = (size_t)cols * (size_t)src->bits / 8;
-        memcpy((char *)dst->data + (size_t)dr * row, (const char *)src->data + (size_t)sr * row, (size_t)n * row);
-        return;
-    }
-    float buf[cols];
-    for (int64_t i = 0; i < n; i++) {
-        ag_tensor_row_f32(src, sr + i, buf);
-        ag_type_traits_of(dst->dtype)->from_f32(buf, (char *)dst->data + (dr + i) * cols * dst->bits / 8, cols);
-    }
-}
-
-void ag_q4_row_f32(const void *block, int64_t rows, int64_t cols, int64_t group, int64_t r, float *out) {
-    const uint8_t *q = block;
-    int64_t ng = (cols + group - 1) / group;
-    const uint8_t *sc = q + (rows * cols + 1) / 2;
-    for (int64_t j = 0; j < cols; j++) {
-        int64_t e = r * cols + j;
-        int v = (q[e >> 1] >> ((e & 1) * 4)) & 0xf;
-        uint16_t h;
-        memcpy(&h, sc + 2 * (r * ng + j / group), sizeof h);
-        out[j] = (float)(v >= 8 ? v - 16 : v) * ag_f16_to_f32(h);
-    }
-}
-
-// PyTorch's MinMaxObserver(qint8, per_tensor_symmetric): scale = max|w| / 127.5, at least
-// float32's epsilon; q = round-half-even(w / scale) within [-128, 127].
-static void q8_quantize(const float *w, int64_t n, int8_t *q, float *scale) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < n; i++) amax = fabsf(w[i]) > amax ? fabsf(w[i]) : amax;
-    float s = amax / 127.5f;
-    if (s < 1.1920929e-07f) s = 1.1920929e-07f;
-    float inv = 1.0f / s;
-    for (int64_t i = 0; i < n; i++) {
-        float v = nearbyintf(w[i] * inv);
-        q[i] = (int8_t)(v < -128.0f ? -128 : v > 127.0f ? 127 : v);
-    }
-    *scale = s;
-}
-
-// Symmetric per group of a row: s = amax / 7 as float16 (1 for an all-zero group),
-// q = round-half-even(w / s) within [-8, 7].
-static void q4_quantize(const float *w, int64_t rows, int64_t cols, int64_t group, uint8_t *block) {
-    int64_t ng = (cols + group - 1) / group;
-    uint8_t *sc = block + (rows * cols + 1) / 2;
-    memset(block, 0, (size_t)(rows * cols + 1) / 2);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t g = 0; g < ng; g++) {
-            int64_t j0 = g * group, j1 = j0 + group < cols ? j0 + group : cols;
-            float amax = 0.0f;
-            for (int64_t j = j0; j < j1; j++) amax = fabsf(w[r * cols + j]) > amax ? fabsf(w[r * cols + j]) : amax;
-            uint16_t h = ag_f16_from_f32(amax > 0.0f ? amax / 7.0f : 1.0f);
-            memcpy(sc + 2 * (r * ng + g), &h, sizeof h);
-            float s = ag_f16_to_f32(h);
-            for (int64_t j = j0; j < j1; j++) {
-                float v = nearbyintf(w[r * cols + j] / s);
-                int q = (int)(v < -8.0f ? -8 : v > 7.0f ? 7 : v);
-                int64_t e = r * cols + j;
-                block[e >> 1] |= (uint8_t)((q & 0xf) << ((e & 1) * 4));
-            }
-        }
-}
-
-void ag_tensor_from_f32(ag_tensor *t, const float *src) {
-    if (!t->data) return;
-    int64_t cols = t->shape[t->ndim - 1];
-    switch (t->dtype) {
-    case AG_Q8: q8_quantize(src, t->numel, t->data, &t->q_scale); break;
-    case AG_Q4: q4_quantize(src, t->numel / cols, cols, t->q_group, t->data); break;
-    default: ag_type_traits_of(t->dtype)->from_f32(src, t->data, t->numel);
-    }
-}
-
-void ag_tensor_to_f32(const ag_tensor *t, float *dst) {
-    if (!t->data) return;
-    int64_t cols = t->shape[t->ndim - 1];
-    for (int64_t r = 0; r < t->numel / cols; r++) ag_tensor_row_f32(t, r, dst + r * cols);
-}
+const ag_type_traits *ag_type_traits_of(ag_dtype t) { return (int)t >= 0 && t < AG_NDTYPES ? &traits[t] : NULL; }

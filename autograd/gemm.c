@@ -1,9 +1,10 @@
 // Matrix products of any float dtype: C = alpha op(A) op(B) + beta C, accumulated in float32 and
-// rounded once to C's dtype. Float32 operands go to ag_sgemm; 16-bit ones to the 16-bit kernels.
+// rounded once to C's dtype. Float32 operands go to ag_sgemm; 16-bit ones of one dtype to the
+// 16-bit kernels (ag_kernels.h); operands of two dtypes are widened to float32 copies.
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_kernels.h"
 
 // A float32 copy of rows x cols elements with leading dimension ld (plain malloc: a kernel's
 // workspace, billed as "other").
@@ -21,6 +22,16 @@ bool ag_gemm_buf(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, i
         ag_sgemm(ta, tb, M, N, K, alpha, A.p, lda, B.p, ldb, beta, C.p, ldc);
         return true;
     }
+    bool half = (A.t == AG_BF16 || A.t == AG_F16) && B.t == A.t;
+    if (half && C.t == AG_F32) {
+        ag_gemm_16(A.t, ta, tb, M, N, K, alpha, A.p, lda, B.p, ldb, beta, C.p, ldc);
+        return true;
+    }
+    if (half && C.t == A.t) {
+        ag_gemm_16_out(A.t, ta, tb, M, N, K, alpha, A.p, lda, B.p, ldb, beta, C.p, ldc);
+        return true;
+    }
+    // Operands of two dtypes (rare: a float32 statistic against a 16-bit tensor): both widened.
     int64_t ar = ta == CblasNoTrans ? M : K, ac = ta == CblasNoTrans ? K : M;
     int64_t br = tb == CblasNoTrans ? K : N, bc = tb == CblasNoTrans ? N : K;
     float *a = A.t == AG_F32 ? A.p : widen(A, ar, ac, lda), *b = B.t == AG_F32 ? B.p : widen(B, br, bc, ldb);

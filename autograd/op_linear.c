@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_kernels.h"
 
 // db[out] (+)= the sum over the M rows of dy[M, out] (in float32): the bias needs nothing saved.
 static void bias_backward(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out) {
@@ -101,23 +101,19 @@ static void linear_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
 
 static const ag_op linear_op = {.name = "linear", .backward = linear_backward, .nsaved = AG_NSAVED(linear)};
 
-// y[M, out] = x[M, in] · w[out, in]ᵀ with a quantised w: its rows dequantised a tile at a time.
+// y[M, out] = x[M, in] · w[out, in]ᵀ with a quantised w: int8 as quantize_dynamic computes it
+// (x quantised per call, integer products), int4 dequantised tile by tile (ag_kernels.h). A 16-bit
+// x is read as float32 and y rounded back.
 static bool linear_quantised(ag_buf y, ag_buf x, const ag_tensor *w, int64_t M, int64_t out, int64_t in) {
-    enum { TILE = 64 };
     float *xf = x.t == AG_F32 ? x.p : malloc((size_t)(M * in) * sizeof(float));
     float *yf = y.t == AG_F32 ? y.p : malloc((size_t)(M * out) * sizeof(float));
-    float *wt = malloc((size_t)(TILE * in) * sizeof(float));
-    bool ok = xf && yf && wt;
+    bool ok = xf && yf;
     if (ok && xf != x.p) ag_type_traits_of(x.t)->to_f32(x.p, xf, M * in);
-    for (int64_t n0 = 0; ok && n0 < out; n0 += TILE) {
-        int64_t nt = out - n0 < TILE ? out - n0 : TILE;
-        for (int64_t r = 0; r < nt; r++) ag_tensor_row_f32(w, n0 + r, wt + r * in);
-        ag_sgemm(CblasNoTrans, CblasTrans, M, nt, in, 1.0f, xf, in, wt, in, 0.0f, yf + n0, out);
-    }
+    if (ok && w->dtype == AG_Q8) ok = ag_q8_linear(xf, M, in, w->data, w->q_scale, out, NULL, yf);
+    if (ok && w->dtype == AG_Q4) ok = ag_q4_linear(xf, M, in, w->data, w->q_group, out, NULL, yf);
     if (ok && yf != y.p) ag_type_traits_of(y.t)->from_f32(yf, y.p, M * out);
     if (xf != x.p) free(xf);
     if (yf != y.p) free(yf);
-    free(wt);
     return ok;
 }
 

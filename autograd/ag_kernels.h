@@ -1,0 +1,121 @@
+// Kernels by element type: 16-bit products with float32 accumulation, int8 dynamic linears as
+// PyTorch's quantize_dynamic computes them, int4 weight-only linears. Internal to autograd (the
+// ops call them); the element-type table itself is public (ag_type_traits_of in autograd.h).
+//
+// Every function picks its path at run time: AVX512-BF16 / AVX512-VNNI / AVX-512 kernels where
+// the CPU has them, portable code elsewhere (or when a test forces it). Matrices are row-major;
+// shapes are given in the comments as [rows, cols].
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "ag_internal.h"
+
+// ---- scalar conversions (the reference every vector path matches bit for bit) ----
+
+// bfloat16: the top half of a float32, rounded to nearest even; NaN becomes 0x7FC0 (as PyTorch's
+// c10::BFloat16 rounds: a NaN's payload is not kept).
+static inline uint16_t ag_bf16_from_f32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+static inline float ag_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+// IEEE half, rounded to nearest even, as the F16C instructions convert (a NaN keeps the top of its
+// payload and becomes quiet).
+uint16_t ag_f16_from_f32(float f);
+float ag_f16_to_f32(uint16_t h);
+
+// Tests: the portable code everywhere (conversions, products, quantised linears) even where the
+// CPU has the vector instructions; false restores the run-time choice.
+void ag_kernels_force_portable(bool on);
+// What the CPU offers this process, after ag_kernels_force_portable (each checked once).
+bool ag_cpu_avx512(void);      // AVX-512 F, BW, VL (the vector conversions, int4's dequant)
+bool ag_cpu_avx512_bf16(void); // vdpbf16ps
+bool ag_cpu_avx512_vnni(void); // vpdpbusd
+bool ag_cpu_f16c(void);
+
+// ---- 16-bit products ----
+//
+// C[M, N] = alpha op(A)[M, K] · op(B)[K, N] + beta C, A and B bfloat16 or float16 (t, both the
+// same), C float32 (not read when beta is 0), every product accumulated in float32. op(X) is X
+// or Xᵀ as CBLAS's transposes; lda and ldb are the stored rows' strides in elements:
+//   linear forward  y[T, out] = x[T, in] · w[out, in]ᵀ  (NoTrans, Trans)
+//   linear dx       dx[T, in] = dy[T, out] · w[out, in] (NoTrans, NoTrans)
+//   linear dw       dw[out, in] = dy[T, out]ᵀ · x[T, in] (Trans, NoTrans)
+// Paths: bfloat16 on AVX512-BF16 CPUs runs vdpbf16ps on packed tiles (no float32 copy); with few
+// rows (M <= AG_SKINNY_MAX_M, op(B) = w's rows) it streams the weight once without packing.
+// float16, and bfloat16 elsewhere, convert tiles to float32 in a per-thread workspace and call
+// single-threaded sgemm on them. Parallel on the pool; timed into ag_blas_stats.
+// Workspace: AG_GEMM16_WS_BYTES per thread that runs a part (ag_kernel_ws).
+void ag_gemm_16(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
+                const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc);
+// The same with a 16-bit C of type t: each element rounded once from its float32 value alpha
+// op(A) op(B) + beta C (C read as t). Extra workspace: one float32 tile per thread.
+void ag_gemm_16_out(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc);
+// Tile sizes behind the workspace (elements): rows of op(A), columns of op(B), depth. NC is a
+// multiple of the kernel's 48 columns, MC of 16 rows, KC of 32.
+#define AG_GEMM16_MC 192
+#define AG_GEMM16_NC 288
+#define AG_GEMM16_KC 384
+#define AG_GEMM16_WS_BYTES                                                                                             \
+    ((size_t)(AG_GEMM16_MC + AG_GEMM16_NC) * AG_GEMM16_KC * 4 + (size_t)AG_GEMM16_MC * AG_GEMM16_NC * 4 + 128)
+
+// Scratch of at least `bytes` (64-byte aligned) owned by the calling thread and kept for its next
+// call, freed when the thread exits: the kernels' tiles without a malloc and page faults per
+// product. NULL when it cannot be had.
+void *ag_kernel_ws(size_t bytes);
+
+// ---- int8 dynamic linear (torch.ao.quantization.quantize_dynamic's nn.quantized.dynamic.Linear) ----
+//
+// Weight: per-tensor symmetric qint8, as MinMaxObserver(qint8, per_tensor_symmetric) observes:
+// scale = max(max|w|, 0) / 127.5 in float32, at least float32's epsilon; q = clamp(round-half-even
+// (w * (1 / scale)), -128, 127), zero point 0. w is [N, K] (out, in).
+void ag_q8_quantize_weight(const float *w, int64_t N, int64_t K, int8_t *q, float *scale);
+// y[M, N] = dequant(quant(x[M, K]) · wq[N, K]ᵀ) + bias (NULL: none). x is quantised per call to
+// quint8 with PyTorch's ChooseQuantizationParams over [min(x, 0), max(x, 0)] and reduce_range
+// (levels 0..127, as nn.quantized.dynamic.Linear asks on x86); products accumulate in int32
+// exactly, then y = (acc - zp Σ_k wq) (x_scale w_scale) + bias in float32.
+// Workspace: M K bytes (quantised x) and N int32 (the weight's row sums), malloc'd per call.
+// Returns false (nothing written) when that workspace cannot be had.
+bool ag_q8_linear(const float *x, int64_t M, int64_t K, const int8_t *wq, float w_scale, int64_t N, const float *bias,
+                  float *y);
+// The activation's quantisation parameters alone (what ag_q8_linear uses), and x quantised with
+// them: q = clamp(round-half-even(x * (1 / scale) + zp), 0, qmax).
+typedef struct {
+    float scale;
+    int32_t zero_point;
+    int32_t qmax; // 127 with reduce_range
+} ag_q8_act_params;
+ag_q8_act_params ag_q8_choose_act_params(const float *x, int64_t n);
+void ag_q8_quantize_act(const float *x, int64_t n, ag_q8_act_params p, uint8_t *q);
+
+// ---- int4 weight-only linear ----
+//
+// Block layout (AG_Q4 in autograd.h): N K int4 values packed two a byte over the flat [N, K]
+// order (element 2i in the low nibble, ceil(N K / 2) bytes), then N ceil(K / group) float16
+// scales, row by row. Symmetric per group of `group` elements of a row: s = amax / 7 (rounded to
+// float16; 1 when the group is all zero), q = clamp(round-half-even(w / s), -8, 7). amax / 7
+// rather than / 8: the largest value of each group comes back exactly (up to the scale's float16
+// rounding) where / 8 would clip it at 7 s.
+size_t ag_q4_bytes(int64_t N, int64_t K, int64_t group);
+void ag_q4_quantize_weight(const float *w, int64_t N, int64_t K, int64_t group, void *block);
+// w[N, K] back to float32 (q times its group's scale), rows [n0, n1) into w (n1 - n0 rows of K).
+void ag_q4_dequantize_rows(const void *block, int64_t N, int64_t K, int64_t group, int64_t n0, int64_t n1, float *w);
+// y[M, N] = x[M, K] · dequant(block)ᵀ + bias (NULL: none). M <= AG_SKINNY_MAX_M on AVX-512 CPUs:
+// the packed weight streamed once, dequantised in registers next to the products; otherwise tiles
+// of AG_Q4_TILE_ROWS weight rows dequantised to float32 and multiplied by sgemm. Workspace:
+// AG_Q4_TILE_ROWS K floats per pool thread (the tiled path), malloc'd per call; returns false
+// (nothing written) when that cannot be had.
+#define AG_Q4_TILE_ROWS 64
+bool ag_q4_linear(const float *x, int64_t M, int64_t K, const void *block, int64_t group, int64_t N, const float *bias,
+                  float *y);

@@ -1,0 +1,243 @@
+// int8 dynamic linear: PyTorch's nn.quantized.dynamic.Linear (quantize_dynamic, qint8 weights).
+//
+// The activation's zero point enters only through the weight's row sums: Σ (xq - zp) wq =
+// Σ xq wq - zp Σ wq, and vpdpbusd multiplies unsigned xq by signed wq, so the sums are taken in
+// the same sweep (one more vpdpbusd of ones against each weight vector) and the weight is read
+// once per call.
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "ag_kernels.h"
+
+#define Q8_SMALL_SCALE 6.1e-5f // PyTorch's SMALL_SCALE_THRESHOLD
+
+void ag_q8_quantize_weight(const float *w, int64_t N, int64_t K, int8_t *q, float *scale) {
+    // MinMaxObserver, per_tensor_symmetric: max(-min(w, 0), max(w, 0)) / ((127 - -128) / 2).
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t i = 0; i < N * K; i++) {
+        lo = w[i] < lo ? w[i] : lo;
+        hi = w[i] > hi ? w[i] : hi;
+    }
+    float amax = -lo > hi ? -lo : hi, s = amax / 127.5f;
+    s = s > FLT_EPSILON ? s : FLT_EPSILON;
+    float inv = 1.0f / s; // quantize_val multiplies by the float reciprocal
+    for (int64_t i = 0; i < N * K; i++) {
+        float r = nearbyintf(w[i] * inv);
+        q[i] = (int8_t)(r < -128.0f ? -128 : r > 127.0f ? 127 : r);
+    }
+    *scale = s;
+}
+
+// quant_utils::ChooseQuantizationParams(min, max, 0, 255, preserve_sparsity false, power of two
+// false, reduce_range true), double where PyTorch computes in double.
+static ag_q8_act_params choose(float min, float max) {
+    const int32_t qmin = 0, qmax = 255 / 2;
+    min = min < 0.0f ? min : 0.0f;
+    max = max > 0.0f ? max : 0.0f;
+    double scale = ((double)max - min) / (qmax - qmin);
+    if ((float)scale == 0.0f || isinf(1.0f / (float)scale)) scale = 0.1;
+    if (scale < Q8_SMALL_SCALE) {
+        float org = (float)scale;
+        scale = Q8_SMALL_SCALE;
+        if (min == 0.0f)
+            max = Q8_SMALL_SCALE * (float)(qmax - qmin);
+        else if (max == 0.0f)
+            min = -Q8_SMALL_SCALE * (float)(qmax - qmin);
+        else {
+            float amp = Q8_SMALL_SCALE / org;
+            min *= amp;
+            max *= amp;
+        }
+    }
+    // The zero point from the end whose terms are smaller (less rounding), nudged to an integer.
+    double from_min = qmin - min / scale, from_max = qmax - max / scale;
+    double err_min = abs(qmin) - fabs(min / scale), err_max = abs(qmax) - fabs(max / scale);
+    double z = err_min < err_max ? from_min : from_max;
+    int32_t zp = z < qmin ? qmin : z > qmax ? qmax : (int32_t)nearbyint(z);
+    return (ag_q8_act_params){(float)scale, zp, qmax};
+}
+
+ag_q8_act_params ag_q8_choose_act_params(const float *x, int64_t n) {
+    float lo = 0.0f, hi = 0.0f; // an empty input: PyTorch's min = max = 0
+    if (n > 0) lo = hi = x[0];
+    for (int64_t i = 1; i < n; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+    }
+    return choose(lo, hi);
+}
+
+// x * (1 / scale) + zp in float32 (two roundings, no fused multiply-add), then to nearest even.
+static inline uint8_t quant1(float x, float inv, float zp, float qmax) {
+    float r = nearbyintf(x * inv + zp);
+    return (uint8_t)(r < 0.0f ? 0.0f : r > qmax ? qmax : r);
+}
+
+#if defined(__x86_64__)
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define VNNI_INLINE static inline __attribute__((always_inline)) VNNI_TARGET
+
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void quantize_avx512(const float *x, int64_t n, float inv,
+                                                                                 float zp, float qmax, uint8_t *q) {
+    __m512 vi = _mm512_set1_ps(inv), vz = _mm512_set1_ps(zp), vmax = _mm512_set1_ps(qmax);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = ag_lanes16(n - i);
+        __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), vi), vz);
+        t = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        t = _mm512_min_ps(_mm512_max_ps(t, _mm512_setzero_ps()), vmax);
+        _mm_mask_storeu_epi8(q + i, m, _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(t)));
+    }
+}
+#endif
+
+void ag_q8_quantize_act(const float *x, int64_t n, ag_q8_act_params p, uint8_t *q) {
+    float inv = 1.0f / p.scale, zp = (float)p.zero_point, qmax = (float)p.qmax;
+#if defined(__x86_64__)
+    if (ag_cpu_avx512()) return quantize_avx512(x, n, inv, zp, qmax, q);
+#endif
+    for (int64_t i = 0; i < n; i++) q[i] = quant1(x[i], inv, zp, qmax);
+}
+
+typedef struct {
+    const uint8_t *xq;
+    const int8_t *wq;
+    const float *bias;
+    float *y;
+    int64_t M, N, K;
+    int32_t zp;
+    float s; // x_scale w_scale
+} q8_args;
+
+// The float32 result of one output from its integer sums, as the dequantisation does it.
+static inline float q8_out(const q8_args *a, int32_t acc, int32_t rowsum, int64_t n) {
+    float v = (float)(acc - a->zp * rowsum) * a->s;
+    return a->bias ? v + a->bias[n] : v;
+}
+
+static void q8_rows_portable(const q8_args *a, int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; n++) {
+        const int8_t *w = a->wq + n * a->K;
+        int32_t rs = 0;
+        for (int64_t k = 0; k < a->K; k++) rs += w[k];
+        for (int64_t m = 0; m < a->M; m++) {
+            const uint8_t *x = a->xq + m * a->K;
+            int32_t acc = 0;
+            for (int64_t k = 0; k < a->K; k++) acc += (int32_t)x[k] * (int32_t)w[k];
+            a->y[m * a->N + n] = q8_out(a, acc, rs, n);
+        }
+    }
+}
+
+#if defined(__x86_64__)
+#define Q8_MR 4
+#define Q8_NR 4
+
+// The sums of four vectors of int32 at once (as hsum4 for floats).
+VNNI_INLINE __m128i hsum4_epi32(__m512i a, __m512i b, __m512i c, __m512i d) {
+    __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+    __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+    __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+// mr rows of xq against nr rows of wq, 64 k a step; the row sums of wq come with the first tile.
+VNNI_INLINE void q8_tile(const q8_args *a, int mr, int nr, int64_t m0, int64_t n0, int32_t *rs, bool sums) {
+    const int64_t K = a->K;
+    __m512i acc[Q8_MR][Q8_NR], sv[Q8_NR];
+    const __m512i ones = _mm512_set1_epi8(1);
+#pragma GCC unroll 4
+    for (int j = 0; j < nr; j++) {
+        sv[j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) acc[i][j] = _mm512_setzero_si512();
+    }
+    for (int64_t k = 0; k < K; k += 64) {
+        __mmask64 mk = K - k >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (K - k)) - 1);
+        __m512i wv[Q8_NR];
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) {
+            wv[j] = _mm512_maskz_loadu_epi8(mk, a->wq + (n0 + j) * K + k);
+            // Rows 16 on into L2: about as many bytes ahead as the float32 skinny kernel fetches.
+            _mm_prefetch((const char *)(a->wq + (n0 + j + 16) * K + k), _MM_HINT_T1);
+            if (sums) sv[j] = _mm512_dpbusd_epi32(sv[j], ones, wv[j]);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            __m512i xv = _mm512_maskz_loadu_epi8(mk, a->xq + (m0 + i) * K + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], xv, wv[j]);
+        }
+    }
+    if (sums) {
+        if (nr == Q8_NR)
+            _mm_storeu_si128((__m128i *)rs, hsum4_epi32(sv[0], sv[1], sv[2], sv[3]));
+        else
+            for (int j = 0; j < nr; j++) rs[j] = _mm512_reduce_add_epi32(sv[j]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+        float *y = a->y + (m0 + i) * a->N + n0;
+        if (nr == Q8_NR) { // four outputs at once, the same arithmetic as q8_out
+            __m128i d = _mm_sub_epi32(hsum4_epi32(acc[i][0], acc[i][1], acc[i][2], acc[i][3]),
+                                      _mm_mullo_epi32(_mm_set1_epi32(a->zp), _mm_loadu_si128((const __m128i *)rs)));
+            __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(d), _mm_set1_ps(a->s));
+            if (a->bias) v = _mm_add_ps(v, _mm_loadu_ps(a->bias + n0));
+            _mm_storeu_ps(y, v);
+        } else {
+            for (int j = 0; j < nr; j++) y[j] = q8_out(a, _mm512_reduce_add_epi32(acc[i][j]), rs[j], n0 + j);
+        }
+    }
+}
+
+VNNI_TARGET static void q8_rows_vnni(const q8_args *a, int nr, int64_t n0) {
+    int32_t rs[Q8_NR] = {0};
+    int64_t m = 0;
+    for (; m + Q8_MR <= a->M; m += Q8_MR) q8_tile(a, Q8_MR, nr, m, n0, rs, m == 0);
+    bool sums = m == 0;
+    switch (a->M - m) {
+    case 3: q8_tile(a, 3, nr, m, n0, rs, sums); break;
+    case 2: q8_tile(a, 2, nr, m, n0, rs, sums); break;
+    case 1: q8_tile(a, 1, nr, m, n0, rs, sums); break;
+    default: break;
+    }
+}
+
+// Each nr-row block of the weight is swept once for a block of x rows; x stays in L2.
+VNNI_TARGET static void q8_part_vnni(const q8_args *a, int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t n0 = b * Q8_NR;
+        if (n0 + Q8_NR <= a->N)
+            q8_rows_vnni(a, Q8_NR, n0);
+        else
+            for (int64_t n = n0; n < a->N; n++) q8_rows_vnni(a, 1, n);
+    }
+}
+#endif
+
+static void q8_part(void *p, int64_t b0, int64_t b1, int thread) {
+    (void)thread;
+    const q8_args *a = p;
+#if defined(__x86_64__)
+    if (ag_cpu_avx512_vnni()) return q8_part_vnni(a, b0, b1);
+#endif
+    q8_rows_portable(a, b0 * 4, b1 * 4 < a->N ? b1 * 4 : a->N);
+}
+
+bool ag_q8_linear(const float *x, int64_t M, int64_t K, const int8_t *wq, float w_scale, int64_t N, const float *bias,
+                  float *y) {
+    uint8_t *xq = malloc(M * K > 0 ? (size_t)(M * K) : 1);
+    if (!xq) return false;
+    double t0 = ag_blas_clock();
+    ag_q8_act_params p = ag_q8_choose_act_params(x, M * K);
+    ag_q8_quantize_act(x, M * K, p, xq);
+    q8_args a = {xq, wq, bias, y, M, N, K, p.zero_point, p.scale * w_scale};
+    // Blocks of 4 weight rows; a chunk streams at least 128 KB of the weight.
+    int64_t blocks = (N + 3) / 4, grain = ((int64_t)1 << 17) / (4 * K + 1) + 1;
+    ag_parallel_for(blocks, grain, q8_part, &a);
+    ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
+    free(xq);
+    return true;
+}
