@@ -828,11 +828,55 @@ static void test_meta_equals_real_360m(void **state) {
     json_decref(meta);
 }
 
+// Every dtype setting a real run computes bills what its meta run bills, category by category
+// and allocation by allocation: training on the tiny model under each framework, generation with
+// the cache, and SmolLM2-135M's bf16-mixed step.
+static void test_meta_equals_real_dtypes(void **state) {
+    (void)state;
+    static const char *const settings[] = {
+        "train --dtype bf16 --framework lean",
+        "train --dtype bf16 --framework pytorch",
+        "train --dtype bf16 --framework pytorch-1.13",
+        "train --dtype bf16-mixed --framework pytorch --steps 2",
+        "train --dtype bf16-mixed-fp32-grads --framework lean --adam-impl foreach",
+        "train --dtype autocast-bf16 --framework pytorch --checkpointing",
+        "infer --dtype bf16 --new-tokens 4",
+        "infer --dtype fp16 --new-tokens 4 --framework lean",
+        "infer --weight-dtype int8 --new-tokens 4",
+        "infer --weight-dtype int4 --group-size 16 --new-tokens 4",
+        "infer --dtype bf16 --weight-dtype int4 --new-tokens 4 --framework lean",
+    };
+    const char *cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary"};
+    char a[1024];
+    for (size_t k = 0; k <= sizeof settings / sizeof settings[0]; k++) {
+        const char *set = k < sizeof settings / sizeof settings[0] ? settings[k] : NULL;
+        if (set)
+            snprintf(a, sizeof a, "%s --config %s/tiny_tied/config.json", set, MEMBILL_GOLDEN_DIR);
+        else
+            snprintf(a, sizeof a, "train --dtype bf16-mixed --seq-len 25");
+        json_t *real = cli_run_json(a);
+        strcat(a, " --meta");
+        json_t *meta = cli_run_json(a);
+        for (int i = 0; i < 6; i++) {
+            json_t *rc = json_object_get(json_object_get(real, "categories"), cats[i]);
+            json_t *mc = json_object_get(json_object_get(meta, "categories"), cats[i]);
+            if (json_integer_value(json_object_get(rc, "peak_bytes")) !=
+                    json_integer_value(json_object_get(mc, "peak_bytes")) ||
+                json_integer_value(json_object_get(rc, "allocations")) !=
+                    json_integer_value(json_object_get(mc, "allocations")))
+                fail_msg("%s: %s differs between the real run and meta mode", a, cats[i]);
+        }
+        if (!set) assert_int_equal(cat_peak(real, "weight"), 134515008LL * 2);
+        json_decref(real);
+        json_decref(meta);
+    }
+}
+
 // The whole check, speed claims included (real runs of SmolLM2-135M).
 static void test_check_all_claims(void **state) {
     (void)state;
     json_t *root = cli_run_json("check");
-    assert_int_equal(json_array_size(json_object_get(root, "claims")), 21);
+    assert_int_equal(json_array_size(json_object_get(root, "claims")), 25);
     assert_int_equal(json_integer_value(json_object_get(root, "failed")), 0);
     json_decref(root);
 }
@@ -840,6 +884,7 @@ static void test_check_all_claims(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_model_outputs),
+        cmocka_unit_test(test_meta_equals_real_dtypes),
         cmocka_unit_test(test_train_checkpointing),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_budget_stops_the_run),
