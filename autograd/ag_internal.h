@@ -304,6 +304,9 @@ void ag_flash_rows_tile(ag_flash_rows *w, const float *k, int64_t ldk, const flo
                         int64_t kpos0, int64_t qpos0, const int32_t *key_mask);
 // o[r * ldo + d] for the block's rows; lse (NULL: not kept) gets m + log(sum) per row.
 void ag_flash_rows_end(ag_flash_rows *w, float *o, int64_t ldo, float *lse);
+// nr rows of D elements at off (rows strided by ld) as float32: src's own when float32, else
+// widened into buf (nr x D, rows of D).
+const float *ag_tile_f32(ag_buf src, int64_t off, int64_t ld, int64_t nr, int D, float *buf);
 // The threads a flash loop of `tasks` tasks and `macs` multiply-adds uses (its workspace's count).
 int ag_flash_threads(int64_t tasks, double macs);
 // Tasks on the pool when ag_flash_threads said more than one thread, else here.

@@ -216,8 +216,8 @@ uint64_t ag_nf4_bytes(uint64_t n);
 // Every size float32 (the default of a new context).
 ag_precision ag_precision_f32(void);
 // False with the context's error set for sizes not listed above. Applies to allocations made
-// afterwards. Real runs compute every setting except flash attention over 16-bit tensors (billed
-// in meta mode only) and gradients through quantised weights (inference only).
+// afterwards. Real runs compute every setting; gradients through quantised weights are inference
+// only.
 bool ag_ctx_set_precision(ag_ctx *ctx, const ag_precision *d);
 ag_precision ag_ctx_precision(const ag_ctx *ctx);
 // The bytes a tensor of this shape, category and label is billed under the context's dtype.

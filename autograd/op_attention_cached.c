@@ -467,14 +467,6 @@ typedef struct {
     const cat_dims *a;
 } cflash_args;
 
-// A 16-bit cache and queries are read a tile at a time into float32 (nr rows of D, strided by ld
-// in src), the output written back the same way.
-static const float *tile_f32(ag_buf src, int64_t off, int64_t ld, int64_t nr, int D, float *buf) {
-    if (src.t == AG_F32) return (const float *)src.p + off;
-    for (int64_t r = 0; r < nr; r++) ag_rd(src, off + r * ld, D, buf + r * D);
-    return buf;
-}
-
 // Tasks [lo, hi): one block of queries of one head each, the last blocks (most keys) first.
 static void cflash_part(void *p, int64_t lo, int64_t hi, int thread) {
     const cflash_args *x = p;
@@ -492,7 +484,7 @@ static void cflash_part(void *p, int64_t lo, int64_t hi, int thread) {
         int64_t nr = a->Tq - r0 < AG_FLASH_BR ? a->Tq - r0 : AG_FLASH_BR, qpos0 = a->Tk - a->Tq + r0,
                 klast = qpos0 + nr - 1, off = 0;
         ag_flash_rows w;
-        const float *qr = tile_f32(x->q, (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D, qb);
+        const float *qr = ag_tile_f32(x->q, (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D, qb);
         ag_flash_rows_begin(&w, mine, qr, f32 ? ldq : D, nr, D);
         w.window = a->window;
         for (size_t i = 0; i < c->n && off <= klast; off += c->chunks[i++].t) {
@@ -502,8 +494,8 @@ static void cflash_part(void *p, int64_t lo, int64_t hi, int thread) {
             for (int64_t s0 = 0; s0 < ch->t && off + s0 <= klast; s0 += AG_FLASH_BC) {
                 int64_t nk = ch->t - s0 < AG_FLASH_BC ? ch->t - s0 : AG_FLASH_BC;
                 if (nk > klast + 1 - off - s0) nk = klast + 1 - off - s0;
-                ag_flash_rows_tile(&w, tile_f32(kc, base + s0 * D, D, nk, D, kb), D,
-                                   tile_f32(vc, base + s0 * D, D, nk, D, vb), D, nk, off + s0, qpos0,
+                ag_flash_rows_tile(&w, ag_tile_f32(kc, base + s0 * D, D, nk, D, kb), D,
+                                   ag_tile_f32(vc, base + s0 * D, D, nk, D, vb), D, nk, off + s0, qpos0,
                                    a->mask ? a->mask + b * a->ld + off + s0 : NULL);
             }
         }

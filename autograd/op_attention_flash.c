@@ -280,49 +280,69 @@ void ag_run_tasks(int nthreads, int64_t tasks, ag_range_fn fn, void *arg) {
 
 typedef struct {
     const ag_att_dims *a;
-    const float *q, *k, *v;
-    float *o, *lse, *ws;
+    ag_buf q, k, v, o;
+    float *lse, *ws;
     out_strides os;
 } fwd_args;
+
+const float *ag_tile_f32(ag_buf src, int64_t off, int64_t ld, int64_t nr, int D, float *buf) {
+    if (src.t == AG_F32) return (const float *)src.p + off;
+    for (int64_t r = 0; r < nr; r++) ag_rd(src, off + r * ld, D, buf + r * D);
+    return buf;
+}
 
 // Tasks [lo, hi): one block of queries of one head each, the last query blocks first (they see
 // the most keys).
 static void forward_part(void *p, int64_t lo, int64_t hi, int thread) {
     const fwd_args *x = p;
     const ag_att_dims *a = x->a;
-    const float *q = x->q, *k = x->k, *v = x->v;
     const int rep = a->Hq / a->Hkv, D = a->D;
     const int64_t ldq = (int64_t)a->Hq * D, ldk = (int64_t)a->Hkv * D, nqb = blocks_of(a->Tq, BR), heads = a->B * a->Hq;
     const out_strides os = x->os;
-    float *mine = x->ws + (size_t)thread * ag_flash_rows_floats(D), *o = x->o, *lse = x->lse;
+    float *mine = x->ws + (size_t)thread * ag_flash_rows_floats(D), *lse = x->lse;
+    // 16-bit tensors: each block of queries, tile of keys and values, and block of the output
+    // passes through float32 (the tiles the kernel reads anyway).
+    const bool f32 = x->q.t == AG_F32 && x->k.t == AG_F32 && x->v.t == AG_F32 && x->o.t == AG_F32;
+    float qb[f32 ? 1 : BR * D], kb[f32 ? 1 : BC * D], vb[f32 ? 1 : BC * D], ob[f32 ? 1 : BR * D];
     {
         for (int64_t t = lo; t < hi; t++) {
             int64_t ib = nqb - 1 - t / heads, b = (t % heads) / a->Hq, r0 = ib * BR;
             int h = (int)(t % a->Hq), g = h / rep;
             int64_t nr = a->Tq - r0 < BR ? a->Tq - r0 : BR, qpos0 = r0 + a->Tk - a->Tq, klast = qpos0 + nr - 1;
             ag_flash_rows w;
-            ag_flash_rows_begin(&w, mine, q + (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D);
+            ag_flash_rows_begin(&w, mine, ag_tile_f32(x->q, (b * a->Tq + r0) * ldq + (int64_t)h * D, ldq, nr, D, qb),
+                                f32 ? ldq : D, nr, D);
             w.window = a->window;
             // tiles wholly behind the block's first query's window hold no key it sees
             for (int64_t c0 = ag_window_first(qpos0, a->window) / BC * BC; c0 <= klast; c0 += BC) {
                 int64_t nk = klast + 1 - c0 < BC ? klast + 1 - c0 : BC;
-                const int64_t off = (b * a->Tk + c0) * ldk + (int64_t)g * D;
-                ag_flash_rows_tile(&w, k + off, ldk, v + off, ldk, nk, c0, qpos0, NULL);
+                const int64_t off = (b * a->Tk + c0) * ldk + (int64_t)g * D, ld = f32 ? ldk : D;
+                ag_flash_rows_tile(&w, ag_tile_f32(x->k, off, ldk, nk, D, kb), ld,
+                                   ag_tile_f32(x->v, off, ldk, nk, D, vb), ld, nk, c0, qpos0, NULL);
             }
-            ag_flash_rows_end(&w, o + b * os.sb + h * os.sh + r0 * os.st, os.st,
-                              lse ? lse + (b * a->Hq + h) * a->Tq + r0 : NULL);
+            const int64_t at = b * os.sb + h * os.sh + r0 * os.st;
+            float *lr = lse ? lse + (b * a->Hq + h) * a->Tq + r0 : NULL;
+            if (f32) {
+                ag_flash_rows_end(&w, (float *)x->o.p + at, os.st, lr);
+                continue;
+            }
+            ag_flash_rows_end(&w, ob, D, lr);
+            for (int64_t r = 0; r < nr; r++) ag_vec_copy(ag_buf_at(x->o, at + r * os.st), ag_buf_f32(ob + r * D), D);
         }
     }
 }
 
-static void flash_forward(const ag_att_dims *a, const float *q, const float *k, const float *v, float *o,
-                          out_strides os, float *lse, float *ws, int nthreads) {
+static void flash_forward(const ag_att_dims *a, ag_buf q, ag_buf k, ag_buf v, ag_buf o, out_strides os, float *lse,
+                          float *ws, int nthreads) {
     fwd_args x = {a, q, k, v, o, lse, ws, os};
     ag_run_tasks(nthreads, a->B * a->Hq * blocks_of(a->Tq, BR), forward_part, &x);
 }
 
 // Backward workspace per thread: Kᵀ and Vᵀ of the tile, dK and dV accumulators, P and dS.
-static size_t bwd_floats(int D) { return 4 * (size_t)D * BC + 2 * (size_t)BR * BC; }
+// With 16-bit tensors also float32 copies of the tile's keys and of the block's q and dO.
+static size_t bwd_floats(int D, bool typed) {
+    return 4 * (size_t)D * BC + 2 * (size_t)BR * BC + (typed ? (size_t)D * (BC + 2 * BR) : 0);
+}
 
 #if defined(__x86_64__)
 // P = exp(S - lse) in place over rows of BC, columns c < vis[r] kept (the rest hidden: 0).
@@ -384,10 +404,13 @@ static void dscores(float *dp, const float *p, int64_t nr, int64_t nc, const flo
 
 typedef struct {
     const ag_att_dims *a;
-    const float *q, *k, *v, *o, *dout, *lse;
+    ag_buf q, k, v, o, dout;
+    const float *lse;
     out_strides os;
     float *di;        // [B, Hq, Tq]
     ag_grad_dst d[3]; // dq, dk, dv
+    float *dq;        // dQ's float32 sums: d[0]'s own data, or (16 bits) a float32 buffer
+    bool typed;       // some tensor is not float32
     pthread_mutex_t *locks;
     float *ws;
 } bwd_args;
@@ -401,14 +424,18 @@ static void backward_tile(const bwd_args *x, float *ws, int64_t b, int g, int64_
     const float scale = 1.0f / sqrtf((float)D);
     const bool dq = x->d[0].needed, dk = x->d[1].needed, dv = x->d[2].needed;
     float *kt = ws, *vt = kt + (size_t)D * BC, *dka = vt + (size_t)D * BC, *dva = dka + (size_t)D * BC,
-          *p = dva + (size_t)D * BC, *ds = p + (size_t)BR * BC;
-    const float *kj = x->k + (b * a->Tk + c0) * ldk + (int64_t)g * D,
-                *vj = x->v + (b * a->Tk + c0) * ldk + (int64_t)g * D;
-    for (int64_t c = 0; c < nc; c++)
+          *p = dva + (size_t)D * BC, *ds = p + (size_t)BR * BC, *kf = ds + (size_t)BR * BC, *qf = kf + (size_t)D * BC,
+          *dof = qf + (size_t)D * BR;
+    const int64_t kv0 = (b * a->Tk + c0) * ldk + (int64_t)g * D, ldkf = x->typed ? D : ldk, ldqf = x->typed ? D : ldq;
+    const float *kj = ag_tile_f32(x->k, kv0, ldk, nc, D, kf);
+    float vrow[D];
+    for (int64_t c = 0; c < nc; c++) {
+        const float *vr = ag_tile_f32(x->v, kv0 + c * ldk, ldk, 1, D, vrow);
         for (int d = 0; d < D; d++) {
-            kt[(int64_t)d * BC + c] = kj[c * ldk + d];
-            vt[(int64_t)d * BC + c] = vj[c * ldk + d];
+            kt[(int64_t)d * BC + c] = kj[c * ldkf + d];
+            vt[(int64_t)d * BC + c] = vr[d];
         }
+    }
     memset(dka, 0, (size_t)(nc * D) * sizeof(float));
     memset(dva, 0, (size_t)(nc * D) * sizeof(float));
     int64_t first = c0 - shift > 0 ? (c0 - shift) / BR : 0; // the first query block that sees key c0
@@ -416,29 +443,28 @@ static void backward_tile(const bwd_args *x, float *ws, int64_t b, int g, int64_
         for (int64_t ib = first; ib < nqb; ib++) {
             int64_t r0 = ib * BR, nr = a->Tq - r0 < BR ? a->Tq - r0 : BR;
             const int64_t row = (b * a->Tq + r0) * ldq + (int64_t)h * D, stat = (b * a->Hq + h) * a->Tq + r0;
-            const float *qi = x->q + row, *doi = x->dout + row;
-            mm(nr, nc, D, scale, qi, ldq, 1, kt, BC, p, BC, false);
+            const float *qi = ag_tile_f32(x->q, row, ldq, nr, D, qf), *doi = ag_tile_f32(x->dout, row, ldq, nr, D, dof);
+            mm(nr, nc, D, scale, qi, ldqf, 1, kt, BC, p, BC, false);
             probs(p, nr, nc, x->lse + stat, r0 + shift - c0 + 1); // query r sees keys c <= r0 + r + shift - c0
             if (a->window > 0) window_zero(p, nr, nc, r0 + shift, c0, a->window);
-            if (dv) mm(nc, D, nr, 1.0f, p, 1, BC, doi, ldq, dva, D, true);
+            if (dv) mm(nc, D, nr, 1.0f, p, 1, BC, doi, ldqf, dva, D, true);
             if (!dq && !dk) continue;
-            mm(nr, nc, D, 1.0f, doi, ldq, 1, vt, BC, ds, BC, false);
+            mm(nr, nc, D, 1.0f, doi, ldqf, 1, vt, BC, ds, BC, false);
             dscores(ds, p, nr, nc, x->di + stat);
             if (dq) {
                 pthread_mutex_t *lk = &x->locks[((b * a->Hq + h) * nqb + ib) % NLOCKS];
                 pthread_mutex_lock(lk);
-                mm(nr, D, nc, scale, ds, BC, 1, kj, ldk, (float *)x->d[0].data + row, ldq, true);
+                mm(nr, D, nc, scale, ds, BC, 1, kj, ldkf, x->dq + row, ldq, true);
                 pthread_mutex_unlock(lk);
             }
-            if (dk) mm(nc, D, nr, scale, ds, 1, BC, qi, ldq, dka, D, true);
+            if (dk) mm(nc, D, nr, scale, ds, 1, BC, qi, ldqf, dka, D, true);
         }
     for (int i = 1; i < 3; i++) {
         if (!x->d[i].needed) continue;
         const float *src = i == 1 ? dka : dva;
-        float *dst = (float *)x->d[i].data + (b * a->Tk + c0) * ldk + (int64_t)g * D;
+        ag_buf dst = ag_dst_buf(&x->d[i]);
         for (int64_t c = 0; c < nc; c++)
-            for (int d = 0; d < D; d++)
-                dst[c * ldk + d] = x->d[i].fresh ? src[c * D + d] : dst[c * ldk + d] + src[c * D + d];
+            ag_vec_acc(ag_buf_at(dst, kv0 + c * ldk), x->d[i].fresh, ag_buf_f32(src + c * D), D);
     }
 }
 
@@ -452,13 +478,15 @@ static void delta_part(void *p, int64_t lo, int64_t hi, int thread) {
     const int64_t ldq = (int64_t)a->Hq * D;
     for (int64_t r = lo; r < hi; r++) {
         int64_t b = r / (a->Hq * a->Tq), h = (r / a->Tq) % a->Hq, i = r % a->Tq;
-        const float *dO = x->dout + (b * a->Tq + i) * ldq + h * D,
-                    *O = x->o + b * x->os.sb + h * x->os.sh + i * x->os.st;
+        float gb[D], ob[D];
+        const float *dO = ag_rd(x->dout, (b * a->Tq + i) * ldq + h * D, D, gb),
+                    *O = ag_rd(x->o, b * x->os.sb + h * x->os.sh + i * x->os.st, D, ob);
         double s = 0.0;
         for (int d = 0; d < D; d++) s += (double)dO[d] * O[d];
         x->di[r] = (float)s;
-        if (x->d[0].needed && x->d[0].fresh)
-            memset((float *)x->d[0].data + (b * a->Tq + i) * ldq + h * D, 0, (size_t)D * sizeof(float));
+        // A fresh dQ, or the float32 sums of a 16-bit one, start from zero.
+        if (x->d[0].needed && (x->d[0].fresh || x->dq != x->d[0].data))
+            memset(x->dq + (b * a->Tq + i) * ldq + h * D, 0, (size_t)D * sizeof(float));
     }
 }
 
@@ -466,7 +494,7 @@ static void delta_part(void *p, int64_t lo, int64_t hi, int thread) {
 static void tiles_part(void *p, int64_t lo, int64_t hi, int thread) {
     const bwd_args *x = p;
     const ag_att_dims *a = x->a;
-    float *mine = x->ws + (size_t)thread * bwd_floats(a->D);
+    float *mine = x->ws + (size_t)thread * bwd_floats(a->D, x->typed);
     for (int64_t t = lo; t < hi; t++) {
         int64_t jb = t / (a->B * a->Hkv), bg = t % (a->B * a->Hkv);
         backward_tile(x, mine, bg / a->Hkv, (int)(bg % a->Hkv), jb);
@@ -506,48 +534,56 @@ static void flash_attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) 
     if (!ag_alloc_exact(ctx, &di, (size_t)(a->B * a->Hq * a->Tq) * sizeof(float), MP_ACTIVATION, label)) return;
     int nthreads = ag_flash_threads(a->B * a->Hkv * blocks_of(a->Tk, BC), 2.5 * att_macs(a));
     if (shared_grad(n, 0, 1) || shared_grad(n, 0, 2)) nthreads = 1;
+    x.q = ag_buf_of(st->q), x.k = ag_buf_of(st->k), x.v = ag_buf_of(st->v), x.o = ag_buf_of(st->out);
+    x.dout = (ag_buf){(void *)dout, n->grad_dtype};
+    x.typed = x.q.t != AG_F32 || x.k.t != AG_F32 || x.v.t != AG_F32 || x.o.t != AG_F32 || x.dout.t != AG_F32 ||
+              x.d[1].dtype != AG_F32 || x.d[2].dtype != AG_F32;
+    // A 16-bit dQ is summed over the key tiles in float32 (FlashAttention-2's dq_accum), then rounded.
+    mp_block dq = {0};
+    const int64_t nq = a->B * a->Tq * a->Hq * a->D;
+    ag_label(label, base, "flash_dq_float");
+    bool ok = !x.d[0].needed || x.d[0].dtype == AG_F32 ||
+              ag_alloc_exact(ctx, &dq, (size_t)nq * sizeof(float), MP_ACTIVATION, label);
+    x.dq = dq.bytes ? dq.data : x.d[0].data;
     ag_label(label, base, "flash_workspace");
-    if (ag_alloc_exact(ctx, &ws, (size_t)nthreads * bwd_floats(a->D) * sizeof(float), MP_ACTIVATION, label) &&
+    if (ok &&
+        ag_alloc_exact(ctx, &ws, (size_t)nthreads * bwd_floats(a->D, x.typed) * sizeof(float), MP_ACTIVATION, label) &&
         !mp_is_meta()) {
-        x.q = st->q->data, x.k = st->k->data, x.v = st->v->data, x.o = st->out->data, x.lse = st->lse->data;
-        x.dout = dout, x.di = di.data;
+        x.lse = st->lse->data, x.di = di.data;
         flash_backward_run(&x, ws.data, nthreads);
+        if (dq.bytes) ag_vec_acc(ag_dst_buf(&x.d[0]), x.d[0].fresh, ag_buf_f32(dq.data), nq);
     }
     mp_free(&ws);
+    mp_free(&dq);
     mp_free(&di);
 }
 
 static const ag_op flash_op = {
     .name = "flash_attention", .backward = flash_attention_backward, .nsaved = AG_NSAVED(attention_flash)};
 
-// Under torch.autocast (meta mode only) SDPA runs in 16 bits: its inputs are cast, the casts kept.
+// Under torch.autocast SDPA runs in 16 bits: its inputs are cast, the casts kept.
 static ag_tensor *sdpa_operand(ag_ctx *ctx, const char *base, const char *what, ag_tensor *t) {
     if (!ag_is_pytorch(ctx) || !ctx->dtype.autocast || t->bits <= 16) return ag_retain(t);
     char l[AG_LABEL_MAX];
     ag_label(l, base, what);
-    return ag_tensor_new_bits(ctx, t->ndim, t->shape, MP_ACTIVATION, l, 16);
+    ag_tensor *c = ag_tensor_new_bits(ctx, t->ndim, t->shape, MP_ACTIVATION, l, 16);
+    if (c && !mp_is_meta()) ag_vec_copy(ag_buf_of(c), ag_buf_of(t), t->numel);
+    return c;
 }
 
 // out[B, Tq, Hq*D] = c[B, Hq, Tq, D].transpose(1, 2)
-static void untranspose(float *out, const float *c, const ag_att_dims *a) {
+static void untranspose(ag_buf out, ag_buf c, const ag_att_dims *a) {
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
             for (int64_t t = 0; t < a->Tq; t++)
-                memcpy(out + ((b * a->Tq + t) * a->Hq + h) * a->D, c + ((b * a->Hq + h) * a->Tq + t) * a->D,
-                       (size_t)a->D * sizeof(float));
+                ag_copy_elems(ag_buf_at(out, ((b * a->Tq + t) * a->Hq + h) * a->D).p, out.t,
+                              ag_buf_at(c, ((b * a->Hq + h) * a->Tq + t) * a->D).p, c.t, a->D);
 }
 
 ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
                                       const ag_att_dims *a, bool rec) {
     const bool pt = ag_is_pytorch(ctx), meta = mp_is_meta();
     char label[AG_LABEL_MAX];
-    if (!meta && (q->dtype != AG_F32 || k->dtype != AG_F32 || v->dtype != AG_F32 || ctx->dtype.autocast)) {
-        ag_fail(ctx, AG_ERR_STATE,
-                "attention %s: flash attention over %s tensors is billed in meta mode only; a real run computes "
-                "it in float32 (eager attention computes 16 bits)",
-                s->base, ctx->dtype.autocast ? "autocast" : ag_type_traits_of(q->dtype)->name);
-        return NULL;
-    }
     ag_tensor *qs = sdpa_operand(ctx, s->base, "q_bf16", q), *ks = sdpa_operand(ctx, s->base, "k_bf16", k),
               *vs = sdpa_operand(ctx, s->base, "v_bf16", v);
     // PYTORCH: SDPA's own output [B, Hq, Tq, D] (kept by its node), at its inputs' element size.
@@ -565,8 +601,8 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
     if (o && (lse || !rec) &&
         ag_alloc_exact(ctx, &ws, (size_t)nthreads * ag_flash_rows_floats(a->D) * sizeof(float), MP_ACTIVATION, label) &&
         !meta)
-        flash_forward(a, q->data, k->data, v->data, o->data, strides_of(a, pt), lse ? lse->data : NULL, ws.data,
-                      nthreads);
+        flash_forward(a, ag_buf_of(qs), ag_buf_of(ks), ag_buf_of(vs), ag_buf_of(o), strides_of(a, pt),
+                      lse ? lse->data : NULL, ws.data, nthreads);
     mp_free(&ws);
     // transformers: attn_output.transpose(1, 2).contiguous(), the copy o_proj keeps.
     if (pt && o && ctx->status == AG_OK)
@@ -574,7 +610,7 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
             ag_tensor_new_bits(ctx, 3, (int64_t[]){a->B, a->Tq, (int64_t)a->Hq * a->D}, MP_ACTIVATION, s->out, o->bits);
     else if (o)
         out = ag_retain(o);
-    if (pt && out && !meta) untranspose(out->data, o->data, a);
+    if (pt && out && !meta) untranspose(ag_buf_of(out), ag_buf_of(o), a);
     ag_tensor *ins[] = {q, k, v};
     ag_node *n = out && rec && ctx->status == AG_OK ? ag_record(ctx, &flash_op, s->base, out, 3, ins) : NULL;
     if (n) {

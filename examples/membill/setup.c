@@ -58,10 +58,6 @@ bool cli_check_combinations(const cli_options *o) {
                  "--meta",
                  o->dtype),
             bad = buf;
-    else if (o->cmd & (CLI_TRAIN | CLI_INFER | CLI_COMPARE) && !o->meta && o->attention &&
-             !strcmp(o->attention, "flash") && (!is_f32(o->dtype) || !is_f32(o->weight_dtype)))
-        bad = "--attention flash over 16-bit tensors is billed with --meta only: a real run computes 16 bits with "
-              "--attention eager";
     else if (o->dtype && !strcmp(o->dtype, "autocast-bf16") && o->framework && !strcmp(o->framework, "lean"))
         bad = "--dtype autocast-bf16 is torch.autocast's semantics: it needs --framework pytorch or pytorch-1.13";
     else if (o->attention && !strcmp(o->attention, "flash") && o->framework && !strcmp(o->framework, "pytorch-1.13"))

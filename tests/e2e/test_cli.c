@@ -601,14 +601,12 @@ static void test_plan_infer(void **state) {
     json_decref(root);
 }
 
-// Real runs compute every dtype but fp16 training (loss scaling) and flash attention over 16 bits;
-// those are bills of meta mode, refused in one line.
+// Real runs compute every dtype but fp16 training (loss scaling): that one is a bill of meta
+// mode, refused in one line.
 static void test_dtype_real_or_meta(void **state) {
     (void)state;
     expect_failure("train --dtype fp16", 2, "--dtype fp16 trains in float16, which needs loss scaling");
     expect_failure("train --dtype fp16-mixed", 2, "it needs --meta");
-    expect_failure("train --dtype bf16 --attention flash", 2, "--attention flash over 16-bit tensors");
-    expect_failure("infer --weight-dtype int4 --attention flash", 2, "--attention eager");
     expect_failure("train --meta --dtype bf17", 2, "bf17");
     expect_failure("plan --dtype e4m3", 2, "--dtype");
     expect_failure("plan --weight-dtype int4", 2, "--infer");
@@ -840,6 +838,10 @@ static void test_meta_equals_real_dtypes(void **state) {
         "train --dtype bf16-mixed --framework pytorch --steps 2",
         "train --dtype bf16-mixed-fp32-grads --framework lean --adam-impl foreach",
         "train --dtype autocast-bf16 --framework pytorch --checkpointing",
+        "train --dtype bf16 --attention flash --framework lean",
+        "train --dtype bf16-mixed --attention flash --framework pytorch",
+        "train --dtype autocast-bf16 --attention flash",
+        "infer --dtype bf16 --attention flash --new-tokens 4",
         "infer --dtype bf16 --new-tokens 4",
         "infer --dtype fp16 --new-tokens 4 --framework lean",
         "infer --weight-dtype int8 --new-tokens 4",

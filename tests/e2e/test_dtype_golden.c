@@ -125,6 +125,7 @@ typedef struct {
     bool master;    // bf16-mixed: a float32 master copy and float32 Adam state
     int state_bits; // Adam's moments
     ag_framework fw;
+    ag_attention_kind att;
 } setting;
 
 typedef struct {
@@ -140,6 +141,7 @@ static void run_open(run *r, const char *folder, const setting *s, bool meta) {
     r->ctx = ag_ctx_new();
     assert_non_null(r->ctx);
     ag_ctx_set_framework(r->ctx, s->fw);
+    ag_ctx_set_attention(r->ctx, s->att);
     if (!ag_ctx_set_precision(r->ctx, &s->prec)) fail_msg("%s", ag_ctx_error(r->ctx));
     char path[4096];
     llama_config cfg;
@@ -225,24 +227,28 @@ static const ag_precision BF16 = {.act_bits = 16, .weight_bits = 16, .grad_bits 
 static void test_bf16_grads(void **state) {
     (void)state;
     for (ag_framework fw = AG_FRAMEWORK_LEAN; fw <= AG_FRAMEWORK_PYTORCH_113; fw++)
-        train_checked(&(setting){BF16, false, 16, fw}, 0, "bf16");
+        train_checked(&(setting){BF16, false, 16, fw, AG_ATTENTION_EAGER}, 0, "bf16");
+    // Flash attention: the same math, its tiles read and written in 16 bits (dQ summed in float32).
+    train_checked(&(setting){BF16, false, 16, AG_FRAMEWORK_LEAN, AG_ATTENTION_FLASH}, 0, "bf16");
+    train_checked(&(setting){BF16, false, 16, AG_FRAMEWORK_PYTORCH, AG_ATTENTION_FLASH}, 0, "bf16");
 }
 
 static void test_bf16_adam(void **state) {
     (void)state;
-    train_checked(&(setting){BF16, false, 16, AG_FRAMEWORK_PYTORCH}, 2, "bf16");
+    train_checked(&(setting){BF16, false, 16, AG_FRAMEWORK_PYTORCH, AG_ATTENTION_EAGER}, 2, "bf16");
 }
 
 static void test_bf16_mixed_adam(void **state) {
     (void)state;
-    train_checked(&(setting){BF16, true, 32, AG_FRAMEWORK_PYTORCH}, 2, "mixed");
+    train_checked(&(setting){BF16, true, 32, AG_FRAMEWORK_PYTORCH, AG_ATTENTION_FLASH}, 2, "mixed");
 }
 
 static void test_autocast_grads(void **state) {
     (void)state;
     ag_precision p = ag_precision_f32();
     p.autocast = true;
-    train_checked(&(setting){p, false, 32, AG_FRAMEWORK_PYTORCH}, 0, "autocast");
+    train_checked(&(setting){p, false, 32, AG_FRAMEWORK_PYTORCH, AG_ATTENTION_EAGER}, 0, "autocast");
+    train_checked(&(setting){p, false, 32, AG_FRAMEWORK_PYTORCH, AG_ATTENTION_FLASH}, 0, "autocast");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -255,7 +261,7 @@ static void logits_checked(const ag_precision *p, const char *key, double tol, w
         uint64_t peaks[2][MP_NCATEGORIES];
         for (int meta = 0; meta < 2; meta++) {
             run r;
-            run_open(&r, folders[f], &(setting){*p, false, 32, AG_FRAMEWORK_PYTORCH}, meta);
+            run_open(&r, folders[f], &(setting){*p, false, 32, AG_FRAMEWORK_PYTORCH, AG_ATTENTION_EAGER}, meta);
             ag_set_grad_enabled(r.ctx, false);
             ag_err err = {{0}};
             ag_tensor *logits = llama_forward_logits(r.ctx, r.m, r.ids, B, T, &err);
