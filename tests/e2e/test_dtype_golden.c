@@ -17,9 +17,7 @@
 #include "model.h"
 #include "optim.h"
 
-#ifndef MEMBILL_GOLDEN_DIR
-#error "MEMBILL_GOLDEN_DIR must name the tests/golden folder"
-#endif
+#include "golden_util.h"
 
 #define B 2
 #define T 7
@@ -47,50 +45,12 @@ static const char *const worst_names[W_N] = {"loss (relative)", "grad (x max|gol
                                              "bf16 logits",     "int8 logits",          "int4 logits"};
 static double worst[W_N];
 
-static void golden_path(char *out, size_t len, const char *folder, const char *file) {
-    int k = snprintf(out, len, "%s/%s/%s", MEMBILL_GOLDEN_DIR, folder, file);
-    assert_true(k > 0 && (size_t)k < len);
-}
-
-static llama_st_file *open_st(const char *folder, const char *file) {
-    char path[4096];
-    golden_path(path, sizeof path, folder, file);
-    llama_st_file *f = NULL;
-    ag_err err = {{0}};
-    if (llama_st_open(&f, path, &err) != 0) fail_msg("%s", err.msg);
-    return f;
-}
-
-static float *golden_f32(const llama_st_file *g, const char *key, size_t *n) {
-    const llama_st_tensor *t = llama_st_find(g, key);
-    if (!t) fail_msg("%s lacks %s", llama_st_path(g), key);
-    float *v = malloc(t->numel * sizeof(float));
-    assert_non_null(v);
-    ag_err err = {{0}};
-    if (llama_st_read_f32(g, t, v, t->numel, &err) != 0) fail_msg("%s", err.msg);
-    *n = t->numel;
-    return v;
-}
+static llama_st_file *open_st(const char *folder, const char *file) { return golden_open_file(folder, file); }
 
 static void golden_ids(const char *folder, int32_t ids[B * T]) {
     llama_st_file *g = open_st(folder, "golden.safetensors");
-    const llama_st_tensor *t = llama_st_find(g, "input_ids");
-    assert_non_null(t);
-    int64_t v[B * T];
-    ag_err err = {{0}};
-    if (llama_st_read_i64(g, t, v, B * T, &err) != 0) fail_msg("%s", err.msg);
-    for (int i = 0; i < B * T; i++) ids[i] = (int32_t)v[i];
+    golden_ids_of(g, ids, B, T);
     llama_st_close(g);
-}
-
-static double scaled_diff(const float *got, const float *want, size_t n) {
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)want[i]);
-        if (!(d <= diff)) diff = d; // NaN wins
-        if (fabs((double)want[i]) > scale) scale = fabs((double)want[i]);
-    }
-    return scale > 0 ? diff / scale : diff;
 }
 
 static void check_tensor(const ag_tensor *t, const llama_st_file *g, const char *key, double tol, worst_kind k) {

@@ -15,9 +15,7 @@
 #include "model.h"
 #include "optim.h"
 
-#ifndef MEMBILL_GOLDEN_DIR
-#error "MEMBILL_GOLDEN_DIR must name the tests/golden folder"
-#endif
+#include "golden_util.h"
 
 // A tensor compares as max|got - want| <= TOL x max|want|. The reference measured float32
 // noise at 1.5e-6 of max|grad|; typical bugs move gradients by 0.3 to 2 (README.md). Adam
@@ -45,33 +43,9 @@ static void note(worst_kind k, double v) {
 // ---------------------------------------------------------------------------------------------
 // Reading the golden files
 
-static void golden_path(char *out, size_t len, const char *folder, const char *file) {
-    int k = snprintf(out, len, "%s/%s/%s", MEMBILL_GOLDEN_DIR, folder, file);
-    assert_true(k > 0 && (size_t)k < len);
-}
-
-static llama_st_file *golden_open(const char *folder) {
-    char path[4096];
-    golden_path(path, sizeof path, folder, "golden.safetensors");
-    llama_st_file *f = NULL;
-    ag_err err = {{0}};
-    if (llama_st_open(&f, path, &err) != 0) fail_msg("%s", err.msg);
-    return f;
-}
+static llama_st_file *golden_open(const char *folder) { return golden_open_file(folder, "golden.safetensors"); }
 
 static bool golden_has(const llama_st_file *g, const char *key) { return llama_st_find(g, key) != NULL; }
-
-// The tensor `key` as float32 (malloc'd); fails the test if absent.
-static float *golden_f32(const llama_st_file *g, const char *key, size_t *n) {
-    const llama_st_tensor *t = llama_st_find(g, key);
-    if (!t) fail_msg("golden file %s lacks %s", llama_st_path(g), key);
-    float *v = malloc(t->numel ? t->numel * sizeof(float) : 1);
-    assert_non_null(v);
-    ag_err err = {{0}};
-    if (llama_st_read_f32(g, t, v, t->numel, &err) != 0) fail_msg("%s", err.msg);
-    *n = t->numel;
-    return v;
-}
 
 static float golden_scalar(const llama_st_file *g, const char *key, size_t i) {
     size_t n;
@@ -82,21 +56,7 @@ static float golden_scalar(const llama_st_file *g, const char *key, size_t i) {
     return x;
 }
 
-// input_ids: I64 [2, 7] into int32.
-static void golden_ids(const llama_st_file *g, int32_t ids[B * T]) {
-    const llama_st_tensor *t = llama_st_find(g, "input_ids");
-    assert_non_null(t);
-    assert_int_equal(t->ndim, 2);
-    assert_int_equal(t->shape[0], B);
-    assert_int_equal(t->shape[1], T);
-    int64_t v[B * T];
-    ag_err err = {{0}};
-    if (llama_st_read_i64(g, t, v, B * T, &err) != 0) fail_msg("%s", err.msg);
-    for (int i = 0; i < B * T; i++) {
-        assert_true(v[i] >= 0 && v[i] <= INT32_MAX);
-        ids[i] = (int32_t)v[i];
-    }
-}
+static void golden_ids(const llama_st_file *g, int32_t ids[B * T]) { golden_ids_of(g, ids, B, T); }
 
 static size_t golden_count_prefix(const llama_st_file *g, const char *prefix) {
     size_t n = 0;
@@ -107,17 +67,6 @@ static size_t golden_count_prefix(const llama_st_file *g, const char *prefix) {
 
 // ---------------------------------------------------------------------------------------------
 // Comparing
-
-// max|got - want| / max|want| (or the absolute difference when want is all zeros).
-static double scaled_diff(const float *got, const float *want, size_t n) {
-    double diff = 0, scale = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - (double)want[i]);
-        if (!(d <= diff)) diff = d; // NaN wins
-        if (fabs((double)want[i]) > scale) scale = fabs((double)want[i]);
-    }
-    return scale > 0 ? diff / scale : diff;
-}
 
 static void check_loss(float got, float want, worst_kind k, const char *what) {
     double rel = fabs((double)got - (double)want) / fabs((double)want);
