@@ -245,6 +245,16 @@ int cli_model_build_lora(ag_ctx *ctx, const llama_config *cfg, const cli_dtype *
 int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err);
 void cli_train_free(train_run *r);
 int cli_train_run(train_run *r, ag_err *err);
+// One step of r (step s): zero_grad, forward, backward, the optimizer, timed and recorded, with
+// hooks around them (NULL: none), as a sharded run adds them.
+typedef struct {
+    void (*zero_grad)(void *user);                                       // instead of optim_zero_grad
+    bool (*on_part)(void *user, int64_t part, bool before, ag_err *err); // llama_forward_opts.on_part
+    int (*after_backward)(void *user, ag_err *err);
+    int (*after_step)(void *user, ag_err *err);
+    void *user;
+} cli_step_hooks;
+int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s, const cli_step_hooks *h, ag_err *err);
 
 // What the timeline says of one step (train.c): its total peak and the moment of it, and per
 // phase the peak and what each category held at the phase's end.

@@ -57,21 +57,24 @@ void cli_train_free(train_run *r) {
 
 // One step: forward, backward, optimizer; the gradients are set to none afterwards, as
 // optimizer.zero_grad(set_to_none=True) would at the start of the next step.
-static int run_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s, ag_err *err) {
+int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s, const cli_step_hooks *h,
+                   ag_err *err) {
+    static const cli_step_hooks none = {0};
+    if (!h) h = &none;
     step_record *rec = &r->steps[s];
     double t0 = now_s();
     if (r->framework != AG_FRAMEWORK_LEAN) { // the Trainer's loop: zero_grad(set_to_none=True) first
         rec->zero_grad = true;
         rec->zero_grad_events[0] = mp_timeline_count();
         mp_set_phase(MP_PHASE_ZERO_GRAD);
-        optim_zero_grad(opt);
+        h->zero_grad ? h->zero_grad(h->user) : optim_zero_grad(opt);
         rec->zero_grad_events[1] = mp_timeline_count();
         rec->zero_grad_s = now_s() - t0;
     }
     rec->events[0] = mp_timeline_count();
     cli_progress("step %ld/%ld: forward", s + 1, r->nsteps);
     mp_set_phase(MP_PHASE_FORWARD);
-    llama_forward_opts fo = {.checkpointing = r->checkpointing};
+    llama_forward_opts fo = {.checkpointing = r->checkpointing, .on_part = h->on_part, .user = h->user};
     ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, r->ids, r->batch, r->seq_len, err);
     if (!loss) return -1;
     float lv = NAN;
@@ -90,6 +93,7 @@ static int run_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long 
         ag_err_set(err, "backward: %s", ag_ctx_error(ctx));
         return -1;
     }
+    if (h->after_backward && h->after_backward(h->user, err) != 0) return -1;
     if (r->dump_grads && r->save && s == r->nsteps - 1 && r->save(r->save_arg, m, true, err) != 0) return -1;
     double t2 = now_s();
     rec->backward_s = t2 - t1;
@@ -97,8 +101,8 @@ static int run_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long 
     rec->phases_done = 2;
     cli_progress("step %ld/%ld: optimizer", s + 1, r->nsteps);
     mp_set_phase(MP_PHASE_OPTIMIZER);
-    if (optim_step(opt, err) != 0) return -1;
-    if (r->framework == AG_FRAMEWORK_LEAN) optim_zero_grad(opt);
+    if (optim_step(opt, err) != 0 || (h->after_step && h->after_step(h->user, err) != 0)) return -1;
+    if (r->framework == AG_FRAMEWORK_LEAN) h->zero_grad ? h->zero_grad(h->user) : optim_zero_grad(opt);
     double t3 = now_s();
     rec->optimizer_s = t3 - t2;
     rec->step_s = t3 - t0;
@@ -149,7 +153,7 @@ int cli_train_run(train_run *r, ag_err *err) {
     opt = optim_new(&oc, m->trainable, m->ntrainable, err); // a frozen base gets no state
     if (!opt) goto done;
     for (long s = 0; s < r->nsteps; s++)
-        if (run_step(r, ctx, m, opt, s, err) != 0) goto done;
+        if (cli_train_step(r, ctx, m, opt, s, NULL, err) != 0) goto done;
     if (r->save_weights && r->save && r->save(r->save_arg, m, false, err) != 0) goto done;
     if (r->save_adapter && r->save_adapter(r->save_arg, m, err) != 0) goto done;
     rc = 0;

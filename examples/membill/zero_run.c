@@ -8,13 +8,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 // The model's modules as ZeRO-3 gathers them: the embedding, each block, the final norm with the
 // head (a tied head is the embedding again).
@@ -79,56 +72,17 @@ static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, dist_
     return rc;
 }
 
-// One step as train_run.c's, with ZeRO's hooks: zero_grad on the shards too, the part hook in
-// forward, the buckets' last reductions after backward, the weights gathered after the update.
+// ZeRO's hooks in train_run.c's step: zero_grad on the shards too, the part hook in forward, the
+// buckets' last reductions after backward, the weights gathered after the update.
+static void zero_grad_hook(void *u) { dist_zero_zero_grad(u); }
+static int after_backward_hook(void *u, ag_err *err) { return dist_zero_after_backward(u, err); }
+static int after_step_hook(void *u, ag_err *err) { return dist_zero_after_step(u, err); }
+
 static int zero_step(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model *m, dist_zero *z, optim *opt, long s,
                      ag_err *err) {
-    step_record *rec = &r->steps[s];
-    double t0 = now_s(), c0 = dist_comm_seconds(zc->comm);
-    if (r->framework != AG_FRAMEWORK_LEAN) {
-        rec->zero_grad = true;
-        rec->zero_grad_events[0] = mp_timeline_count();
-        mp_set_phase(MP_PHASE_ZERO_GRAD);
-        dist_zero_zero_grad(z);
-        rec->zero_grad_events[1] = mp_timeline_count();
-        rec->zero_grad_s = now_s() - t0;
-    }
-    rec->events[0] = mp_timeline_count();
-    cli_progress("step %ld/%ld: forward", s + 1, r->nsteps);
-    mp_set_phase(MP_PHASE_FORWARD);
-    llama_forward_opts fo = {.checkpointing = r->checkpointing, .on_part = dist_zero_on_part, .user = z};
-    ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, r->ids, r->batch, r->seq_len, err);
-    if (!loss) return -1;
-    float lv = NAN;
-    if (loss->data) ag_tensor_row_f32(loss, 0, &lv);
-    rec->loss = lv;
-    cli_saved_by_role(ctx, rec->saved_by_role); // plain malloc: it moves "other" only
-    double t1 = now_s();
-    rec->forward_s = t1 - t0;
-    rec->events[1] = mp_timeline_count();
-    rec->phases_done = 1;
-    cli_progress("step %ld/%ld: backward", s + 1, r->nsteps);
-    mp_set_phase(MP_PHASE_BACKWARD);
-    ag_status st = ag_backward(ctx, loss);
-    ag_release(loss);
-    if (st != AG_OK) {
-        ag_err_set(err, "backward: %s", ag_ctx_error(ctx));
-        return -1;
-    }
-    if (dist_zero_after_backward(z, err) != 0) return -1;
-    double t2 = now_s();
-    rec->backward_s = t2 - t1;
-    rec->events[2] = mp_timeline_count();
-    rec->phases_done = 2;
-    cli_progress("step %ld/%ld: optimizer", s + 1, r->nsteps);
-    mp_set_phase(MP_PHASE_OPTIMIZER);
-    if (optim_step(opt, err) != 0 || dist_zero_after_step(z, err) != 0) return -1;
-    if (r->framework == AG_FRAMEWORK_LEAN) dist_zero_zero_grad(z);
-    double t3 = now_s();
-    rec->optimizer_s = t3 - t2;
-    rec->step_s = t3 - t0;
-    rec->events[3] = mp_timeline_count();
-    rec->phases_done = 3;
+    double c0 = dist_comm_seconds(zc->comm);
+    const cli_step_hooks h = {zero_grad_hook, dist_zero_on_part, after_backward_hook, after_step_hook, z};
+    if (cli_train_step(r, ctx, m, opt, s, &h, err) != 0) return -1;
     if (zc->comm_s) zc->comm_s[s] = dist_comm_seconds(zc->comm) - c0;
     return 0;
 }
