@@ -188,8 +188,23 @@ void ag_vec_add(ag_buf dst, ag_buf a, ag_buf b, int64_t n);
 void ag_vec_mul_into(ag_buf dst, bool fresh, ag_buf a, ag_buf b, int64_t n);
 void ag_vec_acc(ag_buf dst, bool fresh, ag_buf src, int64_t n);
 
+// Row r of a Q8 block with row scales (LLM.int8's layout: absmax per group after the values).
+void ag_q8_rows_row_f32(const void *block, int64_t rows, int64_t cols, int64_t group, int64_t r, float *out);
 // tensor_dtype.c: the dtype of a float element size (16: float16 when fp16, else bfloat16; 8: int8; 4: int4).
 ag_dtype ag_dtype_of_bits(int bits, bool fp16);
+
+// qlinear.c: a linear over a frozen quantised weight (QLoRA's base), the weight dequantised in the
+// compute dtype (y's in forward, dy's in backward). Under PYTORCH semantics the whole weight is
+// dequantised into one temporary (site "<base>:dequantized"), as bitsandbytes' MatMul4Bit does
+// (dequantize_4bit(W).to(x.dtype), in forward and again in backward); under LEAN, 64 rows at a
+// time in a kernel's workspace. Meta mode bills the same and computes nothing.
+// y = x · wᵀ (+ b): NF4 weights (Q8 and Q4 forwards stay op_linear.c's).
+bool ag_qlinear_forward(ag_ctx *ctx, const char *base, ag_tensor *y, const ag_tensor *x, const ag_tensor *w,
+                        const ag_tensor *b);
+// The backward of a linear node whose saved w is quantised: dx (+)= dy · w and the bias's sum;
+// a quantised weight that wants a gradient sets the context's error.
+void ag_qlinear_backward(ag_ctx *ctx, ag_node *n, ag_buf dy);
+static inline bool ag_is_quantised(const ag_tensor *t) { return t && ag_type_traits_of(t->dtype)->quantised; }
 
 // pool.c
 void ag_pool_set_threads(int n);

@@ -42,3 +42,17 @@ bool ag_nf4_quantize(const float *x, int64_t n, uint8_t *packed, uint8_t *qabsma
 // The float32 values back: out[n].
 void ag_nf4_dequantize(const uint8_t *packed, const uint8_t *qabsmax, const float *absmax2, float offset, int64_t n,
                        float *out);
+
+// An NF4 tensor's data (AG_NF4): one block of ag_nf4_layout_of(n).total bytes, its float32 parts
+// first so that each is aligned: absmax2[blocks2], offset, code[16], code2[256]; then the packed
+// indices[packed] and the 8-bit absmaxes[blocks]. Pointers into one such block:
+typedef struct {
+    float *absmax2, *offset, *code, *code2;
+    uint8_t *packed, *qabsmax;
+} ag_nf4_parts;
+ag_nf4_parts ag_nf4_parts_of(void *block, uint64_t n);
+// x[n] quantised into the block, the two code tables written beside it. False when out of
+// memory (the block is then zeros: every value dequantises to 0).
+bool ag_nf4_store(void *block, const float *x, int64_t n);
+// Elements [start, start + count) of the block's n as float32 (the tables the block holds).
+void ag_nf4_range_f32(const void *block, int64_t n, int64_t start, int64_t count, float *out);

@@ -45,10 +45,14 @@ size_t ag_escape(char *dst, size_t len, const char *src);
 //     quantize_dynamic stores a Linear weight; the scale lives in the tensor, not in its data.
 //   AG_Q4: int4 in [-8, 7] packed two a byte (element 2i in the low nibble), then one float16
 //     scale per `group` elements of a row (the last dimension), in the same block.
-typedef enum { AG_F32, AG_BF16, AG_F16, AG_Q8, AG_Q4, AG_NDTYPES } ag_dtype;
+//   AG_Q8 with a group (q_group > 0): LLM.int8's layout, one float32 absmax per `group` elements
+//     of a row after the int8 values (bitsandbytes' SCB: w = q x absmax / 127).
+//   AG_NF4: bitsandbytes' NF4 with double quantisation, its whole QuantState in the block
+//     (ag_nf4.h's ag_nf4_parts).
+typedef enum { AG_F32, AG_BF16, AG_F16, AG_Q8, AG_Q4, AG_NF4, AG_NDTYPES } ag_dtype;
 
 typedef struct {
-    const char *name; // "float32", "bfloat16", "float16", "int8", "int4"
+    const char *name; // "float32", "bfloat16", "float16", "int8", "int4", "nf4"
     int bits;         // of one element (scales not counted)
     bool quantised;   // integers with scales: no row conversions below (see the kernels)
     // n elements of a row to float32 and back (round to nearest even); NULL for quantised types.
@@ -85,7 +89,7 @@ struct ag_tensor {
     int bits;           // the element size of its dtype (ag_type_traits_of(dtype)->bits)
     ag_dtype dtype;     // what data holds
     float q_scale;      // AG_Q8: the per-tensor scale
-    int64_t q_group;    // AG_Q4: elements of a row sharing one scale
+    int64_t q_group;    // AG_Q4 (and AG_Q8 with row scales): elements of a row sharing one scale
     int tape_nodes;     // leaves: nodes on the tape with an edge to it
     mp_block grad_wait; // leaves, PYTORCH semantics: a gradient waiting for the others to be summed
     mp_block grad_new;  // ... and the one just written, summed with it after its node's backward
@@ -216,8 +220,9 @@ uint64_t ag_nf4_bytes(uint64_t n);
 // Every size float32 (the default of a new context).
 ag_precision ag_precision_f32(void);
 // False with the context's error set for sizes not listed above. Applies to allocations made
-// afterwards. Real runs compute every setting; gradients through quantised weights are inference
-// only.
+// afterwards. Real runs compute every setting; a quantised weight gets no gradient of its own (a
+// frozen base: the gradient of its input is computed through it, the weight dequantised in the
+// compute dtype).
 bool ag_ctx_set_precision(ag_ctx *ctx, const ag_precision *d);
 ag_precision ag_ctx_precision(const ag_ctx *ctx);
 // The bytes a tensor of this shape, category and label is billed under the context's dtype.

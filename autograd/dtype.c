@@ -1,6 +1,9 @@
 // The element-type table and its row conversions (bfloat16, float16 <-> float32), vectorised
 // with AVX-512 / F16C where the CPU has them, bit-exact with the scalar code below.
 #include <stdint.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <string.h>
 
 #include "ag_kernels.h"
@@ -20,8 +23,10 @@ static int cpu_flag(int *cache, const char *name) {
             *cache = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
         else if (!strcmp(name, "vnni"))
             *cache = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
-        else
-            *cache = __builtin_cpu_supports("f16c");
+        else { // F16C is CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports has no name for it)
+            unsigned a, b, c, d;
+            *cache = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+        }
     }
     return *cache;
 }
@@ -178,6 +183,7 @@ static const ag_type_traits traits[AG_NDTYPES] = {
     [AG_F16] = {"float16", 16, false, f16_to_f32, f16_from_f32},
     [AG_Q8] = {"int8", 8, true, NULL, NULL},
     [AG_Q4] = {"int4", 4, true, NULL, NULL},
+    [AG_NF4] = {"nf4", 4, true, NULL, NULL},
 };
 
 const ag_type_traits *ag_type_traits_of(ag_dtype t) { return (int)t >= 0 && t < AG_NDTYPES ? &traits[t] : NULL; }

@@ -145,3 +145,34 @@ void ag_nf4_dequantize(const uint8_t *packed, const uint8_t *qabsmax, const floa
         }
     }
 }
+
+ag_nf4_parts ag_nf4_parts_of(void *block, uint64_t n) {
+    ag_nf4_layout l = ag_nf4_layout_of(n);
+    float *f = block;
+    ag_nf4_parts p = {.absmax2 = f, .offset = f + l.blocks2, .code = f + l.blocks2 + 1, .code2 = f + l.blocks2 + 17};
+    p.packed = (uint8_t *)(p.code2 + 256);
+    p.qabsmax = p.packed + l.packed;
+    return p;
+}
+
+bool ag_nf4_store(void *block, const float *x, int64_t n) {
+    ag_nf4_parts p = ag_nf4_parts_of(block, (uint64_t)n);
+    memcpy(p.code, ag_nf4_code, sizeof ag_nf4_code);
+    ag_dynamic_map(p.code2);
+    if (ag_nf4_quantize(x, n, p.packed, p.qabsmax, p.absmax2, p.offset)) return true;
+    memset(block, 0, (size_t)ag_nf4_layout_of((uint64_t)n).total);
+    return false;
+}
+
+void ag_nf4_range_f32(const void *block, int64_t n, int64_t start, int64_t count, float *out) {
+    ag_nf4_parts p = ag_nf4_parts_of((void *)block, (uint64_t)n);
+    const float off = *p.offset;
+    for (int64_t i = start, e = start + count; i < e;) {
+        const int64_t blk = i / AG_NF4_BLOCK, be = (blk + 1) * AG_NF4_BLOCK < e ? (blk + 1) * AG_NF4_BLOCK : e;
+        const float am = p.code2[p.qabsmax[blk]] * p.absmax2[blk / AG_NF4_BLOCK2] + off;
+        for (; i < be; i++) {
+            int c = i % 2 == 0 ? p.packed[i / 2] >> 4 : p.packed[i / 2] & 0xF;
+            *out++ = p.code[c] * am;
+        }
+    }
+}

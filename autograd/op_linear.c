@@ -77,6 +77,10 @@ static void linear_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const ag_linear_state *st = &n->state.linear;
     int64_t M = st->rows, in = st->in, out = st->out;
     ag_buf dy = {(void *)dout, n->grad_dtype};
+    if (ag_is_quantised(st->w)) { // a frozen quantised base: dx through its dequantised weight
+        ag_qlinear_backward(ctx, n, dy);
+        return;
+    }
     if (ctx->dtype.autocast && ag_is_pytorch(ctx)) {
         linear_backward_autocast(ctx, n, dy);
         return;
@@ -131,6 +135,10 @@ static bool linear_forward(ag_buf y, ag_buf x, const ag_tensor *w, int64_t M, in
 
 // The forward's product and bias into y (a real run), or the error set.
 static bool linear_compute(ag_ctx *ctx, const ag_site *s, ag_tensor *y, ag_tensor *x, ag_tensor *w, ag_tensor *b) {
+    // A QLoRA base (NF4, or LLM.int8's row scales): dequantised in the compute dtype; bills in meta
+    // mode too.
+    if (w->dtype == AG_NF4 || (w->dtype == AG_Q8 && w->q_group > 0))
+        return ag_qlinear_forward(ctx, s->base, y, x, w, b);
     if (mp_is_meta()) return true;
     int64_t in = w->shape[1], out = w->shape[0], M = x->numel / in;
     if (!linear_forward(ag_buf_of(y), ag_buf_of(x), w, M, out, in))
@@ -209,6 +217,11 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, 
     ag_site s;
     ag_site_parse(&s, site);
     if (!linear_shapes_fit(ctx, &s, x, w, b)) return NULL;
+    if (ag_is_quantised(w) && ag_needs_grad(ctx, w)) {
+        ag_fail(ctx, AG_ERR_ARG, "linear %s: weight %s is %s, which gets no gradient (freeze it: a quantised base)",
+                s.base, ag_tensor_name(w), ag_type_traits_of(w->dtype)->name);
+        return NULL;
+    }
     int64_t in = w->shape[1], out = w->shape[0], M = x->numel / in;
     int64_t shape[AG_MAX_DIMS];
     for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];

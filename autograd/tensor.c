@@ -168,7 +168,8 @@ static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
     t->refcount = 1;
     t->bits = ebits;
     t->dtype = ag_dtype_of_bits(t->bits, ctx->dtype.fp16);
-    if (t->dtype == AG_Q4) t->q_group = ctx->dtype.group;
+    if (t->dtype == AG_Q4 && ctx->dtype.nf4) t->dtype = AG_NF4; // billed at its layout above
+    if (t->dtype == AG_Q4 || t->dtype == AG_Q8) t->q_group = ctx->dtype.group;
     t->site = t->block.site;
     return t;
 }

@@ -27,8 +27,8 @@ static void read_side(side *s, const cli_options *o, const char *title, double y
     fclose(f);
 }
 
-// With --lora: full fine-tune, LoRA, QLoRA (billed in meta mode: a low-bit base is not computed
-// for real yet) and inference; without: training and inference.
+// With --lora: full fine-tune, LoRA, QLoRA (the same adapters on a low-bit base) and inference;
+// without: training and inference.
 #define MAX_SIDES 4
 
 typedef struct {
@@ -41,7 +41,7 @@ typedef struct {
     step_record rec[2];
 } compare_cmd;
 
-static const char *const lora_titles[MAX_SIDES] = {"full fine-tune", "LoRA", "QLoRA (meta)", "inference"};
+static const char *const lora_titles[MAX_SIDES] = {"full fine-tune", "LoRA", "QLoRA", "inference"};
 
 // The next side's profiler: the skeleton started the first and stops the last.
 static int next_profiler(compare_cmd *c, bool meta, ag_err *err) {
@@ -97,16 +97,25 @@ static int run(void *arg, ag_err *err) {
 
 static uint64_t meta_peak(void *arg, ag_err *err) {
     const compare_cmd *c = arg;
-    train_run t = c->tr;
+    const train_run *sides[3] = {&c->tr, &c->lora, &c->qlora};
     step_record rec = {0};
     infer_run g = cli_infer_meta_copy(&c->ir);
-    t.meta = true;
-    t.steps = &rec;
     uint64_t peak = 0;
     mp_options mo = {.meta = true};
-    if (mp_init(&mo) != MP_OK) return 0;
-    if (cli_train_run(&t, err) == 0) peak = mp_peak().total;
-    mp_shutdown();
+    // every training side: the full fine-tune, and with --lora the LoRA and QLoRA runs
+    for (int k = 0; k < (c->nsides == MAX_SIDES ? 3 : 1); k++) {
+        train_run t = *sides[k];
+        t.meta = true;
+        t.steps = &rec;
+        if (mp_init(&mo) != MP_OK) return 0;
+        uint64_t p = cli_train_run(&t, err) == 0 ? mp_peak().total : 0;
+        mp_shutdown();
+        if (!p) {
+            cli_infer_meta_free(&g);
+            return 0;
+        }
+        peak = p > peak ? p : peak;
+    }
     if (peak && mp_init(&mo) == MP_OK) {
         if (cli_infer_run(&g, err) != 0)
             peak = 0;
@@ -147,10 +156,8 @@ static void print_lora_table(FILE *f, const compare_cmd *c) {
             "prompt + %ld new\n",
             c->tr.cfg.name, c->tr.batch, c->tr.seq_len, optim_kind_name(c->tr.ocfg.kind), c->ir.batch, c->ir.seq_len,
             c->ir.new_tokens);
-    fprintf(f,
-            "%s; QLoRA: the same adapters on a %s base, billed in meta mode (a low-bit base is not computed for "
-            "real yet)\n",
-            cli_lora_text(&c->lora.lora, t, sizeof t), c->qlora.lora.base_dtype);
+    fprintf(f, "%s; QLoRA: the same adapters on a %s base\n", cli_lora_text(&c->lora.lora, t, sizeof t),
+            c->qlora.lora.base_dtype);
     cli_lora_params_text(f, &c->lora.cfg, &c->lora.lora);
     fprintf(f, "\n  %-11s", "category");
     for (int k = 0; k < MAX_SIDES; k++) fprintf(f, " %-20s", lora_titles[k]);
@@ -224,8 +231,14 @@ static json_t *compare_json(const void *arg, bool failed) {
     if (c->ir.text.ids) json_object_set_new(root, "prompt_ids", cli_prompt_ids_json(&c->ir.text, c->ir.batch));
     if (failed) return root;
     if (c->nsides == MAX_SIDES) {
-        static const char *const keys[MAX_SIDES] = {"full", "lora", "qlora", "infer"};
-        for (int k = 0; k < MAX_SIDES; k++) json_object_set_new(root, keys[k], side_json(&c->s[k]));
+        // "lora" is the adapters' setting, as train's and plan's reports have it
+        static const char *const keys[MAX_SIDES] = {"full", "lora_train", "qlora_train", "infer"};
+        const train_run *t3[3] = {&c->tr, &c->lora, &c->qlora};
+        for (int k = 0; k < MAX_SIDES; k++) {
+            json_t *sj = side_json(&c->s[k]);
+            if (k < 3 && !t3[k]->meta) json_object_set_new(sj, "step_s", json_real(t3[k]->steps[0].step_s));
+            json_object_set_new(root, keys[k], sj);
+        }
         json_object_set_new(root, "lora", cli_lora_json(&c->lora.cfg, &c->lora.lora));
         return root;
     }
@@ -262,7 +275,7 @@ int cmd_compare(const cli_options *o) {
         c.nsides = 2;
         if (o->lora && (rc = cli_lora_from_options(o, &c.lora.lora, &err)) == 0) {
             c.nsides = MAX_SIDES;
-            c.lora.cfg = c.tr.cfg; // the same run with adapters, then on a quantised base in meta mode
+            c.lora.cfg = c.tr.cfg; // the same run with adapters, then on a quantised base
             memcpy(c.lora.st_path, c.tr.st_path, sizeof c.lora.st_path);
             c.lora.ocfg = c.tr.ocfg;
             c.lora.dtype = c.tr.dtype;
@@ -273,7 +286,6 @@ int cmd_compare(const cli_options *o) {
             c.lora.framework = c.tr.framework, c.lora.attention = c.tr.attention;
             c.qlora = c.lora;
             c.qlora.steps = &c.rec[1];
-            c.qlora.meta = true;
             if (!c.qlora.lora.base_dtype) c.qlora.lora.base_dtype = "nf4";
             c.lora.lora.base_dtype = NULL; // --base-dtype is the QLoRA column's
         }

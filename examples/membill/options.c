@@ -86,11 +86,11 @@ static const opt_spec specs[] = {
      "dropout on each adapter's input (PEFT's lora_dropout), with the mask it keeps for backward"},
     {"--base-dtype", "NAME", T_CHOICE, OFF(base_dtype), TR | CO | PL, NULL, 0, NULL, 0, 0, "nf4|int4|int8",
      "QLoRA: the frozen base's linear weights as bitsandbytes' NF4 (double-quantised absmax, about 4.127 bits), "
-     "int4 (a 2-byte scale per 64) or int8 (a 4-byte scale per row); billed in meta mode (train needs --meta)"},
+     "int4 (a 2-byte scale per 64) or int8 (a 4-byte scale per row, LLM.int8's), dequantised in the compute dtype"},
     {"--adapter", "DIR", T_PATH, OFF(adapter), TR | IN, NULL, 0, NULL, 0, 0, NULL,
      "a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to train on or generate with"},
     {"--lora", NULL, T_FLAG, OFF(lora), CO, NULL, 0, NULL, 0, 0, NULL,
-     "full fine-tune, LoRA, QLoRA (meta) and inference of the same model side by side"},
+     "full fine-tune, LoRA, QLoRA and inference of the same model side by side"},
     {"--no-cache", NULL, T_FLAG, OFF(no_cache), IN | CO, NULL, 0, NULL, 0, 0, NULL,
      "recompute the whole sequence at every decode step instead of keeping a KV cache"},
     {"--meta", NULL, T_FLAG, OFF(meta), RUNS, NULL, 0, NULL, 0, 0, NULL,

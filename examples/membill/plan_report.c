@@ -36,6 +36,19 @@ static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *d, 
                                         "%lluPsi + (%llu + K)Psi/N, K = %llu", "(%llu + %llu + K)Psi/N, K = %llu"};
     snprintf(text, len, forms[s->zero], (unsigned long long)d->weight, (unsigned long long)d->gradient,
              (unsigned long long)d->optimizer);
+    if (s->lora.cfg.rank && !s->infer) { // what trains is the adapters (A parameters); the base is B bytes
+        static const char *const lora_forms[] = {
+            "B + (%llu + %llu + K)A, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes",
+            "B + %lluA + %lluA + KA/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes",
+            "B + %lluA + (%llu + K)A/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes",
+            "(B + (%llu + %llu + K)A)/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes"};
+        llama_lora_closed_form lf;
+        plan_lora_closed_form(s, &lf);
+        w = lf.weights, g = lf.gradients, k = lf.optimizer;
+        snprintf(text, len, lora_forms[s->zero], (unsigned long long)d->weight, (unsigned long long)d->gradient,
+                 (unsigned long long)d->optimizer, (unsigned long long)lf.adapter_params,
+                 (unsigned long long)lf.base_weights);
+    }
     switch (s->zero) {
     case 0: return w + g + k;
     case 1: return w + g + k / N;
@@ -185,7 +198,7 @@ static void text_collectives(FILE *out, const dist_stats *st) {
 static void text_per_gpu(FILE *out, const plan_view *v) {
     const plan_setting *s = v->s;
     const gpu_share *g = v->g;
-    char x[64], y[64], f[160];
+    char x[64], y[64], f[256];
     llama_dtype_bytes d = plan_dtype_bytes(s);
     if (v->b->simulated_rank)
         fprintf(out,
@@ -447,7 +460,7 @@ static json_t *states_json(const plan_view *v) {
     json_object_set_new(o, "total", json_real(P ? (double)states / (double)P : 0));
     json_object_set_new(o, "states_bytes", json_integer((json_int_t)states));
     json_object_set_new(o, "lesson_70b_claim_bytes", json_integer((json_int_t)1120000000000LL));
-    char f[128];
+    char f[256];
     llama_dtype_bytes d = plan_dtype_bytes(v->s);
     json_object_set_new(o, "zero_formula_bytes", json_integer((json_int_t)zero_formula(v->s, &d, P, f, sizeof f)));
     json_object_set_new(o, "zero_formula", json_string(f));

@@ -8,8 +8,7 @@
 
 static bool is_f32(const char *dtype) { return !dtype || strcmp(dtype, "fp32") == 0; }
 
-// The LoRA options: each needs adapters (--lora-rank, an --adapter, compare's --lora); a real run
-// cannot compute a low-bit base yet.
+// The LoRA options: each needs adapters (--lora-rank, an --adapter, compare's --lora).
 static const char *lora_combinations(const cli_options *o, char *buf, size_t len) {
     bool adapters = o->lora_rank > 0 || o->adapter || o->lora;
     const char *const needs[] = {"--lora-alpha", "--lora-targets", "--lora-dropout", "--base-dtype", "--save-adapter"};
@@ -25,13 +24,6 @@ static const char *lora_combinations(const cli_options *o, char *buf, size_t len
         return "--lora-rank in compare sets the LoRA column: add --lora";
     if (o->cmd == CLI_COMPARE && o->lora && cli_given(o, "--lora-rank") && o->lora_rank == 0)
         return "compare --lora needs a rank of 1 or more";
-    if (o->cmd == CLI_TRAIN && o->base_dtype && !o->meta) {
-        snprintf(buf, len,
-                 "--base-dtype %s: real low-bit bases are not computed yet; add --meta to bill it (membill plan plans "
-                 "it)",
-                 o->base_dtype);
-        return buf;
-    }
     if (o->meta && (o->save_adapter || o->adapter))
         return "--meta runs on shapes alone: --adapter and --save-adapter need data";
     if (o->adapter && o->save_adapter && strcmp(o->adapter, o->save_adapter) == 0)

@@ -78,8 +78,8 @@ static uint16_t ref_f16(float f) {
 
 static void test_traits(void **state) {
     (void)state;
-    const char *names[] = {"float32", "bfloat16", "float16", "int8", "int4"};
-    int bits[] = {32, 16, 16, 8, 4};
+    const char *names[] = {"float32", "bfloat16", "float16", "int8", "int4", "nf4"};
+    int bits[] = {32, 16, 16, 8, 4, 4};
     for (int t = 0; t < AG_NDTYPES; t++) {
         const ag_type_traits *tr = ag_type_traits_of((ag_dtype)t);
         assert_non_null(tr);

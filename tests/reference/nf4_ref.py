@@ -56,6 +56,31 @@ def blockwise(a, code, bs):
     return scaled, absmax
 
 
+def quantize(x):
+    """bitsandbytes' quantize_4bit(nf4, compress_statistics=True) of a flat float32 x: the packed
+    indices, the 8-bit absmaxes, their float32 absmaxes and the offset."""
+    code4 = torch.tensor(NF4, dtype=torch.float32)
+    scaled, absmax = blockwise(x, code4, 64)
+    if scaled.numel() % 2:
+        scaled = torch.nn.functional.pad(scaled, (0, 1))
+    q = torch.bucketize(scaled, (code4[:-1] + code4[1:]) / 2).to(torch.uint8)
+    packed = (q[::2] << 4) | q[1::2]
+    offset = absmax.mean()
+    code2 = dynamic_map()
+    s2, absmax2 = blockwise(absmax - offset, code2, 256)
+    qabsmax = torch.bucketize(s2, (code2[:-1] + code2[1:]) / 2).to(torch.uint8)
+    return packed, qabsmax, absmax2, offset
+
+
+def dequantize(packed, qabsmax, absmax2, offset, n):
+    """dequantize_4bit in float32: the absmaxes back (code2[q] x absmax2, + offset), then
+    code4[nibble] x absmax."""
+    code4, code2 = torch.tensor(NF4, dtype=torch.float32), dynamic_map()
+    am = (code2[qabsmax.long()].reshape(-1) * absmax2.repeat_interleave(256)[:qabsmax.numel()]) + offset
+    nib = torch.stack([packed >> 4, packed & 0xF], dim=1).reshape(-1)[:n].long()
+    return code4[nib] * am.repeat_interleave(64)[:n]
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -67,19 +92,10 @@ def main():
     x = torch.randn(N, generator=g) * 0.02
     x[::997] *= 25.0
     code4 = torch.tensor(NF4, dtype=torch.float32)
-    scaled, absmax = blockwise(x, code4, 64)
-    if scaled.numel() % 2:
-        scaled = torch.nn.functional.pad(scaled, (0, 1))
-    q = torch.bucketize(scaled, (code4[:-1] + code4[1:]) / 2).to(torch.uint8)
-    packed = (q[::2] << 4) | q[1::2]
-    offset = absmax.mean()
+    absmax = blockwise(x, code4, 64)[1]
+    packed, qabsmax, absmax2, offset = quantize(x)
     code2 = dynamic_map()
-    s2, absmax2 = blockwise(absmax - offset, code2, 256)
-    qabsmax = torch.bucketize(s2, (code2[:-1] + code2[1:]) / 2).to(torch.uint8)
-    # dequantise: the absmaxes back (code2[q] x absmax2, + offset), then code4[nibble] x absmax
-    am = (code2[qabsmax.long()].reshape(-1) * absmax2.repeat_interleave(256)[:qabsmax.numel()]) + offset
-    nib = torch.stack([packed >> 4, packed & 0xF], dim=1).reshape(-1)[:N].long()
-    deq = code4[nib] * am.repeat_interleave(64)[:N]
+    deq = dequantize(packed, qabsmax, absmax2, offset, N)
     golden = {"x": x, "code2": code2, "packed": packed.long(), "qabsmax": qabsmax.long(),
               "absmax2": absmax2, "offset": offset.reshape(1), "dequantized": deq,
               "code4": code4}

@@ -1,0 +1,169 @@
+// A linear over a frozen quantised weight (QLoRA's base): the weight dequantised in the compute
+// dtype, for y = x · wᵀ in forward and dx = dy · w in backward; no gradient of its own.
+#include <stdlib.h>
+#include <string.h>
+
+#include "ag_internal.h"
+
+enum { TILE = 64 }; // rows of w dequantised at a time under LEAN semantics
+
+// Rows [r0, r0 + n) of w as float32 values of dtype t (rounded once to t): what a dequantisation
+// into a tensor of dtype t holds.
+static void rows_in(const ag_tensor *w, int64_t r0, int64_t n, ag_dtype t, float *dst) {
+    const int64_t in = w->shape[1];
+    const ag_type_traits *tr = ag_type_traits_of(t);
+    for (int64_t r = 0; r < n; r++) {
+        float *row = dst + r * in;
+        ag_tensor_row_f32(w, r0 + r, row);
+        if (t == AG_F32) continue;
+        for (int64_t j0 = 0; j0 < in; j0 += AG_BLK) { // round to t and back, AG_BLK at a time
+            uint16_t h[AG_BLK];
+            int64_t k = in - j0 < AG_BLK ? in - j0 : AG_BLK;
+            tr->from_f32(row + j0, h, k);
+            tr->to_f32(h, row + j0, k);
+        }
+    }
+}
+
+typedef struct {
+    const ag_tensor *w;
+    ag_buf dst; // [out, in] of the compute dtype
+} dequant_args;
+
+static void dequant_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const dequant_args *a = p;
+    const int64_t in = a->w->shape[1];
+    float row[in];
+    for (int64_t r = lo; r < hi; r++) {
+        ag_tensor_row_f32(a->w, r, row);
+        ag_vec_copy(ag_buf_at(a->dst, r * in), ag_buf_f32(row), in);
+    }
+}
+
+// bitsandbytes' dequantize_4bit(W).to(dtype): the whole weight as one temporary of dtype t. In
+// meta mode the block is billed and left empty.
+static bool dequantized_whole(ag_ctx *ctx, const char *base, const ag_tensor *w, ag_dtype t, mp_block *blk) {
+    char l[AG_LABEL_MAX];
+    ag_label(l, base, "dequantized");
+    const size_t bytes = (size_t)w->numel * (t == AG_F32 ? 4 : 2);
+    if (!ag_alloc_exact(ctx, blk, bytes, MP_TEMPORARY, l)) return false;
+    if (blk->data) {
+        int64_t in = w->shape[1];
+        ag_parallel_for(w->shape[0], in > AG_PAR_GRAIN ? 1 : AG_PAR_GRAIN / in + 1, dequant_part,
+                        &(dequant_args){w, (ag_buf){blk->data, t}});
+    }
+    return true;
+}
+
+// The column sums of dy[M, out] into db[out], (+)= as fresh says.
+static void bias_grad(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out) {
+    float acc[out], rb[out];
+    if (fresh)
+        memset(acc, 0, sizeof acc);
+    else
+        memcpy(acc, ag_rd(db, 0, out, rb), sizeof acc);
+    for (int64_t r = 0; r < M; r++) {
+        const float *g = ag_rd(dy, r * out, out, rb);
+        for (int64_t j = 0; j < out; j++) acc[j] += g[j];
+    }
+    ag_vec_copy(db, ag_buf_f32(acc), out);
+}
+
+// y[M, out] = x[M, in] · w[out, in]ᵀ, TILE rows of w at a time, accumulated in float32.
+static bool forward_tiles(ag_buf y, ag_buf x, const ag_tensor *w, int64_t M) {
+    const int64_t out = w->shape[0], in = w->shape[1];
+    float *xf = x.t == AG_F32 ? x.p : malloc((size_t)(M * in) * sizeof(float));
+    float *yf = y.t == AG_F32 ? y.p : malloc((size_t)(M * out) * sizeof(float));
+    float *wt = malloc((size_t)(TILE * in) * sizeof(float));
+    bool ok = xf && yf && wt;
+    if (ok && xf != x.p) ag_type_traits_of(x.t)->to_f32(x.p, xf, M * in);
+    for (int64_t n0 = 0; ok && n0 < out; n0 += TILE) {
+        int64_t nt = out - n0 < TILE ? out - n0 : TILE;
+        rows_in(w, n0, nt, y.t, wt);
+        ag_sgemm(CblasNoTrans, CblasTrans, M, nt, in, 1.0f, xf, in, wt, in, 0.0f, yf + n0, out);
+    }
+    if (ok && yf != y.p) ag_type_traits_of(y.t)->from_f32(yf, y.p, M * out);
+    if (xf != x.p) free(xf);
+    if (yf != y.p) free(yf);
+    free(wt);
+    return ok;
+}
+
+// dx[M, in] (+)= dy[M, out] · w[out, in], TILE rows of w (a slice of the sum) at a time, in a
+// float32 accumulator rounded once into dx.
+static bool dx_tiles(ag_buf dx, bool fresh, ag_buf dy, const ag_tensor *w, int64_t M) {
+    const int64_t out = w->shape[0], in = w->shape[1];
+    float *dyf = dy.t == AG_F32 ? dy.p : malloc((size_t)(M * out) * sizeof(float));
+    float *acc = dx.t == AG_F32 ? dx.p : malloc((size_t)(M * in) * sizeof(float));
+    float *wt = malloc((size_t)(TILE * in) * sizeof(float));
+    bool ok = dyf && acc && wt;
+    if (ok && dyf != dy.p) ag_type_traits_of(dy.t)->to_f32(dy.p, dyf, M * out);
+    if (ok && acc != dx.p && !fresh) ag_type_traits_of(dx.t)->to_f32(dx.p, acc, M * in);
+    for (int64_t n0 = 0; ok && n0 < out; n0 += TILE) {
+        int64_t nt = out - n0 < TILE ? out - n0 : TILE;
+        rows_in(w, n0, nt, dy.t, wt);
+        ag_sgemm(CblasNoTrans, CblasNoTrans, M, in, nt, 1.0f, dyf + n0, out, wt, in, n0 == 0 && fresh ? 0.0f : 1.0f,
+                 acc, in);
+    }
+    if (ok && acc != dx.p) ag_type_traits_of(dx.t)->from_f32(acc, dx.p, M * in);
+    if (dyf != dy.p) free(dyf);
+    if (acc != dx.p) free(acc);
+    free(wt);
+    return ok;
+}
+
+bool ag_qlinear_forward(ag_ctx *ctx, const char *base, ag_tensor *y, const ag_tensor *x, const ag_tensor *w,
+                        const ag_tensor *b) {
+    const int64_t out = w->shape[0], in = w->shape[1], M = x->numel / in;
+    ag_buf yb = ag_buf_of(y), xb = ag_buf_of(x);
+    bool ok = true;
+    if (ag_is_pytorch(ctx)) {
+        mp_block deq = {0};
+        if (!dequantized_whole(ctx, base, w, yb.t, &deq)) return false;
+        if (deq.data)
+            ok = ag_gemm_buf(CblasNoTrans, CblasTrans, M, out, in, 1.0f, xb, in, (ag_buf){deq.data, yb.t}, in, 0.0f, yb,
+                             out);
+        mp_free(&deq);
+    } else if (!mp_is_meta()) {
+        ok = forward_tiles(yb, xb, w, M);
+    }
+    if (ok && b && !mp_is_meta()) { // y[r, :] += b, rounded once
+        float bb[out], row[out];
+        const float *bv = ag_rd(ag_buf_of(b), 0, out, bb);
+        for (int64_t r = 0; r < M; r++) {
+            float *o = ag_rw(yb, r * out, out, row);
+            for (int64_t j = 0; j < out; j++) o[j] += bv[j];
+            ag_wr_end(yb, r * out, out, o);
+        }
+    }
+    return ok || ag_fail(ctx, AG_ERR_NOMEM, "linear %s: out of memory dequantising %s", base, ag_tensor_name(w));
+}
+
+void ag_qlinear_backward(ag_ctx *ctx, ag_node *n, ag_buf dy) {
+    const ag_linear_state *st = &n->state.linear;
+    const char *base = mp_site_name(n->site);
+    if (ag_wants_grad(n, 1)) {
+        ag_fail(ctx, AG_ERR_ARG, "linear %s: %s is %s, which gets no gradient (freeze it: a quantised base)", base,
+                ag_tensor_name(st->w), ag_type_traits_of(st->w->dtype)->name);
+        return;
+    }
+    ag_grad_dst d[3];
+    if (!ag_grad_get_all(ctx, n, d)) return;
+    const int64_t M = st->rows, out = st->out, in = st->in;
+    if (st->bias && d[2].needed && !mp_is_meta()) bias_grad(ag_dst_buf(&d[2]), d[2].fresh, dy, M, out);
+    if (!d[0].needed) return;
+    bool ok = true;
+    if (ag_is_pytorch(ctx)) { // grad_A = dy · dequantize_4bit(W).to(dy.dtype)
+        mp_block deq = {0};
+        if (!dequantized_whole(ctx, base, st->w, dy.t, &deq)) return;
+        if (deq.data)
+            ok = ag_gemm_buf(CblasNoTrans, CblasNoTrans, M, in, out, 1.0f, dy, out, (ag_buf){deq.data, dy.t}, in,
+                             d[0].fresh ? 0.0f : 1.0f, ag_dst_buf(&d[0]), in);
+        mp_free(&deq);
+    } else if (!mp_is_meta()) {
+        ok = dx_tiles(ag_dst_buf(&d[0]), d[0].fresh, dy, st->w, M);
+    }
+    if (!ok)
+        ag_fail(ctx, AG_ERR_NOMEM, "linear %s backward: out of memory dequantising %s", base, ag_tensor_name(st->w));
+}
