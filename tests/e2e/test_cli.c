@@ -826,9 +826,29 @@ static void test_meta_equals_real_360m(void **state) {
     json_decref(meta);
 }
 
-// Every dtype setting a real run computes bills what its meta run bills, category by category
-// and allocation by allocation: training on the tiny model under each framework, generation with
-// the cache, and SmolLM2-135M's bf16-mixed step.
+// A real run and its meta run, category by category and allocation by allocation.
+static void assert_meta_equals_real(const char *args) {
+    const char *cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary"};
+    char a[1100];
+    snprintf(a, sizeof a, "%s", args);
+    json_t *real = cli_run_json(a);
+    strcat(a, " --meta");
+    json_t *meta = cli_run_json(a);
+    for (int i = 0; i < 6; i++) {
+        json_t *rc = json_object_get(json_object_get(real, "categories"), cats[i]);
+        json_t *mc = json_object_get(json_object_get(meta, "categories"), cats[i]);
+        if (json_integer_value(json_object_get(rc, "peak_bytes")) !=
+                json_integer_value(json_object_get(mc, "peak_bytes")) ||
+            json_integer_value(json_object_get(rc, "allocations")) !=
+                json_integer_value(json_object_get(mc, "allocations")))
+            fail_msg("%s: %s differs between the real run and meta mode", args, cats[i]);
+    }
+    json_decref(real);
+    json_decref(meta);
+}
+
+// Every dtype setting a real run computes bills what its meta run bills: training on the tiny
+// model under each framework and attention, generation with the cache.
 static void test_meta_equals_real_dtypes(void **state) {
     (void)state;
     static const char *const settings[] = {
@@ -848,30 +868,20 @@ static void test_meta_equals_real_dtypes(void **state) {
         "infer --weight-dtype int4 --group-size 16 --new-tokens 4",
         "infer --dtype bf16 --weight-dtype int4 --new-tokens 4 --framework lean",
     };
-    const char *cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary"};
     char a[1024];
-    for (size_t k = 0; k <= sizeof settings / sizeof settings[0]; k++) {
-        const char *set = k < sizeof settings / sizeof settings[0] ? settings[k] : NULL;
-        if (set)
-            snprintf(a, sizeof a, "%s --config %s/tiny_tied/config.json", set, MEMBILL_GOLDEN_DIR);
-        else
-            snprintf(a, sizeof a, "train --dtype bf16-mixed --seq-len 25");
-        json_t *real = cli_run_json(a);
-        strcat(a, " --meta");
-        json_t *meta = cli_run_json(a);
-        for (int i = 0; i < 6; i++) {
-            json_t *rc = json_object_get(json_object_get(real, "categories"), cats[i]);
-            json_t *mc = json_object_get(json_object_get(meta, "categories"), cats[i]);
-            if (json_integer_value(json_object_get(rc, "peak_bytes")) !=
-                    json_integer_value(json_object_get(mc, "peak_bytes")) ||
-                json_integer_value(json_object_get(rc, "allocations")) !=
-                    json_integer_value(json_object_get(mc, "allocations")))
-                fail_msg("%s: %s differs between the real run and meta mode", a, cats[i]);
-        }
-        if (!set) assert_int_equal(cat_peak(real, "weight"), 134515008LL * 2);
-        json_decref(real);
-        json_decref(meta);
+    for (size_t k = 0; k < sizeof settings / sizeof settings[0]; k++) {
+        snprintf(a, sizeof a, "%s --config %s/tiny_tied/config.json", settings[k], MEMBILL_GOLDEN_DIR);
+        assert_meta_equals_real(a);
     }
+}
+
+// SmolLM2-135M's bf16-mixed step: the same, and its weights at 2 bytes a parameter.
+static void test_meta_equals_real_dtypes_smollm2(void **state) {
+    (void)state;
+    assert_meta_equals_real("train --dtype bf16-mixed --seq-len 25");
+    json_t *real = cli_run_json("train --dtype bf16-mixed --seq-len 25");
+    assert_int_equal(cat_peak(real, "weight"), 134515008LL * 2);
+    json_decref(real);
 }
 
 // The whole check, speed claims included (real runs of SmolLM2-135M).
@@ -901,12 +911,13 @@ int main(void) {
         cmocka_unit_test(test_infer_cache_bill),
         cmocka_unit_test(test_compare),
         cmocka_unit_test(test_adam_impl),
-        cmocka_unit_test(test_check_memory_claims),
     };
     const struct CMUnitTest heavy[] = {
         cmocka_unit_test(test_smollm2_training_step_bill),
         cmocka_unit_test(test_meta_equals_real_360m),
+        cmocka_unit_test(test_check_memory_claims),
         cmocka_unit_test(test_check_all_claims),
+        cmocka_unit_test(test_meta_equals_real_dtypes_smollm2),
     };
     int only_heavy = getenv("MEMBILL_HEAVY") != NULL;
     return only_heavy ? cmocka_run_group_tests_name("smollm2", heavy, cli_run_make_dir, cli_run_remove_dir)
