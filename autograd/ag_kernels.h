@@ -78,15 +78,15 @@ void *ag_kernel_ws(size_t bytes);
 // ---- int8 dynamic linear (torch.ao.quantization.quantize_dynamic's nn.quantized.dynamic.Linear) ----
 //
 // Weight: per-tensor symmetric qint8, as MinMaxObserver(qint8, per_tensor_symmetric) observes:
-// scale = max(max|w|, 0) / 127.5 in float32, at least float32's epsilon; q = clamp(round-half-even
+// scale = max|w| / 127.5 in float32, at least float32's epsilon; q = clamp(round-half-even
 // (w * (1 / scale)), -128, 127), zero point 0. w is [N, K] (out, in).
 void ag_q8_quantize_weight(const float *w, int64_t N, int64_t K, int8_t *q, float *scale);
 // y[M, N] = dequant(quant(x[M, K]) · wq[N, K]ᵀ) + bias (NULL: none). x is quantised per call to
 // quint8 with PyTorch's ChooseQuantizationParams over [min(x, 0), max(x, 0)] and reduce_range
 // (levels 0..127, as nn.quantized.dynamic.Linear asks on x86); products accumulate in int32
 // exactly, then y = (acc - zp Σ_k wq) (x_scale w_scale) + bias in float32.
-// Workspace: M K bytes (quantised x) and N int32 (the weight's row sums), malloc'd per call.
-// Returns false (nothing written) when that workspace cannot be had.
+// Workspace: M K bytes (the quantised x), malloc'd per call; returns false (nothing written) when
+// it cannot be had. The int32 sums hold for K up to 65,793 (2^31 / (255 * 128)), as PyTorch's.
 bool ag_q8_linear(const float *x, int64_t M, int64_t K, const int8_t *wq, float w_scale, int64_t N, const float *bias,
                   float *y);
 // The activation's quantisation parameters alone (what ag_q8_linear uses), and x quantised with
@@ -112,10 +112,10 @@ void ag_q4_quantize_weight(const float *w, int64_t N, int64_t K, int64_t group, 
 // w[N, K] back to float32 (q times its group's scale), rows [n0, n1) into w (n1 - n0 rows of K).
 void ag_q4_dequantize_rows(const void *block, int64_t N, int64_t K, int64_t group, int64_t n0, int64_t n1, float *w);
 // y[M, N] = x[M, K] · dequant(block)ᵀ + bias (NULL: none). M <= AG_SKINNY_MAX_M on AVX-512 CPUs:
-// the packed weight streamed once, dequantised in registers next to the products; otherwise tiles
-// of AG_Q4_TILE_ROWS weight rows dequantised to float32 and multiplied by sgemm. Workspace:
-// AG_Q4_TILE_ROWS K floats per pool thread (the tiled path), malloc'd per call; returns false
-// (nothing written) when that cannot be had.
+// the packed weight streamed once, dequantised in registers next to the products (needs K and
+// group multiples of 32; x copied once, M K floats malloc'd per call); otherwise tiles of
+// AG_Q4_TILE_ROWS weight rows dequantised to float32 and multiplied by sgemm (AG_Q4_TILE_ROWS K
+// floats a thread, ag_kernel_ws). Returns false (nothing written) when x's copy cannot be had.
 #define AG_Q4_TILE_ROWS 64
 bool ag_q4_linear(const float *x, int64_t M, int64_t K, const void *block, int64_t group, int64_t N, const float *bias,
                   float *y);

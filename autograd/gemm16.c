@@ -50,6 +50,7 @@ typedef struct {
     float *C;    // float32 result, or NULL
     uint16_t *D; // 16-bit result (ag_gemm_16_out), or NULL
     int64_t mtiles, ntiles, nc;
+    bool n_major; // tasks that follow each other share op(B)'s tile, not op(A)'s
 } g16;
 
 static inline uint16_t a_at(const g16 *g, int64_t i, int64_t k) {
@@ -383,7 +384,8 @@ static void tile_part(void *p, int64_t lo, int64_t hi, int thread) {
     const g16 *g = p;
     unsigned char *ws = ag_kernel_ws(AG_GEMM16_WS_BYTES);
     for (int64_t t = lo; t < hi; t++) {
-        int64_t mt = t / g->ntiles, nt = t % g->ntiles, m0 = mt * AG_GEMM16_MC, n0 = nt * g->nc;
+        int64_t mt = g->n_major ? t % g->mtiles : t / g->ntiles, nt = g->n_major ? t / g->mtiles : t % g->ntiles;
+        int64_t m0 = mt * AG_GEMM16_MC, n0 = nt * g->nc;
         int64_t mc = g->M - m0 < AG_GEMM16_MC ? g->M - m0 : AG_GEMM16_MC, nc = g->N - n0 < g->nc ? g->N - n0 : g->nc;
         if (!ws) naive_tile(g, m0, mc, n0, nc);
 #if defined(__x86_64__)
@@ -421,6 +423,9 @@ static void gemm16(g16 *g) {
             g->nc = (nc + NR - 1) / NR * NR;
         }
         g->ntiles = (g->N + g->nc - 1) / g->nc;
+        // The larger operand's tile is the one that neighbouring tasks (and threads) share, so it
+        // is read from memory once (a linear's forward against a vocabulary-sized weight).
+        g->n_major = g->N > g->M;
         double tile_flops = 2.0 * AG_GEMM16_MC * (double)g->nc * (double)g->K;
         ag_parallel_for(g->mtiles * g->ntiles, tile_flops > 4e6 ? 1 : (int64_t)(4e6 / tile_flops) + 1, tile_part, g);
     }
@@ -429,12 +434,12 @@ static void gemm16(g16 *g) {
 
 void ag_gemm_16(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
                 const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, NULL, 0, 0, 0};
+    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, NULL, 0, 0, 0, false};
     gemm16(&g);
 }
 
 void ag_gemm_16_out(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
-    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, NULL, C, 0, 0, 0};
+    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, NULL, C, 0, 0, 0, false};
     gemm16(&g);
 }

@@ -4,8 +4,9 @@
 //     (ag_gemm_16) for each linear's forward x·wᵀ, dx = dy·w and dw = dyᵀ·x at 128 and 512
 //     tokens, and their ratios to float32;
 //   decode: one token (M = 1) through every linear weight of the model (7 per layer, then the
-//     lm_head) in float32 (the skinny kernel), bfloat16, int8 (dynamic) and int4 (group 32), each
-//     against its weight-read floor: the weight's bytes over the read bandwidth measured here.
+//     lm_head) in float32 (the skinny kernel), bfloat16, int8 (dynamic) and int4 (groups of 32
+//     and of 128), each against its weight-read floor: the weight's bytes over the read bandwidth
+//     measured here.
 // Each figure is the best of reps (the machine may be shared); every ratio comes from this run.
 #include <math.h>
 #include <stdio.h>
@@ -15,7 +16,7 @@
 #include "ag_kernels.h"
 #include "bench_util.h"
 
-enum { HID = 576, INTER = 1536, KV = 192, LAYERS = 30, VOCAB = 49152, GROUP = 32 };
+enum { HID = 576, INTER = 1536, KV = 192, LAYERS = 30, VOCAB = 49152, GROUP = 32, GROUP_WIDE = 128 };
 
 typedef struct {
     int64_t out, in;
@@ -105,8 +106,8 @@ typedef struct {
     uint16_t **w16;
     int8_t **w8;
     float *s8;
-    void **w4;
-    double bytes[4]; // weight bytes of each dtype
+    void **w4, **w4w; // int4 with groups of GROUP and of GROUP_WIDE
+    double bytes[5];  // weight bytes of each dtype
 } model_weights;
 
 static void make_model(model_weights *m) {
@@ -117,6 +118,7 @@ static void make_model(model_weights *m) {
     m->w8 = xmalloc((size_t)m->n * sizeof(int8_t *));
     m->s8 = xmalloc((size_t)m->n * sizeof(float));
     m->w4 = xmalloc((size_t)m->n * sizeof(void *));
+    m->w4w = xmalloc((size_t)m->n * sizeof(void *));
     memset(m->bytes, 0, sizeof m->bytes);
     for (int64_t i = 0; i < m->n; i++) {
         lin_shape s = i < LAYERS * 7 ? layer_linears[i % 7] : (lin_shape){VOCAB, HID};
@@ -128,14 +130,18 @@ static void make_model(model_weights *m) {
         ag_q8_quantize_weight(m->w32[i], s.out, s.in, m->w8[i], &m->s8[i]);
         m->w4[i] = xmalloc(ag_q4_bytes(s.out, s.in, GROUP));
         ag_q4_quantize_weight(m->w32[i], s.out, s.in, GROUP, m->w4[i]);
+        m->w4w[i] = xmalloc(ag_q4_bytes(s.out, s.in, GROUP_WIDE));
+        ag_q4_quantize_weight(m->w32[i], s.out, s.in, GROUP_WIDE, m->w4w[i]);
         m->bytes[0] += 4.0 * (double)e, m->bytes[1] += 2.0 * (double)e, m->bytes[2] += (double)e;
         m->bytes[3] += (double)ag_q4_bytes(s.out, s.in, GROUP);
+        m->bytes[4] += (double)ag_q4_bytes(s.out, s.in, GROUP_WIDE);
     }
 }
 
 static void free_model(model_weights *m) {
-    for (int64_t i = 0; i < m->n; i++) free(m->w32[i]), free(m->w16[i]), free(m->w8[i]), free(m->w4[i]);
-    free(m->s), free(m->w32), free(m->w16), free(m->w8), free(m->s8), free(m->w4);
+    for (int64_t i = 0; i < m->n; i++)
+        free(m->w32[i]), free(m->w16[i]), free(m->w8[i]), free(m->w4[i]), free(m->w4w[i]);
+    free(m->s), free(m->w32), free(m->w16), free(m->w8), free(m->s8), free(m->w4), free(m->w4w);
 }
 
 // One token through every weight (each linear's input its own random row: the time is the
@@ -156,7 +162,8 @@ static double decode_pass(const model_weights *m, int dtype, const float *x, con
                        s.out);
             break;
         case 2: ag_q8_linear(x, 1, s.in, m->w8[i], m->s8[i], s.out, NULL, y); break;
-        default: ag_q4_linear(x, 1, s.in, m->w4[i], GROUP, s.out, NULL, y); break;
+        case 3: ag_q4_linear(x, 1, s.in, m->w4[i], GROUP, s.out, NULL, y); break;
+        default: ag_q4_linear(x, 1, s.in, m->w4w[i], GROUP_WIDE, s.out, NULL, y); break;
         }
     }
     return bench_now() - t0;
@@ -227,9 +234,9 @@ int main(int argc, char **argv) {
                total32 / total16[1]);
         double gbs = read_gbs(buf, nbuf, threads[ti], reps);
         printf("decode, one token through all %lld linear weights (read bandwidth %.2f GB/s):\n", (long long)m.n, gbs);
-        const char *names[4] = {"float32", "bfloat16", "int8", "int4 g32"};
+        const char *names[5] = {"float32", "bfloat16", "int8", "int4 g32", "int4 g128"};
         double t_f32 = 0;
-        for (int d = 0; d < 4; d++) {
+        for (int d = 0; d < 5; d++) {
             double best = 1e30;
             for (int r = 0; r < reps + 1; r++) {
                 double t = decode_pass(&m, d, x, x16, y);
