@@ -81,6 +81,13 @@ static int validate(const llama_config *c, bool head_dim_derived, ag_err *err) {
                    LLAMA_MAX_ROPE_THETA);
         return -1;
     }
+    if (c->rope.type == LLAMA_ROPE_YARN && !(c->rope_theta > 1.0)) { // log(theta) divides its ramp
+        ag_err_set(err,
+                   "field rope_theta (%g) must be above 1 under rope_scaling yarn, whose correction range "
+                   "divides by log(rope_theta)",
+                   c->rope_theta);
+        return -1;
+    }
     if (!(c->rms_eps >= LLAMA_MIN_RMS_EPS && c->rms_eps < 1)) {
         ag_err_set(err, "field rms_norm_eps (%g) must be at least %g and below 1", c->rms_eps, LLAMA_MIN_RMS_EPS);
         return -1;

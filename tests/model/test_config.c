@@ -228,6 +228,15 @@ static void test_validate_bounds(void **state) {
         if (llama_config_validate(&c, &err) != -1) fail_msg("rope_theta %g accepted", c.rope_theta);
         TU_MENTIONS(err.msg, "rope_theta", "from 1 to 1e+12");
     }
+    // yarn's correction range divides by log(rope_theta): a theta of 1 would make its frequencies NaN
+    c = base;
+    c.rope_theta = 1.0;
+    c.rope.type = LLAMA_ROPE_YARN;
+    c.rope.factor = 2.0;
+    assert_int_equal(llama_config_validate(&c, &err), -1);
+    TU_MENTIONS(err.msg, "rope_theta", "yarn");
+    c.rope_theta = 1.0001;
+    assert_int_equal(llama_config_validate(&c, &err), 0);
     const double thetas_good[] = {LLAMA_MIN_ROPE_THETA, 10000, 5e5, 1e8, LLAMA_MAX_ROPE_THETA};
     for (size_t i = 0; i < sizeof thetas_good / sizeof thetas_good[0]; i++) {
         c = base;
