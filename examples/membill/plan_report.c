@@ -302,9 +302,13 @@ static void text_states_lora(FILE *out, const plan_view *v) {
     else if (!af.closed)
         snprintf(f, sizeof f, "autocast's 16-bit casts are not in the closed form");
     else
-        snprintf(f, sizeof f, "block 0 %s + %lld blocks x %s + head %s (frozen base: no input kept for its weights)",
+        snprintf(f, sizeof f, "block 0 %s + %lld blocks x %s + head %s (frozen base: no input kept for its weights)%s",
                  mp_format_bytes(x, sizeof x, af.act_first_block), (long long)s->cfg.layers - 1,
-                 mp_format_bytes(y, sizeof y, af.act_block), mp_format_bytes(t, sizeof t, af.act_head));
+                 mp_format_bytes(y, sizeof y, af.act_block), mp_format_bytes(t, sizeof t, af.act_head),
+                 af.activations == af.act_forward_end          ? "; the peak is the forward's end (cache, logits)"
+                 : af.activations == af.act_forward_softmax    ? "; the peak is the last block's softmax in forward"
+                 : af.activations == af.act_backward_attention ? "; the peak is the last block's attention backward"
+                                                               : "");
     row(out, "activation", b->peak[MP_ACTIVATION], af.closed ? af.activations : 0, f);
     row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
     fprintf(out, "  %-11s %-36s step 2, the steady state; step 1 peak %s\n", "total peak",
@@ -569,6 +573,9 @@ json_t *plan_report_json(const plan_view *v) {
         json_object_set_new(cf, "activation_first_block", json_integer((json_int_t)af.act_first_block));
         json_object_set_new(cf, "activation_per_block", json_integer((json_int_t)af.act_block));
         json_object_set_new(cf, "activation_head", json_integer((json_int_t)af.act_head));
+        json_object_set_new(cf, "activation_forward_end", json_integer((json_int_t)af.act_forward_end));
+        json_object_set_new(cf, "activation_forward_softmax", json_integer((json_int_t)af.act_forward_softmax));
+        json_object_set_new(cf, "activation_backward_attention", json_integer((json_int_t)af.act_backward_attention));
         json_object_del(cf, "attention_probs_per_block");
         if (s->checkpointing) {
             json_object_set_new(cf, "activation_block_inputs", json_integer((json_int_t)af.act_block_inputs));

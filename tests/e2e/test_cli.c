@@ -557,6 +557,39 @@ static void test_plan_closed_form_lora(void **state) {
                     assert_true(moment > 0 && moment <= cat_peak(root, "activation"));
                     json_decref(root);
                 }
+    // The PyTorch frameworks' other moments: the forward's end with a small vocabulary (the
+    // DynamicCache and the loss's float32 copies), the last block's softmax in forward and its
+    // attention backward with long sequences.
+    char tiny[512];
+    snprintf(tiny, sizeof tiny,
+             "--config %s/tiny_mha/config.json --batch 2 --seq-len 100 --lora-targets up_proj --lora-dropout 0.1 "
+             "--dtype bf16",
+             MEMBILL_GOLDEN_DIR);
+    const struct {
+        const char *args, *moment;
+    } other[] = {
+        {tiny, "activation_forward_end"},
+        {"--model llama-2-7b --seq-len 4096 --dtype bf16", "activation_forward_softmax"},
+        {"--model llama-2-7b --seq-len 4096 --dtype bf16 --framework pytorch-1.13", "activation_forward_softmax"},
+        {"--model mistral-7b --seq-len 4096 --lora-targets all-linear", "activation_backward_attention"},
+        {"--model mistral-7b --seq-len 4096 --lora-targets all-linear --framework pytorch-1.13",
+         "activation_backward_attention"},
+    };
+    for (size_t i = 0; i < sizeof other / sizeof *other; i++) {
+        char a[768];
+        snprintf(a, sizeof a, "%s --lora-rank 64", other[i].args);
+        json_t *root = plan_json(a);
+        json_int_t meta = cat_peak(root, "activation"), closed = jint(root, "closed_form", "activation");
+        if (closed != meta) print_error("%s: closed %lld meta %lld\n", a, (long long)closed, (long long)meta);
+        assert_int_equal(closed, meta);
+        assert_int_equal(jint(root, "closed_form", other[i].moment), meta);
+        // above the head's moment, which is the peak elsewhere
+        assert_true(jint(root, "closed_form", "activation_first_block") +
+                        (jint(root, "model", "layers") - 1) * jint(root, "closed_form", "activation_per_block") +
+                        jint(root, "closed_form", "activation_head") <
+                    meta);
+        json_decref(root);
+    }
 }
 
 // Weight bytes of the quantised settings, computed here tensor by tensor from the shapes: 2-D
