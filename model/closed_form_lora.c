@@ -76,14 +76,13 @@ static cf_t cf_norm(cf_walk *w, cf_t *x, uint64_t rows, uint64_t width) {
 // Projection p on x [B, T, in] into [B, T, out]: the frozen base, and the adapter if p is a target.
 static cf_t cf_proj(cf_walk *w, cf_t *x, llama_proj p, uint64_t in, uint64_t out) {
     if (!(w->l->targets & (1u << p))) return cf_new(w->BT * out * w->a, x->grad);
-    cf_t h = *x, d;
+    cf_t d;
     cf_t *hp = x;
     if (w->l->dropout > 0) {
         if (w->pt && x->grad) w->saved += w->BT * in; // the one-byte mask
         d = cf_new(w->BT * in * w->a, x->grad);
         hp = &d;
     }
-    (void)h;
     cf_keep(w, hp);                                  // A's input, for dA
     w->saved += w->BT * (uint64_t)w->l->rank * w->a; // A's output, for dB
     return cf_new(w->BT * out * w->a, true);
