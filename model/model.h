@@ -549,6 +549,31 @@ typedef struct {
 void llama_closed_form_lora(const llama_config *c, const llama_lora_config *l, const llama_dtype_bytes *d,
                             int base_bits, int64_t group, int scale_bytes, bool nf4, llama_lora_closed_form *out);
 
+// LoRA's activation peak in closed form (closed_form_lora.c): the saved set of block 0 (whose
+// input, the frozen embedding's output, needs no gradient, so that nothing below its first
+// adapter is kept), of every later block, and of the head at the start of backward (the final
+// norm's, the loss's and its gradients), under the framework's saved sets and attention (flash
+// or eager), at the activation bytes of d. The peak is the largest of the head's moment and,
+// under the PyTorch frameworks, the forward's end and (eager attention) the last block's softmax
+// in forward and its attention backward. The same figures hold for a quantised base (its
+// dequantised weight is temporary, not activation). With checkpointing only the head's moment
+// (act_block_inputs + act_head) is closed, and closed is false.
+typedef struct {
+    bool closed; // false where the closed form does not follow the setting
+    bool checkpointing;
+    uint64_t act_first_block;                 // block 0's saved set
+    uint64_t act_block;                       // each later block's
+    uint64_t act_head;                        // the head's moment: final norm, loss, their gradients, RoPE tables
+    uint64_t act_forward_end;                 // PyTorch frameworks: the forward's end (cache, logits, log_softmax)
+    uint64_t act_forward_softmax;             // PyTorch eager: the last block's softmax in forward
+    uint64_t act_backward_attention;          // PyTorch eager: the last block's attention backward
+    uint64_t act_block_inputs, act_recompute; // checkpointing only (act_recompute: not closed, 0)
+    uint64_t activations;                     // the activation peak
+} llama_lora_act_form;
+void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_config *l, int64_t batch, int64_t seq,
+                                        const llama_dtype_bytes *d, ag_framework fw, bool flash, bool checkpointing,
+                                        llama_lora_act_form *out);
+
 // The exact bytes of the parameters at `bits` a weight element (32, 16, 8, 4). Under 16 bits
 // matrices pack their elements and add one scale of scale_bytes per group of `group` elements
 // of each row (group 0: no scales), and vectors (norm weights) keep vector_bits an element.

@@ -79,6 +79,7 @@ typedef struct {
 
 llama_dtype_bytes plan_dtype_bytes(const plan_setting *s);
 void plan_lora_closed_form(const plan_setting *s, llama_lora_closed_form *lf);
+void plan_lora_act_form(const plan_setting *s, llama_lora_act_form *af);
 // Whether one device is a simulated rank (training on several devices, or under a ZeRO stage).
 bool plan_simulates_rank(const plan_setting *s);
 long plan_cache_tokens(const plan_setting *s);

@@ -266,6 +266,15 @@ void plan_lora_closed_form(const plan_setting *s, llama_lora_closed_form *lf) {
                            q ? base.scale_bytes : 0, q && base.nf4, lf);
 }
 
+// LoRA's activation peak in closed form for the setting (closed false where it does not follow it).
+void plan_lora_act_form(const plan_setting *s, llama_lora_act_form *af) {
+    llama_dtype_bytes d = plan_dtype_bytes(s);
+    llama_closed_form_lora_activations(&s->cfg, &s->lora.cfg, s->batch, s->seq_len, &d, s->framework,
+                                       s->attention == AG_ATTENTION_FLASH, s->checkpointing, af);
+    // torch.autocast's casts (16-bit copies beside float32 tensors) are not in the closed form
+    if (s->dt.autocast || s->dt.weight_bits != s->dt.act_bits) af->closed = false;
+}
+
 // With adapters: the frozen base and the adapters apart; gradients and state for the adapters.
 static void text_states_lora(FILE *out, const plan_view *v) {
     const plan_setting *s = v->s;
@@ -283,8 +292,24 @@ static void text_states_lora(FILE *out, const plan_view *v) {
     row(out, "gradient", b->peak[MP_GRADIENT], lf.gradients, f);
     snprintf(f, sizeof f, "adapters A x %llu; none for the frozen base", (unsigned long long)d.optimizer);
     row(out, "optimizer", b->peak[MP_OPTIMIZER], lf.optimizer, f);
-    row(out, "activation", b->peak[MP_ACTIVATION], 0,
-        "the frozen base saves no input for its own weights; each adapter keeps its input and A's output");
+    llama_lora_act_form af;
+    plan_lora_act_form(s, &af);
+    if (af.checkpointing)
+        snprintf(f, sizeof f,
+                 "the head's moment: %lld block inputs (%s) + head (%s); the recomputed block's is not closed",
+                 (long long)s->cfg.layers, mp_format_bytes(x, sizeof x, af.act_block_inputs),
+                 mp_format_bytes(y, sizeof y, af.act_head));
+    else if (!af.closed)
+        snprintf(f, sizeof f, "autocast's 16-bit casts are not in the closed form");
+    else
+        snprintf(f, sizeof f, "block 0 %s + %lld blocks x %s + head %s (frozen base: no input kept for its weights)%s",
+                 mp_format_bytes(x, sizeof x, af.act_first_block), (long long)s->cfg.layers - 1,
+                 mp_format_bytes(y, sizeof y, af.act_block), mp_format_bytes(t, sizeof t, af.act_head),
+                 af.activations == af.act_forward_end          ? "; the peak is the forward's end (cache, logits)"
+                 : af.activations == af.act_forward_softmax    ? "; the peak is the last block's softmax in forward"
+                 : af.activations == af.act_backward_attention ? "; the peak is the last block's attention backward"
+                                                               : "");
+    row(out, "activation", b->peak[MP_ACTIVATION], af.closed ? af.activations : 0, f);
     row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
     fprintf(out, "  %-11s %-36s step 2, the steady state; step 1 peak %s\n", "total peak",
             mp_format_bytes(x, sizeof x, b->total), mp_format_bytes(y, sizeof y, b->first_step));
@@ -534,14 +559,31 @@ json_t *plan_report_json(const plan_view *v) {
     json_decref(rep);
     json_object_set_new(root, "closed_form", closed_form_json(v->cf, v->b, s->checkpointing));
     if (s->lora.cfg.rank && !s->infer) {
+        const uint64_t b_act = v->b->peak[MP_ACTIVATION];
         llama_lora_closed_form lf;
         plan_lora_closed_form(s, &lf);
         json_t *cf = json_object_get(root, "closed_form"), *l = cli_lora_json(&s->cfg, &s->lora);
-        // with adapters the model states are LoRA's; activations are measured only
+        // with adapters the model states and the activations are LoRA's
+        llama_lora_act_form af;
+        plan_lora_act_form(s, &af);
         json_object_set_new(cf, "weight", json_integer((json_int_t)lf.weights));
         json_object_set_new(cf, "gradient", json_integer((json_int_t)lf.gradients));
         json_object_set_new(cf, "optimizer", json_integer((json_int_t)lf.optimizer));
-        json_object_set_new(cf, "activation", json_null());
+        json_object_set_new(cf, "activation", af.closed ? json_integer((json_int_t)af.activations) : json_null());
+        json_object_set_new(cf, "activation_first_block", json_integer((json_int_t)af.act_first_block));
+        json_object_set_new(cf, "activation_per_block", json_integer((json_int_t)af.act_block));
+        json_object_set_new(cf, "activation_head", json_integer((json_int_t)af.act_head));
+        json_object_set_new(cf, "activation_forward_end", json_integer((json_int_t)af.act_forward_end));
+        json_object_set_new(cf, "activation_forward_softmax", json_integer((json_int_t)af.act_forward_softmax));
+        json_object_set_new(cf, "activation_backward_attention", json_integer((json_int_t)af.act_backward_attention));
+        json_object_del(cf, "attention_probs_per_block");
+        if (s->checkpointing) {
+            json_object_set_new(cf, "activation_block_inputs", json_integer((json_int_t)af.act_block_inputs));
+            json_object_set_new(cf, "activation_head_moment", json_integer((json_int_t)af.act_head));
+            json_object_set_new(cf, "activation_recompute", json_integer((json_int_t)af.act_recompute));
+        }
+        json_object_set_new(cf, "activation_ratio_to_meta",
+                            json_real(af.closed && b_act ? (double)af.activations / (double)b_act : 0));
         json_object_set_new(l, "base_weight_bytes", json_integer((json_int_t)lf.base_weights));
         json_object_set_new(l, "closed_form_adapter_weight_bytes", json_integer((json_int_t)lf.adapter_weights));
         json_object_set_new(root, "lora", l);

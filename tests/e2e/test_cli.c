@@ -505,6 +505,93 @@ static void test_plan_closed_form_dtypes(void **state) {
     json_decref(b16);
 }
 
+// LoRA's and QLoRA's activation peak in closed form equals the meta bill to the byte, for every
+// framework and attention, with any targets, dropout or not, in float32, bf16 and bf16-mixed,
+// with a plain or an NF4 base; block 0 (no gradient below its first adapter) apart from the
+// later blocks. With checkpointing the peak is not closed, but its head moment (the kept block
+// inputs and the head) is, and the meta bill never falls below it.
+static void test_plan_closed_form_lora(void **state) {
+    (void)state;
+    const char *models[] = {"smollm2-135m", "llama-3-8b"};
+    const char *shapes[] = {"--batch 1 --seq-len 25", "--batch 2 --seq-len 96"};
+    const struct {
+        const char *fw, *att;
+    } fa[] = {
+        {"lean", "eager"}, {"lean", "flash"}, {"pytorch", "eager"}, {"pytorch", "flash"}, {"pytorch-1.13", "eager"}};
+    const char *targets[] = {"q_proj,v_proj", "all-linear", "down_proj", "gate_proj", "o_proj"};
+    const char *dropouts[] = {"0", "0.1"}, *dtypes[] = {"fp32", "bf16", "bf16-mixed"},
+               *bases[] = {"", " --base-dtype nf4"};
+    int n = 0;
+    for (int m = 0; m < 2; m++)
+        for (int sh = 0; sh < 2; sh++)
+            for (int f = 0; f < 5; f++)
+                for (int k = 0; k < 3; k++, n++) {
+                    // every target set, dropout, dtype and base meets every framework and attention
+                    char a[512];
+                    snprintf(a, sizeof a,
+                             "--model %s %s --framework %s --attention %s --lora-rank 8 --lora-targets %s "
+                             "--lora-dropout %s --dtype %s%s",
+                             models[m], shapes[sh], fa[f].fw, fa[f].att, targets[(n + k) % 5], dropouts[n % 2],
+                             dtypes[(n / 2 + k) % 3], bases[(n / 6 + k) % 2]);
+                    json_t *root = plan_json(a);
+                    json_t *cf = json_object_get(root, "closed_form");
+                    assert_true(json_is_integer(json_object_get(cf, "activation")));
+                    json_int_t meta = cat_peak(root, "activation"), closed = jint(root, "closed_form", "activation");
+                    if (closed != meta)
+                        print_error("%s: closed %lld meta %lld\n", a, (long long)closed, (long long)meta);
+                    assert_int_equal(closed, meta);
+                    json_int_t first = jint(root, "closed_form", "activation_first_block"),
+                               block = jint(root, "closed_form", "activation_per_block"),
+                               head = jint(root, "closed_form", "activation_head");
+                    // block 0's input needs no gradient: it keeps less than a block on the residual stream
+                    assert_true(first > 0 && first < block);
+                    assert_int_equal(closed, first + (jint(root, "model", "layers") - 1) * block + head);
+                    json_decref(root);
+                    if (k) continue;
+                    strncat(a, " --checkpointing", sizeof a - strlen(a) - 1);
+                    root = plan_json(a);
+                    cf = json_object_get(root, "closed_form");
+                    assert_true(json_is_null(json_object_get(cf, "activation")));
+                    json_int_t moment = jint(root, "closed_form", "activation_block_inputs") +
+                                        jint(root, "closed_form", "activation_head_moment");
+                    assert_true(moment > 0 && moment <= cat_peak(root, "activation"));
+                    json_decref(root);
+                }
+    // The PyTorch frameworks' other moments: the forward's end with a small vocabulary (the
+    // DynamicCache and the loss's float32 copies), the last block's softmax in forward and its
+    // attention backward with long sequences.
+    char tiny[512];
+    snprintf(tiny, sizeof tiny,
+             "--config %s/tiny_mha/config.json --batch 2 --seq-len 100 --lora-targets up_proj --lora-dropout 0.1 "
+             "--dtype bf16",
+             MEMBILL_GOLDEN_DIR);
+    const struct {
+        const char *args, *moment;
+    } other[] = {
+        {tiny, "activation_forward_end"},
+        {"--model llama-2-7b --seq-len 4096 --dtype bf16", "activation_forward_softmax"},
+        {"--model llama-2-7b --seq-len 4096 --dtype bf16 --framework pytorch-1.13", "activation_forward_softmax"},
+        {"--model mistral-7b --seq-len 4096 --lora-targets all-linear", "activation_backward_attention"},
+        {"--model mistral-7b --seq-len 4096 --lora-targets all-linear --framework pytorch-1.13",
+         "activation_backward_attention"},
+    };
+    for (size_t i = 0; i < sizeof other / sizeof *other; i++) {
+        char a[768];
+        snprintf(a, sizeof a, "%s --lora-rank 64", other[i].args);
+        json_t *root = plan_json(a);
+        json_int_t meta = cat_peak(root, "activation"), closed = jint(root, "closed_form", "activation");
+        if (closed != meta) print_error("%s: closed %lld meta %lld\n", a, (long long)closed, (long long)meta);
+        assert_int_equal(closed, meta);
+        assert_int_equal(jint(root, "closed_form", other[i].moment), meta);
+        // above the head's moment, which is the peak elsewhere
+        assert_true(jint(root, "closed_form", "activation_first_block") +
+                        (jint(root, "model", "layers") - 1) * jint(root, "closed_form", "activation_per_block") +
+                        jint(root, "closed_form", "activation_head") <
+                    meta);
+        json_decref(root);
+    }
+}
+
 // Weight bytes of the quantised settings, computed here tensor by tensor from the shapes: 2-D
 // weights packed at `bits` plus one 2-byte scale per group of a row, norms at norm_bits.
 static json_int_t expected_weights(const char *model, int bits, long group, int norm_bits) {
@@ -905,6 +992,7 @@ int main(void) {
         cmocka_unit_test(test_plan_dtype_bytes_per_param),
         cmocka_unit_test(test_plan_zero_formulas),
         cmocka_unit_test(test_plan_closed_form_dtypes),
+        cmocka_unit_test(test_plan_closed_form_lora),
         cmocka_unit_test(test_plan_infer),
         cmocka_unit_test(test_dtype_real_or_meta),
         cmocka_unit_test(test_infer_matches_reference),
