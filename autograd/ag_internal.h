@@ -144,6 +144,8 @@ bool ag_grad_pass(ag_node *n, int i);
 // lengths, up to AG_SMALL_GEMM_MAX multiply-adds) run in blas.c's own loops on AVX-512 machines.
 void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+// op_linear.c: db[out] (+)= the column sums of dy[M, out], in float32 (a linear's bias gradient).
+void ag_linear_bias_backward(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out);
 // gemm.c: the same for operands of any float dtype (ag_buf), accumulated in float32 and rounded
 // once into C's dtype; false when out of memory for a conversion.
 bool ag_gemm_buf(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha, ag_buf A,

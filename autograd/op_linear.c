@@ -5,7 +5,7 @@
 #include "ag_kernels.h"
 
 // db[out] (+)= the sum over the M rows of dy[M, out] (in float32): the bias needs nothing saved.
-static void bias_backward(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out) {
+void ag_linear_bias_backward(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out) {
     float acc[out], rb[out];
     if (fresh)
         memset(acc, 0, sizeof acc);
@@ -62,7 +62,7 @@ static void linear_backward_autocast(ag_ctx *ctx, ag_node *n, ag_buf dy) {
     ag_label(l, base, "db_bf16");
     if (st->bias && ag_wants_grad(n, 2) && ag_alloc_exact(ctx, &db16, (size_t)st->out * 2, MP_ACTIVATION, l) &&
         ag_grad_get(ctx, n, 2, &d) && real) {
-        bias_backward((ag_buf){db16.data, h}, true, dy, M, out);
+        ag_linear_bias_backward((ag_buf){db16.data, h}, true, dy, M, out);
         ag_vec_acc(ag_dst_buf(&d), d.fresh, (ag_buf){db16.data, h}, out);
     }
 done:
@@ -88,7 +88,7 @@ static void linear_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     ag_grad_dst d[3];
     if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
     ag_buf x = ag_buf_of(st->x), w = ag_buf_of(st->w), dx = ag_dst_buf(&d[0]), dw = ag_dst_buf(&d[1]);
-    if (st->bias && d[2].needed) bias_backward(ag_dst_buf(&d[2]), d[2].fresh, dy, M, out);
+    if (st->bias && d[2].needed) ag_linear_bias_backward(ag_dst_buf(&d[2]), d[2].fresh, dy, M, out);
     if (d[0].needed && d[1].needed && d[0].data != d[1].data && ag_skinny_available(M) && all_f32(dy, x, w) &&
         all_f32(dx, dw, dy)) {
         ag_skinny_backward(dy.p, x.p, w.p, dx.p, dw.p, M, out, in, d[0].fresh, d[1].fresh);

@@ -56,20 +56,6 @@ static bool dequantized_whole(ag_ctx *ctx, const char *base, const ag_tensor *w,
     return true;
 }
 
-// The column sums of dy[M, out] into db[out], (+)= as fresh says.
-static void bias_grad(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out) {
-    float acc[out], rb[out];
-    if (fresh)
-        memset(acc, 0, sizeof acc);
-    else
-        memcpy(acc, ag_rd(db, 0, out, rb), sizeof acc);
-    for (int64_t r = 0; r < M; r++) {
-        const float *g = ag_rd(dy, r * out, out, rb);
-        for (int64_t j = 0; j < out; j++) acc[j] += g[j];
-    }
-    ag_vec_copy(db, ag_buf_f32(acc), out);
-}
-
 // y[M, out] = x[M, in] · w[out, in]ᵀ, TILE rows of w at a time, accumulated in float32.
 static bool forward_tiles(ag_buf y, ag_buf x, const ag_tensor *w, int64_t M) {
     const int64_t out = w->shape[0], in = w->shape[1];
@@ -151,7 +137,7 @@ void ag_qlinear_backward(ag_ctx *ctx, ag_node *n, ag_buf dy) {
     ag_grad_dst d[3];
     if (!ag_grad_get_all(ctx, n, d)) return;
     const int64_t M = st->rows, out = st->out, in = st->in;
-    if (st->bias && d[2].needed && !mp_is_meta()) bias_grad(ag_dst_buf(&d[2]), d[2].fresh, dy, M, out);
+    if (st->bias && d[2].needed && !mp_is_meta()) ag_linear_bias_backward(ag_dst_buf(&d[2]), d[2].fresh, dy, M, out);
     if (!d[0].needed) return;
     bool ok = true;
     if (ag_is_pytorch(ctx)) { // grad_A = dy · dequantize_4bit(W).to(dy.dtype)

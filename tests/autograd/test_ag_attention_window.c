@@ -173,7 +173,8 @@ static void cached_matches(ag_framework f, ag_attention_kind kind, const win_cas
             int64_t w = i ? wk : wq;
             part[i] = ag_tensor_new(ctx, 3, (int64_t[]){c->B, t, w}, MP_ACTIVATION, "test:part");
             for (int64_t b = 0; b < c->B; b++)
-                memcpy(ag_f32(part[i]) + b * t * w, ag_f32(in[i]) + (b * c->T + t0) * w, (size_t)(t * w) * sizeof(float));
+                memcpy(ag_f32(part[i]) + b * t * w, ag_f32(in[i]) + (b * c->T + t0) * w,
+                       (size_t)(t * w) * sizeof(float));
         }
         assert_true(ag_kv_cache_append(ctx, cache, part[1], part[2]));
         ag_tensor *o = ag_attention_cached_window(ctx, SITE, part[0], cache, NULL, 0, c->Hq, c->window);

@@ -57,7 +57,8 @@ static void values_as(ag_framework fw) {
     ag_tensor *g = ag_tensor_new(ctx, 1, (int64_t[]){N}, MP_ACTIVATION, "g");
     for (int i = 0; i < N; i++) ag_f32(g)[i] = 2.0f;
     assert_int_equal(ag_backward_grad(ctx, y, g), AG_OK);
-    for (int i = 0; i < N; i++) assert_float_equal(ag_f32(x->grad)[i], ag_f32(y)[i] == 0.0f ? 0.0f : 2.0f / (1 - p), 1e-6);
+    for (int i = 0; i < N; i++)
+        assert_float_equal(ag_f32(x->grad)[i], ag_f32(y)[i] == 0.0f ? 0.0f : 2.0f / (1 - p), 1e-6);
     ag_release(g), ag_release(y), ag_release(x);
     stop(ctx);
 }

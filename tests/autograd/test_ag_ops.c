@@ -130,7 +130,8 @@ static void test_embedding(void **state) {
     assert_int_equal(y->shape[0], 2);
     assert_int_equal(y->shape[1], 3);
     assert_int_equal(y->shape[2], 4);
-    for (int r = 0; r < 6; r++) assert_memory_equal(ag_f32(y) + r * 4, ag_f32(table) + emb_ids[r] * 4, 4 * sizeof(float));
+    for (int r = 0; r < 6; r++)
+        assert_memory_equal(ag_f32(y) + r * 4, ag_f32(table) + emb_ids[r] * 4, 4 * sizeof(float));
     ag_node_info info;
     assert_true(ag_tape_node(ctx, 0, &info));
     assert_int_equal(info.saved_bytes, 0);
@@ -151,7 +152,8 @@ static void test_embedding(void **state) {
     // nn.Embedding(padding_idx=4): the same lookup, and the row of id 4 gets nothing
     ag_zero_grad(table);
     y = ag_embedding_padded(ctx, "t.embed", emb_ids, 2, 3, table, 4);
-    for (int r = 0; r < 6; r++) assert_memory_equal(ag_f32(y) + r * 4, ag_f32(table) + emb_ids[r] * 4, 4 * sizeof(float));
+    for (int r = 0; r < 6; r++)
+        assert_memory_equal(ag_f32(y) + r * 4, ag_f32(table) + emb_ids[r] * 4, 4 * sizeof(float));
     ones = ag_test_ones(ctx, y);
     assert_int_equal(ag_backward_grad(ctx, y, ones), AG_OK);
     for (int j = 0; j < 4; j++) {

@@ -3,7 +3,8 @@
 // the median decode step, and 40 new tokens with the KV cache against recomputing the whole
 // sequence at each step (claims S1, S3); optionally 8 prompts one after another against one
 // batch of 8 (S2). Usage: bench_infer [--threads N] [--tokens T] [--new-tokens N] [--repeat R]
-// [--batch-claim] [--steps] [--json FILE] [--dtype bf16] [--weight-dtype int8|int4] (--steps prints every step's time of the best runs;
+// [--batch-claim] [--steps] [--json FILE] [--dtype bf16] [--weight-dtype int8|int4] (--steps prints every step's time
+// of the best runs;
 // --json also writes the figures as one JSON object, for tests/bench/bench_infer.sh)
 #include <jansson.h>
 #include <stdio.h>
@@ -39,11 +40,12 @@ static int parse(bench_args *a, int argc, char **argv) {
                    (!strcmp(argv[i + 1], "int8") || !strcmp(argv[i + 1], "int4"))) {
             a->weight_bits = argv[++i][3] - '0';
         } else if (!dst || i + 1 >= argc || (*dst = atoi(argv[++i])) < 1) {
-            fprintf(stderr,
-                    "bench_infer: bad argument %s (options: --threads N --tokens T "
-                    "--new-tokens N --repeat R --batch-claim --steps --json FILE --dtype bf16 --weight-dtype int8|int4, "
-                    "numbers >= 1)\n",
-                    argv[i]);
+            fprintf(
+                stderr,
+                "bench_infer: bad argument %s (options: --threads N --tokens T "
+                "--new-tokens N --repeat R --batch-claim --steps --json FILE --dtype bf16 --weight-dtype int8|int4, "
+                "numbers >= 1)\n",
+                argv[i]);
             return -1;
         }
     }

@@ -18,6 +18,8 @@
 #include "model.h"
 #include "optim.h"
 
+#include "golden_util.h"
+
 #ifndef MEMBILL_GOLDEN_DIR
 #error "MEMBILL_GOLDEN_DIR must name the tests/golden folder"
 #endif
@@ -67,11 +69,7 @@ static void run_open(run *r, bool meta, ag_framework fw, bool load) {
     if (load && !meta && llama_adapter_load(r->m, ADAPTER_DIR, &err) != 0) fail_msg("%s", err.msg);
     if (meta) return;
     if (llama_st_open(&r->g, MEMBILL_GOLDEN_DIR "/tiny_lora/golden.safetensors", &err) != 0) fail_msg("%s", err.msg);
-    const llama_st_tensor *t = llama_st_find(r->g, "input_ids");
-    int64_t ids[B * T];
-    assert_non_null(t);
-    if (llama_st_read_i64(r->g, t, ids, B * T, &err) != 0) fail_msg("%s", err.msg);
-    for (int i = 0; i < B * T; i++) r->ids[i] = (int32_t)ids[i];
+    golden_ids_of(r->g, r->ids, B, T);
 }
 
 static void run_close(run *r) {
@@ -80,17 +78,6 @@ static void run_close(run *r) {
     ag_ctx_free(r->ctx);
     for (int c = 0; c < MP_OTHER; c++) assert_int_equal(mp_get_counter(c).live, 0);
     mp_shutdown();
-}
-
-static float *golden(const llama_st_file *g, const char *key, size_t *n) {
-    const llama_st_tensor *t = llama_st_find(g, key);
-    if (!t) fail_msg("golden lacks %s", key);
-    float *v = malloc(t->numel * sizeof *v);
-    ag_err err = {{0}};
-    assert_non_null(v);
-    if (llama_st_read_f32(g, t, v, t->numel, &err) != 0) fail_msg("%s", err.msg);
-    *n = t->numel;
-    return v;
 }
 
 // Every adapter (or its gradient) against golden "<prefix>.base_model.model.<name>".
@@ -102,7 +89,7 @@ static void check_adapters(const run *r, const char *prefix, bool grads) {
         char key[256];
         snprintf(key, sizeof key, "%s.base_model.model.%s", prefix, ag_tensor_name(a));
         size_t n;
-        float *want = golden(r->g, key, &n);
+        float *want = golden_f32(r->g, key, &n);
         assert_non_null(src);
         assert_int_equal(n, (size_t)a->numel);
         double mx = 0, diff = 0;
@@ -141,7 +128,7 @@ static void grads_as(ag_framework fw) {
     assert_int_equal(live(MP_WEIGHT), 4 * (base + ad));
     float l = step_forward_backward(&r);
     size_t n;
-    float *want = golden(r.g, "loss", &n);
+    float *want = golden_f32(r.g, "loss", &n);
     assert_true(fabs(l - want[0]) <= 1e-5 * fabs(want[0]));
     free(want);
     check_adapters(&r, "grad", true);
@@ -172,7 +159,7 @@ static void test_two_adam_steps(void **s) {
     assert_non_null(o);
     const uint64_t ad = adapter_params(r.m);
     size_t n;
-    float *losses = golden(r.g, "adam_losses", &n);
+    float *losses = golden_f32(r.g, "adam_losses", &n);
     for (int k = 0; k < 2; k++) {
         optim_zero_grad(o);
         float l = step_forward_backward(&r);

@@ -19,6 +19,8 @@
 #include "model.h"
 #include "optim.h"
 
+#include "golden_util.h"
+
 #ifndef MEMBILL_GOLDEN_DIR
 #error "MEMBILL_GOLDEN_DIR must name the tests/golden folder"
 #endif
@@ -98,11 +100,7 @@ static void run_open(run *r, bool meta, ag_framework fw, ag_precision p, base_ki
     if (meta) return;
     if (llama_adapter_load(r->m, ADAPTER_DIR, &err) != 0) fail_msg("%s", err.msg);
     if (llama_st_open(&r->g, GOLDEN, &err) != 0) fail_msg("%s", err.msg);
-    const llama_st_tensor *t = llama_st_find(r->g, "input_ids");
-    int64_t ids[B * T];
-    assert_non_null(t);
-    if (llama_st_read_i64(r->g, t, ids, B * T, &err) != 0) fail_msg("%s", err.msg);
-    for (int i = 0; i < B * T; i++) r->ids[i] = (int32_t)ids[i];
+    golden_ids_of(r->g, r->ids, B, T);
 }
 
 static void run_close(run *r) {
@@ -111,17 +109,6 @@ static void run_close(run *r) {
     ag_ctx_free(r->ctx);
     for (int c = 0; c < MP_OTHER; c++) assert_int_equal(mp_get_counter(c).live, 0);
     mp_shutdown();
-}
-
-static float *golden(const llama_st_file *g, const char *key, size_t *n) {
-    const llama_st_tensor *t = llama_st_find(g, key);
-    if (!t) fail_msg("golden lacks %s", key);
-    float *v = malloc(t->numel * sizeof *v);
-    ag_err err = {{0}};
-    assert_non_null(v);
-    if (llama_st_read_f32(g, t, v, t->numel, &err) != 0) fail_msg("%s", err.msg);
-    *n = t->numel;
-    return v;
 }
 
 static bool is_base_matrix(const ag_tensor *p) {
@@ -147,7 +134,7 @@ static void check_adapters(const run *r, const char *prefix, bool grads, float *
         char key[256];
         snprintf(key, sizeof key, "%s.base_model.model.%s", prefix, ag_tensor_name(a));
         size_t n;
-        float *want = golden(r->g, key, &n), *got = malloc(n * sizeof *got);
+        float *want = golden_f32(r->g, key, &n), *got = malloc(n * sizeof *got);
         assert_non_null(src);
         assert_non_null(got);
         assert_int_equal(n, (size_t)a->numel);
@@ -167,7 +154,7 @@ static void check_adapters(const run *r, const char *prefix, bool grads, float *
 
 static void check_loss(const run *r, const char *key, size_t k, float got, double rtol) {
     size_t n;
-    float *want = golden(r->g, key, &n);
+    float *want = golden_f32(r->g, key, &n);
     assert_true(k < n);
     if (!(fabs(got - want[k]) <= rtol * fabs(want[k])))
         fail_msg("%s[%zu]: got %.7g, golden %.7g", key, k, got, want[k]);
@@ -197,7 +184,7 @@ static void test_nf4_weights(void **s) {
         char key[256];
         snprintf(key, sizeof key, "deq.%s", ag_tensor_name(p));
         size_t n;
-        float *want = golden(r.g, key, &n), *got = malloc(n * sizeof *got);
+        float *want = golden_f32(r.g, key, &n), *got = malloc(n * sizeof *got);
         assert_int_equal(n, (size_t)p->numel);
         ag_tensor_to_f32(p, got);
         for (size_t j = 0; j < n; j++) // the offset is a float32 mean: PyTorch sums in another order

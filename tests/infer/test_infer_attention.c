@@ -147,7 +147,8 @@ static void test_key_mask(void **s) {
             for (int64_t i = 0; i < 6; i++) {
                 double ref[D];
                 reference(ref, qn->data, k->data, v->data, mask, 6, T, b, h, i);
-                for (int d = 0; d < D; d++) worst = fmax(worst, fabs(ref[d] - ag_f32(o)[((b * 6 + i) * HQ + h) * D + d]));
+                for (int d = 0; d < D; d++)
+                    worst = fmax(worst, fabs(ref[d] - ag_f32(o)[((b * 6 + i) * HQ + h) * D + d]));
             }
     if (!(worst < 1e-5)) fail_msg("max|cached - float64| = %g", worst);
     // Without the mask, row 1's real queries read the pads and differ.
