@@ -116,7 +116,6 @@ static void assert_ranks_equal_plan(json_t *job, const char *plan_args) {
 // rows, to float32 reduction; SGD (the update is the gradient itself) and Adam.
 static void test_every_stage_matches_one_process(void **state) {
     (void)state;
-    if (getenv("MEMBILL_HEAVY")) skip(); // the heavy run's own invocation
     const char *opts[] = {"--optimizer sgd --lr 0.5", "--lr 1e-3"};
     const double tol[] = {1e-5, 1e-2}; // of the largest step: Adam divides by |g|, so tiny gradients move most
     char a[4096], init[512], ref[512], got[512];
@@ -161,7 +160,6 @@ static void test_every_stage_matches_one_process(void **state) {
 // states shrink stage by stage as each shards one more of them.
 static void test_ranks_equal_plan(void **state) {
     (void)state;
-    if (getenv("MEMBILL_HEAVY")) skip(); // the heavy run's own invocation
     json_int_t prev[3] = {0};
     for (int z = 0; z <= 3; z++) {
         char a[1024], p[1024];
@@ -188,7 +186,6 @@ static void test_ranks_equal_plan(void **state) {
 // its bill the plan's, its teardown clean.
 static void test_smollm2_stage3(void **state) {
     (void)state;
-    if (!getenv("MEMBILL_HEAVY")) skip();
     json_t *job = mpirun_json(2, 600, "train --zero 3 --threads 1 --adam-impl for-loop");
     assert_ranks_equal_plan(job, "plan --gpus 2 --zero 3 --adam-impl for-loop");
     json_t *ranks = json_object_get(job, "ranks");
@@ -206,7 +203,6 @@ static void test_smollm2_stage3(void **state) {
 // A rank that cannot run stops the job with one line, never a hang: a budget no rank meets.
 static void test_bad_input_ends_the_job(void **state) {
     (void)state;
-    if (getenv("MEMBILL_HEAVY")) skip(); // the heavy run's own invocation
     static run_result r;
     mpirun(&r, 2, 60, "train --zero 2 --config " TINY " --seq-len 16 --threads 1 --budget 100kB --quiet");
     assert_int_equal(r.code, 1);
@@ -224,7 +220,6 @@ static void test_bad_input_ends_the_job(void **state) {
 #else
 static void test_without_mpi(void **state) {
     (void)state;
-    if (getenv("MEMBILL_HEAVY")) skip(); // the heavy run's own invocation
     const char *req = getenv("MEMBILL_REQUIRE_MPI");
     if (req && strcmp(req, "1") == 0) fail_msg("MEMBILL_REQUIRE_MPI=1 but this build has no MPI (-DMEMBILL_MPI=ON)");
     static run_result r;
@@ -242,7 +237,6 @@ static void test_without_mpi(void **state) {
 // Options that belong to a sharded step are refused without it.
 static void test_zero_options(void **state) {
     (void)state;
-    if (getenv("MEMBILL_HEAVY")) skip(); // the heavy run's own invocation
     static run_result r;
     membill(&r, "train --bucket-mb 5 --config " TINY);
     assert_int_equal(r.code, 2);
@@ -253,17 +247,22 @@ static void test_zero_options(void **state) {
     assert_int_equal(r.code, 2);
 }
 
+// MEMBILL_HEAVY (the heavy entry): SmolLM2-135M's stage 3 alone; otherwise everything else.
 int main(void) {
     const struct CMUnitTest tests[] = {
 #ifdef MEMBILL_MPIEXEC
         cmocka_unit_test(test_every_stage_matches_one_process),
         cmocka_unit_test(test_ranks_equal_plan),
-        cmocka_unit_test(test_smollm2_stage3),
         cmocka_unit_test(test_bad_input_ends_the_job),
 #else
         cmocka_unit_test(test_without_mpi),
 #endif
         cmocka_unit_test(test_zero_options),
     };
+#ifdef MEMBILL_MPIEXEC
+    const struct CMUnitTest heavy[] = {cmocka_unit_test(test_smollm2_stage3)};
+    if (getenv("MEMBILL_HEAVY"))
+        return cmocka_run_group_tests_name("zero_smollm2", heavy, cli_run_make_dir, cli_run_remove_dir);
+#endif
     return cmocka_run_group_tests_name("zero", tests, cli_run_make_dir, cli_run_remove_dir);
 }
