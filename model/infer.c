@@ -106,15 +106,17 @@ static ag_tensor *forward(gen *g, int64_t from, bool all_positions) {
 // torch.argmax). In meta mode there are no logits: every row picks id 0.
 static void pick(gen *g, const ag_tensor *logits) {
     int64_t t = logits->shape[1], V = logits->shape[2];
-    float *row = logits->data ? malloc((size_t)V * sizeof(float)) : NULL;
+    const bool f32 = logits->dtype == AG_F32; // read in place; other dtypes through a float32 row
+    float *own = logits->data && !f32 ? malloc((size_t)V * sizeof(float)) : NULL;
     for (int64_t b = 0; b < g->B; b++) {
         g->next[b] = 0;
-        if (!row) continue;
-        ag_tensor_row_f32(logits, b * t + t - 1, row);
+        if (!logits->data || (!f32 && !own)) continue;
+        const float *row = f32 ? ag_f32(logits) + (b * t + t - 1) * V : own;
+        if (!f32) ag_tensor_row_f32(logits, b * t + t - 1, own);
         for (int64_t j = 1; j < V; j++)
             if (row[j] > row[g->next[b]]) g->next[b] = (int32_t)j;
     }
-    free(row);
+    free(own);
 }
 
 // Appends the chosen ids as every row's next token: real, one position past the last.
