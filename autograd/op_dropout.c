@@ -17,16 +17,32 @@ static bool kept(uint64_t seed, int64_t i, float p) {
     return (float)(z >> 40) * 0x1p-24f >= p;
 }
 
+// y (+)= x m / (1 - p) over n elements of any dtype, a block at a time through float32; m is the
+// kept mask when given, else drawn from the seed (and written to `mask_out` when that is given).
+static void apply_mask(ag_buf y, bool fresh, ag_buf x, const uint8_t *m, uint8_t *mask_out, uint64_t seed, float p,
+                       int64_t n) {
+    const float k = 1.0f / (1.0f - p);
+    float xb[AG_BLK], yb[AG_BLK];
+    for (int64_t i = 0; i < n; i += AG_BLK) {
+        int64_t len = n - i < AG_BLK ? n - i : AG_BLK;
+        const float *xv = ag_rd(x, i, len, xb);
+        float *yv = fresh ? ag_wr(y, i, yb) : ag_rw(y, i, len, yb);
+        for (int64_t j = 0; j < len; j++) {
+            bool keep = m ? m[i + j] : kept(seed, i + j, p);
+            if (mask_out) mask_out[i + j] = keep;
+            float v = keep ? k * xv[j] : 0.0f;
+            yv[j] = fresh ? v : yv[j] + v;
+        }
+        ag_wr_end(y, i, len, yv);
+    }
+}
+
 static void dropout_backward(ag_ctx *ctx, ag_node *n, const void *dy) {
     const ag_dropout_state *st = &n->state.dropout;
     ag_grad_dst d;
     if (!ag_grad_get(ctx, n, 0, &d) || !d.needed || mp_is_meta()) return;
-    const float k = 1.0f / (1.0f - st->p);
     const uint8_t *m = st->mask ? (const uint8_t *)st->mask->data : NULL;
-    for (int64_t i = 0; i < n->numel; i++) {
-        float v = (m ? m[i] : kept(st->seed, i, st->p)) ? k * ag_get(dy, n->grad_dtype, i) : 0.0f;
-        ag_set(d.data, d.dtype, i, d.fresh ? v : ag_get(d.data, d.dtype, i) + v);
-    }
+    apply_mask(ag_dst_buf(&d), d.fresh, (ag_buf){(void *)dy, n->grad_dtype}, m, NULL, st->seed, st->p, n->numel);
 }
 
 static const ag_op dropout_op = {.name = "dropout", .backward = dropout_backward, .nsaved = AG_NSAVED(dropout)};
@@ -48,15 +64,8 @@ ag_tensor *ag_dropout(ag_ctx *ctx, const char *site, ag_tensor *x, float p, uint
         ag_release(y);
         return NULL;
     }
-    if (!mp_is_meta()) {
-        const float k = 1.0f / (1.0f - p);
-        uint8_t *m = mask ? (uint8_t *)mask->data : NULL;
-        for (int64_t i = 0; i < x->numel; i++) {
-            bool keep = kept(seed, i, p);
-            if (m) m[i] = keep;
-            ag_set(y->data, y->dtype, i, keep ? k * ag_get(x->data, x->dtype, i) : 0.0f);
-        }
-    }
+    if (!mp_is_meta())
+        apply_mask(ag_buf_of(y), true, ag_buf_of(x), NULL, mask ? (uint8_t *)mask->data : NULL, seed, p, x->numel);
     ag_node *n = ag_any_needs_grad(ctx, 1, ins) ? ag_record(ctx, &dropout_op, s.base, y, 1, ins) : NULL;
     if (n)
         n->state.dropout = (ag_dropout_state){.mask = mask, .p = p, .seed = seed}; // takes the mask over

@@ -197,6 +197,13 @@ int dist_zero_new(dist_zero **out, const dist_zero_config *cfg, dist_comm *c, ag
                    cfg ? cfg->stage : -1, cfg ? cfg->prefetch : -1, cfg ? cfg->bucket_bytes : 0);
         return -1;
     }
+    // The shards, buckets and gathers move float32; other dtypes are a bill of meta mode only.
+    for (size_t i = 0; !mp_is_meta() && i < n; i++)
+        if (params[i] && params[i]->dtype != AG_F32) {
+            ag_err_set(err, "zero: %s is %s: the shards of a real run are float32 (other dtypes: --meta, or plan)",
+                       ag_tensor_name(params[i]), ag_type_traits_of(params[i]->dtype)->name);
+            return -1;
+        }
     dist_zero *z = calloc(1, sizeof *z);
     if (!z) {
         ag_err_set(err, "out of memory");
