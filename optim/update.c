@@ -3,6 +3,7 @@
 #include "optim_internal.h"
 
 #include <math.h>
+#include <stdint.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -43,16 +44,48 @@ static inline void adam_scalar(const adam_consts *k, float *w, const float *g, f
 }
 
 #if defined(__x86_64__)
-// The same operations in the same order, sixteen lanes at a time: every lane rounds exactly as
-// the scalar loop (IEEE sqrt and division, no fused multiply-add), so results are bit-identical.
+#define ADAM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
+
+typedef struct {
+    __m512 c1, c2, b2, eps, ss, bc2, wd, decay;
+} adam_vec;
+
+ADAM_AVX512 static inline adam_vec adam_vec_of(const adam_consts *k) {
+    return (adam_vec){_mm512_set1_ps(1.0f - k->b1), _mm512_set1_ps(1.0f - k->b2), _mm512_set1_ps(k->b2),
+                      _mm512_set1_ps(k->eps),       _mm512_set1_ps(k->step_size), _mm512_set1_ps(k->bc2_sqrt),
+                      _mm512_set1_ps(k->wd),        _mm512_set1_ps(k->decay)};
+}
+
+// The same operations in the same order as adam_scalar, sixteen lanes at a time: every lane
+// rounds exactly as the scalar loop (IEEE sqrt and division, no fused multiply-add), so results
+// are bit-identical. Updates m[i..] and v[i..] (lanes mk) and returns the new weights.
+ADAM_AVX512 static inline __m512 adam16(const adam_consts *k, const adam_vec *c, __m512 gi, __m512 wi, float *m,
+                                        float *v, __mmask16 mk) {
+    if (k->decoupled)
+        wi = _mm512_mul_ps(wi, c->decay);
+    else
+        gi = _mm512_add_ps(gi, _mm512_mul_ps(c->wd, wi));
+    __m512 g2 = _mm512_mul_ps(_mm512_mul_ps(c->c2, gi), gi), mi, vi;
+    if (k->fresh) {
+        mi = _mm512_mul_ps(c->c1, gi);
+        vi = g2;
+    } else {
+        mi = _mm512_maskz_loadu_ps(mk, m);
+        vi = _mm512_maskz_loadu_ps(mk, v);
+        mi = _mm512_add_ps(mi, _mm512_mul_ps(_mm512_sub_ps(gi, mi), c->c1));
+        vi = _mm512_add_ps(_mm512_mul_ps(vi, c->b2), g2);
+    }
+    _mm512_mask_storeu_ps(m, mk, mi);
+    _mm512_mask_storeu_ps(v, mk, vi);
+    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), c->bc2), c->eps);
+    return _mm512_sub_ps(wi, _mm512_mul_ps(c->ss, _mm512_div_ps(mi, denom)));
+}
+
 // The scalar loop runs at a few cycles per element for its divisions and square root, slower
 // than memory delivers the seven streams it touches; this one keeps up with memory.
-__attribute__((target("avx512f"))) static void adam_avx512(const adam_consts *k, float *w, const float *g, float *m,
-                                                           float *v, size_t lo, size_t hi) {
-    const __m512 c1 = _mm512_set1_ps(1.0f - k->b1), c2 = _mm512_set1_ps(1.0f - k->b2);
-    const __m512 b2 = _mm512_set1_ps(k->b2), eps = _mm512_set1_ps(k->eps);
-    const __m512 ss = _mm512_set1_ps(k->step_size), bc2 = _mm512_set1_ps(k->bc2_sqrt);
-    const __m512 wd = _mm512_set1_ps(k->wd), decay = _mm512_set1_ps(k->decay);
+ADAM_AVX512 static void adam_avx512(const adam_consts *k, float *w, const float *g, float *m, float *v, size_t lo,
+                                    size_t hi) {
+    const adam_vec c = adam_vec_of(k);
     for (size_t i = lo; i < hi; i += 16) {
         __mmask16 mk = hi - i >= 16 ? 0xFFFF : (__mmask16)((1u << (hi - i)) - 1);
         // Seven streams per thread are more than the hardware prefetcher keeps ahead of: asking
@@ -61,31 +94,43 @@ __attribute__((target("avx512f"))) static void adam_avx512(const adam_consts *k,
         _mm_prefetch((const char *)(w + i + 512), _MM_HINT_T0);
         _mm_prefetch((const char *)(m + i + 512), _MM_HINT_T0);
         _mm_prefetch((const char *)(v + i + 512), _MM_HINT_T0);
-        __m512 gi = _mm512_maskz_loadu_ps(mk, g + i), wi = _mm512_maskz_loadu_ps(mk, w + i);
-        if (k->decoupled)
-            wi = _mm512_mul_ps(wi, decay);
-        else
-            gi = _mm512_add_ps(gi, _mm512_mul_ps(wd, wi));
-        __m512 g2 = _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi), mi, vi;
-        if (k->fresh) {
-            mi = _mm512_mul_ps(c1, gi);
-            vi = g2;
-        } else {
-            mi = _mm512_maskz_loadu_ps(mk, m + i);
-            vi = _mm512_maskz_loadu_ps(mk, v + i);
-            mi = _mm512_add_ps(mi, _mm512_mul_ps(_mm512_sub_ps(gi, mi), c1));
-            vi = _mm512_add_ps(_mm512_mul_ps(vi, b2), g2);
-        }
-        _mm512_mask_storeu_ps(m + i, mk, mi);
-        _mm512_mask_storeu_ps(v + i, mk, vi);
-        __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2), eps);
-        wi = _mm512_sub_ps(wi, _mm512_mul_ps(ss, _mm512_div_ps(mi, denom)));
+        __m512 wi = adam16(k, &c, _mm512_maskz_loadu_ps(mk, g + i), _mm512_maskz_loadu_ps(mk, w + i), m + i, v + i, mk);
         _mm512_mask_storeu_ps(w + i, mk, wi);
     }
 }
 
+// bf16-mixed in one pass: the bfloat16 gradient widened, the step on the float32 master copy and
+// state, the bfloat16 parameter written as the master's rounding (nearest even, NaN 0x7FC0, as
+// ag_bf16_from_f32) with streaming stores: the weights do not stay in cache, and a plain store
+// would first read every line it overwrites.
+ADAM_AVX512 static void adam_mixed_avx512(const adam_consts *k, float *w, const uint16_t *g, float *m, float *v,
+                                          uint16_t *w16, size_t lo, size_t hi) {
+    const adam_vec c = adam_vec_of(k);
+    const __m512i half = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1), qnan = _mm512_set1_epi32(0x7FC0);
+    for (size_t i = lo; i < hi; i += 16) {
+        __mmask16 mk = hi - i >= 16 ? 0xFFFF : (__mmask16)((1u << (hi - i)) - 1);
+        _mm_prefetch((const char *)(g + i + 1024), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + i + 512), _MM_HINT_T0);
+        _mm_prefetch((const char *)(m + i + 512), _MM_HINT_T0);
+        _mm_prefetch((const char *)(v + i + 512), _MM_HINT_T0);
+        __m512i gw = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, g + i)), 16);
+        __m512 wi = adam16(k, &c, _mm512_castsi512_ps(gw), _mm512_maskz_loadu_ps(mk, w + i), m + i, v + i, mk);
+        _mm512_mask_storeu_ps(w + i, mk, wi);
+        __m512i u = _mm512_castps_si512(wi);
+        __m512i r = _mm512_srli_epi32(
+            _mm512_add_epi32(_mm512_add_epi32(u, half), _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), 16);
+        __m256i h = _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(wi, wi, _CMP_UNORD_Q), qnan));
+        if (mk == 0xFFFF && ((uintptr_t)(w16 + i) & 31) == 0)
+            _mm256_stream_si256((__m256i *)(w16 + i), h);
+        else
+            _mm256_mask_storeu_epi16(w16 + i, mk, h);
+    }
+    _mm_sfence();
+}
+
 #endif
 
+// AVX-512 F, and BW with VL (16-bit lanes), each checked once.
 static bool has_avx512(void) {
 #if defined(__x86_64__)
     static int avx512 = -1;
@@ -94,6 +139,19 @@ static bool has_avx512(void) {
         avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
     }
     return avx512;
+#else
+    return false;
+#endif
+}
+
+static bool has_avx512_bw(void) {
+#if defined(__x86_64__)
+    static int bw = -1;
+    if (bw < 0) {
+        __builtin_cpu_init();
+        bw = has_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    }
+    return bw;
 #else
     return false;
 #endif
@@ -207,6 +265,16 @@ static void typed_part(void *p, int64_t lo, int64_t hi, int thread) {
     }
 }
 
+#if defined(__x86_64__)
+// Lines [lo, hi) of 16 elements.
+static void mixed_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const typed_args *a = p;
+    size_t b = (size_t)lo * 16, e = (size_t)hi * 16 < a->n ? (size_t)hi * 16 : a->n;
+    adam_mixed_avx512(&a->k, a->master.p, a->g.p, a->m.p, a->v.p, a->w.p, b, e);
+}
+#endif
+
 bool optim_update_is_typed(const optim_slot *s) {
     return s->param->dtype != AG_F32 || s->param->grad->dtype != AG_F32 || s->master.bytes ||
            (s->state[0].bytes && s->state[0].bytes != (size_t)s->param->numel * sizeof(float));
@@ -218,5 +286,12 @@ void optim_update_typed(const optim_config *c, optim_slot *s) {
     a.w = ag_buf_of(s->param), a.g = ag_buf_of(s->param->grad);
     a.m = (ag_buf){s->state[0].data, st}, a.v = (ag_buf){s->state[1].data, st};
     a.master = (ag_buf){s->master.data, AG_F32};
+#if defined(__x86_64__)
+    if ((c->kind == OPTIM_ADAM || c->kind == OPTIM_ADAMW) && a.master.p && a.w.t == AG_BF16 && a.g.t == AG_BF16 &&
+        st == AG_F32 && has_avx512_bw()) {
+        ag_parallel_for((int64_t)(a.n + 15) / 16, OPTIM_PAR_GRAIN / 16, mixed_part, &a);
+        return;
+    }
+#endif
     ag_parallel_for((int64_t)(a.n + BLK - 1) / BLK, OPTIM_PAR_GRAIN / BLK, typed_part, &a);
 }

@@ -2,7 +2,8 @@
 # Real runs in each dtype, SmolLM2-135M (random init), all measured in the same run (the machine
 # is shared: only ratios taken together mean anything):
 # - the training step (batch 1, Adam fused, steady state: the median of steps 2 on) in float32
-#   and in bf16-mixed, at each of LENGTHS tokens;
+#   and in bf16-mixed, at each of LENGTHS tokens, the two alternating REPEAT times, the best run
+#   of each (another process on the machine only ever slows a run down);
 # - the decode step (25-token prompt, median step of 40) in float32, bfloat16, int8 and int4
 #   weights, each against its weight-read floor: every weight read once, its bytes in its dtype,
 #   at the read bandwidth bench_bandwidth measures (the better of a probe before and one after);
@@ -36,9 +37,11 @@ trap 'rm -rf "$tmp"' EXIT
 
 "$bw" "$threads" 5 >"$tmp/bw1.json"
 for n in $lengths; do
-  for d in fp32 bf16-mixed; do
-    "$membill" train --steps "$steps" --threads "$threads" --seq-len "$n" --adam-impl fused --dtype "$d" \
-      --quiet --json "$tmp/train-$d-$n.json"
+  for r in $(seq "$repeat"); do
+    for d in fp32 bf16-mixed; do
+      "$membill" train --steps "$steps" --threads "$threads" --seq-len "$n" --adam-impl fused --dtype "$d" \
+        --quiet --json "$tmp/train-$d-$n-$r.json"
+    done
   done
 done
 "$infer" --threads "$threads" --repeat "$repeat" --json "$tmp/infer-fp32.json" >/dev/null
@@ -62,20 +65,22 @@ load = lambda n: json.load(open(f"{d}/{n}"))
 bw = [load("bw1.json"), load("bw2.json")]
 read = max(b["read_gbs"] for b in bw)
 print(f"machine: read {read:.1f} GB/s ({bw[0]['threads']} threads, best of two probes)")
-print("training step, steady state (median of steps 2 on):")
+print(f"training step, steady state (median of steps 2 on, best of {repeat} alternating runs):")
 print(f"{'tokens':>6} {'float32 s':>10} {'bf16-mixed s':>13} {'speed-up':>9}   (target >= 1.5)")
+step = lambda v, n, r: statistics.median(x["step_s"] for x in load(f"train-{v}-{n}-{r}.json")["timing"]["steps"][1:])
 for n in lengths:
-    s = {v: statistics.median(x["step_s"] for x in load(f"train-{v}-{n}.json")["timing"]["steps"][1:])
-         for v in ("fp32", "bf16-mixed")}
+    s = {v: min(step(v, n, r + 1) for r in range(repeat)) for v in ("fp32", "bf16-mixed")}
     print(f"{n:>6} {s['fp32']:>10.3f} {s['bf16-mixed']:>13.3f} {s['fp32'] / s['bf16-mixed']:>9.2f}")
 print("decode step (25-token prompt, median of 40 steps, best of runs) and 40 tokens with the cache:")
-print(f"{'weights':>8} {'bytes':>12} {'step s':>8} {'floor s':>8} {'/ floor':>8} {'/ fp32':>7} {'40 tokens s':>12}")
+print(f"{'weights':>8} {'bytes':>12} {'step s':>8} {'floor s':>8} {'/ floor':>8} {'/ fp32':>7} {'40 tokens s':>12} "
+      f"{'in products':>12}")
 f32 = load("infer-fp32.json")
 for v in ("fp32", "bf16", "int8", "int4"):
     m = load(f"infer-{v}.json")
     floor = m["weight_bytes"] / (read * 1e9)
     print(f"{v:>8} {m['weight_bytes']:>12,} {m['decode_step_s']:>8.4f} {floor:>8.4f} "
-          f"{m['decode_step_s'] / floor:>8.2f} {m['decode_step_s'] / f32['decode_step_s']:>7.2f} {m['cached_s']:>12.3f}")
+          f"{m['decode_step_s'] / floor:>8.2f} {m['decode_step_s'] / f32['decode_step_s']:>7.2f} {m['cached_s']:>12.3f} "
+          f"{m['cached_products_s'] / m['cached_s']:>11.0%}")
 for v in ("fp32", "int8"):
     runs = [load(f"torch-{v}-{r + 1}.json")["timing"]["cached"] for r in range(repeat)]
     step = min(r["decode_step_s"] for r in runs)

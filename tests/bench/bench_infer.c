@@ -52,19 +52,25 @@ static int parse(bench_args *a, int argc, char **argv) {
     return 0;
 }
 
+// The time in products (every linear, attention's products) of the best run of the last run().
+static double best_products_s;
+
 // The best of `repeat` runs (timings: the fastest generate_s); exits on error.
 static llama_generate_stats run(ag_ctx *ctx, llama_model *m, bool cache, const int32_t *ids, int64_t B, int64_t T,
                                 int64_t n, int repeat, int32_t *out) {
     llama_generate_stats best = {0};
+    best_products_s = 0;
     for (int r = 0; r < repeat; r++) {
         llama_generate_stats st;
         ag_err err = {{0}};
         llama_generate_opts o = {.use_cache = cache};
+        ag_reset_blas_stats();
         if (llama_generate(ctx, m, &o, ids, NULL, B, T, n, out, &st, &err) != 0) {
             fprintf(stderr, "bench_infer: %s\n", err.msg);
             exit(1);
         }
         if (r == 0 || st.generate_s < best.generate_s) {
+            best_products_s = ag_get_blas_stats().seconds;
             llama_generate_stats_free(&best);
             best = st;
         } else {
@@ -102,12 +108,12 @@ static bool batch_claim(ag_ctx *ctx, llama_model *m, const int32_t *ids, int T, 
     return same;
 }
 
-static json_t *single_report(const bench_args *a, const llama_generate_stats *c, const llama_generate_stats *u,
-                             bool same) {
-    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:b}", "engine", "membill", "threads", a->threads,
-                     "tokens", a->tokens, "new_tokens", a->new_tokens, "repeat", a->repeat, "prefill_s", c->prefill_s,
-                     "decode_step_s", c->decode_step_s, "cached_s", c->generate_s, "uncached_s", u->generate_s,
-                     "same_tokens", same);
+static json_t *single_report(const bench_args *a, const llama_generate_stats *c, double products_s,
+                             const llama_generate_stats *u, bool same) {
+    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:b}", "engine", "membill", "threads",
+                     a->threads, "tokens", a->tokens, "new_tokens", a->new_tokens, "repeat", a->repeat, "prefill_s",
+                     c->prefill_s, "decode_step_s", c->decode_step_s, "cached_s", c->generate_s, "cached_products_s",
+                     products_s, "uncached_s", u->generate_s, "same_tokens", same);
 }
 
 int main(int argc, char **argv) {
@@ -149,11 +155,14 @@ int main(int argc, char **argv) {
            a.threads, a.tokens, a.new_tokens, a.repeat);
     run(ctx, m, true, ids, 1, a.tokens, 2, 1, out); // warm-up: thread pools, page faults
     llama_generate_stats c = run(ctx, m, true, ids, 1, a.tokens, a.new_tokens, a.repeat, out);
+    double c_products = best_products_s;
     int32_t *out2 = malloc(sizeof(int32_t) * (size_t)a.new_tokens);
     llama_generate_stats u = run(ctx, m, false, ids, 1, a.tokens, a.new_tokens, a.repeat, out2);
     bool same = memcmp(out, out2, sizeof(int32_t) * (size_t)a.new_tokens) == 0;
     int last = a.new_tokens - 1;
     printf("S3: prefill %.4f s, median decode step %.4f s\n", c.prefill_s, c.decode_step_s);
+    printf("    of the %.3f s with the cache, %.3f s in products (%.0f%%), %.3f s in the rest\n", c.generate_s,
+           c_products, 100 * c_products / c.generate_s, c.generate_s - c_products);
     printf("    cache after the prefill %llu bytes (usable %llu), after step %d %llu (usable %llu)\n",
            (unsigned long long)c.cache_bytes[0], (unsigned long long)c.cache_usable[0], last,
            (unsigned long long)c.cache_bytes[last], (unsigned long long)c.cache_usable[last]);
@@ -164,7 +173,7 @@ int main(int argc, char **argv) {
     printf("    without the cache: first step %.4f s, last step %.4f s\n", u.step_s[0], u.step_s[a.new_tokens - 1]);
     for (int k = 0; a.steps && k < a.new_tokens; k++)
         printf("    step %2d: with the cache %.4f s, without %.4f s\n", k, c.step_s[k], u.step_s[k]);
-    json_t *report = a.json ? single_report(&a, &c, &u, same) : NULL;
+    json_t *report = a.json ? single_report(&a, &c, c_products, &u, same) : NULL;
     if (report) // what a decode step reads: every weight once, in its dtype
         json_object_set_new(report, "weight_bytes", json_integer((json_int_t)mp_get_counter(MP_WEIGHT).peak));
     llama_generate_stats_free(&c);

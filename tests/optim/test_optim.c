@@ -650,6 +650,66 @@ static void test_bf16_real_steps(void **state) {
     }
 }
 
+// bfloat16 of x, nearest even (x is never NaN here).
+static float bf16_of(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+// bf16-mixed over a length with a tail (the pass runs 16 lanes at a time, with streaming stores
+// where the weight's lines allow): after each of three steps the bfloat16 weight is, bit for bit,
+// the rounding of a float32 run of the same update from the same values (the master copy).
+static void test_bf16_mixed_matches_float32(void **state) {
+    ag_ctx *ctx = *state;
+    enum { NM = 16 * 67 + 13 };
+    float *w0 = malloc(NM * sizeof(float)), *g = malloc(NM * sizeof(float)), *got = malloc(NM * sizeof(float));
+    assert_true(w0 && g && got);
+    for (int i = 0; i < NM; i++) w0[i] = bf16_of((float)cos(0.37 * i));
+    for (optim_kind kind = OPTIM_ADAM; kind <= OPTIM_ADAMW; kind++) {
+        optim_config c = optim_defaults(kind), cm = c;
+        c.weight_decay = cm.weight_decay = 0.01f;
+        cm.master = true;
+        ag_precision f32 = ag_precision_f32(), b16 = {.act_bits = 16, .weight_bits = 16, .grad_bits = 16};
+        assert_true(ag_ctx_set_precision(ctx, &f32));
+        ag_tensor *p32 = param(ctx, "w32", NM, w0);
+        assert_true(ag_ctx_set_precision(ctx, &b16));
+        ag_tensor *p16 = ag_param_new(ctx, 1, (int64_t[]){NM}, "w16");
+        assert_non_null(p16);
+        assert_int_equal(p16->dtype, AG_BF16);
+        ag_tensor_from_f32(p16, w0);
+        ag_err e = {""};
+        optim *o32 = optim_new(&c, &p32, 1, &e), *o16 = optim_new(&cm, &p16, 1, &e);
+        assert_true(o32 && o16);
+        for (int step = 0; step < 3; step++) {
+            for (int i = 0; i < NM; i++) g[i] = bf16_of(0.05f * (float)sin(1.3 * i + step));
+            assert_true(ag_ctx_set_precision(ctx, &f32));
+            ag_release(p32->grad);
+            p32->grad = ag_tensor_new(ctx, 1, (int64_t[]){NM}, MP_GRADIENT, "w32:grad");
+            ag_tensor_from_f32(p32->grad, g);
+            assert_true(ag_ctx_set_precision(ctx, &b16));
+            ag_release(p16->grad);
+            p16->grad = ag_tensor_new(ctx, 1, (int64_t[]){NM}, MP_GRADIENT, "w16:grad");
+            ag_tensor_from_f32(p16->grad, g);
+            assert_int_equal(optim_step(o32, &e), 0);
+            assert_int_equal(optim_step(o16, &e), 0);
+            ag_tensor_to_f32(p16, got);
+            const float *want = ag_f32(p32);
+            for (int i = 0; i < NM; i++)
+                if (got[i] != bf16_of(want[i]))
+                    fail_msg("%s step %d element %d: %a, expected %a (the rounding of %a)", optim_kind_name(kind), step,
+                             i, got[i], bf16_of(want[i]), want[i]);
+        }
+        optim_free(o32);
+        optim_free(o16);
+        ag_release(p32);
+        ag_release(p16);
+    }
+    free(w0), free(g), free(got);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Budget: a step whose state does not fit fails, naming the parameter, and changes nothing
 
@@ -1313,6 +1373,7 @@ int main(void) {
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_meta_dtypes),
         cmocka_unit_test_setup_teardown(test_bf16_real_steps, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_mixed_matches_float32, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parse_kind, setup, teardown),
         cmocka_unit_test_setup_teardown(test_invalid_settings, setup, teardown),
         cmocka_unit_test(test_impl_temporaries),
