@@ -32,7 +32,7 @@
 #define SPIN_NS 100000         // how long an idle thread or a waiting caller spins before sleeping
 #define SPIN_BUSY_NS 5000      // the same on a busy machine
 #define PREEMPTED_NS 20000     // wall time beyond the thread's CPU time: it lost its core
-#define CONTENDED_NS 100000000 // how long the machine counts as busy after that
+#define CONTENDED_NS 100000000 // two losses this close: busy, for this long after the second
 
 typedef struct {
     ag_range_fn fn;
@@ -77,17 +77,18 @@ static int64_t thread_cpu_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-// When a spinning thread last found that it had lost its core to another thread or process.
-static _Atomic int64_t lost_core_at = INT64_MIN / 2;
+// When a spinning thread last found that it had lost its core to another thread or process, and
+// until when the machine counts as busy: from the second loss within CONTENDED_NS (a virtual
+// machine's host takes a core now and then for a moment; another process on the machine takes it
+// again and again).
+static _Atomic int64_t lost_core_at = INT64_MIN / 2, busy_until = INT64_MIN / 2;
 
 // Spins until *w differs from seen; true when it changed, false when the spin ran out. It runs
 // out after SPIN_NS, or at once when this thread lost its core while spinning (the wall clock
-// ran ahead of its own CPU clock): the machine is busy, and for CONTENDED_NS after that every
-// spin stops at SPIN_BUSY_NS.
+// ran ahead of its own CPU clock); on a busy machine every spin stops at SPIN_BUSY_NS.
 static bool spin_until_changed(_Atomic uint32_t *w, uint32_t seen) {
     int64_t t0 = now_ns(), c0 = thread_cpu_ns();
-    int64_t limit =
-        t0 - atomic_load_explicit(&lost_core_at, memory_order_relaxed) < CONTENDED_NS ? SPIN_BUSY_NS : SPIN_NS;
+    int64_t limit = t0 < atomic_load_explicit(&busy_until, memory_order_relaxed) ? SPIN_BUSY_NS : SPIN_NS;
     for (int i = 1;; i++) {
         if (atomic_load_explicit(w, memory_order_acquire) != seen) return true;
         cpu_relax();
@@ -95,7 +96,8 @@ static bool spin_until_changed(_Atomic uint32_t *w, uint32_t seen) {
         int64_t t = now_ns() - t0;
         if (t > limit) return false;
         if (i % 512 == 0 && t - (thread_cpu_ns() - c0) > PREEMPTED_NS) {
-            atomic_store_explicit(&lost_core_at, t0 + t, memory_order_relaxed);
+            int64_t at = t0 + t, last = atomic_exchange_explicit(&lost_core_at, at, memory_order_relaxed);
+            if (at - last < CONTENDED_NS) atomic_store_explicit(&busy_until, at + CONTENDED_NS, memory_order_relaxed);
             return false;
         }
     }
