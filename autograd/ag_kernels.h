@@ -64,6 +64,9 @@ void ag_gemm_16_out(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t 
                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc);
 // Tile sizes behind the workspace (elements): rows of op(A), columns of op(B), depth. NC is a
 // multiple of the kernel's 48 columns, MC of 16 rows, KC of 32.
+// The most a kernel keeps on its caller's stack for the rows of a small call (decode).
+#define AG_KERNEL_STACK_BYTES 16384
+
 #define AG_GEMM16_MC 192
 #define AG_GEMM16_NC 288
 #define AG_GEMM16_KC 384

@@ -380,6 +380,12 @@ void ag_parallel_for(int64_t n, int64_t grain, ag_range_fn fn, void *arg);
 // The same with every item its own chunk: tasks of uneven size (attention's causal blocks).
 void ag_parallel_tasks(int64_t n, ag_range_fn fn, void *arg);
 
+// Labels: appends s (or v in decimal) at buf + n, cut to fit cap with its NUL as snprintf cuts, and returns
+// n plus the whole length of what was asked for: snprintf's result, without its cost on the path
+// of every op (a decode step labels hundreds of tensors).
+size_t ag_str_put(char *buf, size_t cap, size_t n, const char *s);
+size_t ag_str_put_i64(char *buf, size_t cap, size_t n, long long v);
+
 // "[25, 576] float32": a tensor of like's shape at bits an element (16: float16 when fp16, else
 // bfloat16), the description the profiler keeps beside an allocation (mp_alloc_described).
 void ag_describe_like(char *out, size_t cap, const ag_tensor *like, int bits, bool fp16);

@@ -86,13 +86,19 @@ static _Atomic int64_t lost_core_at = INT64_MIN / 2, busy_until = INT64_MIN / 2;
 // Spins until *w differs from seen; true when it changed, false when the spin ran out. It runs
 // out after SPIN_NS, or at once when this thread lost its core while spinning (the wall clock
 // ran ahead of its own CPU clock); on a busy machine every spin stops at SPIN_BUSY_NS.
+// The clocks are first read after 64 pauses: most waits end sooner (the caller waiting for the
+// last chunk of a short loop), and the CPU clock is a system call.
 static bool spin_until_changed(_Atomic uint32_t *w, uint32_t seen) {
-    int64_t t0 = now_ns(), c0 = thread_cpu_ns();
-    int64_t limit = t0 < atomic_load_explicit(&busy_until, memory_order_relaxed) ? SPIN_BUSY_NS : SPIN_NS;
+    int64_t t0 = 0, c0 = 0, limit = 0;
     for (int i = 1;; i++) {
         if (atomic_load_explicit(w, memory_order_acquire) != seen) return true;
         cpu_relax();
         if (i % 64) continue;
+        if (i == 64) {
+            t0 = now_ns(), c0 = thread_cpu_ns();
+            limit = t0 < atomic_load_explicit(&busy_until, memory_order_relaxed) ? SPIN_BUSY_NS : SPIN_NS;
+            continue;
+        }
         int64_t t = now_ns() - t0;
         if (t > limit) return false;
         if (i % 512 == 0 && t - (thread_cpu_ns() - c0) > PREEMPTED_NS) {

@@ -222,13 +222,14 @@ bool ag_q4_linear(const float *x, int64_t M, int64_t K, const void *block, int64
     q4_args a = {x, block, scales_of(block, N, K), bias, y, M, N, K, group, groups_of(K, group)};
 #if defined(__x86_64__)
     if (ag_cpu_avx512() && ag_cpu_f16c() && M >= 1 && M <= AG_SKINNY_MAX_M && K % 32 == 0 && group % 32 == 0) {
-        float *xs = malloc((size_t)(M * K) * sizeof(float));
+        float small[AG_KERNEL_STACK_BYTES / sizeof(float)];
+        float *xs = M * K <= (int64_t)(sizeof small / sizeof *small) ? small : malloc((size_t)(M * K) * sizeof(float));
         if (!xs) return false;
         split_even_odd(x, M * K, xs);
         a.x = xs;
         int64_t grain = ((int64_t)1 << 16) / (Q4_NR * K / 2 + 1) + 1;
         ag_parallel_for((N + Q4_NR - 1) / Q4_NR, grain, fused_part, &a);
-        free(xs);
+        if (xs != small) free(xs);
         ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
         return true;
     }

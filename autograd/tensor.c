@@ -121,10 +121,12 @@ static const char *dtype_name(int bits, bool fp16) {
 
 // "[25, 576] float32": what the trace shows beside a tensor's bytes.
 static void describe(char *out, size_t cap, int ndim, const int64_t *shape, int bits, bool fp16) {
-    size_t n = (size_t)snprintf(out, cap, "[");
-    for (int i = 0; i < ndim && n < cap; i++)
-        n += (size_t)snprintf(out + n, cap - n, i ? ", %lld" : "%lld", (long long)shape[i]);
-    if (n < cap) snprintf(out + n, cap - n, "] %s", dtype_name(bits, fp16));
+    size_t n = ag_str_put(out, cap, 0, "[");
+    for (int i = 0; i < ndim && n < cap; i++) {
+        if (i) n = ag_str_put(out, cap, n, ", ");
+        n = ag_str_put_i64(out, cap, n, (long long)shape[i]);
+    }
+    if (n < cap) n = ag_str_put(out, cap, ag_str_put(out, cap, n, "] "), dtype_name(bits, fp16));
 }
 
 void ag_describe_like(char *out, size_t cap, const ag_tensor *like, int bits, bool fp16) {

@@ -1,13 +1,12 @@
 // What the training forward and generation share: site labels and the halves of a block.
 #include "blocks.h"
 
-#include <stdio.h>
-
 #define REL(t) (ag_release(t), (t) = NULL)
 
 // "layers.<i>.<what>": the site prefix of an op inside block i.
 const char *llama_site(char buf[96], int64_t i, const char *what) {
-    snprintf(buf, 96, "layers.%lld.%s", (long long)i, what);
+    size_t n = ag_str_put_i64(buf, 96, ag_str_put(buf, 96, 0, "layers."), (long long)i);
+    ag_str_put(buf, 96, ag_str_put(buf, 96, n, "."), what);
     return buf;
 }
 

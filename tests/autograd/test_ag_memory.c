@@ -1,7 +1,9 @@
 // Memory behaviour of the tape on a tiny Llama-like model: what forward keeps is exactly what
 // the ops declare they saved, backward gives it all back and leaves only parameter gradients,
 // meta mode allocates the same bytes, no-grad mode keeps nothing. Errors and budgets.
+#include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -392,8 +394,26 @@ static void test_budget(void **state) {
     mp_shutdown();
 }
 
+// The label writers give what snprintf gives, cut where it cuts, and return its length.
+static void test_label_writers(void **state) {
+    (void)state;
+    const long long nums[] = {0, 7, -7, 1234567890123LL, LLONG_MIN, LLONG_MAX};
+    for (size_t cap = 1; cap < 24; cap++)
+        for (size_t k = 0; k < sizeof nums / sizeof *nums; k++) {
+            char got[32], want[32];
+            memset(got, 'x', sizeof got), memset(want, 'x', sizeof want);
+            size_t n = ag_str_put(got, cap, 0, "layers.");
+            n = ag_str_put_i64(got, cap, n, nums[k]);
+            int w = snprintf(want, cap, "layers.%lld", nums[k]);
+            assert_int_equal(n, (size_t)w);
+            assert_string_equal(got, want);
+            assert_int_equal(got[cap], 'x'); // nothing written past cap
+        }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_label_writers),
         cmocka_unit_test_setup_teardown(test_chain_memory, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_saved_per_node, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_chain_gradients, ag_setup, ag_teardown),
