@@ -236,8 +236,9 @@ bool ag_q8_linear(const float *x, int64_t M, int64_t K, const int8_t *wq, float 
     ag_q8_act_params p = ag_q8_choose_act_params(x, M * K);
     ag_q8_quantize_act(x, M * K, p, xq);
     q8_args a = {xq, wq, bias, y, M, N, K, p.zero_point, p.scale * w_scale};
-    // Blocks of 4 weight rows; a chunk streams at least 128 KB of the weight.
-    int64_t blocks = (N + 3) / 4, grain = ((int64_t)1 << 17) / (4 * K + 1) + 1;
+    // Blocks of 4 weight rows; a chunk streams at least 32 K weights, as the other skinny kernels
+    // (a decode's key and value projections, 110 K weights, then still split between two threads).
+    int64_t blocks = (N + 3) / 4, grain = ((int64_t)1 << 15) / (4 * K + 1) + 1;
     ag_parallel_for(blocks, grain, q8_part, &a);
     ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
     if (xq != small) free(xq);
