@@ -182,6 +182,9 @@ void ag_skinny_backward(const float *dy, const float *x, const float *w, float *
 // head's angles from (c0, s0), the second from (c1, s1).
 void ag_rope_row(float *y, const float *x, const float *c0, const float *s0, const float *c1, const float *s1, int nh,
                  int hd, float sign, bool accumulate);
+// op_attention.c: y[j] = e^(x[j] - mx) where keep[j] (keep NULL: everywhere), else 0 (y may be x);
+// returns Σ y in double. 16 lanes with ag_exp16 where AVX-512 is there, expf elsewhere.
+double ag_softmax_exp(float *y, const float *x, int64_t n, float mx, const int32_t *keep);
 // op_attention.c: one row of the softmax backward, ds = p ∘ (dp - Σ p ∘ dp) (ds may be dp).
 void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t n);
 // vec.c: dst = a + b; dst = a * b (fresh) or dst += a * b; dst (+)= src. Each rounds once to

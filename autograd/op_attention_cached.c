@@ -300,11 +300,7 @@ static void masked_softmax_row(float *row, int64_t b, int64_t i, const cat_dims 
     float mx = -INFINITY;
     for (int64_t j = lo; j < n; j++)
         if ((!m || m[j]) && row[j] > mx) mx = row[j];
-    double sum = 0.0;
-    for (int64_t j = lo; j < n; j++) {
-        row[j] = (!m || m[j]) ? expf(row[j] - mx) : 0.0f;
-        sum += row[j];
-    }
+    double sum = ag_softmax_exp(row + lo, row + lo, n - lo, mx, m ? m + lo : NULL);
     float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
     for (int64_t j = lo; j < n; j++) row[j] *= inv;
     for (int64_t j = 0; j < lo; j++) row[j] = 0.0f;

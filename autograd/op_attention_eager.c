@@ -106,9 +106,7 @@ static void softmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
         const float *x = ag_rd(s->m, r * n, n, xb);
         float *y = ag_wr(s->p, r * n, yb), mx = x[0];
         for (int64_t j = 1; j < n; j++) mx = x[j] > mx ? x[j] : mx;
-        double sum = 0.0;
-        for (int64_t j = 0; j < n; j++) sum += (y[j] = expf(x[j] - mx));
-        float inv = (float)(1.0 / sum);
+        float inv = (float)(1.0 / ag_softmax_exp(y, x, n, mx, NULL));
         for (int64_t j = 0; j < n; j++) y[j] *= inv;
         ag_wr_end(s->p, r * n, n, y);
     }
