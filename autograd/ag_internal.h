@@ -169,6 +169,10 @@ bool ag_skinny_forward_available(int64_t M);
 bool ag_has_avx512(void); // the CPU runs AVX-512F code (checked once)
 // y[M, N] = x[M, K] · w[N, K]ᵀ
 void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K);
+// y[i][M, N[i]] = x · w[i]ᵀ for up to AG_JOBS_MAX weights of one x, in one loop of the pool
+// where x fits one pass; each y[i] as ag_skinny_forward gives it, bit for bit.
+void ag_skinny_forward_group(const float *x, int64_t M, int64_t K, int n, const float *const w[], const int64_t N[],
+                             float *const y[]);
 // dx[M, K] (+)= dy[M, N] · w[N, K] and dw[N, K] (+)= dy[M, N]ᵀ · x[M, K] in one sweep over w
 // and dw; a fresh destination is overwritten, otherwise accumulated into.
 void ag_skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw, int64_t M, int64_t N,
@@ -213,6 +217,16 @@ static inline bool ag_is_quantised(const ag_tensor *t) { return t && ag_type_tra
 
 // pool.c
 void ag_pool_set_threads(int n);
+// Up to AG_JOBS_MAX loops (fn over [0, n), each as ag_parallel_for(n, grain, fn, arg) would split
+// it) as one loop of the pool: one hand-over to the threads and one wait, where the loops one
+// after another would take one each (a decode step's projections of one input).
+#define AG_JOBS_MAX 8
+typedef struct {
+    ag_range_fn fn;
+    void *arg;
+    int64_t n, grain;
+} ag_job;
+void ag_parallel_jobs(int njobs, const ag_job *jobs);
 
 // Time spent in matrix products, for ag_get_blas_stats: a start time, then the account.
 double ag_blas_clock(void);

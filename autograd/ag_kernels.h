@@ -62,6 +62,11 @@ void ag_gemm_16(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, i
 // op(A) op(B) + beta C (C read as t). Extra workspace: one float32 tile per thread.
 void ag_gemm_16_out(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc);
+// y[i][M, N[i]] = x[M, K] · w[i][N[i], K]ᵀ in t, for up to AG_JOBS_MAX weights of one x (a linear's
+// forward): with bfloat16 and few rows, every product in one loop of the pool; each y[i] as
+// ag_gemm_16_out gives it, bit for bit.
+void ag_gemm_16_linear_group(ag_dtype t, int64_t M, int64_t K, const void *x, int n, const void *const w[],
+                             const int64_t N[], void *const y[]);
 // Tile sizes behind the workspace (elements): rows of op(A), columns of op(B), depth. NC is a
 // multiple of the kernel's 48 columns, MC of 16 rows, KC of 32.
 // The most a kernel keeps on its caller's stack for the rows of a small call (decode).
@@ -92,6 +97,15 @@ void ag_q8_quantize_weight(const float *w, int64_t N, int64_t K, int8_t *q, floa
 // it cannot be had. The int32 sums hold for K up to 65,793 (2^31 / (255 * 128)), as PyTorch's.
 bool ag_q8_linear(const float *x, int64_t M, int64_t K, const int8_t *wq, float w_scale, int64_t N, const float *bias,
                   float *y);
+// The same for up to AG_JOBS_MAX weights of one input (a decode step's q, k and v): x quantised
+// once, every product in one loop of the pool; y[i] as ag_q8_linear would give it, bit for bit.
+typedef struct {
+    const int8_t *q;
+    float scale;
+    int64_t N;
+    const float *bias;
+} ag_q8_weight;
+bool ag_q8_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q8_weight *w, float *const y[]);
 // The activation's quantisation parameters alone (what ag_q8_linear uses), and x quantised with
 // them: q = clamp(round-half-even(x * (1 / scale) + zp), 0, qmax).
 typedef struct {
@@ -122,3 +136,11 @@ void ag_q4_dequantize_rows(const void *block, int64_t N, int64_t K, int64_t grou
 #define AG_Q4_TILE_ROWS 64
 bool ag_q4_linear(const float *x, int64_t M, int64_t K, const void *block, int64_t group, int64_t N, const float *bias,
                   float *y);
+// The same for up to AG_JOBS_MAX weights of one input: on the fast path x is copied once and every
+// product runs in one loop of the pool; y[i] as ag_q4_linear would give it, bit for bit.
+typedef struct {
+    const void *block;
+    int64_t group, N;
+    const float *bias;
+} ag_q4_weight;
+bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4_weight *w, float *const y[]);

@@ -290,6 +290,13 @@ uint64_t ag_tape_saved_bytes(const ag_ctx *ctx);
 // y[..., out] = x[..., in] · w[out, in]ᵀ + b[out] (nn.Linear); b NULL: no bias. The bias's
 // gradient needs nothing saved: it is the column sums of d(y).
 ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, ag_tensor *b);
+// n linears of one input (1 <= n <= 8): out[i] = ag_linear(ctx, sites[i], x, w[i], b[i]) (b[i] NULL: no
+// bias), with the same bills, in the same order. In a real run with nothing to record (grad mode
+// off, or no input wanting a gradient) and few rows (a decode step's q, k and v; gate and up),
+// weights of one element type run their products in one loop of the pool, each output as
+// ag_linear gives it, bit for bit. On failure every out[i] is NULL and the error is set.
+bool ag_linear_group(ag_ctx *ctx, int n, const char *const sites[], ag_tensor *x, ag_tensor *const w[],
+                     ag_tensor *const b[], ag_tensor *out[]);
 // y[B, T, H] = table[ids[b*T + t]]; ids are copied.
 ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T, ag_tensor *table);
 // The same as nn.Embedding(padding_idx): positions holding padding_idx add nothing to the

@@ -443,3 +443,28 @@ void ag_gemm_16_out(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t 
     g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, NULL, C, 0, 0, 0, false};
     gemm16(&g);
 }
+
+void ag_gemm_16_linear_group(ag_dtype t, int64_t M, int64_t K, const void *x, int n, const void *const w[],
+                             const int64_t N[], void *const y[]) {
+#if defined(__x86_64__)
+    if (n >= 1 && n <= AG_JOBS_MAX && t == AG_BF16 && ag_cpu_avx512_bf16() && M >= 1 && M <= AG_SKINNY_MAX_M) {
+        static pthread_once_t once = PTHREAD_ONCE_INIT;
+        pthread_once(&once, blas_single);
+        double t0 = ag_blas_clock(), flops = 0;
+        g16 g[AG_JOBS_MAX];
+        ag_job jobs[AG_JOBS_MAX];
+        for (int i = 0; i < n; i++) {
+            g[i] = (g16){t, false, true, M, N[i], K, K, K, N[i], 1.0f, 0.0f, x, w[i], NULL, y[i], 0, 0, 0, false};
+            jobs[i] = (ag_job){skinny_part, &g[i], N[i] / SK_NR, ((int64_t)1 << 16) / (SK_NR * K * 2 + 1) + 1};
+            flops += 2.0 * (double)M * (double)N[i] * (double)K;
+        }
+        ag_parallel_jobs(n, jobs);
+        for (int i = 0; i < n; i++)
+            for (int64_t r = N[i] / SK_NR * SK_NR; r < N[i]; r++) skinny_rows(&g[i], 1, r);
+        ag_blas_account(t0, n, flops);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++)
+        ag_gemm_16_out(t, CblasNoTrans, CblasTrans, M, N[i], K, 1.0f, x, K, w[i], K, 0.0f, y[i], N[i]);
+}

@@ -210,22 +210,29 @@ static bool linear_shapes_fit(ag_ctx *ctx, const ag_site *s, const ag_tensor *x,
     return true;
 }
 
+// What every linear checks first; shape gets y's.
+static bool linear_prepare(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, ag_tensor *b, ag_site *s,
+                           int64_t *shape) {
+    ag_tensor *ins[] = {x, w, b};
+    if (!ag_check_inputs(ctx, "linear", site, 2, ins, (const char *[]){"x", "w"})) return false;
+    ag_site_parse(s, site);
+    if (!linear_shapes_fit(ctx, s, x, w, b)) return false;
+    if (ag_is_quantised(w) && ag_needs_grad(ctx, w))
+        return ag_fail(ctx, AG_ERR_ARG,
+                       "linear %s: weight %s is %s, which gets no gradient (freeze it: a quantised base)", s->base,
+                       ag_tensor_name(w), ag_type_traits_of(w->dtype)->name);
+    for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
+    shape[x->ndim - 1] = w->shape[0];
+    return true;
+}
+
 ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, ag_tensor *b) {
     ag_tensor *ins[] = {x, w, b};
     const int nin = b ? 3 : 2;
-    if (!ag_check_inputs(ctx, "linear", site, 2, ins, (const char *[]){"x", "w"})) return NULL;
     ag_site s;
-    ag_site_parse(&s, site);
-    if (!linear_shapes_fit(ctx, &s, x, w, b)) return NULL;
-    if (ag_is_quantised(w) && ag_needs_grad(ctx, w)) {
-        ag_fail(ctx, AG_ERR_ARG, "linear %s: weight %s is %s, which gets no gradient (freeze it: a quantised base)",
-                s.base, ag_tensor_name(w), ag_type_traits_of(w->dtype)->name);
-        return NULL;
-    }
-    int64_t in = w->shape[1], out = w->shape[0], M = x->numel / in;
     int64_t shape[AG_MAX_DIMS];
-    for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
-    shape[x->ndim - 1] = out;
+    if (!linear_prepare(ctx, site, x, w, b, &s, shape)) return NULL;
+    int64_t in = w->shape[1], out = w->shape[0], M = x->numel / in;
     if (ag_is_pytorch(ctx)) return linear_pt(ctx, &s, x, w, b, shape);
     ag_tensor *y = ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s.out);
     if (!y) return NULL;
@@ -248,4 +255,75 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, 
         .bias = b != NULL,
     };
     return y;
+}
+
+// Whether n linears of x can run as one group: a real run, nothing to record, few rows, weights of
+// one kind that a group kernel takes with x's dtype.
+static bool groupable(ag_ctx *ctx, int n, ag_tensor *x, ag_tensor *const w[], ag_tensor *const b[]) {
+    if (mp_is_meta() || n < 2 || n > AG_JOBS_MAX || !x || !w[0] || (ag_is_pytorch(ctx) && ctx->dtype.autocast))
+        return false;
+    int64_t K = x->shape[x->ndim - 1], M = x->numel / (K > 0 ? K : 1);
+    if (K < 1 || M < 1 || M > AG_SKINNY_MAX_M) return false;
+    for (int i = 0; i < n; i++) {
+        ag_tensor *ins[] = {x, w[i], b[i]};
+        if (!w[i] || w[i]->dtype != w[0]->dtype || ag_any_needs_grad(ctx, b[i] ? 3 : 2, ins)) return false;
+    }
+    switch (w[0]->dtype) {
+    case AG_F32: return x->dtype == AG_F32 && ag_skinny_forward_available(M);
+    case AG_BF16: return x->dtype == AG_BF16;
+    case AG_Q8: return x->dtype == AG_F32 && w[0]->q_group == 0;
+    case AG_Q4: return x->dtype == AG_F32;
+    default: return false;
+    }
+}
+
+// The products of a group into y[i] (outputs of the dtype the kernels write), then the biases.
+static void group_compute(int n, ag_tensor *x, ag_tensor *const w[], ag_tensor *const b[], ag_tensor *const y[]) {
+    int64_t K = x->shape[x->ndim - 1], M = x->numel / K, N[AG_JOBS_MAX];
+    const void *wd[AG_JOBS_MAX];
+    void *yd[AG_JOBS_MAX];
+    for (int i = 0; i < n; i++) N[i] = w[i]->shape[0], wd[i] = w[i]->data, yd[i] = y[i]->data;
+    if (w[0]->dtype == AG_F32) {
+        ag_skinny_forward_group(x->data, M, K, n, (const float *const *)wd, N, (float *const *)yd);
+    } else if (w[0]->dtype == AG_BF16) {
+        ag_gemm_16_linear_group(AG_BF16, M, K, x->data, n, wd, N, yd);
+    } else if (w[0]->dtype == AG_Q8) {
+        ag_q8_weight q[AG_JOBS_MAX];
+        for (int i = 0; i < n; i++) q[i] = (ag_q8_weight){wd[i], w[i]->q_scale, N[i], NULL};
+        ag_q8_linear_group(x->data, M, K, n, q, (float *const *)yd);
+    } else {
+        ag_q4_weight q[AG_JOBS_MAX];
+        for (int i = 0; i < n; i++) q[i] = (ag_q4_weight){wd[i], w[i]->q_group, N[i], NULL};
+        ag_q4_linear_group(x->data, M, K, n, q, (float *const *)yd);
+    }
+    for (int i = 0; i < n; i++)
+        if (b[i]) bias_forward(ag_buf_of(y[i]), ag_buf_of(b[i]), M, N[i]);
+}
+
+bool ag_linear_group(ag_ctx *ctx, int n, const char *const sites[], ag_tensor *x, ag_tensor *const w[],
+                     ag_tensor *const b[], ag_tensor *out[]) {
+    for (int i = 0; i < n; i++) out[i] = NULL;
+    if (!ctx || ctx->status != AG_OK) return false;
+    if (n < 1 || n > AG_JOBS_MAX)
+        return ag_fail(ctx, AG_ERR_ARG, "linear group: %d linears (expected 1 to %d)", n, AG_JOBS_MAX);
+    bool group = groupable(ctx, n, x, w, b), ok = true, kernel_dtype = true;
+    ag_site s[AG_JOBS_MAX];
+    for (int i = 0; ok && i < n; i++) {
+        int64_t shape[AG_MAX_DIMS];
+        if (!group) {
+            ok = (out[i] = ag_linear(ctx, sites[i], x, w[i], b[i])) != NULL;
+        } else if ((ok = linear_prepare(ctx, sites[i], x, w[i], b[i], &s[i], shape))) {
+            // Allocated as ag_linear allocates, in the same order; only the products wait.
+            out[i] = ag_is_pytorch(ctx) ? ag_tensor_new_bits(ctx, x->ndim, shape, MP_ACTIVATION, s[i].out, x->bits)
+                                        : ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s[i].out);
+            ok = out[i] != NULL;
+            kernel_dtype = kernel_dtype && ok && out[i]->dtype == (w[0]->dtype == AG_BF16 ? AG_BF16 : AG_F32);
+        }
+    }
+    if (ok && group && kernel_dtype) group_compute(n, x, w, b, out);
+    for (int i = 0; ok && group && !kernel_dtype && i < n; i++) // outputs the group kernels do not write
+        ok = linear_compute(ctx, &s[i], out[i], x, w[i], b[i]);
+    if (ok) return true;
+    for (int i = 0; i < n; i++) ag_release(out[i]), out[i] = NULL;
+    return false;
 }

@@ -191,6 +191,38 @@ void ag_parallel_for(int64_t n, int64_t grain, ag_range_fn fn, void *arg) {
 
 void ag_parallel_tasks(int64_t n, ag_range_fn fn, void *arg) { run(n, 1, fn, arg); }
 
+// Several loops as one: each split as ag_parallel_for splits it, the chunks of all of them
+// claimed from one counter.
+typedef struct {
+    const ag_job *jobs;
+    int njobs;
+    int64_t chunk[AG_JOBS_MAX], first[AG_JOBS_MAX + 1]; // chunk size; index of each job's first chunk
+} jobs_arg;
+
+static void jobs_part(void *p, int64_t lo, int64_t hi, int thread) {
+    const jobs_arg *a = p;
+    int j = 0;
+    for (int64_t c = lo; c < hi; c++) {
+        while (c >= a->first[j + 1]) j++;
+        const ag_job *job = &a->jobs[j];
+        int64_t b = (c - a->first[j]) * a->chunk[j], e = b + a->chunk[j] < job->n ? b + a->chunk[j] : job->n;
+        job->fn(job->arg, b, e, thread);
+    }
+}
+
+void ag_parallel_jobs(int njobs, const ag_job *jobs) {
+    jobs_arg a = {.jobs = jobs, .njobs = njobs < AG_JOBS_MAX ? njobs : AG_JOBS_MAX};
+    int64_t nt = ag_num_threads();
+    for (int j = 0; j < a.njobs; j++) {
+        int64_t n = jobs[j].n > 0 ? jobs[j].n : 0, chunk = (n + 4 * nt - 1) / (4 * nt);
+        if (n < 2 * jobs[j].grain) chunk = n;
+        a.chunk[j] = chunk < jobs[j].grain ? jobs[j].grain : chunk;
+        if (a.chunk[j] < 1) a.chunk[j] = 1;
+        a.first[j + 1] = a.first[j] + (n + a.chunk[j] - 1) / a.chunk[j];
+    }
+    run(a.first[a.njobs], 1, jobs_part, &a);
+}
+
 // Until set, as many threads as the process may use cores.
 int ag_num_threads(void) {
     int n = atomic_load(&pool.threads);

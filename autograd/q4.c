@@ -216,25 +216,44 @@ static void split_even_odd(const float *x, int64_t n, float *out) {
 }
 #endif
 
-bool ag_q4_linear(const float *x, int64_t M, int64_t K, const void *block, int64_t group, int64_t N, const float *bias,
-                  float *y) {
-    double t0 = ag_blas_clock();
-    q4_args a = {x, block, scales_of(block, N, K), bias, y, M, N, K, group, groups_of(K, group)};
+bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4_weight *w, float *const y[]) {
+    if (n < 1 || n > AG_JOBS_MAX) return false;
 #if defined(__x86_64__)
-    if (ag_cpu_avx512() && ag_cpu_f16c() && M >= 1 && M <= AG_SKINNY_MAX_M && K % 32 == 0 && group % 32 == 0) {
+    bool fused = ag_cpu_avx512() && ag_cpu_f16c() && M >= 1 && M <= AG_SKINNY_MAX_M && K % 32 == 0;
+    for (int i = 0; i < n; i++) fused = fused && w[i].group % 32 == 0;
+    if (fused) {
+        double t0 = ag_blas_clock(), flops = 0;
         float small[AG_KERNEL_STACK_BYTES / sizeof(float)];
         float *xs = M * K <= (int64_t)(sizeof small / sizeof *small) ? small : malloc((size_t)(M * K) * sizeof(float));
         if (!xs) return false;
-        split_even_odd(x, M * K, xs);
-        a.x = xs;
-        int64_t grain = ((int64_t)1 << 16) / (Q4_NR * K / 2 + 1) + 1;
-        ag_parallel_for((N + Q4_NR - 1) / Q4_NR, grain, fused_part, &a);
+        split_even_odd(x, M * K, xs); // once for all the weights
+        q4_args a[AG_JOBS_MAX];
+        ag_job jobs[AG_JOBS_MAX];
+        for (int i = 0; i < n; i++) {
+            const int64_t N = w[i].N, g = w[i].group;
+            a[i] = (q4_args){xs, w[i].block, scales_of(w[i].block, N, K), w[i].bias, y[i], M, N, K, g, groups_of(K, g)};
+            int64_t grain = ((int64_t)1 << 16) / (Q4_NR * K / 2 + 1) + 1;
+            jobs[i] = (ag_job){fused_part, &a[i], (N + Q4_NR - 1) / Q4_NR, grain};
+            flops += 2.0 * (double)M * (double)N * (double)K;
+        }
+        ag_parallel_jobs(n, jobs);
         if (xs != small) free(xs);
-        ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
+        ag_blas_account(t0, n, flops);
         return true;
     }
 #endif
-    if (M > 0) ag_parallel_for((N + AG_Q4_TILE_ROWS - 1) / AG_Q4_TILE_ROWS, 1, tiled_part, &a);
-    ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
+    for (int i = 0; i < n; i++) {
+        double t0 = ag_blas_clock();
+        const int64_t N = w[i].N;
+        q4_args a = {x, w[i].block, scales_of(w[i].block, N, K), w[i].bias, y[i], M, N,
+                     K, w[i].group, groups_of(K, w[i].group)};
+        if (M > 0) ag_parallel_for((N + AG_Q4_TILE_ROWS - 1) / AG_Q4_TILE_ROWS, 1, tiled_part, &a);
+        ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
+    }
     return true;
+}
+
+bool ag_q4_linear(const float *x, int64_t M, int64_t K, const void *block, int64_t group, int64_t N, const float *bias,
+                  float *y) {
+    return ag_q4_linear_group(x, M, K, 1, &(ag_q4_weight){block, group, N, bias}, &y);
 }

@@ -226,21 +226,32 @@ static void q8_part(void *p, int64_t b0, int64_t b1, int thread) {
     q8_rows_portable(a, b0 * 4, b1 * 4 < a->N ? b1 * 4 : a->N);
 }
 
-bool ag_q8_linear(const float *x, int64_t M, int64_t K, const int8_t *wq, float w_scale, int64_t N, const float *bias,
-                  float *y) {
+bool ag_q8_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q8_weight *w, float *const y[]) {
+    if (n < 1 || n > AG_JOBS_MAX) return false;
     // A decode step's few rows stay on the stack: a malloc a linear is a tenth of a small one's time.
     uint8_t small[AG_KERNEL_STACK_BYTES];
     uint8_t *xq = M * K <= (int64_t)sizeof small ? small : malloc((size_t)(M * K));
     if (!xq) return false;
-    double t0 = ag_blas_clock();
+    double t0 = ag_blas_clock(), flops = 0;
+    // quantize_dynamic quantises x in each Linear, the same way each time: once serves them all.
     ag_q8_act_params p = ag_q8_choose_act_params(x, M * K);
     ag_q8_quantize_act(x, M * K, p, xq);
-    q8_args a = {xq, wq, bias, y, M, N, K, p.zero_point, p.scale * w_scale};
-    // Blocks of 4 weight rows; a chunk streams at least 32 K weights, as the other skinny kernels
-    // (a decode's key and value projections, 110 K weights, then still split between two threads).
-    int64_t blocks = (N + 3) / 4, grain = ((int64_t)1 << 15) / (4 * K + 1) + 1;
-    ag_parallel_for(blocks, grain, q8_part, &a);
-    ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
+    q8_args a[AG_JOBS_MAX];
+    ag_job jobs[AG_JOBS_MAX];
+    for (int i = 0; i < n; i++) {
+        a[i] = (q8_args){xq, w[i].q, w[i].bias, y[i], M, w[i].N, K, p.zero_point, p.scale * w[i].scale};
+        // Blocks of 4 weight rows; a chunk streams at least 32 K weights, as the other skinny
+        // kernels (a decode's key and value projections, 110 K weights, then still split).
+        jobs[i] = (ag_job){q8_part, &a[i], (w[i].N + 3) / 4, ((int64_t)1 << 15) / (4 * K + 1) + 1};
+        flops += 2.0 * (double)M * (double)w[i].N * (double)K;
+    }
+    ag_parallel_jobs(n, jobs);
+    ag_blas_account(t0, n, flops);
     if (xq != small) free(xq);
     return true;
+}
+
+bool ag_q8_linear(const float *x, int64_t M, int64_t K, const int8_t *wq, float w_scale, int64_t N, const float *bias,
+                  float *y) {
+    return ag_q8_linear_group(x, M, K, 1, &(ag_q8_weight){wq, w_scale, N, bias}, &y);
 }

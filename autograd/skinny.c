@@ -131,6 +131,34 @@ void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int6
     ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
 }
 
+// Weights that x meets in one pass (its rows within the L2 block) share one loop of the pool.
+AG_AVX512 static void skinny_forward_group(const float *x, int64_t M, int64_t K, int n, const float *const w[],
+                                           const int64_t N[], float *const y[]) {
+    if (n < 1) return;
+    if (n > AG_JOBS_MAX || fwd_block_rows(M, K) < M) {
+        for (int i = 0; i < n; i++) skinny_forward(x, w[i], y[i], M, N[i], K);
+        return;
+    }
+    skinny_args a[AG_JOBS_MAX];
+    ag_job jobs[AG_JOBS_MAX];
+    int64_t grain = SK_CHUNK_BYTES / (SK_NR * K * (int64_t)sizeof(float)) + 1;
+    for (int i = 0; i < n; i++) {
+        a[i] = (skinny_args){.x = x, .w = w[i], .y = y[i], .M = M, .N = N[i], .K = K};
+        jobs[i] = (ag_job){fwd_part, &a[i], N[i] / SK_NR, grain};
+    }
+    ag_parallel_jobs(n, jobs);
+    for (int i = 0; i < n; i++)
+        for (int64_t r = N[i] / SK_NR * SK_NR; r < N[i]; r++) fwd_rows(1, x, w[i] + r * K, M, K, y[i] + r, N[i]);
+}
+
+void ag_skinny_forward_group(const float *x, int64_t M, int64_t K, int n, const float *const w[], const int64_t N[],
+                             float *const y[]) {
+    double t0 = ag_blas_clock(), flops = 0;
+    skinny_forward_group(x, M, K, n, w, N, y);
+    for (int i = 0; i < n; i++) flops += 2.0 * (double)M * (double)N[i] * (double)K;
+    ag_blas_account(t0, n, flops);
+}
+
 // Rows n0 .. n0+nr-1 of w and dw, columns c .. c+15 (mask mk): dw[n, c] = Σ_m dy[m, n] x[m, c]
 // and dx[m, c] += Σ_n dy[m, n] w[n, c]. Fresh dw is written without being read; aligned, with
 // streaming stores (dw is not read again before the optimizer, and a streaming store skips
@@ -216,6 +244,10 @@ bool ag_skinny_forward_available(int64_t M) {
 }
 void ag_skinny_forward(const float *x, const float *w, float *y, int64_t M, int64_t N, int64_t K) {
     ag_sgemm(CblasNoTrans, CblasTrans, M, N, K, 1.0f, x, K, w, K, 0.0f, y, N);
+}
+void ag_skinny_forward_group(const float *x, int64_t M, int64_t K, int n, const float *const w[], const int64_t N[],
+                             float *const y[]) {
+    for (int i = 0; i < n; i++) ag_skinny_forward(x, w[i], y[i], M, N[i], K);
 }
 void ag_skinny_backward(const float *dy, const float *x, const float *w, float *dx, float *dw, int64_t M, int64_t N,
                         int64_t K, bool dx_fresh, bool dw_fresh) {

@@ -14,8 +14,9 @@ const char *llama_site(char buf[96], int64_t i, const char *what) {
 ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
     char s[96];
     ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "post_attention_layernorm"), x, L->post_norm, (float)c->rms_eps);
-    ag_tensor *g = llama_proj_forward(ctx, L, i, LLAMA_PROJ_GATE, h);
-    ag_tensor *u = llama_proj_forward(ctx, L, i, LLAMA_PROJ_UP, h);
+    ag_tensor *gu[2];
+    llama_projs_forward(ctx, L, i, 2, (const llama_proj[]){LLAMA_PROJ_GATE, LLAMA_PROJ_UP}, h, gu);
+    ag_tensor *g = gu[0], *u = gu[1];
     REL(h);
     ag_tensor *a = ag_silu(ctx, llama_site(s, i, "mlp.act"), g);
     REL(g);
@@ -34,9 +35,9 @@ void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tens
                ag_tensor **k, ag_tensor **v) {
     char s[96];
     ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "input_layernorm"), x, L->input_norm, (float)c->rms_eps);
-    *q = llama_proj_forward(ctx, L, i, LLAMA_PROJ_Q, h);
-    *k = llama_proj_forward(ctx, L, i, LLAMA_PROJ_K, h);
-    *v = llama_proj_forward(ctx, L, i, LLAMA_PROJ_V, h);
+    ag_tensor *qkv[3];
+    llama_projs_forward(ctx, L, i, 3, (const llama_proj[]){LLAMA_PROJ_Q, LLAMA_PROJ_K, LLAMA_PROJ_V}, h, qkv);
+    *q = qkv[0], *k = qkv[1], *v = qkv[2];
     ag_release(h);
     if (!c->qk_norm) return;
     // Qwen3: RMSNorm of each head of q and k (q_norm over q.view(..., heads, head_dim)), before RoPE

@@ -6,6 +6,10 @@
 // lora.c: projection p of block i on x (x stays the caller's): the base linear, plus its adapter
 // when it has one (PEFT's lora.Linear).
 ag_tensor *llama_proj_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, llama_proj p, ag_tensor *x);
+// Projections p[0..n) of block i on one input x, as llama_proj_forward gives each; without adapters
+// on any, as one ag_linear_group (a decode step's products of one input in one loop of the pool).
+void llama_projs_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, int n, const llama_proj *p, ag_tensor *x,
+                         ag_tensor **out);
 // "layers.<i>.<what>": the site prefix of an op inside block i.
 const char *llama_site(char buf[96], int64_t i, const char *what);
 // The attention half's two ends, shared by training and generation. llama_qkv: q, k, v of

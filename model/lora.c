@@ -192,3 +192,18 @@ ag_tensor *llama_proj_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, llam
     ag_release(sc);
     return out;
 }
+
+void llama_projs_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, int n, const llama_proj *p, ag_tensor *x,
+                         ag_tensor **out) {
+    bool adapted = false;
+    for (int j = 0; j < n; j++) adapted = adapted || (L->lora && L->lora_a[p[j]]);
+    if (adapted || n > LLAMA_NPROJ) {
+        for (int j = 0; j < n; j++) out[j] = llama_proj_forward(ctx, L, i, p[j], x);
+        return;
+    }
+    char s[LLAMA_NPROJ][96];
+    const char *sites[LLAMA_NPROJ];
+    ag_tensor *w[LLAMA_NPROJ], *b[LLAMA_NPROJ];
+    for (int j = 0; j < n; j++) w[j] = proj_weight(L, p[j], &b[j]), sites[j] = llama_site(s[j], i, proj_modules[p[j]]);
+    ag_linear_group(ctx, n, sites, x, w, b, out); // NULLs and the context's error on failure
+}
