@@ -205,7 +205,11 @@ const char *llama_rope_type_name(llama_rope_type t) {
     return "?";
 }
 
-// A number that is required (1) or optional (0: stays as it is), refused when not positive.
+// A number that is required (1) or optional (0: stays as it is), refused outside [ROPE_MIN,
+// ROPE_MAX]: every scaling's factors and betas are of order 1 to 100, and one that float32 cannot
+// hold (a factor of 1e-300 is 0 in float32) would give infinite frequencies.
+#define ROPE_MIN 1e-6
+#define ROPE_MAX 1e6
 static int rope_number(const json_t *rs, const char *path, const char *field, bool required, double *out, ag_err *err) {
     int r = llama_json_number(rs, path, field, out, err);
     if (r < 0) return -1;
@@ -213,8 +217,9 @@ static int rope_number(const json_t *rs, const char *path, const char *field, bo
         ag_err_set(err, "%s: field %s missing", path, field);
         return -1;
     }
-    if (r == 1 && !(*out > 0.0 && isfinite(*out))) {
-        ag_err_set(err, "%s: field %s (%g) must be a positive number", path, field, *out);
+    if (r == 1 && !(*out >= ROPE_MIN && *out <= ROPE_MAX)) {
+        ag_err_set(err, "%s: field %s (%g) must be a positive number from %g to %g", path, field, *out, ROPE_MIN,
+                   ROPE_MAX);
         return -1;
     }
     return 0;
