@@ -52,14 +52,11 @@ static int parse(bench_args *a, int argc, char **argv) {
     return 0;
 }
 
-// The time in products (every linear, attention's products) of the best run of the last run().
-static double best_products_s;
-
 // The best of `repeat` runs (timings: the fastest generate_s); exits on error.
+// products_s (NULL: not wanted) gets the best run's time in products (every linear, attention's).
 static llama_generate_stats run(ag_ctx *ctx, llama_model *m, bool cache, const int32_t *ids, int64_t B, int64_t T,
-                                int64_t n, int repeat, int32_t *out) {
+                                int64_t n, int repeat, int32_t *out, double *products_s) {
     llama_generate_stats best = {0};
-    best_products_s = 0;
     for (int r = 0; r < repeat; r++) {
         llama_generate_stats st;
         ag_err err = {{0}};
@@ -70,7 +67,7 @@ static llama_generate_stats run(ag_ctx *ctx, llama_model *m, bool cache, const i
             exit(1);
         }
         if (r == 0 || st.generate_s < best.generate_s) {
-            best_products_s = ag_get_blas_stats().seconds;
+            if (products_s) *products_s = ag_get_blas_stats().seconds;
             llama_generate_stats_free(&best);
             best = st;
         } else {
@@ -87,11 +84,11 @@ static bool batch_claim(ag_ctx *ctx, llama_model *m, const int32_t *ids, int T, 
     int32_t solo[B * N], batch[B * N];
     double seq = 0;
     for (int b = 0; b < B; b++) {
-        llama_generate_stats st = run(ctx, m, true, ids + b * T, 1, T, N, repeat, solo + b * N);
+        llama_generate_stats st = run(ctx, m, true, ids + b * T, 1, T, N, repeat, solo + b * N, NULL);
         seq += st.generate_s;
         llama_generate_stats_free(&st);
     }
-    llama_generate_stats st = run(ctx, m, true, ids, B, T, N, repeat, batch);
+    llama_generate_stats st = run(ctx, m, true, ids, B, T, N, repeat, batch, NULL);
     bool same = memcmp(solo, batch, sizeof solo) == 0;
     printf("S2: 8 prompts x 20 new tokens: one after another %.3f s, one batch of 8 %.3f s "
            "(%.2fx); same tokens: %s\n",
@@ -153,11 +150,11 @@ int main(int argc, char **argv) {
            : a.act_bits == 16   ? "bfloat16"
                                 : "float32",
            a.threads, a.tokens, a.new_tokens, a.repeat);
-    run(ctx, m, true, ids, 1, a.tokens, 2, 1, out); // warm-up: thread pools, page faults
-    llama_generate_stats c = run(ctx, m, true, ids, 1, a.tokens, a.new_tokens, a.repeat, out);
-    double c_products = best_products_s;
+    run(ctx, m, true, ids, 1, a.tokens, 2, 1, out, NULL); // warm-up: thread pools, page faults
+    double c_products = 0;
+    llama_generate_stats c = run(ctx, m, true, ids, 1, a.tokens, a.new_tokens, a.repeat, out, &c_products);
     int32_t *out2 = malloc(sizeof(int32_t) * (size_t)a.new_tokens);
-    llama_generate_stats u = run(ctx, m, false, ids, 1, a.tokens, a.new_tokens, a.repeat, out2);
+    llama_generate_stats u = run(ctx, m, false, ids, 1, a.tokens, a.new_tokens, a.repeat, out2, NULL);
     bool same = memcmp(out, out2, sizeof(int32_t) * (size_t)a.new_tokens) == 0;
     int last = a.new_tokens - 1;
     printf("S3: prefill %.4f s, median decode step %.4f s\n", c.prefill_s, c.decode_step_s);
