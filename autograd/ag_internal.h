@@ -189,6 +189,8 @@ void ag_rope_row(float *y, const float *x, const float *c0, const float *s0, con
 // op_attention.c: y[j] = e^(x[j] - mx) where keep[j] (keep NULL: everywhere), else 0 (y may be x);
 // returns Σ y in double. 16 lanes with ag_exp16 where AVX-512 is there, expf elsewhere.
 double ag_softmax_exp(float *y, const float *x, int64_t n, float mx, const int32_t *keep);
+// Σ a b in double (each product of two floats exact there), 16 lanes at a time where it can.
+double ag_dot_f64(const float *a, const float *b, int64_t n);
 // op_attention.c: one row of the softmax backward, ds = p ∘ (dp - Σ p ∘ dp) (ds may be dp).
 void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t n);
 // vec.c: dst = a + b; dst = a * b (fresh) or dst += a * b; dst (+)= src. Each rounds once to
@@ -227,6 +229,9 @@ typedef struct {
     int64_t n, grain;
 } ag_job;
 void ag_parallel_jobs(int njobs, const ag_job *jobs);
+// Replaces what idle pool threads bring toward the caches with n regions, in order.
+void ag_pool_prefetch(int n, const void *const *p, const size_t *bytes);
+size_t ag_pool_prefetch_left(void); // bytes of those regions not yet fetched
 
 // Time spent in matrix products, for ag_get_blas_stats: a start time, then the account.
 double ag_blas_clock(void);

@@ -155,6 +155,13 @@ void ag_tensor_to_f32(const ag_tensor *t, float *dst);
 void ag_tensor_rows(ag_tensor *dst, int64_t dr, const ag_tensor *src, int64_t sr, int64_t n);
 // Row r (its last dimension) of a tensor of any dtype as float32.
 void ag_tensor_row_f32(const ag_tensor *t, int64_t r, float *out);
+// The index of the largest of x[0, n): the first of equal ones; a NaN is never greater (so a
+// NaN at 0 gives 0); 0 when n < 1.
+int64_t ag_argmax(const float *x, int64_t n);
+// A hint: the pool's idle threads bring these tensors' data toward the caches, in order, while
+// the caller goes on (a decode step's weights, during the ops between its products). It
+// replaces the hint before; NULL entries are skipped; results and bill are unchanged.
+void ag_prefetch(int n, const ag_tensor *const *t);
 
 // Context: grad mode, the tape, a sticky error.
 ag_ctx *ag_ctx_new(void);                       // grad mode on; NULL if out of memory

@@ -126,14 +126,17 @@ double ag_softmax_exp(float *y, const float *x, int64_t n, float mx, const int32
     return sum;
 }
 
-void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t n) {
-    double dot = 0.0;
+double ag_dot_f64(const float *a, const float *b, int64_t n) {
 #if defined(__x86_64__)
-    if (ag_has_avx512())
-        dot = dot_avx512(p, dp, n);
-    else
+    if (ag_has_avx512()) return dot_avx512(a, b, n);
 #endif
-        for (int64_t j = 0; j < n; j++) dot += (double)p[j] * dp[j];
+    double dot = 0.0;
+    for (int64_t j = 0; j < n; j++) dot += (double)a[j] * b[j];
+    return dot;
+}
+
+void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t n) {
+    double dot = ag_dot_f64(p, dp, n);
     for (int64_t j = 0; j < n; j++) ds[j] = p[j] * (dp[j] - (float)dot);
 }
 

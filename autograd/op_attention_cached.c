@@ -354,12 +354,81 @@ typedef struct {
     const cat_dims *a;
 } cached_args;
 
+#if defined(__x86_64__)
+// One query row against every chunk in one sweep, nd x 16 = D: the scores four keys at a time
+// (their lanes summed together), the output summed in registers over all the cached tokens. A decode step's cache
+// is a chunk per generated token, and a call per chunk and head (its output stored and reloaded
+// each time) cost more than the products.
+AG_AVX512_INLINE void decode_head_nd(float *o, float *pr, const float *qh, const ag_kv_cache *c, const cat_dims *a,
+                                     int64_t b, int g, const int nd) {
+    const float scale = 1.0f / sqrtf((float)a->D);
+    __m512 qv[8], acc[8];
+    for (int d = 0; d < nd; d++) qv[d] = _mm512_loadu_ps(qh + 16 * d), acc[d] = _mm512_setzero_ps();
+    __m512 t[4]; // four keys' partial sums, reduced together
+    int64_t off = 0, np = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        const kv_chunk *ch = &c->chunks[i];
+        const float *kc = (const float *)ch->k.data + (b * a->Hkv + g) * ch->t * a->D;
+        for (int64_t s = 0; s < ch->t; s++) {
+            t[np] = _mm512_setzero_ps();
+            for (int d = 0; d < nd; d++) t[np] = _mm512_fmadd_ps(qv[d], _mm512_loadu_ps(kc + s * a->D + 16 * d), t[np]);
+            if (++np == 4) {
+                _mm_storeu_ps(pr + off + s - 3, _mm_mul_ps(_mm_set1_ps(scale), hsum4(t[0], t[1], t[2], t[3])));
+                np = 0;
+            }
+        }
+        off += ch->t;
+    }
+    for (int64_t k = 0; k < np; k++) pr[off - np + k] = scale * _mm512_reduce_add_ps(t[k]);
+    masked_softmax_row(pr, b, 0, a);
+    off = 0;
+    for (size_t i = 0; i < c->n; i++) {
+        const kv_chunk *ch = &c->chunks[i];
+        const float *vc = (const float *)ch->v.data + (b * a->Hkv + g) * ch->t * a->D;
+        for (int64_t s = 0; s < ch->t; s++) {
+            __m512 w = _mm512_set1_ps(pr[off + s]);
+            for (int d = 0; d < nd; d++) acc[d] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vc + s * a->D + 16 * d), acc[d]);
+        }
+        off += ch->t;
+    }
+    for (int d = 0; d < nd; d++) _mm512_storeu_ps(o + 16 * d, acc[d]);
+}
+
+AG_AVX512 static void decode_head(const cached_args *x, int64_t bh) {
+    const cat_dims *a = x->a;
+    int64_t b = bh / a->Hq, ldq = (int64_t)a->Hq * a->D;
+    int h = (int)(bh % a->Hq), g = h / (a->Hq / a->Hkv);
+    const float *qh = x->q + b * ldq + (int64_t)h * a->D;
+    float *o = x->o + b * ldq + (int64_t)h * a->D, *pr = x->probs + bh * a->Tk;
+    if (a->D == 64)
+        decode_head_nd(o, pr, qh, x->c, a, b, g, 4);
+    else
+        decode_head_nd(o, pr, qh, x->c, a, b, g, 8);
+}
+#endif
+
+// The sweep above: one query row a head, float32, D 64 or 128.
+static bool decode_sweep(const cat_dims *a) {
+#if defined(__x86_64__)
+    return a->Tq == 1 && (a->D == 64 || a->D == 128) && ag_has_avx512();
+#else
+    (void)a;
+    return false;
+#endif
+}
+
 // Heads [lo, hi) of B x Hq, each whole: scores, softmax, values.
 static void heads_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const cached_args *x = p;
     const cat_dims *a = x->a;
     for (int64_t bh = lo; bh < hi; bh++) {
+#if defined(__x86_64__)
+        if (decode_sweep(a)) {
+            decode_head(x, bh);
+            continue;
+        }
+#endif
         float *pr = x->probs + bh * a->Tq * a->Tk;
         head_scores(pr, x->q, x->c, a, bh / a->Hq, (int)(bh % a->Hq));
         for (int64_t i = 0; i < a->Tq; i++) masked_softmax_row(pr + i * a->Tk, bh / a->Hq, i, a);
@@ -379,9 +448,12 @@ static void cached_forward(float *o, float *probs, const float *q, const ag_kv_c
     int64_t heads = a->B * a->Hq, rows = heads * a->Tq;
     cached_args x = {o, probs, q, c, a};
     a->threaded = can_thread(c, a);
-    if (a->threaded) {
+    if (a->threaded || decode_sweep(a)) {
         double t0 = ag_blas_clock();
-        ag_parallel_for(heads, 1, heads_part, &x);
+        if (a->threaded)
+            ag_parallel_for(heads, 1, heads_part, &x);
+        else
+            heads_part(&x, 0, heads, 0);
         // The products' time is the region's (softmax included), their count one per chunk.
         ag_blas_account(t0, (int)(2 * heads * (int64_t)c->n), 4.0 * (double)rows * (double)a->Tk * (double)a->D);
         return;

@@ -19,11 +19,7 @@ typedef struct {
 static int64_t rows_grain(int64_t H) { return AG_PAR_GRAIN / H + 1; }
 
 // Σ x² of one row, in double (H can be 8192).
-static double sum_squares(const float *x, int64_t H) {
-    double ss = 0.0;
-    for (int64_t j = 0; j < H; j++) ss += (double)x[j] * x[j];
-    return ss;
-}
+static double sum_squares(const float *x, int64_t H) { return ag_dot_f64(x, x, H); }
 
 static void forward_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;

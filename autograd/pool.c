@@ -57,6 +57,51 @@ static struct {
 
 static _Thread_local bool in_chunk; // this thread is running a chunk
 
+// Memory an idle worker brings toward the caches (ag_pool_prefetch): up to PF_SLOTS regions in
+// order, each one word, line index << 20 | slices of PF_SLICE bytes left, claimed a slice at a
+// time. Prefetches never fault, so a region freed or replaced meanwhile costs a few useless
+// reads, no more.
+#define PF_SLOTS 16
+#define PF_SLICE 1024
+#define PF_LEFT_BITS 20
+static _Atomic uint64_t pf_ring[PF_SLOTS];
+
+void ag_pool_prefetch(int n, const void *const *p, const size_t *bytes) {
+    if (atomic_load_explicit(&pool.threads, memory_order_relaxed) < 2) n = 0; // no idle thread to do it
+    const uint64_t max = ((uint64_t)1 << PF_LEFT_BITS) - 1;
+    int k = 0;
+    for (int i = 0; i < n && k < PF_SLOTS; i++) {
+        if (!p[i] || !bytes[i]) continue;
+        uint64_t line = (uint64_t)(uintptr_t)p[i] >> 6, slices = (bytes[i] + PF_SLICE - 1) / PF_SLICE;
+        atomic_store_explicit(&pf_ring[k++], line << PF_LEFT_BITS | (slices < max ? slices : max),
+                              memory_order_release);
+    }
+    for (; k < PF_SLOTS; k++) atomic_store_explicit(&pf_ring[k], 0, memory_order_relaxed);
+}
+
+size_t ag_pool_prefetch_left(void) {
+    uint64_t slices = 0;
+    for (int k = 0; k < PF_SLOTS; k++) slices += atomic_load(&pf_ring[k]) & (((uint64_t)1 << PF_LEFT_BITS) - 1);
+    return (size_t)(slices * PF_SLICE);
+}
+
+// One slice of the first region with some left; false when none is left.
+static bool prefetch_slice(void) {
+    for (int k = 0; k < PF_SLOTS; k++) {
+        _Atomic uint64_t *slot = &pf_ring[k];
+        uint64_t w = atomic_load_explicit(slot, memory_order_acquire);
+        while (w & (((uint64_t)1 << PF_LEFT_BITS) - 1)) {
+            uint64_t next = w - 1 + ((uint64_t)(PF_SLICE / 64) << PF_LEFT_BITS);
+            if (!atomic_compare_exchange_weak_explicit(slot, &w, next, memory_order_acq_rel, memory_order_acquire))
+                continue;
+            const char *a = (const char *)(uintptr_t)((w >> PF_LEFT_BITS) << 6);
+            for (int off = 0; off < PF_SLICE; off += 64) __builtin_prefetch(a + off, 0, 2); // into L2
+            return true;
+        }
+    }
+    return false;
+}
+
 static void futex_wait(_Atomic uint32_t *w, uint32_t seen) {
     syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
 }
@@ -88,10 +133,14 @@ static _Atomic int64_t lost_core_at = INT64_MIN / 2, busy_until = INT64_MIN / 2;
 // ran ahead of its own CPU clock); on a busy machine every spin stops at SPIN_BUSY_NS.
 // The clocks are first read after 64 pauses: most waits end sooner (the caller waiting for the
 // last chunk of a short loop), and the CPU clock is a system call.
-static bool spin_until_changed(_Atomic uint32_t *w, uint32_t seen) {
+static bool spin_until_changed(_Atomic uint32_t *w, uint32_t seen, bool prefetch) {
     int64_t t0 = 0, c0 = 0, limit = 0;
     for (int i = 1;; i++) {
         if (atomic_load_explicit(w, memory_order_acquire) != seen) return true;
+        if (prefetch && prefetch_slice()) {
+            i = 0; // a spin starts after the last slice
+            continue;
+        }
         cpu_relax();
         if (i % 64) continue;
         if (i == 64) {
@@ -132,7 +181,7 @@ static void *worker(void *p) {
     int id = (int)(intptr_t)p;
     uint32_t seen = atomic_load(&pool.gen);
     for (;;) {
-        if (!spin_until_changed(&pool.gen, seen)) {
+        if (!spin_until_changed(&pool.gen, seen, true)) {
             atomic_fetch_add(&pool.sleepers, 1);
             while (atomic_load(&pool.gen) == seen) futex_wait(&pool.gen, seen);
             atomic_fetch_sub(&pool.sleepers, 1);
@@ -148,7 +197,7 @@ static void *worker(void *p) {
 static void wait_done(uint32_t nchunks) {
     uint32_t d;
     while ((d = atomic_load(&pool.done)) != nchunks) {
-        if (spin_until_changed(&pool.done, d)) continue;
+        if (spin_until_changed(&pool.done, d, false)) continue;
         atomic_store(&pool.caller_waiting, 1);
         if (atomic_load(&pool.done) == d) futex_wait(&pool.done, d);
         atomic_store(&pool.caller_waiting, 0);

@@ -59,9 +59,36 @@ static ag_q8_act_params choose(float min, float max) {
     return (ag_q8_act_params){(float)scale, zp, qmax};
 }
 
+#if defined(__x86_64__)
+// The same min and max in 16 lanes: min_ps(x, lo) keeps lo when x is NaN, as the loop below.
+__attribute__((target("avx512f"))) static void min_max_avx512(const float *x, int64_t n, float *lo, float *hi) {
+    __m512 l = _mm512_set1_ps(x[0]), h = l;
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = ag_lanes16(n - i);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        l = _mm512_mask_min_ps(l, m, v, l);
+        h = _mm512_mask_max_ps(h, m, v, h);
+    }
+    float ls[16], hs[16];
+    _mm512_storeu_ps(ls, l);
+    _mm512_storeu_ps(hs, h);
+    *lo = ls[0], *hi = hs[0];
+    for (int k = 1; k < 16; k++) {
+        *lo = ls[k] < *lo ? ls[k] : *lo;
+        *hi = hs[k] > *hi ? hs[k] : *hi;
+    }
+}
+#endif
+
 ag_q8_act_params ag_q8_choose_act_params(const float *x, int64_t n) {
     float lo = 0.0f, hi = 0.0f; // an empty input: PyTorch's min = max = 0
     if (n > 0) lo = hi = x[0];
+#if defined(__x86_64__)
+    if (n > 0 && ag_cpu_avx512()) {
+        min_max_avx512(x, n, &lo, &hi);
+        return choose(lo, hi);
+    }
+#endif
     for (int64_t i = 1; i < n; i++) {
         lo = x[i] < lo ? x[i] : lo;
         hi = x[i] > hi ? x[i] : hi;

@@ -1,4 +1,5 @@
 // Elementwise loops shared by several ops, split over the pool, any dtype (computed in float32).
+#include <math.h>
 #include <string.h>
 
 #include "ag_internal.h"
@@ -56,4 +57,39 @@ void ag_vec_acc(ag_buf dst, bool fresh, ag_buf src, int64_t n) {
         ag_vec_copy(dst, src, n);
     else
         vec_run(VEC_COPY, dst, false, src, (ag_buf){0}, n);
+}
+
+#if defined(__x86_64__)
+// Per lane the first index of its largest value (strictly greater, so NaN never wins), then the
+// largest over the lanes, the lowest index among equals: the scalar loop's answer.
+AG_AVX512 static int64_t argmax_avx512(const float *x, int64_t n) {
+    __m512 best = _mm512_set1_ps(-INFINITY);
+    __m512i at = _mm512_setzero_si512(), idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i step = _mm512_set1_epi32(16);
+    for (int64_t i = 0; i < n; i += 16, idx = _mm512_add_epi32(idx, step)) {
+        __m512 v = _mm512_maskz_loadu_ps(ag_lanes16(n - i), x + i);
+        __mmask16 gt = _mm512_mask_cmp_ps_mask(ag_lanes16(n - i), v, best, _CMP_GT_OQ);
+        best = _mm512_mask_mov_ps(best, gt, v);
+        at = _mm512_mask_mov_epi32(at, gt, idx);
+    }
+    float bv[16];
+    int32_t bi[16];
+    _mm512_storeu_ps(bv, best);
+    _mm512_storeu_si512(bi, at);
+    int k = 0;
+    for (int l = 1; l < 16; l++)
+        if (bv[l] > bv[k] || (bv[l] == bv[k] && bi[l] < bi[k])) k = l;
+    return bi[k];
+}
+#endif
+
+int64_t ag_argmax(const float *x, int64_t n) {
+    if (n < 1 || x[0] != x[0]) return 0; // a NaN first: nothing is greater
+#if defined(__x86_64__)
+    if (n < ((int64_t)1 << 31) && ag_has_avx512()) return argmax_avx512(x, n);
+#endif
+    int64_t best = 0;
+    for (int64_t j = 1; j < n; j++)
+        if (x[j] > x[best]) best = j;
+    return best;
 }

@@ -89,6 +89,16 @@ static void gather(int32_t *dst, const int32_t *src, const gen *g, int64_t from,
     for (int64_t b = 0; src && b < g->B; b++) memcpy(dst + b * t, src + b * g->cap + from, (size_t)t * sizeof(int32_t));
 }
 
+// A decode step reads every weight once and computes little between its products: the pool's
+// idle threads fetch what block i reads after its q, k, v (and the next block's q, k, v, or the
+// head) while the caller runs the ops in between.
+static void prefetch_after_qkv(const gen *g, int64_t i, int64_t t) {
+    if (g->B * t > 8) return; // a prefill's products are bound by arithmetic, not by the weights
+    const llama_layer *L = &g->m->layers[i], *N = i + 1 < g->c->layers ? L + 1 : NULL;
+    const ag_tensor *w[] = {L->o, L->gate, L->up, L->down, N ? N->q : g->m->lm_head, N ? N->k : NULL, N ? N->v : NULL};
+    ag_prefetch(7, w);
+}
+
 // Logits of tokens [from, len) of every row (all positions, or the last one).
 static ag_tensor *forward(gen *g, int64_t from, bool all_positions) {
     int64_t t = g->len - from;
@@ -96,6 +106,7 @@ static ag_tensor *forward(gen *g, int64_t from, bool all_positions) {
     gather(g->step_pos, g->pos, g, from, t);
     ag_tensor *x = ag_embedding(g->ctx, "embed_tokens", g->step_ids, g->B, t, g->m->embed);
     for (int64_t i = 0; i < g->c->layers && x; i++) {
+        prefetch_after_qkv(g, i, t);
         x = attention_part(g, i, x);
         x = llama_mlp_block(g->ctx, g->c, &g->m->layers[i], x, i);
     }
@@ -113,8 +124,7 @@ static void pick(gen *g, const ag_tensor *logits) {
         if (!logits->data || (!f32 && !own)) continue;
         const float *row = f32 ? ag_f32(logits) + (b * t + t - 1) * V : own;
         if (!f32) ag_tensor_row_f32(logits, b * t + t - 1, own);
-        for (int64_t j = 1; j < V; j++)
-            if (row[j] > row[g->next[b]]) g->next[b] = (int32_t)j;
+        g->next[b] = (int32_t)ag_argmax(row, V);
     }
     free(own);
 }

@@ -197,7 +197,9 @@ static void cached_matches(ag_framework f, ag_attention_kind kind, const win_cas
 
 static void test_cached(void **state) {
     (void)state;
-    const win_case cases[] = {{2, 12, 4, 2, 8, 4}, {1, 140, 4, 2, 16, 70}, {1, 20, 2, 1, 8, 1}};
+    // D 64 and 128: a decode step's one query row takes the cached op's single sweep.
+    const win_case cases[] = {{2, 12, 4, 2, 8, 4},  {1, 140, 4, 2, 16, 70}, {1, 20, 2, 1, 8, 1},
+                              {2, 12, 4, 2, 64, 4}, {1, 30, 6, 2, 128, 0},  {2, 41, 6, 3, 64, 0}};
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
         for (int f = 0; f < 2; f++)
             for (int kind = 0; kind < 2; kind++)

@@ -372,6 +372,55 @@ static void test_q8_act_params(void **state) {
     assert_int_equal(q[2], (int)nearbyintf(0.5f * (1.0f / p.scale) + 32.0f));
 }
 
+// The vector min / max (AVX-512) picks what the portable loop picks: every length with a tail,
+// NaN and infinities anywhere, a NaN first (which both keep, as PyTorch's loop does).
+static void test_q8_act_params_vector(void **state) {
+    (void)state;
+    float x[1536];
+    for (int64_t n = 1; n <= 1536; n += n < 70 ? 1 : 733) {
+        for (int kind = 0; kind < 4; kind++) {
+            for (int64_t i = 0; i < n; i++) x[i] = rnd_unit() * 3.0f + 0.5f;
+            if (kind == 1) x[n / 2] = NAN;
+            if (kind == 2) x[n - 1] = -INFINITY, x[0] = 1e30f;
+            if (kind == 3) x[0] = NAN;
+            ag_q8_act_params v = ag_q8_choose_act_params(x, n);
+            ag_kernels_force_portable(true);
+            ag_q8_act_params p = ag_q8_choose_act_params(x, n);
+            ag_kernels_force_portable(false);
+            if (bits_of(v.scale) != bits_of(p.scale) || v.zero_point != p.zero_point)
+                fail_msg("n %lld, case %d: scale %g / %g, zero point %d / %d", (long long)n, kind, v.scale, p.scale,
+                         v.zero_point, p.zero_point);
+        }
+    }
+}
+
+// ag_argmax against the plain loop: ties (the first wins), NaN (never greater; first: 0),
+// infinities, every tail of 16 lanes, a vocabulary's length.
+static void test_argmax(void **state) {
+    (void)state;
+    enum { V = 49152 };
+    float *x = malloc(V * sizeof(float));
+    assert_non_null(x);
+    for (int64_t n = 1; n <= V; n += n < 80 ? 1 : 16381) {
+        for (int kind = 0; kind < 5; kind++) {
+            for (int64_t i = 0; i < n; i++) x[i] = kind == 1 ? (float)(rnd32() % 5) : rnd_unit();
+            if (kind == 2) x[rnd32() % n] = NAN, x[rnd32() % n] = 7.0f, x[rnd32() % n] = 7.0f;
+            if (kind == 3) x[0] = NAN;
+            if (kind == 4)
+                for (int64_t i = 0; i < n; i++) x[i] = -INFINITY;
+            int64_t want = 0;
+            if (x[0] == x[0])
+                for (int64_t j = 1; j < n; j++)
+                    if (x[j] > x[want]) want = j;
+            int64_t got = ag_argmax(x, n);
+            if (got != want)
+                fail_msg("n %lld, case %d: %lld, expected %lld", (long long)n, kind, (long long)got, (long long)want);
+        }
+    }
+    assert_int_equal(ag_argmax(x, 0), 0);
+    free(x);
+}
+
 // The float result against double sums of the same quantised integers: the integer sums are
 // exact, so only the dequantisation rounds (a few ulp of the output).
 static void q8_check(int64_t M, int64_t K, int64_t N, bool bias) {
@@ -581,6 +630,8 @@ int main(void) {
         cmocka_unit_test(test_gemm_stats_and_zero_depth),
         cmocka_unit_test(test_q8_quantize_weight),
         cmocka_unit_test(test_q8_act_params),
+        cmocka_unit_test(test_q8_act_params_vector),
+        cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_q8_linear_exact),
         cmocka_unit_test(test_q8_against_pytorch),
         cmocka_unit_test(test_q4_layout),

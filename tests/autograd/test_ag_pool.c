@@ -128,6 +128,42 @@ static void test_idle_threads_sleep(void **state) {
     ag_set_num_threads(2);
 }
 
+// A prefetch hint: an idle thread of the pool fetches its regions (the bytes left fall to zero),
+// a new hint replaces the one before, with one thread there is none, memory freed after the
+// hint is harmless, and loops around hints run every item once.
+static void test_prefetch(void **state) {
+    (void)state;
+    ag_set_num_threads(2);
+    enum { SMALL = 1 << 16, BIG = 64 << 20 };
+    char *a = malloc(SMALL), *big = malloc(BIG);
+    assert_non_null(a);
+    assert_non_null(big);
+    memset(a, 1, SMALL);
+    memset(big, 2, BIG);
+    bool drained = false; // the worker spins a while after a loop: a hint then is taken at once
+    for (int attempt = 0; attempt < 200 && !drained; attempt++) {
+        _Atomic int hits[64] = {0};
+        visit v = {.hits = hits, .max_slot = -1};
+        ag_parallel_tasks(64, count_part, &v);
+        ag_pool_prefetch(1, (const void *[]){a}, (size_t[]){SMALL});
+        struct timespec us = {0, 1000};
+        for (int k = 0; k < 200 && ag_pool_prefetch_left() > 0; k++) nanosleep(&us, NULL);
+        drained = ag_pool_prefetch_left() == 0;
+    }
+    assert_true(drained);
+    ag_pool_prefetch(2, (const void *[]){big, NULL}, (size_t[]){BIG, 0});
+    ag_pool_prefetch(1, (const void *[]){a}, (size_t[]){SMALL});
+    assert_true(ag_pool_prefetch_left() <= SMALL); // the 64 MB are forgotten
+    ag_pool_prefetch(1, (const void *[]){big}, (size_t[]){BIG});
+    free(big); // fetched or not, freed: prefetches do not fault
+    check_loop(2, 100000, 1000, false);
+    ag_set_num_threads(1);
+    ag_pool_prefetch(1, (const void *[]){a}, (size_t[]){SMALL});
+    assert_int_equal(ag_pool_prefetch_left(), 0);
+    ag_set_num_threads(2);
+    free(a);
+}
+
 // C = A·B (both layouts of each operand) split over 1 and 3 threads against double.
 static void check_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K) {
     float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
@@ -205,6 +241,7 @@ int main(void) {
         cmocka_unit_test(test_every_item_once),    cmocka_unit_test(test_nested_loops),
         cmocka_unit_test(test_concurrent_callers), cmocka_unit_test(test_idle_threads_sleep),
         cmocka_unit_test(test_split_sgemm),        cmocka_unit_test(test_blas_from_threads),
+        cmocka_unit_test(test_prefetch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
