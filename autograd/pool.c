@@ -241,11 +241,16 @@ void ag_parallel_for(int64_t n, int64_t grain, ag_range_fn fn, void *arg) {
 void ag_parallel_tasks(int64_t n, ag_range_fn fn, void *arg) { run(n, 1, fn, arg); }
 
 // Several loops as one: each split as ag_parallel_for splits it, the chunks of all of them
-// claimed from one counter.
+// claimed from one counter. The last loop's last chunks (one a thread) are cut in four: the
+// caller then waits at the end for a quarter of a chunk at most (a decode step's weight streams
+// end a loop about a hundred times a step).
+#define JOB_PARTS (AG_JOBS_MAX + 1)
 typedef struct {
     const ag_job *jobs;
-    int njobs;
-    int64_t chunk[AG_JOBS_MAX], first[AG_JOBS_MAX + 1]; // chunk size; index of each job's first chunk
+    int nparts;
+    int job[JOB_PARTS];                                     // the loop each part is of
+    int64_t lo[JOB_PARTS], hi[JOB_PARTS], chunk[JOB_PARTS]; // its items and chunk size
+    int64_t first[JOB_PARTS + 1];                           // index of each part's first chunk
 } jobs_arg;
 
 static void jobs_part(void *p, int64_t lo, int64_t hi, int thread) {
@@ -253,23 +258,34 @@ static void jobs_part(void *p, int64_t lo, int64_t hi, int thread) {
     int j = 0;
     for (int64_t c = lo; c < hi; c++) {
         while (c >= a->first[j + 1]) j++;
-        const ag_job *job = &a->jobs[j];
-        int64_t b = (c - a->first[j]) * a->chunk[j], e = b + a->chunk[j] < job->n ? b + a->chunk[j] : job->n;
+        const ag_job *job = &a->jobs[a->job[j]];
+        int64_t b = a->lo[j] + (c - a->first[j]) * a->chunk[j],
+                e = b + a->chunk[j] < a->hi[j] ? b + a->chunk[j] : a->hi[j];
         job->fn(job->arg, b, e, thread);
     }
 }
 
+static void add_part(jobs_arg *a, int job, int64_t lo, int64_t hi, int64_t chunk) {
+    if (hi <= lo) return;
+    int k = a->nparts++;
+    a->job[k] = job, a->lo[k] = lo, a->hi[k] = hi, a->chunk[k] = chunk;
+    a->first[k + 1] = a->first[k] + (hi - lo + chunk - 1) / chunk;
+}
+
 void ag_parallel_jobs(int njobs, const ag_job *jobs) {
-    jobs_arg a = {.jobs = jobs, .njobs = njobs < AG_JOBS_MAX ? njobs : AG_JOBS_MAX};
+    jobs_arg a = {.jobs = jobs};
     int64_t nt = ag_num_threads();
-    for (int j = 0; j < a.njobs; j++) {
+    if (njobs > AG_JOBS_MAX) njobs = AG_JOBS_MAX;
+    for (int j = 0; j < njobs; j++) {
         int64_t n = jobs[j].n > 0 ? jobs[j].n : 0, chunk = (n + 4 * nt - 1) / (4 * nt);
         if (n < 2 * jobs[j].grain) chunk = n;
-        a.chunk[j] = chunk < jobs[j].grain ? jobs[j].grain : chunk;
-        if (a.chunk[j] < 1) a.chunk[j] = 1;
-        a.first[j + 1] = a.first[j] + (n + a.chunk[j] - 1) / a.chunk[j];
+        chunk = chunk < jobs[j].grain ? jobs[j].grain : chunk;
+        if (chunk < 1) chunk = 1;
+        int64_t tail = j == njobs - 1 && nt > 1 && chunk >= 4 ? (chunk * nt < n ? chunk * nt : n) : 0;
+        add_part(&a, j, 0, n - tail, chunk);
+        add_part(&a, j, n - tail, n, chunk / 4);
     }
-    run(a.first[a.njobs], 1, jobs_part, &a);
+    run(a.first[a.nparts], 1, jobs_part, &a);
 }
 
 // Until set, as many threads as the process may use cores.

@@ -50,6 +50,36 @@ static void test_every_item_once(void **state) {
     ag_set_num_threads(2);
 }
 
+// Several loops as one (ag_parallel_jobs, the last one's tail in smaller chunks): every item of
+// every loop once, thread slots below the threads, loops of no item and of fewer than a grain.
+static void test_jobs_every_item_once(void **state) {
+    (void)state;
+    const int64_t sizes[][3] = {{144, 48, 48}, {0, 5, 1000}, {65537, 1, 0}, {384, 384, 3}, {7, 7, 7}};
+    const int64_t grains[] = {1, 15, 100};
+    for (int t = 1; t <= 4; t++)
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+            for (size_t g = 0; g < sizeof grains / sizeof *grains; g++) {
+                ag_set_num_threads(t);
+                visit v[3];
+                ag_job jobs[3];
+                for (int j = 0; j < 3; j++) {
+                    v[j] = (visit){.hits = calloc((size_t)sizes[s][j] + 1, sizeof(_Atomic int)), .max_slot = -1};
+                    jobs[j] = (ag_job){count_part, &v[j], sizes[s][j], grains[g]};
+                }
+                ag_parallel_jobs(3, jobs);
+                for (int j = 0; j < 3; j++) {
+                    for (int64_t i = 0; i < sizes[s][j]; i++)
+                        if (atomic_load(&v[j].hits[i]) != 1)
+                            fail_msg("%d threads, loop %d of %lld items, grain %lld: item %lld ran %d times", t, j,
+                                     (long long)sizes[s][j], (long long)grains[g], (long long)i,
+                                     atomic_load(&v[j].hits[i]));
+                    assert_true(atomic_load(&v[j].max_slot) < t);
+                    free(v[j].hits);
+                }
+            }
+    ag_set_num_threads(2);
+}
+
 static void nested_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     visit *v = p;
@@ -241,7 +271,7 @@ int main(void) {
         cmocka_unit_test(test_every_item_once),    cmocka_unit_test(test_nested_loops),
         cmocka_unit_test(test_concurrent_callers), cmocka_unit_test(test_idle_threads_sleep),
         cmocka_unit_test(test_split_sgemm),        cmocka_unit_test(test_blas_from_threads),
-        cmocka_unit_test(test_prefetch),
+        cmocka_unit_test(test_prefetch),           cmocka_unit_test(test_jobs_every_item_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
