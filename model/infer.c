@@ -93,7 +93,10 @@ static void gather(int32_t *dst, const int32_t *src, const gen *g, int64_t from,
 // idle threads fetch what block i reads after its q, k, v (and the next block's q, k, v, or the
 // head) while the caller runs the ops in between.
 static void prefetch_after_qkv(const gen *g, int64_t i, int64_t t) {
-    if (g->B * t > 8) return; // a prefill's products are bound by arithmetic, not by the weights
+    if (g->B * t > 8) { // a prefill's products are bound by arithmetic, not by the weights
+        ag_prefetch(0, NULL);
+        return;
+    }
     const llama_layer *L = &g->m->layers[i], *N = i + 1 < g->c->layers ? L + 1 : NULL;
     const ag_tensor *w[] = {L->o, L->gate, L->up, L->down, N ? N->q : g->m->lm_head, N ? N->k : NULL, N ? N->v : NULL};
     ag_prefetch(7, w);
