@@ -133,8 +133,11 @@ static _Atomic int64_t lost_core_at = INT64_MIN / 2, busy_until = INT64_MIN / 2;
 // ran ahead of its own CPU clock); on a busy machine every spin stops at SPIN_BUSY_NS.
 // The clocks are first read after 64 pauses: most waits end sooner (the caller waiting for the
 // last chunk of a short loop), and the CPU clock is a system call.
+// A worker (prefetch) also fetches the pool's prefetch hint while it spins, unless the machine
+// is busy: then the core may be wanted elsewhere, and a hint is not worth keeping it.
 static bool spin_until_changed(_Atomic uint32_t *w, uint32_t seen, bool prefetch) {
     int64_t t0 = 0, c0 = 0, limit = 0;
+    prefetch = prefetch && now_ns() >= atomic_load_explicit(&busy_until, memory_order_relaxed);
     for (int i = 1;; i++) {
         if (atomic_load_explicit(w, memory_order_acquire) != seen) return true;
         if (prefetch && prefetch_slice()) {
