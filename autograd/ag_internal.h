@@ -229,7 +229,9 @@ typedef struct {
     int64_t n, grain;
 } ag_job;
 void ag_parallel_jobs(int njobs, const ag_job *jobs);
-// Replaces what idle pool threads bring toward the caches with n regions, in order.
+// Replaces what idle pool threads bring toward the caches with n regions, in order (the first
+// AG_PREFETCH_MAX of them).
+#define AG_PREFETCH_MAX 16
 void ag_pool_prefetch(int n, const void *const *p, const size_t *bytes);
 size_t ag_pool_prefetch_left(void); // bytes of those regions not yet fetched
 

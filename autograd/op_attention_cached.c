@@ -356,9 +356,9 @@ typedef struct {
 
 #if defined(__x86_64__)
 // One query row against every chunk in one sweep, nd x 16 = D: the scores four keys at a time
-// (their lanes summed together), the output summed in registers over all the cached tokens. A decode step's cache
-// is a chunk per generated token, and a call per chunk and head (its output stored and reloaded
-// each time) cost more than the products.
+// (their lanes summed together), the output summed in registers over all the cached tokens. A
+// decode step's cache is a chunk per generated token, and a call per chunk and head (its output
+// stored and reloaded each time) cost more than the products.
 AG_AVX512_INLINE void decode_head_nd(float *o, float *pr, const float *qh, const ag_kv_cache *c, const cat_dims *a,
                                      int64_t b, int g, const int nd) {
     const float scale = 1.0f / sqrtf((float)a->D);

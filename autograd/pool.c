@@ -61,19 +61,19 @@ static _Thread_local bool in_chunk; // this thread is running a chunk
 // order, each one word, line index << 20 | slices of PF_SLICE bytes left, claimed a slice at a
 // time. Prefetches never fault, so a region freed or replaced meanwhile costs a few useless
 // reads, no more.
-#define PF_SLOTS 16
+#define PF_SLOTS AG_PREFETCH_MAX
 #define PF_SLICE 1024
 #define PF_LEFT_BITS 20
+#define PF_LEFT(w) ((w) & (((uint64_t)1 << PF_LEFT_BITS) - 1))
 static _Atomic uint64_t pf_ring[PF_SLOTS];
 
 void ag_pool_prefetch(int n, const void *const *p, const size_t *bytes) {
     if (atomic_load_explicit(&pool.threads, memory_order_relaxed) < 2) n = 0; // no idle thread to do it
-    const uint64_t max = ((uint64_t)1 << PF_LEFT_BITS) - 1;
     int k = 0;
     for (int i = 0; i < n && k < PF_SLOTS; i++) {
         if (!p[i] || !bytes[i]) continue;
         uint64_t line = (uint64_t)(uintptr_t)p[i] >> 6, slices = (bytes[i] + PF_SLICE - 1) / PF_SLICE;
-        atomic_store_explicit(&pf_ring[k++], line << PF_LEFT_BITS | (slices < max ? slices : max),
+        atomic_store_explicit(&pf_ring[k++], line << PF_LEFT_BITS | (slices < PF_LEFT(~0ull) ? slices : PF_LEFT(~0ull)),
                               memory_order_release);
     }
     for (; k < PF_SLOTS; k++) atomic_store_explicit(&pf_ring[k], 0, memory_order_relaxed);
@@ -81,7 +81,7 @@ void ag_pool_prefetch(int n, const void *const *p, const size_t *bytes) {
 
 size_t ag_pool_prefetch_left(void) {
     uint64_t slices = 0;
-    for (int k = 0; k < PF_SLOTS; k++) slices += atomic_load(&pf_ring[k]) & (((uint64_t)1 << PF_LEFT_BITS) - 1);
+    for (int k = 0; k < PF_SLOTS; k++) slices += PF_LEFT(atomic_load(&pf_ring[k]));
     return (size_t)(slices * PF_SLICE);
 }
 
@@ -90,7 +90,7 @@ static bool prefetch_slice(void) {
     for (int k = 0; k < PF_SLOTS; k++) {
         _Atomic uint64_t *slot = &pf_ring[k];
         uint64_t w = atomic_load_explicit(slot, memory_order_acquire);
-        while (w & (((uint64_t)1 << PF_LEFT_BITS) - 1)) {
+        while (PF_LEFT(w)) {
             uint64_t next = w - 1 + ((uint64_t)(PF_SLICE / 64) << PF_LEFT_BITS);
             if (!atomic_compare_exchange_weak_explicit(slot, &w, next, memory_order_acq_rel, memory_order_acquire))
                 continue;

@@ -232,3 +232,12 @@ void ag_zero_grad(ag_tensor *param) {
 }
 
 const char *ag_tensor_name(const ag_tensor *t) { return mp_site_name(t->site); }
+
+void ag_prefetch(int n, const ag_tensor *const *t) {
+    const void *p[AG_PREFETCH_MAX];
+    size_t bytes[AG_PREFETCH_MAX];
+    int k = 0;
+    for (int i = 0; i < n && k < AG_PREFETCH_MAX; i++)
+        if (t[i] && t[i]->data) p[k] = t[i]->data, bytes[k++] = t[i]->block.bytes;
+    ag_pool_prefetch(k, p, bytes);
+}

@@ -96,13 +96,3 @@ void ag_tensor_to_f32(const ag_tensor *t, float *dst) {
     int64_t cols = t->shape[t->ndim - 1];
     for (int64_t r = 0; r < t->numel / cols; r++) ag_tensor_row_f32(t, r, dst + r * cols);
 }
-
-void ag_prefetch(int n, const ag_tensor *const *t) {
-    enum { MAX = 16 };
-    const void *p[MAX];
-    size_t bytes[MAX];
-    int k = 0;
-    for (int i = 0; i < n && k < MAX; i++)
-        if (t[i] && t[i]->data) p[k] = t[i]->data, bytes[k++] = t[i]->block.bytes;
-    ag_pool_prefetch(k, p, bytes);
-}
