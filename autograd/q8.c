@@ -134,7 +134,8 @@ typedef struct {
     float *y;
     int64_t M, N, K;
     int32_t zp;
-    float s; // x_scale w_scale
+    float s;       // x_scale w_scale
+    int64_t ahead; // rows the prefetch runs ahead (about 4.5 KB)
 } q8_args;
 
 // The float32 result of one output from its integer sums, as the dequantisation does it.
@@ -187,8 +188,8 @@ VNNI_INLINE void q8_tile(const q8_args *a, int mr, int nr, int64_t m0, int64_t n
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) {
             wv[j] = _mm512_maskz_loadu_epi8(mk, a->wq + (n0 + j) * K + k);
-            // Rows 16 on into L2: about as many bytes ahead as the float32 skinny kernel fetches.
-            _mm_prefetch((const char *)(a->wq + (n0 + j + 16) * K + k), _MM_HINT_T1);
+            // Into L1, a few KB ahead: farther (or into L2 only) streamed slower from memory here.
+            _mm_prefetch((const char *)(a->wq + (n0 + j + a->ahead) * K + k), _MM_HINT_T0);
             if (sums) sv[j] = _mm512_dpbusd_epi32(sv[j], ones, wv[j]);
         }
 #pragma GCC unroll 4
@@ -234,6 +235,9 @@ VNNI_TARGET static void q8_rows_vnni(const q8_args *a, int nr, int64_t n0) {
 
 // Each nr-row block of the weight is swept once for a block of x rows; x stays in L2.
 VNNI_TARGET static void q8_part_vnni(const q8_args *a, int64_t b0, int64_t b1) {
+    // A chunk of rows starts cold: its first rows are fetched before the tiles' prefetch takes over.
+    for (int64_t o = 0; o < a->ahead * a->K; o += 64)
+        _mm_prefetch((const char *)(a->wq + b0 * 4 * a->K + o), _MM_HINT_T0);
     for (int64_t b = b0; b < b1; b++) {
         int64_t n0 = b * Q8_NR;
         if (n0 + Q8_NR <= a->N)
@@ -266,7 +270,7 @@ bool ag_q8_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q8
     q8_args a[AG_JOBS_MAX];
     ag_job jobs[AG_JOBS_MAX];
     for (int i = 0; i < n; i++) {
-        a[i] = (q8_args){xq, w[i].q, w[i].bias, y[i], M, w[i].N, K, p.zero_point, p.scale * w[i].scale};
+        a[i] = (q8_args){xq, w[i].q, w[i].bias, y[i], M, w[i].N, K, p.zero_point, p.scale * w[i].scale, 4608 / K + 1};
         // Blocks of 4 weight rows; a chunk streams at least 32 K weights, as the other skinny
         // kernels (a decode's key and value projections, 110 K weights, then still split).
         jobs[i] = (ag_job){q8_part, &a[i], (w[i].N + 3) / 4, ((int64_t)1 << 15) / (4 * K + 1) + 1};
