@@ -8,6 +8,7 @@
 // and op(B) = w's rows (a decode step's linear) the weight is streamed once unpacked instead.
 // Everything else converts tiles to float32 and runs single-threaded sgemm on them.
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,7 +51,8 @@ typedef struct {
     float *C;    // float32 result, or NULL
     uint16_t *D; // 16-bit result (ag_gemm_16_out), or NULL
     int64_t mtiles, ntiles, nc;
-    bool n_major; // tasks that follow each other share op(B)'s tile, not op(A)'s
+    bool n_major;  // tasks that follow each other share op(B)'s tile, not op(A)'s
+    uint64_t call; // this product's number, for the panels a thread keeps between its tiles
 } g16;
 
 static inline uint16_t a_at(const g16 *g, int64_t i, int64_t k) {
@@ -283,15 +285,37 @@ BF16_TARGET static void kernel_rows(int mr, int64_t kp, const uint32_t *a, const
     }
 }
 
-BF16_TARGET static void bf16_tile(const g16 *g, int64_t m0, int64_t mc, int64_t n0, int64_t nc, unsigned char *ws) {
-    uint32_t *Ap = (uint32_t *)ws, *Bp = Ap + AG_GEMM16_MC * AG_GEMM16_KC / 2;
-    float *Ct = (float *)(Bp + AG_GEMM16_NC * AG_GEMM16_KC / 2);
+// Blocks of K whose packed panels a thread keeps: a product with K up to this many blocks packs
+// the operand its consecutive tiles share once, not once a tile.
+#define KEEP_KBLOCKS 4
+
+static int64_t kblocks_kept(int64_t K) {
+    int64_t n = (K + AG_GEMM16_KC - 1) / AG_GEMM16_KC;
+    return n <= KEEP_KBLOCKS ? n : 1;
+}
+
+static size_t tile_ws_bytes(int64_t K) {
+    size_t kept = (size_t)kblocks_kept(K) * (AG_GEMM16_MC + AG_GEMM16_NC) * AG_GEMM16_KC * 2 +
+                  (size_t)AG_GEMM16_MC * AG_GEMM16_NC * 4 + 128;
+    return kept > AG_GEMM16_WS_BYTES ? kept : AG_GEMM16_WS_BYTES;
+}
+
+// packed_a, packed_b: the workspace holds those panels already, from this thread's previous tile
+// of the same product (then every block of K is kept).
+BF16_TARGET static void bf16_tile(const g16 *g, int64_t m0, int64_t mc, int64_t n0, int64_t nc, unsigned char *ws,
+                                  bool packed_a, bool packed_b) {
+    const int64_t kept = kblocks_kept(g->K), a_block = AG_GEMM16_MC * AG_GEMM16_KC / 2,
+                  b_block = AG_GEMM16_NC * AG_GEMM16_KC / 2;
+    uint32_t *Ak = (uint32_t *)ws, *Bk = Ak + kept * a_block;
+    float *Ct = (float *)(Bk + kept * b_block);
     float *C = g->D ? Ct : g->C + m0 * g->ldc + n0;
     int64_t ldc = g->D ? nc : g->ldc;
     for (int64_t k0 = 0; k0 < g->K; k0 += AG_GEMM16_KC) {
         int64_t kc = g->K - k0 < AG_GEMM16_KC ? g->K - k0 : AG_GEMM16_KC, kp = (kc + 1) / 2;
-        pack_a(g, m0, mc, k0, kc, Ap);
-        pack_b(g, n0, nc, k0, kc, Bp);
+        int64_t slot = kept > 1 ? k0 / AG_GEMM16_KC : 0;
+        uint32_t *Ap = Ak + slot * a_block, *Bp = Bk + slot * b_block;
+        if (!packed_a) pack_a(g, m0, mc, k0, kc, Ap);
+        if (!packed_b) pack_b(g, n0, nc, k0, kc, Bp);
         bool acc = k0 > 0;
         float beta = g->D ? 0.0f : g->beta;
         for (int64_t j = 0; j < nc; j += NR)
@@ -382,15 +406,25 @@ static void skinny(const g16 *g) {
 static void tile_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const g16 *g = p;
-    unsigned char *ws = ag_kernel_ws(AG_GEMM16_WS_BYTES);
+    unsigned char *ws = ag_kernel_ws(tile_ws_bytes(g->K));
+    // The panels this thread's workspace holds: of which product and which tiles.
+    static _Thread_local struct {
+        uint64_t call;
+        const unsigned char *ws;
+        int64_t mt, nt;
+    } kept;
+    if (kept.call != g->call || kept.ws != ws) kept.call = g->call, kept.ws = ws, kept.mt = kept.nt = -1;
     for (int64_t t = lo; t < hi; t++) {
         int64_t mt = g->n_major ? t % g->mtiles : t / g->ntiles, nt = g->n_major ? t / g->mtiles : t % g->ntiles;
         int64_t m0 = mt * AG_GEMM16_MC, n0 = nt * g->nc;
         int64_t mc = g->M - m0 < AG_GEMM16_MC ? g->M - m0 : AG_GEMM16_MC, nc = g->N - n0 < g->nc ? g->N - n0 : g->nc;
         if (!ws) naive_tile(g, m0, mc, n0, nc);
 #if defined(__x86_64__)
-        else if (g->t == AG_BF16 && ag_cpu_avx512_bf16())
-            bf16_tile(g, m0, mc, n0, nc, ws);
+        else if (g->t == AG_BF16 && ag_cpu_avx512_bf16()) {
+            bool all_kept = kblocks_kept(g->K) * AG_GEMM16_KC >= g->K;
+            bf16_tile(g, m0, mc, n0, nc, ws, all_kept && mt == kept.mt, all_kept && nt == kept.nt);
+            kept.mt = mt, kept.nt = nt;
+        }
 #endif
         else
             portable_tile(g, m0, mc, n0, nc, (float *)ws);
@@ -426,6 +460,8 @@ static void gemm16(g16 *g) {
         // The larger operand's tile is the one that neighbouring tasks (and threads) share, so it
         // is read from memory once (a linear's forward against a vocabulary-sized weight).
         g->n_major = g->N > g->M;
+        static atomic_uint_fast64_t calls;
+        g->call = atomic_fetch_add(&calls, 1) + 1;
         double tile_flops = 2.0 * AG_GEMM16_MC * (double)g->nc * (double)g->K;
         ag_parallel_for(g->mtiles * g->ntiles, tile_flops > 4e6 ? 1 : (int64_t)(4e6 / tile_flops) + 1, tile_part, g);
     }
@@ -434,13 +470,13 @@ static void gemm16(g16 *g) {
 
 void ag_gemm_16(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
                 const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, NULL, 0, 0, 0, false};
+    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, NULL, 0, 0, 0, false, 0};
     gemm16(&g);
 }
 
 void ag_gemm_16_out(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
-    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, NULL, C, 0, 0, 0, false};
+    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, NULL, C, 0, 0, 0, false, 0};
     gemm16(&g);
 }
 
@@ -454,7 +490,7 @@ void ag_gemm_16_linear_group(ag_dtype t, int64_t M, int64_t K, const void *x, in
         g16 g[AG_JOBS_MAX];
         ag_job jobs[AG_JOBS_MAX];
         for (int i = 0; i < n; i++) {
-            g[i] = (g16){t, false, true, M, N[i], K, K, K, N[i], 1.0f, 0.0f, x, w[i], NULL, y[i], 0, 0, 0, false};
+            g[i] = (g16){t, false, true, M, N[i], K, K, K, N[i], 1.0f, 0.0f, x, w[i], NULL, y[i], 0, 0, 0, false, 0};
             jobs[i] = (ag_job){skinny_part, &g[i], N[i] / SK_NR, ((int64_t)1 << 16) / (SK_NR * K * 2 + 1) + 1};
             flops += 2.0 * (double)M * (double)N[i] * (double)K;
         }

@@ -272,7 +272,9 @@ static void test_gemm_f16(void **state) {
 }
 
 // Depth beyond one tile (KC) and M beyond MC with every transpose; and the fast path against the
-// portable one on the same inputs: both within the bound, so within twice it of each other.
+// portable one on the same inputs: both within the bound, so within twice it of each other. The
+// last three: one row tile over many column tiles and three blocks of K (a thread's next tiles
+// reuse its packed rows), many row tiles over one block of K, and five blocks (none kept).
 static void test_gemm_fast_vs_portable(void **state) {
     (void)state;
     if (!ag_cpu_avx512_bf16()) skip();
@@ -280,7 +282,10 @@ static void test_gemm_fast_vs_portable(void **state) {
                       {64, 577, 389, false, false},
                       {25, 96, 770, true, false},
                       {300, 49, 40, true, true},
-                      {5, 1000, 576, false, true}};
+                      {5, 1000, 576, false, true},
+                      {150, 1100, 1000, false, false},
+                      {900, 100, 300, true, false},
+                      {100, 700, 1700, false, true}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         shape s = shapes[i];
         float *fast = malloc((size_t)(s.M * s.N) * sizeof(float)), *port = malloc((size_t)(s.M * s.N) * sizeof(float));
