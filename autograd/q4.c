@@ -1,8 +1,9 @@
 // int4 weight-only linear: int4 weights with a float16 scale per group of a row, float32 x and y.
 //
-// Decode (few rows): the packed weight is streamed once, each 64-byte load giving 128 weights,
-// dequantised in registers by a shift and a table lookup and multiplied by x, put once per call
-// in the order the nibbles come in. More rows: tiles of the weight dequantised to float32 for sgemm.
+// Decode (few rows): the packed weight is streamed once, each 16-byte load giving 32 weights
+// (low nibbles the even elements, high nibbles the odd ones), dequantised in registers and
+// multiplied by x whose blocks of 32 were split into even and odd halves once per call, so the
+// nibbles need no interleaving. More rows: tiles of the weight dequantised to float32 for sgemm.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -67,15 +68,13 @@ void ag_q4_dequantize_rows(const void *block, int64_t N, int64_t K, int64_t grou
 }
 
 typedef struct {
-    const float *x; // as given, or (fast path) each row's chunks of 128 in the nibbles' order
+    const float *x; // as given, or (fast path) split into even / odd halves per 32
     const uint8_t *q;
     const uint8_t *sc; // float16 scales, unaligned
     const float *bias;
     float *y;
     int64_t M, N, K, group, G;
-    int64_t xstride;           // fast path: floats per row of x (whole chunks, zero padded)
-    const int32_t *lane_group; // fast path: 16 a chunk, the group of each lane's elements
-    int64_t ahead;             // fast path: rows the prefetch runs ahead (4 KB and a tile)
+    int64_t ahead; // fast path: rows the prefetch runs ahead (4 KB and a tile)
 } q4_args;
 
 // ---- tiles dequantised to float32, then sgemm ----
@@ -113,85 +112,74 @@ static void tiled_part(void *p, int64_t t0, int64_t t1, int thread) {
 #if defined(__x86_64__)
 #define Q4_MR 4
 #define Q4_NR 4
-#define Q4_CHUNK 128 // elements of a row in one 64-byte load
+#define Q4_SWIN 64 // scales converted at a time
 #define Q4_AHEAD_BYTES 4096
 #define Q4_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma")))
 #define Q4_INLINE static inline __attribute__((always_inline)) Q4_TARGET
 
-static int64_t chunks_of(int64_t K) { return (K + Q4_CHUNK - 1) / Q4_CHUNK; }
-
-// y[mr, nr] = x'[mr, K] · dequant(w[nr, K])ᵀ (+ bias). A row's 64 bytes at k hold elements k to
-// k + 127 with lane L's 32 bits elements k + 8L to k + 8L + 7, nibble r at bits 4r: shifting by
-// 4r brings element k + 8L + r to the low 4 bits of every lane, where vpermps looks up its value
-// in one fixed table of the 16 int4 values. x' holds x in that order (x'[k + 16r + L] =
-// x[k + 8L + r]), so the weights are never interleaved: per 16 weights a shift, a lookup and the
-// multiply-add. Each lane lies in one group (group % 8 == 0); the group scales, looked up per
-// lane, multiply one row's sums of a chunk (one row of x) or the weights (more rows, which share them).
-
+// y[mr, nr] = x'[mr, K] · dequant(w[nr, K])ᵀ (+ bias), 32 k a step. Each group's 16 possible
+// weights q s form a table; vpermps picks entries by the low 4 bits of each 32-bit lane, which
+// hold a byte's low nibble as loaded and its high nibble after a shift by 4: no sign extension
+// or conversion per weight, and q s is exact (int4 times a float16).
 Q4_INLINE void q4_tile(const q4_args *a, int mr, int nr, int64_t m0, int64_t n0) {
-    const int64_t K = a->K, nc = chunks_of(K);
-    const __m512 lut = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+    const int64_t K = a->K;
+    const __m512 base = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
     const uint8_t *q[Q4_NR];
     const uint8_t *sc[Q4_NR];
 #pragma GCC unroll 4
     for (int j = 0; j < nr; j++) q[j] = a->q + (n0 + j) * K / 2, sc[j] = a->sc + 2 * (n0 + j) * a->G;
-    __m512 acc[Q4_MR][Q4_NR];
+    const float *x[Q4_MR];
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) x[i] = a->x + (m0 + i) * K;
+    __m512 acc[Q4_MR][Q4_NR], acc2[Q4_MR][Q4_NR]; // even and odd elements: two chains of FMAs
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps();
+        for (int j = 0; j < nr; j++) acc[i][j] = acc2[i][j] = _mm512_setzero_ps();
     // The scales of the rows ahead: their own stream, which the hardware does not fetch in time.
     _mm_prefetch((const char *)(sc[0] + 2 * a->ahead * a->G), _MM_HINT_T0);
     _mm_prefetch((const char *)(sc[0] + 2 * (a->ahead + nr) * a->G - 1), _MM_HINT_T0);
-    for (int64_t c = 0; c < nc; c++) {
-        const int64_t k = c * Q4_CHUNK, lanes = (K - k) / 8 < 16 ? (K - k) / 8 : 16;
-        const int32_t *lg = a->lane_group + 16 * c;
-        const __mmask16 lm = ag_lanes16(lanes), sm = ag_lanes16(lg[lanes - 1] - lg[0] + 1);
-        const __m512i idx = _mm512_sub_epi32(_mm512_loadu_si512(lg), _mm512_set1_epi32(lg[0]));
-        __m512i d[Q4_NR];
-        __m512 s[Q4_NR];
-#pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) {
-            d[j] = _mm512_maskz_loadu_epi32(lm, q[j] + k / 2);
-            __m512 g = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(sm, sc[j] + 2 * lg[0]));
-            s[j] = _mm512_permutexvar_ps(idx, g);
-            _mm_prefetch((const char *)(q[j] + a->ahead * K / 2 + k / 2), _MM_HINT_T0);
-        }
-        if (mr == 1) { // two chains a row, scaled once a chunk
-            const float *x = a->x + m0 * a->xstride + k;
-            __m512 t0[Q4_NR], t1[Q4_NR];
-#pragma GCC unroll 4
-            for (int j = 0; j < nr; j++) t0[j] = t1[j] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-            for (int r = 0; r < 8; r += 2) {
-                __m512 xe = _mm512_loadu_ps(x + 16 * r), xo = _mm512_loadu_ps(x + 16 * r + 16);
-#pragma GCC unroll 4
-                for (int j = 0; j < nr; j++) {
-                    t0[j] = _mm512_fmadd_ps(xe, _mm512_permutexvar_ps(_mm512_srli_epi32(d[j], 4 * r), lut), t0[j]);
-                    t1[j] = _mm512_fmadd_ps(xo, _mm512_permutexvar_ps(_mm512_srli_epi32(d[j], 4 * r + 4), lut), t1[j]);
-                }
-            }
-#pragma GCC unroll 4
-            for (int j = 0; j < nr; j++) acc[0][j] = _mm512_fmadd_ps(_mm512_add_ps(t0[j], t1[j]), s[j], acc[0][j]);
-            continue;
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) {
-            __m512 w[Q4_NR];
+    float sf[Q4_NR][Q4_SWIN]; // a window of each row's scales as float32, broadcast from memory
+    for (int64_t g = 0; g < a->G; g++) {
+        if (g % Q4_SWIN == 0) {
+            int64_t left = a->G - g < Q4_SWIN ? a->G - g : Q4_SWIN;
 #pragma GCC unroll 4
             for (int j = 0; j < nr; j++)
-                w[j] = _mm512_mul_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(d[j], 4 * r), lut), s[j]);
+                for (int64_t t = 0; t < left; t += 16) {
+                    __mmask16 m = ag_lanes16(left - t);
+                    __m256i h = _mm256_maskz_loadu_epi16(m, sc[j] + 2 * (g + t));
+                    _mm512_storeu_ps(&sf[j][t], _mm512_cvtph_ps(h));
+                }
+        }
+        __m512 lut[Q4_NR];
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) lut[j] = _mm512_mul_ps(base, _mm512_set1_ps(sf[j][g % Q4_SWIN]));
+        int64_t k1 = (g + 1) * a->group < K ? (g + 1) * a->group : K;
+        for (int64_t k = g * a->group; k < k1; k += 32) {
+            __m512 we[Q4_NR], wo[Q4_NR];
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++) {
+                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q[j] + k / 2)));
+                we[j] = _mm512_permutexvar_ps(v, lut[j]);
+                wo[j] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut[j]);
+                if (k % 128 == 0) _mm_prefetch((const char *)(q[j] + a->ahead * K / 2 + k / 2), _MM_HINT_T0);
+            }
 #pragma GCC unroll 4
             for (int i = 0; i < mr; i++) {
-                __m512 xr = _mm512_loadu_ps(a->x + (m0 + i) * a->xstride + k + 16 * r);
+                __m512 xe = _mm512_loadu_ps(x[i] + k), xo = _mm512_loadu_ps(x[i] + k + 16);
 #pragma GCC unroll 4
-                for (int j = 0; j < nr; j++) acc[i][j] = _mm512_fmadd_ps(xr, w[j], acc[i][j]);
+                for (int j = 0; j < nr; j++) {
+                    acc[i][j] = _mm512_fmadd_ps(xe, we[j], acc[i][j]);
+                    acc2[i][j] = _mm512_fmadd_ps(xo, wo[j], acc2[i][j]);
+                }
             }
         }
     }
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++) {
         float sum[Q4_NR];
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) acc[i][j] = _mm512_add_ps(acc[i][j], acc2[i][j]);
         if (nr == Q4_NR)
             _mm_storeu_ps(sum, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
         else
@@ -222,33 +210,17 @@ static void fused_part(void *p, int64_t b0, int64_t b1, int thread) {
         if (n0 + Q4_NR <= a->N)
             q4_rows(a, Q4_NR, n0);
         else
-            for (int64_t n = n0; n < a->N && n < n0 + Q4_NR; n++) q4_rows(a, 1, n);
+            for (int64_t n = n0; n < a->N; n++) q4_rows(a, 1, n);
     }
 }
 
-// x's rows in the nibbles' order, each chunk of 128 as 8 vectors (vector r, lane L: element 8L + r),
-// the last chunk zero padded.
-Q4_TARGET static void x_in_nibble_order(const float *x, int64_t M, int64_t K, float *out) {
-    const __m512i lane8 = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t k = 0; k < K; k += Q4_CHUNK) {
-            __mmask16 lm = ag_lanes16((K - k) / 8);
-            for (int r = 0; r < 8; r++) {
-                __m512i at = _mm512_add_epi32(lane8, _mm512_set1_epi32(r));
-                __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), lm, at, x + m * K + k, 4);
-                _mm512_storeu_ps(out + m * chunks_of(K) * Q4_CHUNK + k + 16 * r, v);
-            }
+// x's blocks of 32 as [16 even elements, 16 odd ones], the order the nibbles come in.
+static void split_even_odd(const float *x, int64_t n, float *out) {
+    for (int64_t b = 0; b < n; b += 32)
+        for (int i = 0; i < 16; i++) {
+            out[b + i] = x[b + 2 * i];
+            out[b + 16 + i] = x[b + 2 * i + 1];
         }
-}
-
-// Each lane's group, 16 a chunk (a tail's unused lanes repeat its last group); no division per lane.
-static void lane_groups(int64_t K, int64_t group, int32_t *lg) {
-    int32_t g = 0;
-    for (int64_t e = 0, left = group; e < chunks_of(K) * Q4_CHUNK; e += 8) {
-        if (e < K && left == 0) g++, left = group;
-        lg[e / 8] = g;
-        if (e < K) left -= 8;
-    }
 }
 #endif
 
@@ -259,21 +231,17 @@ bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4
     for (int i = 0; i < n; i++) fused = fused && w[i].group % 32 == 0;
     if (fused) {
         double t0 = ag_blas_clock(), flops = 0;
-        const int64_t xstride = chunks_of(K) * Q4_CHUNK, nlg = 16 * chunks_of(K);
-        const size_t bytes = (size_t)(M * xstride) * sizeof(float) + (size_t)(n * nlg) * sizeof(int32_t);
-        _Alignas(64) float small[AG_KERNEL_STACK_BYTES / sizeof(float)];
-        float *xs = bytes <= sizeof small ? small : malloc(bytes);
+        float small[AG_KERNEL_STACK_BYTES / sizeof(float)];
+        float *xs = M * K <= (int64_t)(sizeof small / sizeof *small) ? small : malloc((size_t)(M * K) * sizeof(float));
         if (!xs) return false;
-        int32_t *lg = (int32_t *)(xs + M * xstride);
-        x_in_nibble_order(x, M, K, xs); // once for all the weights
+        split_even_odd(x, M * K, xs); // once for all the weights
         q4_args a[AG_JOBS_MAX];
         ag_job jobs[AG_JOBS_MAX];
         for (int i = 0; i < n; i++) {
             const int64_t N = w[i].N, g = w[i].group;
-            lane_groups(K, g, lg + i * nlg);
+            const int64_t ahead = Q4_AHEAD_BYTES / (K / 2) + Q4_NR;
             a[i] = (q4_args){
-                xs,      w[i].block,   scales_of(w[i].block, N, K),     w[i].bias, y[i], M, N, K, g, groups_of(K, g),
-                xstride, lg + i * nlg, Q4_AHEAD_BYTES / (K / 2) + Q4_NR};
+                xs, w[i].block, scales_of(w[i].block, N, K), w[i].bias, y[i], M, N, K, g, groups_of(K, g), ahead};
             int64_t grain = ((int64_t)1 << 16) / (Q4_NR * K / 2 + 1) + 1;
             jobs[i] = (ag_job){fused_part, &a[i], (N + Q4_NR - 1) / Q4_NR, grain};
             flops += 2.0 * (double)M * (double)N * (double)K;
@@ -288,7 +256,7 @@ bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4
         double t0 = ag_blas_clock();
         const int64_t N = w[i].N;
         q4_args a = {x, w[i].block, scales_of(w[i].block, N, K), w[i].bias, y[i], M, N,
-                     K, w[i].group, groups_of(K, w[i].group),    K,         NULL, 0};
+                     K, w[i].group, groups_of(K, w[i].group),    0};
         if (M > 0) ag_parallel_for((N + AG_Q4_TILE_ROWS - 1) / AG_Q4_TILE_ROWS, 1, tiled_part, &a);
         ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
     }

@@ -64,7 +64,8 @@ d, repeat, lengths = sys.argv[1], int(sys.argv[2]), [int(x) for x in sys.argv[3:
 load = lambda n: json.load(open(f"{d}/{n}"))
 bw = [load("bw1.json"), load("bw2.json")]
 read = max(b["read_gbs"] for b in bw)
-print(f"machine: read {read:.1f} GB/s ({bw[0]['threads']} threads, best of two probes)")
+print(f"machine: read {read:.1f} GB/s ({bw[0]['threads']} threads, best of two probes), "
+      f"OpenBLAS kernels {bw[0].get('blas_core', '?')}{' (OPENBLAS_CORETYPE)' if bw[0].get('blas_core_forced') else ''}")
 print(f"training step, steady state (median of steps 2 on, best of {repeat} alternating runs):")
 print(f"{'tokens':>6} {'float32 s':>10} {'bf16-mixed s':>13} {'speed-up':>9}   (target >= 1.5)")
 step = lambda v, n, r: statistics.median(x["step_s"] for x in load(f"train-{v}-{n}-{r}.json")["timing"]["steps"][1:])
