@@ -72,6 +72,12 @@ void ag_gemm_16_linear_group(ag_dtype t, int64_t M, int64_t K, const void *x, in
 // The most a kernel keeps on its caller's stack for the rows of a small call (decode).
 #define AG_KERNEL_STACK_BYTES 16384
 
+// A weight stream's first bytes into L1, before its loop's own prefetch (running some KB ahead)
+// takes over: a thread's chunk of rows otherwise starts cold.
+static inline void ag_prefetch_start(const void *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 3);
+}
+
 #define AG_GEMM16_MC 192
 #define AG_GEMM16_NC 288
 #define AG_GEMM16_KC 384

@@ -286,33 +286,32 @@ BF16_TARGET static void kernel_rows(int mr, int64_t kp, const uint32_t *a, const
 }
 
 // Blocks of K whose packed panels a thread keeps: a product with K up to this many blocks packs
-// the operand its consecutive tiles share once, not once a tile.
+// the operand its consecutive tiles share once, not once a tile; a deeper one packs a block at a
+// time into one slot, as before.
 #define KEEP_KBLOCKS 4
 
-static int64_t kblocks_kept(int64_t K) {
-    int64_t n = (K + AG_GEMM16_KC - 1) / AG_GEMM16_KC;
-    return n <= KEEP_KBLOCKS ? n : 1;
-}
+static bool panels_kept(int64_t K) { return K <= KEEP_KBLOCKS * AG_GEMM16_KC; }
+static int64_t panel_slots(int64_t K) { return panels_kept(K) ? (K + AG_GEMM16_KC - 1) / AG_GEMM16_KC : 1; }
 
 static size_t tile_ws_bytes(int64_t K) {
-    size_t kept = (size_t)kblocks_kept(K) * (AG_GEMM16_MC + AG_GEMM16_NC) * AG_GEMM16_KC * 2 +
-                  (size_t)AG_GEMM16_MC * AG_GEMM16_NC * 4 + 128;
-    return kept > AG_GEMM16_WS_BYTES ? kept : AG_GEMM16_WS_BYTES;
+    size_t bytes = (size_t)panel_slots(K) * (AG_GEMM16_MC + AG_GEMM16_NC) * AG_GEMM16_KC * 2 +
+                   (size_t)AG_GEMM16_MC * AG_GEMM16_NC * 4 + 128;
+    return bytes > AG_GEMM16_WS_BYTES ? bytes : AG_GEMM16_WS_BYTES;
 }
 
 // packed_a, packed_b: the workspace holds those panels already, from this thread's previous tile
 // of the same product (then every block of K is kept).
 BF16_TARGET static void bf16_tile(const g16 *g, int64_t m0, int64_t mc, int64_t n0, int64_t nc, unsigned char *ws,
                                   bool packed_a, bool packed_b) {
-    const int64_t kept = kblocks_kept(g->K), a_block = AG_GEMM16_MC * AG_GEMM16_KC / 2,
+    const int64_t slots = panel_slots(g->K), a_block = AG_GEMM16_MC * AG_GEMM16_KC / 2,
                   b_block = AG_GEMM16_NC * AG_GEMM16_KC / 2;
-    uint32_t *Ak = (uint32_t *)ws, *Bk = Ak + kept * a_block;
-    float *Ct = (float *)(Bk + kept * b_block);
+    uint32_t *Ak = (uint32_t *)ws, *Bk = Ak + slots * a_block;
+    float *Ct = (float *)(Bk + slots * b_block);
     float *C = g->D ? Ct : g->C + m0 * g->ldc + n0;
     int64_t ldc = g->D ? nc : g->ldc;
     for (int64_t k0 = 0; k0 < g->K; k0 += AG_GEMM16_KC) {
         int64_t kc = g->K - k0 < AG_GEMM16_KC ? g->K - k0 : AG_GEMM16_KC, kp = (kc + 1) / 2;
-        int64_t slot = kept > 1 ? k0 / AG_GEMM16_KC : 0;
+        int64_t slot = slots > 1 ? k0 / AG_GEMM16_KC : 0;
         uint32_t *Ap = Ak + slot * a_block, *Bp = Bk + slot * b_block;
         if (!packed_a) pack_a(g, m0, mc, k0, kc, Ap);
         if (!packed_b) pack_b(g, n0, nc, k0, kc, Bp);
@@ -421,8 +420,8 @@ static void tile_part(void *p, int64_t lo, int64_t hi, int thread) {
         if (!ws) naive_tile(g, m0, mc, n0, nc);
 #if defined(__x86_64__)
         else if (g->t == AG_BF16 && ag_cpu_avx512_bf16()) {
-            bool all_kept = kblocks_kept(g->K) * AG_GEMM16_KC >= g->K;
-            bf16_tile(g, m0, mc, n0, nc, ws, all_kept && mt == kept.mt, all_kept && nt == kept.nt);
+            bool keep = panels_kept(g->K);
+            bf16_tile(g, m0, mc, n0, nc, ws, keep && mt == kept.mt, keep && nt == kept.nt);
             kept.mt = mt, kept.nt = nt;
         }
 #endif
@@ -470,13 +469,15 @@ static void gemm16(g16 *g) {
 
 void ag_gemm_16(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
                 const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, NULL, 0, 0, 0, false, 0};
+    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, NULL, 0, 0, 0, false,
+             0};
     gemm16(&g);
 }
 
 void ag_gemm_16_out(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
                     const void *A, int64_t lda, const void *B, int64_t ldb, float beta, void *C, int64_t ldc) {
-    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, NULL, C, 0, 0, 0, false, 0};
+    g16 g = {t, ta == CblasTrans, tb == CblasTrans, M, N, K, lda, ldb, ldc, alpha, beta, A, B, NULL, C, 0, 0, 0, false,
+             0};
     gemm16(&g);
 }
 

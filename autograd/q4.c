@@ -202,9 +202,7 @@ Q4_TARGET static void q4_rows(const q4_args *a, int nr, int64_t n0) {
 static void fused_part(void *p, int64_t b0, int64_t b1, int thread) {
     (void)thread;
     const q4_args *a = p;
-    // A chunk of rows starts cold: its first rows are fetched before the loop's prefetch takes over.
-    const uint8_t *q0 = a->q + b0 * Q4_NR * a->K / 2;
-    for (int64_t o = 0; o < a->ahead * a->K / 2; o += 64) _mm_prefetch((const char *)(q0 + o), _MM_HINT_T0);
+    ag_prefetch_start(a->q + b0 * Q4_NR * a->K / 2, (size_t)(a->ahead * a->K / 2));
     for (int64_t b = b0; b < b1; b++) {
         int64_t n0 = b * Q4_NR;
         if (n0 + Q4_NR <= a->N)

@@ -12,6 +12,7 @@
 #include "ag_kernels.h"
 
 #define Q8_SMALL_SCALE 6.1e-5f // PyTorch's SMALL_SCALE_THRESHOLD
+#define Q8_AHEAD_BYTES 4608    // the weight's prefetch distance (farther streamed slower from memory)
 
 void ag_q8_quantize_weight(const float *w, int64_t N, int64_t K, int8_t *q, float *scale) {
     // MinMaxObserver, per_tensor_symmetric: max(-min(w, 0), max(w, 0)) / ((127 - -128) / 2).
@@ -135,7 +136,7 @@ typedef struct {
     int64_t M, N, K;
     int32_t zp;
     float s;       // x_scale w_scale
-    int64_t ahead; // rows the prefetch runs ahead (about 4.5 KB)
+    int64_t ahead; // rows the prefetch runs ahead (Q8_AHEAD_BYTES)
 } q8_args;
 
 // The float32 result of one output from its integer sums, as the dequantisation does it.
@@ -235,9 +236,7 @@ VNNI_TARGET static void q8_rows_vnni(const q8_args *a, int nr, int64_t n0) {
 
 // Each nr-row block of the weight is swept once for a block of x rows; x stays in L2.
 VNNI_TARGET static void q8_part_vnni(const q8_args *a, int64_t b0, int64_t b1) {
-    // A chunk of rows starts cold: its first rows are fetched before the tiles' prefetch takes over.
-    for (int64_t o = 0; o < a->ahead * a->K; o += 64)
-        _mm_prefetch((const char *)(a->wq + b0 * 4 * a->K + o), _MM_HINT_T0);
+    ag_prefetch_start(a->wq + b0 * Q8_NR * a->K, (size_t)(a->ahead * a->K));
     for (int64_t b = b0; b < b1; b++) {
         int64_t n0 = b * Q8_NR;
         if (n0 + Q8_NR <= a->N)
@@ -270,7 +269,8 @@ bool ag_q8_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q8
     q8_args a[AG_JOBS_MAX];
     ag_job jobs[AG_JOBS_MAX];
     for (int i = 0; i < n; i++) {
-        a[i] = (q8_args){xq, w[i].q, w[i].bias, y[i], M, w[i].N, K, p.zero_point, p.scale * w[i].scale, 4608 / K + 1};
+        a[i] = (q8_args){
+            xq, w[i].q, w[i].bias, y[i], M, w[i].N, K, p.zero_point, p.scale * w[i].scale, Q8_AHEAD_BYTES / K + 1};
         // Blocks of 4 weight rows; a chunk streams at least 32 K weights, as the other skinny
         // kernels (a decode's key and value projections, 110 K weights, then still split).
         jobs[i] = (ag_job){q8_part, &a[i], (w[i].N + 3) / 4, ((int64_t)1 << 15) / (4 * K + 1) + 1};
