@@ -272,6 +272,17 @@ static inline __mmask16 ag_lanes16(int64_t left) { return left <= 0 ? 0 : ag_mas
 
 #define AG_AVX512_INLINE static inline __attribute__((always_inline)) AG_AVX512
 
+// ag_bf16_from_f32 in 16 lanes: u + 0x7FFF + (bit 16 of u), NaN lanes 0x7FC0.
+static inline __attribute__((target("avx512f"))) __m256i ag_bf16_round16(__m512 x) {
+    __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)),
+                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+    r = _mm512_srli_epi32(r, 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
+    return _mm512_cvtepi32_epi16(r);
+}
+
 // The sums of four vectors at once: 5 additions where four reductions would take 16 (the
 // additions share the multiply-add unit that bounds these kernels).
 AG_AVX512_INLINE __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {

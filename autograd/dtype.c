@@ -98,21 +98,10 @@ AG_BW static void bf16_to_f32_avx512(const uint16_t *s, float *d, int64_t n) {
     }
 }
 
-// The scalar rounding in 16 lanes: u + 0x7FFF + (bit 16 of u), NaN lanes 0x7FC0.
-AG_BW static inline __m256i bf16_round16(__m512 x) {
-    __m512i u = _mm512_castps_si512(x);
-    __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)),
-                                 _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
-    r = _mm512_srli_epi32(r, 16);
-    __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
-    return _mm512_cvtepi32_epi16(r);
-}
-
 AG_BW static void bf16_from_f32_avx512(const float *s, uint16_t *d, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = ag_lanes16(n - i);
-        _mm256_mask_storeu_epi16(d + i, m, bf16_round16(_mm512_maskz_loadu_ps(m, s + i)));
+        _mm256_mask_storeu_epi16(d + i, m, ag_bf16_round16(_mm512_maskz_loadu_ps(m, s + i)));
     }
 }
 

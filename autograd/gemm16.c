@@ -238,9 +238,10 @@ BF16_TARGET static void pack_b(const g16 *g, int64_t n0, int64_t nc, int64_t k0,
 }
 
 // C[mr, 48 (nc valid)] (=|+=) alpha A-panel · B-panel over kp pairs. accumulate: add to C;
-// otherwise C = alpha AB + beta C (beta 0: C not read).
+// otherwise C = alpha AB + beta C (beta 0: C not read). With d (a 16-bit result's last block of
+// K) the sum goes to d instead, d = sum + beta d rounded once, as narrow_tile would round it.
 BF16_INLINE void kernel(int mr, int64_t kp, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc, int64_t nc,
-                        float alpha, float beta, bool accumulate) {
+                        float alpha, float beta, bool accumulate, uint16_t *d, int64_t ldd, float beta_d) {
     __m512 acc[MR][3];
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++) acc[i][0] = acc[i][1] = acc[i][2] = _mm512_setzero_ps();
@@ -256,7 +257,7 @@ BF16_INLINE void kernel(int mr, int64_t kp, const uint32_t *a, const uint32_t *b
         }
     }
     __mmask16 m[3] = {ag_lanes16(nc), ag_lanes16(nc - 16), ag_lanes16(nc - 32)};
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta), vbd = _mm512_set1_ps(beta_d);
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
         for (int q = 0; q < 3; q++) {
@@ -267,21 +268,31 @@ BF16_INLINE void kernel(int mr, int64_t kp, const uint32_t *a, const uint32_t *b
                 r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m[q], cp));
             else if (beta != 0.0f)
                 r = _mm512_add_ps(r, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m[q], cp)));
-            _mm512_mask_storeu_ps(cp, m[q], r);
+            if (!d) {
+                _mm512_mask_storeu_ps(cp, m[q], r);
+                continue;
+            }
+            uint16_t *dp = d + i * ldd + 16 * q;
+            if (beta_d != 0.0f) {
+                __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m[q], dp));
+                r = _mm512_add_ps(r, _mm512_mul_ps(vbd, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16))));
+            }
+            _mm256_mask_storeu_epi16(dp, m[q], ag_bf16_round16(r));
         }
 }
 
 BF16_TARGET static void kernel_rows(int mr, int64_t kp, const uint32_t *a, const uint32_t *b, float *c, int64_t ldc,
-                                    int64_t nc, float alpha, float beta, bool acc) {
+                                    int64_t nc, float alpha, float beta, bool acc, uint16_t *d, int64_t ldd,
+                                    float beta_d) {
     switch (mr) {
-    case 8: kernel(8, kp, a, b, c, ldc, nc, alpha, beta, acc); break;
-    case 7: kernel(7, kp, a, b, c, ldc, nc, alpha, beta, acc); break;
-    case 6: kernel(6, kp, a, b, c, ldc, nc, alpha, beta, acc); break;
-    case 5: kernel(5, kp, a, b, c, ldc, nc, alpha, beta, acc); break;
-    case 4: kernel(4, kp, a, b, c, ldc, nc, alpha, beta, acc); break;
-    case 3: kernel(3, kp, a, b, c, ldc, nc, alpha, beta, acc); break;
-    case 2: kernel(2, kp, a, b, c, ldc, nc, alpha, beta, acc); break;
-    default: kernel(1, kp, a, b, c, ldc, nc, alpha, beta, acc); break;
+    case 8: kernel(8, kp, a, b, c, ldc, nc, alpha, beta, acc, d, ldd, beta_d); break;
+    case 7: kernel(7, kp, a, b, c, ldc, nc, alpha, beta, acc, d, ldd, beta_d); break;
+    case 6: kernel(6, kp, a, b, c, ldc, nc, alpha, beta, acc, d, ldd, beta_d); break;
+    case 5: kernel(5, kp, a, b, c, ldc, nc, alpha, beta, acc, d, ldd, beta_d); break;
+    case 4: kernel(4, kp, a, b, c, ldc, nc, alpha, beta, acc, d, ldd, beta_d); break;
+    case 3: kernel(3, kp, a, b, c, ldc, nc, alpha, beta, acc, d, ldd, beta_d); break;
+    case 2: kernel(2, kp, a, b, c, ldc, nc, alpha, beta, acc, d, ldd, beta_d); break;
+    default: kernel(1, kp, a, b, c, ldc, nc, alpha, beta, acc, d, ldd, beta_d); break;
     }
 }
 
@@ -317,12 +328,14 @@ BF16_TARGET static void bf16_tile(const g16 *g, int64_t m0, int64_t mc, int64_t 
         if (!packed_b) pack_b(g, n0, nc, k0, kc, Bp);
         bool acc = k0 > 0;
         float beta = g->D ? 0.0f : g->beta;
+        // A 16-bit result's last block rounds straight from the registers into D.
+        uint16_t *D = g->D && k0 + kc >= g->K ? g->D + m0 * g->ldc + n0 : NULL;
         for (int64_t j = 0; j < nc; j += NR)
             for (int64_t i = 0; i < mc; i += MR)
                 kernel_rows(mc - i < MR ? (int)(mc - i) : MR, kp, Ap + (i / MR) * kp * MR, Bp + (j / NR) * kp * NR,
-                            C + i * ldc + j, ldc, nc - j, g->alpha, beta, acc);
+                            C + i * ldc + j, ldc, nc - j, g->alpha, beta, acc, D ? D + i * g->ldc + j : NULL, g->ldc,
+                            g->beta);
     }
-    if (g->D) narrow_tile(g, Ct, nc, m0, n0, mc, nc);
 }
 
 // ---- few rows against w's rows, streamed once (decode) ----

@@ -2,7 +2,10 @@
 // single-threaded inside it), so that two pools never spin against each other.
 //
 // Work is handed out in chunks claimed one at a time, so a thread that loses its core to
-// another process does less of the loop instead of holding the others back. An idle thread
+// another process does less of the loop instead of holding the others back. Each thread first
+// claims the chunks of its own contiguous share in order, and one that runs out takes the upper
+// half of what another has left: a thread sweeps few ranges, each in order, so a weight stream
+// restarts (and waits for memory) a few times a loop, not once a chunk. An idle thread
 // spins a while (a loop that follows another soon finds it awake: a decode step is hundreds of
 // short loops), then sleeps on a futex; once a spinning thread finds it lost its core, every
 // spin is cut to a few microseconds for a while, so nothing spins while a core is wanted
@@ -46,9 +49,10 @@ static struct {
     pthread_t th[POOL_MAX];
     pthread_mutex_t lock; // serialises callers from different threads and resizing
     pool_job job;
-    _Atomic uint32_t nchunks;                 // of the current job (read before a claim, so atomic)
+    _Atomic uint32_t nchunks;                 // of the current job
     _Atomic uint32_t gen;                     // futex word: bumped for every job
-    _Atomic uint64_t claim;                   // gen << 32 | next chunk: a chunk is claimed for its job only
+    _Atomic int nshares;                      // shares of the current job, one a thread
+    _Atomic uint64_t share[POOL_MAX];         // (see share_word): a chunk is claimed for its job only
     _Atomic uint32_t done;                    // futex word: chunks finished in the current job
     _Atomic int slots;                        // threads that have claimed a chunk of the current job
     _Atomic int sleepers;                     // workers asleep on gen
@@ -161,17 +165,59 @@ static bool spin_until_changed(_Atomic uint32_t *w, uint32_t seen, bool prefetch
     }
 }
 
+// A share of a job's chunks, [next, end), in one word with the job's generation: a thread still
+// looking at an earlier job cannot claim from it. At most SHARE_CHUNKS chunks a job.
+#define SHARE_BITS 22
+#define SHARE_CHUNKS ((int64_t)1 << SHARE_BITS)
+#define SHARE_MASK (((uint64_t)1 << SHARE_BITS) - 1)
+static inline uint64_t share_word(uint32_t gen, uint64_t next, uint64_t end) {
+    return (uint64_t)(gen & 0xFFFFF) << (2 * SHARE_BITS) | next << SHARE_BITS | end;
+}
+static inline bool share_of(uint64_t w, uint32_t gen) { return (uint32_t)(w >> (2 * SHARE_BITS)) == (gen & 0xFFFFF); }
+static inline uint32_t share_next(uint64_t w) { return (uint32_t)(w >> SHARE_BITS & SHARE_MASK); }
+static inline uint32_t share_end(uint64_t w) { return (uint32_t)(w & SHARE_MASK); }
+
+// The next chunk of job gen for thread `own` (its share's first, else the upper half of another
+// share's rest, which becomes its share); -1 when none is left or the job is no longer gen.
+static int64_t claim_chunk(uint32_t gen, int own) {
+    _Atomic uint64_t *mine = &pool.share[own];
+    for (;;) {
+        uint64_t w = atomic_load(mine);
+        if (!share_of(w, gen)) return -1;
+        if (share_next(w) >= share_end(w)) break;
+        if (atomic_compare_exchange_weak(mine, &w, w + ((uint64_t)1 << SHARE_BITS))) return share_next(w);
+    }
+    int n = atomic_load(&pool.nshares);
+    for (int i = 1; i < n; i++) {
+        _Atomic uint64_t *other = &pool.share[(own + i) % n];
+        uint64_t w = atomic_load(other);
+        while (share_of(w, gen) && share_next(w) < share_end(w)) {
+            uint32_t next = share_next(w), end = share_end(w), mid = next + (end - next) / 2;
+            if (end - next == 1) { // the last one: take it as its owner would
+                if (atomic_compare_exchange_weak(other, &w, w + ((uint64_t)1 << SHARE_BITS))) return next;
+                continue;
+            }
+            if (!atomic_compare_exchange_weak(other, &w, share_word(gen, next, mid))) continue;
+            // Own share is empty, so nobody else writes it: [mid + 1, end) after the chunk taken now.
+            atomic_store(mine, share_word(gen, mid + 1, end));
+            return mid;
+        }
+        if (!share_of(w, gen)) return -1;
+    }
+    return -1;
+}
+
 // Claims and runs chunks of job gen until none is left. A thread's first claim gives it the
-// job's next slot, the index fn gets: slots are dense, below min(chunks, threads).
-static void run_chunks(uint32_t gen) {
+// job's next slot, the index fn gets: slots are dense, below min(chunks, threads). own: the
+// thread's share (the caller 0, worker i share i).
+static void run_chunks(uint32_t gen, int own) {
     for (int slot = -1;;) {
-        uint64_t c = atomic_load(&pool.claim);
-        if ((uint32_t)(c >> 32) != gen || (uint32_t)c >= atomic_load(&pool.nchunks)) return;
-        if (!atomic_compare_exchange_weak(&pool.claim, &c, c + 1)) continue;
+        int64_t c = claim_chunk(gen, own);
+        if (c < 0) return;
         // The job cannot change while one of its chunks is claimed and not done.
         const pool_job *j = &pool.job;
         if (slot < 0) slot = atomic_fetch_add(&pool.slots, 1);
-        int64_t b = (int64_t)(uint32_t)c * j->chunk, e = b + j->chunk < j->n ? b + j->chunk : j->n;
+        int64_t b = c * j->chunk, e = b + j->chunk < j->n ? b + j->chunk : j->n;
         in_chunk = true;
         j->fn(j->arg, b, e, slot);
         in_chunk = false;
@@ -191,7 +237,7 @@ static void *worker(void *p) {
         }
         seen = atomic_load(&pool.gen);
         if (id >= pool.threads) continue; // parked by a smaller thread count
-        run_chunks(seen);
+        run_chunks(seen, id);
     }
     return NULL;
 }
@@ -209,16 +255,22 @@ static void wait_done(uint32_t nchunks) {
 
 // Runs fn over [0, n) in chunks of chunk items on the pool.
 static void run_pool(int64_t n, int64_t chunk, ag_range_fn fn, void *arg) {
+    if ((n + chunk - 1) / chunk > SHARE_CHUNKS) chunk = (n + SHARE_CHUNKS - 1) / SHARE_CHUNKS;
     uint32_t nchunks = (uint32_t)((n + chunk - 1) / chunk), gen = atomic_load(&pool.gen) + 1;
-    // The claim word first: a thread still looking at the last job can no longer claim.
-    atomic_store(&pool.claim, (uint64_t)gen << 32);
+    int shares = atomic_load(&pool.threads);
+    // The shares first: a thread still looking at the last job can no longer claim (that job's
+    // shares are all empty, so it cannot claim from them either).
+    for (int i = 0; i < shares; i++)
+        atomic_store(&pool.share[i],
+                     share_word(gen, (uint64_t)nchunks * i / shares, (uint64_t)nchunks * (i + 1) / shares));
+    atomic_store(&pool.nshares, shares);
     pool.job = (pool_job){fn, arg, n, chunk};
     atomic_store(&pool.nchunks, nchunks);
     atomic_store(&pool.done, 0);
     atomic_store(&pool.slots, 0);
     atomic_store(&pool.gen, gen);
     if (atomic_load(&pool.sleepers) > 0) futex_wake(&pool.gen);
-    run_chunks(gen);
+    run_chunks(gen, 0);
     wait_done(nchunks);
 }
 
@@ -244,10 +296,9 @@ void ag_parallel_for(int64_t n, int64_t grain, ag_range_fn fn, void *arg) {
 void ag_parallel_tasks(int64_t n, ag_range_fn fn, void *arg) { run(n, 1, fn, arg); }
 
 // Several loops as one: each split as ag_parallel_for splits it, the chunks of all of them
-// claimed from one counter. The last loop's last chunks (one a thread) are cut in four: the
-// caller then waits at the end for a quarter of a chunk at most (a decode step's weight streams
-// end a loop about a hundred times a step).
-#define JOB_PARTS (AG_JOBS_MAX + 1)
+// claimed as one loop's (a decode step's weight streams end a loop about a hundred times a step:
+// one wait at the end, not one a weight).
+#define JOB_PARTS AG_JOBS_MAX
 typedef struct {
     const ag_job *jobs;
     int nparts;
@@ -284,9 +335,7 @@ void ag_parallel_jobs(int njobs, const ag_job *jobs) {
         if (n < 2 * jobs[j].grain) chunk = n;
         chunk = chunk < jobs[j].grain ? jobs[j].grain : chunk;
         if (chunk < 1) chunk = 1;
-        int64_t tail = j == njobs - 1 && nt > 1 && chunk >= 4 ? (chunk * nt < n ? chunk * nt : n) : 0;
-        add_part(&a, j, 0, n - tail, chunk);
-        add_part(&a, j, n - tail, n, chunk / 4);
+        add_part(&a, j, 0, n, chunk);
     }
     run(a.first[a.nparts], 1, jobs_part, &a);
 }

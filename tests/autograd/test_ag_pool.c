@@ -50,8 +50,8 @@ static void test_every_item_once(void **state) {
     ag_set_num_threads(2);
 }
 
-// Several loops as one (ag_parallel_jobs, the last one's tail in smaller chunks): every item of
-// every loop once, thread slots below the threads, loops of no item and of fewer than a grain.
+// Several loops as one (ag_parallel_jobs): every item of every loop once, thread slots below the
+// threads, loops of no item and of fewer than a grain.
 static void test_jobs_every_item_once(void **state) {
     (void)state;
     const int64_t sizes[][3] = {{144, 48, 48}, {0, 5, 1000}, {65537, 1, 0}, {384, 384, 3}, {7, 7, 7}};
@@ -128,6 +128,78 @@ static void test_concurrent_callers(void **state) {
     pthread_join(th, NULL);
     assert_int_equal(bad_a + bad_b, 0);
     ag_set_num_threads(2);
+}
+
+// Which thread ran each item, each item taking a few microseconds (so that both threads take
+// part); the caller's items are marked.
+typedef struct {
+    pthread_t caller;
+    int64_t spin_ns, worker_sleep_ns;
+    _Atomic int *by; // slot + 1, or -(slot + 1) for the caller
+} who;
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void who_part(void *p, int64_t lo, int64_t hi, int thread) {
+    who *w = p;
+    bool caller = pthread_equal(pthread_self(), w->caller);
+    for (int64_t i = lo; i < hi; i++) {
+        if (!caller && w->worker_sleep_ns) {
+            struct timespec ts = {0, w->worker_sleep_ns};
+            nanosleep(&ts, NULL);
+        }
+        for (int64_t t0 = mono_ns(); mono_ns() - t0 < w->spin_ns;) {
+        }
+        atomic_store(&w->by[i], caller ? -(thread + 1) : thread + 1);
+    }
+}
+
+// Each thread sweeps a few ranges in order, not chunks scattered over the loop: its own share,
+// then halves of what others have left (at most about 2 log2(chunks) + 1 ranges in all).
+static void test_shares_contiguous(void **state) {
+    (void)state;
+    ag_set_num_threads(2);
+    enum { N = 256 };
+    _Atomic int by[N];
+    int worst = 0, both = 0;
+    for (int r = 0; r < 20; r++) {
+        for (int i = 0; i < N; i++) atomic_store(&by[i], 0);
+        who w = {.caller = pthread_self(), .spin_ns = 2000, .by = by};
+        ag_parallel_tasks(N, who_part, &w);
+        int runs = 1, workers = 0;
+        for (int i = 0; i < N; i++) {
+            assert_int_not_equal(atomic_load(&by[i]), 0);
+            workers += atomic_load(&by[i]) != atomic_load(&by[0]);
+            if (i && atomic_load(&by[i]) != atomic_load(&by[i - 1])) runs++;
+        }
+        both += workers > 0;
+        worst = runs > worst ? runs : worst;
+    }
+    print_message("ranges of a 256-task loop on 2 threads: at most %d (in %d loops both threads ran)\n", worst, both);
+    assert_true(worst <= 2 * 8 + 1);
+}
+
+// A thread that stalls in its first chunk holds back that chunk only: the caller takes the rest of
+// its share (16 tasks; the worker sleeps 5 ms in each it runs, the caller's take microseconds).
+static void test_stalled_share_taken(void **state) {
+    (void)state;
+    ag_set_num_threads(2);
+    enum { N = 16 };
+    _Atomic int by[N];
+    for (int i = 0; i < N; i++) atomic_store(&by[i], 0);
+    who w = {.caller = pthread_self(), .spin_ns = 1000, .worker_sleep_ns = 5000000, .by = by};
+    ag_parallel_tasks(N, who_part, &w);
+    int worker = 0;
+    for (int i = 0; i < N; i++) {
+        assert_int_not_equal(atomic_load(&by[i]), 0);
+        worker += atomic_load(&by[i]) > 0;
+    }
+    print_message("tasks the stalled worker ran: %d of %d\n", worker, N);
+    assert_true(worker <= 2);
 }
 
 static double cpu_seconds(void) {
@@ -272,6 +344,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent_callers), cmocka_unit_test(test_idle_threads_sleep),
         cmocka_unit_test(test_split_sgemm),        cmocka_unit_test(test_blas_from_threads),
         cmocka_unit_test(test_prefetch),           cmocka_unit_test(test_jobs_every_item_once),
+        cmocka_unit_test(test_shares_contiguous),  cmocka_unit_test(test_stalled_share_taken),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
