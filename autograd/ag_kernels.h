@@ -95,7 +95,15 @@ void *ag_kernel_ws(size_t bytes);
 // scale = max|w| / 127.5 in float32, at least float32's epsilon; q = clamp(round-half-even
 // (w * (1 / scale)), -128, 127), zero point 0. w is [N, K] (out, in).
 void ag_q8_quantize_weight(const float *w, int64_t N, int64_t K, int8_t *q, float *scale);
-// y[M, N] = dequant(quant(x[M, K]) · wq[N, K]ᵀ) + bias (NULL: none). x is quantised per call to
+// The layout the linears read (an AG_Q8 tensor's data): the same N K bytes in blocks of 4 rows
+// (the last block the rows left), each block's rows interleaved 64 bytes at a time (the last
+// piece of a row the K % 64 left), so that a kernel sweeping a block reads one stream. Element
+// (n, k) is at ag_q8_offset(N, K, n, k).
+size_t ag_q8_offset(int64_t N, int64_t K, int64_t n, int64_t k);
+void ag_q8_quantize_weight_packed(const float *w, int64_t N, int64_t K, int8_t *q, float *scale);
+void ag_q8_pack_weight(const int8_t *q, int64_t N, int64_t K, int8_t *packed); // row-major q, into another buffer
+void ag_q8_unpack_row(const int8_t *packed, int64_t N, int64_t K, int64_t n, int8_t *row);
+// y[M, N] = dequant(quant(x[M, K]) · wq[N, K]ᵀ) + bias (NULL: none), wq packed (above). x is quantised per call to
 // quint8 with PyTorch's ChooseQuantizationParams over [min(x, 0), max(x, 0)] and reduce_range
 // (levels 0..127, as nn.quantized.dynamic.Linear asks on x86); products accumulate in int32
 // exactly, then y = (acc - zp Σ_k wq) (x_scale w_scale) + bias in float32.

@@ -43,6 +43,8 @@ size_t ag_escape(char *dst, size_t len, const char *src);
 // (ag_type_traits, as ggml's type_traits). Quantised weights (Q8, Q4) keep integers and scales:
 //   AG_Q8: int8, one float32 scale for the whole tensor (symmetric, zero point 0), as PyTorch's
 //     quantize_dynamic stores a Linear weight; the scale lives in the tensor, not in its data.
+//     The N K bytes are in blocks of 4 rows interleaved 64 bytes at a time (ag_q8_offset in
+//     ag_kernels.h), the order the int8 kernel streams them.
 //   AG_Q4: int4 in [-8, 7] packed two a byte (element 2i in the low nibble), then one float16
 //     scale per `group` elements of a row (the last dimension), in the same block.
 //   AG_Q8 with a group (q_group > 0): LLM.int8's layout, one float32 absmax per `group` elements

@@ -3,18 +3,44 @@
 // The activation's zero point enters only through the weight's row sums: Σ (xq - zp) wq =
 // Σ xq wq - zp Σ wq, and vpdpbusd multiplies unsigned xq by signed wq, so the sums are taken in
 // the same sweep (one more vpdpbusd of ones against each weight vector) and the weight is read
-// once per call.
+// once per call. The weight is stored in blocks of 4 rows, each block's rows interleaved 64 bytes
+// at a time (ag_q8_offset): a kernel sweeping 4 rows at once reads one sequential stream.
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ag_kernels.h"
 
 #define Q8_SMALL_SCALE 6.1e-5f // PyTorch's SMALL_SCALE_THRESHOLD
-#define Q8_AHEAD_BYTES 4608    // the weight's prefetch distance (farther streamed slower from memory)
+#define Q8_BLOCK_ROWS 4        // the weight's rows interleaved in blocks of this many
+#define Q8_CHUNK 64            // bytes of a row at a time
+#define Q8_AHEAD_BYTES 4096    // the weight's prefetch distance (farther streamed slower from memory)
 
-void ag_q8_quantize_weight(const float *w, int64_t N, int64_t K, int8_t *q, float *scale) {
+size_t ag_q8_offset(int64_t N, int64_t K, int64_t n, int64_t k) {
+    int64_t b = n / Q8_BLOCK_ROWS, r = N - b * Q8_BLOCK_ROWS < Q8_BLOCK_ROWS ? N - b * Q8_BLOCK_ROWS : Q8_BLOCK_ROWS;
+    int64_t c = k / Q8_CHUNK, wc = K - c * Q8_CHUNK < Q8_CHUNK ? K - c * Q8_CHUNK : Q8_CHUNK;
+    return (size_t)(b * Q8_BLOCK_ROWS * K + c * Q8_CHUNK * r + (n % Q8_BLOCK_ROWS) * wc + k % Q8_CHUNK);
+}
+
+void ag_q8_pack_weight(const int8_t *q, int64_t N, int64_t K, int8_t *packed) {
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k0 = 0; k0 < K; k0 += Q8_CHUNK) {
+            int64_t wc = K - k0 < Q8_CHUNK ? K - k0 : Q8_CHUNK;
+            memcpy(packed + ag_q8_offset(N, K, n, k0), q + n * K + k0, (size_t)wc);
+        }
+}
+
+void ag_q8_unpack_row(const int8_t *packed, int64_t N, int64_t K, int64_t n, int8_t *row) {
+    for (int64_t k0 = 0; k0 < K; k0 += Q8_CHUNK) {
+        int64_t wc = K - k0 < Q8_CHUNK ? K - k0 : Q8_CHUNK;
+        memcpy(row + k0, packed + ag_q8_offset(N, K, n, k0), (size_t)wc);
+    }
+}
+
+// packed: q in ag_q8_offset's order, else row-major.
+static void quantize_weight(const float *w, int64_t N, int64_t K, int8_t *q, float *scale, bool packed) {
     // MinMaxObserver, per_tensor_symmetric: max(-min(w, 0), max(w, 0)) / ((127 - -128) / 2).
     float lo = 0.0f, hi = 0.0f;
     for (int64_t i = 0; i < N * K; i++) {
@@ -24,11 +50,24 @@ void ag_q8_quantize_weight(const float *w, int64_t N, int64_t K, int8_t *q, floa
     float amax = -lo > hi ? -lo : hi, s = amax / 127.5f;
     s = s > FLT_EPSILON ? s : FLT_EPSILON;
     float inv = 1.0f / s; // quantize_val multiplies by the float reciprocal
-    for (int64_t i = 0; i < N * K; i++) {
-        float r = nearbyintf(w[i] * inv);
-        q[i] = (int8_t)(r < -128.0f ? -128 : r > 127.0f ? 127 : r);
-    }
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k0 = 0; k0 < K; k0 += Q8_CHUNK) {
+            int64_t wc = K - k0 < Q8_CHUNK ? K - k0 : Q8_CHUNK;
+            int8_t *d = q + (packed ? ag_q8_offset(N, K, n, k0) : (size_t)(n * K + k0));
+            for (int64_t k = 0; k < wc; k++) {
+                float r = nearbyintf(w[n * K + k0 + k] * inv);
+                d[k] = (int8_t)(r < -128.0f ? -128 : r > 127.0f ? 127 : r);
+            }
+        }
     *scale = s;
+}
+
+void ag_q8_quantize_weight(const float *w, int64_t N, int64_t K, int8_t *q, float *scale) {
+    quantize_weight(w, N, K, q, scale, false);
+}
+
+void ag_q8_quantize_weight_packed(const float *w, int64_t N, int64_t K, int8_t *q, float *scale) {
+    quantize_weight(w, N, K, q, scale, true);
 }
 
 // quant_utils::ChooseQuantizationParams(min, max, 0, 255, preserve_sparsity false, power of two
@@ -135,8 +174,7 @@ typedef struct {
     float *y;
     int64_t M, N, K;
     int32_t zp;
-    float s;       // x_scale w_scale
-    int64_t ahead; // rows the prefetch runs ahead (Q8_AHEAD_BYTES)
+    float s; // x_scale w_scale
 } q8_args;
 
 // The float32 result of one output from its integer sums, as the dequantisation does it.
@@ -146,14 +184,20 @@ static inline float q8_out(const q8_args *a, int32_t acc, int32_t rowsum, int64_
 }
 
 static void q8_rows_portable(const q8_args *a, int64_t n0, int64_t n1) {
+    const int64_t K = a->K;
     for (int64_t n = n0; n < n1; n++) {
-        const int8_t *w = a->wq + n * a->K;
         int32_t rs = 0;
-        for (int64_t k = 0; k < a->K; k++) rs += w[k];
+        for (int64_t k0 = 0; k0 < K; k0 += Q8_CHUNK) {
+            const int8_t *w = a->wq + ag_q8_offset(a->N, K, n, k0);
+            for (int64_t k = 0; k < Q8_CHUNK && k0 + k < K; k++) rs += w[k];
+        }
         for (int64_t m = 0; m < a->M; m++) {
-            const uint8_t *x = a->xq + m * a->K;
+            const uint8_t *x = a->xq + m * K;
             int32_t acc = 0;
-            for (int64_t k = 0; k < a->K; k++) acc += (int32_t)x[k] * (int32_t)w[k];
+            for (int64_t k0 = 0; k0 < K; k0 += Q8_CHUNK) {
+                const int8_t *w = a->wq + ag_q8_offset(a->N, K, n, k0);
+                for (int64_t k = 0; k < Q8_CHUNK && k0 + k < K; k++) acc += (int32_t)x[k0 + k] * (int32_t)w[k];
+            }
             a->y[m * a->N + n] = q8_out(a, acc, rs, n);
         }
     }
@@ -161,7 +205,7 @@ static void q8_rows_portable(const q8_args *a, int64_t n0, int64_t n1) {
 
 #if defined(__x86_64__)
 #define Q8_MR 4
-#define Q8_NR 4
+#define Q8_NR Q8_BLOCK_ROWS
 
 // The sums of four vectors of int32 at once (as hsum4 for floats).
 VNNI_INLINE __m128i hsum4_epi32(__m512i a, __m512i b, __m512i c, __m512i d) {
@@ -173,8 +217,11 @@ VNNI_INLINE __m128i hsum4_epi32(__m512i a, __m512i b, __m512i c, __m512i d) {
 }
 
 // mr rows of xq against nr rows of wq, 64 k a step; the row sums of wq come with the first tile.
-VNNI_INLINE void q8_tile(const q8_args *a, int mr, int nr, int64_t m0, int64_t n0, int32_t *rs, bool sums) {
+// Rows n0.. are rows jb.. of their block of r rows (a whole block: r 4, jb 0).
+VNNI_INLINE void q8_tile(const q8_args *a, int mr, int nr, int64_t m0, int64_t n0, int r, int jb, int32_t *rs,
+                         bool sums) {
     const int64_t K = a->K;
+    const int8_t *block = a->wq + (n0 - jb) * K;
     __m512i acc[Q8_MR][Q8_NR], sv[Q8_NR];
     const __m512i ones = _mm512_set1_epi8(1);
 #pragma GCC unroll 4
@@ -188,9 +235,10 @@ VNNI_INLINE void q8_tile(const q8_args *a, int mr, int nr, int64_t m0, int64_t n
         __m512i wv[Q8_NR];
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) {
-            wv[j] = _mm512_maskz_loadu_epi8(mk, a->wq + (n0 + j) * K + k);
+            const int8_t *w = block + k * r + (jb + j) * (K - k < 64 ? K - k : 64);
+            wv[j] = _mm512_maskz_loadu_epi8(mk, w);
             // Into L1, a few KB ahead: farther (or into L2 only) streamed slower from memory here.
-            _mm_prefetch((const char *)(a->wq + (n0 + j + a->ahead) * K + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(w + Q8_AHEAD_BYTES), _MM_HINT_T0);
             if (sums) sv[j] = _mm512_dpbusd_epi32(sv[j], ones, wv[j]);
         }
 #pragma GCC unroll 4
@@ -221,28 +269,28 @@ VNNI_INLINE void q8_tile(const q8_args *a, int mr, int nr, int64_t m0, int64_t n
     }
 }
 
-VNNI_TARGET static void q8_rows_vnni(const q8_args *a, int nr, int64_t n0) {
+VNNI_TARGET static void q8_rows_vnni(const q8_args *a, int nr, int64_t n0, int r, int jb) {
     int32_t rs[Q8_NR] = {0};
     int64_t m = 0;
-    for (; m + Q8_MR <= a->M; m += Q8_MR) q8_tile(a, Q8_MR, nr, m, n0, rs, m == 0);
+    for (; m + Q8_MR <= a->M; m += Q8_MR) q8_tile(a, Q8_MR, nr, m, n0, r, jb, rs, m == 0);
     bool sums = m == 0;
     switch (a->M - m) {
-    case 3: q8_tile(a, 3, nr, m, n0, rs, sums); break;
-    case 2: q8_tile(a, 2, nr, m, n0, rs, sums); break;
-    case 1: q8_tile(a, 1, nr, m, n0, rs, sums); break;
+    case 3: q8_tile(a, 3, nr, m, n0, r, jb, rs, sums); break;
+    case 2: q8_tile(a, 2, nr, m, n0, r, jb, rs, sums); break;
+    case 1: q8_tile(a, 1, nr, m, n0, r, jb, rs, sums); break;
     default: break;
     }
 }
 
-// Each nr-row block of the weight is swept once for a block of x rows; x stays in L2.
+// Each block of the weight's rows is swept once for a block of x rows; x stays in L2.
 VNNI_TARGET static void q8_part_vnni(const q8_args *a, int64_t b0, int64_t b1) {
-    ag_prefetch_start(a->wq + b0 * Q8_NR * a->K, (size_t)(a->ahead * a->K));
+    ag_prefetch_start(a->wq + b0 * Q8_NR * a->K, Q8_AHEAD_BYTES);
     for (int64_t b = b0; b < b1; b++) {
         int64_t n0 = b * Q8_NR;
         if (n0 + Q8_NR <= a->N)
-            q8_rows_vnni(a, Q8_NR, n0);
+            q8_rows_vnni(a, Q8_NR, n0, Q8_NR, 0);
         else
-            for (int64_t n = n0; n < a->N; n++) q8_rows_vnni(a, 1, n);
+            for (int64_t n = n0; n < a->N; n++) q8_rows_vnni(a, 1, n, (int)(a->N - n0), (int)(n - n0));
     }
 }
 #endif
@@ -269,8 +317,7 @@ bool ag_q8_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q8
     q8_args a[AG_JOBS_MAX];
     ag_job jobs[AG_JOBS_MAX];
     for (int i = 0; i < n; i++) {
-        a[i] = (q8_args){
-            xq, w[i].q, w[i].bias, y[i], M, w[i].N, K, p.zero_point, p.scale * w[i].scale, Q8_AHEAD_BYTES / K + 1};
+        a[i] = (q8_args){xq, w[i].q, w[i].bias, y[i], M, w[i].N, K, p.zero_point, p.scale * w[i].scale};
         // Blocks of 4 weight rows; a chunk streams at least 32 K weights, as the other skinny
         // kernels (a decode's key and value projections, 110 K weights, then still split).
         jobs[i] = (ag_job){q8_part, &a[i], (w[i].N + 3) / 4, ((int64_t)1 << 15) / (4 * K + 1) + 1};

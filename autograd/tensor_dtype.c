@@ -52,7 +52,8 @@ void ag_tensor_row_f32(const ag_tensor *t, int64_t r, float *out) {
     } else if (t->dtype == AG_Q8 && t->q_group > 0) {
         ag_q8_rows_row_f32(t->data, rows, cols, t->q_group, r, out);
     } else if (t->dtype == AG_Q8) {
-        const int8_t *q = (const int8_t *)t->data + r * cols;
+        int8_t q[cols];
+        ag_q8_unpack_row(t->data, rows, cols, r, q);
         for (int64_t j = 0; j < cols; j++) out[j] = (float)q[j] * t->q_scale;
     } else if (t->dtype == AG_Q4) {
         ag_q4_dequantize_rows(t->data, rows, cols, t->q_group, r, r + 1, out);
@@ -83,7 +84,7 @@ void ag_tensor_from_f32(ag_tensor *t, const float *src) {
         if (t->q_group > 0) // LLM.int8's row scales (a QLoRA base)
             q8_rows_quantize(src, t->numel / cols, cols, t->q_group, t->data);
         else
-            ag_q8_quantize_weight(src, t->numel / cols, cols, t->data, &t->q_scale);
+            ag_q8_quantize_weight_packed(src, t->numel / cols, cols, t->data, &t->q_scale);
         break;
     case AG_NF4: ag_nf4_store(t->data, src, t->numel); break;
     case AG_Q4: ag_q4_quantize_weight(src, t->numel / cols, cols, t->q_group, t->data); break;

@@ -278,14 +278,9 @@ static void test_gemm_f16(void **state) {
 static void test_gemm_fast_vs_portable(void **state) {
     (void)state;
     if (!ag_cpu_avx512_bf16()) skip();
-    shape shapes[] = {{200, 300, 800, false, true},
-                      {64, 577, 389, false, false},
-                      {25, 96, 770, true, false},
-                      {300, 49, 40, true, true},
-                      {5, 1000, 576, false, true},
-                      {150, 1100, 1000, false, false},
-                      {900, 100, 300, true, false},
-                      {100, 700, 1700, false, true}};
+    shape shapes[] = {{200, 300, 800, false, true}, {64, 577, 389, false, false}, {25, 96, 770, true, false},
+                      {300, 49, 40, true, true},    {5, 1000, 576, false, true},  {150, 1100, 1000, false, false},
+                      {900, 100, 300, true, false}, {100, 700, 1700, false, true}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         shape s = shapes[i];
         float *fast = malloc((size_t)(s.M * s.N) * sizeof(float)), *port = malloc((size_t)(s.M * s.N) * sizeof(float));
@@ -436,12 +431,24 @@ static void q8_check(int64_t M, int64_t K, int64_t N, bool bias) {
     for (int64_t i = 0; i < M * K; i++) x[i] = rnd_unit() * 2.0f + 0.3f;
     for (int64_t i = 0; i < N * K; i++) w[i] = rnd_unit() * 0.1f;
     for (int64_t i = 0; i < N; i++) b[i] = rnd_unit();
-    float ws;
+    float ws, wsp;
     ag_q8_quantize_weight(w, N, K, q, &ws);
-    assert_true(ag_q8_linear(x, M, K, q, ws, N, bias ? b : NULL, y));
+    // The packed layout: the same bytes, each at ag_q8_offset, quantised straight into it or packed.
+    int8_t *qp = malloc((size_t)(N * K)), *qp2 = malloc((size_t)(N * K)), *row = malloc((size_t)K);
+    ag_q8_quantize_weight_packed(w, N, K, qp, &wsp);
+    ag_q8_pack_weight(q, N, K, qp2);
+    assert_true(wsp == ws);
+    assert_memory_equal(qp, qp2, (size_t)(N * K));
+    for (int64_t n = 0; n < N; n++) {
+        ag_q8_unpack_row(qp, N, K, n, row);
+        assert_memory_equal(row, q + n * K, (size_t)K);
+        for (int64_t k = 0; k < K; k++) assert_int_equal(qp[ag_q8_offset(N, K, n, k)], q[n * K + k]);
+    }
+    assert_true(ag_q8_linear(x, M, K, qp, ws, N, bias ? b : NULL, y));
     ag_kernels_force_portable(true);
-    assert_true(ag_q8_linear(x, M, K, q, ws, N, bias ? b : NULL, yp));
+    assert_true(ag_q8_linear(x, M, K, qp, ws, N, bias ? b : NULL, yp));
     ag_kernels_force_portable(false);
+    free(qp), free(qp2), free(row);
     ag_q8_act_params p = ag_q8_choose_act_params(x, M * K);
     ag_q8_quantize_act(x, M * K, p, xq);
     for (int64_t m = 0; m < M; m++)
@@ -494,12 +501,14 @@ static void test_q8_against_pytorch(void **state) {
         ag_q8_quantize_weight(w, N, K, q, &ws);
         assert_true(ws == wsg);
         assert_memory_equal(q, qg, (size_t)(N * K));
+        int8_t *qp = malloc((size_t)(N * K));
+        ag_q8_pack_weight(q, N, K, qp);
         ag_q8_act_params p = ag_q8_choose_act_params(x, M * K);
         assert_true(p.scale == xsg);
         assert_int_equal(p.zero_point, zpg);
         for (int path = 0; path < 2; path++) {
             ag_kernels_force_portable(path == 1);
-            assert_true(ag_q8_linear(x, M, K, q, ws, N, hdr[3] ? b : NULL, y));
+            assert_true(ag_q8_linear(x, M, K, qp, ws, N, hdr[3] ? b : NULL, y));
             for (int64_t i = 0; i < M * N; i++) {
                 double tol = 8 * 0x1p-24 * (fabs((double)yg[i]) + (hdr[3] ? fabs(b[i % N]) : 0)) + 1e-30;
                 if (fabs((double)y[i] - yg[i]) > tol)
@@ -509,7 +518,7 @@ static void test_q8_against_pytorch(void **state) {
             }
         }
         ag_kernels_force_portable(false);
-        free(x), free(w), free(b), free(yg), free(y), free(qg), free(q);
+        free(x), free(w), free(b), free(yg), free(y), free(qg), free(q), free(qp);
     }
     char extra;
     assert_int_equal(fread(&extra, 1, 1, f), 0);

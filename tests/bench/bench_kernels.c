@@ -127,7 +127,7 @@ static void make_model(model_weights *m) {
         m->w32[i] = rand_f32(e, 0.1f);
         m->w16[i] = to_bf16(m->w32[i], e);
         m->w8[i] = xmalloc((size_t)e);
-        ag_q8_quantize_weight(m->w32[i], s.out, s.in, m->w8[i], &m->s8[i]);
+        ag_q8_quantize_weight_packed(m->w32[i], s.out, s.in, m->w8[i], &m->s8[i]);
         m->w4[i] = xmalloc(ag_q4_bytes(s.out, s.in, GROUP));
         ag_q4_quantize_weight(m->w32[i], s.out, s.in, GROUP, m->w4[i]);
         m->w4w[i] = xmalloc(ag_q4_bytes(s.out, s.in, GROUP_WIDE));
