@@ -235,7 +235,7 @@ VNNI_INLINE void q8_tile(const q8_args *a, int mr, int nr, int64_t m0, int64_t n
         __m512i wv[Q8_NR];
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) {
-            const int8_t *w = block + k * r + (jb + j) * (K - k < 64 ? K - k : 64);
+            const int8_t *w = block + k * r + (jb + j) * (K - k < Q8_CHUNK ? K - k : Q8_CHUNK);
             wv[j] = _mm512_maskz_loadu_epi8(mk, w);
             // Into L1, a few KB ahead: farther (or into L2 only) streamed slower from memory here.
             _mm_prefetch((const char *)(w + Q8_AHEAD_BYTES), _MM_HINT_T0);
@@ -301,7 +301,7 @@ static void q8_part(void *p, int64_t b0, int64_t b1, int thread) {
 #if defined(__x86_64__)
     if (ag_cpu_avx512_vnni()) return q8_part_vnni(a, b0, b1);
 #endif
-    q8_rows_portable(a, b0 * 4, b1 * 4 < a->N ? b1 * 4 : a->N);
+    q8_rows_portable(a, b0 * Q8_BLOCK_ROWS, b1 * Q8_BLOCK_ROWS < a->N ? b1 * Q8_BLOCK_ROWS : a->N);
 }
 
 bool ag_q8_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q8_weight *w, float *const y[]) {
