@@ -165,8 +165,9 @@ static bool spin_until_changed(_Atomic uint32_t *w, uint32_t seen, bool prefetch
     }
 }
 
-// A share of a job's chunks, [next, end), in one word with the job's generation: a thread still
-// looking at an earlier job cannot claim from it. At most SHARE_CHUNKS chunks a job.
+// A share of a job's chunks, [next, end), in one word with the job's generation (its low 20
+// bits): a thread still looking at an earlier job cannot claim from it. At most SHARE_CHUNKS
+// chunks a job.
 #define SHARE_BITS 22
 #define SHARE_CHUNKS ((int64_t)1 << SHARE_BITS)
 #define SHARE_MASK (((uint64_t)1 << SHARE_BITS) - 1)
