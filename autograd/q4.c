@@ -1,9 +1,9 @@
 // int4 weight-only linear: int4 weights with a float16 scale per group of a row, float32 x and y.
 //
-// Decode (few rows): the packed weight is streamed once, each 16-byte load giving 32 weights
-// (low nibbles the even elements, high nibbles the odd ones), dequantised in registers and
-// multiplied by x whose blocks of 32 were split into even and odd halves once per call, so the
-// nibbles need no interleaving. More rows: tiles of the weight dequantised to float32 for sgemm.
+// Decode (few rows): the packed weight is streamed once, each 64-byte load giving 128 weights,
+// dequantised in registers (a shift and a table pick a weight) and multiplied by x, whose blocks
+// were put once per call in the order the nibbles come in, so the weights need no reordering.
+// More rows, or groups the fast path does not take: tiles dequantised to float32 for sgemm.
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -68,13 +68,15 @@ void ag_q4_dequantize_rows(const void *block, int64_t N, int64_t K, int64_t grou
 }
 
 typedef struct {
-    const float *x; // as given, or (fast path) split into even / odd halves per 32
+    const float *x; // as given, or (fast path) in the kernel's planes
     const uint8_t *q;
     const uint8_t *sc; // float16 scales, unaligned
     const float *bias;
     float *y;
     int64_t M, N, K, group, G;
-    int64_t ahead; // fast path: rows the prefetch runs ahead (4 KB and a tile)
+    int64_t ahead;    // fast path: rows the prefetch runs ahead (4 KB and a tile)
+    int64_t nsc;      // fast path: the scales a block's lanes use (up to 4)
+    int32_t sidx[16]; // fast path: lane d's scale among them, 8 d / group
 } q4_args;
 
 // ---- tiles dequantised to float32, then sgemm ----
@@ -110,93 +112,94 @@ static void tiled_part(void *p, int64_t t0, int64_t t1, int thread) {
 }
 
 #if defined(__x86_64__)
-#define Q4_MR 4
+#define Q4_MR 2
 #define Q4_NR 4
-#define Q4_SWIN 64 // scales converted at a time
-#define Q4_AHEAD_BYTES 4096
+#define Q4_BLOCK 128 // elements a block: 16 lanes of 8 nibbles each
+#define Q4_AHEAD_BYTES 16384
 #define Q4_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma")))
 #define Q4_INLINE static inline __attribute__((always_inline)) Q4_TARGET
 
-// y[mr, nr] = x'[mr, K] · dequant(w[nr, K])ᵀ (+ bias), 32 k a step. Each group's 16 possible
-// weights q s form a table; vpermps picks entries by the low 4 bits of each 32-bit lane, which
-// hold a byte's low nibble as loaded and its high nibble after a shift by 4: no sign extension
-// or conversion per weight, and q s is exact (int4 times a float16).
+// y[mr, nr] = x'[mr, K] · dequant(w[nr, K])ᵀ (+ bias), a block of 128 k a step. A block of a
+// row is one 64-byte load of 16 lanes; plane p is each lane shifted right by 4 p, and vpermps
+// picks from the 16 values an int4 can take by its low 4 bits, so a weight costs a shift, a
+// pick and a multiply-add. Lane d of plane p is element 8 d + p of the block, the order x' was
+// put in. A lane's 8 elements lie in one group, so its products are summed first and scaled once
+// a block (the lane's scale picked by sidx).
 Q4_INLINE void q4_tile(const q4_args *a, int mr, int nr, int64_t m0, int64_t n0) {
-    const int64_t K = a->K;
+    const int64_t K = a->K, blocks = (K + Q4_BLOCK - 1) / Q4_BLOCK, kp = blocks * Q4_BLOCK;
+    const int chains = mr == 1 ? 2 : 1; // multiply-add chains per output: enough to keep the units busy
     const __m512 base = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+    const __m512i sidx = _mm512_loadu_si512(a->sidx);
     const uint8_t *q[Q4_NR];
     const uint8_t *sc[Q4_NR];
 #pragma GCC unroll 4
     for (int j = 0; j < nr; j++) q[j] = a->q + (n0 + j) * K / 2, sc[j] = a->sc + 2 * (n0 + j) * a->G;
     const float *x[Q4_MR];
-#pragma GCC unroll 4
-    for (int i = 0; i < mr; i++) x[i] = a->x + (m0 + i) * K;
-    __m512 acc[Q4_MR][Q4_NR], acc2[Q4_MR][Q4_NR]; // even and odd elements: two chains of FMAs
-#pragma GCC unroll 4
+#pragma GCC unroll 2
+    for (int i = 0; i < mr; i++) x[i] = a->x + (m0 + i) * kp;
+    __m512 acc[Q4_MR][Q4_NR];
+#pragma GCC unroll 2
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) acc[i][j] = acc2[i][j] = _mm512_setzero_ps();
+        for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps();
     // The scales of the rows ahead: their own stream, which the hardware does not fetch in time.
     _mm_prefetch((const char *)(sc[0] + 2 * a->ahead * a->G), _MM_HINT_T0);
     _mm_prefetch((const char *)(sc[0] + 2 * (a->ahead + nr) * a->G - 1), _MM_HINT_T0);
-    float sf[Q4_NR][Q4_SWIN]; // a window of each row's scales as float32, broadcast from memory
-    for (int64_t g = 0; g < a->G; g++) {
-        if (g % Q4_SWIN == 0) {
-            int64_t left = a->G - g < Q4_SWIN ? a->G - g : Q4_SWIN;
+    for (int64_t b = 0; b < blocks; b++) {
+        const int64_t left = K - b * Q4_BLOCK, g0 = b * Q4_BLOCK / a->group;
+        const __mmask16 lanes = ag_lanes16(left / 8);
+        const __mmask8 smask = (__mmask8)ag_lanes16(a->G - g0 < a->nsc ? a->G - g0 : a->nsc);
+        __m512i v[Q4_NR];
+        __m512 s[Q4_NR];
 #pragma GCC unroll 4
-            for (int j = 0; j < nr; j++)
-                for (int64_t t = 0; t < left; t += 16) {
-                    __mmask16 m = ag_lanes16(left - t);
-                    __m256i h = _mm256_maskz_loadu_epi16(m, sc[j] + 2 * (g + t));
-                    _mm512_storeu_ps(&sf[j][t], _mm512_cvtph_ps(h));
-                }
+        for (int j = 0; j < nr; j++) {
+            v[j] = left >= Q4_BLOCK ? _mm512_loadu_si512(q[j] + Q4_BLOCK / 2 * b)
+                                    : _mm512_maskz_loadu_epi32(lanes, q[j] + Q4_BLOCK / 2 * b);
+            _mm_prefetch((const char *)(q[j] + a->ahead * K / 2 + Q4_BLOCK / 2 * b), _MM_HINT_T0);
+            __m128 s4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(smask, sc[j] + 2 * g0));
+            s[j] = _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(s4));
         }
-        __m512 lut[Q4_NR];
+        __m512 sum[Q4_MR][Q4_NR][2];
+#pragma GCC unroll 2
+        for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) lut[j] = _mm512_mul_ps(base, _mm512_set1_ps(sf[j][g % Q4_SWIN]));
-        int64_t k1 = (g + 1) * a->group < K ? (g + 1) * a->group : K;
-        for (int64_t k = g * a->group; k < k1; k += 32) {
-            __m512 we[Q4_NR], wo[Q4_NR];
+            for (int j = 0; j < nr; j++) sum[i][j][0] = sum[i][j][1] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) {
+            __m512 xp[Q4_MR];
+#pragma GCC unroll 2
+            for (int i = 0; i < mr; i++) xp[i] = _mm512_loadu_ps(x[i] + Q4_BLOCK * b + 16 * p);
 #pragma GCC unroll 4
             for (int j = 0; j < nr; j++) {
-                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q[j] + k / 2)));
-                we[j] = _mm512_permutexvar_ps(v, lut[j]);
-                wo[j] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), lut[j]);
-                if (k % 128 == 0) _mm_prefetch((const char *)(q[j] + a->ahead * K / 2 + k / 2), _MM_HINT_T0);
-            }
-#pragma GCC unroll 4
-            for (int i = 0; i < mr; i++) {
-                __m512 xe = _mm512_loadu_ps(x[i] + k), xo = _mm512_loadu_ps(x[i] + k + 16);
-#pragma GCC unroll 4
-                for (int j = 0; j < nr; j++) {
-                    acc[i][j] = _mm512_fmadd_ps(xe, we[j], acc[i][j]);
-                    acc2[i][j] = _mm512_fmadd_ps(xo, wo[j], acc2[i][j]);
-                }
+                __m512 w = _mm512_permutexvar_ps(v[j], base);
+                v[j] = _mm512_srli_epi32(v[j], 4);
+#pragma GCC unroll 2
+                for (int i = 0; i < mr; i++) sum[i][j][p % chains] = _mm512_fmadd_ps(xp[i], w, sum[i][j][p % chains]);
             }
         }
+#pragma GCC unroll 2
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++) {
+                __m512 t = chains == 2 ? _mm512_add_ps(sum[i][j][0], sum[i][j][1]) : sum[i][j][0];
+                acc[i][j] = _mm512_fmadd_ps(t, s[j], acc[i][j]);
+            }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 2
     for (int i = 0; i < mr; i++) {
-        float sum[Q4_NR];
-#pragma GCC unroll 4
-        for (int j = 0; j < nr; j++) acc[i][j] = _mm512_add_ps(acc[i][j], acc2[i][j]);
+        float out[Q4_NR];
         if (nr == Q4_NR)
-            _mm_storeu_ps(sum, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+            _mm_storeu_ps(out, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
         else
-            for (int j = 0; j < nr; j++) sum[j] = _mm512_reduce_add_ps(acc[i][j]);
-        for (int j = 0; j < nr; j++) a->y[(m0 + i) * a->N + n0 + j] = sum[j] + (a->bias ? a->bias[n0 + j] : 0.0f);
+            for (int j = 0; j < nr; j++) out[j] = _mm512_reduce_add_ps(acc[i][j]);
+        for (int j = 0; j < nr; j++) a->y[(m0 + i) * a->N + n0 + j] = out[j] + (a->bias ? a->bias[n0 + j] : 0.0f);
     }
 }
 
 Q4_TARGET static void q4_rows(const q4_args *a, int nr, int64_t n0) {
     int64_t m = 0;
     for (; m + Q4_MR <= a->M; m += Q4_MR) q4_tile(a, Q4_MR, nr, m, n0);
-    switch (a->M - m) {
-    case 3: q4_tile(a, 3, nr, m, n0); break;
-    case 2: q4_tile(a, 2, nr, m, n0); break;
-    case 1: q4_tile(a, 1, nr, m, n0); break;
-    default: break;
-    }
+    if (m < a->M) q4_tile(a, 1, nr, m, n0);
 }
 
 static void fused_part(void *p, int64_t b0, int64_t b1, int thread) {
@@ -212,34 +215,55 @@ static void fused_part(void *p, int64_t b0, int64_t b1, int thread) {
     }
 }
 
-// x's blocks of 32 as [16 even elements, 16 odd ones], the order the nibbles come in.
-static void split_even_odd(const float *x, int64_t n, float *out) {
-    for (int64_t b = 0; b < n; b += 32)
-        for (int i = 0; i < 16; i++) {
-            out[b + i] = x[b + 2 * i];
-            out[b + 16 + i] = x[b + 2 * i + 1];
-        }
+// x's rows in blocks of 128 as 8 planes of 16 (plane p lane d: element 8 d + p), the order the
+// kernel's lanes hold the weights in; rows padded with zeros to whole blocks.
+static void to_planes(const float *x, int64_t M, int64_t K, float *out) {
+    const int64_t kp = (K + Q4_BLOCK - 1) / Q4_BLOCK * Q4_BLOCK;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < kp; b += Q4_BLOCK)
+            for (int p = 0; p < 8; p++)
+                for (int d = 0; d < 16; d++) {
+                    int64_t k = b + 8 * d + p;
+                    out[m * kp + b + 16 * p + d] = k < K ? x[m * K + k] : 0.0f;
+                }
 }
+
+// The fused kernel's groups: a block's lanes in at most 4 groups (group 32 or 64) or all in one.
+static bool fused_group(int64_t group) { return group == 32 || group == 64 || group % Q4_BLOCK == 0; }
 #endif
 
 bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4_weight *w, float *const y[]) {
     if (n < 1 || n > AG_JOBS_MAX) return false;
 #if defined(__x86_64__)
     bool fused = ag_cpu_avx512() && ag_cpu_f16c() && M >= 1 && M <= AG_SKINNY_MAX_M && K % 32 == 0;
-    for (int i = 0; i < n; i++) fused = fused && w[i].group % 32 == 0;
+    for (int i = 0; i < n; i++) fused = fused && fused_group(w[i].group);
     if (fused) {
         double t0 = ag_blas_clock(), flops = 0;
+        const int64_t kp = (K + Q4_BLOCK - 1) / Q4_BLOCK * Q4_BLOCK;
         float small[AG_KERNEL_STACK_BYTES / sizeof(float)];
-        float *xs = M * K <= (int64_t)(sizeof small / sizeof *small) ? small : malloc((size_t)(M * K) * sizeof(float));
+        float *xs =
+            M * kp <= (int64_t)(sizeof small / sizeof *small) ? small : malloc((size_t)(M * kp) * sizeof(float));
         if (!xs) return false;
-        split_even_odd(x, M * K, xs); // once for all the weights
+        to_planes(x, M, K, xs); // once for all the weights
         q4_args a[AG_JOBS_MAX];
         ag_job jobs[AG_JOBS_MAX];
         for (int i = 0; i < n; i++) {
             const int64_t N = w[i].N, g = w[i].group;
             const int64_t ahead = Q4_AHEAD_BYTES / (K / 2) + Q4_NR;
-            a[i] = (q4_args){
-                xs, w[i].block, scales_of(w[i].block, N, K), w[i].bias, y[i], M, N, K, g, groups_of(K, g), ahead};
+            a[i] = (q4_args){xs,
+                             w[i].block,
+                             scales_of(w[i].block, N, K),
+                             w[i].bias,
+                             y[i],
+                             M,
+                             N,
+                             K,
+                             g,
+                             groups_of(K, g),
+                             ahead,
+                             g < Q4_BLOCK ? Q4_BLOCK / g : 1,
+                             {0}};
+            for (int d = 0; d < 16; d++) a[i].sidx[d] = (int32_t)(8 * d / g);
             int64_t grain = ((int64_t)1 << 16) / (Q4_NR * K / 2 + 1) + 1;
             jobs[i] = (ag_job){fused_part, &a[i], (N + Q4_NR - 1) / Q4_NR, grain};
             flops += 2.0 * (double)M * (double)N * (double)K;
@@ -253,8 +277,8 @@ bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4
     for (int i = 0; i < n; i++) {
         double t0 = ag_blas_clock();
         const int64_t N = w[i].N;
-        q4_args a = {x, w[i].block, scales_of(w[i].block, N, K), w[i].bias, y[i], M, N,
-                     K, w[i].group, groups_of(K, w[i].group),    0};
+        q4_args a = {x, w[i].block, scales_of(w[i].block, N, K), w[i].bias, y[i], M,  N,
+                     K, w[i].group, groups_of(K, w[i].group),    0,         0,    {0}};
         if (M > 0) ag_parallel_for((N + AG_Q4_TILE_ROWS - 1) / AG_Q4_TILE_ROWS, 1, tiled_part, &a);
         ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
     }

@@ -624,9 +624,12 @@ static void q4_check(int64_t M, int64_t N, int64_t K, int64_t group, bool portab
 static void test_q4_linear(void **state) {
     (void)state;
     int64_t Mq[] = {1, 2, 3, 5, 17, 64, 65, 130};
-    int64_t NKg[][3] = {{33, 64, 32}, {7, 96, 32}, {5, 576, 64}, {9, 50, 16}, {3, 17, 5}, {6, 160, 128}};
+    // Blocks of 128 with tails of 32, 64 and 96; groups of 32, 64, 128 and 256 (fast path) and
+    // 96, 16 and 5 (tiles dequantised for sgemm).
+    int64_t NKg[][3] = {{33, 64, 32}, {7, 96, 32},   {5, 576, 64}, {9, 50, 16},
+                        {3, 17, 5},   {6, 160, 128}, {4, 288, 96}, {5, 544, 256}};
     for (int im = 0; im < 8; im++)
-        for (int j = 0; j < 6; j++)
+        for (int j = 0; j < 8; j++)
             for (int portable = 0; portable < 2; portable++)
                 q4_check(Mq[im], NKg[j][0], NKg[j][1], NKg[j][2], portable);
 }
