@@ -74,7 +74,7 @@ typedef struct {
     const float *bias;
     float *y;
     int64_t M, N, K, group, G;
-    int64_t ahead;    // fast path: rows the prefetch runs ahead (4 KB and a tile)
+    int64_t ahead;    // fast path: rows the prefetch runs ahead (Q4_AHEAD_BYTES and a tile)
     int64_t nsc;      // fast path: the scales a block's lanes use (up to 4)
     int32_t sidx[16]; // fast path: lane d's scale among them, 8 d / group
 } q4_args;
@@ -116,6 +116,8 @@ static void tiled_part(void *p, int64_t t0, int64_t t1, int thread) {
 #define Q4_NR 4
 #define Q4_BLOCK 128 // elements a block: 16 lanes of 8 nibbles each
 #define Q4_AHEAD_BYTES 16384
+// K rounded up to whole blocks: the length of a row of x in planes.
+static inline int64_t q4_padded(int64_t K) { return (K + Q4_BLOCK - 1) / Q4_BLOCK * Q4_BLOCK; }
 #define Q4_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma")))
 #define Q4_INLINE static inline __attribute__((always_inline)) Q4_TARGET
 
@@ -126,7 +128,7 @@ static void tiled_part(void *p, int64_t t0, int64_t t1, int thread) {
 // put in. A lane's 8 elements lie in one group, so its products are summed first and scaled once
 // a block (the lane's scale picked by sidx).
 Q4_INLINE void q4_tile(const q4_args *a, int mr, int nr, int64_t m0, int64_t n0) {
-    const int64_t K = a->K, blocks = (K + Q4_BLOCK - 1) / Q4_BLOCK, kp = blocks * Q4_BLOCK;
+    const int64_t K = a->K, kp = q4_padded(K), blocks = kp / Q4_BLOCK;
     const int chains = mr == 1 ? 2 : 1; // multiply-add chains per output: enough to keep the units busy
     const __m512 base = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
     const __m512i sidx = _mm512_loadu_si512(a->sidx);
@@ -218,7 +220,7 @@ static void fused_part(void *p, int64_t b0, int64_t b1, int thread) {
 // x's rows in blocks of 128 as 8 planes of 16 (plane p lane d: element 8 d + p), the order the
 // kernel's lanes hold the weights in; rows padded with zeros to whole blocks.
 static void to_planes(const float *x, int64_t M, int64_t K, float *out) {
-    const int64_t kp = (K + Q4_BLOCK - 1) / Q4_BLOCK * Q4_BLOCK;
+    const int64_t kp = q4_padded(K);
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < kp; b += Q4_BLOCK)
             for (int p = 0; p < 8; p++)
@@ -239,7 +241,7 @@ bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4
     for (int i = 0; i < n; i++) fused = fused && fused_group(w[i].group);
     if (fused) {
         double t0 = ag_blas_clock(), flops = 0;
-        const int64_t kp = (K + Q4_BLOCK - 1) / Q4_BLOCK * Q4_BLOCK;
+        const int64_t kp = q4_padded(K);
         float small[AG_KERNEL_STACK_BYTES / sizeof(float)];
         float *xs =
             M * kp <= (int64_t)(sizeof small / sizeof *small) ? small : malloc((size_t)(M * kp) * sizeof(float));
@@ -250,19 +252,18 @@ bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4
         for (int i = 0; i < n; i++) {
             const int64_t N = w[i].N, g = w[i].group;
             const int64_t ahead = Q4_AHEAD_BYTES / (K / 2) + Q4_NR;
-            a[i] = (q4_args){xs,
-                             w[i].block,
-                             scales_of(w[i].block, N, K),
-                             w[i].bias,
-                             y[i],
-                             M,
-                             N,
-                             K,
-                             g,
-                             groups_of(K, g),
-                             ahead,
-                             g < Q4_BLOCK ? Q4_BLOCK / g : 1,
-                             {0}};
+            a[i] = (q4_args){.x = xs,
+                             .q = w[i].block,
+                             .sc = scales_of(w[i].block, N, K),
+                             .bias = w[i].bias,
+                             .y = y[i],
+                             .M = M,
+                             .N = N,
+                             .K = K,
+                             .group = g,
+                             .G = groups_of(K, g),
+                             .ahead = ahead,
+                             .nsc = g < Q4_BLOCK ? Q4_BLOCK / g : 1};
             for (int d = 0; d < 16; d++) a[i].sidx[d] = (int32_t)(8 * d / g);
             int64_t grain = ((int64_t)1 << 16) / (Q4_NR * K / 2 + 1) + 1;
             jobs[i] = (ag_job){fused_part, &a[i], (N + Q4_NR - 1) / Q4_NR, grain};
@@ -277,8 +278,16 @@ bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4
     for (int i = 0; i < n; i++) {
         double t0 = ag_blas_clock();
         const int64_t N = w[i].N;
-        q4_args a = {x, w[i].block, scales_of(w[i].block, N, K), w[i].bias, y[i], M,  N,
-                     K, w[i].group, groups_of(K, w[i].group),    0,         0,    {0}};
+        q4_args a = {.x = x,
+                     .q = w[i].block,
+                     .sc = scales_of(w[i].block, N, K),
+                     .bias = w[i].bias,
+                     .y = y[i],
+                     .M = M,
+                     .N = N,
+                     .K = K,
+                     .group = w[i].group,
+                     .G = groups_of(K, w[i].group)};
         if (M > 0) ag_parallel_for((N + AG_Q4_TILE_ROWS - 1) / AG_Q4_TILE_ROWS, 1, tiled_part, &a);
         ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
     }
