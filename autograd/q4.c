@@ -234,6 +234,20 @@ static void to_planes(const float *x, int64_t M, int64_t K, float *out) {
 static bool fused_group(int64_t group) { return group == 32 || group == 64 || group % Q4_BLOCK == 0; }
 #endif
 
+// The fields both paths share; the fast path adds its own.
+static q4_args args_of(const float *x, int64_t M, int64_t K, const ag_q4_weight *w, float *y) {
+    return (q4_args){.x = x,
+                     .q = w->block,
+                     .sc = scales_of(w->block, w->N, K),
+                     .bias = w->bias,
+                     .y = y,
+                     .M = M,
+                     .N = w->N,
+                     .K = K,
+                     .group = w->group,
+                     .G = groups_of(K, w->group)};
+}
+
 bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4_weight *w, float *const y[]) {
     if (n < 1 || n > AG_JOBS_MAX) return false;
 #if defined(__x86_64__)
@@ -252,18 +266,8 @@ bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4
         for (int i = 0; i < n; i++) {
             const int64_t N = w[i].N, g = w[i].group;
             const int64_t ahead = Q4_AHEAD_BYTES / (K / 2) + Q4_NR;
-            a[i] = (q4_args){.x = xs,
-                             .q = w[i].block,
-                             .sc = scales_of(w[i].block, N, K),
-                             .bias = w[i].bias,
-                             .y = y[i],
-                             .M = M,
-                             .N = N,
-                             .K = K,
-                             .group = g,
-                             .G = groups_of(K, g),
-                             .ahead = ahead,
-                             .nsc = g < Q4_BLOCK ? Q4_BLOCK / g : 1};
+            a[i] = args_of(xs, M, K, &w[i], y[i]);
+            a[i].ahead = ahead, a[i].nsc = g < Q4_BLOCK ? Q4_BLOCK / g : 1;
             for (int d = 0; d < 16; d++) a[i].sidx[d] = (int32_t)(8 * d / g);
             int64_t grain = ((int64_t)1 << 16) / (Q4_NR * K / 2 + 1) + 1;
             jobs[i] = (ag_job){fused_part, &a[i], (N + Q4_NR - 1) / Q4_NR, grain};
@@ -278,16 +282,7 @@ bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4
     for (int i = 0; i < n; i++) {
         double t0 = ag_blas_clock();
         const int64_t N = w[i].N;
-        q4_args a = {.x = x,
-                     .q = w[i].block,
-                     .sc = scales_of(w[i].block, N, K),
-                     .bias = w[i].bias,
-                     .y = y[i],
-                     .M = M,
-                     .N = N,
-                     .K = K,
-                     .group = w[i].group,
-                     .G = groups_of(K, w[i].group)};
+        q4_args a = args_of(x, M, K, &w[i], y[i]);
         if (M > 0) ag_parallel_for((N + AG_Q4_TILE_ROWS - 1) / AG_Q4_TILE_ROWS, 1, tiled_part, &a);
         ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
     }
