@@ -235,6 +235,9 @@ void ag_parallel_jobs(int njobs, const ag_job *jobs);
 void ag_pool_prefetch(int n, const void *const *p, const size_t *bytes);
 size_t ag_pool_prefetch_left(void); // bytes of those regions not yet fetched
 
+// Before any OpenBLAS call: its kernels chosen, its own threads off (once; every caller).
+void ag_blas_init(void);
+
 // Time spent in matrix products, for ag_get_blas_stats: a start time, then the account.
 double ag_blas_clock(void);
 void ag_blas_account(double t0, int calls, double flops);

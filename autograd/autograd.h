@@ -415,6 +415,14 @@ typedef struct {
 ag_blas_stats ag_get_blas_stats(void);
 void ag_reset_blas_stats(void);
 
+// The kernels OpenBLAS runs float32 products with (its core name, "SkylakeX") and who chose
+// them: "OpenBLAS" (by CPU model), "OPENBLAS_CORETYPE" (the environment), or "CPU features"
+// (OpenBLAS fell back to Prescott's for a CPU model it does not know, and was asked again).
+typedef struct {
+    const char *core, *chosen_by;
+} ag_blas_core;
+ag_blas_core ag_get_blas_core(void);
+
 // ================================================================================================
 // Inference: a key-value cache and attention over it (op_attention_cached.c)
 //

@@ -2,7 +2,9 @@
 // the small products (attention's per-head blocks) that it handles without OpenBLAS.
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "ag_internal.h"
@@ -130,13 +132,61 @@ static void sgemm_part(void *arg, int64_t b, int64_t e, int thread) {
     }
 }
 
+// ---- OpenBLAS's kernels ----
+// An OpenBLAS built for many CPUs (Debian's) picks its kernels by CPU model as it loads, and a
+// model it does not know gets Prescott's SSE3 kernels (0.3.21 on Emerald Rapids: a third of the
+// speed of its AVX-512 ones there). Then it is asked again for the newest kernels the CPU's
+// features run. A core named in OPENBLAS_CORETYPE is the user's choice and stays. Weak: a build
+// of OpenBLAS for one CPU has no such choice to make, and no such functions.
+extern void gotoblas_dynamic_init(void) __attribute__((weak));
+extern void gotoblas_dynamic_quit(void) __attribute__((weak));
+
+static ag_blas_core blas_core = {"unknown", "OpenBLAS"};
+
+static const char *core_for_features(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vl");
+    if (avx512 && __builtin_cpu_supports("avx512bf16")) return "Cooperlake";
+    if (avx512) return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+    return NULL;
+}
+
 // Every OpenBLAS call runs on the thread that makes it: the pool splits the work instead.
-static void blas_single(void) { openblas_set_num_threads(1); }
+static void blas_setup(void) {
+    const char *forced = getenv("OPENBLAS_CORETYPE"), *core = openblas_get_corename();
+    const char *want = core_for_features();
+    if (forced && *forced) {
+        blas_core.chosen_by = "OPENBLAS_CORETYPE";
+    } else if (want && core && !strcasecmp(core, "Prescott") && gotoblas_dynamic_init && gotoblas_dynamic_quit &&
+               setenv("OPENBLAS_CORETYPE", want, 1) == 0) {
+        gotoblas_dynamic_quit();
+        gotoblas_dynamic_init();
+        (void)unsetenv("OPENBLAS_CORETYPE");
+        core = openblas_get_corename();
+        blas_core.chosen_by = "CPU features";
+    }
+    if (core) blas_core.core = core;
+    openblas_set_num_threads(1);
+}
+
+void ag_blas_init(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, blas_setup);
+}
+
+ag_blas_core ag_get_blas_core(void) {
+    ag_blas_init();
+    return blas_core;
+}
 
 void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, blas_single);
+    ag_blas_init();
     double t0 = ag_blas_clock();
     if (!small_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) {
         // Split along C's longer side in blocks the pool hands out; each block is one

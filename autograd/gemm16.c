@@ -443,11 +443,8 @@ static void tile_part(void *p, int64_t lo, int64_t hi, int thread) {
     }
 }
 
-static void blas_single(void) { openblas_set_num_threads(1); }
-
 static void gemm16(g16 *g) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, blas_single);
+    ag_blas_init();
     double t0 = ag_blas_clock();
     if (g->M > 0 && g->N > 0 && g->K == 0) {
         naive_tile(g, 0, g->M, 0, g->N); // C = beta C
@@ -498,8 +495,7 @@ void ag_gemm_16_linear_group(ag_dtype t, int64_t M, int64_t K, const void *x, in
                              const int64_t N[], void *const y[]) {
 #if defined(__x86_64__)
     if (n >= 1 && n <= AG_JOBS_MAX && t == AG_BF16 && ag_cpu_avx512_bf16() && M >= 1 && M <= AG_SKINNY_MAX_M) {
-        static pthread_once_t once = PTHREAD_ONCE_INIT;
-        pthread_once(&once, blas_single);
+        ag_blas_init();
         double t0 = ag_blas_clock(), flops = 0;
         g16 g[AG_JOBS_MAX];
         ag_job jobs[AG_JOBS_MAX];

@@ -283,6 +283,7 @@ bool ag_q4_linear_group(const float *x, int64_t M, int64_t K, int n, const ag_q4
         double t0 = ag_blas_clock();
         const int64_t N = w[i].N;
         q4_args a = args_of(x, M, K, &w[i], y[i]);
+        ag_blas_init();
         if (M > 0) ag_parallel_for((N + AG_Q4_TILE_ROWS - 1) / AG_Q4_TILE_ROWS, 1, tiled_part, &a);
         ag_blas_account(t0, 1, 2.0 * (double)M * (double)N * (double)K);
     }

@@ -7,8 +7,9 @@
 //   fma_gflops: the peak float32 multiply-add rate of all threads (AVX-512 where the CPU has
 //   it, else AVX2, else 0), in GFLOP/s (one multiply-add = 2 flops): the compute floor of the
 //   matrix products, which at 25 tokens can cost more than their memory traffic;
-//   blas_core: the kernels OpenBLAS runs (openblas_get_corename), blas_core_forced: named by
-//   OPENBLAS_CORETYPE rather than chosen for the CPU.
+//   blas_core: the kernels OpenBLAS runs membill's float32 products with (ag_get_blas_core);
+//   blas_core_by: who chose them ("OpenBLAS", "OPENBLAS_CORETYPE" or "CPU features");
+//   blas_core_forced: true when OPENBLAS_CORETYPE named them.
 // Each figure is the best of `reps` passes (the machine is shared: the best pass is the one
 // least disturbed). GB is 10^9 bytes.
 #include <immintrin.h>
@@ -168,13 +169,13 @@ int main(int argc, char **argv) {
         best_write = t < best_write ? t : best_write;
     }
     double gb = (double)BENCH_BYTES / 1e9, gflops = fma_gflops(threads, reps, &sink);
-    // Which sgemm kernels OpenBLAS runs: its own choice for the CPU, unless OPENBLAS_CORETYPE names one.
-    const char *core = openblas_get_corename(), *forced = getenv("OPENBLAS_CORETYPE");
+    // Which sgemm kernels membill's products run, and who chose them.
+    ag_blas_core core = ag_get_blas_core();
     printf("{\"bytes\": %zu, \"threads\": %d, \"reps\": %d, \"read_gbs\": %.3f, "
            "\"copy_gbs\": %.3f, \"write_gbs\": %.3f, \"fma_gflops\": %.1f, \"blas_core\": \"%s\", "
-           "\"blas_core_forced\": %s, \"checksum\": %g}\n",
-           BENCH_BYTES, threads, reps, gb / best_read, 2.0 * gb / best_copy, gb / best_write, gflops,
-           core ? core : "unknown", forced && *forced ? "true" : "false", (double)sink);
+           "\"blas_core_forced\": %s, \"blas_core_by\": \"%s\", \"checksum\": %g}\n",
+           BENCH_BYTES, threads, reps, gb / best_read, 2.0 * gb / best_copy, gb / best_write, gflops, core.core,
+           strcmp(core.chosen_by, "OPENBLAS_CORETYPE") ? "false" : "true", core.chosen_by, (double)sink);
     free(a);
     free(b);
     return 0;

@@ -25,6 +25,7 @@ infer="$build/tests/bench/bench_infer"
 bw="$build/tests/bench/bench_bandwidth"
 here=$(cd "$(dirname "$0")" && pwd)
 torch_py="$here/../reference/bench_torch.py"
+. "$here/same_blas.sh"
 for f in "$membill" "$infer" "$bw"; do
   [ -x "$f" ] || { echo "bench_dtype.sh: $f is missing: build the project first" >&2; exit 1; }
 done
@@ -52,7 +53,8 @@ for v in fp32 int8; do
   flag=""
   [ "$v" = int8 ] && flag=--int8
   for r in $(seq "$repeat"); do
-    OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "$torch_py" --mode generate --threads "$threads" --batch-prompts 1 $flag \
+    same_blas "$tmp/bw1.json" env OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "$torch_py" --mode generate \
+      --threads "$threads" --batch-prompts 1 $flag \
       >"$tmp/torch-$v-$r.json"
   done
 done
@@ -65,7 +67,7 @@ load = lambda n: json.load(open(f"{d}/{n}"))
 bw = [load("bw1.json"), load("bw2.json")]
 read = max(b["read_gbs"] for b in bw)
 print(f"machine: read {read:.1f} GB/s ({bw[0]['threads']} threads, best of two probes), "
-      f"OpenBLAS kernels {bw[0].get('blas_core', '?')}{' (OPENBLAS_CORETYPE)' if bw[0].get('blas_core_forced') else ''}")
+      f"OpenBLAS kernels {bw[0].get('blas_core', '?')} (chosen by {bw[0].get('blas_core_by', 'OpenBLAS')})")
 print(f"training step, steady state (median of steps 2 on, best of {repeat} alternating runs):")
 print(f"{'tokens':>6} {'float32 s':>10} {'bf16-mixed s':>13} {'speed-up':>9}   (target >= 1.5)")
 step = lambda v, n, r: statistics.median(x["step_s"] for x in load(f"train-{v}-{n}-{r}.json")["timing"]["steps"][1:])

@@ -25,6 +25,7 @@ infer="$build/tests/bench/bench_infer"
 bw="$build/tests/bench/bench_bandwidth"
 here=$(cd "$(dirname "$0")" && pwd)
 torch_py="$here/../reference/bench_torch.py"
+. "$here/same_blas.sh"
 for f in "$infer" "$bw"; do
   [ -x "$f" ] || { echo "bench_infer.sh: $f is missing: build the project first" >&2; exit 1; }
 done
@@ -39,7 +40,7 @@ trap 'rm -rf "$tmp"' EXIT
 "$infer" --batch-claim --threads "$threads" --repeat "$repeat" --json "$tmp/membill.json" \
   >"$tmp/membill.txt"
 for r in $(seq "$repeat"); do
-  OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "$torch_py" --mode generate --threads "$threads" \
+  same_blas "$tmp/bw.json" env OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "$torch_py" --mode generate --threads "$threads" \
     >"$tmp/torch$r.json"
 done
 "$bw" "$threads" 5 >"$tmp/bw2.json"
@@ -72,7 +73,7 @@ rows = [("prefill_s", f"prefill, {T} tokens"), ("decode_step_s", "decode step (m
         ("batched_s", f"{B} x {BN} tokens, batch of {B}")]
 print(f"SmolLM2-135M greedy generation, random init, float32, {m['threads']} threads; "
       f"best of {repeat} runs each; OpenBLAS kernels {bw1.get('blas_core', '?')}"
-      f"{' (OPENBLAS_CORETYPE)' if bw1.get('blas_core_forced') else ''}")
+      f" (chosen by {bw1.get('blas_core_by', 'OpenBLAS')})")
 print(f"{'run':<36} {'membill':>10} {'pytorch':>10} {'ratio':>7}")
 for k, name in rows:
     print(f"{name:<36} {ours[k]:>9.4f}s {t[k]:>9.4f}s {ours[k] / t[k]:>7.3f}")

@@ -27,6 +27,7 @@ membill="$build/examples/membill/membill"
 bw="$build/tests/bench/bench_bandwidth"
 here=$(cd "$(dirname "$0")" && pwd)
 torch_py="$here/../reference/bench_torch.py"
+. "$here/same_blas.sh"
 for f in "$membill" "$bw"; do
   [ -x "$f" ] || { echo "bench_train.sh: $f is missing: build the project first" >&2; exit 1; }
 done
@@ -42,7 +43,7 @@ for n in $lengths; do
   "$membill" train --steps "$steps" --threads "$threads" --seq-len "$n" --adam-impl fused --quiet \
     --json "$tmp/membill-$n.json"
   case " $torch_lengths " in *" $n "*)
-    OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "$torch_py" --mode train --steps "$steps" \
+    same_blas "$tmp/bw1.json" env OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "$torch_py" --mode train --steps "$steps" \
       --threads "$threads" --seq-len "$n" >"$tmp/torch-$n.json" ;;
   esac
 done
@@ -59,7 +60,7 @@ phases = ("forward_s", "backward_s", "optimizer_s", "step_s")
 steady = lambda steps, k: statistics.median(s[k] for s in steps[1:])
 print(f"machine: copy {copy:.1f} GB/s, read {read:.1f} GB/s, peak float32 multiply-add {fma:.1f} GFLOP/s "
       f"({bw[0]['threads']} threads, best of two probes), OpenBLAS kernels {bw[0].get('blas_core', '?')}"
-      f"{' (OPENBLAS_CORETYPE)' if bw[0].get('blas_core_forced') else ''}")
+      f" (chosen by {bw[0].get('blas_core_by', 'OpenBLAS')})")
 print(f"{'tokens':>6} {'membill s':>10} {'pytorch s':>10} {'/ pytorch':>10} {'floor s':>8} {'bound by':>9} "
       f"{'/ floor':>8}   membill forward / backward / optimizer s")
 met = True
