@@ -162,9 +162,11 @@ bool ag_sgemm_small(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N
 // Products up to this many multiply-adds (M N K) skip OpenBLAS on AVX-512 machines.
 #define AG_SMALL_GEMM_MAX (1 << 17)
 bool ag_skinny_available(int64_t M);
-// The forward alone also serves mid-size M (a batch of prompts' prefill: 8 x 25 = 200 rows),
-// x taken in blocks of rows that stay in a core's L2 while the weight streams past them.
-#define AG_SKINNY_FWD_MAX_M 512
+// The forward alone also serves mid-size M (a 25-token step, a 128-token one), x taken in blocks
+// of rows that stay in a core's L2 while the weight streams past them. Past 128 rows sgemm's
+// packed tiles are faster: each weight row meets every row of x from L2 here, and that bounds it
+// near 90 GFLOP/s a core where sgemm reaches 110 to 135 (bench_kernels, Emerald Rapids).
+#define AG_SKINNY_FWD_MAX_M 128
 bool ag_skinny_forward_available(int64_t M);
 bool ag_has_avx512(void); // the CPU runs AVX-512F code (checked once)
 // y[M, N] = x[M, K] · w[N, K]ᵀ

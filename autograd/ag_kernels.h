@@ -42,6 +42,13 @@ bool ag_cpu_avx512(void);      // AVX-512 F, BW, VL (the vector conversions, int
 bool ag_cpu_avx512_bf16(void); // vdpbf16ps
 bool ag_cpu_avx512_vnni(void); // vpdpbusd
 bool ag_cpu_f16c(void);
+// vdpbf16ps's multiply-adds a second over float32 FMA's on this CPU (timed once; 0 without it),
+// and whether bfloat16 tiles run it (ratio >= AG_BF16_DOT_PAYS) or are widened for sgemm.
+#define AG_BF16_DOT_PAYS 0.75
+double ag_cpu_bf16_dot_ratio(void);
+bool ag_cpu_bf16_dot_pays(void);
+// Tests: 1 runs vdpbf16ps tiles wherever the CPU has it, 0 never, -1 restores the timed choice.
+void ag_kernels_force_bf16_dot(int on);
 
 // ---- 16-bit products ----
 //
@@ -51,10 +58,10 @@ bool ag_cpu_f16c(void);
 //   linear forward  y[T, out] = x[T, in] · w[out, in]ᵀ  (NoTrans, Trans)
 //   linear dx       dx[T, in] = dy[T, out] · w[out, in] (NoTrans, NoTrans)
 //   linear dw       dw[out, in] = dy[T, out]ᵀ · x[T, in] (Trans, NoTrans)
-// Paths: bfloat16 on AVX512-BF16 CPUs runs vdpbf16ps on packed tiles (no float32 copy); with few
-// rows (M <= AG_SKINNY_MAX_M, op(B) = w's rows) it streams the weight once without packing.
-// float16, and bfloat16 elsewhere, convert tiles to float32 in a per-thread workspace and call
-// single-threaded sgemm on them. Parallel on the pool; timed into ag_blas_stats.
+// Paths: bfloat16 on AVX512-BF16 CPUs runs vdpbf16ps on packed tiles (no float32 copy) where it
+// pays (ag_cpu_bf16_dot_pays); with few rows (M <= AG_SKINNY_MAX_M, op(B) = w's rows) it streams
+// the weight once without packing. float16, and bfloat16 elsewhere, convert tiles to float32 in
+// a per-thread workspace and call single-threaded sgemm on them. Parallel on the pool; timed into ag_blas_stats.
 // Workspace: AG_GEMM16_WS_BYTES per thread that runs a part (ag_kernel_ws).
 void ag_gemm_16(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
                 const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc);

@@ -1,8 +1,11 @@
 // The element-type table and its row conversions (bfloat16, float16 <-> float32), vectorised
 // with AVX-512 / F16C where the CPU has them, bit-exact with the scalar code below.
+#include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <immintrin.h>
 #endif
 #include <string.h>
 
@@ -35,7 +38,77 @@ bool ag_cpu_avx512(void) { return !portable_only && cpu_flag(&has_avx512, "avx51
 bool ag_cpu_avx512_bf16(void) { return ag_cpu_avx512() && cpu_flag(&has_bf16, "bf16"); }
 bool ag_cpu_avx512_vnni(void) { return ag_cpu_avx512() && cpu_flag(&has_vnni, "vnni"); }
 bool ag_cpu_f16c(void) { return !portable_only && cpu_flag(&has_f16c, "f16c"); }
+
+// vdpbf16ps does 32 multiply-adds to an FMA's 16, but how fast a CPU runs it varies: as fast as
+// its FMAs a multiply-add or faster on some (AMD's Zen 4 and 5), half as fast on others (Intel's
+// Emerald Rapids), where bfloat16 tiles widened to float32 for sgemm are the faster path. So the
+// two are timed once, 12 independent chains each (bound by throughput, not latency), best of 5
+// short runs (a run another process interrupts is slow, never fast): well under a millisecond.
+#define PROBE_STEPS 4000
+#define CHAINS(X) X(a0) X(a1) X(a2) X(a3) X(a4) X(a5) X(a6) X(a7) X(a8) X(a9) X(a10) X(a11)
+#define KEEP_LIVE                                                                                                      \
+    __asm__ volatile(""                                                                                                \
+                     : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "+v"(a8),       \
+                       "+v"(a9), "+v"(a10), "+v"(a11))
+#define PROBE_BODY(X)                                                                                                  \
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,  \
+           a10 = a0, a11 = a0;                                                                                         \
+    double t0 = now_s();                                                                                               \
+    for (int k = 0; k < PROBE_STEPS; k++) {                                                                            \
+        CHAINS(X)                                                                                                      \
+        KEEP_LIVE;                                                                                                     \
+    }                                                                                                                  \
+    double t = now_s() - t0;                                                                                           \
+    KEEP_LIVE;                                                                                                         \
+    return t;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), noinline)) static double time_dot(void) {
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80), y = (__m512bh)_mm512_set1_epi32(0x00010001);
+#define DOT(v) v = _mm512_dpbf16_ps(v, x, y);
+    PROBE_BODY(DOT)
+#undef DOT
+}
+
+__attribute__((target("avx512f,fma"), noinline)) static double time_fma(void) {
+    const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-7f);
+#define FMA(v) v = _mm512_fmadd_ps(v, x, y);
+    PROBE_BODY(FMA)
+#undef FMA
+}
+
+static double dot_ratio;
+static void probe_dot(void) {
+    if (!cpu_flag(&has_avx512, "avx512") || !cpu_flag(&has_bf16, "bf16")) return;
+    double dot = 1e30, fma = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double f = time_fma(), d = time_dot();
+        fma = f < fma ? f : fma, dot = d < dot ? d : dot;
+    }
+    dot_ratio = dot > 0 ? 2.0 * fma / dot : 0; // multiply-adds: 32 an instruction against 16
+}
+
+double ag_cpu_bf16_dot_ratio(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, probe_dot);
+    return dot_ratio;
+}
+
+static int dot_forced = -1;
+void ag_kernels_force_bf16_dot(int on) { dot_forced = on; }
+bool ag_cpu_bf16_dot_pays(void) {
+    if (!ag_cpu_avx512_bf16()) return false;
+    return dot_forced >= 0 ? dot_forced : ag_cpu_bf16_dot_ratio() >= AG_BF16_DOT_PAYS;
+}
 #else
+double ag_cpu_bf16_dot_ratio(void) { return 0; }
+void ag_kernels_force_bf16_dot(int on) { (void)on; }
+bool ag_cpu_bf16_dot_pays(void) { return false; }
 bool ag_cpu_avx512(void) { return false; }
 bool ag_cpu_avx512_bf16(void) { return false; }
 bool ag_cpu_avx512_vnni(void) { return false; }

@@ -4,7 +4,8 @@
 // adjacent-k elements and adds both products to 16 float32 sums, twice the multiply-adds of a
 // float32 FMA. Operands are packed per tile as pairs (k, k+1) in one 32-bit word, A in panels of
 // 8 rows, B in panels of 48 columns, and an 8 x 48 kernel keeps 24 accumulators in registers
-// (GotoBLAS's blocking: a B panel stays in L1 while the A panels stream from L2). With few rows
+// (GotoBLAS's blocking: a B panel stays in L1 while the A panels stream from L2), on CPUs where
+// vdpbf16ps is not slower than float32 FMA a multiply-add (ag_cpu_bf16_dot_pays). With few rows
 // and op(B) = w's rows (a decode step's linear) the weight is streamed once unpacked instead.
 // Everything else converts tiles to float32 and runs single-threaded sgemm on them.
 #include <pthread.h>
@@ -432,7 +433,7 @@ static void tile_part(void *p, int64_t lo, int64_t hi, int thread) {
         int64_t mc = g->M - m0 < AG_GEMM16_MC ? g->M - m0 : AG_GEMM16_MC, nc = g->N - n0 < g->nc ? g->N - n0 : g->nc;
         if (!ws) naive_tile(g, m0, mc, n0, nc);
 #if defined(__x86_64__)
-        else if (g->t == AG_BF16 && ag_cpu_avx512_bf16()) {
+        else if (g->t == AG_BF16 && ag_cpu_bf16_dot_pays()) {
             bool keep = panels_kept(g->K);
             bf16_tile(g, m0, mc, n0, nc, ws, keep && mt == kept.mt, keep && nt == kept.nt);
             kept.mt = mt, kept.nt = nt;

@@ -243,6 +243,7 @@ static const int64_t Ms[] = {1, 2, 3, 7, 17, 64, 65, 129, 513}, NKs[] = {1, 15, 
 
 static void gemm_all(ag_dtype t, bool portable) {
     ag_kernels_force_portable(portable);
+    ag_kernels_force_bf16_dot(1); // the vdpbf16ps tiles wherever the CPU has them, paying or not
     for (int im = 0; im < 9; im++)
         for (int in = 0; in < 5; in++)
             for (int tr = 0; tr < 4; tr++) {
@@ -256,6 +257,28 @@ static void gemm_all(ag_dtype t, bool portable) {
                 assert_true(w <= 1);
             }
     ag_kernels_force_portable(false);
+    ag_kernels_force_bf16_dot(-1);
+}
+
+// The bfloat16 tiles' path: vdpbf16ps where it runs at least AG_BF16_DOT_PAYS of float32 FMA's
+// multiply-adds, widened to float32 otherwise; the choice the same each time it is asked.
+static void test_bf16_dot_choice(void **state) {
+    (void)state;
+    double r = ag_cpu_bf16_dot_ratio();
+    if (!ag_cpu_avx512_bf16()) {
+        assert_true(r == 0 && !ag_cpu_bf16_dot_pays());
+        return;
+    }
+    assert_true(r > 0.05 && r < 20); // two instructions' rates, timed: a ratio, not noise
+    assert_true(ag_cpu_bf16_dot_pays() == (r >= AG_BF16_DOT_PAYS));
+    assert_true(ag_cpu_bf16_dot_ratio() == r);
+    ag_kernels_force_bf16_dot(0);
+    assert_false(ag_cpu_bf16_dot_pays());
+    ag_kernels_force_bf16_dot(1);
+    assert_true(ag_cpu_bf16_dot_pays());
+    ag_kernels_force_bf16_dot(-1);
+    printf("vdpbf16ps: %.2f of FMA's multiply-adds a second: bfloat16 tiles %s\n", r,
+           ag_cpu_bf16_dot_pays() ? "run it" : "widened to float32");
 }
 
 static void test_gemm_bf16(void **state) {
@@ -281,6 +304,7 @@ static void test_gemm_fast_vs_portable(void **state) {
     shape shapes[] = {{200, 300, 800, false, true}, {64, 577, 389, false, false}, {25, 96, 770, true, false},
                       {300, 49, 40, true, true},    {5, 1000, 576, false, true},  {150, 1100, 1000, false, false},
                       {900, 100, 300, true, false}, {100, 700, 1700, false, true}};
+    ag_kernels_force_bf16_dot(1);
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         shape s = shapes[i];
         float *fast = malloc((size_t)(s.M * s.N) * sizeof(float)), *port = malloc((size_t)(s.M * s.N) * sizeof(float));
@@ -298,6 +322,7 @@ static void test_gemm_fast_vs_portable(void **state) {
         assert_true(diff <= 2.0 * (double)(s.K + 1) * 0x1p-24 * (double)s.K + 1e-6 * mag);
         free(fast), free(port);
     }
+    ag_kernels_force_bf16_dot(-1);
 }
 
 static void test_gemm_stats_and_zero_depth(void **state) {
@@ -640,6 +665,7 @@ int main(void) {
         cmocka_unit_test(test_traits),
         cmocka_unit_test(test_bf16_conversions),
         cmocka_unit_test(test_f16_conversions),
+        cmocka_unit_test(test_bf16_dot_choice),
         cmocka_unit_test(test_gemm_bf16),
         cmocka_unit_test(test_gemm_bf16_portable),
         cmocka_unit_test(test_gemm_f16),
