@@ -61,7 +61,8 @@ void ag_kernels_force_bf16_dot(int on);
 // Paths: bfloat16 on AVX512-BF16 CPUs runs vdpbf16ps on packed tiles (no float32 copy) where it
 // pays (ag_cpu_bf16_dot_pays); with few rows (M <= AG_SKINNY_MAX_M, op(B) = w's rows) it streams
 // the weight once without packing. float16, and bfloat16 elsewhere, convert tiles to float32 in
-// a per-thread workspace and call single-threaded sgemm on them. Parallel on the pool; timed into ag_blas_stats.
+// a per-thread workspace and call single-threaded sgemm on them. Parallel on the pool; timed into
+// ag_blas_stats.
 // Workspace: AG_GEMM16_WS_BYTES per thread that runs a part (ag_kernel_ws).
 void ag_gemm_16(ag_dtype t, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
                 const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C, int64_t ldc);

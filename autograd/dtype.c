@@ -39,11 +39,11 @@ bool ag_cpu_avx512_bf16(void) { return ag_cpu_avx512() && cpu_flag(&has_bf16, "b
 bool ag_cpu_avx512_vnni(void) { return ag_cpu_avx512() && cpu_flag(&has_vnni, "vnni"); }
 bool ag_cpu_f16c(void) { return !portable_only && cpu_flag(&has_f16c, "f16c"); }
 
-// vdpbf16ps does 32 multiply-adds to an FMA's 16, but how fast a CPU runs it varies: as fast as
-// its FMAs a multiply-add or faster on some (AMD's Zen 4 and 5), half as fast on others (Intel's
-// Emerald Rapids), where bfloat16 tiles widened to float32 for sgemm are the faster path. So the
-// two are timed once, 12 independent chains each (bound by throughput, not latency), best of 5
-// short runs (a run another process interrupts is slow, never fast): well under a millisecond.
+// vdpbf16ps does 32 multiply-adds to an FMA's 16, but how fast a CPU runs it varies: about twice
+// float32's multiply-adds a second on the project's AMD host, half on its Emerald Rapids one,
+// where bfloat16 tiles widened to float32 for sgemm are the faster path. So the two are timed
+// once, 12 independent chains each (bound by throughput, not latency), best of 5 short runs (a
+// run another process interrupts is slow, never fast): well under a millisecond.
 #define PROBE_STEPS 4000
 #define CHAINS(X) X(a0) X(a1) X(a2) X(a3) X(a4) X(a5) X(a6) X(a7) X(a8) X(a9) X(a10) X(a11)
 #define KEEP_LIVE                                                                                                      \

@@ -5,7 +5,7 @@
 // float32 FMA. Operands are packed per tile as pairs (k, k+1) in one 32-bit word, A in panels of
 // 8 rows, B in panels of 48 columns, and an 8 x 48 kernel keeps 24 accumulators in registers
 // (GotoBLAS's blocking: a B panel stays in L1 while the A panels stream from L2), on CPUs where
-// vdpbf16ps is not slower than float32 FMA a multiply-add (ag_cpu_bf16_dot_pays). With few rows
+// vdpbf16ps keeps near float32 FMA's multiply-adds a second (ag_cpu_bf16_dot_pays). With few rows
 // and op(B) = w's rows (a decode step's linear) the weight is streamed once unpacked instead.
 // Everything else converts tiles to float32 and runs single-threaded sgemm on them.
 #include <pthread.h>
