@@ -2,6 +2,7 @@
 // the small products (attention's per-head blocks) that it handles without OpenBLAS.
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -140,6 +141,7 @@ static void sgemm_part(void *arg, int64_t b, int64_t e, int thread) {
 // of OpenBLAS for one CPU has no such choice to make, and no such functions.
 extern void gotoblas_dynamic_init(void) __attribute__((weak));
 extern void gotoblas_dynamic_quit(void) __attribute__((weak));
+extern char **environ;
 
 static ag_blas_core blas_core = {"unknown", "OpenBLAS"};
 
@@ -162,11 +164,17 @@ static void blas_setup(void) {
     const char *want = core_for_features();
     if (forced && *forced) {
         blas_core.chosen_by = "OPENBLAS_CORETYPE";
-    } else if (want && core && !strcasecmp(core, "Prescott") && gotoblas_dynamic_init && gotoblas_dynamic_quit &&
-               setenv("OPENBLAS_CORETYPE", want, 1) == 0) {
+    } else if (want && core && !strcasecmp(core, "Prescott") && gotoblas_dynamic_init && gotoblas_dynamic_quit) {
+        // OpenBLAS reads the name from the environment. It gets one of its own for the call, not
+        // setenv's: setenv allocates, plain malloc is billed ("other"), and the bill would then
+        // depend on whether OpenBLAS knew the CPU.
+        static char entry[64];
+        char *env[] = {entry, NULL}, **saved = environ;
+        snprintf(entry, sizeof entry, "OPENBLAS_CORETYPE=%s", want);
+        environ = env;
         gotoblas_dynamic_quit();
         gotoblas_dynamic_init();
-        (void)unsetenv("OPENBLAS_CORETYPE");
+        environ = saved;
         core = openblas_get_corename();
         blas_core.chosen_by = "CPU features";
     }

@@ -13,13 +13,18 @@
 #include <strings.h>
 
 #include "ag_internal.h"
+#include "profiler.h"
 
 static const char *mode = "auto", *forced_name = "";
 
 static void test_core(void **state) {
     (void)state;
+    uint64_t before = mp_get_counter(MP_OTHER).allocations;
     ag_blas_core c = ag_get_blas_core();
     assert_non_null(c.core);
+    // Choosing allocates nothing the bill would show ("other": plain malloc), so a bill does not
+    // depend on whether OpenBLAS knew the CPU.
+    if (mp_other_available()) assert_int_equal(mp_get_counter(MP_OTHER).allocations, before);
     if (!strcmp(mode, "forced")) {
         assert_string_equal(c.chosen_by, "OPENBLAS_CORETYPE");
         assert_int_equal(strcasecmp(c.core, forced_name), 0);
@@ -96,10 +101,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: test_ag_blas auto | forced NAME\n");
         return 2;
     }
+    mp_options o = {.track_other = true};
+    if (mp_init(&o) != MP_OK) return 1;
     ag_set_num_threads(2);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_core),
         cmocka_unit_test(test_products),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    mp_shutdown();
+    return failed;
 }
