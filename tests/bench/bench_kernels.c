@@ -7,7 +7,9 @@
 //     lm_head) in float32 (the skinny kernel), bfloat16, int8 (dynamic) and int4 (groups of 32
 //     and of 128), each against its weight-read floor: the weight's bytes over the read bandwidth
 //     measured here.
-// Each figure is the best of reps (the machine may be shared); every ratio comes from this run.
+// First it says which kernels run: OpenBLAS's core and who chose it, and whether bfloat16 tiles
+// run vdpbf16ps (its timed rate against FMA's). Each figure is the best of reps (the machine may
+// be shared); every ratio comes from this run.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,6 +218,13 @@ int main(int argc, char **argv) {
     }
     printf("kernels: avx512 %d, avx512_bf16 %d, avx512_vnni %d, f16c %d\n", ag_cpu_avx512(), ag_cpu_avx512_bf16(),
            ag_cpu_avx512_vnni(), ag_cpu_f16c());
+    ag_blas_core core = ag_get_blas_core();
+    printf("float32 products: OpenBLAS's %s kernels (chosen by %s); bfloat16 tiles: ", core.core, core.chosen_by);
+    if (ag_cpu_avx512_bf16())
+        printf("vdpbf16ps at %.2f of FMA's multiply-adds a second, so %s\n", ag_cpu_bf16_dot_ratio(),
+               ag_cpu_bf16_dot_pays() ? "run on it" : "widened to float32 for sgemm");
+    else
+        printf("widened to float32 for sgemm\n");
     model_weights m;
     make_model(&m);
     float *buf = m.w32[m.n - 1]; // the lm_head's float32 weight is the bandwidth buffer's first part
