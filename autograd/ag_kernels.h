@@ -49,6 +49,9 @@ double ag_cpu_bf16_dot_ratio(void);
 bool ag_cpu_bf16_dot_pays(void);
 // Tests: 1 runs vdpbf16ps tiles wherever the CPU has it, 0 never, -1 restores the timed choice.
 void ag_kernels_force_bf16_dot(int on);
+// n steps of 12 independent chains of 16-lane FMAs, each in a register: the CPU's peak float32
+// multiply-add rate (12 x 16 x n of them; AVX-512F CPUs only). Returns their sum, to be kept.
+float ag_fma_chains_avx512(long n);
 
 // ---- 16-bit products ----
 //

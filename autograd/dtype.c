@@ -46,21 +46,37 @@ bool ag_cpu_f16c(void) { return !portable_only && cpu_flag(&has_f16c, "f16c"); }
 // run another process interrupts is slow, never fast): well under a millisecond.
 #define PROBE_STEPS 4000
 #define CHAINS(X) X(a0) X(a1) X(a2) X(a3) X(a4) X(a5) X(a6) X(a7) X(a8) X(a9) X(a10) X(a11)
+// Kept in registers and live: an array of sums would run at store forwarding's speed, and an
+// unused one would be folded away.
 #define KEEP_LIVE                                                                                                      \
     __asm__ volatile(""                                                                                                \
                      : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "+v"(a8),       \
                        "+v"(a9), "+v"(a10), "+v"(a11))
-#define PROBE_BODY(X)                                                                                                  \
+#define CHAINS_LOOP(X)                                                                                                 \
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0,  \
            a10 = a0, a11 = a0;                                                                                         \
-    double t0 = now_s();                                                                                               \
-    for (int k = 0; k < PROBE_STEPS; k++) {                                                                            \
+    for (long k = 0; k < n; k++) {                                                                                     \
         CHAINS(X)                                                                                                      \
         KEEP_LIVE;                                                                                                     \
     }                                                                                                                  \
-    double t = now_s() - t0;                                                                                           \
-    KEEP_LIVE;                                                                                                         \
-    return t;
+    return _mm512_reduce_add_ps(                                                                                       \
+        _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),                       \
+                                    _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),                      \
+                      _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11))));
+
+__attribute__((target("avx512f,fma"), noinline)) float ag_fma_chains_avx512(long n) {
+    const __m512 x = _mm512_set1_ps(0.999999f), y = _mm512_set1_ps(1e-6f);
+#define FMA(v) v = _mm512_fmadd_ps(v, x, y);
+    CHAINS_LOOP(FMA)
+#undef FMA
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), noinline)) static float dot_chains(long n) {
+    const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80), y = (__m512bh)_mm512_set1_epi32(0x00010001);
+#define DOT(v) v = _mm512_dpbf16_ps(v, x, y);
+    CHAINS_LOOP(DOT)
+#undef DOT
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -68,18 +84,11 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"), noinline)) static double time_dot(void) {
-    const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3F803F80), y = (__m512bh)_mm512_set1_epi32(0x00010001);
-#define DOT(v) v = _mm512_dpbf16_ps(v, x, y);
-    PROBE_BODY(DOT)
-#undef DOT
-}
-
-__attribute__((target("avx512f,fma"), noinline)) static double time_fma(void) {
-    const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-7f);
-#define FMA(v) v = _mm512_fmadd_ps(v, x, y);
-    PROBE_BODY(FMA)
-#undef FMA
+static volatile float probe_sink;
+static double time_of(float (*chains)(long)) {
+    double t0 = now_s();
+    probe_sink = chains(PROBE_STEPS);
+    return now_s() - t0;
 }
 
 static double dot_ratio;
@@ -87,7 +96,7 @@ static void probe_dot(void) {
     if (!cpu_flag(&has_avx512, "avx512") || !cpu_flag(&has_bf16, "bf16")) return;
     double dot = 1e30, fma = 1e30;
     for (int r = 0; r < 5; r++) {
-        double f = time_fma(), d = time_dot();
+        double f = time_of(ag_fma_chains_avx512), d = time_of(dot_chains);
         fma = f < fma ? f : fma, dot = d < dot ? d : dot;
     }
     dot_ratio = dot > 0 ? 2.0 * fma / dot : 0; // multiply-adds: 32 an instruction against 16
@@ -106,6 +115,7 @@ bool ag_cpu_bf16_dot_pays(void) {
     return dot_forced >= 0 ? dot_forced : ag_cpu_bf16_dot_ratio() >= AG_BF16_DOT_PAYS;
 }
 #else
+float ag_fma_chains_avx512(long n) { return (float)n; }
 double ag_cpu_bf16_dot_ratio(void) { return 0; }
 void ag_kernels_force_bf16_dot(int on) { (void)on; }
 bool ag_cpu_bf16_dot_pays(void) { return false; }

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../autograd/ag_internal.h"
+
 static int setup(void **state, bool meta) {
     mp_options opt = {.meta = meta};
     if (mp_init(&opt) != MP_OK) return -1;
@@ -193,4 +195,42 @@ void ag_output_and_grads(ag_ctx *ctx, ag_tensor *o, ag_tensor **in, int n, float
     ag_release(dout);
     ag_release(o);
     for (int i = 0; i < n; i++) ag_release(in[i]);
+}
+
+// C = A·B (both layouts of each operand) split over 1 and 3 threads against double.
+static void check_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K) {
+    float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
+    float *C = malloc(sizeof(float) * (size_t)(M * N));
+    for (int64_t i = 0; i < M * K; i++) A[i] = (float)((i * 7919) % 13) / 13.0f - 0.5f;
+    for (int64_t i = 0; i < K * N; i++) B[i] = (float)((i * 104729) % 17) / 17.0f - 0.5f;
+    int64_t lda = ta == CblasNoTrans ? K : M, ldb = tb == CblasNoTrans ? N : K;
+    for (int t = 1; t <= 3; t += 2) {
+        ag_set_num_threads(t);
+        memset(C, 0, sizeof(float) * (size_t)(M * N));
+        ag_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+        double worst = 0;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++) {
+                double s = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    double a = ta == CblasNoTrans ? A[i * K + k] : A[k * M + i];
+                    double b = tb == CblasNoTrans ? B[k * N + j] : B[j * K + k];
+                    s += a * b;
+                }
+                double d = s - C[i * N + j];
+                worst = d > worst ? d : (-d > worst ? -d : worst);
+            }
+        assert_true(worst < 1e-5 * (double)K);
+    }
+    free(A), free(B), free(C);
+    ag_set_num_threads(2);
+}
+
+void ag_check_sgemm_shapes(void) {
+    const int64_t shapes[][3] = {{1000, 33, 70}, {33, 1000, 70}, {97, 161, 300}, {512, 577, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                check_sgemm(ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, shapes[s][0], shapes[s][1],
+                            shapes[s][2]);
 }

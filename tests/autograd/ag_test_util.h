@@ -26,6 +26,10 @@ void ag_fill(ag_tensor *t, uint64_t seed, float lo, float hi);
 ag_tensor *ag_test_param(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name, uint64_t seed);
 ag_tensor *ag_test_const(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name, uint64_t seed);
 
+// ag_sgemm at awkward shapes (rows or columns split over the pool, past the small-product path),
+// every transpose, on 1 and 3 threads, against double; leaves 2 threads set.
+void ag_check_sgemm_shapes(void);
+
 // A tensor shaped like `like`, all ones (category activation).
 ag_tensor *ag_test_ones(ag_ctx *ctx, const ag_tensor *like);
 

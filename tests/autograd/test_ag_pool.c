@@ -268,35 +268,6 @@ static void test_prefetch(void **state) {
     free(a);
 }
 
-// C = A·B (both layouts of each operand) split over 1 and 3 threads against double.
-static void check_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K) {
-    float *A = malloc(sizeof(float) * (size_t)(M * K)), *B = malloc(sizeof(float) * (size_t)(K * N));
-    float *C = malloc(sizeof(float) * (size_t)(M * N));
-    for (int64_t i = 0; i < M * K; i++) A[i] = (float)((i * 7919) % 13) / 13.0f - 0.5f;
-    for (int64_t i = 0; i < K * N; i++) B[i] = (float)((i * 104729) % 17) / 17.0f - 0.5f;
-    int64_t lda = ta == CblasNoTrans ? K : M, ldb = tb == CblasNoTrans ? N : K;
-    for (int t = 1; t <= 3; t += 2) {
-        ag_set_num_threads(t);
-        memset(C, 0, sizeof(float) * (size_t)(M * N));
-        ag_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
-        double worst = 0;
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++) {
-                double s = 0;
-                for (int64_t k = 0; k < K; k++) {
-                    double a = ta == CblasNoTrans ? A[i * K + k] : A[k * M + i];
-                    double b = tb == CblasNoTrans ? B[k * N + j] : B[j * K + k];
-                    s += a * b;
-                }
-                double d = s - C[i * N + j];
-                worst = d > worst ? d : (-d > worst ? -d : worst);
-            }
-        assert_true(worst < 1e-5 * (double)K);
-    }
-    free(A), free(B), free(C);
-    ag_set_num_threads(2);
-}
-
 // The BLAS under ag_sgemm is called from several threads at once: each call must get its own
 // buffers (Debian's single-threaded OpenBLAS shares them: here up to one product in a
 // thousand came out wrong).
@@ -332,12 +303,7 @@ static void test_blas_from_threads(void **state) {
 
 static void test_split_sgemm(void **state) {
     (void)state;
-    const int64_t shapes[][3] = {{1000, 33, 70}, {33, 1000, 70}, {97, 161, 300}, {512, 577, 64}};
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-        for (int ta = 0; ta < 2; ta++)
-            for (int tb = 0; tb < 2; tb++)
-                check_sgemm(ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, shapes[s][0], shapes[s][1],
-                            shapes[s][2]);
+    ag_check_sgemm_shapes();
 }
 
 int main(void) {

@@ -22,6 +22,7 @@
 
 #include <cblas.h>
 
+#include "ag_kernels.h"
 #include "autograd.h"
 #include "bench_util.h"
 
@@ -90,31 +91,12 @@ static double run_pass(pass_args *a, float *sink) {
     return t;
 }
 
-// The peak multiply-add rate: 12 independent chains of 16 lanes, each kept in a register (an
-// array of accumulators lets the compiler keep them in memory, and the loop then runs at the
-// speed of store forwarding, a third of the peak). Twelve chains cover the FMA latency of
-// either of this loop's targets several times over, so it is bound by the FMA units alone.
+// The peak multiply-add rate: 12 independent chains, each kept in a register (an array of
+// accumulators lets the compiler keep them in memory, and the loop then runs at the speed of
+// store forwarding, a third of the peak). Twelve chains cover the FMA latency several times
+// over, so the loop is bound by the FMA units alone: the library's ag_fma_chains_avx512 (16
+// lanes, the one the bfloat16 probe times too) on AVX-512 CPUs, this 8-lane loop elsewhere.
 #define FMA_CHAINS 12
-#define FMA_STEP(x) x = _mm512_fmadd_ps(x, b, c);
-__attribute__((target("avx512f,fma"), noinline)) static float fma_avx512(long n) {
-    const __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f);
-    __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2), a3 = _mm512_set1_ps(3);
-    __m512 a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5), a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7);
-    __m512 a8 = _mm512_set1_ps(8), a9 = _mm512_set1_ps(9), a10 = _mm512_set1_ps(10), a11 = _mm512_set1_ps(11);
-    for (long k = 0; k < n; k++) {
-        FMA_STEP(a0) FMA_STEP(a1) FMA_STEP(a2) FMA_STEP(a3) FMA_STEP(a4) FMA_STEP(a5);
-        FMA_STEP(a6) FMA_STEP(a7) FMA_STEP(a8) FMA_STEP(a9) FMA_STEP(a10) FMA_STEP(a11);
-        __asm__ volatile(""
-                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "+v"(a8),
-                           "+v"(a9), "+v"(a10), "+v"(a11)); // kept live: the loop cannot be folded
-    }
-    a0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                       _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    a0 = _mm512_add_ps(a0, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
-    return _mm512_reduce_add_ps(a0);
-}
-#undef FMA_STEP
-
 #define FMA_STEP(x) x = _mm256_fmadd_ps(x, b, c);
 __attribute__((target("avx2,fma"), noinline)) static float fma_avx2(long n) {
     const __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f);
@@ -142,7 +124,7 @@ static int fma_lanes(void) {
     return __builtin_cpu_supports("avx512f") ? 16 : __builtin_cpu_supports("avx2") ? 8 : 0;
 }
 
-static float fma_chains(long n) { return fma_lanes() == 16 ? fma_avx512(n) : fma_avx2(n); }
+static float fma_chains(long n) { return fma_lanes() == 16 ? ag_fma_chains_avx512(n) : fma_avx2(n); }
 
 // Best of reps: flops per second over all threads, each running its own chains.
 static double fma_gflops(int threads, int reps, float *sink) {
