@@ -144,6 +144,19 @@ bool ag_grad_pass(ag_node *n, int i);
 // lengths, up to AG_SMALL_GEMM_MAX multiply-adds) run in blas.c's own loops on AVX-512 machines.
 void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+// sgemm_tiles.c: the same product on AVX-512 packed tiles split over the pool, whatever kernels
+// OpenBLAS would pick; false (nothing done) without AVX-512, for an empty product, or when a
+// thread's workspace cannot be mapped. ag_sgemm calls it where ag_sgemm_tiles_pays: shapes of
+// at least one kernel tile, where OpenBLAS's kernels are not AVX-512 ones (near float32's peak
+// they and OpenBLAS's AVX-512 kernels are within a tenth of each other; Haswell's reach half).
+bool ag_sgemm_tiles(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+bool ag_sgemm_tiles_pays(int64_t M, int64_t N, int64_t K);
+// blas.c: OpenBLAS's kernels are not AVX-512 ones on an AVX-512 CPU (ag_blas_core's products).
+bool ag_blas_prefers_tiles(void);
+// Tests and benchmarks: 1 runs the tiles for every product on AVX-512 CPUs, 0 never (OpenBLAS),
+// -1 restores the choice by shape.
+void ag_sgemm_tiles_force(int on);
 // op_linear.c: db[out] (+)= the column sums of dy[M, out], in float32 (a linear's bias gradient).
 void ag_linear_bias_backward(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out);
 // gemm.c: the same for operands of any float dtype (ag_buf), accumulated in float32 and rounded
@@ -286,6 +299,42 @@ static inline __attribute__((target("avx512f"))) __m256i ag_bf16_round16(__m512 
     __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
     return _mm512_cvtepi32_epi16(r);
+}
+
+// r[i] holds row i's 16 words; afterwards r[c] holds column c's (a 16 x 16 transpose of 32-bit
+// words): pairs, then quads within 128-bit lanes, then the lanes themselves.
+AG_AVX512_INLINE void ag_transpose16(__m512i r[16]) {
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    // u[4 g + e], lane L: rows 4g .. 4g+3 at column 4L + e.
+    for (int e = 0; e < 4; e++) {
+        __m512i v0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x88), v1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xDD);
+        __m512i w0 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x88),
+                w1 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xDD);
+        r[e] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+        r[8 + e] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
+        r[4 + e] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+        r[12 + e] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
+    }
+}
+
+// One vector of a kernel's result C = alpha acc (+ C when accumulating a later block of K, else
+// + beta C; beta 0 does not read C), the 16 lanes of mask m at cp.
+AG_AVX512_INLINE __m512 ag_tile_result(__m512 acc, const float *cp, __mmask16 m, float alpha, float beta,
+                                       bool accumulate) {
+    __m512 r = _mm512_mul_ps(_mm512_set1_ps(alpha), acc);
+    if (accumulate) return _mm512_add_ps(r, _mm512_maskz_loadu_ps(m, cp));
+    if (beta != 0.0f) r = _mm512_add_ps(r, _mm512_mul_ps(_mm512_set1_ps(beta), _mm512_maskz_loadu_ps(m, cp)));
+    return r;
 }
 
 // The sums of four vectors at once: 5 additions where four reductions would take 16 (the

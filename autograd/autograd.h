@@ -418,8 +418,11 @@ void ag_reset_blas_stats(void);
 // The kernels OpenBLAS runs float32 products with (its core name, "SkylakeX") and who chose
 // them: "OpenBLAS" (by CPU model), "OPENBLAS_CORETYPE" (the environment), or "CPU features"
 // (OpenBLAS fell back to Prescott's for a CPU model it does not know, and was asked again).
+// products: what runs the large float32 products, "OpenBLAS", or "AVX-512 tiles" (autograd's own
+// packed kernels) on an AVX-512 CPU where OpenBLAS's kernels are not AVX-512 ones (Haswell's,
+// named in OPENBLAS_CORETYPE, or a CPU model it does not know).
 typedef struct {
-    const char *core, *chosen_by;
+    const char *core, *chosen_by, *products;
 } ag_blas_core;
 ag_blas_core ag_get_blas_core(void);
 

@@ -143,7 +143,7 @@ extern void gotoblas_dynamic_init(void) __attribute__((weak));
 extern void gotoblas_dynamic_quit(void) __attribute__((weak));
 extern char **environ;
 
-static ag_blas_core blas_core = {"unknown", "OpenBLAS"};
+static ag_blas_core blas_core = {"unknown", "OpenBLAS", "OpenBLAS"};
 
 static const char *core_for_features(void) {
 #if defined(__x86_64__)
@@ -179,12 +179,22 @@ static void blas_setup(void) {
         blas_core.chosen_by = "CPU features";
     }
     if (core) blas_core.core = core;
+    static const char *avx512_cores[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
+    bool wide = false;
+    for (size_t i = 0; i < sizeof avx512_cores / sizeof *avx512_cores; i++)
+        wide |= core && !strcasecmp(core, avx512_cores[i]);
+    if (ag_has_avx512() && !wide) blas_core.products = "AVX-512 tiles";
     openblas_set_num_threads(1);
 }
 
 void ag_blas_init(void) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, blas_setup);
+}
+
+bool ag_blas_prefers_tiles(void) {
+    ag_blas_init();
+    return blas_core.products[0] == 'A';
 }
 
 ag_blas_core ag_get_blas_core(void) {
@@ -196,7 +206,8 @@ void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int6
               int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     ag_blas_init();
     double t0 = ag_blas_clock();
-    if (!small_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) {
+    if (!small_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) &&
+        !(ag_sgemm_tiles_pays(M, N, K) && ag_sgemm_tiles(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))) {
         // Split along C's longer side in blocks the pool hands out; each block is one
         // single-threaded sgemm (it repacks the shared operand, a small cost beside its flops).
         gemm_split g = {ta, tb, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, M > N};

@@ -139,32 +139,6 @@ static inline __mmask32 lanes32(int64_t left) {
     return left <= 0 ? 0 : left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1);
 }
 
-// r[i] holds row i's 16 words; afterwards r[c] holds column c's (a 16 x 16 transpose of 32-bit
-// words): pairs, then quads within 128-bit lanes, then the lanes themselves.
-BF16_INLINE void transpose16(__m512i r[16]) {
-    __m512i t[16], u[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++) {
-        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    // u[4 g + e], lane L: rows 4g .. 4g+3 at column 4L + e.
-    for (int e = 0; e < 4; e++) {
-        __m512i v0 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x88), v1 = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xDD);
-        __m512i w0 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0x88),
-                w1 = _mm512_shuffle_i32x4(u[8 + e], u[12 + e], 0xDD);
-        r[e] = _mm512_shuffle_i32x4(v0, w0, 0x88);
-        r[8 + e] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
-        r[4 + e] = _mm512_shuffle_i32x4(v1, w1, 0x88);
-        r[12 + e] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
-    }
-}
-
 // 16 stored rows, each contiguous along k, from k0: words (k, k+1) of pairs [16 pb, 16 pb + 16),
 // transposed so that out[p] holds the 16 rows' words of pair p. Rows past nrows read as zero.
 BF16_INLINE void load_pairs16(__m512i r[16], const uint16_t *X, int64_t ld, int64_t nrows, int64_t k0, int64_t kc,
@@ -172,7 +146,7 @@ BF16_INLINE void load_pairs16(__m512i r[16], const uint16_t *X, int64_t ld, int6
     __mmask32 km = lanes32(kc - 32 * pb);
     for (int i = 0; i < 16; i++)
         r[i] = i < nrows ? _mm512_maskz_loadu_epi16(km, X + i * ld + k0 + 32 * pb) : _mm512_setzero_si512();
-    transpose16(r);
+    ag_transpose16(r);
 }
 
 // A panels: 8 rows, step p holding the rows' (k, k+1) words. kp pairs a panel.
@@ -258,17 +232,13 @@ BF16_INLINE void kernel(int mr, int64_t kp, const uint32_t *a, const uint32_t *b
         }
     }
     __mmask16 m[3] = {ag_lanes16(nc), ag_lanes16(nc - 16), ag_lanes16(nc - 32)};
-    __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta), vbd = _mm512_set1_ps(beta_d);
+    __m512 vbd = _mm512_set1_ps(beta_d);
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++)
         for (int q = 0; q < 3; q++) {
             if (!m[q]) continue;
             float *cp = c + i * ldc + 16 * q;
-            __m512 r = _mm512_mul_ps(va, acc[i][q]);
-            if (accumulate)
-                r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(m[q], cp));
-            else if (beta != 0.0f)
-                r = _mm512_add_ps(r, _mm512_mul_ps(vb, _mm512_maskz_loadu_ps(m[q], cp)));
+            __m512 r = ag_tile_result(acc[i][q], cp, m[q], alpha, beta, accumulate);
             if (!d) {
                 _mm512_mask_storeu_ps(cp, m[q], r);
                 continue;

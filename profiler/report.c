@@ -247,7 +247,7 @@ void mp_report_text(FILE *f) {
         // jemalloc's own definition (stats.resident): an upper bound, not a measurement.
         fprintf(f, "    (an upper bound, so it can exceed RSS: it counts the pages of live allocations, dirty pages and"
                    " metadata, touched or not)\n");
-        fprintf(f, "  untracked (RSS jemalloc never saw: OpenBLAS buffers, code, stacks): up to %s\n",
+        fprintf(f, "  untracked (RSS jemalloc never saw: BLAS and kernel buffers, code, stacks): up to %s\n",
                 mp_format_bytes(b, sizeof b, pr.untracked));
     }
     mp_crosscheck x = mp_crosscheck_jemalloc(MP_WEIGHT, 0);

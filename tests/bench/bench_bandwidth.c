@@ -11,7 +11,9 @@
 //   matrix products, which at 25 tokens can cost more than their memory traffic;
 //   blas_core: the kernels OpenBLAS runs membill's float32 products with (ag_get_blas_core);
 //   blas_core_by: who chose them ("OpenBLAS", "OPENBLAS_CORETYPE" or "CPU features");
-//   blas_core_forced: true when OPENBLAS_CORETYPE named them.
+//   blas_core_forced: true when OPENBLAS_CORETYPE named them;
+//   products: what runs the large float32 products, "OpenBLAS" or "AVX-512 tiles" (membill's own,
+//   where OpenBLAS's kernels are not AVX-512 ones on an AVX-512 CPU).
 // Each figure is the best of `reps` passes (the machine is shared: the best pass is the one
 // least disturbed). GB is 10^9 bytes.
 #include <immintrin.h>
@@ -183,9 +185,9 @@ int main(int argc, char **argv) {
     ag_blas_core core = ag_get_blas_core();
     printf("{\"bytes\": %zu, \"threads\": %d, \"reps\": %d, \"read_gbs\": %.3f, "
            "\"copy_gbs\": %.3f, \"write_gbs\": %.3f, \"fma_gflops\": %.1f, \"blas_core\": \"%s\", "
-           "\"blas_core_forced\": %s, \"blas_core_by\": \"%s\", \"checksum\": %g}\n",
+           "\"blas_core_forced\": %s, \"blas_core_by\": \"%s\", \"products\": \"%s\", \"checksum\": %g}\n",
            bytes, threads, reps, gb / best_read, 2.0 * gb / best_copy, gb / best_write, gflops, core.core,
-           strcmp(core.chosen_by, "OPENBLAS_CORETYPE") ? "false" : "true", core.chosen_by, (double)sink);
+           strcmp(core.chosen_by, "OPENBLAS_CORETYPE") ? "false" : "true", core.chosen_by, core.products, (double)sink);
     free(a);
     free(b);
     return 0;

@@ -80,7 +80,7 @@ read_for = lambda n: max(g for b, g in probes if b >= n - 256)
 read = max(b["read_gbs"] for b in bw)
 print(f"machine: read {read:.1f} GB/s over the float32 weights' size ({bw[0]['threads']} threads, best of two "
       f"probes; over each dtype's weight size: " + ", ".join(f"{g:.1f}" for _, g in probes[2:]) + "), "
-      f"OpenBLAS kernels {bw[0].get('blas_core', '?')} (chosen by {bw[0].get('blas_core_by', 'OpenBLAS')})")
+      f"OpenBLAS kernels {bw[0].get('blas_core', '?')} (chosen by {bw[0].get('blas_core_by', 'OpenBLAS')}), float32 products on {bw[0].get('products', 'OpenBLAS')}")
 print(f"training step, steady state (median of steps 2 on, best of {repeat} alternating runs):")
 print(f"{'tokens':>6} {'float32 s':>10} {'bf16-mixed s':>13} {'speed-up':>9}   (target >= 1.5)")
 step = lambda v, n, r: statistics.median(x["step_s"] for x in load(f"train-{v}-{n}-{r}.json")["timing"]["steps"][1:])

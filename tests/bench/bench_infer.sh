@@ -73,7 +73,7 @@ rows = [("prefill_s", f"prefill, {T} tokens"), ("decode_step_s", "decode step (m
         ("batched_s", f"{B} x {BN} tokens, batch of {B}")]
 print(f"SmolLM2-135M greedy generation, random init, float32, {m['threads']} threads; "
       f"best of {repeat} runs each; OpenBLAS kernels {bw1.get('blas_core', '?')}"
-      f" (chosen by {bw1.get('blas_core_by', 'OpenBLAS')})")
+      f" (chosen by {bw1.get('blas_core_by', 'OpenBLAS')}), float32 products on {bw1.get('products', 'OpenBLAS')}")
 print(f"{'run':<36} {'membill':>10} {'pytorch':>10} {'ratio':>7}")
 for k, name in rows:
     print(f"{name:<36} {ours[k]:>9.4f}s {t[k]:>9.4f}s {ours[k] / t[k]:>7.3f}")

@@ -75,8 +75,18 @@ static double time_product(const product *p, ag_dtype t, int reps) {
     return best;
 }
 
-// Forward, dx and dw of one linear at T tokens; adds each dtype's seconds to t32, t16[bf16, f16].
-static void bench_linear_train(int64_t T, lin_shape s, int reps, double *t32, double t16[2], double *flops) {
+// float32 on one path: force 0 OpenBLAS, 1 the AVX-512 tiles (ag_sgemm_tiles_force).
+static double time_f32_on(const product *p, int force, int reps) {
+    ag_sgemm_tiles_force(force);
+    double t = time_product(p, AG_F32, reps);
+    ag_sgemm_tiles_force(-1);
+    return t;
+}
+
+// Forward, dx and dw of one linear at T tokens; adds each dtype's seconds to t32, t16[bf16, f16],
+// and float32's on each path to paths[OpenBLAS, tiles].
+static void bench_linear_train(int64_t T, lin_shape s, int reps, double *t32, double t16[2], double paths[2],
+                               double *flops) {
     float *x = rand_f32(T * s.in, 1), *w = rand_f32(s.out * s.in, 0.1f), *dy = rand_f32(T * s.out, 1);
     uint16_t *x16 = to_bf16(x, T * s.in), *w16 = to_bf16(w, s.out * s.in), *dy16 = to_bf16(dy, T * s.out);
     int64_t cmax = T * (s.out > s.in ? s.out : s.in) > s.out * s.in ? T * (s.out > s.in ? s.out : s.in) : s.out * s.in;
@@ -89,12 +99,14 @@ static void bench_linear_train(int64_t T, lin_shape s, int reps, double *t32, do
     for (int i = 0; i < 3; i++) {
         double a = time_product(&ps[i], AG_F32, reps), b = time_product(&ps[i], AG_BF16, reps);
         double h = time_product(&ps[i], AG_F16, reps);
+        double o = ag_cpu_avx512() ? time_f32_on(&ps[i], 0, reps) : a,
+               u = ag_cpu_avx512() ? time_f32_on(&ps[i], 1, reps) : a;
         double f = 2.0 * (double)ps[i].M * (double)ps[i].N * (double)ps[i].K;
-        printf("  T=%-4lld [%5lld x %5lld] %-9s M=%-5lld N=%-5lld K=%-5lld f32 %6.1f  bf16 %6.1f (x%.2f)  f16 %6.1f "
-               "(x%.2f) GFLOP/s\n",
+        printf("  T=%-4lld [%5lld x %5lld] %-9s M=%-5lld N=%-5lld K=%-5lld f32 %6.1f (OpenBLAS %6.1f, tiles %6.1f)  "
+               "bf16 %6.1f (x%.2f)  f16 %6.1f (x%.2f) GFLOP/s\n",
                (long long)T, (long long)s.out, (long long)s.in, ps[i].name, (long long)ps[i].M, (long long)ps[i].N,
-               (long long)ps[i].K, f / a / 1e9, f / b / 1e9, a / b, f / h / 1e9, a / h);
-        t32[0] += a, t16[0] += b, t16[1] += h, *flops += f;
+               (long long)ps[i].K, f / a / 1e9, f / o / 1e9, f / u / 1e9, f / b / 1e9, a / b, f / h / 1e9, a / h);
+        t32[0] += a, t16[0] += b, t16[1] += h, paths[0] += o, paths[1] += u, *flops += f;
     }
     free(x), free(w), free(dy), free(x16), free(w16), free(dy16), free(C);
 }
@@ -219,7 +231,8 @@ int main(int argc, char **argv) {
     printf("kernels: avx512 %d, avx512_bf16 %d, avx512_vnni %d, f16c %d\n", ag_cpu_avx512(), ag_cpu_avx512_bf16(),
            ag_cpu_avx512_vnni(), ag_cpu_f16c());
     ag_blas_core core = ag_get_blas_core();
-    printf("float32 products: OpenBLAS's %s kernels (chosen by %s); bfloat16 tiles: ", core.core, core.chosen_by);
+    printf("float32 products: %s (OpenBLAS's kernels %s, chosen by %s); bfloat16 tiles: ", core.products, core.core,
+           core.chosen_by);
     if (ag_cpu_avx512_bf16())
         printf("vdpbf16ps at %.2f of FMA's multiply-adds a second, so %s\n", ag_cpu_bf16_dot_ratio(),
                ag_cpu_bf16_dot_pays() ? "run on it" : "widened to float32 for sgemm");
@@ -234,13 +247,14 @@ int main(int argc, char **argv) {
     for (int ti = 0; ti < nthreads; ti++) {
         ag_set_num_threads(threads[ti]);
         printf("\n== %d thread(s) ==\ntraining products (bfloat16 vs float32 sgemm):\n", threads[ti]);
-        double total32 = 0, total16[2] = {0, 0}, flops = 0;
+        double total32 = 0, total16[2] = {0, 0}, paths[2] = {0, 0}, flops = 0;
         for (int64_t T = 128; T <= 512; T *= 4)
             for (size_t i = 0; i < sizeof train_linears / sizeof *train_linears; i++)
-                bench_linear_train(T, train_linears[i], reps, &total32, total16, &flops);
-        printf("  all of the above: f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s (x%.2f), f16 %.1f GFLOP/s (x%.2f)\n",
-               flops / total32 / 1e9, flops / total16[0] / 1e9, total32 / total16[0], flops / total16[1] / 1e9,
-               total32 / total16[1]);
+                bench_linear_train(T, train_linears[i], reps, &total32, total16, paths, &flops);
+        printf("  all of the above: f32 %.1f GFLOP/s (OpenBLAS %.1f, tiles %.1f), bf16 %.1f GFLOP/s (x%.2f), f16 %.1f "
+               "GFLOP/s (x%.2f)\n",
+               flops / total32 / 1e9, flops / paths[0] / 1e9, flops / paths[1] / 1e9, flops / total16[0] / 1e9,
+               total32 / total16[0], flops / total16[1] / 1e9, total32 / total16[1]);
         double gbs = read_gbs(buf, nbuf, threads[ti], reps);
         printf("decode, one token through all %lld linear weights (read bandwidth %.2f GB/s):\n", (long long)m.n, gbs);
         const char *names[5] = {"float32", "bfloat16", "int8", "int4 g32", "int4 g128"};

@@ -60,7 +60,7 @@ phases = ("forward_s", "backward_s", "optimizer_s", "step_s")
 steady = lambda steps, k: statistics.median(s[k] for s in steps[1:])
 print(f"machine: copy {copy:.1f} GB/s, read {read:.1f} GB/s, peak float32 multiply-add {fma:.1f} GFLOP/s "
       f"({bw[0]['threads']} threads, best of two probes), OpenBLAS kernels {bw[0].get('blas_core', '?')}"
-      f" (chosen by {bw[0].get('blas_core_by', 'OpenBLAS')})")
+      f" (chosen by {bw[0].get('blas_core_by', 'OpenBLAS')}), float32 products on {bw[0].get('products', 'OpenBLAS')}")
 print(f"{'tokens':>6} {'membill s':>10} {'pytorch s':>10} {'/ pytorch':>10} {'floor s':>8} {'bound by':>9} "
       f"{'/ floor':>8}   membill forward / backward / optimizer s")
 met = True
