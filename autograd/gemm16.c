@@ -106,9 +106,14 @@ static void portable_tile(const g16 *g, int64_t m0, int64_t mc, int64_t n0, int6
         else
             convert_tile(g->t, g->B, g->ldb, k0, kc, n0, nc, Bt);
         float beta = k0 ? 1.0f : g->D ? 0.0f : g->beta;
-        cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans, (blasint)mc,
-                    (blasint)nc, (blasint)kc, g->alpha, At, (blasint)(g->ta ? mc : kc), Bt, (blasint)(g->tb ? kc : nc),
-                    beta, C, (blasint)ldc);
+        CBLAS_TRANSPOSE ta = g->ta ? CblasTrans : CblasNoTrans, tb = g->tb ? CblasTrans : CblasNoTrans;
+        int64_t lda = g->ta ? mc : kc, ldb = g->tb ? kc : nc;
+        // The float32 tiles where OpenBLAS's own kernels would be slower (in a part of the pool's
+        // loop they run on this thread alone).
+        if (!(ag_sgemm_tiles_pays(mc, nc, kc) &&
+              ag_sgemm_tiles(ta, tb, mc, nc, kc, g->alpha, At, lda, Bt, ldb, beta, C, ldc)))
+            cblas_sgemm(CblasRowMajor, ta, tb, (blasint)mc, (blasint)nc, (blasint)kc, g->alpha, At, (blasint)lda, Bt,
+                        (blasint)ldb, beta, C, (blasint)ldc);
     }
     if (g->D) narrow_tile(g, Ct, nc, m0, n0, mc, nc);
 }
