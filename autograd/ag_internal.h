@@ -147,8 +147,8 @@ void ag_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int6
 // sgemm_tiles.c: the same product on AVX-512 packed tiles split over the pool, whatever kernels
 // OpenBLAS would pick; false (nothing done) without AVX-512, for an empty product, or when a
 // thread's workspace cannot be mapped. ag_sgemm calls it where ag_sgemm_tiles_pays: shapes of
-// at least one kernel tile, where OpenBLAS's kernels are not AVX-512 ones (near float32's peak
-// they and OpenBLAS's AVX-512 kernels are within a tenth of each other; Haswell's reach half).
+// at least one kernel tile, where OpenBLAS's kernels are not AVX-512 ones (OpenBLAS's AVX-512
+// kernels and the tiles run the model's products at the same rate; its AVX2 ones at about half).
 bool ag_sgemm_tiles(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t M, int64_t N, int64_t K, float alpha,
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 bool ag_sgemm_tiles_pays(int64_t M, int64_t N, int64_t K);

@@ -144,6 +144,7 @@ extern void gotoblas_dynamic_quit(void) __attribute__((weak));
 extern char **environ;
 
 static ag_blas_core blas_core = {"unknown", "OpenBLAS", "OpenBLAS"};
+static bool prefer_tiles; // the large float32 products on autograd's tiles (sgemm_tiles.c)
 
 static const char *core_for_features(void) {
 #if defined(__x86_64__)
@@ -183,7 +184,8 @@ static void blas_setup(void) {
     bool wide = false;
     for (size_t i = 0; i < sizeof avx512_cores / sizeof *avx512_cores; i++)
         wide |= core && !strcasecmp(core, avx512_cores[i]);
-    if (ag_has_avx512() && !wide) blas_core.products = "AVX-512 tiles";
+    prefer_tiles = ag_has_avx512() && !wide;
+    if (prefer_tiles) blas_core.products = "AVX-512 tiles";
     openblas_set_num_threads(1);
 }
 
@@ -194,7 +196,7 @@ void ag_blas_init(void) {
 
 bool ag_blas_prefers_tiles(void) {
     ag_blas_init();
-    return blas_core.products[0] == 'A';
+    return prefer_tiles;
 }
 
 ag_blas_core ag_get_blas_core(void) {

@@ -3,17 +3,15 @@
 // GotoBLAS's blocking with an 8 x 48 kernel: op(A) packed in panels of 8 rows and op(B) in panels
 // of 48 columns, both k-major, so that each step of k is 3 vector loads of B, 8 broadcasts of A
 // and 24 FMAs into 24 accumulators that stay in registers. A B panel (KC x 48, 36 KB) stays in
-// L1 while the A panels of its block stream from L2. The pool splits C into strips: along N
-// when N >= M (each strip packs its columns of op(B) once and the whole of op(A) again), else
-// along M (its rows of op(A) once, the whole of op(B) again).
-// OpenBLAS does the same on its own kernels; these run whatever kernels OpenBLAS picked for the
-// CPU model (OPENBLAS_CORETYPE included), on the pool's threads, with packing by 16 x 16
-// transposes rather than element by element.
+// L1 while the A panels of its block stream from L2. The pool splits C into strips along its
+// longer side; each strip packs its own part of one operand, and the other, which every strip
+// reads, is packed once by all threads beforehand. A product far deeper than it is wide is split
+// along K instead. Packing is by 16 x 16 transposes in registers. ag_sgemm runs these where the
+// kernels OpenBLAS picked (by CPU model, or OPENBLAS_CORETYPE) are not AVX-512 ones.
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
-
-#include <pthread.h>
 
 #include "ag_internal.h"
 
@@ -238,6 +236,25 @@ static void share_part(void *p, int64_t lo, int64_t hi, int thread) {
     }
 }
 
+// Without a workspace (a thread's could not be mapped): one element at a time.
+static void naive_region(const tiles *g, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    for (int64_t i = m0; i < m1; i++)
+        for (int64_t j = n0; j < n1; j++) {
+            float s = 0.0f, *c = g->C + i * g->ldc + j;
+            for (int64_t k = 0; k < g->K; k++)
+                s += (g->ta ? g->A[k * g->lda + i] : g->A[i * g->lda + k]) *
+                     (g->tb ? g->B[j * g->ldb + k] : g->B[k * g->ldb + j]);
+            *c = g->beta != 0.0f ? g->alpha * s + g->beta * *c : g->alpha * s;
+        }
+}
+
+static void region_or_naive(const tiles *g, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float *ws) {
+    if (ws)
+        region(g, m0, m1, n0, n1, ws);
+    else
+        naive_region(g, m0, m1, n0, n1);
+}
+
 static void strip_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const tiles *g = p;
@@ -245,16 +262,17 @@ static void strip_part(void *p, int64_t lo, int64_t hi, int thread) {
     for (int64_t s = lo; s < hi; s++) {
         int64_t a = s * g->strip;
         if (g->by_cols)
-            region(g, 0, g->M, a, g->N - a < g->strip ? g->N : a + g->strip, ws);
+            region_or_naive(g, 0, g->M, a, g->N - a < g->strip ? g->N : a + g->strip, ws);
         else
-            region(g, a, g->M - a < g->strip ? g->M : a + g->strip, 0, g->N, ws);
+            region_or_naive(g, a, g->M - a < g->strip ? g->M : a + g->strip, 0, g->N, ws);
     }
 }
 
 // Strips along C's longer side: as wide as a block, narrower (in whole panels) when that leaves
-// fewer than 4 a thread, so that a thread that loses its core leaves work for the others.
+// fewer than 4 a thread, so that a thread that loses its core leaves work for the others (one
+// thread alone takes them as wide as a block: each strip reads the other operand again).
 static int64_t strip_size(int64_t side, int64_t block, int64_t panel) {
-    int64_t want = 4 * (int64_t)ag_num_threads(), s = (side + want - 1) / want;
+    int64_t threads = ag_num_threads(), want = threads > 1 ? 4 * threads : 1, s = (side + want - 1) / want;
     s = (s + panel - 1) / panel * panel;
     return s > block ? block : s < panel ? panel : s;
 }
@@ -312,7 +330,7 @@ AG_AVX512 static void deep_part(void *p, int64_t lo, int64_t hi, int thread) {
         if (q > 0) g.C = d->parts + (q - 1) * g.M * g.N, g.ldc = g.N, g.beta = 0.0f;
         g.by_cols = true;
         for (int64_t n0 = 0; n0 < g.N; n0 += STRIP_COLS)
-            region(&g, 0, g.M, n0, g.N - n0 < STRIP_COLS ? g.N : n0 + STRIP_COLS, ws);
+            region_or_naive(&g, 0, g.M, n0, g.N - n0 < STRIP_COLS ? g.N : n0 + STRIP_COLS, ws);
     }
 }
 
@@ -336,8 +354,9 @@ AG_AVX512 static void sum_part(void *p, int64_t lo, int64_t hi, int thread) {
 }
 
 static bool deep_product(const tiles *g) {
+    // One thread takes strips as wide as a block, reading the deep operand once: nothing to split for.
     int64_t nparts = 2 * (int64_t)ag_num_threads();
-    if (nparts < 2 || g->K < 8 * (g->M > g->N ? g->M : g->N)) return false;
+    if (nparts < 4 || g->K < 8 * (g->M > g->N ? g->M : g->N)) return false;
     float *parts = big_take((size_t)(nparts - 1) * (size_t)(g->M * g->N) * sizeof(float));
     if (!parts) return false;
     deep d = {g, (g->K + nparts * KC - 1) / (nparts * KC) * KC, parts};
