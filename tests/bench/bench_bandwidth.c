@@ -9,7 +9,7 @@
 //   fma_gflops: the peak float32 multiply-add rate of all threads (AVX-512 where the CPU has
 //   it, else AVX2, else 0), in GFLOP/s (one multiply-add = 2 flops): the compute floor of the
 //   matrix products, which at 25 tokens can cost more than their memory traffic;
-//   blas_core: the kernels OpenBLAS runs membill's float32 products with (ag_get_blas_core);
+//   blas_core: the kernels OpenBLAS runs float32 products with (ag_get_blas_core);
 //   blas_core_by: who chose them ("OpenBLAS", "OPENBLAS_CORETYPE" or "CPU features");
 //   blas_core_forced: true when OPENBLAS_CORETYPE named them;
 //   products: what runs the large float32 products, "OpenBLAS" or "AVX-512 tiles" (membill's own,
