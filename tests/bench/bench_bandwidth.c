@@ -6,6 +6,11 @@
 //   read_gbs: bytes read per second (a sum over one buffer, in 64-byte loads on AVX-512 CPUs);
 //   copy_gbs: bytes moved per second, reads plus writes, by memcpy between two buffers;
 //   write_gbs: bytes written per second by memset;
+//   update_gbs: bytes moved per second, reads plus writes, by the optimizer's pattern: four
+//   buffers read, three of them written back in place (Adam's w, g, m, v and w, m, v). Where
+//   the memory system reads and writes at once (one link each way, as on AMD's chiplets) this
+//   moves more bytes a second than a copy, and a floor taken at the copy rate alone is one the
+//   optimizer beats;
 //   fma_gflops: the peak float32 multiply-add rate of all threads (AVX-512 where the CPU has
 //   it, else AVX2, else 0), in GFLOP/s (one multiply-add = 2 flops): the compute floor of the
 //   matrix products, which at 25 tokens can cost more than their memory traffic;
@@ -66,12 +71,39 @@ typedef struct {
     float *dst;
     const float *src;
     size_t n;
-    int op, threads, value; // op: 0 read, 1 copy, 2 write, 3 multiply-adds
+    int op, threads, value; // op: 0 read, 1 copy, 2 write, 3 multiply-adds, 4 update in place
     long fma_n;
+    float *state[3]; // op 4: the buffers written back
     float sums[256];
 } pass_args;
 
 static float fma_chains(long n);
+
+// u[0..2] = u[0..2] / 2 + g: three streams read and written back, one read only.
+static void update_portable(float *const u[3], const float *g, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        for (int j = 0; j < 3; j++) u[j][i] = 0.5f * u[j][i] + g[i];
+}
+
+// 64-byte loads and stores, as the optimizer's kernel streams its state.
+__attribute__((target("avx512f"))) static void update_avx512(float *const u[3], const float *g, size_t n) {
+    const __m512 h = _mm512_set1_ps(0.5f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 gi = _mm512_loadu_ps(g + i);
+        for (int j = 0; j < 3; j++) _mm512_storeu_ps(u[j] + i, _mm512_fmadd_ps(h, _mm512_loadu_ps(u[j] + i), gi));
+    }
+    float *rest[3] = {u[0] + i, u[1] + i, u[2] + i};
+    update_portable(rest, g + i, n - i);
+}
+
+static void update_range(float *const u[3], const float *g, size_t n) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f"))
+        update_avx512(u, g, n);
+    else
+        update_portable(u, g, n);
+}
 
 static void pass_part(void *p, int64_t lo, int64_t hi, int thread) {
     pass_args *a = p;
@@ -81,6 +113,10 @@ static void pass_part(void *p, int64_t lo, int64_t hi, int thread) {
         if (a->op == 1) memcpy(a->dst + b, a->src + b, (e - b) * sizeof(float));
         if (a->op == 2) memset(a->dst + b, a->value, (e - b) * sizeof(float));
         if (a->op == 3) a->sums[thread] += fma_chains(a->fma_n);
+        if (a->op == 4) {
+            float *u[3] = {a->state[0] + b, a->state[1] + b, a->state[2] + b};
+            update_range(u, a->src + b, e - b);
+        }
     }
 }
 
@@ -151,25 +187,32 @@ int main(int argc, char **argv) {
     }
     ag_set_num_threads(threads);
     const size_t bytes = (size_t)want / 256 * 256, n = bytes / sizeof(float);
+    // a and b for the read, copy and write probes; b, c and d are the update's state.
     float *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes);
-    if (!a || !b) {
-        fprintf(stderr, "bench_bandwidth: cannot allocate 2 x %zu bytes\n", bytes);
-        free(a);
-        free(b);
+    float *c = aligned_alloc(64, bytes), *d = aligned_alloc(64, bytes);
+    if (!a || !b || !c || !d) {
+        fprintf(stderr, "bench_bandwidth: cannot allocate 4 x %zu bytes\n", bytes);
+        free(a), free(b), free(c), free(d);
         return 1;
     }
     // Touch every page first: the passes time memory, not page faults.
     pass_args w = {.dst = a, .n = n, .op = 2, .threads = threads}, rd = {.src = a, .n = n, .threads = threads};
     pass_args cp = {.dst = b, .src = a, .n = n, .op = 1, .threads = threads};
+    pass_args up = {.src = a, .n = n, .op = 4, .threads = threads, .state = {b, c, d}};
     float sink = 0;
     run_pass(&w, &sink);
+    for (int i = 0; i < 3; i++) {
+        w.dst = up.state[i];
+        run_pass(&w, &sink);
+    }
     w.dst = b;
-    run_pass(&w, &sink);
     for (size_t i = 0; i < n; i += 1024) a[i] = (float)((i >> 10) & 7);
-    double best_read = 1e30, best_copy = 1e30, best_write = 1e30;
+    double best_read = 1e30, best_copy = 1e30, best_write = 1e30, best_update = 1e30;
     for (int r = 0; r < reps; r++) {
         double t = run_pass(&cp, &sink);
         best_copy = t < best_copy ? t : best_copy;
+        t = run_pass(&up, &sink);
+        best_update = t < best_update ? t : best_update;
         w.value = r & 1;
         t = run_pass(&w, &sink);
         best_write = t < best_write ? t : best_write;
@@ -183,12 +226,13 @@ int main(int argc, char **argv) {
     double gb = (double)bytes / 1e9, gflops = fma_gflops(threads, reps, &sink);
     // Which sgemm kernels membill's products run, and who chose them.
     ag_blas_core core = ag_get_blas_core();
-    printf("{\"bytes\": %zu, \"threads\": %d, \"reps\": %d, \"read_gbs\": %.3f, "
-           "\"copy_gbs\": %.3f, \"write_gbs\": %.3f, \"fma_gflops\": %.1f, \"blas_core\": \"%s\", "
-           "\"blas_core_forced\": %s, \"blas_core_by\": \"%s\", \"products\": \"%s\", \"checksum\": %g}\n",
-           bytes, threads, reps, gb / best_read, 2.0 * gb / best_copy, gb / best_write, gflops, core.core,
-           strcmp(core.chosen_by, "OPENBLAS_CORETYPE") ? "false" : "true", core.chosen_by, core.products, (double)sink);
-    free(a);
-    free(b);
+    printf(
+        "{\"bytes\": %zu, \"threads\": %d, \"reps\": %d, \"read_gbs\": %.3f, "
+        "\"copy_gbs\": %.3f, \"write_gbs\": %.3f, \"update_gbs\": %.3f, \"fma_gflops\": %.1f, \"blas_core\": \"%s\", "
+        "\"blas_core_forced\": %s, \"blas_core_by\": \"%s\", \"products\": \"%s\", \"checksum\": %g}\n",
+        bytes, threads, reps, gb / best_read, 2.0 * gb / best_copy, gb / best_write, 7.0 * gb / best_update, gflops,
+        core.core, strcmp(core.chosen_by, "OPENBLAS_CORETYPE") ? "false" : "true", core.chosen_by, core.products,
+        (double)sink);
+    free(a), free(b), free(c), free(d);
     return 0;
 }
