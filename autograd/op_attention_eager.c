@@ -42,15 +42,65 @@ static ag_buf q_head(const ag_tensor *q, bool copied, const ag_att_dims *a, int6
                   : ag_buf_at(ag_buf_of(q), (b * a->Tq * a->Hq + h) * a->D);
 }
 
+// The products skip what the causal mask hides: they run over blocks of query rows, each only
+// as far as the keys its last row sees (rows [r0, r1) see keys below keys_end(a, r1)), and over
+// blocks of keys, each from the first query that sees it. The hidden scores are never read: the
+// mask overwrites them, the probabilities there are 0, and the softmax backward writes 0 there.
+// Only float32 products are split: a 16-bit or mixed one keeps its whole size, and so the
+// workspace it widens or packs into.
+enum { CAUSAL_BLOCK = 256 };
+
+static int64_t keys_end(const ag_att_dims *a, int64_t r1) {
+    return r1 + a->Tk - a->Tq < a->Tk ? r1 + a->Tk - a->Tq : a->Tk;
+}
+
+// The first query row that sees key j.
+static int64_t first_query(const ag_att_dims *a, int64_t j) { return j > a->Tk - a->Tq ? j - (a->Tk - a->Tq) : 0; }
+
+static int64_t causal_block(int64_t whole, ag_buf x, ag_buf y, ag_buf z) {
+    return x.t == AG_F32 && y.t == AG_F32 && z.t == AG_F32 ? CAUSAL_BLOCK : whole;
+}
+
+// S[Tq, Tk] = Q Kᵀ of one head, up to the keys each block of rows sees.
+static bool scores_head(ag_buf S, ag_buf qh, int64_t ldq, ag_buf kh, const ag_att_dims *a) {
+    bool ok = true;
+    for (int64_t r0 = 0, step = causal_block(a->Tq, qh, kh, S); r0 < a->Tq && ok; r0 += step) {
+        int64_t r1 = r0 + step < a->Tq ? r0 + step : a->Tq;
+        ok = ag_gemm_buf(CblasNoTrans, CblasTrans, r1 - r0, keys_end(a, r1), a->D, 1.0f, ag_buf_at(qh, r0 * ldq), ldq,
+                         kh, a->D, 0.0f, ag_buf_at(S, r0 * a->Tk), a->Tk);
+    }
+    return ok;
+}
+
+// C[rows, D] (beta: += or =) = P[rows, Tk] X[Tk, D] of one head, each block of rows over the keys it sees.
+static bool rows_times(ag_buf C, int64_t ldc, float beta, ag_buf P, ag_buf X, const ag_att_dims *a) {
+    bool ok = true;
+    for (int64_t r0 = 0, step = causal_block(a->Tq, P, X, C); r0 < a->Tq && ok; r0 += step) {
+        int64_t r1 = r0 + step < a->Tq ? r0 + step : a->Tq;
+        ok = ag_gemm_buf(CblasNoTrans, CblasNoTrans, r1 - r0, a->D, keys_end(a, r1), 1.0f, ag_buf_at(P, r0 * a->Tk),
+                         a->Tk, X, a->D, beta, ag_buf_at(C, r0 * ldc), ldc);
+    }
+    return ok;
+}
+
+// C[Tk, D] = P[Tq, Tk]ᵀ Y[Tq, D] of one head, each block of keys from the first query that sees it.
+static bool keys_times(ag_buf C, ag_buf P, ag_buf Y, int64_t ldy, const ag_att_dims *a) {
+    bool ok = true;
+    for (int64_t j0 = 0, step = causal_block(a->Tk, P, Y, C); j0 < a->Tk && ok; j0 += step) {
+        int64_t j1 = j0 + step < a->Tk ? j0 + step : a->Tk, r = first_query(a, j0);
+        ok = ag_gemm_buf(CblasTrans, CblasNoTrans, j1 - j0, a->D, a->Tq - r, 1.0f, ag_buf_at(P, r * a->Tk + j0), a->Tk,
+                         ag_buf_at(Y, r * ldy), ldy, 0.0f, ag_buf_at(C, j0 * a->D), a->D);
+    }
+    return ok;
+}
+
 static bool scores(ag_buf S, const ag_tensor *q, bool copied, ag_buf krep, const ag_att_dims *a) {
     bool ok = true;
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++) {
             int64_t ldq;
             ag_buf qh = q_head(q, copied, a, b, h, &ldq);
-            ok = ok &&
-                 ag_gemm_buf(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, qh, ldq,
-                             BH(krep, b, h, a->Hq, a->Tk, a->D), a->D, 0.0f, BH(S, b, h, a->Hq, a->Tq, a->Tk), a->Tk);
+            ok = ok && scores_head(BH(S, b, h, a->Hq, a->Tq, a->Tk), qh, ldq, BH(krep, b, h, a->Hq, a->Tk, a->D), a);
         }
     return ok;
 }
@@ -70,18 +120,22 @@ static void rows_part(void *arg, int64_t lo, int64_t hi, int thread) {
     const int64_t n = x->a->Tk, Tq = x->a->Tq;
     float ob[n], ib[n], pb[n];
     for (int64_t r = lo; r < hi; r++) {
+        // The keys this query sees end at seen; the products left the scores past it unwritten.
+        const int64_t seen = r % Tq + n - Tq + 1;
         float *o = ag_wr(x->out, r * n, ob);
         const float *in = ag_rd(x->in, r * n, n, ib), *P = x->p.p ? ag_rd(x->p, r * n, n, pb) : NULL;
-        if (x->kind == ROWS_SCALE) {
-            for (int64_t j = 0; j < n; j++) o[j] = in[j] * x->sc;
+        if (x->kind == ROWS_SCALE) { // the hidden scores become 0 (the mask overwrites them)
+            for (int64_t j = 0; j < n; j++) o[j] = j < seen ? in[j] * x->sc : 0.0f;
         } else if (x->kind == ROWS_MASK) { // scaled + the causal mask: -inf where a query may not
             // look (later keys, and keys the sliding window leaves behind)
-            int64_t seen = r % Tq + n - Tq + 1, first = ag_window_first(seen - 1, x->a->window);
+            int64_t first = ag_window_first(seen - 1, x->a->window);
             for (int64_t j = 0; j < n; j++) o[j] = j < seen && j >= first ? in[j] : -INFINITY;
-        } else { // SoftmaxBackward, then MulBackward (the scaling), each rounded as its own op
-            ag_softmax_backward_row(o, in, P, n);
+        } else { // SoftmaxBackward, then MulBackward (the scaling), each rounded as its own op;
+            // 0 past seen, where the probabilities are 0
+            ag_softmax_backward_row(o, in, P, seen);
+            for (int64_t j = seen; j < n; j++) o[j] = 0.0f;
             if (x->sc != 1.0f)
-                for (int64_t j = 0; j < n; j++) o[j] *= x->sc;
+                for (int64_t j = 0; j < seen; j++) o[j] *= x->sc;
         }
         ag_wr_end(x->out, r * n, n, o);
     }
@@ -94,26 +148,30 @@ static void rows_pass(rows_args x) {
 
 typedef struct {
     ag_buf p, m;
-    int64_t n;
+    int64_t n, Tq;
 } softmax_args;
 
+// Past the keys a query sees the masked scores are -inf and their probabilities exactly 0.
 static void softmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const softmax_args *s = arg;
     const int64_t n = s->n;
     float xb[n], yb[n];
     for (int64_t r = lo; r < hi; r++) {
+        const int64_t seen = r % s->Tq + n - s->Tq + 1;
         const float *x = ag_rd(s->m, r * n, n, xb);
         float *y = ag_wr(s->p, r * n, yb), mx = x[0];
-        for (int64_t j = 1; j < n; j++) mx = x[j] > mx ? x[j] : mx;
-        float inv = (float)(1.0 / ag_softmax_exp(y, x, n, mx, NULL));
-        for (int64_t j = 0; j < n; j++) y[j] *= inv;
+        for (int64_t j = 1; j < seen; j++) mx = x[j] > mx ? x[j] : mx;
+        float inv = (float)(1.0 / ag_softmax_exp(y, x, seen, mx, NULL));
+        for (int64_t j = 0; j < seen; j++) y[j] *= inv;
+        for (int64_t j = seen; j < n; j++) y[j] = 0.0f;
         ag_wr_end(s->p, r * n, n, y);
     }
 }
 
-static void softmax_rows(ag_buf p, ag_buf m, int64_t rows, int64_t n) {
-    ag_parallel_for(rows, AG_PAR_GRAIN_EXP / n + 1, softmax_part, &(softmax_args){p, m, n});
+static void softmax_rows(ag_buf p, ag_buf m, const ag_att_dims *a) {
+    ag_parallel_for(a->B * a->Hq * a->Tq, AG_PAR_GRAIN_EXP / a->Tk + 1, softmax_part,
+                    &(softmax_args){p, m, a->Tk, a->Tq});
 }
 
 static ag_tensor *act_bits(ag_ctx *ctx, const char *base, const char *what, const int64_t shape[4], int bits) {
@@ -139,9 +197,8 @@ static bool context(ag_buf o, ag_buf probs, ag_buf vrep, const ag_att_dims *a) {
     bool ok = true;
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
-            ok = ok && ag_gemm_buf(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f,
-                                   BH(probs, b, h, a->Hq, a->Tq, a->Tk), a->Tk, BH(vrep, b, h, a->Hq, a->Tk, a->D),
-                                   a->D, 0.0f, BH(o, b, h, a->Hq, a->Tq, a->D), a->D);
+            ok = ok && rows_times(BH(o, b, h, a->Hq, a->Tq, a->D), a->D, 0.0f, BH(probs, b, h, a->Hq, a->Tq, a->Tk),
+                                  BH(vrep, b, h, a->Hq, a->Tk, a->D), a);
     return ok;
 }
 
@@ -182,8 +239,7 @@ static ag_tensor *eager_probs(ag_ctx *ctx, const char *base, const ag_tensor *qk
     ag_tensor *wide = mbits < 32 ? act_bits(ctx, base, "scores_float", sh, 32) : NULL;
     ag_tensor *probs = act_bits(ctx, base, "probs", sh, 32);
     if (wide && !meta) ag_vec_copy(ag_buf_of(wide), ag_buf_of(masked), masked->numel);
-    if (masked && probs && !meta)
-        softmax_rows(ag_buf_of(probs), ag_buf_of(wide ? wide : masked), a->B * a->Hq * a->Tq, a->Tk);
+    if (masked && probs && !meta) softmax_rows(ag_buf_of(probs), ag_buf_of(wide ? wide : masked), a);
     SWAP_FREE(wide);
     SWAP_FREE(masked);
     return ctx->status == AG_OK ? probs : (ag_release(probs), NULL);
@@ -251,11 +307,9 @@ static bool bmm_backward(const ag_attention_state *st, ag_buf dout, ag_buf dP, a
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++) {
             ag_buf dO = ag_buf_at(dout, (b * a->Tq * a->Hq + h) * a->D), P = BH(probs, b, h, a->Hq, a->Tq, a->Tk);
-            ok = ok && ag_gemm_buf(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, P, a->Tk, dO, ldo, 0.0f,
-                                   BH(dV, b, h, a->Hq, a->Tk, a->D), a->D);
-            ok = ok && ag_gemm_buf(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldo,
-                                   BH(ag_buf_of(st->v_rep), b, h, a->Hq, a->Tk, a->D), a->D, 0.0f,
-                                   BH(dP, b, h, a->Hq, a->Tq, a->Tk), a->Tk);
+            ok = ok && keys_times(BH(dV, b, h, a->Hq, a->Tk, a->D), P, dO, ldo, a);
+            ok = ok && scores_head(BH(dP, b, h, a->Hq, a->Tq, a->Tk), dO, ldo,
+                                   BH(ag_buf_of(st->v_rep), b, h, a->Hq, a->Tk, a->D), a);
         }
     return ok;
 }
@@ -272,12 +326,9 @@ static bool scores_backward(const ag_attention_state *st, ag_buf dS, const ag_gr
             ag_buf qh = q_head(st->q, copied, a, b, h, &ldq);
             if (dq->needed)
                 ok =
-                    ok && ag_gemm_buf(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, S, a->Tk,
-                                      BH(ag_buf_of(st->k_rep), b, h, a->Hq, a->Tk, a->D), a->D, dq->fresh ? 0.0f : 1.0f,
-                                      ag_buf_at(ag_dst_buf(dq), (b * a->Tq * a->Hq + h) * a->D), ldo);
-            if (dK.p)
-                ok = ok && ag_gemm_buf(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, S, a->Tk, qh, ldq, 0.0f,
-                                       BH(dK, b, h, a->Hq, a->Tk, a->D), a->D);
+                    ok && rows_times(ag_buf_at(ag_dst_buf(dq), (b * a->Tq * a->Hq + h) * a->D), ldo,
+                                     dq->fresh ? 0.0f : 1.0f, S, BH(ag_buf_of(st->k_rep), b, h, a->Hq, a->Tk, a->D), a);
+            if (dK.p) ok = ok && keys_times(BH(dK, b, h, a->Hq, a->Tk, a->D), S, qh, ldq, a);
         }
     return ok;
 }

@@ -107,6 +107,37 @@ static void rope_cs_backward(ag_ctx *ctx, ag_node *n, const void *dy) {
 
 static const ag_op rope_cs_op = {.name = "rope", .backward = rope_cs_backward, .nsaved = AG_NSAVED(rope_cs)};
 
+// The two passes of the forward's products, over rows of hd elements (one head of one token),
+// split over the pool: pass 0 makes x_cos, neg_x2 and rotated; pass 1 rotated_sin.
+typedef struct {
+    ag_buf x, cs, sn, xc, neg, rot, rs;
+    int64_t T, width;
+    int hd, pass;
+} products_args;
+
+static void products_part(void *p, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const products_args *a = p;
+    const int hd = a->hd, half = hd / 2;
+    float xb[hd], cb[hd], ob[hd], gb[hd], rb[hd];
+    for (int64_t r = lo; r < hi; r++) {
+        const int64_t t = (r * hd / a->width) % a->T;
+        if (a->pass == 0) {
+            const float *xr = ag_rd(a->x, r * hd, hd, xb), *c = ag_rd(a->cs, t * hd, hd, cb);
+            float *o = ag_wr(a->xc, r * hd, ob), *ng = ag_wr(a->neg, r * half, gb), *rt = ag_wr(a->rot, r * hd, rb);
+            for (int i = 0; i < hd; i++) o[i] = xr[i] * c[i];
+            for (int i = 0; i < half; i++) ng[i] = -xr[half + i];
+            for (int i = 0; i < half; i++) rt[i] = ng[i], rt[half + i] = xr[i];
+            ag_wr_end(a->xc, r * hd, hd, o), ag_wr_end(a->neg, r * half, half, ng), ag_wr_end(a->rot, r * hd, hd, rt);
+        } else {
+            const float *s = ag_rd(a->sn, t * hd, hd, cb), *rt = ag_rd(a->rot, r * hd, hd, rb);
+            float *o = ag_wr(a->rs, r * hd, ob);
+            for (int i = 0; i < hd; i++) o[i] = rt[i] * s[i];
+            ag_wr_end(a->rs, r * hd, hd, o);
+        }
+    }
+}
+
 // The forward as HF writes it, each product a tensor of its own: xc = x * cos, neg = -x2,
 // rot = cat(neg, x1) (neg freed), rs = rot * sin (rot freed); the caller then makes y = xc + rs
 // and frees xc and rs.
@@ -116,8 +147,7 @@ static bool rope_cs_products(ag_ctx *ctx, const char *base, const ag_tensor *x, 
     // Type promotion: a 16-bit q times float32 cos is float32 (autocast); the rotation keeps x's.
     size_t n = (size_t)x->numel, bytes = n * (size_t)ag_max_bits(x->bits, cs->bits) / 8,
            xbytes = n * (size_t)x->bits / 8;
-    int64_t rows = x->numel / hd, T = x->shape[1], width = x->shape[2];
-    int half = hd / 2;
+    const int64_t rows = x->numel / hd, grain = AG_PAR_GRAIN / (4 * hd) + 1;
     char l[4][AG_LABEL_MAX];
     ag_label(l[0], base, "x_cos");
     ag_label(l[1], base, "neg_x2");
@@ -127,28 +157,20 @@ static bool rope_cs_products(ag_ctx *ctx, const char *base, const ag_tensor *x, 
               ag_alloc_exact(ctx, &neg, xbytes / 2, MP_ACTIVATION, l[1]) &&
               ag_alloc_exact(ctx, &rot, xbytes, MP_ACTIVATION, l[2]);
     const ag_dtype pt = ag_dtype_of_bits(ag_max_bits(x->bits, cs->bits), ctx->dtype.fp16);
-    ag_buf X = ag_buf_of(x), C = ag_buf_of(cs), S = ag_buf_of(sn), XC = {xc->data, pt}, NG = {neg.data, x->dtype},
-           RT = {rot.data, x->dtype};
-    float xb[hd], cb[hd], ob[hd], gb[hd], rb[hd];
-    if (ok && !mp_is_meta())
-        for (int64_t r = 0; r < rows; r++) { // r: one (row, head) of hd elements
-            const float *xr = ag_rd(X, r * hd, hd, xb), *c = ag_rd(C, ((r * hd / width) % T) * hd, hd, cb);
-            float *o = ag_wr(XC, r * hd, ob), *ng = ag_wr(NG, r * half, gb), *rt = ag_wr(RT, r * hd, rb);
-            for (int i = 0; i < hd; i++) o[i] = xr[i] * c[i];
-            for (int i = 0; i < half; i++) ng[i] = -xr[half + i];
-            for (int i = 0; i < half; i++) rt[i] = ng[i], rt[half + i] = xr[i];
-            ag_wr_end(XC, r * hd, hd, o), ag_wr_end(NG, r * half, half, ng), ag_wr_end(RT, r * hd, hd, rt);
-        }
+    products_args a = {.x = ag_buf_of(x),
+                       .cs = ag_buf_of(cs),
+                       .sn = ag_buf_of(sn),
+                       .xc = {xc->data, pt},
+                       .neg = {neg.data, x->dtype},
+                       .rot = {rot.data, x->dtype},
+                       .T = x->shape[1],
+                       .width = x->shape[2],
+                       .hd = hd};
+    if (ok && !mp_is_meta()) ag_parallel_for(rows, grain, products_part, &a);
     mp_free(&neg);
     ok = ok && ag_alloc_exact(ctx, rs, bytes, MP_ACTIVATION, l[3]);
-    ag_buf RS = {rs->data, pt};
-    if (ok && !mp_is_meta())
-        for (int64_t r = 0; r < rows; r++) {
-            const float *s = ag_rd(S, ((r * hd / width) % T) * hd, hd, cb), *rt = ag_rd(RT, r * hd, hd, rb);
-            float *o = ag_wr(RS, r * hd, ob);
-            for (int i = 0; i < hd; i++) o[i] = rt[i] * s[i];
-            ag_wr_end(RS, r * hd, hd, o);
-        }
+    a.rs = (ag_buf){rs->data, pt}, a.pass = 1;
+    if (ok && !mp_is_meta()) ag_parallel_for(rows, grain, products_part, &a);
     mp_free(&rot);
     if (!ok) mp_free(xc), mp_free(rs);
     return ok;

@@ -1,7 +1,7 @@
 // Flash attention (op_attention_flash.c) against the eager op: the output and every gradient
 // within 1e-5 relative on causal GQA (1, 2 and 3 query heads per key-value head, batch 2, odd
-// lengths, lengths past one tile, fewer queries than keys), with the AVX-512 loops and the
-// portable ones; finite differences on a tiny case; what it saves and allocates (q + k + v + out
+// lengths, lengths past one tile and past eager's causal blocks, fewer queries than keys), with the AVX-512 loops and
+// the portable ones; finite differences on a tiny case; what it saves and allocates (q + k + v + out
 // + lse, never a T x T block), meta against real to the byte, the sdpa path under PYTORCH
 // semantics, and the cached attention's FLASH path against its eager one.
 #include <math.h>
@@ -54,6 +54,9 @@ static const att_case CASES[] = {
     {1, 67, 200, 4, 2, 32},   // Tq < Tk over several key tiles
     {2, 129, 129, 9, 3, 20},  // SmolLM2's groups, a head size that is not a multiple of 16
     {1, 257, 257, 2, 1, 130}, // a head wider than one panel of 64
+    // Eager's products run in causal blocks of 256 rows and keys (PYTORCH semantics):
+    {2, 520, 520, 3, 1, 8},  // three blocks, the last one short
+    {1, 300, 700, 2, 1, 16}, // fewer queries than keys: blocks of keys that every query sees
 };
 
 static void matches_eager(ag_framework f) {
