@@ -121,7 +121,7 @@ static void rows_part(void *arg, int64_t lo, int64_t hi, int thread) {
     float ob[n], ib[n], pb[n];
     for (int64_t r = lo; r < hi; r++) {
         // The keys this query sees end at seen; the products left the scores past it unwritten.
-        const int64_t seen = r % Tq + n - Tq + 1;
+        const int64_t seen = keys_end(x->a, r % Tq + 1);
         float *o = ag_wr(x->out, r * n, ob);
         const float *in = ag_rd(x->in, r * n, n, ib), *P = x->p.p ? ag_rd(x->p, r * n, n, pb) : NULL;
         if (x->kind == ROWS_SCALE) { // the hidden scores become 0 (the mask overwrites them)
@@ -148,17 +148,17 @@ static void rows_pass(rows_args x) {
 
 typedef struct {
     ag_buf p, m;
-    int64_t n, Tq;
+    const ag_att_dims *a;
 } softmax_args;
 
 // Past the keys a query sees the masked scores are -inf and their probabilities exactly 0.
 static void softmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const softmax_args *s = arg;
-    const int64_t n = s->n;
+    const int64_t n = s->a->Tk;
     float xb[n], yb[n];
     for (int64_t r = lo; r < hi; r++) {
-        const int64_t seen = r % s->Tq + n - s->Tq + 1;
+        const int64_t seen = keys_end(s->a, r % s->a->Tq + 1);
         const float *x = ag_rd(s->m, r * n, n, xb);
         float *y = ag_wr(s->p, r * n, yb), mx = x[0];
         for (int64_t j = 1; j < seen; j++) mx = x[j] > mx ? x[j] : mx;
@@ -170,8 +170,7 @@ static void softmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
 }
 
 static void softmax_rows(ag_buf p, ag_buf m, const ag_att_dims *a) {
-    ag_parallel_for(a->B * a->Hq * a->Tq, AG_PAR_GRAIN_EXP / a->Tk + 1, softmax_part,
-                    &(softmax_args){p, m, a->Tk, a->Tq});
+    ag_parallel_for(a->B * a->Hq * a->Tq, AG_PAR_GRAIN_EXP / a->Tk + 1, softmax_part, &(softmax_args){p, m, a});
 }
 
 static ag_tensor *act_bits(ag_ctx *ctx, const char *base, const char *what, const int64_t shape[4], int bits) {
