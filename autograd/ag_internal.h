@@ -378,6 +378,22 @@ static inline int64_t ag_window_first(int64_t p, int64_t window) {
     return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
 }
 
+// How many keys query row i (of Tq, at position i + Tk - Tq) sees: keys 0 .. that - 1.
+static inline int64_t ag_keys_seen(const ag_att_dims *a, int64_t i) { return i + a->Tk - a->Tq + 1; }
+
+// attention_causal.c: one head's products, skipping what the causal mask hides (float32 ones in
+// blocks of AG_CAUSAL_BLOCK query rows or keys; 16-bit and mixed ones whole). P[Tq, Tk] and
+// S[Tq, Tk] are contiguous; P must be 0 where the mask hides it.
+#define AG_CAUSAL_BLOCK 256
+// S = alpha Q Kᵀ where a query sees the key; the rest of S is left unwritten.
+bool ag_causal_scores(const ag_att_dims *a, float alpha, ag_buf q, int64_t ldq, ag_buf k, int64_t ldk, ag_buf s);
+// C[Tq, D] = alpha P V + beta C
+bool ag_causal_rows(const ag_att_dims *a, float alpha, ag_buf p, ag_buf v, int64_t ldv, float beta, ag_buf c,
+                    int64_t ldc);
+// C[Tk, D] = alpha Pᵀ Y + beta C, Y [Tq, D]
+bool ag_causal_keys(const ag_att_dims *a, float alpha, ag_buf p, ag_buf y, int64_t ldy, float beta, ag_buf c,
+                    int64_t ldc);
+
 // op_attention.c: the shape checks of ag_attention (false with the error set).
 bool ag_attention_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, const ag_tensor *k, const ag_tensor *v,
                          int Hq, int Hkv, int D);

@@ -11,7 +11,6 @@
 #define QH(base, a, b, h) ag_buf_at(base, ((b) * (a).Tq * (a).Hq + (h)) * (a).D)
 #define KH(base, a, b, g) ag_buf_at(base, ((b) * (a).Tk * (a).Hkv + (g)) * (a).D)
 #define PH(base, a, b, h) ag_buf_at(base, ((b) * (a).Hq + (h)) * (a).Tq * (a).Tk)
-#define GEMM(...) ok = ok && ag_gemm_buf(__VA_ARGS__)
 
 // In place over one row of scores (query i): causal softmax (within the sliding window, if
 // any); masked entries become zeros.
@@ -52,30 +51,34 @@ static bool attention_forward(ag_buf o, ag_buf probs, ag_buf q, ag_buf k, ag_buf
     float scale = 1.0f / sqrtf((float)a->D);
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
-            GEMM(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, scale, QH(q, *a, b, h), ldq, KH(k, *a, b, h / rep), ldk,
-                 0.0f, PH(probs, *a, b, h), a->Tk);
+            ok =
+                ok && ag_causal_scores(a, scale, QH(q, *a, b, h), ldq, KH(k, *a, b, h / rep), ldk, PH(probs, *a, b, h));
     int64_t rows = a->B * a->Hq * a->Tq;
     if (ok) ag_parallel_for(rows, AG_PAR_GRAIN_EXP / a->Tk + 1, softmax_part, &(softmax_args){probs, a});
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
-            GEMM(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, 1.0f, PH(probs, *a, b, h), a->Tk,
-                 KH(v, *a, b, h / rep), ldk, 0.0f, QH(o, *a, b, h), ldq);
+            ok = ok &&
+                 ag_causal_rows(a, 1.0f, PH(probs, *a, b, h), KH(v, *a, b, h / rep), ldk, 0.0f, QH(o, *a, b, h), ldq);
     return ok;
 }
 
 typedef struct {
     ag_buf dp, p;
-    int64_t n;
+    const ag_att_dims *a;
 } dsoftmax_args;
 
+// Row i of one head; past the keys it sees, dP was left unwritten and dS is 0.
 static void dsoftmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const dsoftmax_args *x = arg;
-    float db[x->n], pb[x->n];
+    const int64_t n = x->a->Tk;
+    float db[n], pb[n];
     for (int64_t i = lo; i < hi; i++) {
-        float *dp = ag_rw(x->dp, i * x->n, x->n, db);
-        ag_softmax_backward_row(dp, dp, ag_rd(x->p, i * x->n, x->n, pb), x->n);
-        ag_wr_end(x->dp, i * x->n, x->n, dp);
+        const int64_t seen = ag_keys_seen(x->a, i);
+        float *dp = ag_rw(x->dp, i * n, n, db);
+        ag_softmax_backward_row(dp, dp, ag_rd(x->p, i * n, n, pb), seen);
+        for (int64_t j = seen; j < n; j++) dp[j] = 0.0f;
+        ag_wr_end(x->dp, i * n, n, dp);
     }
 }
 
@@ -142,7 +145,7 @@ void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t
 
 // In place over one head: dP -> dS = P ∘ (dP - rowsum(P ∘ dP)), the softmax backward.
 static void softmax_backward(ag_buf dp, ag_buf p, const ag_att_dims *a) {
-    ag_parallel_for(a->Tq, AG_PAR_GRAIN / a->Tk + 1, dsoftmax_part, &(dsoftmax_args){dp, p, a->Tk});
+    ag_parallel_for(a->Tq, AG_PAR_GRAIN / a->Tk + 1, dsoftmax_part, &(dsoftmax_args){dp, p, a});
 }
 
 // One (batch, head): dV += Pᵀ dO; dP = dO Vᵀ; dS; dQ = dS K / sqrt(D); dK += dSᵀ Q / sqrt(D).
@@ -156,18 +159,17 @@ static bool attention_head_backward(const ag_grad_dst *d, ag_buf dout, ag_buf dp
     ag_buf p = PH(ag_buf_of(st->probs), *a, b, h), dO = QH(dout, *a, b, h);
     bool first = h % rep == 0, ok = true;
     if (d[2].needed)
-        GEMM(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, 1.0f, p, a->Tk, dO, ldq, first && d[2].fresh ? 0.0f : 1.0f,
-             KH(ag_dst_buf(&d[2]), *a, b, g), ldk);
+        ok = ag_causal_keys(a, 1.0f, p, dO, ldq, first && d[2].fresh ? 0.0f : 1.0f, KH(ag_dst_buf(&d[2]), *a, b, g),
+                            ldk);
     if (!d[0].needed && !d[1].needed) return ok;
-    GEMM(CblasNoTrans, CblasTrans, a->Tq, a->Tk, a->D, 1.0f, dO, ldq, KH(ag_buf_of(st->v), *a, b, g), ldk, 0.0f, dp,
-         a->Tk);
-    softmax_backward(dp, p, a);
+    ok = ok && ag_causal_scores(a, 1.0f, dO, ldq, KH(ag_buf_of(st->v), *a, b, g), ldk, dp);
+    if (ok) softmax_backward(dp, p, a);
     if (d[0].needed)
-        GEMM(CblasNoTrans, CblasNoTrans, a->Tq, a->D, a->Tk, scale, dp, a->Tk, KH(ag_buf_of(st->k), *a, b, g), ldk,
-             d[0].fresh ? 0.0f : 1.0f, QH(ag_dst_buf(&d[0]), *a, b, h), ldq);
+        ok = ok && ag_causal_rows(a, scale, dp, KH(ag_buf_of(st->k), *a, b, g), ldk, d[0].fresh ? 0.0f : 1.0f,
+                                  QH(ag_dst_buf(&d[0]), *a, b, h), ldq);
     if (d[1].needed)
-        GEMM(CblasTrans, CblasNoTrans, a->Tk, a->D, a->Tq, scale, dp, a->Tk, QH(ag_buf_of(st->q), *a, b, h), ldq,
-             first && d[1].fresh ? 0.0f : 1.0f, KH(ag_dst_buf(&d[1]), *a, b, g), ldk);
+        ok = ok && ag_causal_keys(a, scale, dp, QH(ag_buf_of(st->q), *a, b, h), ldq, first && d[1].fresh ? 0.0f : 1.0f,
+                                  KH(ag_dst_buf(&d[1]), *a, b, g), ldk);
     return ok;
 }
 

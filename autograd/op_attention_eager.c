@@ -42,65 +42,17 @@ static ag_buf q_head(const ag_tensor *q, bool copied, const ag_att_dims *a, int6
                   : ag_buf_at(ag_buf_of(q), (b * a->Tq * a->Hq + h) * a->D);
 }
 
-// The products skip what the causal mask hides: they run over blocks of query rows, each only
-// as far as the keys its last row sees (rows [r0, r1) see keys below keys_end(a, r1)), and over
-// blocks of keys, each from the first query that sees it. The hidden scores are never read: the
-// mask overwrites them, the probabilities there are 0, and the softmax backward writes 0 there.
-// Only float32 products are split: a 16-bit or mixed one keeps its whole size, and so the
-// workspace it widens or packs into.
-enum { CAUSAL_BLOCK = 256 };
-
-static int64_t keys_end(const ag_att_dims *a, int64_t r1) {
-    return r1 + a->Tk - a->Tq < a->Tk ? r1 + a->Tk - a->Tq : a->Tk;
-}
-
-// The first query row that sees key j.
-static int64_t first_query(const ag_att_dims *a, int64_t j) { return j > a->Tk - a->Tq ? j - (a->Tk - a->Tq) : 0; }
-
-static int64_t causal_block(int64_t whole, ag_buf x, ag_buf y, ag_buf z) {
-    return x.t == AG_F32 && y.t == AG_F32 && z.t == AG_F32 ? CAUSAL_BLOCK : whole;
-}
-
-// S[Tq, Tk] = Q Kᵀ of one head, up to the keys each block of rows sees.
-static bool scores_head(ag_buf S, ag_buf qh, int64_t ldq, ag_buf kh, const ag_att_dims *a) {
-    bool ok = true;
-    for (int64_t r0 = 0, step = causal_block(a->Tq, qh, kh, S); r0 < a->Tq && ok; r0 += step) {
-        int64_t r1 = r0 + step < a->Tq ? r0 + step : a->Tq;
-        ok = ag_gemm_buf(CblasNoTrans, CblasTrans, r1 - r0, keys_end(a, r1), a->D, 1.0f, ag_buf_at(qh, r0 * ldq), ldq,
-                         kh, a->D, 0.0f, ag_buf_at(S, r0 * a->Tk), a->Tk);
-    }
-    return ok;
-}
-
-// C[rows, D] (beta: += or =) = P[rows, Tk] X[Tk, D] of one head, each block of rows over the keys it sees.
-static bool rows_times(ag_buf C, int64_t ldc, float beta, ag_buf P, ag_buf X, const ag_att_dims *a) {
-    bool ok = true;
-    for (int64_t r0 = 0, step = causal_block(a->Tq, P, X, C); r0 < a->Tq && ok; r0 += step) {
-        int64_t r1 = r0 + step < a->Tq ? r0 + step : a->Tq;
-        ok = ag_gemm_buf(CblasNoTrans, CblasNoTrans, r1 - r0, a->D, keys_end(a, r1), 1.0f, ag_buf_at(P, r0 * a->Tk),
-                         a->Tk, X, a->D, beta, ag_buf_at(C, r0 * ldc), ldc);
-    }
-    return ok;
-}
-
-// C[Tk, D] = P[Tq, Tk]ᵀ Y[Tq, D] of one head, each block of keys from the first query that sees it.
-static bool keys_times(ag_buf C, ag_buf P, ag_buf Y, int64_t ldy, const ag_att_dims *a) {
-    bool ok = true;
-    for (int64_t j0 = 0, step = causal_block(a->Tk, P, Y, C); j0 < a->Tk && ok; j0 += step) {
-        int64_t j1 = j0 + step < a->Tk ? j0 + step : a->Tk, r = first_query(a, j0);
-        ok = ag_gemm_buf(CblasTrans, CblasNoTrans, j1 - j0, a->D, a->Tq - r, 1.0f, ag_buf_at(P, r * a->Tk + j0), a->Tk,
-                         ag_buf_at(Y, r * ldy), ldy, 0.0f, ag_buf_at(C, j0 * a->D), a->D);
-    }
-    return ok;
-}
-
+// The products skip what the causal mask hides (attention_causal.c). The hidden scores are never
+// read: the mask overwrites them, the probabilities there are 0, and the softmax backward writes
+// 0 there.
 static bool scores(ag_buf S, const ag_tensor *q, bool copied, ag_buf krep, const ag_att_dims *a) {
     bool ok = true;
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++) {
             int64_t ldq;
             ag_buf qh = q_head(q, copied, a, b, h, &ldq);
-            ok = ok && scores_head(BH(S, b, h, a->Hq, a->Tq, a->Tk), qh, ldq, BH(krep, b, h, a->Hq, a->Tk, a->D), a);
+            ok = ok && ag_causal_scores(a, 1.0f, qh, ldq, BH(krep, b, h, a->Hq, a->Tk, a->D), a->D,
+                                        BH(S, b, h, a->Hq, a->Tq, a->Tk));
         }
     return ok;
 }
@@ -121,7 +73,7 @@ static void rows_part(void *arg, int64_t lo, int64_t hi, int thread) {
     float ob[n], ib[n], pb[n];
     for (int64_t r = lo; r < hi; r++) {
         // The keys this query sees end at seen; the products left the scores past it unwritten.
-        const int64_t seen = keys_end(x->a, r % Tq + 1);
+        const int64_t seen = ag_keys_seen(x->a, r % Tq);
         float *o = ag_wr(x->out, r * n, ob);
         const float *in = ag_rd(x->in, r * n, n, ib), *P = x->p.p ? ag_rd(x->p, r * n, n, pb) : NULL;
         if (x->kind == ROWS_SCALE) { // the hidden scores become 0 (the mask overwrites them)
@@ -158,7 +110,7 @@ static void softmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
     const int64_t n = s->a->Tk;
     float xb[n], yb[n];
     for (int64_t r = lo; r < hi; r++) {
-        const int64_t seen = keys_end(s->a, r % s->a->Tq + 1);
+        const int64_t seen = ag_keys_seen(s->a, r % s->a->Tq);
         const float *x = ag_rd(s->m, r * n, n, xb);
         float *y = ag_wr(s->p, r * n, yb), mx = x[0];
         for (int64_t j = 1; j < seen; j++) mx = x[j] > mx ? x[j] : mx;
@@ -196,8 +148,8 @@ static bool context(ag_buf o, ag_buf probs, ag_buf vrep, const ag_att_dims *a) {
     bool ok = true;
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
-            ok = ok && rows_times(BH(o, b, h, a->Hq, a->Tq, a->D), a->D, 0.0f, BH(probs, b, h, a->Hq, a->Tq, a->Tk),
-                                  BH(vrep, b, h, a->Hq, a->Tk, a->D), a);
+            ok = ok && ag_causal_rows(a, 1.0f, BH(probs, b, h, a->Hq, a->Tq, a->Tk), BH(vrep, b, h, a->Hq, a->Tk, a->D),
+                                      a->D, 0.0f, BH(o, b, h, a->Hq, a->Tq, a->D), a->D);
     return ok;
 }
 
@@ -306,9 +258,9 @@ static bool bmm_backward(const ag_attention_state *st, ag_buf dout, ag_buf dP, a
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++) {
             ag_buf dO = ag_buf_at(dout, (b * a->Tq * a->Hq + h) * a->D), P = BH(probs, b, h, a->Hq, a->Tq, a->Tk);
-            ok = ok && keys_times(BH(dV, b, h, a->Hq, a->Tk, a->D), P, dO, ldo, a);
-            ok = ok && scores_head(BH(dP, b, h, a->Hq, a->Tq, a->Tk), dO, ldo,
-                                   BH(ag_buf_of(st->v_rep), b, h, a->Hq, a->Tk, a->D), a);
+            ok = ok && ag_causal_keys(a, 1.0f, P, dO, ldo, 0.0f, BH(dV, b, h, a->Hq, a->Tk, a->D), a->D);
+            ok = ok && ag_causal_scores(a, 1.0f, dO, ldo, BH(ag_buf_of(st->v_rep), b, h, a->Hq, a->Tk, a->D), a->D,
+                                        BH(dP, b, h, a->Hq, a->Tq, a->Tk));
         }
     return ok;
 }
@@ -324,10 +276,10 @@ static bool scores_backward(const ag_attention_state *st, ag_buf dS, const ag_gr
             int64_t ldq;
             ag_buf qh = q_head(st->q, copied, a, b, h, &ldq);
             if (dq->needed)
-                ok =
-                    ok && rows_times(ag_buf_at(ag_dst_buf(dq), (b * a->Tq * a->Hq + h) * a->D), ldo,
-                                     dq->fresh ? 0.0f : 1.0f, S, BH(ag_buf_of(st->k_rep), b, h, a->Hq, a->Tk, a->D), a);
-            if (dK.p) ok = ok && keys_times(BH(dK, b, h, a->Hq, a->Tk, a->D), S, qh, ldq, a);
+                ok = ok && ag_causal_rows(a, 1.0f, S, BH(ag_buf_of(st->k_rep), b, h, a->Hq, a->Tk, a->D), a->D,
+                                          dq->fresh ? 0.0f : 1.0f,
+                                          ag_buf_at(ag_dst_buf(dq), (b * a->Tq * a->Hq + h) * a->D), ldo);
+            if (dK.p) ok = ok && ag_causal_keys(a, 1.0f, S, qh, ldq, 0.0f, BH(dK, b, h, a->Hq, a->Tk, a->D), a->D);
         }
     return ok;
 }
