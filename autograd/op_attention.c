@@ -15,7 +15,7 @@
 // In place over one row of scores (query i): causal softmax (within the sliding window, if
 // any); masked entries become zeros.
 static void causal_softmax_row(float *row, int64_t i, const ag_att_dims *a) {
-    int64_t n = i + a->Tk - a->Tq + 1;              // keys 0 .. i + Tk - Tq are visible
+    int64_t n = ag_keys_seen(a, i);                 // keys 0 .. i + Tk - Tq are visible
     int64_t lo = ag_window_first(n - 1, a->window); // ... from this one on
     float mx = row[lo];
     for (int64_t j = lo + 1; j < n; j++) mx = row[j] > mx ? row[j] : mx;
