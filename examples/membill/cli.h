@@ -383,12 +383,12 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
 struct json_t *cli_train_json(const cli_options *o, const train_run *r, bool failed);
 
 // Sharded data parallelism (zero_run.c): one rank's training run of r over a communicator, ZeRO's
-// stage sharding the model states (dist.h); membill plan runs it on a simulated rank.
-struct dist_comm;
+// stage sharding the model states (parallel.h); membill plan runs it on a simulated rank.
+struct par_comm;
 typedef struct {
     int stage, prefetch;
     size_t bucket_bytes;
-    struct dist_comm *comm;
+    struct par_comm *comm;
     double *comm_s; // [r->nsteps]: seconds in collectives per step (the caller's)
 } cli_zero;
 int cli_zero_train_run(train_run *r, cli_zero *z, ag_err *err);

@@ -16,7 +16,7 @@
 
 bool plan_simulates_rank(const plan_setting *s) { return !s->infer && (s->gpus > 1 || s->zero > 0); }
 
-static int meta_step(const plan_setting *s, long B, long T, step_record *steps, dist_comm *rank, ag_err *err) {
+static int meta_step(const plan_setting *s, long B, long T, step_record *steps, par_comm *rank, ag_err *err) {
     train_run r;
     memset(&r, 0, sizeof r);
     memset(steps, 0, PLAN_STEPS * sizeof *steps);
@@ -92,11 +92,11 @@ static void read_bill(const plan_setting *s, const step_record *steps, plan_bill
 // One device as a simulated rank: rank 0 of --gpus running membill train --zero's step in meta
 // mode, its collectives counted and skipped. Its own bill fills the device's figures of *b.
 static int measure_rank(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err) {
-    dist_comm *c = NULL;
-    if (dist_comm_simulated(&c, 0, (int)s->gpus, err) != 0) return -1;
+    par_comm *c = NULL;
+    if (par_comm_simulated(&c, 0, (int)s->gpus, err) != 0) return -1;
     mp_options mo = {.meta = true, .keep_timeline = true};
     if (mp_init(&mo) != MP_OK) {
-        dist_comm_free(c);
+        par_comm_free(c);
         ag_err_set(err, "cannot start the profiler");
         return -1;
     }
@@ -112,8 +112,8 @@ static int measure_rank(const plan_setting *s, long B, long T, plan_bill *b, ag_
     b->device_phase = rank.peak_phase;
     memcpy(b->device_own, rank.peak, sizeof b->device_own);
     b->simulated_rank = true;
-    b->comm = dist_get_stats(c);
-    dist_comm_free(c);
+    b->comm = par_get_stats(c);
+    par_comm_free(c);
     return rc;
 }
 

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "cli.h"
-#include "dist.h"
+#include "parallel.h"
 
 #include <jansson.h>
 
@@ -28,7 +28,7 @@ typedef struct {
     // skipped): its figures are that run's, and comm what its collectives would move (two steps).
     uint64_t device_own[MP_NCATEGORIES];
     bool simulated_rank;
-    dist_stats comm;
+    par_stats comm;
 } plan_bill;
 
 typedef struct {

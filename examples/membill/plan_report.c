@@ -185,11 +185,11 @@ static const char *const deepspeed_why[] = {
     "gathered fp16 parameters twice (4 x), in its own mixed precision; this rank gathers whole blocks, prefetched, "
     "and reduces in buckets"};
 
-static void text_collectives(FILE *out, const dist_stats *st) {
+static void text_collectives(FILE *out, const par_stats *st) {
     char x[64];
     fprintf(out, "    collectives a step:");
-    for (int k = 0; k < DIST_NCOLLECTIVES; k++)
-        fprintf(out, "%s %s %llu x, %s", k ? ";" : "", dist_collective_name(k),
+    for (int k = 0; k < PAR_NCOLLECTIVES; k++)
+        fprintf(out, "%s %s %llu x, %s", k ? ";" : "", par_collective_name(k),
                 (unsigned long long)(st->calls[k] / PLAN_STEPS_BILLED),
                 mp_format_bytes(x, sizeof x, st->bytes[k] / PLAN_STEPS_BILLED));
     fprintf(out, "\n");
@@ -437,12 +437,12 @@ static void rank_json(json_t *pg, const plan_view *v) {
     json_object_set_new(pg, "bucket_bytes", json_integer((json_int_t)((uint64_t)s->bucket_mb << 20)));
     json_object_set_new(pg, "prefetch_layers", json_integer(s->prefetch));
     json_t *c = json_object();
-    for (int k = 0; k < DIST_NCOLLECTIVES; k++) {
+    for (int k = 0; k < PAR_NCOLLECTIVES; k++) {
         json_t *e = json_object();
         json_object_set_new(e, "calls", json_integer((json_int_t)(v->b->comm.calls[k] / PLAN_STEPS_BILLED)));
         json_object_set_new(e, "bytes", json_integer((json_int_t)(v->b->comm.bytes[k] / PLAN_STEPS_BILLED)));
         json_object_set_new(e, "sent_bytes", json_integer((json_int_t)(v->b->comm.sent_bytes[k] / PLAN_STEPS_BILLED)));
-        json_object_set_new(c, dist_collective_name(k), e);
+        json_object_set_new(c, par_collective_name(k), e);
     }
     json_object_set_new(pg, "collectives_per_step", c);
     char f[160];

@@ -4,7 +4,7 @@
 // prints and writes the job's: a column per rank, the collectives, compute against
 // communication.
 #include "cli.h"
-#include "dist.h"
+#include "parallel.h"
 #include "outputs.h"
 
 #include <jansson.h>
@@ -15,7 +15,7 @@ typedef struct {
     const cli_options *o;
     train_run r;
     cli_zero z;
-    dist_comm *comm;
+    par_comm *comm;
     struct cli_outputs *outs;
     json_t *ranks; // rank 0: every rank's report
     bool running;  // past the checks every rank shares: a failure now may leave others waiting
@@ -41,15 +41,15 @@ static double steady(const double *v, long n) {
     return m;
 }
 
-static json_t *collectives_json(const dist_stats *st) {
+static json_t *collectives_json(const par_stats *st) {
     json_t *o = json_object();
-    for (int k = 0; k < DIST_NCOLLECTIVES; k++) {
+    for (int k = 0; k < PAR_NCOLLECTIVES; k++) {
         json_t *c = json_object();
         json_object_set_new(c, "calls", json_integer((json_int_t)st->calls[k]));
         json_object_set_new(c, "bytes", json_integer((json_int_t)st->bytes[k]));
         json_object_set_new(c, "sent_bytes", json_integer((json_int_t)st->sent_bytes[k]));
         json_object_set_new(c, "seconds", json_real(st->seconds[k]));
-        json_object_set_new(o, dist_collective_name(k), c);
+        json_object_set_new(o, par_collective_name(k), c);
     }
     return o;
 }
@@ -60,12 +60,12 @@ static json_t *zero_json(const zero_cmd *t) {
     const train_run *r = &t->r;
     json_t *o = json_object(), *steps = json_array();
     json_object_set_new(o, "stage", json_integer(t->z.stage));
-    json_object_set_new(o, "rank", json_integer(dist_rank(t->comm)));
-    json_object_set_new(o, "ranks", json_integer(dist_size(t->comm)));
+    json_object_set_new(o, "rank", json_integer(par_rank(t->comm)));
+    json_object_set_new(o, "ranks", json_integer(par_size(t->comm)));
     json_object_set_new(o, "batch_per_rank", json_integer(r->batch));
     json_object_set_new(o, "bucket_bytes", json_integer((json_int_t)t->z.bucket_bytes));
     json_object_set_new(o, "prefetch_layers", json_integer(t->z.prefetch));
-    dist_stats st = dist_get_stats(t->comm);
+    par_stats st = par_get_stats(t->comm);
     json_object_set_new(o, "collectives", collectives_json(&st));
     double *step = malloc((size_t)r->nsteps * sizeof *step);
     for (long s = 0; step && s < r->nsteps; s++) {
@@ -134,14 +134,14 @@ static void text_ranks(FILE *f, const zero_cmd *t) {
                 cli_commas(b, sizeof b, (uint64_t)jint(json_array_get(t->ranks, k), "peak", "composition", cats[c])));
         fprintf(f, "\n");
     }
-    for (int c = 0; c < DIST_NCOLLECTIVES; c++) {
+    for (int c = 0; c < PAR_NCOLLECTIVES; c++) {
         char name[40];
-        snprintf(name, sizeof name, "%s bytes", dist_collective_name(c));
+        snprintf(name, sizeof name, "%s bytes", par_collective_name(c));
         fprintf(f, "  %-24s", name);
         for (size_t k = 0; k < n; k++) {
             json_t *z = json_object_get(json_array_get(t->ranks, k), "zero");
             fprintf(f, " %19s",
-                    cli_commas(b, sizeof b, (uint64_t)jint(z, "collectives", dist_collective_name(c), "bytes")));
+                    cli_commas(b, sizeof b, (uint64_t)jint(z, "collectives", par_collective_name(c), "bytes")));
         }
         fprintf(f, "\n");
     }
@@ -157,7 +157,7 @@ static void text_ranks(FILE *f, const zero_cmd *t) {
 static void report_text(FILE *f, const void *arg) {
     const zero_cmd *t = arg;
     const train_run *r = &t->r;
-    int N = dist_size(t->comm);
+    int N = par_size(t->comm);
     static const char *const what[] = {"DDP: gradients all-reduced in buckets, every rank holds everything",
                                        "optimizer state sharded; gradients reduce-scattered, weights all-gathered",
                                        "gradients sharded too: each rank keeps its shard of each bucket",
@@ -204,7 +204,7 @@ static int save(void *arg, const llama_model *m, bool grads, ag_err *err) {
 
 // This rank's rows of the N x B batch one process would take.
 static int prepare(zero_cmd *t, ag_err *err) {
-    int N = dist_size(t->comm), rank = dist_rank(t->comm);
+    int N = par_size(t->comm), rank = par_rank(t->comm);
     cli_options all = *t->o;
     if (all.batch > 1000000000000L / N) {
         ag_err_set(err, "--batch %ld on %d ranks is more rows than a run takes", all.batch, N);
@@ -232,12 +232,12 @@ static int gather_reports(zero_cmd *t, ag_err *err) {
     char *text = json_dumps(mine, JSON_COMPACT);
     json_decref(mine);
     char **all = NULL;
-    int rc = text ? dist_gather_text(t->comm, text, &all, err) : -1;
+    int rc = text ? par_gather_text(t->comm, text, &all, err) : -1;
     if (!text) ag_err_set(err, "out of memory");
     free(text);
     if (rc != 0 || !all) return rc;
     t->ranks = json_array();
-    for (int k = 0; k < dist_size(t->comm); k++) {
+    for (int k = 0; k < par_size(t->comm); k++) {
         json_t *v = json_loads(all[k], 0, NULL);
         if (!v && rc == 0) ag_err_set(err, "the report of rank %d does not parse", k), rc = -1;
         if (v) json_array_append_new(t->ranks, v);
@@ -253,7 +253,7 @@ static int report(zero_cmd *t, ag_err *err) {
     if (!t->o->quiet && !to_stdout) report_text(stdout, t);
     char title[256];
     snprintf(title, sizeof title, "membill train --zero %d: %s, %d ranks, batch %ld x %ld tokens per rank", t->z.stage,
-             t->r.cfg.name, dist_size(t->comm), t->r.batch, t->r.seq_len);
+             t->r.cfg.name, par_size(t->comm), t->r.batch, t->r.seq_len);
     cli_report rep = {title, report_text, t, NULL, NULL, NULL, 0};
     int rc = cli_outputs_finish(t->o, t->outs, root, &rep, err);
     json_decref(root);
@@ -263,12 +263,12 @@ static int report(zero_cmd *t, ag_err *err) {
 // A rank that failed while the others may wait in a collective: its line, then the whole job
 // ends (MPI_Abort), so that nothing hangs.
 static int fail(zero_cmd *t, int rc, const char *msg) {
-    int N = t->comm ? dist_size(t->comm) : 1;
+    int N = t->comm ? par_size(t->comm) : 1;
     if (N > 1)
-        fprintf(stderr, "membill train: rank %d: %s\n", dist_rank(t->comm), msg);
+        fprintf(stderr, "membill train: rank %d: %s\n", par_rank(t->comm), msg);
     else
         fprintf(stderr, "membill train: %s\n", msg);
-    if (N > 1) dist_abort(t->comm, rc);
+    if (N > 1) par_abort(t->comm, rc);
     return rc;
 }
 
@@ -279,32 +279,32 @@ static int fail(zero_cmd *t, int rc, const char *msg) {
 static int finish_run(zero_cmd *t, int rc, ag_err *err) {
     int worst = rc;
     ag_err e = {""};
-    if (dist_agree(t->comm, rc, AGREE_TIMEOUT_S, &worst, &e) != 0)
+    if (par_agree(t->comm, rc, AGREE_TIMEOUT_S, &worst, &e) != 0)
         return fail(t, rc ? rc : EXIT_RUN_FAILED, rc ? err->msg : e.msg);
     if (!worst) return 0;
     char **all = NULL;
-    if (dist_gather_text(t->comm, rc ? err->msg : "", &all, &e) != 0) return fail(t, worst, e.msg);
-    for (int k = 0; all && k < dist_size(t->comm); k++) {
+    if (par_gather_text(t->comm, rc ? err->msg : "", &all, &e) != 0) return fail(t, worst, e.msg);
+    for (int k = 0; all && k < par_size(t->comm); k++) {
         bool seen = !all[k][0];
         for (int q = 0; q < k && !seen; q++) seen = strcmp(all[q], all[k]) == 0;
-        if (!seen && dist_size(t->comm) > 1 && strcmp(all[k], all[0]) != 0)
+        if (!seen && par_size(t->comm) > 1 && strcmp(all[k], all[0]) != 0)
             fprintf(stderr, "membill train: rank %d: %s\n", k, all[k]);
         else if (!seen)
             fprintf(stderr, "membill train: %s\n", all[k]);
     }
-    for (int k = 0; all && k < dist_size(t->comm); k++) free(all[k]);
+    for (int k = 0; all && k < par_size(t->comm); k++) free(all[k]);
     free(all);
     err->msg[0] = 0; // said
     return -worst;
 }
 
 static int run_rank(zero_cmd *t, ag_err *err) {
-    bool root = dist_rank(t->comm) == 0;
+    bool root = par_rank(t->comm) == 0;
     int rc = prepare(t, err), worst = 0;
     // Settings and outputs are checked before anything runs; every rank stops if one cannot start.
     if (rc == 0 && root && cli_outputs_declare(t->o, &t->outs, err) != 0) rc = EXIT_RUN_FAILED;
     ag_err ignored;
-    if (dist_max_int(t->comm, rc, &worst, rc ? &ignored : err) != 0 && rc == 0) rc = EXIT_RUN_FAILED;
+    if (par_max_int(t->comm, rc, &worst, rc ? &ignored : err) != 0 && rc == 0) rc = EXIT_RUN_FAILED;
     if (rc || worst) return rc ? rc : -worst; // another rank's failure: it says why
     if (cli_profiler_start(t->o, t->o->meta) != 0) {
         ag_err_set(err, "cannot start the profiler");
@@ -325,24 +325,24 @@ static int run_rank(zero_cmd *t, ag_err *err) {
 int cli_train_zero(const cli_options *o) {
     zero_cmd t = {.o = o};
     ag_err err = {""};
-    if (!dist_mpi_built()) {
+    if (!par_mpi_built()) {
         fprintf(stderr, "membill train: --zero runs a sharded step on MPI ranks and needs the MPI build: configure "
                         "with cmake -DMEMBILL_MPI=ON (Open MPI: apt-get install libopenmpi-dev openmpi-bin), then "
                         "mpirun -np N membill train --zero S\n");
         return EXIT_USAGE;
     }
-    if (dist_comm_world(&t.comm, &err) != 0) return fail(&t, EXIT_RUN_FAILED, err.msg);
+    if (par_comm_world(&t.comm, &err) != 0) return fail(&t, EXIT_RUN_FAILED, err.msg);
     int rc = run_rank(&t, &err);
     if (rc < 0) // another rank could not start and said why; this one stops with it
         rc = -rc;
     else if (rc != 0 && t.running)
         rc = fail(&t, rc, err.msg);
-    else if (rc != 0 && dist_rank(t.comm) == 0) // the same settings on every rank: one line says it
+    else if (rc != 0 && par_rank(t.comm) == 0) // the same settings on every rank: one line says it
         fprintf(stderr, "membill train: %s\n", err.msg);
     cli_outputs_free(t.outs);
     json_decref(t.ranks);
     free(t.z.comm_s);
     cli_train_free(&t.r);
-    dist_comm_free(t.comm);
+    par_comm_free(t.comm);
     return rc;
 }

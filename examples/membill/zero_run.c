@@ -1,9 +1,9 @@
-// One rank's training run under ZeRO (dist.h): the model built sharded for stage 3 (unit by
+// One rank's training run under ZeRO (parallel.h): the model built sharded for stage 3 (unit by
 // unit, as zero.Init), each step's forward with stage 3's gathers around each part, backward
 // with the gradients reduced in buckets, the optimizer on this rank's shards, the weights
 // gathered back. membill train --zero runs it on every rank; membill plan on a simulated one.
 #include "cli.h"
-#include "dist.h"
+#include "parallel.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -12,7 +12,7 @@
 // The model's modules as ZeRO-3 gathers them: the embedding, each block, the final norm with the
 // head (a tied head is the embedding again).
 typedef struct {
-    dist_unit *units;
+    par_unit *units;
     size_t n;
     ag_tensor *head[2];
 } model_units;
@@ -25,11 +25,11 @@ static int make_units(llama_model *m, model_units *mu, ag_err *err) {
         ag_err_set(err, "out of memory");
         return -1;
     }
-    mu->units[0] = (dist_unit){m->params, 1};
-    for (size_t i = 0; i < L; i++) mu->units[i + 1] = (dist_unit){m->params + 1 + i * per, per};
+    mu->units[0] = (par_unit){m->params, 1};
+    for (size_t i = 0; i < L; i++) mu->units[i + 1] = (par_unit){m->params + 1 + i * per, per};
     mu->head[0] = m->norm;
     mu->head[1] = m->lm_head;
-    mu->units[L + 1] = (dist_unit){mu->head, 2};
+    mu->units[L + 1] = (par_unit){mu->head, 2};
     return 0;
 }
 
@@ -49,13 +49,13 @@ static int fill(void *user, ag_err *err) {
     return llama_model_load(a->m, a->r->st_path, err);
 }
 
-static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, dist_zero **z, model_units *mu,
+static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_zero **z, model_units *mu,
                  ag_err *err) {
-    dist_zero_config zcfg = {zc->stage, zc->bucket_bytes, zc->prefetch};
+    par_zero_config zcfg = {zc->stage, zc->bucket_bytes, zc->prefetch};
     if (zc->stage < 3) {
         if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, m, err) != 0) return -1;
         if (make_units(*m, mu, err) != 0) return -1;
-        return dist_zero_new(z, &zcfg, zc->comm, ctx, (*m)->params, (*m)->nparams, mu->units, mu->n, err);
+        return par_zero_new(z, &zcfg, zc->comm, ctx, (*m)->params, (*m)->nparams, mu->units, mu->n, err);
     }
     ag_precision md = cli_precision(&r->dtype);
     if (!ag_ctx_set_precision(ctx, &md)) {
@@ -66,24 +66,24 @@ static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, dist_
     int rc = llama_model_new(m, ctx, &r->cfg, err);
     ag_ctx_defer_params(ctx, false);
     if (rc == 0) rc = make_units(*m, mu, err);
-    if (rc == 0) rc = dist_zero_new(z, &zcfg, zc->comm, ctx, (*m)->params, (*m)->nparams, mu->units, mu->n, err);
+    if (rc == 0) rc = par_zero_new(z, &zcfg, zc->comm, ctx, (*m)->params, (*m)->nparams, mu->units, mu->n, err);
     fill_arg fa = {r, *m};
-    if (rc == 0) rc = dist_zero_materialize(*z, fill, &fa, err);
+    if (rc == 0) rc = par_zero_materialize(*z, fill, &fa, err);
     return rc;
 }
 
 // ZeRO's hooks in train_run.c's step: zero_grad on the shards too, the part hook in forward, the
 // buckets' last reductions after backward, the weights gathered after the update.
-static void zero_grad_hook(void *u) { dist_zero_zero_grad(u); }
-static int after_backward_hook(void *u, ag_err *err) { return dist_zero_after_backward(u, err); }
-static int after_step_hook(void *u, ag_err *err) { return dist_zero_after_step(u, err); }
+static void zero_grad_hook(void *u) { par_zero_zero_grad(u); }
+static int after_backward_hook(void *u, ag_err *err) { return par_zero_after_backward(u, err); }
+static int after_step_hook(void *u, ag_err *err) { return par_zero_after_step(u, err); }
 
-static int zero_step(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model *m, dist_zero *z, optim *opt, long s,
+static int zero_step(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model *m, par_zero *z, optim *opt, long s,
                      ag_err *err) {
-    double c0 = dist_comm_seconds(zc->comm);
-    const cli_step_hooks h = {zero_grad_hook, dist_zero_on_part, after_backward_hook, after_step_hook, z};
+    double c0 = par_comm_seconds(zc->comm);
+    const cli_step_hooks h = {zero_grad_hook, par_zero_on_part, after_backward_hook, after_step_hook, z};
     if (cli_train_step(r, ctx, m, opt, s, &h, err) != 0) return -1;
-    if (zc->comm_s) zc->comm_s[s] = dist_comm_seconds(zc->comm) - c0;
+    if (zc->comm_s) zc->comm_s[s] = par_comm_seconds(zc->comm) - c0;
     return 0;
 }
 
@@ -91,7 +91,7 @@ int cli_zero_train_run(train_run *r, cli_zero *zc, ag_err *err) {
     int rc = -1;
     ag_ctx *ctx = ag_ctx_new();
     llama_model *m = NULL;
-    dist_zero *z = NULL;
+    par_zero *z = NULL;
     optim *opt = NULL;
     model_units mu = {0};
     if (!ctx) {
@@ -106,21 +106,21 @@ int cli_zero_train_run(train_run *r, cli_zero *zc, ag_err *err) {
     optim_config oc = r->ocfg;
     oc.torch_113_foreach = r->framework == AG_FRAMEWORK_PYTORCH_113;
     size_t nopt;
-    ag_tensor *const *op = dist_zero_opt_params(z, &nopt);
+    ag_tensor *const *op = par_zero_opt_params(z, &nopt);
     if (!(opt = optim_new(&oc, op, nopt, err))) goto done;
     for (long s = 0; s < r->nsteps; s++)
         if (zero_step(r, zc, ctx, m, z, opt, s, err) != 0) goto done;
     if (r->save_weights) { // stage 3 gathers every unit on every rank; rank 0 writes
-        if (dist_zero_gather_all(z, err) != 0) goto done;
+        if (par_zero_gather_all(z, err) != 0) goto done;
         int src = r->save ? r->save(r->save_arg, m, false, err) : 0;
-        dist_zero_release_all(z);
+        par_zero_release_all(z);
         if (src != 0) goto done;
     }
     rc = 0;
 done:
     mp_set_phase(MP_PHASE_TEARDOWN);
     optim_free(opt);
-    dist_zero_free(z);
+    par_zero_free(z);
     llama_model_free(m);
     free(mu.units);
     ag_ctx_free(ctx);

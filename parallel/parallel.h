@@ -1,4 +1,4 @@
-// dist: data parallelism across processes. A communicator (MPI when built with MEMBILL_MPI, or a
+// parallel: data parallelism across processes. A communicator (MPI when built with MEMBILL_MPI, or a
 // simulated rank whose collectives move nothing) and ZeRO's stages 0 to 3 over it, as PyTorch
 // DDP and DeepSpeed run them, every buffer billed through the profiler. It knows parameters and
 // the units they are gathered in (a model's modules), not models.
@@ -17,57 +17,57 @@
 // The communicator
 // ================================================================================================
 
-typedef enum { DIST_ALL_REDUCE, DIST_REDUCE_SCATTER, DIST_ALL_GATHER, DIST_NCOLLECTIVES } dist_collective;
+typedef enum { PAR_ALL_REDUCE, PAR_REDUCE_SCATTER, PAR_ALL_GATHER, PAR_NCOLLECTIVES } par_collective;
 
 // What the collectives of one communicator did. bytes: the buffer each call handed over (the
 // message size, as nccl-tests counts it: an all-reduce's whole bucket, a reduce-scatter's whole
 // input, an all-gather's whole output); sent_bytes: what one rank sends over a ring for it
 // (2 (N-1)/N of the buffer for an all-reduce, (N-1)/N for the others).
 typedef struct {
-    uint64_t calls[DIST_NCOLLECTIVES], bytes[DIST_NCOLLECTIVES], sent_bytes[DIST_NCOLLECTIVES];
-    double seconds[DIST_NCOLLECTIVES];
-} dist_stats;
+    uint64_t calls[PAR_NCOLLECTIVES], bytes[PAR_NCOLLECTIVES], sent_bytes[PAR_NCOLLECTIVES];
+    double seconds[PAR_NCOLLECTIVES];
+} par_stats;
 
-typedef struct dist_comm dist_comm;
+typedef struct par_comm par_comm;
 
 // Whether this build has MPI (cmake -DMEMBILL_MPI=ON).
-bool dist_mpi_built(void);
+bool par_mpi_built(void);
 // MPI_COMM_WORLD, initialising MPI (MPI_Init_thread, funneled) if nobody did; the first call
-// initialises, dist_comm_free finalises. -1 without the MPI build, naming it.
-int dist_comm_world(dist_comm **out, ag_err *err);
+// initialises, par_comm_free finalises. -1 without the MPI build, naming it.
+int par_comm_world(par_comm **out, ag_err *err);
 // Rank `rank` of `size` simulated in one process: every collective is counted (calls, bytes) and
 // moves nothing, as a meta run's buffers hold nothing (membill plan's simulated rank).
-int dist_comm_simulated(dist_comm **out, int rank, int size, ag_err *err);
-void dist_comm_free(dist_comm *c); // NULL is ignored
-int dist_rank(const dist_comm *c);
-int dist_size(const dist_comm *c);
-bool dist_is_simulated(const dist_comm *c);
-const char *dist_collective_name(dist_collective k); // "all_reduce", "reduce_scatter", "all_gather"
-dist_stats dist_get_stats(const dist_comm *c);
-double dist_comm_seconds(const dist_comm *c); // every collective's time together
+int par_comm_simulated(par_comm **out, int rank, int size, ag_err *err);
+void par_comm_free(par_comm *c); // NULL is ignored
+int par_rank(const par_comm *c);
+int par_size(const par_comm *c);
+bool par_is_simulated(const par_comm *c);
+const char *par_collective_name(par_collective k); // "all_reduce", "reduce_scatter", "all_gather"
+par_stats par_get_stats(const par_comm *c);
+double par_comm_seconds(const par_comm *c); // every collective's time together
 
 // Collectives over float32 buffers (NULL data in meta mode: counted, nothing moved). elem_bytes
 // is what one element is billed at (4 in real runs), for the byte counts.
 // buf[n] summed over the ranks, in place.
-int dist_all_reduce_sum(dist_comm *c, float *buf, size_t n, size_t elem_bytes, ag_err *err);
+int par_all_reduce_sum(par_comm *c, float *buf, size_t n, size_t elem_bytes, ag_err *err);
 // buf holds every rank's part back to back, counts[r] elements each (rank order); afterwards
 // this rank's part, summed over the ranks, is at the start of buf.
-int dist_reduce_scatter_sum(dist_comm *c, float *buf, const size_t *counts, size_t elem_bytes, ag_err *err);
+int par_reduce_scatter_sum(par_comm *c, float *buf, const size_t *counts, size_t elem_bytes, ag_err *err);
 // buf[displs[r] .. + counts[r]) is rank r's part; afterwards every rank's part is in every buf.
-int dist_all_gather(dist_comm *c, float *buf, const size_t *counts, const size_t *displs, size_t elem_bytes,
+int par_all_gather(par_comm *c, float *buf, const size_t *counts, const size_t *displs, size_t elem_bytes,
                     ag_err *err);
 // Each rank's text to rank 0 (not counted: reporting, not training). On rank 0 *all gets
 // size() malloc'd strings (the caller frees each and the array), elsewhere NULL.
-int dist_gather_text(dist_comm *c, const char *mine, char ***all, ag_err *err);
+int par_gather_text(par_comm *c, const char *mine, char ***all, ag_err *err);
 // The largest of each rank's value, on every rank (not counted).
-int dist_max_int(dist_comm *c, int mine, int *out, ag_err *err);
+int par_max_int(par_comm *c, int mine, int *out, ag_err *err);
 // The largest of each rank's status, waiting at most timeout_s for every rank to come: 0 and
 // *worst when they all did, -1 when one did not (it may wait in a collective the others left:
-// the caller should dist_abort). Not counted.
-int dist_agree(dist_comm *c, int mine, double timeout_s, int *worst, ag_err *err);
+// the caller should par_abort). Not counted.
+int par_agree(par_comm *c, int mine, double timeout_s, int *worst, ag_err *err);
 // Ends every rank of the job at once with this exit code (MPI_Abort): a rank that failed while
 // the others may be waiting in a collective. Simulated: does nothing.
-void dist_abort(dist_comm *c, int code);
+void par_abort(par_comm *c, int code);
 
 // ================================================================================================
 // ZeRO
@@ -92,48 +92,48 @@ typedef struct {
     int stage;           // 0 to 3
     size_t bucket_bytes; // the cap of a reduction bucket (DDP's bucket_cap_mb, in bytes)
     int prefetch;        // stage 3: units gathered ahead of the one in use (0: none)
-} dist_zero_config;
+} par_zero_config;
 
 // The parameters gathered together in stage 3, a module of the model (a decoder block, the
 // embedding), in forward order. A parameter may belong to two units (a tied embedding).
 typedef struct {
     ag_tensor *const *params;
     size_t n;
-} dist_unit;
+} par_unit;
 
-typedef struct dist_zero dist_zero;
+typedef struct par_zero par_zero;
 
 // Shards the parameters (params[n]: each once, in the model's order) over c. For stage 3 the
 // parameters must have been made without storage (ag_ctx_defer_params) and get their shards
-// from dist_zero_materialize. Installs the leaf hooks on ctx (ag_ctx_set_leaf_hooks), which
+// from par_zero_materialize. Installs the leaf hooks on ctx (ag_ctx_set_leaf_hooks), which
 // must outlive it. The units are copied.
-int dist_zero_new(dist_zero **out, const dist_zero_config *cfg, dist_comm *c, ag_ctx *ctx, ag_tensor *const *params,
-                  size_t n, const dist_unit *units, size_t nunits, ag_err *err);
-void dist_zero_free(dist_zero *z); // NULL is ignored; frees shards, buckets, gathered storage
+int par_zero_new(par_zero **out, const par_zero_config *cfg, par_comm *c, ag_ctx *ctx, ag_tensor *const *params,
+                  size_t n, const par_unit *units, size_t nunits, ag_err *err);
+void par_zero_free(par_zero *z); // NULL is ignored; frees shards, buckets, gathered storage
 
 // Stage 3, as zero.Init: unit by unit, the unit's parameters get their full storage, fill()
 // writes every parameter that has storage (a seeded init, a checkpoint's tensors), this rank's
 // shards are copied out and the storage freed, so that no more than one unit is ever whole.
 // Other stages: nothing (their parameters are whole from the start).
-typedef int (*dist_fill_fn)(void *user, ag_err *err);
-int dist_zero_materialize(dist_zero *z, dist_fill_fn fill, void *user, ag_err *err);
+typedef int (*par_fill_fn)(void *user, ag_err *err);
+int par_zero_materialize(par_zero *z, par_fill_fn fill, void *user, ag_err *err);
 
-// The forward's part hook (llama_forward_opts.on_part's shape, user = the dist_zero): stage 3
+// The forward's part hook (llama_forward_opts.on_part's shape, user = the par_zero): stage 3
 // gathers unit `part` (and prefetches) before it and frees it after; other stages do nothing.
-bool dist_zero_on_part(void *user, int64_t part, bool before, ag_err *err);
+bool par_zero_on_part(void *user, int64_t part, bool before, ag_err *err);
 
 // What the optimizer steps on: stage 0 the parameters themselves, stages 1 to 3 this rank's
 // shard of each (views, named as their parameter; a parameter with an empty shard is left out).
 // Owned by z.
-ag_tensor *const *dist_zero_opt_params(const dist_zero *z, size_t *n);
+ag_tensor *const *par_zero_opt_params(const par_zero *z, size_t *n);
 // After backward: the buckets still waiting reduced (none, when every parameter got a gradient),
 // stage 3's last unit freed; the views' gradients set.
-int dist_zero_after_backward(dist_zero *z, ag_err *err);
+int par_zero_after_backward(par_zero *z, ag_err *err);
 // After the optimizer step: stages 1 and 2 all-gather every updated shard into the weights.
-int dist_zero_after_step(dist_zero *z, ag_err *err);
+int par_zero_after_step(par_zero *z, ag_err *err);
 // Every gradient set to none: the parameters' and the shards' (zero_grad(set_to_none=True)).
-void dist_zero_zero_grad(dist_zero *z);
-// Stage 3: every parameter gathered whole (for saving the weights), until dist_zero_release_all.
+void par_zero_zero_grad(par_zero *z);
+// Stage 3: every parameter gathered whole (for saving the weights), until par_zero_release_all.
 // Other stages: nothing.
-int dist_zero_gather_all(dist_zero *z, ag_err *err);
-void dist_zero_release_all(dist_zero *z);
+int par_zero_gather_all(par_zero *z, ag_err *err);
+void par_zero_release_all(par_zero *z);

@@ -1,6 +1,6 @@
 // The transport over MPI_COMM_WORLD (Open MPI). Errors are returned, not fatal: the world's
 // handler is MPI_ERRORS_RETURN, and each call's code becomes one line.
-#include "dist_internal.h"
+#include "parallel_internal.h"
 
 #include <limits.h>
 #include <mpi.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-bool dist_mpi_built(void) { return true; }
+bool par_mpi_built(void) { return true; }
 
 static int check(int code, const char *what, ag_err *err) {
     if (code == MPI_SUCCESS) return 0;
@@ -19,7 +19,7 @@ static int check(int code, const char *what, ag_err *err) {
     return -1;
 }
 
-int dist_mpi_world(dist_comm *c, ag_err *err) {
+int par_mpi_world(par_comm *c, ag_err *err) {
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -33,7 +33,7 @@ int dist_mpi_world(dist_comm *c, ag_err *err) {
     return 0;
 }
 
-void dist_mpi_finalize(dist_comm *c) {
+void par_mpi_finalize(par_comm *c) {
     int done = 0;
     MPI_Finalized(&done);
     if (!done) MPI_Finalize();
@@ -43,7 +43,7 @@ void dist_mpi_finalize(dist_comm *c) {
 // MPI counts are ints: a larger buffer goes in chunks.
 #define CHUNK (1 << 30)
 
-int dist_mpi_all_reduce(float *buf, size_t n, ag_err *err) {
+int par_mpi_all_reduce(float *buf, size_t n, ag_err *err) {
     for (size_t at = 0; at < n; at += CHUNK) {
         int k = (int)(n - at < CHUNK ? n - at : CHUNK);
         if (check(MPI_Allreduce(MPI_IN_PLACE, buf + at, k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce", err))
@@ -63,7 +63,7 @@ static int to_ints(const size_t *in, int *out, int size, const char *what, ag_er
     return 0;
 }
 
-int dist_mpi_reduce_scatter(float *buf, const size_t *counts, int size, ag_err *err) {
+int par_mpi_reduce_scatter(float *buf, const size_t *counts, int size, ag_err *err) {
     int *n = malloc((size_t)size * sizeof *n);
     if (!n) {
         ag_err_set(err, "MPI_Reduce_scatter: out of memory");
@@ -77,7 +77,7 @@ int dist_mpi_reduce_scatter(float *buf, const size_t *counts, int size, ag_err *
     return rc;
 }
 
-int dist_mpi_all_gather(float *buf, const size_t *counts, const size_t *displs, int size, ag_err *err) {
+int par_mpi_all_gather(float *buf, const size_t *counts, const size_t *displs, int size, ag_err *err) {
     int *n = malloc(2 * (size_t)size * sizeof *n);
     if (!n) {
         ag_err_set(err, "MPI_Allgatherv: out of memory");
@@ -92,7 +92,7 @@ int dist_mpi_all_gather(float *buf, const size_t *counts, const size_t *displs, 
     return rc;
 }
 
-int dist_mpi_gather_text(const dist_comm *c, const char *mine, char ***all, ag_err *err) {
+int par_mpi_gather_text(const par_comm *c, const char *mine, char ***all, ag_err *err) {
     size_t len = strlen(mine) + 1;
     if (len > INT_MAX) {
         ag_err_set(err, "MPI_Gatherv: a report of %zu bytes", len);
@@ -143,11 +143,11 @@ int dist_mpi_gather_text(const dist_comm *c, const char *mine, char ***all, ag_e
     return rc;
 }
 
-int dist_mpi_max_int(int mine, int *out, ag_err *err) {
+int par_mpi_max_int(int mine, int *out, ag_err *err) {
     return check(MPI_Allreduce(&mine, out, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce", err);
 }
 
-int dist_mpi_agree(int mine, double timeout_s, int *worst, ag_err *err) {
+int par_mpi_agree(int mine, double timeout_s, int *worst, ag_err *err) {
     MPI_Request req;
     if (check(MPI_Iallreduce(&mine, worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req), "MPI_Iallreduce", err) != 0)
         return -1;
@@ -166,4 +166,4 @@ int dist_mpi_agree(int mine, double timeout_s, int *worst, ag_err *err) {
     }
 }
 
-void dist_mpi_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
+void par_mpi_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }

@@ -1,5 +1,5 @@
 // ZeRO's stages over a communicator: shards, gradient buckets, stage 3's gathered units.
-#include "dist_internal.h"
+#include "parallel_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,9 +29,9 @@ typedef struct {
     bool held;
 } zunit;
 
-struct dist_zero {
-    dist_zero_config cfg;
-    dist_comm *comm;
+struct par_zero {
+    par_zero_config cfg;
+    par_comm *comm;
     ag_ctx *ctx;
     int N, rank;
     size_t grad_bytes, weight_bytes; // of an element
@@ -53,9 +53,9 @@ static size_t clip(size_t v, size_t hi) { return v < hi ? v : hi; }
 static size_t part_lo(const zslot *s, int q) { return clip((size_t)q * s->stride, s->numel); }
 static size_t part_len(const zslot *s, int q) { return clip(part_lo(s, q) + s->stride, s->numel) - part_lo(s, q); }
 
-static bool real(const dist_zero *z) { return !dist_is_simulated(z->comm) && z->N > 1; }
+static bool real(const par_zero *z) { return !par_is_simulated(z->comm) && z->N > 1; }
 
-static long find_slot(dist_zero *z, const ag_tensor *p) {
+static long find_slot(par_zero *z, const ag_tensor *p) {
     for (size_t k = 0; k < z->n; k++) { // gradients come in near-reverse order: look from the last hit down
         size_t i = (z->last + z->n - k) % z->n;
         if (z->slots[i].p == p) return (long)(z->last = i);
@@ -64,7 +64,7 @@ static long find_slot(dist_zero *z, const ag_tensor *p) {
 }
 
 // Buckets in reverse parameter order, each closed once it reaches the cap (DDP's assignment).
-static int make_buckets(dist_zero *z, ag_err *err) {
+static int make_buckets(par_zero *z, ag_err *err) {
     z->buckets = calloc(z->n ? z->n : 1, sizeof *z->buckets);
     size_t *order = calloc(z->n ? z->n : 1, sizeof *order);
     if (!z->buckets || !order) {
@@ -97,7 +97,7 @@ static int make_buckets(dist_zero *z, ag_err *err) {
     return 0;
 }
 
-static int make_units(dist_zero *z, const dist_unit *units, size_t nunits, ag_err *err) {
+static int make_units(par_zero *z, const par_unit *units, size_t nunits, ag_err *err) {
     z->units = calloc(nunits ? nunits : 1, sizeof *z->units);
     if (!z->units) {
         ag_err_set(err, "out of memory");
@@ -147,7 +147,7 @@ static void make_view(ag_tensor *v, const ag_tensor *p, float *data, size_t n) {
 static bool before_backward(void *user, ag_tensor *leaf, ag_err *err);
 static bool grad_ready(void *user, ag_tensor *leaf, ag_err *err);
 
-static int setup(dist_zero *z, ag_tensor *const *params, size_t n, const dist_unit *units, size_t nunits, ag_err *err) {
+static int setup(par_zero *z, ag_tensor *const *params, size_t n, const par_unit *units, size_t nunits, ag_err *err) {
     z->slots = calloc(n ? n : 1, sizeof *z->slots);
     z->opt = calloc(n ? n : 1, sizeof *z->opt);
     // The per-rank counts of a real collective (a simulated rank of many never needs them).
@@ -187,8 +187,8 @@ static int setup(dist_zero *z, ag_tensor *const *params, size_t n, const dist_un
     return 0;
 }
 
-int dist_zero_new(dist_zero **out, const dist_zero_config *cfg, dist_comm *c, ag_ctx *ctx, ag_tensor *const *params,
-                  size_t n, const dist_unit *units, size_t nunits, ag_err *err) {
+int par_zero_new(par_zero **out, const par_zero_config *cfg, par_comm *c, ag_ctx *ctx, ag_tensor *const *params,
+                  size_t n, const par_unit *units, size_t nunits, ag_err *err) {
     *out = NULL;
     if (!cfg || cfg->stage < 0 || cfg->stage > 3 || cfg->prefetch < 0 || !cfg->bucket_bytes || !c || !ctx) {
         ag_err_set(err,
@@ -204,7 +204,7 @@ int dist_zero_new(dist_zero **out, const dist_zero_config *cfg, dist_comm *c, ag
                        ag_tensor_name(params[i]), ag_type_traits_of(params[i]->dtype)->name);
             return -1;
         }
-    dist_zero *z = calloc(1, sizeof *z);
+    par_zero *z = calloc(1, sizeof *z);
     if (!z) {
         ag_err_set(err, "out of memory");
         return -1;
@@ -212,21 +212,21 @@ int dist_zero_new(dist_zero **out, const dist_zero_config *cfg, dist_comm *c, ag
     z->cfg = *cfg;
     z->comm = c;
     z->ctx = ctx;
-    z->N = dist_size(c);
-    z->rank = dist_rank(c);
+    z->N = par_size(c);
+    z->rank = par_rank(c);
     ag_precision d = ag_ctx_precision(ctx);
     z->grad_bytes = (size_t)d.grad_bits / 8;
     z->weight_bytes = (size_t)d.weight_bits / 8;
     z->bw_unit = -1;
     if (setup(z, params, n, units, nunits, err) != 0) {
-        dist_zero_free(z);
+        par_zero_free(z);
         return -1;
     }
     *out = z;
     return 0;
 }
 
-void dist_zero_free(dist_zero *z) {
+void par_zero_free(par_zero *z) {
     if (!z) return;
     ag_ctx_set_leaf_hooks(z->ctx, NULL);
     for (size_t i = 0; z->slots && i < z->n; i++) {
@@ -248,18 +248,18 @@ void dist_zero_free(dist_zero *z) {
     free(z);
 }
 
-ag_tensor *const *dist_zero_opt_params(const dist_zero *z, size_t *n) {
+ag_tensor *const *par_zero_opt_params(const par_zero *z, size_t *n) {
     *n = z->nopt;
     return z->opt;
 }
 
 // ---- stage 3: units gathered and freed ---------------------------------------------------------
 
-static void set_parts(dist_zero *z, const zslot *s) {
+static void set_parts(par_zero *z, const zslot *s) {
     for (int q = 0; q < z->N; q++) z->counts[q] = part_len(s, q), z->displs[q] = part_lo(s, q);
 }
 
-static int gather_slot(dist_zero *z, zslot *s, ag_err *err) {
+static int gather_slot(par_zero *z, zslot *s, ag_err *err) {
     if (s->gathered++) return 0;
     if (!ag_param_alloc_storage(z->ctx, s->p)) {
         s->gathered--;
@@ -268,18 +268,18 @@ static int gather_slot(dist_zero *z, zslot *s, ag_err *err) {
     }
     if (s->p->data && s->shard.data) memcpy(ag_f32(s->p) + s->lo, s->shard.data, (s->hi - s->lo) * sizeof(float));
     if (!real(z)) { // a simulated rank counts what a real one would move
-        dist_count(z->comm, DIST_ALL_GATHER, (uint64_t)s->numel * z->weight_bytes, 0);
+        par_count(z->comm, PAR_ALL_GATHER, (uint64_t)s->numel * z->weight_bytes, 0);
         return 0;
     }
     set_parts(z, s);
-    return dist_all_gather(z->comm, s->p->data, z->counts, z->displs, z->weight_bytes, err);
+    return par_all_gather(z->comm, s->p->data, z->counts, z->displs, z->weight_bytes, err);
 }
 
 static void release_slot(zslot *s) {
     if (s->gathered > 0 && --s->gathered == 0) ag_param_free_storage(s->p);
 }
 
-static int hold(dist_zero *z, long u, ag_err *err) {
+static int hold(par_zero *z, long u, ag_err *err) {
     if (u < 0 || (size_t)u >= z->nunits || z->units[u].held) return 0;
     zunit *U = &z->units[u];
     for (size_t j = 0; j < U->n; j++)
@@ -291,15 +291,15 @@ static int hold(dist_zero *z, long u, ag_err *err) {
     return 0;
 }
 
-static void let_go(dist_zero *z, long u) {
+static void let_go(par_zero *z, long u) {
     if (u < 0 || (size_t)u >= z->nunits || !z->units[u].held) return;
     zunit *U = &z->units[u];
     for (size_t j = 0; j < U->n; j++) release_slot(&z->slots[U->slots[j]]);
     U->held = false;
 }
 
-bool dist_zero_on_part(void *user, int64_t part, bool before, ag_err *err) {
-    dist_zero *z = user;
+bool par_zero_on_part(void *user, int64_t part, bool before, ag_err *err) {
+    par_zero *z = user;
     if (z->cfg.stage != 3) return true;
     if (part < 0 || (size_t)part >= z->nunits) {
         ag_err_set(err, "zero: the forward ran part %lld, past the %zu units", (long long)part, z->nunits);
@@ -324,7 +324,7 @@ static bool in_unit(const zslot *s, long u) {
 // one in forward order below the current that holds it), gathered with the next ones it will
 // reach; every unit above it freed.
 static bool before_backward(void *user, ag_tensor *leaf, ag_err *err) {
-    dist_zero *z = user;
+    par_zero *z = user;
     if (z->cfg.stage != 3) return true;
     long i = find_slot(z, leaf);
     if (i < 0) return true; // not one of ours
@@ -345,7 +345,7 @@ static bool before_backward(void *user, ag_tensor *leaf, ag_err *err) {
 
 // Where slot j's part of rank q sits in a bucket laid out rank by rank (stages 1 to 3), or the
 // slot's offset in a flat one (stage 0).
-static size_t bucket_offset(const dist_zero *z, const zbucket *b, size_t j, int q) {
+static size_t bucket_offset(const par_zero *z, const zbucket *b, size_t j, int q) {
     size_t at = 0;
     if (z->cfg.stage == 0) {
         for (size_t k = 0; k < j; k++) at += z->slots[b->slots[k]].numel;
@@ -357,7 +357,7 @@ static size_t bucket_offset(const dist_zero *z, const zbucket *b, size_t j, int 
     return at;
 }
 
-static void copy_in(const dist_zero *z, const zbucket *b, size_t j, const zslot *s) {
+static void copy_in(const par_zero *z, const zbucket *b, size_t j, const zslot *s) {
     float *dst = b->buf.data;
     const float *g = s->p->grad ? s->p->grad->data : NULL;
     if (!dst || !g) return;
@@ -375,12 +375,12 @@ static void scale_into(float *dst, const float *src, size_t n, float f) {
 }
 
 // Every gradient of the bucket final: the reduction, this rank's results into place, the bucket freed.
-static int reduce_bucket(dist_zero *z, zbucket *b, ag_err *err) {
+static int reduce_bucket(par_zero *z, zbucket *b, ag_err *err) {
     const float inv = 1.0f / (float)z->N;
     float *buf = b->buf.data;
     int rc;
     if (z->cfg.stage == 0) {
-        rc = dist_all_reduce_sum(z->comm, buf, b->elems, z->grad_bytes, err);
+        rc = par_all_reduce_sum(z->comm, buf, b->elems, z->grad_bytes, err);
         for (size_t j = 0, at = 0; rc == 0 && j < b->n; at += z->slots[b->slots[j]].numel, j++) {
             zslot *s = &z->slots[b->slots[j]];
             scale_into(s->p->grad ? s->p->grad->data : NULL, buf ? buf + at : NULL, s->numel, inv);
@@ -391,9 +391,9 @@ static int reduce_bucket(dist_zero *z, zbucket *b, ag_err *err) {
                 z->counts[q] = 0;
                 for (size_t j = 0; j < b->n; j++) z->counts[q] += part_len(&z->slots[b->slots[j]], q);
             }
-            rc = dist_reduce_scatter_sum(z->comm, buf, z->counts, z->grad_bytes, err);
+            rc = par_reduce_scatter_sum(z->comm, buf, z->counts, z->grad_bytes, err);
         } else { // counted whole, as a real bucket's reduce-scatter moves it
-            dist_count(z->comm, DIST_REDUCE_SCATTER, (uint64_t)b->elems * z->grad_bytes, 0);
+            par_count(z->comm, PAR_REDUCE_SCATTER, (uint64_t)b->elems * z->grad_bytes, 0);
             rc = 0;
         }
         for (size_t j = 0, at = 0; rc == 0 && j < b->n; j++) {
@@ -421,7 +421,7 @@ static int reduce_bucket(dist_zero *z, zbucket *b, ag_err *err) {
 }
 
 static bool grad_ready(void *user, ag_tensor *leaf, ag_err *err) {
-    dist_zero *z = user;
+    par_zero *z = user;
     long i = find_slot(z, leaf);
     if (i < 0 || z->slots[i].ready) return true;
     zslot *s = &z->slots[i];
@@ -445,7 +445,7 @@ static bool grad_ready(void *user, ag_tensor *leaf, ag_err *err) {
     return --b->pending > 0 || reduce_bucket(z, b, err) == 0;
 }
 
-int dist_zero_after_backward(dist_zero *z, ag_err *err) {
+int par_zero_after_backward(par_zero *z, ag_err *err) {
     for (size_t i = 0; i < z->n; i++)
         if (!z->slots[i].ready) {
             ag_err_set(err,
@@ -469,23 +469,23 @@ int dist_zero_after_backward(dist_zero *z, ag_err *err) {
     return 0;
 }
 
-int dist_zero_after_step(dist_zero *z, ag_err *err) {
+int par_zero_after_step(par_zero *z, ag_err *err) {
     if (z->cfg.stage != 1 && z->cfg.stage != 2) return 0;
     for (size_t i = 0; i < z->n; i++) {
         zslot *s = &z->slots[i];
         int rc = 0;
         if (real(z)) {
             set_parts(z, s);
-            rc = dist_all_gather(z->comm, s->p->data, z->counts, z->displs, z->weight_bytes, err);
+            rc = par_all_gather(z->comm, s->p->data, z->counts, z->displs, z->weight_bytes, err);
         } else {
-            dist_count(z->comm, DIST_ALL_GATHER, (uint64_t)s->numel * z->weight_bytes, 0);
+            par_count(z->comm, PAR_ALL_GATHER, (uint64_t)s->numel * z->weight_bytes, 0);
         }
         if (rc != 0) return -1;
     }
     return 0;
 }
 
-void dist_zero_zero_grad(dist_zero *z) {
+void par_zero_zero_grad(par_zero *z) {
     for (size_t i = 0; i < z->n; i++) {
         zslot *s = &z->slots[i];
         ag_zero_grad(s->p);
@@ -497,7 +497,7 @@ void dist_zero_zero_grad(dist_zero *z) {
 
 // ---- stage 3: construction and saving ----------------------------------------------------------
 
-int dist_zero_materialize(dist_zero *z, dist_fill_fn fill, void *user, ag_err *err) {
+int par_zero_materialize(par_zero *z, par_fill_fn fill, void *user, ag_err *err) {
     if (z->cfg.stage != 3) return 0;
     for (size_t u = 0; u < z->nunits; u++) {
         zunit *U = &z->units[u];
@@ -531,12 +531,12 @@ int dist_zero_materialize(dist_zero *z, dist_fill_fn fill, void *user, ag_err *e
     return 0;
 }
 
-int dist_zero_gather_all(dist_zero *z, ag_err *err) {
+int par_zero_gather_all(par_zero *z, ag_err *err) {
     for (size_t u = 0; z->cfg.stage == 3 && u < z->nunits; u++)
         if (hold(z, (long)u, err) != 0) return -1;
     return 0;
 }
 
-void dist_zero_release_all(dist_zero *z) {
+void par_zero_release_all(par_zero *z) {
     for (size_t u = 0; u < z->nunits; u++) let_go(z, (long)u);
 }
