@@ -151,7 +151,7 @@ int llama_adapter_read_config(const char *dir, llama_lora_config *l, char *base,
     snprintf(path, sizeof path, "%s/%s", dir, LLAMA_ADAPTER_CONFIG);
     char *text = NULL;
     size_t n = 0;
-    if (llama_read_small_file(path, "an adapter_config.json", ADAPTER_CONFIG_MAX, &text, &n, err) != 0) return -1;
+    if (llama_read_file(path, "an adapter_config.json", ADAPTER_CONFIG_MAX, &text, &n, err) != 0) return -1;
     json_error_t je;
     json_t *root = json_loadb(text, n, 0, &je);
     free(text);

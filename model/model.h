@@ -213,6 +213,13 @@ uint64_t llama_param_count(const llama_config *c);
 // err: "PATH: cannot open: REASON" or "PATH: not a regular file (it is a FIFO)".
 int llama_open_regular(const char *path, uint64_t *size, ag_err *err);
 
+// The whole of a regular file of at most max bytes, opened with llama_open_regular, into *out
+// (malloc'd, NUL-terminated; *len bytes without the terminator). what names the kind of file in
+// the message of one too large: "PATH: N bytes is too large for a tokenizer.json (at most M)".
+// Every file membill reads whole comes through here (config.json, an index, adapter_config.json,
+// generation_config.json, tokenizer.json, a prompt file), so that none of them can hang on a FIFO.
+int llama_read_file(const char *path, const char *what, uint64_t max, char **out, size_t *len, ag_err *err);
+
 // ================================================================================================
 // Safetensors reading
 //
