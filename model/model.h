@@ -221,6 +221,26 @@ int llama_open_regular(const char *path, uint64_t *size, ag_err *err);
 int llama_read_file(const char *path, const char *what, uint64_t max, char **out, size_t *len, ag_err *err);
 
 // ================================================================================================
+// End of text (generation.c): the eos_token_id of a config.json or generation_config.json
+// ================================================================================================
+
+#define LLAMA_MAX_EOS 16
+typedef struct {
+    int32_t ids[LLAMA_MAX_EOS];
+    int n;
+} llama_eos;
+
+// Adds the "eos_token_id" of a JSON object (len bytes of text; origin names it in messages,
+// NULL: "generation_config.json") to *eos: an integer or a list of integers, each a token id from
+// 0 to vocab - 1; absent, null or [] add nothing; a repeat is dropped. Refused, naming origin and
+// the field at fault (eos_token_id[1]) with its value or kind: text that is not a JSON object, a
+// string, a real number (2.0 too), a negative id, an id past the vocabulary, a nested list, more
+// than LLAMA_MAX_EOS ids in all. *eos may hold the ids added before the one refused.
+int llama_eos_parse(const char *text, size_t len, const char *origin, int64_t vocab, llama_eos *eos, ag_err *err);
+// The same from a file, read with llama_read_file (at most 16 MiB).
+int llama_eos_load(const char *path, int64_t vocab, llama_eos *eos, ag_err *err);
+
+// ================================================================================================
 // Safetensors reading
 //
 // The file is opened with llama_open_regular and its header read and checked before anything is
@@ -363,7 +383,10 @@ typedef struct {
 int llama_lora_parse_targets(const char *list, unsigned *out, ag_err *err);
 // The targets as "q_proj,v_proj" into buf.
 const char *llama_lora_targets_text(unsigned targets, char *buf, size_t len);
-// rank >= 1, alpha > 0, 0 <= dropout < 1, a target at least.
+// rank >= 1, alpha from LLAMA_LORA_MIN_ALPHA to LLAMA_LORA_MAX_ALPHA (a scale alpha / rank past
+// them makes every adapted output 0 or infinite), 0 <= dropout < 1, a target at least.
+#define LLAMA_LORA_MIN_ALPHA 1e-9
+#define LLAMA_LORA_MAX_ALPHA 1e9
 int llama_lora_validate(const llama_lora_config *l, ag_err *err);
 
 // What the adapted model shares with its blocks (set by llama_model_add_lora).
@@ -444,8 +467,11 @@ int llama_adapter_write_config(const llama_model *m, FILE *f, ag_err *err);
 // A saved adapter's adapter_config.json (dir/adapter_config.json) into *l; base_name (len bytes,
 // may be NULL) gets base_model_name_or_path. Settings that change what is computed and that
 // membill does not compute (DoRA, rsLoRA, fan_in_fan_out, bias, patterns, modules_to_save, a
-// peft_type other than LORA) are refused, naming the field.
+// peft_type other than LORA) are refused, naming the field; the values pass llama_lora_validate.
 int llama_adapter_read_config(const char *dir, llama_lora_config *l, char *base_name, size_t len, ag_err *err);
+// The same from the file's text (len bytes; origin names it, NULL: "adapter_config.json").
+int llama_adapter_parse_config(const char *text, size_t len, const char *origin, llama_lora_config *l, char *base_name,
+                               size_t base_len, ag_err *err);
 // Loads dir/adapter_model.safetensors into the model's adapters (F32, BF16, F16): every adapter
 // of the model there with its shape, and nothing else. A tensor of another rank, of another
 // model's sizes, missing or unknown is refused with one line naming it and what was expected.

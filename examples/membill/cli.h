@@ -97,29 +97,31 @@ void cli_dtype_optim(const cli_dtype *d, optim_config *c);
 // The sum of the state of one parameter element, "2 + 2 + 4 + 4 + 4" style, into buf.
 const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf, size_t len);
 
-// What a run is made of (setup.c). These return an exit code: 0, EXIT_USAGE (an unknown preset,
-// a malformed id list, a length past the model's positions) or EXIT_RUN_FAILED (a file that
-// cannot be read), with the message in *err.
+// What a run is made of (setup.c). These return an exit code (docs/cli.md): 0, EXIT_USAGE when
+// the command line alone shows the fault (an unknown preset, a malformed id list) or
+// EXIT_RUN_FAILED when an input does (a file that cannot be read, an id or a length the model
+// does not have), with the message in *err.
 int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len, ag_err *err);
 // The end of a run, after its teardown: whether every tensor category is back at zero, and, for
 // a run that succeeded, plain malloc past the budget (which cannot be refused when it happens)
 // failing it now. Returns rc, or -1 with the message in err.
 int cli_run_end(int rc, bool *clean, ag_err *err);
-// "1,2,3" -> ids (malloc'd); a malformed list names the item at fault.
-int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err);
+// "1,2,3" -> ids (malloc'd). Returns 0, EXIT_USAGE for a malformed list or an id past any
+// vocabulary (LLAMA_MAX_VOCAB), EXIT_RUN_FAILED for an id past vocab (0: not checked), the
+// message naming the item at fault.
+int cli_parse_tokens(const char *text, int64_t vocab, int32_t **out, long *n, ag_err *err);
 
 // Text in and out (prompt.c): the tokenizer, the prompt's ids, the ids a generation stops at.
-#define CLI_MAX_EOS 16
 typedef struct {
     struct tok_tokenizer *tok; // NULL: neither --prompt, --prompt-file nor --tokenizer
     char tokenizer_path[4096];
     int32_t *ids; // the prompt's ids, one row (NULL without a prompt)
     long n;
-    int32_t eos[CLI_MAX_EOS]; // infer: eos_token_id of config.json and generation_config.json
-    int n_eos;                // 0: none known, --ignore-eos, or meta
+    llama_eos eos; // infer: eos_token_id of config.json and generation_config.json (none: --ignore-eos, meta)
 } cli_text;
-// An exit code, with the message in *err.
-int cli_text_prepare(const cli_options *o, cli_text *t, ag_err *err);
+// An exit code, with the message in *err; cfg is the run's model (its vocabulary bounds the
+// end-of-text ids).
+int cli_text_prepare(const cli_options *o, const llama_config *cfg, cli_text *t, ag_err *err);
 void cli_text_free(cli_text *t);
 bool cli_text_is_eos(const cli_text *t, int32_t id);
 struct json_t *cli_prompt_ids_json(const cli_text *t, long batch);    // the prompt per batch row

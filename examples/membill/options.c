@@ -77,7 +77,7 @@ static const opt_spec specs[] = {
     {"--lora-rank", "R", T_LONG, OFF(lora_rank), TR | CO | PL, "0", 0, NULL, 0, 1 << 20, NULL,
      "LoRA as PEFT: freeze the model, train an adapter of rank R on each target (0: full fine-tune; compare --lora: "
      "8 unless given)"},
-    {"--lora-alpha", "A", T_DOUBLE, OFF(lora_alpha), TR | CO | PL, "8", 0, NULL, 1e-9, 1e9, NULL,
+    {"--lora-alpha", "A", T_DOUBLE, OFF(lora_alpha), TR | CO | PL, "8", 0, NULL, LLAMA_LORA_MIN_ALPHA, LLAMA_LORA_MAX_ALPHA, NULL,
      "LoRA's lora_alpha: the adapter's update is scaled by A / R"},
     {"--lora-targets", "LIST", T_STR, OFF(lora_targets), TR | CO | PL, "q_proj,v_proj", 0, NULL, 0, 0, NULL,
      "the linear layers that get adapters, PEFT's names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj) "
@@ -254,11 +254,25 @@ static bool set_number(const cli_options *o, const opt_spec *s, const char *v, c
     return true;
 }
 
+// A size written well but too large to hold: a number, then a unit that mp_parse_bytes knows.
+static bool well_formed_size(const char *v) {
+    char *end = NULL, one[16];
+    uint64_t x;
+    if (!((*v >= '0' && *v <= '9') || *v == '.') || !(strtod(v, &end) > 0) || end == v) return false;
+    return snprintf(one, sizeof one, "1%s", end) < (int)sizeof one && *end && mp_parse_bytes(one, &x);
+}
+
 static bool set_bytes(const cli_options *o, const opt_spec *s, const char *v, char *base) {
     uint64_t x = 0;
     // A bare number is ambiguous (80: bytes or GB?) unless it is zero.
-    bool bare = all_digits(v) && strspn(v, "0") != strlen(v);
-    if (bare || !mp_parse_bytes(v, &x) || (double)x < s->min || (double)x > s->max) {
+    bool bare = all_digits(v) && strspn(v, "0") != strlen(v), parsed = !bare && mp_parse_bytes(v, &x);
+    if ((parsed && ((double)x < s->min || (double)x > s->max)) || (!bare && !parsed && well_formed_size(v))) {
+        char most[32];
+        cli_usage_error(o, "%s expects a size from %.0fB to %.0fTB (%s bytes), not '%s'", s->name, s->min, s->max / 1e12,
+                        cli_commas(most, sizeof most, (uint64_t)s->max), v);
+        return false;
+    }
+    if (!parsed) {
         cli_usage_error(o,
                         "%s expects a size with its unit, such as 80GB, 500MiB or %sB for bytes (units: B, kB, MB, GB, "
                         "TB = 10^3..10^12; KiB, MiB, GiB, TiB = 2^10..2^40), not '%s'",

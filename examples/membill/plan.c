@@ -299,7 +299,7 @@ int cmd_plan(const cli_options *o) {
     char st_path[8];
     int rc = cli_load_config(o, &s.cfg, st_path, sizeof st_path, &err);
     if (rc == 0) rc = cli_lora_from_options(o, &s.lora, &err);
-    if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_USAGE;
+    if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_RUN_FAILED; // the model's positions decide it
     plan_fit_result fit = {0};
     if (rc == 0 && o->device_memory && plan_fit(&s, o->device_memory, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
     // What the other attention would change, in one line: the same plan measured with it.

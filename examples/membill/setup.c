@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +30,24 @@ static const char *lora_combinations(const cli_options *o, char *buf, size_t len
     if (o->adapter && o->save_adapter && strcmp(o->adapter, o->save_adapter) == 0)
         return "--save-adapter names the --adapter folder the run reads: give another folder";
     return NULL;
+}
+
+// The offset of the first byte of s that does not begin well-formed UTF-8 (no overlong forms,
+// surrogates or code points past U+10FFFF), or -1.
+static long utf8_fault(const char *text) {
+    const unsigned char *s = (const unsigned char *)text;
+    for (long i = 0; s[i];) {
+        unsigned char c = s[i];
+        int n = c < 0x80 ? 0 : c >= 0xC2 && c <= 0xDF ? 1 : (c >> 4) == 0xE ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
+        if (n < 0) return i;
+        for (int k = 1; k <= n; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+        if ((c == 0xE0 && s[i + 1] < 0xA0) || (c == 0xED && s[i + 1] >= 0xA0) || (c == 0xF0 && s[i + 1] < 0x90) ||
+            (c == 0xF4 && s[i + 1] >= 0x90))
+            return i;
+        i += n + 1;
+    }
+    return -1;
 }
 
 // Every rule that ties two options together, per subcommand. The table has already refused
@@ -90,6 +109,9 @@ bool cli_check_combinations(const cli_options *o) {
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
         bad = "compare trains on one prompt repeated over --batch: give one prompt";
     if (!bad) bad = lora_combinations(o, buf, sizeof buf);
+    long fault = !bad && o->prompt ? utf8_fault(o->prompt) : -1;
+    if (fault >= 0)
+        snprintf(buf, sizeof buf, "--prompt: byte %ld is not valid UTF-8 (the text must be UTF-8)", fault), bad = buf;
     if (!bad) {
         // Two outputs on stdout would interleave.
         const char *outs[] = {o->json, o->timeline, o->svg, o->trace, o->html, o->dump_grads, o->save_weights};
@@ -127,7 +149,7 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
     if (cfg_from_weights[0] && (cli_given(o, "--model") || cli_given(o, "--config"))) {
         ag_err_set(err, "--weights %s is a folder with its own config.json: %s would name the model a second time",
                    o->weights, cli_given(o, "--model") ? "--model" : "--config");
-        return EXIT_USAGE;
+        return EXIT_RUN_FAILED; // what the folder holds decides it
     }
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
     if (cfg_file) return llama_config_load(cfg, cfg_file, err) == 0 ? 0 : EXIT_RUN_FAILED;
@@ -136,26 +158,50 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
     return EXIT_USAGE;
 }
 
-int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err) {
+// One id of an id list: digits only, any number of them (an id too large for any vocabulary is
+// still an id, and told so).
+static int parse_id(const char *p, long item, int64_t vocab, int32_t *id, const char **end, ag_err *err) {
+    const char *q = p;
+    while (*q >= '0' && *q <= '9') q++;
+    if (q == p || (*q && *q != ',')) {
+        ag_err_set(err, "--tokens: item %ld is not a token id (expected comma-separated ids such as 1,2,3)", item);
+        return EXIT_USAGE;
+    }
+    *end = q;
+    while (*p == '0' && p + 1 < q) p++; // leading zeros change nothing
+    unsigned long long v = (size_t)(q - p) <= 9 ? strtoull(p, NULL, 10) : ULLONG_MAX;
+    if (v >= LLAMA_MAX_VOCAB) {
+        ag_err_set(err, "--tokens: item %ld is id %.*s%s, past any vocabulary (ids are 0 to %d)", item,
+                   (int)(q - p > 40 ? 40 : q - p), p, q - p > 40 ? "..." : "", LLAMA_MAX_VOCAB - 1);
+        return EXIT_USAGE;
+    }
+    if (vocab && (int64_t)v >= vocab) {
+        ag_err_set(err, "--tokens: item %ld is id %llu, past the model's %lld ids (vocab_size)", item, v,
+                   (long long)vocab);
+        return EXIT_RUN_FAILED;
+    }
+    *id = (int32_t)v;
+    return 0;
+}
+
+int cli_parse_tokens(const char *text, int64_t vocab, int32_t **out, long *n, ag_err *err) {
     long cap = 16, count = 0;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     const char *p = text;
     while (ids) {
-        char *end = NULL;
-        errno = 0;
-        long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
-        if (v < 0 || errno || v > INT32_MAX || (*end && *end != ',')) {
-            ag_err_set(err, "--tokens: item %ld is not a token id (expected comma-separated ids such as 1,2,3)",
-                       count + 1);
+        const char *end;
+        int32_t id;
+        int rc = parse_id(p, count + 1, vocab, &id, &end, err);
+        if (rc != 0) {
             free(ids);
-            return -1;
+            return rc;
         }
         if (count == cap) {
             int32_t *grown = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
             if (!grown) break;
             ids = grown;
         }
-        ids[count++] = (int32_t)v;
+        ids[count++] = id;
         if (!*end) {
             *out = ids;
             *n = count;
@@ -165,7 +211,7 @@ int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err) {
     }
     free(ids);
     ag_err_set(err, "--tokens: out of memory");
-    return -1;
+    return EXIT_RUN_FAILED;
 }
 
 int cli_make_tokens(const cli_options *o, const llama_config *cfg, const cli_text *text, bool meta, int32_t **out,
@@ -179,19 +225,20 @@ int cli_make_tokens(const cli_options *o, const llama_config *cfg, const cli_tex
     }
     if (text->ids) memcpy(row, text->ids, (size_t)text->n * sizeof *row), T = text->n;
     if (o->tokens || text->ids) {
-        if (o->tokens && cli_parse_tokens(o->tokens, &row, &T, err) != 0) return EXIT_USAGE;
+        int rc = o->tokens ? cli_parse_tokens(o->tokens, cfg->vocab, &row, &T, err) : 0;
+        if (rc != 0) return rc;
         if (cli_given(o, "--seq-len") && o->seq_len != T) {
             ag_err_set(err, "%s gives %ld ids but --seq-len says %ld", o->tokens ? "--tokens" : "the prompt", T,
                        o->seq_len);
             free(row);
-            return EXIT_USAGE;
+            return o->tokens ? EXIT_USAGE : EXIT_RUN_FAILED; // the prompt's count is the tokenizer's
         }
     }
     if (T > cfg->max_positions) {
         ag_err_set(err, "%ld tokens exceed the model's %lld positions (max_position_embeddings)", T,
                    (long long)cfg->max_positions);
         free(row);
-        return EXIT_USAGE;
+        return EXIT_RUN_FAILED;
     }
     *batch = B;
     *seq_len = T;
@@ -203,7 +250,7 @@ int cli_make_tokens(const cli_options *o, const llama_config *cfg, const cli_tex
                        "another model?",
                        i, row[i], (long long)cfg->vocab);
             free(row);
-            return EXIT_USAGE;
+            return EXIT_RUN_FAILED;
         }
     if (meta) { // a bill of shapes reads no ids
         free(row);

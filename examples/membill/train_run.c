@@ -33,12 +33,12 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     r->save_weights = o->save_weights != NULL;
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
     if (rc == 0) rc = cli_lora_from_options(o, &r->lora, err);
-    if (rc == 0) rc = cli_text_prepare(o, &r->text, err);
+    if (rc == 0) rc = cli_text_prepare(o, &r->cfg, &r->text, err);
     if (rc == 0) rc = cli_make_tokens(o, &r->cfg, &r->text, o->meta, &r->ids, &r->batch, &r->seq_len, err);
     if (rc == 0 && r->seq_len < 2) {
         ag_err_set(err, "a training step needs at least 2 tokens (the loss predicts each next one), not %ld",
                    r->seq_len);
-        rc = EXIT_USAGE;
+        rc = r->text.ids ? EXIT_RUN_FAILED : EXIT_USAGE; // a prompt's count is the tokenizer's
     }
     if (rc == 0 && !(r->steps = calloc((size_t)r->nsteps, sizeof *r->steps))) {
         ag_err_set(err, "out of memory");
