@@ -77,8 +77,8 @@ static const opt_spec specs[] = {
     {"--lora-rank", "R", T_LONG, OFF(lora_rank), TR | CO | PL, "0", 0, NULL, 0, 1 << 20, NULL,
      "LoRA as PEFT: freeze the model, train an adapter of rank R on each target (0: full fine-tune; compare --lora: "
      "8 unless given)"},
-    {"--lora-alpha", "A", T_DOUBLE, OFF(lora_alpha), TR | CO | PL, "8", 0, NULL, LLAMA_LORA_MIN_ALPHA, LLAMA_LORA_MAX_ALPHA, NULL,
-     "LoRA's lora_alpha: the adapter's update is scaled by A / R"},
+    {"--lora-alpha", "A", T_DOUBLE, OFF(lora_alpha), TR | CO | PL, "8", 0, NULL, LLAMA_LORA_MIN_ALPHA,
+     LLAMA_LORA_MAX_ALPHA, NULL, "LoRA's lora_alpha: the adapter's update is scaled by A / R"},
     {"--lora-targets", "LIST", T_STR, OFF(lora_targets), TR | CO | PL, "q_proj,v_proj", 0, NULL, 0, 0, NULL,
      "the linear layers that get adapters, PEFT's names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj) "
      "or all-linear"},
@@ -268,8 +268,8 @@ static bool set_bytes(const cli_options *o, const opt_spec *s, const char *v, ch
     bool bare = all_digits(v) && strspn(v, "0") != strlen(v), parsed = !bare && mp_parse_bytes(v, &x);
     if ((parsed && ((double)x < s->min || (double)x > s->max)) || (!bare && !parsed && well_formed_size(v))) {
         char most[32];
-        cli_usage_error(o, "%s expects a size from %.0fB to %.0fTB (%s bytes), not '%s'", s->name, s->min, s->max / 1e12,
-                        cli_commas(most, sizeof most, (uint64_t)s->max), v);
+        cli_usage_error(o, "%s expects a size from %.0fB to %.0fTB (%s bytes), not '%s'", s->name, s->min,
+                        s->max / 1e12, cli_commas(most, sizeof most, (uint64_t)s->max), v);
         return false;
     }
     if (!parsed) {

@@ -38,10 +38,13 @@ static void slurp(const char *path, char *buf, size_t n) {
     fclose(f);
 }
 
-// membill with the arguments (a shell command line), stdin closed.
-static void membill(run_result *r, const char *args) {
-    char cmd[8192], p[512];
-    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err </dev/null", MEMBILL_BIN, args, cli_run_dir, cli_run_dir);
+// membill with the arguments (a shell command line), stdin closed; killed after `seconds` (0:
+// never) so that a run that hangs fails its test (exit 124) instead of stalling it.
+static void membill_within(run_result *r, int seconds, const char *args) {
+    char cmd[8192], p[512], limit[32] = "";
+    if (seconds > 0) snprintf(limit, sizeof limit, "timeout -s KILL %d ", seconds);
+    snprintf(cmd, sizeof cmd, "%s%s %s >%s/out 2>%s/err </dev/null", limit, MEMBILL_BIN, args, cli_run_dir,
+             cli_run_dir);
     int st = system(cmd);
     r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     snprintf(p, sizeof p, "%s/out", cli_run_dir);
@@ -49,6 +52,8 @@ static void membill(run_result *r, const char *args) {
     snprintf(p, sizeof p, "%s/err", cli_run_dir);
     slurp(p, r->err, sizeof r->err);
 }
+
+static inline void membill(run_result *r, const char *args) { membill_within(r, 0, args); }
 
 static inline int count_lines(const char *s) {
     int n = 0;
