@@ -480,6 +480,22 @@ int llama_adapter_load(llama_model *m, const char *dir, ag_err *err);
 // Every id in [0, vocab).
 int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, ag_err *err);
 
+// Non-finite values (finite.c). A real training forward refuses non-finite logits or loss
+// ("non-finite logits: nan at position 3, id 17 (lm_head); the first op that saved one is linear
+// at layers.0.self_attn.q_proj.lora_B (... holds nan)"), a generation non-finite logits of the
+// position it picks from. The first of n values that is NaN or infinite, -1 if none:
+int64_t llama_first_nonfinite(const float *x, int64_t n);
+// The same over a tensor of any dtype (as float32; -1 without data), its value in *value.
+int64_t llama_tensor_nonfinite(const ag_tensor *t, float *value);
+// After a backward: the gradients that sum the whole backward are finite. Those of the 1-D
+// parameters (norms, biases: sums over every position of the gradient at their op), the rows of
+// the embedding's at the step's ids (the residual stream's gradient, every block's included),
+// and with adapters every adapter's; a non-finite value anywhere in the backward reaches one of
+// them, unless a product of finite values overflows in a weight's own gradient. They are a few
+// hundred kB whatever the model, so the check costs nothing beside a step. -1 with "non-finite
+// gradient: the gradient of NAME holds nan at element I", the last parameter first (backward order).
+int llama_check_grads(const llama_model *m, const int32_t *ids, size_t n, ag_err *err);
+
 // The training forward: embedding, the blocks, final norm, head, next-token cross-entropy of
 // ids[B*T] (labels = ids shifted by one, mean over B*(T-1) positions). Returns the loss
 // tensor [1] (owned by the caller), or NULL with the message in err.

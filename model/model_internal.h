@@ -5,6 +5,11 @@
 
 #include "model.h"
 
+// finite.c: a forward's logits and loss hold finite values only; else -1 with the first
+// non-finite value and where the forward first saved one (the tape is walked for it).
+int llama_check_logits(const ag_ctx *ctx, const llama_model *m, const ag_tensor *logits, const ag_tensor *loss,
+                       ag_err *err);
+
 // "[2, 3]" into buf (len bytes).
 void llama_format_shape(char *buf, size_t len, const int64_t *shape, int ndim);
 

@@ -55,6 +55,16 @@ void cli_train_free(train_run *r) {
     r->steps = NULL;
 }
 
+// A step's failure says which step and phase: "step 2, backward: ...".
+static int step_failed(long s, const char *phase, ag_err *err) {
+    char msg[sizeof err->msg];
+    const char *inner = err->msg;
+    size_t skip = strncmp(inner, phase, strlen(phase)) == 0 && inner[strlen(phase)] == ':' ? strlen(phase) + 2 : 0;
+    snprintf(msg, sizeof msg, "%s", inner + skip);
+    ag_err_set(err, "step %ld, %s: %s", s + 1, phase, msg);
+    return -1;
+}
+
 // One step: forward, backward, optimizer; the gradients are set to none afterwards, as
 // optimizer.zero_grad(set_to_none=True) would at the start of the next step.
 int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s, const cli_step_hooks *h,
@@ -76,7 +86,7 @@ int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s
     mp_set_phase(MP_PHASE_FORWARD);
     llama_forward_opts fo = {.checkpointing = r->checkpointing, .on_part = h->on_part, .user = h->user};
     ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, r->ids, r->batch, r->seq_len, err);
-    if (!loss) return -1;
+    if (!loss) return step_failed(s, "forward", err);
     float lv = NAN;
     if (loss->data) ag_tensor_row_f32(loss, 0, &lv);
     rec->loss = lv;
@@ -90,9 +100,11 @@ int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s
     ag_status st = ag_backward(ctx, loss);
     ag_release(loss);
     if (st != AG_OK) {
-        ag_err_set(err, "backward: %s", ag_ctx_error(ctx));
-        return -1;
+        ag_err_set(err, "%s", ag_ctx_error(ctx));
+        return step_failed(s, "backward", err);
     }
+    if (!mp_is_meta() && llama_check_grads(m, r->ids, (size_t)(r->batch * r->seq_len), err) != 0)
+        return step_failed(s, "backward", err);
     if (h->after_backward && h->after_backward(h->user, err) != 0) return -1;
     if (r->dump_grads && r->save && s == r->nsteps - 1 && r->save(r->save_arg, m, true, err) != 0) return -1;
     double t2 = now_s();
