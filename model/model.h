@@ -248,8 +248,9 @@ int llama_eos_load(const char *path, int64_t vocab, llama_eos *eos, ag_err *err)
 // most LLAMA_ST_MAX_DIMS non-negative integers, offsets inside the data section and not
 // overlapping, and byte size equal to the product of the shape times the dtype size (every
 // product checked for overflow). "__metadata__" is ignored. Tensors are listed in the order of
-// their data in the file. The file stays open until llama_st_close; tensor data is read only when
-// asked for, with pread straight into the destination.
+// their data in the file. No descriptor is held once it is open (a checkpoint of thousands of shards
+// opens under the usual limit on open files): tensor data is read only when asked for, the file
+// opened again (and checked to be the same file) and read with pread straight into the destination.
 // ================================================================================================
 
 #define LLAMA_ST_MAX_DIMS 8

@@ -22,9 +22,12 @@
 // The most one pread asks for (Linux moves at most 0x7ffff000 bytes a call).
 #define ST_READ_CHUNK (1u << 30)
 
+// No descriptor is held between reads: a checkpoint of thousands of shards must open under the
+// usual limit on open files. Each read opens the file again and checks that it is the same one.
 struct llama_st_file {
     char *path;
-    int fd;                   // -1 once closed or before open
+    dev_t dev; // the file that was opened and checked
+    ino_t ino;
     uint64_t data_start;      // 8 + header length
     uint64_t data_len;        // bytes after the header when the file was opened
     llama_st_tensor *tensors; // in data order
@@ -248,10 +251,7 @@ static uint64_t current_size(int fd) {
 // ---------------------------------------------------------------------------------------------
 // Open and close
 
-static int open_file(llama_st_file *f, ag_err *err) {
-    uint64_t size;
-    f->fd = llama_open_regular(f->path, &size, err);
-    if (f->fd < 0) return -1;
+static int read_header(llama_st_file *f, int fd, uint64_t size, ag_err *err) {
     if (size < 8) {
         ag_err_set(err,
                    "%s: %llu bytes is too short for a safetensors file (8-byte header "
@@ -260,7 +260,7 @@ static int open_file(llama_st_file *f, ag_err *err) {
         return -1;
     }
     uint8_t len8[8];
-    int64_t k = pread_full(f->fd, len8, 8, 0);
+    int64_t k = pread_full(fd, len8, 8, 0);
     if (k != 8) {
         ag_err_set(err, "%s: cannot read the header length: %s", f->path,
                    k < 0 ? strerror(errno) : "the file shrank while being opened");
@@ -286,7 +286,7 @@ static int open_file(llama_st_file *f, ag_err *err) {
         ag_err_set(err, "%s: out of memory for a header of %llu bytes", f->path, (unsigned long long)hlen);
         return -1;
     }
-    k = pread_full(f->fd, text, hlen, 8);
+    k = pread_full(fd, text, hlen, 8);
     if (k < 0 || (uint64_t)k != hlen) {
         ag_err_set(err, "%s: cannot read the header: %s", f->path,
                    k < 0 ? strerror(errno) : "the file shrank while being opened");
@@ -305,6 +305,29 @@ static int open_file(llama_st_file *f, ag_err *err) {
     return rc;
 }
 
+static int open_file(llama_st_file *f, ag_err *err) {
+    uint64_t size;
+    struct stat st;
+    int fd = llama_open_regular(f->path, &size, err);
+    if (fd < 0) return -1;
+    int rc = fstat(fd, &st) == 0 ? read_header(f, fd, size, err) : (ag_err_set(err, "%s: cannot stat", f->path), -1);
+    f->dev = st.st_dev, f->ino = st.st_ino;
+    close(fd);
+    return rc;
+}
+
+// The file again, for a read: the one opened (a file put in its place since is refused).
+static int reopen(const llama_st_file *f, ag_err *err) {
+    int fd = llama_open_regular(f->path, NULL, err);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino)) {
+        ag_err_set(err, "%s: another file is at this path since it was opened", f->path);
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
 int llama_st_open(llama_st_file **out, const char *path, ag_err *err) {
     *out = NULL;
     llama_st_file *f = calloc(1, sizeof *f);
@@ -313,7 +336,6 @@ int llama_st_open(llama_st_file **out, const char *path, ag_err *err) {
         ag_err_set(err, "%s: out of memory", path);
         return -1;
     }
-    f->fd = -1;
     if (open_file(f, err) != 0) {
         llama_st_close(f);
         return -1;
@@ -324,7 +346,6 @@ int llama_st_open(llama_st_file **out, const char *path, ag_err *err) {
 
 void llama_st_close(llama_st_file *f) {
     if (!f) return;
-    if (f->fd >= 0) close(f->fd);
     if (f->tensors)
         for (size_t i = 0; i < f->n; i++) free((char *)f->tensors[i].name);
     free(f->tensors);
@@ -400,16 +421,21 @@ static int check_read(const llama_st_file *f, const llama_st_tensor *t, size_t c
 // a short read means it shrank since.
 static int read_raw(const llama_st_file *f, const llama_st_tensor *t, void *dst, ag_err *err) {
     uint64_t begin = f->data_start + t->offset;
-    int64_t got = pread_full(f->fd, dst, t->nbytes, begin);
+    int fd = reopen(f, err);
+    if (fd < 0) return -1;
+    int64_t got = pread_full(fd, dst, t->nbytes, begin);
+    uint64_t now = current_size(fd);
+    int errnum = errno;
+    close(fd);
     if (got < 0) {
-        ag_err_set(err, "%s: tensor %s: read failed: %s", f->path, t->name, strerror(errno));
+        ag_err_set(err, "%s: tensor %s: read failed: %s", f->path, t->name, strerror(errnum));
         return -1;
     }
     if ((uint64_t)got != t->nbytes) {
         ag_err_set(err,
                    "%s: tensor %s: the file now ends at byte %llu, inside the tensor's "
                    "bytes [%llu, %llu) (was it truncated while open?)",
-                   f->path, t->name, (unsigned long long)current_size(f->fd), (unsigned long long)begin,
+                   f->path, t->name, (unsigned long long)now, (unsigned long long)begin,
                    (unsigned long long)(begin + t->nbytes));
         return -1;
     }

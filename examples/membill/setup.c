@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static bool is_f32(const char *dtype) { return !dtype || strcmp(dtype, "fp32") == 0; }
 
@@ -95,6 +96,12 @@ bool cli_check_combinations(const cli_options *o) {
     else if (o->cmd == CLI_TRAIN && !cli_given(o, "--zero") &&
              (cli_given(o, "--bucket-mb") || cli_given(o, "--prefetch-layers")))
         bad = "--bucket-mb and --prefetch-layers set up a sharded step: add --zero";
+    else if (cli_given(o, "--prefetch-layers") && o->zero != 3)
+        snprintf(buf, sizeof buf,
+                 "--prefetch-layers gathers the weights of the blocks ahead, which only --zero 3 shards: it does not "
+                 "apply to --zero %ld",
+                 o->zero),
+            bad = buf;
     else if (cli_given(o, "--zero") && o->zero == 3 && o->checkpointing)
         bad = "--zero 3 gathers each block's weights around its forward and backward: --checkpointing, which reruns "
               "the forward inside backward, is not supported with it";
@@ -141,6 +148,34 @@ int cli_run_end(int rc, bool *clean, ag_err *err) {
     return -1;
 }
 
+// A weights file (a .safetensors or an index, not a folder) takes its config from --model or
+// --config, else the default preset: one that does not fit it is refused before the run, saying
+// where the config came from (and of a config.json beside the file, that it was not read). A file
+// that does not open is left to the run, which names why.
+static int check_weights_file(const cli_options *o, const llama_config *cfg, const char *st, ag_err *err) {
+    llama_ckpt *ck = NULL;
+    ag_err e;
+    int rc = llama_ckpt_open(&ck, st, &e) != 0 || llama_ckpt_check_params(ck, cfg, false, &e) == 0 ? 0 : -1;
+    llama_ckpt_close(ck);
+    if (rc == 0) return 0;
+    char beside[4200];
+    struct stat sb;
+    const char *slash = strrchr(st, '/');
+    snprintf(beside, sizeof beside, "%.*sconfig.json", slash ? (int)(slash - st + 1) : 0, st);
+    bool there = stat(beside, &sb) == 0;
+    if (o->config)
+        ag_err_set(err, "%s; the config is --config %s", e.msg, o->config);
+    else if (cli_given(o, "--model"))
+        ag_err_set(err, "%s; the config is --model %s", e.msg, o->model);
+    else
+        ag_err_set(err,
+                   "%s; the config is the default preset %s: a weights file takes its config from --model or "
+                   "--config%s%s%s",
+                   e.msg, o->model, there ? "; the folder's own is --config " : "", there ? beside : "",
+                   there ? ", or --weights with the folder" : "");
+    return EXIT_RUN_FAILED;
+}
+
 int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len, ag_err *err) {
     char cfg_from_weights[4096] = "";
     st_path[0] = 0;
@@ -149,13 +184,15 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
     if (cfg_from_weights[0] && (cli_given(o, "--model") || cli_given(o, "--config"))) {
         ag_err_set(err, "--weights %s is a folder with its own config.json: %s would name the model a second time",
                    o->weights, cli_given(o, "--model") ? "--model" : "--config");
-        return EXIT_RUN_FAILED; // what the folder holds decides it
+        return EXIT_USAGE; // two options name the model
     }
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
-    if (cfg_file) return llama_config_load(cfg, cfg_file, err) == 0 ? 0 : EXIT_RUN_FAILED;
-    if (llama_config_preset(cfg, o->model, err) == 0) return 0;
-    ag_err_set(err, "--model: unknown preset '%s' (membill plan --list names them)", o->model);
-    return EXIT_USAGE;
+    if (cfg_file && llama_config_load(cfg, cfg_file, err) != 0) return EXIT_RUN_FAILED;
+    if (!cfg_file && llama_config_preset(cfg, o->model, err) != 0) {
+        ag_err_set(err, "--model: unknown preset '%s' (membill plan --list names them)", o->model);
+        return EXIT_USAGE;
+    }
+    return st_path[0] && !cfg_from_weights[0] ? check_weights_file(o, cfg, st_path, err) : 0;
 }
 
 // One id of an id list: digits only, any number of them (an id too large for any vocabulary is

@@ -1,0 +1,170 @@
+// Inputs at their limits, on the command line and in files: non-finite values in a real run,
+// sizes past the maximum, options that do not go together, a weights file whose config comes
+// from elsewhere, a checkpoint of more shards than the open-file limit, "did you mean", Ctrl-C.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include "cli_run.h"
+#include "model.h"
+
+#define dir cli_run_dir
+
+static void expect(const char *args, int code, const char *needle) {
+    run_result r;
+    membill(&r, args);
+    if (r.code != code || !strstr(r.err, needle) || count_lines(r.err) != (code ? 1 : 0))
+        fail_msg("%s: exit %d, stderr '%s' (expected %d and '%s')", args, r.code, r.err, code, needle);
+}
+
+static void sh(const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0) fail_msg("failed: %s", cmd);
+}
+
+// Sets float32 element i of tensor `name` in a safetensors file to v (every element for i < 0;
+// i >= 0 with `row` set: every element of row i).
+static void patch(const char *path, const char *name, int64_t i, bool row, float v) {
+    llama_st_file *f = NULL;
+    ag_err err;
+    assert_int_equal(llama_st_open(&f, path, &err), 0);
+    const llama_st_tensor *t = llama_st_find(f, name);
+    assert_non_null(t);
+    assert_int_equal(t->dtype, LLAMA_ST_F32);
+    FILE *w = fopen(path, "r+b");
+    uint8_t len8[8];
+    assert_int_equal(fread(len8, 1, 8, w), 8);
+    uint64_t start = 8;
+    for (int k = 0; k < 8; k++) start += (uint64_t)len8[k] << (8 * k);
+    int64_t cols = t->shape[t->ndim - 1],
+            lo = i < 0 ? 0
+                 : row ? i * cols
+                       : i,
+            hi = i < 0 ? (int64_t)t->numel
+                 : row ? lo + cols
+                       : i + 1;
+    assert_int_equal(fseek(w, (long)(start + t->offset + 4 * (uint64_t)lo), SEEK_SET), 0);
+    for (int64_t k = lo; k < hi; k++) assert_int_equal(fwrite(&v, 4, 1, w), 1);
+    fclose(w);
+    llama_st_close(f);
+}
+
+// A copy of a golden model's weights in the test's folder.
+static const char *weights_copy(char *buf, size_t len, const char *model, const char *name) {
+    snprintf(buf, len, "%s/%s", dir, name);
+    sh("cp %s/%s/model.safetensors %s", MEMBILL_GOLDEN_DIR, model, buf);
+    return buf;
+}
+
+// A NaN in a weight, an infinite gradient behind a finite loss, weights that SGD drives to
+// infinity in the first step, an adapter's lora_alpha of 1e300: each a failed run (exit 1)
+// naming the step, the phase and where; never a loss of "nan" reported as a result.
+static void test_non_finite_values(void **state) {
+    (void)state;
+    char w[512], a[2048];
+    weights_copy(w, sizeof w, "tiny_tied", "nan.safetensors");
+    patch(w, "model.layers.0.mlp.down_proj.weight", 40, false, NAN);
+    const char *tied = MEMBILL_GOLDEN_DIR "/tiny_tied/config.json";
+    const char *frameworks[] = {"pytorch", "lean"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(a, sizeof a, "train --config %s --weights %s --framework %s --json %s/nan.json", tied, w,
+                 frameworks[k], dir);
+        expect(a, 1, "step 1, forward: non-finite logits: nan at position 0");
+        expect(a, 1, "the weight model.layers.0.mlp.down_proj.weight holds nan");
+        expect(a, 1, "the first op that saved one is rmsnorm at layers.1.input_layernorm");
+    }
+    snprintf(a, sizeof a, "infer --config %s --weights %s --new-tokens 3", tied, w);
+    expect(a, 1, "generate, prefill 0: non-finite logits: nan in row 0 at id 0 (lm_head)");
+    snprintf(a, sizeof a, "compare --config %s --weights %s --new-tokens 3", tied, w);
+    expect(a, 1, "non-finite logits");
+    // The final norm's weight 0 and lm_head's row 5 near float32's largest: all ids 5, the
+    // logits are 0 and the loss log(256), finite, but the norm's gradient overflows.
+    const char *untied = MEMBILL_GOLDEN_DIR "/tiny_untied/config.json";
+    weights_copy(w, sizeof w, "tiny_untied", "inf_grad.safetensors");
+    patch(w, "model.norm.weight", -1, false, 0.0f);
+    patch(w, "lm_head.weight", 5, true, 3.4e38f);
+    snprintf(a, sizeof a, "train --config %s --weights %s --tokens 5,5,5,5,5,5,5,5", untied, w);
+    expect(a, 1, "step 1, backward: non-finite gradient: the gradient of model.norm.weight holds -inf");
+    // lm_head's row 5 at 1e30 instead: every gradient finite, but SGD's step at lr 1e6 lifts the
+    // norm's weight to ~1e36, and the second forward's logits overflow.
+    patch(w, "lm_head.weight", 5, true, 1e30f);
+    snprintf(a, sizeof a, "train --config %s --weights %s --tokens 5,5,5,5,5,5,5,5 --optimizer sgd --lr 1e6 --steps 3",
+             untied, w);
+    expect(a, 1, "step 2, forward: non-finite logits: inf");
+    // the same weights for one step: finite throughout
+    snprintf(a, sizeof a, "train --config %s --weights %s --tokens 5,5,5,5,5,5,5,5 --optimizer sgd --lr 1e6 --quiet",
+             untied, w);
+    expect(a, 0, "");
+    // an adapter whose lora_alpha the command line would refuse (above 1e9)
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --lora-rank 2 --save-adapter %s/adapter --quiet",
+             MEMBILL_GOLDEN_DIR, dir);
+    expect(a, 0, "");
+    char path[512];
+    snprintf(path, sizeof path, "%s/adapter/adapter_config.json", dir);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    assert_non_null(cfg);
+    json_object_set_new(cfg, "lora_alpha", json_real(1e300));
+    assert_int_equal(json_dump_file(cfg, path, 0), 0);
+    json_decref(cfg);
+    snprintf(a, sizeof a, "train --weights %s/tiny_tied --adapter %s/adapter", MEMBILL_GOLDEN_DIR, dir);
+    expect(a, 1, "adapter_config.json: LoRA alpha 1e+300: expected a number from 1e-09 to 1e+09");
+    snprintf(a, sizeof a, "infer --weights %s/tiny_tied --adapter %s/adapter", MEMBILL_GOLDEN_DIR, dir);
+    expect(a, 1, "adapter_config.json: LoRA alpha 1e+300");
+    // the same alpha from the command line is a usage error, with the same bounds
+    expect("train --lora-rank 2 --lora-alpha 1e300 --meta", 2, "--lora-alpha expects a number from 1e-09 to 1e+09");
+}
+
+// A size with its unit past the maximum says the range, not that it needs a unit.
+static void test_sizes_at_their_limits(void **state) {
+    (void)state;
+    const struct {
+        const char *args, *expect;
+    } cases[] = {
+        {"train --meta --budget 9223372036854775808B",
+         "--budget expects a size from 1B to 1000000TB (1,000,000,000,000,000,000 bytes), not '9223372036854775808B'"},
+        {"plan --device-memory 9223372036854775808B", "--device-memory expects a size from 1B to 1000000TB"},
+        {"plan --overhead 9223372036854775808B",
+         "--overhead expects a size from 0B to 1000TB (1,000,000,000,000,000 bytes)"},
+        {"train --meta --budget 1e30GB", "--budget expects a size from 1B to 1000000TB"},
+        {"plan --device-memory 0B", "--device-memory expects a size from 1B to"},
+        {"train --meta --budget 80", "--budget expects a size with its unit"},
+        {"train --meta --budget lots", "--budget expects a size with its unit"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect(cases[i].args, 2, cases[i].expect);
+    run_result r;
+    membill(&r, "plan --device-memory 1000000TB --quiet");
+    assert_int_equal(r.code, 0); // the maximum itself
+}
+
+// Options that set up something the rest of the command does not have.
+static void test_options_that_do_not_go_together(void **state) {
+    (void)state;
+    const char *cases[] = {"train --zero 1 --prefetch-layers 2", "train --zero 2 --prefetch-layers 0",
+                           "train --zero 0 --prefetch-layers 1", "plan --zero 1 --prefetch-layers 2",
+                           "plan --gpus 8 --prefetch-layers 2"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect(cases[i], 2, "--prefetch-layers gathers the weights of the blocks ahead, which only --zero 3 shards");
+    run_result r;
+    membill(&r, "plan --gpus 8 --zero 3 --prefetch-layers 2 --quiet");
+    assert_int_equal(r.code, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_non_finite_values),
+        cmocka_unit_test(test_sizes_at_their_limits),
+        cmocka_unit_test(test_options_that_do_not_go_together),
+    };
+    return cmocka_run_group_tests(tests, cli_run_make_dir, cli_run_remove_dir);
+}
