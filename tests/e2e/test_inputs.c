@@ -160,11 +160,117 @@ static void test_options_that_do_not_go_together(void **state) {
     assert_int_equal(r.code, 0);
 }
 
+// Each tensor of the file `from` in a shard of its own under folder, and their index.
+static void one_shard_each(const char *from, const char *folder) {
+    llama_st_file *f = NULL;
+    ag_err err;
+    assert_int_equal(llama_st_open(&f, from, &err), 0);
+    json_t *map = json_object();
+    for (size_t i = 0; i < llama_st_count(f); i++) {
+        const llama_st_tensor *t = llama_st_get(f, i);
+        float *data = malloc(t->numel * sizeof(float) + 1);
+        assert_int_equal(llama_st_read_f32(f, t, data, t->numel, &err), 0);
+        char name[64], path[1024];
+        snprintf(name, sizeof name, "model-%05zu.safetensors", i + 1);
+        snprintf(path, sizeof path, "%s/%s", folder, name);
+        FILE *out = fopen(path, "wb");
+        int ndim = t->ndim;
+        int64_t shape[1][LLAMA_ST_WRITE_MAX_DIMS] = {{0}};
+        memcpy(shape[0], t->shape, sizeof(int64_t) * (size_t)ndim);
+        const float *d[1] = {data};
+        assert_int_equal(
+            llama_st_write_f32_file(out, 1, &t->name, &ndim, (const int64_t(*)[LLAMA_ST_WRITE_MAX_DIMS])shape, d, &err),
+            0);
+        fclose(out);
+        free(data);
+        json_object_set_new(map, t->name, json_string(name));
+    }
+    llama_st_close(f);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", folder);
+    json_t *index = json_pack("{s:{}, s:o}", "metadata", "weight_map", map);
+    assert_int_equal(json_dump_file(index, path, 0), 0);
+    json_decref(index);
+}
+
+static double loss_of(const char *args) {
+    json_t *root = cli_run_json(args);
+    double loss = json_real_value(json_object_get(root, "loss"));
+    json_decref(root);
+    return loss;
+}
+
+// A checkpoint of 1,109 shards (a 123-block model, one tensor a shard) reads under an open-file
+// limit of 256, with the same loss as its single file: no descriptor is held per shard.
+static void test_more_shards_than_open_files(void **state) {
+    (void)state;
+    char folder[256], a[2048], cfg[512], single[512];
+    snprintf(folder, sizeof folder, "%s/many", dir);
+    sh("mkdir -p %s", folder);
+    snprintf(cfg, sizeof cfg, "%s/config.json", folder);
+    FILE *f = fopen(cfg, "w");
+    fputs(
+        "{\"model_type\": \"llama\", \"hidden_size\": 8, \"intermediate_size\": 8, \"num_hidden_layers\": 123, "
+        "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"vocab_size\": 32, \"max_position_embeddings\": 64, "
+        "\"tie_word_embeddings\": true}",
+        f);
+    fclose(f);
+    snprintf(single, sizeof single, "%s/single.safetensors", dir);
+    snprintf(a, sizeof a, "train --config %s --optimizer none --save-weights %s --quiet", cfg, single);
+    expect(a, 0, "");
+    one_shard_each(single, folder);
+    snprintf(a, sizeof a, "train --weights %s --config %s --tokens 1,2,3,4 --optimizer none", single, cfg);
+    double want = loss_of(a);
+    // through a shell that lowers its limit first (the folder holds the config: no --config)
+    char cmd[4096], out[512];
+    snprintf(out, sizeof out, "%s/many.json", dir);
+    snprintf(cmd, sizeof cmd,
+             "ulimit -n 256 && %s train --weights %s --tokens 1,2,3,4 --optimizer none --json %s --quiet 2>%s/many.err",
+             MEMBILL_BIN, folder, out, dir);
+    int st = system(cmd);
+    char err[4096], p[600];
+    snprintf(p, sizeof p, "%s/many.err", dir);
+    slurp(p, err, sizeof err);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("%s: %s", cmd, err);
+    json_t *root = json_load_file(out, 0, NULL);
+    assert_non_null(root);
+    assert_true(json_real_value(json_object_get(root, "loss")) == want);
+    json_decref(root);
+}
+
+// An index (or a .safetensors file) given alone takes its config from --model or --config, the
+// default preset without them; one that does not fit says so, and names the config beside it.
+static void test_weights_file_and_its_config(void **state) {
+    (void)state;
+    char folder[256], a[2048];
+    snprintf(folder, sizeof folder, "%s/split", dir);
+    sh("mkdir -p %s && cp %s/tiny_tied/config.json %s/", folder, MEMBILL_GOLDEN_DIR, folder);
+    char single[512];
+    snprintf(single, sizeof single, "%s/tiny_tied/model.safetensors", MEMBILL_GOLDEN_DIR);
+    one_shard_each(single, folder);
+    snprintf(a, sizeof a, "train --weights %s/model.safetensors.index.json", folder);
+    expect(a, 1, "the config expects [49152, 576]");
+    expect(a, 1,
+           "the config is the default preset smollm2-135m: a weights file takes its config from --model or "
+           "--config; the folder's own is --config");
+    snprintf(a, sizeof a, "train --weights %s/model.safetensors.index.json --model smollm2-360m", folder);
+    expect(a, 1, "; the config is --model smollm2-360m");
+    snprintf(a, sizeof a, "infer --weights %s --model llama-2-7b", single);
+    expect(a, 1, "the config is --model llama-2-7b");
+    snprintf(a, sizeof a, "train --weights %s/model.safetensors.index.json --config %s/config.json --quiet", folder,
+             folder);
+    expect(a, 0, "");
+    snprintf(a, sizeof a, "train --weights %s --quiet", folder); // the folder reads its own config
+    expect(a, 0, "");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_non_finite_values),
         cmocka_unit_test(test_sizes_at_their_limits),
         cmocka_unit_test(test_options_that_do_not_go_together),
+        cmocka_unit_test(test_more_shards_than_open_files),
+        cmocka_unit_test(test_weights_file_and_its_config),
     };
     return cmocka_run_group_tests(tests, cli_run_make_dir, cli_run_remove_dir);
 }
