@@ -26,6 +26,13 @@ typedef struct {
 const cli_command *cli_find_command(const char *name); // NULL if unknown
 size_t cli_command_count(void);
 const cli_command *cli_command_at(size_t i);
+const char *cli_command_name(size_t i); // NULL past the end
+
+// "Did you mean" (suggest.c): of the count names name(i) gives, the one closest to typed (a few
+// edits at most, case aside: --seqlen, trian, llama3-8b), else NULL; and that as
+// " (did you mean NAME?)" in buf, else "".
+const char *cli_suggest(const char *typed, const char *(*name)(size_t i), size_t count);
+const char *cli_did_you_mean(char *buf, size_t len, const char *typed, const char *(*name)(size_t i), size_t count);
 
 #define CLI_MAX_OPTIONS 64
 

@@ -15,8 +15,10 @@ static int help(int argc, char **argv) {
     }
     const cli_command *c = cli_find_command(argv[2]);
     if (!c || argc > 3) {
-        fprintf(stderr, "membill help: %s '%s' (commands: train, infer, compare, check, plan)\n",
-                c ? "unexpected argument" : "unknown command", argv[c ? 3 : 2]);
+        char hint[96];
+        fprintf(stderr, "membill help: %s '%s'%s (commands: train, infer, compare, check, plan)\n",
+                c ? "unexpected argument" : "unknown command", argv[c ? 3 : 2],
+                c ? "" : cli_did_you_mean(hint, sizeof hint, argv[2], cli_command_name, cli_command_count()));
         return EXIT_USAGE;
     }
     cli_usage(stdout, c);
@@ -36,7 +38,9 @@ int main(int argc, char **argv) {
     }
     const cli_command *cmd = cli_find_command(argv[1]);
     if (!cmd) {
-        fprintf(stderr, "membill: unknown command '%s' (see membill --help)\n", argv[1]);
+        char hint[96];
+        const char *mean = cli_did_you_mean(hint, sizeof hint, argv[1], cli_command_name, cli_command_count());
+        fprintf(stderr, "membill: unknown command '%s'%s\n", argv[1], *mean ? mean : " (see membill --help)");
         return EXIT_USAGE;
     }
     static cli_options o;

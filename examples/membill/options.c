@@ -184,6 +184,8 @@ const cli_command *cli_find_command(const char *name) {
 
 size_t cli_command_count(void) { return sizeof commands / sizeof commands[0]; }
 const cli_command *cli_command_at(size_t i) { return i < cli_command_count() ? &commands[i] : NULL; }
+const char *cli_command_name(size_t i) { return i < cli_command_count() ? commands[i].name : NULL; }
+static const char *option_name(size_t i) { return i < NSPECS ? specs[i].name : NULL; }
 
 void cli_usage_error(const cli_options *o, const char *fmt, ...) {
     char raw[1024], line[2048];
@@ -347,7 +349,12 @@ bool cli_parse(cli_options *o, const cli_command *cmd, int argc, char **argv) {
         const opt_spec *s = strncmp(arg, "--", 2) == 0 ? find_spec(arg, len) : NULL;
         char names[64];
         if (!s) {
-            if (arg[0] == '-')
+            char typed[80], hint[96];
+            snprintf(typed, sizeof typed, "%.*s", (int)(len < 79 ? len : 79), arg);
+            if (arg[0] == '-' && cli_suggest(typed, option_name, NSPECS))
+                cli_usage_error(o, "unknown option '%.*s'%s", (int)len, arg,
+                                cli_did_you_mean(hint, sizeof hint, typed, option_name, NSPECS));
+            else if (arg[0] == '-')
                 cli_usage_error(o, "unknown option '%.*s' (see membill %s --help)", (int)len, arg, o->command);
             else
                 cli_usage_error(o, "unexpected argument '%s': options start with -- (see membill %s --help)", arg,

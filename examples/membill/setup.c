@@ -189,7 +189,9 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
     if (cfg_file && llama_config_load(cfg, cfg_file, err) != 0) return EXIT_RUN_FAILED;
     if (!cfg_file && llama_config_preset(cfg, o->model, err) != 0) {
-        ag_err_set(err, "--model: unknown preset '%s' (membill plan --list names them)", o->model);
+        char hint[96];
+        const char *mean = cli_did_you_mean(hint, sizeof hint, o->model, llama_preset_name, llama_preset_count());
+        ag_err_set(err, "--model: unknown preset '%s'%s", o->model, *mean ? mean : " (membill plan --list names them)");
         return EXIT_USAGE;
     }
     return st_path[0] && !cfg_from_weights[0] ? check_weights_file(o, cfg, st_path, err) : 0;

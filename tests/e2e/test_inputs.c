@@ -264,6 +264,29 @@ static void test_weights_file_and_its_config(void **state) {
     expect(a, 0, "");
 }
 
+// A typo of an option, a subcommand or a preset gets the name it most likely meant; a word that
+// is near nothing gets the usual pointer to the list.
+static void test_did_you_mean(void **state) {
+    (void)state;
+    const struct {
+        const char *args, *expect;
+    } cases[] = {
+        {"train --seqlen 5", "membill train: unknown option '--seqlen' (did you mean --seq-len?)"},
+        {"plan --modle x", "unknown option '--modle' (did you mean --model?)"},
+        {"infer --new-token 3", "(did you mean --new-tokens?)"},
+        {"trian", "membill: unknown command 'trian' (did you mean train?)"},
+        {"paln --list", "unknown command 'paln' (did you mean plan?)"},
+        {"help infre", "membill help: unknown command 'infre' (did you mean infer?)"},
+        {"train --model llama3-8b --meta", "--model: unknown preset 'llama3-8b' (did you mean llama-3-8b?)"},
+        {"plan --model smollm-135m", "(did you mean smollm2-135m?)"},
+        {"plan --model llama-3.1-450b", "(did you mean llama-3.1-405b?)"},
+        {"train --frobnicate", "unknown option '--frobnicate' (see membill train --help)"},
+        {"fly", "unknown command 'fly' (see membill --help)"},
+        {"plan --model gpt-5", "unknown preset 'gpt-5' (membill plan --list names them)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect(cases[i].args, 2, cases[i].expect);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_non_finite_values),
@@ -271,6 +294,7 @@ int main(void) {
         cmocka_unit_test(test_options_that_do_not_go_together),
         cmocka_unit_test(test_more_shards_than_open_files),
         cmocka_unit_test(test_weights_file_and_its_config),
+        cmocka_unit_test(test_did_you_mean),
     };
     return cmocka_run_group_tests(tests, cli_run_make_dir, cli_run_remove_dir);
 }
