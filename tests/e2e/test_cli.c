@@ -224,7 +224,7 @@ static void test_bad_input(void **state) {
     // A failed run leaves the user's files as they were.
     write_file("keep.json", "precious");
     snprintf(a, sizeof a, "train --weights %s/tiny_tied --tokens 1,2,300 --json %s/keep.json", MEMBILL_GOLDEN_DIR, dir);
-    expect_failure(a, 1, "token id");
+    expect_failure(a, 1, "id 300");
     char path[512], buf[64];
     snprintf(path, sizeof path, "%s/keep.json", dir);
     slurp(path, buf, sizeof buf);
