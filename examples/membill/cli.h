@@ -386,6 +386,12 @@ int cli_profiler_start(const cli_options *o, bool meta);
 void cli_progress_begin(const cli_options *o);
 void cli_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_progress_end(void);
+// Where the command is, without a progress line ("writing the outputs"): what Ctrl-C reports.
+void cli_progress_where(const char *text);
+// SIGINT, SIGTERM, SIGHUP and SIGQUIT (where they have the default action) remove the output
+// temporaries and say in one line where the command stopped and that nothing was written,
+// then end it as the signal would (a shell sees 130 for Ctrl-C).
+void cli_catch_interrupts(const cli_options *o);
 
 // The report of a training run (train.c), text and JSON, as membill train prints and writes it.
 void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool failed);

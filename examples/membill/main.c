@@ -50,6 +50,7 @@ int main(int argc, char **argv) {
         return fflush(stdout) == 0 && !ferror(stdout) ? 0 : EXIT_RUN_FAILED;
     }
     if (!cli_check_combinations(&o)) return EXIT_USAGE;
+    cli_catch_interrupts(&o);
     static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare, cmd_plan, cmd_check};
     int i = 0;
     while ((1 << i) != (int)cmd->bit) i++;

@@ -11,6 +11,8 @@
 #include <math.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cli_run.h"
 #include "model.h"
@@ -287,6 +289,52 @@ static void test_did_you_mean(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect(cases[i].args, 2, cases[i].expect);
 }
 
+// Ctrl-C in the middle of a run: one line saying where it stopped and that nothing was written,
+// the user's file untouched, no temporary left, and the end a shell reports as 130 (the
+// process ends by SIGINT, as a caller that stops on it expects).
+static void test_interrupted_run(void **state) {
+    (void)state;
+    char keep[512], out[512], errp[512], grads[512];
+    snprintf(keep, sizeof keep, "%s/keep.json", dir);
+    snprintf(out, sizeof out, "%s/outs", dir);
+    snprintf(grads, sizeof grads, "%s/outs/grads.safetensors", dir);
+    snprintf(errp, sizeof errp, "%s/interrupted.err", dir);
+    sh("mkdir -p %s && printf precious >%s", out, keep);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGINT, SIG_DFL); // as a terminal's foreground job has it
+        FILE *e = freopen(errp, "w", stderr);
+        FILE *o = freopen("/dev/null", "w", stdout);
+        (void)e, (void)o;
+        execl(MEMBILL_BIN, MEMBILL_BIN, "train", "--weights", MEMBILL_GOLDEN_DIR "/tiny_tied", "--steps", "100000",
+              "--progress", "--json", keep, "--dump-grads", grads, (char *)NULL);
+        _exit(127);
+    }
+    static char err[1 << 16];
+    for (int tries = 0; tries < 600; tries++) { // until its third step is under way
+        slurp(errp, err, sizeof err);
+        if (strstr(err, "step 3/")) break;
+        usleep(50000);
+    }
+    assert_non_null(strstr(err, "step 3/"));
+    kill(pid, SIGINT);
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT);
+    slurp(errp, err, sizeof err);
+    char *last = strstr(err, "membill train: interrupted (step ");
+    if (!last) fail_msg("stderr: %s", err);
+    assert_non_null(strstr(last, "); nothing was written\n"));
+    assert_int_equal(count_lines(last), 1);
+    char kept[64];
+    slurp(keep, kept, sizeof kept);
+    assert_string_equal(kept, "precious");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A %s)\"", out); // no output, no temporary
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_non_finite_values),
@@ -295,6 +343,7 @@ int main(void) {
         cmocka_unit_test(test_more_shards_than_open_files),
         cmocka_unit_test(test_weights_file_and_its_config),
         cmocka_unit_test(test_did_you_mean),
+        cmocka_unit_test(test_interrupted_run),
     };
     return cmocka_run_group_tests(tests, cli_run_make_dir, cli_run_remove_dir);
 }
