@@ -189,6 +189,38 @@ static void test_readme_lists_every_option(void **state) {
     if (!strstr(readme, r.out)) fail_msg("README.md does not hold the output of `membill help --markdown`");
 }
 
+// The quick start's command line that starts with prefix (inside a ```sh block), into out.
+static void readme_command(const char *readme, const char *prefix, const char *contains, char *out, size_t len) {
+    for (const char *p = strstr(readme, prefix); p; p = strstr(p + 1, prefix)) {
+        const char *end = strchr(p, '\n');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n < len && memmem(p, n, contains, strlen(contains))) {
+            memcpy(out, p, n);
+            out[n] = 0;
+            return;
+        }
+    }
+    fail_msg("README.md has no command starting '%s' with '%s'", prefix, contains);
+}
+
+// The README's two quick-start commands configure one build folder alike (the second compiles
+// only what the first did not), and CI runs the test command verbatim.
+static void test_readme_quick_start(void **state) {
+    (void)state;
+    static char readme[1 << 17], ci[1 << 14];
+    slurp(MEMBILL_SOURCE_DIR "/README.md", readme, sizeof readme);
+    slurp(MEMBILL_SOURCE_DIR "/.ci/run", ci, sizeof ci);
+    char main_job[512], tests[512];
+    readme_command(readme, "bash .ci/deps && cmake", "membill train", main_job, sizeof main_job);
+    readme_command(readme, "bash .ci/deps && cmake", "ctest", tests, sizeof tests);
+    const char *cfg_end = strstr(main_job, " && cmake --build");
+    assert_non_null(cfg_end);
+    size_t cfg_len = (size_t)(cfg_end - main_job);
+    if (strncmp(main_job, tests, cfg_len) != 0 || strncmp(tests + cfg_len, " && cmake --build", 17) != 0)
+        fail_msg("the quick start configures its two commands differently:\n%s\n%s", main_job, tests);
+    if (!strstr(ci, tests)) fail_msg(".ci/run does not run the README's test command verbatim: %s", tests);
+}
+
 static json_t *load_json(const char *text) {
     json_error_t e;
     json_t *root = json_loads(text, 0, &e);
@@ -377,6 +409,7 @@ int main(void) {
         cmocka_unit_test(test_refused_not_ignored),
         cmocka_unit_test(test_help_from_the_table),
         cmocka_unit_test(test_readme_lists_every_option),
+        cmocka_unit_test(test_readme_quick_start),
         cmocka_unit_test(test_failed_run_report),
         cmocka_unit_test(test_budget_is_the_peak),
         cmocka_unit_test(test_fit_refusal),
