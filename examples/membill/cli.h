@@ -300,8 +300,11 @@ void cli_breakdown_text(FILE *f, long layers);
 struct json_t *cli_breakdown_json(long layers);
 
 // --explain: each category's formula worked out for this model, and the lessons' claims.
-void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_len, optim_kind kind,
-                       ag_attention_kind attention);
+// The activation formula is --framework lean's saved set, said so beside another framework's
+// measured figure; the temporaries' line gives the optimizer's part (--adam-impl) and what held
+// them at their peak.
+void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_len, const optim_config *oc,
+                       ag_framework fw, ag_attention_kind attention);
 
 // check's Q and B claims (check_dtype.c): the distributions of the next token along float32's
 // greedy text (prompt[T], ref_new[N]) under float32 and under dt, from the same random weights,
