@@ -135,7 +135,7 @@ static const opt_spec specs[] = {
      "both runs on one scale)"},
     {"--trace", "FILE.json", T_OUT, OFF(trace), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
      "a Chrome trace-event file (opens in Perfetto): a counter track per category, every tensor a slice from "
-     "allocation to free"},
+     "allocation to free (plain malloc: its counter track)"},
     {"--html", "FILE.html", T_OUT, OFF(html), ALL, NULL, 0, NULL, 0, 0, NULL,
      "one self-contained page: the timeline to hover, pin and zoom (what was live at any moment), the bill"},
     {"--save-adapter", "DIR", T_STR, OFF(save_adapter), TR, NULL, 0, NULL, 0, 0, NULL,

@@ -269,7 +269,8 @@ def check_page(b, page, report, shots):
 
 
 def trace_at_peak(path, report):
-    """The trace's tensor slices live at its total-peak instant, summed by category."""
+    """The trace's tensor slices live at its total-peak instant, summed by category, and plain
+    malloc's counter track then; no slice of plain malloc."""
     with open(path) as f:
         events = json.load(f)["traceEvents"]
     at = next(e["ts"] for e in events if e["ph"] == "i" and e["name"] == "total peak")
@@ -279,6 +280,9 @@ def trace_at_peak(path, report):
             begins[e["id"]] = e
         elif e["ph"] == "e" and begins[e["id"]]["ts"] <= at < e["ts"]:
             live[e["cat"]] += begins[e["id"]]["args"]["bytes"]
+        elif e["ph"] == "C" and e["name"] == "other" and e["ts"] <= at:
+            live["other"] = e["args"]["bytes"]
+    check(all(e["cat"] != "other" for e in begins.values()), "SmolLM2-135M: no slice of plain malloc in the trace")
     same_composition(dict(live, total=sum(live.values())), report["peak"]["composition"],
                      "SmolLM2-135M: the trace's slices at the peak")
 
