@@ -408,7 +408,9 @@ void cli_usage(FILE *f, const cli_command *cmd) {
 void cli_usage_all(FILE *f) {
     fputs("usage: membill COMMAND [options]\n\n", f);
     for (size_t i = 0; i < cli_command_count(); i++) fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
-    fputs("\nmembill help COMMAND (or membill COMMAND --help) lists a command's options.\n", f);
+    fputs("\nmembill help COMMAND (or membill COMMAND --help) lists a command's options; membill --version prints\n"
+          "the version.\n",
+          f);
 }
 
 // Every option as a Markdown table (the README's list is this output).

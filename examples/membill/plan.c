@@ -200,8 +200,10 @@ static void list_presets(void) {
         llama_config c;
         ag_err e;
         if (llama_config_preset(&c, llama_preset_name(i), &e) != 0) continue;
-        printf("%-16s %20llu %8lld %8lld %6lld %4lld\n", c.name, (unsigned long long)llama_param_count(&c),
-               (long long)c.hidden, (long long)c.layers, (long long)c.heads, (long long)c.kv_heads);
+        char params[32], hidden[16]; // thousands separated, as every report writes them
+        printf("%-16s %20s %8s %8lld %6lld %4lld\n", c.name, cli_commas(params, sizeof params, llama_param_count(&c)),
+               cli_commas(hidden, sizeof hidden, (uint64_t)c.hidden), (long long)c.layers, (long long)c.heads,
+               (long long)c.kv_heads);
     }
 }
 

@@ -221,6 +221,39 @@ static void test_readme_quick_start(void **state) {
     if (!strstr(ci, tests)) fail_msg(".ci/run does not run the README's test command verbatim: %s", tests);
 }
 
+// Every preset plan --list names (its counts with thousands separated, as every report writes
+// them) is in the README's list of presets; --version prints it and --help says so.
+static void test_presets_and_version(void **state) {
+    (void)state;
+    static char readme[1 << 17];
+    slurp(MEMBILL_SOURCE_DIR "/README.md", readme, sizeof readme);
+    const char *list = strstr(readme, "- `--model NAME`: a preset: ");
+    assert_non_null(list);
+    const char *end = strstr(list, ".\n");
+    assert_non_null(end);
+    run_result r;
+    membill(&r, "plan --list");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "smollm2-135m              134,515,008      576"));
+    int n = 0;
+    char *save = NULL, *line = strtok_r(r.out, "\n", &save); // the header
+    while ((line = strtok_r(NULL, "\n", &save))) {
+        char name[32], comma[40], stop[40];
+        assert_int_equal(sscanf(line, "%31s", name), 1);
+        snprintf(comma, sizeof comma, " %s,", name); // whole names: llama-2-7b is not llama-2-70b
+        snprintf(stop, sizeof stop, " %s.", name);
+        const char *at = strstr(list, comma), *last = strstr(list, stop);
+        if ((!at || at > end) && (!last || last > end)) fail_msg("the README's preset list leaves out %s", name);
+        n++;
+    }
+    assert_true(n >= 11);
+    membill(&r, "--version");
+    assert_int_equal(r.code, 0);
+    assert_int_equal(strncmp(r.out, "membill ", 8), 0);
+    membill(&r, "--help");
+    assert_non_null(strstr(r.out, "membill --version"));
+}
+
 static json_t *load_json(const char *text) {
     json_error_t e;
     json_t *root = json_loads(text, 0, &e);
@@ -410,6 +443,7 @@ int main(void) {
         cmocka_unit_test(test_help_from_the_table),
         cmocka_unit_test(test_readme_lists_every_option),
         cmocka_unit_test(test_readme_quick_start),
+        cmocka_unit_test(test_presets_and_version),
         cmocka_unit_test(test_failed_run_report),
         cmocka_unit_test(test_budget_is_the_peak),
         cmocka_unit_test(test_fit_refusal),
