@@ -54,7 +54,8 @@ typedef struct {
     void *data;
     size_t bytes;  // requested
     size_t usable; // what the allocator gave (size class); equal to bytes in meta mode
-    uint32_t site; // interned site label, see mp_site_name
+    uint32_t site;   // interned site label, see mp_site_name
+    uint32_t serial; // this allocation's number in the run (1, 2, ...), on its timeline events
     uint8_t category;
 } mp_block;
 
@@ -124,6 +125,7 @@ typedef struct {
     int64_t bytes; // + allocation, - free (requested bytes)
     uint32_t site;
     uint32_t detail; // what the block holds (mp_detail_name), 0: nothing said; allocations only
+    uint32_t serial; // the allocation's serial (mp_block), on its allocation and its free; 0 for plain malloc
     uint8_t category;
     uint8_t phase;
 } mp_event;
