@@ -232,8 +232,9 @@ static bool read_trace(ctx *c, device_view *v, const pk_value *tr, live_map *liv
         v->time_us[i] = t && t->type == PK_INT ? t->i : 0;
         v->req[i] = rq;
         v->res[i] = rs;
-        if (rq > v->fig.requested_peak_bytes) v->fig.requested_peak_bytes = rq, v->fig.requested_peak_entry = i;
-        if (rs > v->fig.reserved_peak_bytes) v->fig.reserved_peak_bytes = rs, v->fig.reserved_peak_entry = i;
+        // walking back, an equal state moves the peak to the first moment it was reached
+        if (rq >= v->fig.requested_peak_bytes) v->fig.requested_peak_bytes = rq, v->fig.requested_peak_entry = i;
+        if (rs >= v->fig.reserved_peak_bytes) v->fig.reserved_peak_bytes = rs, v->fig.reserved_peak_entry = i;
         action_kind k = kind_of(a, &v->fig);
         if (k == A_OTHER) continue;
         uint64_t size = 0;

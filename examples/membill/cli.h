@@ -489,6 +489,10 @@ typedef struct {
 int cli_device_replay(const cli_device *d, const cli_device_mark *marks, size_t n, long steady_from,
                       cli_device_result *out);
 void cli_device_result_free(cli_device_result *r);
+// After a real or meta run: cli_device_replay over marks (taken: freed here); a card the run does
+// not fit fails it (-1, the reason in err), as it would have failed there.
+int cli_device_after_run(const cli_device *d, cli_device_mark *marks, size_t n, long steady_from,
+                         cli_device_result *out, ag_err *err);
 // Marks: a training run's phases (its step records); the timeline's own phase changes (generation).
 size_t cli_device_marks_train(const train_run *r, cli_device_mark **out);
 size_t cli_device_marks_phases(cli_device_mark **out);

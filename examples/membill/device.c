@@ -135,7 +135,7 @@ int cli_device_replay(const cli_device *d, const cli_device_mark *marks, size_t 
         mp_cuda_stats now = mp_cuda_get_stats(c);
         cli_device_phase *ph = &out->phases[out->nphases++];
         note_phase(ph, &marks[k], &now);
-        if (ph->step >= steady_from && ph->reserved_peak > out->steady_reserved_peak) {
+        if (steady_from > 0 && ph->step >= steady_from && ph->reserved_peak > out->steady_reserved_peak) {
             out->steady_reserved_peak = ph->reserved_peak;
             out->steady = true;
         }
@@ -152,6 +152,22 @@ int cli_device_replay(const cli_device *d, const cli_device_mark *marks, size_t 
     out->done = true;
     peak_moment(d, marks, n, out);
     return rc;
+}
+
+int cli_device_after_run(const cli_device *d, cli_device_mark *marks, size_t n, long steady_from,
+                         cli_device_result *out, ag_err *err) {
+    int oom = cli_device_replay(d, marks, n, steady_from, out);
+    free(marks);
+    if (!oom && cli_device_fits(d, out)) return 0;
+    if (oom) {
+        cli_device_oom_message(d, out, err->msg, sizeof err->msg);
+    } else {
+        char a[64], b[64];
+        ag_err_set(err, "does not fit the %s: it needs %s (reserved, context%s) of its %s",
+                   d->gpu ? d->gpu->name : "device", mp_format_bytes(a, sizeof a, cli_device_need(d, out)),
+                   d->nccl ? ", NCCL" : "", mp_format_bytes(b, sizeof b, d->total));
+    }
+    return -1;
 }
 
 void cli_device_result_free(cli_device_result *r) {
@@ -354,7 +370,16 @@ int cli_snapshot_writer(FILE *f, void *arg, ag_err *err) {
         ag_err_set(err, "out of memory");
         return -1;
     }
-    mp_cuda_replay_to(c, mp_timeline_count()); // an allocation that did not fit ends the trace (its oom entry)
+    // up to the teardown: the model and its state still held, as a snapshot taken after the last step
+    size_t end = mp_timeline_count();
+    for (size_t i = 0; i < end; i++) {
+        const mp_event *e = mp_timeline_get(i);
+        if (e->phase == MP_PHASE_TEARDOWN) {
+            end = i;
+            break;
+        }
+    }
+    mp_cuda_replay_to(c, end); // an allocation that did not fit ends the trace (its oom entry)
     int rc = mp_cuda_write_snapshot(c, f, d->conf_text);
     mp_cuda_delete(c);
     if (rc != 0 && !ferror(f)) ag_err_set(err, "out of memory");

@@ -378,18 +378,7 @@ static int run(void *arg, ag_err *err) {
     if (rc != 0 || !t->dev.cuda) return rc;
     cli_device_mark *marks = NULL;
     size_t n = cli_device_marks_train(&t->r, &marks);
-    int oom = cli_device_replay(&t->dev, marks, n, 2, &t->devr);
-    free(marks);
-    if (!oom && cli_device_fits(&t->dev, &t->devr)) return 0;
-    if (oom) {
-        cli_device_oom_message(&t->dev, &t->devr, err->msg, sizeof err->msg);
-    } else {
-        char a[64], b[64];
-        ag_err_set(err, "does not fit the %s: it needs %s (reserved, context%s) of its %s", t->dev.gpu ? t->dev.gpu->name : "device",
-                   mp_format_bytes(a, sizeof a, cli_device_need(&t->dev, &t->devr)), t->dev.nccl ? ", NCCL" : "",
-                   mp_format_bytes(b, sizeof b, t->dev.total));
-    }
-    return -1;
+    return cli_device_after_run(&t->dev, marks, n, 2, &t->devr, err);
 }
 
 // The same run on shapes alone, for the fit check (two steps: the second holds the state).
