@@ -424,6 +424,7 @@ typedef struct {
     uint64_t context_bytes;
     const char *context_source;
     bool total_reported; // a reported figure; false: an estimate, its source says how
+    bool sm90;           // Hopper (compute capability 9.0): cuBLAS's larger default workspace
 } cli_gpu;
 size_t cli_gpu_count(void);
 const cli_gpu *cli_gpu_at(size_t i);
@@ -443,6 +444,7 @@ struct cli_device {
     char conf_text[512];
     const char *conf_from; // "--cuda-alloc-conf", "PYTORCH_CUDA_ALLOC_CONF", NULL: PyTorch's defaults
     uint64_t total, context, nccl, overhead;
+    uint64_t cublas_workspace; // one per cuBLAS handle and stream, through the caching allocator
     long gpus;
 };
 // From the options (and PYTORCH_CUDA_ALLOC_CONF); an exit code, the message in err.

@@ -39,6 +39,9 @@ int cli_device_prepare(const cli_options *o, long gpus, cli_device *d, ag_err *e
     d->nccl = cli_nccl_bytes(d->gpus);
     // the flat allowance was for what the allocator, the context and NCCL now bill themselves
     d->overhead = cli_given(o, "--overhead") ? o->overhead : 0;
+    // CUBLAS_WORKSPACE_CONFIG's default (aten/src/ATen/cuda/CublasHandlePool.cpp): :4096:8 on
+    // compute capability 9.0, :4096:2:16:8 before it
+    d->cublas_workspace = d->gpu && d->gpu->sm90 ? 8ULL * 4096 * 1024 : 2ULL * 4096 * 1024 + 8ULL * 16 * 1024;
     d->conf.total_bytes = d->total;
     d->conf.memory_fraction = o->memory_fraction;
     if (d->total) {
@@ -94,6 +97,38 @@ size_t cli_device_marks_phases(cli_device_mark **out) {
 
 // ---- the replay ----
 
+// The timeline through the allocator, with what PyTorch allocates there that membill's tensors
+// are not: a cuBLAS workspace for each handle and stream at its first product, kept for the
+// process (the forward's thread, then autograd's backward thread, which holds a handle of its
+// own).
+typedef struct {
+    mp_cuda *c;
+    const cli_device *d;
+    bool forward, backward;
+} replayer;
+
+#define WORKSPACE_SERIAL (UINT32_MAX - 8) // past any tensor's serial a run reaches
+
+static mp_status workspace(replayer *rp, bool backward, double seconds) {
+    uint32_t site = mp_site_id(backward ? "cuBLAS workspace (autograd's thread)" : "cuBLAS workspace");
+    return mp_cuda_malloc(rp->c, WORKSPACE_SERIAL + backward, rp->d->cublas_workspace, MP_OTHER, site, seconds);
+}
+
+static mp_status replay_to(replayer *rp, size_t end) {
+    for (size_t i = mp_cuda_cursor(rp->c); i < end; i++) {
+        const mp_event *e = mp_timeline_get(i);
+        bool fwd = !rp->forward && (e->phase == MP_PHASE_FORWARD || e->phase == MP_PHASE_PREFILL);
+        bool bwd = !rp->backward && e->phase == MP_PHASE_BACKWARD;
+        if (!fwd && !bwd) continue;
+        mp_status st = mp_cuda_replay_to(rp->c, i);
+        if (st == MP_OK) st = workspace(rp, bwd, e->seconds);
+        rp->forward |= fwd;
+        rp->backward |= bwd;
+        if (st != MP_OK) return st;
+    }
+    return mp_cuda_replay_to(rp->c, end);
+}
+
 static void note_phase(cli_device_phase *ph, const cli_device_mark *mk, const mp_cuda_stats *st) {
     *ph = (cli_device_phase){mk->step,          mk->phase,          mk->seq_len,
                              st->allocated,     st->reserved,       st->requested,
@@ -116,7 +151,8 @@ static void peak_moment(const cli_device *d, const cli_device_mark *marks, size_
         }
     mp_cuda *c = NULL;
     if (mp_cuda_new(&c, &d->conf) != MP_OK) return;
-    mp_cuda_replay_to(c, ev + 1);
+    replayer rp = {c, d, false, false};
+    replay_to(&rp, ev + 1);
     out->ngaps_all = mp_cuda_gaps(c, out->gaps, CLI_DEVICE_GAPS);
     out->ngaps = out->ngaps_all < CLI_DEVICE_GAPS ? out->ngaps_all : CLI_DEVICE_GAPS;
     mp_cuda_delete(c);
@@ -129,9 +165,10 @@ int cli_device_replay(const cli_device *d, const cli_device_mark *marks, size_t 
     if (!d->cuda || mp_cuda_new(&c, &d->conf) != MP_OK) return 0;
     out->phases = calloc(n ? n : 1, sizeof *out->phases);
     int rc = 0;
+    replayer rp = {c, d, false, false};
     for (size_t k = 0; k < n && out->phases; k++) {
         mp_cuda_window(c);
-        mp_status st = mp_cuda_replay_to(c, marks[k].end);
+        mp_status st = replay_to(&rp, marks[k].end);
         mp_cuda_stats now = mp_cuda_get_stats(c);
         cli_device_phase *ph = &out->phases[out->nphases++];
         note_phase(ph, &marks[k], &now);
@@ -248,6 +285,7 @@ json_t *cli_device_json(const cli_device *d, const cli_device_result *r) {
                         json_string(d->gpu ? d->gpu->context_source : "estimate: PyTorch's lazy-loading context, "
                                                                       "about 400 MB (pytorch/pytorch#109888)"));
     json_object_set_new(o, "nccl_bytes", json_integer((json_int_t)d->nccl));
+    json_object_set_new(o, "cublas_workspace_bytes", json_integer((json_int_t)d->cublas_workspace));
     json_object_set_new(o, "overhead_bytes", json_integer((json_int_t)d->overhead));
     json_object_set_new(o, "allocator_capacity_bytes", d->conf.capacity ? json_integer((json_int_t)d->conf.capacity) : json_null());
     json_object_set_new(o, "allocator_conf", conf_json(d));
@@ -379,7 +417,8 @@ int cli_snapshot_writer(FILE *f, void *arg, ag_err *err) {
             break;
         }
     }
-    mp_cuda_replay_to(c, end); // an allocation that did not fit ends the trace (its oom entry)
+    replayer rp = {c, d, false, false};
+    replay_to(&rp, end); // an allocation that did not fit ends the trace (its oom entry)
     int rc = mp_cuda_write_snapshot(c, f, d->conf_text);
     mp_cuda_delete(c);
     if (rc != 0 && !ferror(f)) ag_err_set(err, "out of memory");

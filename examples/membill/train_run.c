@@ -87,7 +87,9 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     cli_parse_attention(o->attention, &r->attention);
     r->ocfg = optim_defaults(kind);
     r->ocfg.lr = (float)o->lr;
-    optim_parse_adam_impl(o->adam_impl, &r->ocfg.adam_impl); // the table allows only known names
+    // torch.optim's default on CUDA is foreach (for-loop is the CPU's): --device cuda bills it
+    bool cuda = (o->device && strcmp(o->device, "cuda") == 0) || o->gpu;
+    optim_parse_adam_impl(cuda && !cli_given(o, "--adam-impl") ? "foreach" : o->adam_impl, &r->ocfg.adam_impl);
     cli_dtype_optim(&r->dtype, &r->ocfg);
     r->nsteps = o->steps ? o->steps : 1;
     r->meta = o->meta;
