@@ -133,7 +133,7 @@ static void active_remove(mp_cuda *d, size_t j) {
 // ---- trace and statistics ----
 
 void cu_record(mp_cuda *d, int action, uint64_t addr, uint64_t size, uint32_t site, uint8_t category) {
-    if (d->trace_failed) return;
+    if (d->trace_failed || !d->conf.record_history) return;
     if (d->ntrace == d->cap_trace) {
         size_t ncap = d->cap_trace ? d->cap_trace * 2 : 4096;
         cu_trace *t = mp_raw_realloc(d->trace, ncap * sizeof *t);

@@ -241,6 +241,9 @@ typedef struct {
     // torch.cuda.set_per_process_memory_fraction's fraction of total_bytes (0: not set).
     uint64_t capacity, total_bytes;
     double memory_fraction;
+    // torch.cuda.memory._record_memory_history: keep every action for a snapshot's device_traces
+    // (without it a snapshot has the segments alone, as PyTorch's)
+    bool record_history;
 } mp_cuda_conf;
 
 // PyTorch's defaults: nothing set.

@@ -115,7 +115,7 @@ static mp_status workspace(replayer *rp, bool backward, double seconds) {
 }
 
 static mp_status replay_to(replayer *rp, size_t end) {
-    for (size_t i = mp_cuda_cursor(rp->c); i < end; i++) {
+    for (size_t i = mp_cuda_cursor(rp->c); i < end && !(rp->forward && rp->backward); i++) {
         const mp_event *e = mp_timeline_get(i);
         bool fwd = !rp->forward && (e->phase == MP_PHASE_FORWARD || e->phase == MP_PHASE_PREFILL);
         bool bwd = !rp->backward && e->phase == MP_PHASE_BACKWARD;
@@ -151,7 +151,9 @@ static void peak_moment(const cli_device *d, const cli_device_mark *marks, size_
         }
     mp_cuda *c = NULL;
     if (mp_cuda_new(&c, &d->conf) != MP_OK) return;
-    replayer rp = {c, d, false, false};
+    bool training = false;
+    for (size_t k = 0; k < n; k++) training |= strcmp(marks[k].phase, "backward") == 0;
+    replayer rp = {c, d, false, !training};
     replay_to(&rp, ev + 1);
     out->ngaps_all = mp_cuda_gaps(c, out->gaps, CLI_DEVICE_GAPS);
     out->ngaps = out->ngaps_all < CLI_DEVICE_GAPS ? out->ngaps_all : CLI_DEVICE_GAPS;
@@ -165,7 +167,9 @@ int cli_device_replay(const cli_device *d, const cli_device_mark *marks, size_t 
     if (!d->cuda || mp_cuda_new(&c, &d->conf) != MP_OK) return 0;
     out->phases = calloc(n ? n : 1, sizeof *out->phases);
     int rc = 0;
-    replayer rp = {c, d, false, false};
+    bool training = false;
+    for (size_t k = 0; k < n; k++) training |= strcmp(marks[k].phase, "backward") == 0;
+    replayer rp = {c, d, false, !training}; // a generation has no backward thread
     for (size_t k = 0; k < n && out->phases; k++) {
         mp_cuda_window(c);
         mp_status st = replay_to(&rp, marks[k].end);
@@ -404,7 +408,9 @@ void cli_device_text(FILE *f, const cli_device *d, const cli_device_result *r) {
 int cli_snapshot_writer(FILE *f, void *arg, ag_err *err) {
     const cli_device *d = arg;
     mp_cuda *c = NULL;
-    if (mp_cuda_new(&c, &d->conf) != MP_OK) {
+    mp_cuda_conf conf = d->conf;
+    conf.record_history = true;
+    if (mp_cuda_new(&c, &conf) != MP_OK) {
         ag_err_set(err, "out of memory");
         return -1;
     }

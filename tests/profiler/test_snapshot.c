@@ -134,7 +134,10 @@ static void test_python_pickles(void **state) {
 static void test_round_trip(void **state) {
     (void)state;
     mp_cuda *d = NULL;
-    assert_int_equal(mp_cuda_new(&d, NULL), MP_OK);
+    mp_cuda_conf conf;
+    mp_cuda_conf_default(&conf);
+    conf.record_history = true;
+    assert_int_equal(mp_cuda_new(&d, &conf), MP_OK);
     const uint64_t sizes[] = {614400, 3000000, 15 * MiB, 2000000, 25 * MiB};
     for (uint32_t i = 0; i < 5; i++) {
         assert_int_equal(mp_cuda_malloc(d, i + 1, sizes[i], MP_ACTIVATION, 0, 0.001 * i), MP_OK);
