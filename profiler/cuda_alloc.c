@@ -211,14 +211,14 @@ void cu_seg_delete(mp_cuda *d, cu_seg *s) {
 
 bool cu_is_split(const cu_block *b) { return b->prev || b->next; }
 
-static cu_block *block_new(cu_seg *seg, uint64_t addr, uint64_t size) {
+cu_block *cu_block_new(cu_seg *seg, uint64_t addr, uint64_t size, bool mapped) {
     cu_block *b = mp_raw_malloc(sizeof *b);
     if (!b) return NULL;
     memset(b, 0, sizeof *b);
     b->seg = seg;
     b->addr = addr;
     b->size = size;
-    b->mapped = true;
+    b->mapped = mapped;
     if (!seg->any) seg->any = b;
     return b;
 }
@@ -367,7 +367,7 @@ static cu_block *alloc_block(mp_cuda *d, cu_pool *p, uint64_t size, uint64_t all
     if (c->expandable_segments) return cu_expandable_alloc(d, p, size, site, category);
     if (!cu_device_has(d, alloc_size)) return NULL; // cudaMalloc: out of memory
     cu_seg *s = cu_seg_new(d, alloc_size, p->small, false, site, category);
-    cu_block *b = s ? block_new(s, s->addr, alloc_size) : NULL;
+    cu_block *b = s ? cu_block_new(s, s->addr, alloc_size, true) : NULL;
     if (!b) {
         if (s) cu_seg_delete(d, s);
         return NULL;
@@ -440,7 +440,7 @@ static cu_block *take_block(mp_cuda *d, cu_pool *p, cu_block *b, uint64_t size) 
     bool already_split = cu_is_split(b);
     if (should_split(d, b, size)) {
         cu_block *rest = b;
-        cu_block *nb = block_new(b->seg, b->addr, size);
+        cu_block *nb = cu_block_new(b->seg, b->addr, size, true);
         if (!nb) return NULL;
         nb->prev = rest->prev;
         if (nb->prev) nb->prev->next = nb;

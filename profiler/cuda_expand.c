@@ -5,22 +5,9 @@
 // segments. Reserved bytes are the mapped pages.
 #include "cuda_internal.h"
 
-#include <string.h>
-
 #define NO_TOTAL (1ULL << 40) // the address range when the card's memory is not known
 
 static uint64_t page_of(bool small) { return small ? CU_SMALL_BUFFER : CU_LARGE_BUFFER; }
-
-static cu_block *unmapped_block(cu_seg *s, uint64_t addr, uint64_t size) {
-    cu_block *b = mp_raw_malloc(sizeof *b);
-    if (!b) return NULL;
-    memset(b, 0, sizeof *b);
-    b->seg = s;
-    b->addr = addr;
-    b->size = size;
-    if (!s->any) s->any = b;
-    return b;
-}
 
 // Whether the free and unmapped blocks from b on hold `size` bytes together.
 static bool has_room(const cu_block *b, uint64_t size) {
@@ -42,7 +29,7 @@ static cu_block *find_room(mp_cuda *d, cu_pool *p, uint64_t size, uint32_t site,
     cu_seg *s = cu_seg_new(d, range, p->small, true, site, category);
     if (!s) return NULL;
     s->page = page;
-    cu_block *b = unmapped_block(s, s->addr, range);
+    cu_block *b = cu_block_new(s, s->addr, range, false);
     if (!b || !cu_set_insert(&p->unmapped, b)) {
         mp_raw_free(b);
         cu_seg_delete(d, s);
@@ -61,7 +48,7 @@ static bool map_block(mp_cuda *d, cu_pool *p, cu_block *b, uint64_t size) {
     cu_set_erase(&p->unmapped, b);
     b->mapped = true;
     if (mapped < b->size) {
-        cu_block *rest = unmapped_block(s, b->addr + mapped, b->size - mapped);
+        cu_block *rest = cu_block_new(s, b->addr + mapped, b->size - mapped, false);
         if (!rest) return false;
         rest->prev = b;
         rest->next = b->next;
@@ -104,9 +91,8 @@ void cu_unmap_free(mp_cuda *d, cu_pool *p, cu_block *b) {
     cu_set_erase(&p->blocks, b);
     uint64_t before = at - b->addr, after = b->size - before - bytes;
     if (before) {
-        cu_block *f = unmapped_block(s, b->addr, before);
+        cu_block *f = cu_block_new(s, b->addr, before, true);
         if (!f) return;
-        f->mapped = true;
         f->prev = b->prev;
         if (b->prev) b->prev->next = f;
         f->next = b;
@@ -114,9 +100,8 @@ void cu_unmap_free(mp_cuda *d, cu_pool *p, cu_block *b) {
         cu_pool_insert(p, f);
     }
     if (after) {
-        cu_block *f = unmapped_block(s, at + bytes, after);
+        cu_block *f = cu_block_new(s, at + bytes, after, true);
         if (!f) return;
-        f->mapped = true;
         f->prev = b;
         f->next = b->next;
         if (b->next) b->next->prev = f;

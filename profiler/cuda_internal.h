@@ -89,6 +89,8 @@ void cu_record(mp_cuda *d, int action, uint64_t addr, uint64_t size, uint32_t si
 bool cu_pool_insert(cu_pool *p, cu_block *b); // into the free blocks, its garbage-collection age starting now
 size_t cu_merge(mp_cuda *d, cu_block *dst, cu_block *src, cu_pool *p);
 bool cu_is_split(const cu_block *b);
+// A block of seg at [addr, addr + size), mapped or not (expandable segments' unbacked range).
+cu_block *cu_block_new(cu_seg *seg, uint64_t addr, uint64_t size, bool mapped);
 cu_seg *cu_seg_new(mp_cuda *d, uint64_t size, bool small, bool expandable, uint32_t site, uint8_t category);
 void cu_seg_delete(mp_cuda *d, cu_seg *s);
 void cu_reserved_add(mp_cuda *d, int64_t bytes);
