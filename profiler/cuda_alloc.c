@@ -319,7 +319,7 @@ static void release_block(mp_cuda *d, cu_pool *p, cu_block *b) {
 // A copy of the pool's free blocks, to walk while releasing some of them.
 static cu_block **blocks_copy(const cu_pool *p) {
     cu_block **v = mp_raw_malloc((p->blocks.n ? p->blocks.n : 1) * sizeof *v);
-    if (v) memcpy(v, p->blocks.v, p->blocks.n * sizeof *v);
+    if (v && p->blocks.n) memcpy(v, p->blocks.v, p->blocks.n * sizeof *v);
     return v;
 }
 
