@@ -303,6 +303,31 @@ const llama_st_tensor *llama_ckpt_find(const llama_ckpt *c, const char *name, co
 // llama_st_check_params over every tensor of the checkpoint as one set.
 int llama_ckpt_check_params(const llama_ckpt *c, const llama_config *cfg, bool allow_extra, ag_err *err);
 
+// A safetensors file known by its first bytes alone (the 8-byte length and the JSON header, as a
+// range request returns them; len at least 8 + that length) and its whole size: checked as
+// llama_st_open checks a file of file_size bytes (a header longer than the file is refused). Its
+// tensors' data cannot be read (llama_st_read_* fail, naming it). name names it in messages.
+int llama_st_open_header(llama_st_file **out, const char *name, const void *bytes, size_t len, uint64_t file_size,
+                         ag_err *err);
+
+// How llama_ckpt_open_with opens each safetensors file of a checkpoint, by its name in the
+// checkpoint's folder (llama_ckpt_open: llama_st_open on the folder's file).
+typedef int (*llama_st_opener)(void *arg, const char *name, llama_st_file **out, ag_err *err);
+// llama_ckpt_open with the files opened by open (the index itself is read from path; a single
+// file is opened by its name alone), checked the same way.
+int llama_ckpt_open_with(llama_ckpt **out, const char *path, llama_st_opener open, void *arg, ag_err *err);
+
+// What a checkpoint holds, by dtype: elements and bytes of every tensor, and its parameters (the
+// elements, less a tied config's lm_head.weight, which repeats the embedding).
+#define LLAMA_ST_NDTYPES 5
+typedef struct {
+    uint64_t params, bytes;
+    uint64_t elements[LLAMA_ST_NDTYPES]; // by llama_st_dtype
+} llama_ckpt_stats;
+void llama_ckpt_stats_of(const llama_ckpt *c, bool tied, llama_ckpt_stats *s);
+// The dtype that holds most of the elements (F32, BF16 or F16 among them).
+llama_st_dtype llama_ckpt_stats_dtype(const llama_ckpt_stats *s);
+
 // ================================================================================================
 // Safetensors writing
 // ================================================================================================
