@@ -68,6 +68,7 @@ typedef struct {
     bool batch_capped, seq_capped; // the search's own cap, the model's positions
     uint64_t smallest;             // nothing fits: one device's total at batch 1, the shortest length
     const plan_bill *other;        // training: the same plan with the other --attention; NULL: none
+    const cli_hub *hub;            // --model org/name: its commit and checkpoint; NULL: none
 } plan_view;
 
 // The fit search's answer.
