@@ -109,6 +109,11 @@ int llama_hub_init(llama_hub *h, ag_err *err) {
             h->token_from = token_vars[i];
         }
     if (!h->token[0]) read_token_file(h);
+    for (const char *p = h->token; *p; p++)
+        if ((unsigned char)*p <= ' ' || *p == 0x7f) { // it goes into an HTTP header line
+            ag_err_set(err, "the token from %s holds a blank or a control character", h->token_from);
+            return -1;
+        }
     h->offline = env_true("HF_HUB_OFFLINE") || env_true("TRANSFORMERS_OFFLINE");
     h->timeout_s = 10;
     if ((v = getenv("HF_HUB_DOWNLOAD_TIMEOUT")) && *v) {
@@ -159,10 +164,11 @@ static bool is_commit(const char *s) {
 static int read_ref(llama_hub_repo *r, ag_err *err) {
     char path[LLAMA_HUB_PATH_MAX + LLAMA_HUB_REV_MAX + 8], text[64];
     snprintf(path, sizeof path, "%s/refs/%s", r->dir, r->revision);
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return 0; // not cached (or not a plain file: the Hub will name the commit)
-    ssize_t n = read(fd, text, sizeof text - 1);
-    close(fd);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); // O_NONBLOCK: a FIFO there never blocks
+    if (fd < 0 && errno == ENOENT) return 0;                  // not cached: the Hub will name the commit
+    ssize_t n = fd < 0 ? -1 : read(fd, text, sizeof text - 1);
+    if (fd >= 0) close(fd);
+    while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ')) n--; // an editor's newline
     text[n > 0 ? n : 0] = 0;
     if (!is_commit(text)) {
         ag_err_set(err,

@@ -508,9 +508,8 @@ int cmd_check(const cli_options *o) {
     if (rc == 0 && !o->no_speed) rc = check_speed(&k, &c, &err);
     if (rc == 0) rc = check_quant(&k, &c, !o->no_speed, &err);
     cli_progress_end();
-    cli_text_free(&text);
-    input = (check_input){"", NULL, 25};
     if (rc != 0) {
+        cli_text_free(&text);
         fprintf(stderr, "membill check: %s\n", err.msg[0] ? err.msg : "a run failed");
         cli_outputs_free(outs);
         return EXIT_RUN_FAILED;
@@ -530,6 +529,7 @@ int cmd_check(const cli_options *o) {
     rc = cli_outputs_finish(o, outs, root, &rep, &err);
     json_decref(root);
     cli_outputs_free(outs);
+    cli_text_free(&text);
     if (rc != 0) {
         fprintf(stderr, "membill check: %s\n", err.msg);
         return EXIT_RUN_FAILED;

@@ -29,6 +29,21 @@ import urllib.parse
 ROOT = sys.argv[1]
 
 
+DIGESTS = {}
+
+
+def digest(path, kind):
+    """A file's sha256 or sha1, computed once (weights run to hundreds of MB)."""
+    key = (path, os.path.getmtime(path), kind)
+    if key not in DIGESTS:
+        h = hashlib.new(kind)
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        DIGESTS[key] = h.hexdigest()
+    return DIGESTS[key]
+
+
 def log(line):
     with open(os.path.join(ROOT, "requests.log"), "a") as f:
         f.write(line + "\n")
@@ -90,35 +105,34 @@ class Hub(http.server.BaseHTTPRequestHandler):
         full = os.path.join(repo, commit, file)
         if not os.path.isfile(full):
             return self.error(404, "EntryNotFound", commit)
-        data = open(full, "rb").read()
         if file.endswith(".safetensors"):
-            headers = [("X-Repo-Commit", commit), ("X-Linked-Etag", '"%s"' % hashlib.sha256(data).hexdigest()),
-                       ("X-Linked-Size", str(len(data))), ("ETag", '"%s"' % hashlib.sha1(data).hexdigest()),
+            headers = [("X-Repo-Commit", commit), ("X-Linked-Etag", '"%s"' % digest(full, "sha256")),
+                       ("X-Linked-Size", str(os.path.getsize(full))), ("ETag", '"%s"' % digest(full, "sha1")),
                        ("Location", "/cdn/%s/%s/%s/%s" % (org, name, commit, file))]
             return self.send(302, headers)
-        self.body(repo, data, [("X-Repo-Commit", commit), ("ETag", '"%s"' % hashlib.sha1(data).hexdigest())], file)
+        self.body(repo, full, [("X-Repo-Commit", commit), ("ETag", '"%s"' % digest(full, "sha1"))], file)
 
     def storage(self, repo, commit, file):
         full = os.path.join(repo, commit, file)
         if not os.path.isfile(full):
             return self.error(404, "NotFound")
-        self.body(repo, open(full, "rb").read(), [], file)
+        self.body(repo, full, [], file)
 
-    def body(self, repo, data, headers, file):
+    def body(self, repo, full, headers, file):
+        size = os.path.getsize(full)
         rng = self.headers.get("Range")
         m = re.match(r"^bytes=(\d+)-(\d*)$", rng or "")
         if m and not os.path.exists(os.path.join(repo, "NO_RANGE")):
             a = int(m.group(1))
-            b = int(m.group(2)) if m.group(2) else len(data) - 1
-            if a >= len(data):
-                return self.send(416, headers + [("Content-Range", "bytes */%d" % len(data))])
-            b = min(b, len(data) - 1)
-            part = data[a:b + 1]
-            headers = headers + [("Content-Range", "bytes %d-%d/%d" % (a, b, len(data)))]
+            b = int(m.group(2)) if m.group(2) else size - 1
+            if a >= size:
+                return self.send(416, headers + [("Content-Range", "bytes */%d" % size)])
+            b = min(b, size - 1)
+            headers = headers + [("Content-Range", "bytes %d-%d/%d" % (a, b, size))]
             cut = not m.group(2) and self.cut_once(repo, file)
-            return self.partial(206, headers, part, cut)
+            return self.partial(206, headers, full, a, b + 1 - a, cut)
         cut = os.path.exists(os.path.join(repo, "TRUNCATE")) or self.cut_once(repo, file)
-        self.partial(200, headers, data, cut)
+        self.partial(200, headers, full, 0, size, cut)
 
     def cut_once(self, repo, file):
         marker = os.path.join(repo, "CUT_ONCE")
@@ -127,13 +141,22 @@ class Hub(http.server.BaseHTTPRequestHandler):
             return True
         return False
 
-    def partial(self, status, headers, data, cut):
+    def partial(self, status, headers, full, start, length, cut):
+        """length bytes of the file from start (half of them when cut), Content-Length the whole."""
         self.send_response(status)
         for k, v in headers:
             self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", str(length))
         self.end_headers()
-        self.wfile.write(data[:len(data) // 2] if cut else data)
+        left = length // 2 if cut else length
+        with open(full, "rb") as f:
+            f.seek(start)
+            while left > 0:
+                block = f.read(min(left, 1 << 20))
+                if not block:
+                    break
+                self.wfile.write(block)
+                left -= len(block)
         self.wfile.flush()
 
 
