@@ -339,12 +339,10 @@ static int lock_blob(const llama_hub *h, const llama_hub_repo *r, const char *et
     hub_path(path, sizeof path, "%s/.locks/%s/%s.lock", h->cache, folder ? folder + 1 : r->dir, etag);
     if (hub_make_parents(path, err) != 0) return -1;
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0664);
-    if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        ag_err_set(err, "%s: %s", path,
-                   fd < 0 ? strerror(errno) : "another process is downloading this file: try again once it is done");
-        if (fd >= 0) close(fd);
-        return -1;
-    }
+    // another process downloading the blob (another rank of the job, huggingface_hub): wait for it;
+    // a file system without flock goes on unlocked, as huggingface_hub's soft lock would
+    while (fd >= 0 && flock(fd, LOCK_EX) != 0 && errno == EINTR) continue;
+    if (fd < 0) ag_err_set(err, "%s: %s", path, strerror(errno));
     return fd;
 }
 
@@ -405,6 +403,13 @@ static int download_one(const llama_hub *h, llama_hub_repo *r, llama_hub_shard *
     hub_path(part, sizeof part, "%s/%s.incomplete", blobs, s->etag);
     int lock = lock_blob(h, r, s->etag, err);
     if (lock < 0) return -1;
+    char blob[LLAMA_HUB_PATH_MAX + 200];
+    hub_path(blob, sizeof blob, "%s/%s", blobs, s->etag);
+    if (access(blob, F_OK) == 0) { // the process that held the lock brought it
+        int rc = hub_commit_file(r, s->name, s->etag, part, err);
+        close(lock);
+        return rc;
+    }
     int fd = hub_make_parents(part, err) == 0 ? open(part, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
     struct stat st;
     int rc = -1;

@@ -35,6 +35,19 @@ static struct {
     int tenth;
 } bar;
 
+// 269.06 MB: the unit that reads at a glance, without the byte count beside it.
+static const char *short_size(char *buf, size_t len, uint64_t b) {
+    double v = (double)b;
+    snprintf(buf, len, "%.2f %s",
+             v >= 1e9   ? v / 1e9
+             : v >= 1e6 ? v / 1e6
+                        : v / 1e3,
+             v >= 1e9   ? "GB"
+             : v >= 1e6 ? "MB"
+                        : "kB");
+    return buf;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -54,8 +67,8 @@ static void draw_bar(void *arg, const char *file, uint64_t done, uint64_t total)
     for (int i = 0; i < width; i++) line[i] = i < full ? '#' : '-';
     line[width] = 0;
     fprintf(stderr, bar.tty ? "\r\033[Kmembill %s: %s [%s] %3d%% %s of %s" : "membill %s: %s [%s] %3d%% %s of %s\n",
-            h->command, file, line, (int)(100 * done / total), mp_format_bytes(a, sizeof a, done),
-            mp_format_bytes(b, sizeof b, total));
+            h->command, file, line, (int)(100 * done / total), short_size(a, sizeof a, done),
+            short_size(b, sizeof b, total));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -78,7 +91,7 @@ static void file_list(const llama_hub_weights *w, bool missing_only, char *buf, 
         }
         char b[32];
         k += (size_t)snprintf(buf + k, k < len ? len - k : 0, "%s%s %s", shown ? ", " : "", s->name,
-                              mp_format_bytes(b, sizeof b, s->size));
+                              short_size(b, sizeof b, s->size));
         shown++;
     }
     if (left && k < len) snprintf(buf + k, len - k, " and %zu more", left);
