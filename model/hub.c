@@ -165,7 +165,7 @@ static int read_ref(llama_hub_repo *r, ag_err *err) {
     char path[LLAMA_HUB_PATH_MAX + LLAMA_HUB_REV_MAX + 8], text[64];
     snprintf(path, sizeof path, "%s/refs/%s", r->dir, r->revision);
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); // O_NONBLOCK: a FIFO there never blocks
-    if (fd < 0 && errno == ENOENT) return 0;                  // not cached: the Hub will name the commit
+    if (fd < 0 && errno == ENOENT) return 0;                // not cached: the Hub will name the commit
     ssize_t n = fd < 0 ? -1 : read(fd, text, sizeof text - 1);
     if (fd >= 0) close(fd);
     while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ')) n--; // an editor's newline

@@ -78,6 +78,7 @@ int hub_fetch_small(const llama_hub *h, llama_hub_repo *r, const char *file, cha
     if (fd < 0) return -1;
     hub_get g = {.url = url, .fd = fd, .cap = SMALL_FILE_MAX, .file = file};
     int rc = hub_http_get(h, &g, err);
+    if (rc != 0 && g.unreachable) rc = LLAMA_HUB_NOT_CACHED;
     if (close(fd) != 0 && rc == 0) {
         ag_err_set(err, "%s: cannot write: %s", tmp, strerror(errno));
         rc = -1;
@@ -168,7 +169,7 @@ static int get_range(const llama_hub *h, llama_hub_repo *r, const char *file, ui
     if (hub_url(h, r, file, url, sizeof url, err) != 0) return -1;
     *g = (hub_get){
         .url = url, .range = true, .from = from, .to = from + len - 1, .fd = -1, .mem = mem, .cap = len, .file = file};
-    if (hub_http_get(h, g, err) != 0) return -1;
+    if (hub_http_get(h, g, err) != 0) return g->unreachable ? LLAMA_HUB_NOT_CACHED : -1;
     if (entry_not_found(g, r, file)) return LLAMA_HUB_ABSENT;
     if (g->status != 206 && g->status != 200) {
         hub_status_error(h, r, file, g, err);
@@ -219,7 +220,7 @@ static int file_header(const llama_hub *h, llama_hub_repo *r, const char *file, 
     if (n && (rc = get_range(h, r, file, 8, (size_t)n, rec->bytes + 8, &g, err)) != 0) {
         free(rec->bytes);
         rec->bytes = NULL;
-        return rc < 0 ? rc : -1;
+        return rc == LLAMA_HUB_ABSENT ? -1 : rc;
     }
     r->fetched = true;
     // A header that does not parse is not kept: the next run asks again.

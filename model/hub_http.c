@@ -249,6 +249,8 @@ int hub_http_get(const llama_hub *h, hub_get *g, ag_err *err) {
     curl_easy_cleanup(c);
     curl_slist_free_all(headers);
     if (rc != CURLE_OK) {
+        g->unreachable =
+            rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_PROXY;
         transfer_error(&t, rc, detail, err);
         return -1;
     }

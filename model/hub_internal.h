@@ -25,11 +25,13 @@ typedef struct {
     bool has_size;                           // X-Linked-Size, else the total of Content-Range, else Content-Length
     uint64_t size;
     bool partial;         // 206 with a Content-Range
+    bool unreachable;     // no connection came up (no network, a wrong HF_ENDPOINT)
     uint64_t range_start; // its first byte
 } hub_get;
 
 // 0 when a response came (whatever its status); -1 when none did or its body was cut (no
-// network, a timeout, a redirect loop, a truncated body), with one line in err.
+// network, a timeout, a redirect loop, a truncated body), with one line in err. Without libcurl,
+// or without a connection, g->unreachable is set too.
 int hub_http_get(const llama_hub *h, hub_get *g, ag_err *err);
 
 // hub.c: the cache's atomic writes. Each writes a temporary file beside its target and renames

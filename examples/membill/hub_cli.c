@@ -160,7 +160,8 @@ static int checkpoint(cli_hub *h, cli_options *o, const llama_config *cfg) {
     llama_hub_weights w;
     ag_err err = {""};
     int rc = llama_hub_weights_open(ask ? &h->hub : &cache_only, &h->repo, &w, &err);
-    if (rc < 0 || (rc == LLAMA_HUB_ABSENT && o->download)) return fail(h, EXIT_RUN_FAILED, &err);
+    bool must = o->download || (o->weight_dtype && !strcmp(o->weight_dtype, "auto"));
+    if (rc < 0 || (rc != LLAMA_HUB_FOUND && must)) return fail(h, EXIT_RUN_FAILED, &err);
     if (rc == LLAMA_HUB_FOUND) {
         h->have_ckpt = true;
         llama_ckpt_stats_of(w.ckpt, cfg->tied, &h->stats);
@@ -169,18 +170,22 @@ static int checkpoint(cli_hub *h, cli_options *o, const llama_config *cfg) {
         h->missing = w.missing_bytes;
         if (o->cmd == CLI_PLAN) warn_mismatch(h, cfg, &w);
     }
-    int code = 0;
-    if (rc == LLAMA_HUB_FOUND && real && w.missing_bytes && o->download) code = download(h, o, &w), h->missing = 0;
-    if (rc == LLAMA_HUB_FOUND && real && !w.missing_bytes) snprintf(h->weights, sizeof h->weights, "%s", w.path);
+    int code = rc == LLAMA_HUB_FOUND && real && w.missing_bytes && o->download ? download(h, o, &w) : 0;
+    if (rc == LLAMA_HUB_FOUND && real && !w.missing_bytes) {
+        snprintf(h->weights, sizeof h->weights, "%s", w.path);
+        h->missing = 0;
+    }
     if (code == 0 && real && !h->weights[0]) {
         fprintf(stderr, "membill %s: %s: %s: a random init (--download fetches them)\n", h->command, h->repo.id,
                 rc == LLAMA_HUB_ABSENT  ? "no safetensors weights"
                 : rc == LLAMA_HUB_FOUND ? "the weights are not all in the cache"
                                         : "the weights are not in the cache");
     }
-    if (rc != LLAMA_HUB_FOUND && o->cmd == CLI_PLAN)
-        fprintf(stderr, "membill plan: %s: the checkpoint is not checked (%s)\n", h->repo.id,
-                rc == LLAMA_HUB_ABSENT ? "no safetensors weights" : "its headers are not in the cache, offline");
+    // plan runs from config.json alone when the checkpoint cannot be had: it says why
+    if (rc == LLAMA_HUB_ABSENT && o->cmd == CLI_PLAN)
+        fprintf(stderr, "membill plan: %s: no safetensors weights: the checkpoint is not checked\n", h->repo.id);
+    else if (rc == LLAMA_HUB_NOT_CACHED && o->cmd == CLI_PLAN)
+        fprintf(stderr, "membill plan: the checkpoint is not checked: %s\n", err.msg);
     llama_hub_weights_close(&w);
     return code;
 }

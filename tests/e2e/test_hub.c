@@ -438,6 +438,10 @@ static void test_faults(void **state) {
     repo("test/longheader", TINY, "tiny_tied");
     // a header length that runs past the end of the file
     sh("printf '\\377\\377\\000\\000\\000\\000\\000\\000{}' > %s/test/longheader/" TINY "/model.safetensors", hub);
+    repo("test/configonly", TINY, "tiny_tied");
+    run_result first;
+    run(&first, "infer --model test/configonly --meta --quiet"); // config.json alone into the cache
+    expect(&first, 0, NULL);
     broken_cache("dangling", "../../blobs/gone", OTHER);
     broken_cache("outside", MEMBILL_GOLDEN_DIR "/tiny_tied/config.json", OTHER);
     broken_cache("badref", "../../blobs/gone", "not-a-commit");
@@ -461,6 +465,9 @@ static void test_faults(void **state) {
          "test/longheader: model.safetensors: header length 65535 goes past the end of the file (10 bytes)"},
         {"HF_ENDPOINT=" UNREACHABLE, "plan --model test/cold", 1, "cannot reach " UNREACHABLE},
         {NULL, "plan --model test/cold --offline", 1, "config.json of revision main is not in the cache"},
+        {"HF_ENDPOINT=" UNREACHABLE, "plan --model test/configonly --quiet", 0,
+         "membill plan: the checkpoint is not checked: cannot reach " UNREACHABLE},
+        {"HF_ENDPOINT=" UNREACHABLE, "train --model test/configonly --download", 1, "cannot reach " UNREACHABLE},
         {"HF_HUB_OFFLINE=1", "plan --model test/cold", 1, "the Hub is not to be asked (offline)"},
         {NULL, "plan --model test/dangling", 1, "config.json: a dangling symlink (to ../../blobs/gone"},
         {NULL, "plan --model test/outside", 1, "config.json: a symlink that leads outside the cache"},
