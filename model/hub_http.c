@@ -1,7 +1,12 @@
 // One GET on libcurl: redirects followed (at most 10), a stall or a connection that does not come
 // up in HF_HUB_DOWNLOAD_TIMEOUT seconds given up, the body into a file or a bounded buffer, and
 // the Hub's own headers kept from whichever response of the redirects carried them.
+//
+// libcurl is loaded when the Hub is first asked (dlopen), not linked: with it and the thirty
+// libraries it brings, every membill process takes twice as long to start, which no run that
+// reads no Hub file should pay.
 #include <curl/curl.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +19,54 @@
 #define MAX_REDIRECTS 10
 
 bool llama_hub_has_http(void) { return true; }
+
+static struct {
+    CURLcode (*global_init)(long);
+    CURL *(*easy_init)(void);
+    CURLcode (*setopt)(CURL *, CURLoption, ...);
+    CURLcode (*perform)(CURL *);
+    void (*cleanup)(CURL *);
+    const char *(*strerror)(CURLcode);
+    struct curl_slist *(*slist_append)(struct curl_slist *, const char *);
+    void (*slist_free_all)(struct curl_slist *);
+    bool ready;
+} cu;
+
+static int load_curl(ag_err *err) {
+    static const struct {
+        const char *name;
+        size_t offset;
+    } symbols[] = {
+        {"curl_global_init", offsetof(__typeof__(cu), global_init)},
+        {"curl_easy_init", offsetof(__typeof__(cu), easy_init)},
+        {"curl_easy_setopt", offsetof(__typeof__(cu), setopt)},
+        {"curl_easy_perform", offsetof(__typeof__(cu), perform)},
+        {"curl_easy_cleanup", offsetof(__typeof__(cu), cleanup)},
+        {"curl_easy_strerror", offsetof(__typeof__(cu), strerror)},
+        {"curl_slist_append", offsetof(__typeof__(cu), slist_append)},
+        {"curl_slist_free_all", offsetof(__typeof__(cu), slist_free_all)},
+    };
+    if (cu.ready) return 0;
+    void *lib = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+    for (size_t i = 0; lib && i < sizeof symbols / sizeof symbols[0]; i++) {
+        void *fn = dlsym(lib, symbols[i].name);
+        if (!fn) {
+            ag_err_set(err, "libcurl.so.4 lacks %s: reinstall libcurl4", symbols[i].name);
+            return -1;
+        }
+        memcpy((char *)&cu + symbols[i].offset, &fn, sizeof fn);
+    }
+    if (!lib) {
+        ag_err_set(err, "libcurl cannot be loaded (%s): apt-get install libcurl4 to reach the Hub", dlerror());
+        return -1;
+    }
+    if (cu.global_init(CURL_GLOBAL_DEFAULT) != 0) {
+        ag_err_set(err, "libcurl did not start");
+        return -1;
+    }
+    cu.ready = true;
+    return 0;
+}
 
 // One response's headers, until its blank line.
 typedef struct {
@@ -180,74 +233,72 @@ static void transfer_error(const transfer *t, CURLcode rc, const char *detail, a
     else if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_PROXY)
         ag_err_set(err,
                    "cannot reach %s (%s): no network, or HF_ENDPOINT is wrong; HF_HUB_OFFLINE=1 reads the cache alone",
-                   t->h->endpoint, detail[0] ? detail : curl_easy_strerror(rc));
+                   t->h->endpoint, detail[0] ? detail : cu.strerror(rc));
     else
-        ag_err_set(err, "GET %s: %s", u, detail[0] ? detail : curl_easy_strerror(rc));
+        ag_err_set(err, "GET %s: %s", u, detail[0] ? detail : cu.strerror(rc));
 }
 
 static struct curl_slist *request_headers(const llama_hub *h) {
     char line[1200];
-    struct curl_slist *list = curl_slist_append(NULL, "Accept-Encoding: identity"), *next;
+    struct curl_slist *list = cu.slist_append(NULL, "Accept-Encoding: identity"), *next;
     if (list && h->token[0]) {
         snprintf(line, sizeof line, "Authorization: Bearer %s", h->token);
-        if ((next = curl_slist_append(list, line))) list = next;
+        if ((next = cu.slist_append(list, line))) list = next;
         memset(line, 0, sizeof line);
     }
     return list;
 }
 
 int hub_http_get(const llama_hub *h, hub_get *g, ag_err *err) {
-    static bool ready;
-    if (!ready && curl_global_init(CURL_GLOBAL_DEFAULT) != 0) {
-        ag_err_set(err, "libcurl did not start");
+    if (load_curl(err) != 0) {
+        g->unreachable = true;
         return -1;
     }
-    ready = true;
-    CURL *c = curl_easy_init();
+    CURL *c = cu.easy_init();
     struct curl_slist *headers = request_headers(h);
     if (!c || !headers) {
-        curl_easy_cleanup(c);
-        curl_slist_free_all(headers);
+        cu.cleanup(c);
+        cu.slist_free_all(headers);
         ag_err_set(err, "out of memory for an HTTP request");
         return -1;
     }
     transfer t = {.h = h, .g = g};
     char range[64], detail[CURL_ERROR_SIZE] = "", agent[64];
     snprintf(agent, sizeof agent, "membill/%s", MEMBILL_VERSION);
-    curl_easy_setopt(c, CURLOPT_URL, g->url);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, agent);
-    curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+    cu.setopt(c, CURLOPT_URL, g->url);
+    cu.setopt(c, CURLOPT_USERAGENT, agent);
+    cu.setopt(c, CURLOPT_HTTPHEADER, headers);
 #if LIBCURL_VERSION_NUM >= 0x075500
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    cu.setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    cu.setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
 #else
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+    cu.setopt(c, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+    cu.setopt(c, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
 #endif
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRECTS);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, h->timeout_s);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, h->timeout_s);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, detail);
-    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(c, CURLOPT_HEADERDATA, &t);
-    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(c, CURLOPT_WRITEDATA, &t);
-    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
-    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &t);
-    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    cu.setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    cu.setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRECTS);
+    cu.setopt(c, CURLOPT_NOSIGNAL, 1L);
+    cu.setopt(c, CURLOPT_CONNECTTIMEOUT, h->timeout_s);
+    cu.setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    cu.setopt(c, CURLOPT_LOW_SPEED_TIME, h->timeout_s);
+    cu.setopt(c, CURLOPT_ERRORBUFFER, detail);
+    cu.setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    cu.setopt(c, CURLOPT_HEADERDATA, &t);
+    cu.setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    cu.setopt(c, CURLOPT_WRITEDATA, &t);
+    cu.setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    cu.setopt(c, CURLOPT_XFERINFODATA, &t);
+    cu.setopt(c, CURLOPT_NOPROGRESS, 0L);
     if (g->range) {
         if (g->to == UINT64_MAX)
             snprintf(range, sizeof range, "%llu-", (unsigned long long)g->from);
         else
             snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)g->from, (unsigned long long)g->to);
-        curl_easy_setopt(c, CURLOPT_RANGE, range);
+        cu.setopt(c, CURLOPT_RANGE, range);
     }
-    CURLcode rc = curl_easy_perform(c);
-    curl_easy_cleanup(c);
-    curl_slist_free_all(headers);
+    CURLcode rc = cu.perform(c);
+    cu.cleanup(c);
+    cu.slist_free_all(headers);
     if (rc != CURLE_OK) {
         g->unreachable =
             rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_PROXY;
