@@ -84,6 +84,7 @@ typedef struct {
     bool overflow;   // more body than asked for
     int write_errno; // a write to the file failed
     bool started;    // the final response's body has begun
+    char agent[64], range[64], detail[CURL_ERROR_SIZE];
 } transfer;
 
 // "name: value" into value (trimmed), when the line is that header.
@@ -249,6 +250,42 @@ static struct curl_slist *request_headers(const llama_hub *h) {
     return list;
 }
 
+// The request's options: the transfer's own buffers (agent, range, curl's message) outlive it.
+static void configure(CURL *c, transfer *t, struct curl_slist *headers) {
+    const hub_get *g = t->g;
+    snprintf(t->agent, sizeof t->agent, "membill/%s", MEMBILL_VERSION);
+    cu.setopt(c, CURLOPT_URL, g->url);
+    cu.setopt(c, CURLOPT_USERAGENT, t->agent);
+    cu.setopt(c, CURLOPT_HTTPHEADER, headers);
+#if LIBCURL_VERSION_NUM >= 0x075500
+    cu.setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    cu.setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+#else
+    cu.setopt(c, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+    cu.setopt(c, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+    cu.setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    cu.setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRECTS);
+    cu.setopt(c, CURLOPT_NOSIGNAL, 1L);
+    cu.setopt(c, CURLOPT_CONNECTTIMEOUT, t->h->timeout_s);
+    cu.setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L); // a byte a second: anything slower is a stall
+    cu.setopt(c, CURLOPT_LOW_SPEED_TIME, t->h->timeout_s);
+    cu.setopt(c, CURLOPT_ERRORBUFFER, t->detail);
+    cu.setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    cu.setopt(c, CURLOPT_HEADERDATA, t);
+    cu.setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    cu.setopt(c, CURLOPT_WRITEDATA, t);
+    cu.setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+    cu.setopt(c, CURLOPT_XFERINFODATA, t);
+    cu.setopt(c, CURLOPT_NOPROGRESS, 0L);
+    if (!g->range) return;
+    if (g->to == UINT64_MAX)
+        snprintf(t->range, sizeof t->range, "%llu-", (unsigned long long)g->from);
+    else
+        snprintf(t->range, sizeof t->range, "%llu-%llu", (unsigned long long)g->from, (unsigned long long)g->to);
+    cu.setopt(c, CURLOPT_RANGE, t->range);
+}
+
 int hub_http_get(const llama_hub *h, hub_get *g, ag_err *err) {
     if (load_curl(err) != 0) {
         g->unreachable = true;
@@ -263,46 +300,14 @@ int hub_http_get(const llama_hub *h, hub_get *g, ag_err *err) {
         return -1;
     }
     transfer t = {.h = h, .g = g};
-    char range[64], detail[CURL_ERROR_SIZE] = "", agent[64];
-    snprintf(agent, sizeof agent, "membill/%s", MEMBILL_VERSION);
-    cu.setopt(c, CURLOPT_URL, g->url);
-    cu.setopt(c, CURLOPT_USERAGENT, agent);
-    cu.setopt(c, CURLOPT_HTTPHEADER, headers);
-#if LIBCURL_VERSION_NUM >= 0x075500
-    cu.setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    cu.setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-#else
-    cu.setopt(c, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-    cu.setopt(c, CURLOPT_REDIR_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-#endif
-    cu.setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-    cu.setopt(c, CURLOPT_MAXREDIRS, (long)MAX_REDIRECTS);
-    cu.setopt(c, CURLOPT_NOSIGNAL, 1L);
-    cu.setopt(c, CURLOPT_CONNECTTIMEOUT, h->timeout_s);
-    cu.setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
-    cu.setopt(c, CURLOPT_LOW_SPEED_TIME, h->timeout_s);
-    cu.setopt(c, CURLOPT_ERRORBUFFER, detail);
-    cu.setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-    cu.setopt(c, CURLOPT_HEADERDATA, &t);
-    cu.setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-    cu.setopt(c, CURLOPT_WRITEDATA, &t);
-    cu.setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
-    cu.setopt(c, CURLOPT_XFERINFODATA, &t);
-    cu.setopt(c, CURLOPT_NOPROGRESS, 0L);
-    if (g->range) {
-        if (g->to == UINT64_MAX)
-            snprintf(range, sizeof range, "%llu-", (unsigned long long)g->from);
-        else
-            snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)g->from, (unsigned long long)g->to);
-        cu.setopt(c, CURLOPT_RANGE, range);
-    }
+    configure(c, &t, headers);
     CURLcode rc = cu.perform(c);
     cu.cleanup(c);
     cu.slist_free_all(headers);
     if (rc != CURLE_OK) {
         g->unreachable =
             rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_PROXY;
-        transfer_error(&t, rc, detail, err);
+        transfer_error(&t, rc, t.detail, err);
         return -1;
     }
     return 0;
