@@ -30,6 +30,8 @@ const cli_command *cli_command_at(size_t i);
 
 #define CLI_MAX_OPTIONS 64
 
+typedef struct cli_hub cli_hub;
+
 // Every option's value after parsing, the table's defaults applied (options.c). A field of an
 // option the subcommand does not take stays zero.
 typedef struct {
@@ -50,6 +52,8 @@ typedef struct {
     double memory_fraction;
     bool list_gpus;
     const char *input; // membill snapshot's FILE
+    bool download, offline;
+    cli_hub *hub; // --model org/name: what the cache and the Hub gave (hub_cli.c); NULL for a preset
     unsigned char given[CLI_MAX_OPTIONS]; // by table row: the user named it
 } cli_options;
 
@@ -101,6 +105,18 @@ ag_precision cli_precision(const cli_dtype *d);
 void cli_dtype_optim(const cli_dtype *d, optim_config *c);
 // The sum of the state of one parameter element, "2 + 2 + 4 + 4 + 4" style, into buf.
 const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf, size_t len);
+
+// --model org/name[@revision] (hub_cli.c): config.json from the Hugging Face cache, else the Hub,
+// and what the command needs beside it (tokenizer.json for a prompt, generation_config.json for a
+// generation, the checkpoint's headers for plan and --weight-dtype auto, the weights with
+// --download), pointed at by o->config and o->weights; o->hub keeps the rest. An exit code, after
+// its one line on stderr.
+int cli_hub_prepare(cli_options *o);
+// --weight-dtype auto: the checkpoint's dtype (the Hub id's, or --weights'); an exit code.
+int cli_weight_dtype_auto(cli_options *o);
+const char *cli_hub_name(const cli_hub *h);    // "org/name[@revision]"
+void cli_hub_text(FILE *f, const cli_hub *h);  // "checkpoint: ..." when its headers were read
+struct json_t *cli_hub_json(const cli_hub *h); // {"id", "revision", "commit", "snapshot", "checkpoint"}
 
 // What a run is made of (setup.c). These return an exit code: 0, EXIT_USAGE (an unknown preset,
 // a malformed id list, a length past the model's positions) or EXIT_RUN_FAILED (a file that
@@ -305,16 +321,17 @@ void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_le
                        ag_attention_kind attention);
 
 // check's Q and B claims (check_dtype.c): the distributions of the next token along float32's
-// greedy text (prompt[T], ref_new[N]) under float32 and under dt, from the same random weights,
-// and where dt's own greedy text (new_ids[N]) parts from float32's.
+// greedy text (prompt[T], ref_new[N]) under float32 and under dt, from the same weights (st_path,
+// "" for the seeded random init), and where dt's own greedy text (new_ids[N]) parts from float32's.
 typedef struct {
     double top1;     // share of the N positions whose most likely token is float32's
     double kl;       // mean KL(float32 || dt) over the positions, in nats
     double p_ref, p; // the probability of float32's first new token under float32 and under dt
     long diverge;    // the first new token that differs (-1: none of the N)
 } cli_dtype_outcome;
-int cli_dtype_compare(const llama_config *c, long T, long N, const cli_dtype *dt, const int32_t *prompt,
-                      const int32_t *ref_new, const int32_t *new_ids, cli_dtype_outcome *out, ag_err *err);
+int cli_dtype_compare(const llama_config *c, const char *st_path, long T, long N, const cli_dtype *dt,
+                      const int32_t *prompt, const int32_t *ref_new, const int32_t *new_ids, cli_dtype_outcome *out,
+                      ag_err *err);
 
 // One generation (build or load the model, prefill and greedy decode, teardown) inside an
 // initialised profiler.

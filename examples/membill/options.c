@@ -31,8 +31,14 @@ typedef struct {
 #define OFF(f) offsetof(cli_options, f)
 #define BIG 1e15
 static const opt_spec specs[] = {
-    {"--model", "NAME", T_STR, OFF(model), RUNS | PL, "smollm2-135m", 0, NULL, 0, 0, NULL,
-     "a built-in preset (membill plan --list names them)"},
+    {"--model", "NAME", T_STR, OFF(model), RUNS | PL | CH, "smollm2-135m", 0, NULL, 0, 0, NULL,
+     "a built-in preset (membill plan --list names them), or a Hugging Face id org/name[@revision]: its config.json "
+     "(and tokenizer, weights) from the Hugging Face cache, else the Hub"},
+    {"--download", NULL, T_FLAG, OFF(download), RUNS | CH, NULL, 0, NULL, 0, 0, NULL,
+     "fetch the Hub model's safetensors weights into the Hugging Face cache first (their size said, a progress bar "
+     "on stderr, resumable); without it weights not in the cache are a random init"},
+    {"--offline", NULL, T_FLAG, OFF(offline), RUNS | PL | CH, NULL, 0, NULL, 0, 0, NULL,
+     "the Hugging Face cache alone, never the Hub (as HF_HUB_OFFLINE=1)"},
     {"--config", "FILE", T_PATH, OFF(config), RUNS | PL, NULL, 0, NULL, 0, 0, NULL,
      "a Hugging Face config.json (model_type llama, mistral, qwen2 or qwen3) instead of a preset"},
     {"--weights", "PATH", T_PATH, OFF(weights), RUNS, NULL, 0, NULL, 0, 0, NULL,
@@ -40,8 +46,9 @@ static const opt_spec specs[] = {
      "model.safetensors or the index (default: random init)"},
     {"--tokens", "IDS", T_STR, OFF(tokens), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "the input ids, 1,2,3; for infer, prompts separated by ';' make a batch (default: random ids)"},
-    {"--prompt", "TEXT", T_STR, OFF(prompt), RUNS, NULL, 0, NULL, 0, 0, NULL,
-     "the input as text, through the tokenizer (its template's tokens included), repeated over --batch"},
+    {"--prompt", "TEXT", T_STR, OFF(prompt), RUNS | CH, NULL, 0, NULL, 0, 0, NULL,
+     "the input as text, through the tokenizer (its template's tokens included), repeated over --batch (check: the "
+     "prompt of the speed and output claims, with a Hub --model)"},
     {"--prompt-file", "FILE", T_PATH, OFF(prompt_file), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "the input as the text of FILE (UTF-8), as --prompt"},
     {"--tokenizer", "FILE", T_PATH, OFF(tokenizer), RUNS, NULL, 0, NULL, 0, 0, NULL,
@@ -101,8 +108,10 @@ static const opt_spec specs[] = {
      "model.to(torch.bfloat16); autocast-bf16: float32 parameters under torch.autocast, with a pytorch "
      "framework); real runs compute every one but fp16 training (loss scaling: --meta only); a generation takes fp32, "
      "bf16 or fp16"},
-    {"--weight-dtype", "NAME", T_CHOICE, OFF(weight_dtype), IN | PL, NULL, 0, NULL, 0, 0, "fp32|bf16|fp16|int8|int4",
-     "a generation's weights (plan: with --infer): int8 1 byte, int4 half a byte and a 2-byte scale per group"},
+    {"--weight-dtype", "NAME", T_CHOICE, OFF(weight_dtype), IN | PL, NULL, 0, NULL, 0, 0,
+     "fp32|bf16|fp16|int8|int4|auto",
+     "a generation's weights (plan: with --infer): int8 1 byte, int4 half a byte and a 2-byte scale per group; auto "
+     "the checkpoint's dtype"},
     {"--group-size", "N", T_LONG, OFF(group_size), IN | PL, "32", 0, NULL, 1, 1 << 20, NULL,
      "elements per scale of --weight-dtype int4"},
     {"--infer", NULL, T_FLAG, OFF(infer), PL, NULL, 0, NULL, 0, 0, NULL,

@@ -78,6 +78,7 @@ typedef struct {
     const plan_bill *other;        // training: the same plan with the other --attention; NULL: none
     const cli_device_result *devr; // --device cuda: the report's own replay (its phases); NULL: none
     bool searched;                 // the largest batch and longest length were searched
+    const cli_hub *hub;            // --model org/name: its commit and checkpoint; NULL: none
 } plan_view;
 
 // The fit search's answer.

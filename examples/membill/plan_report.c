@@ -342,6 +342,7 @@ static void report_train_text(FILE *out, const plan_view *v) {
     fprintf(out,
             "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n");
     fprintf(out, "framework: %s; attention: %s\n", cli_framework_text(s->framework), cli_attention_text(s->attention));
+    if (v->hub) cli_hub_text(out, v->hub);
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->lora.cfg.rank)
@@ -366,7 +367,9 @@ static void report_infer_text(FILE *out, const plan_view *v) {
         "membill plan --infer: %s, %llu parameters, batch %ld x %ld-token prompt, %ld new token%s, %s, weights %s\n",
         s->cfg.name, P, s->batch, s->seq_len, s->new_tokens, s->new_tokens > 1 ? "s" : "", s->dt.long_name,
         plan_weight_dtype_name(&s->dt));
-    fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n\n");
+    fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n");
+    if (v->hub) cli_hub_text(out, v->hub);
+    fputc('\n', out);
     fprintf(out, "  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->dt.weight_bits < 16)
         snprintf(f, sizeof f, "matrices %d bits an element%s%lld%s, norms at %d bits", s->dt.weight_bits,
@@ -548,6 +551,7 @@ json_t *plan_report_json(const plan_view *v) {
     const plan_setting *s = v->s;
     json_t *root = cli_report_root(&s->cfg);
     json_object_set_new(root, "run", run_json(s));
+    if (v->hub) json_object_set_new(root, "hub", cli_hub_json(v->hub));
     // The profiler's report, with the headline beside its "peak" (the whole run's): training,
     // step 2's total peak (the steady state) and step 1's; a generation, its total peak.
     json_t *rep = json_object();

@@ -63,8 +63,18 @@ bool cli_check_combinations(const cli_options *o) {
     const char *bad = NULL;
     char buf[600];
     bool infer_plan = o->cmd == CLI_PLAN && o->infer;
+    bool hub_id = llama_hub_is_id(o->model);
     if (cli_given(o, "--model") && cli_given(o, "--config"))
         bad = "--model and --config both name a model: give one";
+    else if ((o->download || o->offline) && !hub_id)
+        bad = "--download and --offline apply to a Hugging Face id: --model org/name";
+    else if (o->download && o->offline)
+        bad = "--download fetches from the Hub, which --offline forbids";
+    else if (o->download && (o->meta || o->weights))
+        bad = o->meta ? "--meta reads no weights: --download does not apply"
+                      : "--weights names the weights: --download would fetch the Hub model's";
+    else if (o->cmd == CLI_CHECK && o->prompt && !hub_id)
+        bad = "check's --prompt goes through the Hub model's tokenizer: give --model org/name";
     else if (o->meta && (o->weights || o->dump_grads || o->save_weights))
         bad = "--meta runs on shapes alone: --weights, --dump-grads and --save-weights need data";
     else if (o->cmd == CLI_TRAIN && !o->meta && cli_given(o, "--zero") && !is_f32(o->dtype))
@@ -157,7 +167,9 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
         return EXIT_USAGE;
     }
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
-    if (cfg_file) return llama_config_load(cfg, cfg_file, err) == 0 ? 0 : EXIT_RUN_FAILED;
+    if (cfg_file && llama_config_load(cfg, cfg_file, err) != 0) return EXIT_RUN_FAILED;
+    if (cfg_file && o->hub) snprintf(cfg->name, sizeof cfg->name, "%s", cli_hub_name(o->hub));
+    if (cfg_file) return 0;
     if (llama_config_preset(cfg, o->model, err) == 0) return 0;
     ag_err_set(err, "--model: unknown preset '%s' (membill plan --list names them)", o->model);
     return EXIT_USAGE;
