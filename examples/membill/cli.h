@@ -10,12 +10,20 @@
 #include "profiler.h"
 
 struct json_t;
+typedef struct cli_device cli_device; // device.c
 
 // Exit codes (DESIGN.md): 0 success, 1 the run failed, 2 usage error.
 enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
 // The subcommands, as bits of an option's set of commands.
-typedef enum { CLI_TRAIN = 1, CLI_INFER = 2, CLI_COMPARE = 4, CLI_PLAN = 8, CLI_CHECK = 16 } cli_command_bit;
+typedef enum {
+    CLI_TRAIN = 1,
+    CLI_INFER = 2,
+    CLI_COMPARE = 4,
+    CLI_PLAN = 8,
+    CLI_CHECK = 16,
+    CLI_SNAPSHOT = 32
+} cli_command_bit;
 
 typedef struct {
     const char *name;
@@ -36,6 +44,8 @@ const char *cli_did_you_mean(char *buf, size_t len, const char *typed, const cha
 
 #define CLI_MAX_OPTIONS 64
 
+typedef struct cli_hub cli_hub;
+
 // Every option's value after parsing, the table's defaults applied (options.c). A field of an
 // option the subcommand does not take stays zero.
 typedef struct {
@@ -52,6 +62,12 @@ typedef struct {
     double lora_alpha, lora_dropout;
     const char *lora_targets, *base_dtype, *adapter, *save_adapter;
     bool lora;
+    const char *device, *gpu, *cuda_alloc_conf, *seq_lens, *snapshot, *against;
+    double memory_fraction;
+    bool list_gpus;
+    const char *input; // membill snapshot's FILE
+    bool download, offline;
+    cli_hub *hub; // --model org/name: what the cache and the Hub gave (hub_cli.c); NULL for a preset
     unsigned char given[CLI_MAX_OPTIONS]; // by table row: the user named it
 } cli_options;
 
@@ -104,6 +120,18 @@ void cli_dtype_optim(const cli_dtype *d, optim_config *c);
 // The sum of the state of one parameter element, "2 + 2 + 4 + 4 + 4" style, into buf.
 const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf, size_t len);
 
+// --model org/name[@revision] (hub_cli.c): config.json from the Hugging Face cache, else the Hub,
+// and what the command needs beside it (tokenizer.json for a prompt, generation_config.json for a
+// generation, the checkpoint's headers for plan and --weight-dtype auto, the weights with
+// --download), pointed at by o->config and o->weights; o->hub keeps the rest. An exit code, after
+// its one line on stderr.
+int cli_hub_prepare(cli_options *o);
+// --weight-dtype auto: the checkpoint's dtype (the Hub id's, or --weights'); an exit code.
+int cli_weight_dtype_auto(cli_options *o);
+const char *cli_hub_name(const cli_hub *h);    // "org/name[@revision]"
+void cli_hub_text(FILE *f, const cli_hub *h);  // "checkpoint: ..." when its headers were read
+struct json_t *cli_hub_json(const cli_hub *h); // {"id", "revision", "commit", "snapshot", "checkpoint"}
+
 // What a run is made of (setup.c). These return an exit code (docs/cli.md): 0, EXIT_USAGE when
 // the command line alone shows the fault (an unknown preset, a malformed id list) or
 // EXIT_RUN_FAILED when an input does (a file that cannot be read, an id or a length the model
@@ -113,6 +141,9 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
 // a run that succeeded, plain malloc past the budget (which cannot be refused when it happens)
 // failing it now. Returns rc, or -1 with the message in err.
 int cli_run_end(int rc, bool *clean, ag_err *err);
+// --seq-lens "512,2048" -> lengths (malloc'd), each from min to max; a malformed list names the
+// item at fault (EXIT_USAGE).
+int cli_parse_seq_lens(const char *text, long min, long max, long **out, long *n, ag_err *err);
 // "1,2,3" -> ids (malloc'd). Returns 0, EXIT_USAGE for a malformed list or an id past any
 // vocabulary (LLAMA_MAX_VOCAB), EXIT_RUN_FAILED for an id past vocab (0: not checked), the
 // message naming the item at fault.
@@ -222,9 +253,11 @@ struct json_t *cli_lora_json(const llama_config *cfg, const cli_lora *l);
 typedef struct {
     llama_config cfg;
     char st_path[4096]; // "" for random init
-    int32_t *ids;       // batch * seq_len
+    int32_t *ids;       // batch * seq_len (with seq_lens: each step's batch x length, one after another)
     long batch, seq_len;
-    cli_text text; // a prompt's tokenizer and ids
+    const long *seq_lens; // --seq-lens: step s runs seq_lens[s] tokens (NULL: every step seq_len)
+    long *owned_lens;     // the list when cli_train_prepare made it
+    cli_text text;        // a prompt's tokenizer and ids
     optim_config ocfg;
     step_record *steps; // nsteps of them
     long nsteps;
@@ -307,16 +340,17 @@ void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_le
                        ag_framework fw, ag_attention_kind attention);
 
 // check's Q and B claims (check_dtype.c): the distributions of the next token along float32's
-// greedy text (prompt[T], ref_new[N]) under float32 and under dt, from the same random weights,
-// and where dt's own greedy text (new_ids[N]) parts from float32's.
+// greedy text (prompt[T], ref_new[N]) under float32 and under dt, from the same weights (st_path,
+// "" for the seeded random init), and where dt's own greedy text (new_ids[N]) parts from float32's.
 typedef struct {
     double top1;     // share of the N positions whose most likely token is float32's
     double kl;       // mean KL(float32 || dt) over the positions, in nats
     double p_ref, p; // the probability of float32's first new token under float32 and under dt
     long diverge;    // the first new token that differs (-1: none of the N)
 } cli_dtype_outcome;
-int cli_dtype_compare(const llama_config *c, long T, long N, const cli_dtype *dt, const int32_t *prompt,
-                      const int32_t *ref_new, const int32_t *new_ids, cli_dtype_outcome *out, ag_err *err);
+int cli_dtype_compare(const llama_config *c, const char *st_path, long T, long N, const cli_dtype *dt,
+                      const int32_t *prompt, const int32_t *ref_new, const int32_t *new_ids, cli_dtype_outcome *out,
+                      ag_err *err);
 
 // One generation (build or load the model, prefill and greedy decode, teardown) inside an
 // initialised profiler.
@@ -366,6 +400,7 @@ typedef struct {
     int html_nruns;
     const char *title;
     struct cli_outputs *outs; // set by cli_job_main before run: where --dump-grads goes
+    const cli_device *device; // --snapshot's device (NULL: none)
 } cli_job;
 int cli_job_main(const cli_options *o, cli_job *j);
 // The outputs the options name, declared (paths checked, inputs noted) before a run; and after
@@ -379,6 +414,7 @@ typedef struct {
     void *svg_arg;
     const char *const *html_runs; // the page's runs (cli_html_run_data); NULL: the timeline now
     int html_nruns;
+    const cli_device *device; // --snapshot: the device whose history it writes
 } cli_report;
 int cli_outputs_declare(const cli_options *o, struct cli_outputs **outs, ag_err *err);
 int cli_outputs_finish(const cli_options *o, struct cli_outputs *outs, struct json_t *root, const cli_report *rep,
@@ -418,3 +454,104 @@ int cmd_infer(const cli_options *o);
 int cmd_compare(const cli_options *o);
 int cmd_check(const cli_options *o);
 int cmd_plan(const cli_options *o);
+
+// ---- the device (device.c, gpus.c): --device cuda, --gpu, PyTorch's caching allocator ----
+
+// A named GPU (membill plan --list-gpus): what torch.cuda.get_device_properties(0).total_memory
+// says of it and the CUDA context a PyTorch process holds there, each with its source.
+typedef struct {
+    const char *name, *product;
+    uint64_t total_bytes;
+    const char *total_source;
+    uint64_t context_bytes;
+    const char *context_source;
+    bool total_reported; // a reported figure; false: an estimate, its source says how
+    bool sm90;           // Hopper (compute capability 9.0): cuBLAS's larger default workspace
+} cli_gpu;
+size_t cli_gpu_count(void);
+const cli_gpu *cli_gpu_at(size_t i);
+const cli_gpu *cli_gpu_find(const char *name); // NULL if unknown
+const char *cli_gpu_names(char *buf, size_t len);
+void cli_gpu_list(FILE *f);
+
+// NCCL's buffers on each rank of a data-parallel job (see device.c).
+uint64_t cli_nccl_bytes(long gpus);
+
+// The device a run is billed on: --device, --gpu, the allocator's settings and what the card
+// holds besides the allocator. cuda false: the CPU bill alone, as before.
+struct cli_device {
+    bool cuda;
+    const cli_gpu *gpu; // NULL: no card named
+    mp_cuda_conf conf;  // conf.capacity: what the allocator can reserve (0: no card, no limit)
+    char conf_text[512];
+    const char *conf_from; // "--cuda-alloc-conf", "PYTORCH_CUDA_ALLOC_CONF", NULL: PyTorch's defaults
+    uint64_t total, context, nccl, overhead;
+    uint64_t cublas_workspace; // one per cuBLAS handle and stream, through the caching allocator
+    long gpus;
+};
+// From the options (and PYTORCH_CUDA_ALLOC_CONF); an exit code, the message in err.
+int cli_device_prepare(const cli_options *o, long gpus, cli_device *d, ag_err *err);
+
+// Where a replay reads figures: the end of a phase (an event index of the timeline).
+typedef struct {
+    size_t end;
+    long step; // 1-based; 0: outside the steps (loading the model)
+    const char *phase;
+    long seq_len; // the step's length (0: none)
+} cli_device_mark;
+
+typedef struct {
+    long step;
+    const char *phase;
+    long seq_len;
+    uint64_t allocated, reserved, requested, inactive_split; // at its end
+    uint64_t allocated_peak, reserved_peak;                  // while it ran
+} cli_device_phase;
+
+#define CLI_DEVICE_GAPS 6
+typedef struct {
+    bool done;
+    mp_cuda_stats st;
+    mp_cuda_oom oom;
+    cli_device_phase *phases;
+    size_t nphases;
+    // the free space split segments held when reserved reached its peak, and what took it there
+    mp_cuda_gap gaps[CLI_DEVICE_GAPS];
+    size_t ngaps, ngaps_all;
+    uint32_t peak_site;
+    uint8_t peak_category;
+    long peak_step;
+    const char *peak_phase;
+    // training: reserved at its highest over the steps after the first (the steady state; with
+    // --seq-lens, over the lengths' second pass), and at the first step's end
+    uint64_t steady_reserved_peak, first_step_reserved;
+    bool steady;
+} cli_device_result;
+
+// The timeline (events up to the last mark) through the allocator; 0, or 1 when an allocation did
+// not fit the card (out->oom). out is freed with cli_device_result_free.
+int cli_device_replay(const cli_device *d, const cli_device_mark *marks, size_t n, long steady_from,
+                      cli_device_result *out);
+void cli_device_result_free(cli_device_result *r);
+// After a real or meta run: cli_device_replay over marks (taken: freed here); a card the run does
+// not fit fails it (-1, the reason in err), as it would have failed there.
+int cli_device_after_run(const cli_device *d, cli_device_mark *marks, size_t n, long steady_from,
+                         cli_device_result *out, ag_err *err);
+// Marks: a training run's phases (its step records); the timeline's own phase changes (generation).
+size_t cli_device_marks_train(const train_run *r, cli_device_mark **out);
+size_t cli_device_marks_phases(cli_device_mark **out);
+// What the card must hold: reserved at its peak + context + NCCL + the overhead allowance.
+uint64_t cli_device_need(const cli_device *d, const cli_device_result *r);
+bool cli_device_fits(const cli_device *d, const cli_device_result *r);
+struct json_t *cli_device_json(const cli_device *d, const cli_device_result *r);
+void cli_device_text(FILE *f, const cli_device *d, const cli_device_result *r);
+// The device's figures beside each phase of a training report's "steps" (allocated_bytes,
+// reserved_bytes at the phase's end).
+void cli_device_annotate_steps(struct json_t *steps, const cli_device_result *r);
+// One line: why a run does not fit the card (the allocation that failed, as PyTorch says it).
+void cli_device_oom_message(const cli_device *d, const cli_device_result *r, char *buf, size_t len);
+// --snapshot: the whole timeline replayed into a fresh allocator, pickled; arg is a cli_device.
+int cli_snapshot_writer(FILE *f, void *device, ag_err *err);
+
+// membill snapshot FILE (snapshot.c).
+int cmd_snapshot(const cli_options *o);

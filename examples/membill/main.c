@@ -16,7 +16,7 @@ static int help(int argc, char **argv) {
     const cli_command *c = cli_find_command(argv[2]);
     if (!c || argc > 3) {
         char hint[96];
-        fprintf(stderr, "membill help: %s '%s'%s (commands: train, infer, compare, check, plan)\n",
+        fprintf(stderr, "membill help: %s '%s'%s (commands: train, infer, compare, check, plan, snapshot)\n",
                 c ? "unexpected argument" : "unknown command", argv[c ? 3 : 2],
                 c ? "" : cli_did_you_mean(hint, sizeof hint, argv[2], cli_command_name, cli_command_count()));
         return EXIT_USAGE;
@@ -51,10 +51,14 @@ int main(int argc, char **argv) {
     }
     if (!cli_check_combinations(&o)) return EXIT_USAGE;
     cli_catch_interrupts(&o);
-    static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare, cmd_plan, cmd_check};
+    int rc = 0;
+    if (!o.list && llama_hub_is_id(o.model) && (rc = cli_hub_prepare(&o)) != 0) return rc;
+    if ((rc = cli_weight_dtype_auto(&o)) != 0) return rc;
+    static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare,
+                                                      cmd_plan,  cmd_check, cmd_snapshot};
     int i = 0;
     while ((1 << i) != (int)cmd->bit) i++;
-    int rc = run[i](&o);
+    rc = run[i](&o);
     // A report nobody could read is a failed run (a full disk, /dev/full, a closed pipe).
     if (fflush(stdout) != 0 || ferror(stdout)) {
         if (rc == 0) fprintf(stderr, "membill %s: stdout: write failed (%m)\n", o.command);

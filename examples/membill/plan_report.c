@@ -232,13 +232,22 @@ static void text_per_gpu(FILE *out, const plan_view *v) {
         fprintf(out, "      DeepSpeed: %s\n", f);
 }
 
+static bool fits_device(const plan_view *v) { return v->g->total <= v->device && !v->b->dev_oom; }
+
 static void text_fit(FILE *out, const plan_view *v) {
     char x[64], y[64];
     const plan_setting *s = v->s;
-    fprintf(out, "\n  on a %s device, with %s of framework overhead (the lesson's \"1 to 2 GB\"; --overhead): %s",
-            mp_format_bytes(x, sizeof x, v->device), mp_format_bytes(y, sizeof y, s->overhead),
-            v->g->total <= v->device ? "fits" : "does NOT fit");
-    fprintf(out, "\n");
+    if (s->dev.cuda) // the device's own lines said it; the overhead allowance is what they leave out
+        fprintf(out, "\n  on the %s: %s\n", s->dev.gpu ? s->dev.gpu->name : "device",
+                fits_device(v) ? "fits" : "does NOT fit");
+    else
+        fprintf(out, "\n  on a %s device, with %s of framework overhead (the lesson's \"1 to 2 GB\"; --overhead): %s\n",
+                mp_format_bytes(x, sizeof x, v->device), mp_format_bytes(y, sizeof y, s->overhead),
+                fits_device(v) ? "fits" : "does NOT fit");
+    if (!v->searched) {
+        fprintf(out, "  (with --seq-lens the largest batch and longest length are not searched)\n");
+        return;
+    }
     if (v->max_batch == 0 && v->max_seq == 0) {
         fprintf(out, "  nothing fits: even batch 1 x %d token%s needs %s on one device\n", s->infer ? 1 : 2,
                 s->infer ? "" : "s", mp_format_bytes(x, sizeof x, v->smallest));
@@ -333,6 +342,7 @@ static void report_train_text(FILE *out, const plan_view *v) {
     fprintf(out,
             "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n");
     fprintf(out, "framework: %s; attention: %s\n", cli_framework_text(s->framework), cli_attention_text(s->attention));
+    if (v->hub) cli_hub_text(out, v->hub);
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->lora.cfg.rank)
@@ -340,6 +350,7 @@ static void report_train_text(FILE *out, const plan_view *v) {
     else
         text_states(out, v);
     if (s->gpus > 1 || s->zero > 0 || v->device) text_per_gpu(out, v);
+    if (s->dev.cuda) cli_device_text(out, &s->dev, v->devr ? v->devr : &v->b->dev);
     if (v->device) text_fit(out, v);
 }
 
@@ -356,7 +367,9 @@ static void report_infer_text(FILE *out, const plan_view *v) {
         "membill plan --infer: %s, %llu parameters, batch %ld x %ld-token prompt, %ld new token%s, %s, weights %s\n",
         s->cfg.name, P, s->batch, s->seq_len, s->new_tokens, s->new_tokens > 1 ? "s" : "", s->dt.long_name,
         plan_weight_dtype_name(&s->dt));
-    fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n\n");
+    fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n");
+    if (v->hub) cli_hub_text(out, v->hub);
+    fputc('\n', out);
     fprintf(out, "  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->dt.weight_bits < 16)
         snprintf(f, sizeof f, "matrices %d bits an element%s%lld%s, norms at %d bits", s->dt.weight_bits,
@@ -384,6 +397,7 @@ static void report_infer_text(FILE *out, const plan_view *v) {
     if (g->temporary) fprintf(out, " + temporary %s", mp_format_bytes(x, sizeof x, g->temporary));
     fprintf(out, " + overhead %s", mp_format_bytes(x, sizeof x, g->overhead));
     fprintf(out, " = %s\n", mp_format_bytes(x, sizeof x, g->total));
+    if (s->dev.cuda) cli_device_text(out, &s->dev, v->devr ? v->devr : &v->b->dev);
     if (v->device) text_fit(out, v);
 }
 
@@ -537,6 +551,7 @@ json_t *plan_report_json(const plan_view *v) {
     const plan_setting *s = v->s;
     json_t *root = cli_report_root(&s->cfg);
     json_object_set_new(root, "run", run_json(s));
+    if (v->hub) json_object_set_new(root, "hub", cli_hub_json(v->hub));
     // The profiler's report, with the headline beside its "peak" (the whole run's): training,
     // step 2's total peak (the steady state) and step 1's; a generation, its total peak.
     json_t *rep = json_object();
@@ -595,11 +610,12 @@ json_t *plan_report_json(const plan_view *v) {
     json_t *pg = per_gpu_json(v->g, s->infer);
     if (!s->infer) rank_json(pg, v);
     json_object_set_new(root, "per_gpu", pg);
+    if (s->dev.cuda) json_object_set_new(root, "device", cli_device_json(&s->dev, v->devr ? v->devr : &v->b->dev));
     if (v->device) {
         json_t *fit = json_object();
         json_object_set_new(fit, "device_memory_bytes", json_integer((json_int_t)v->device));
         json_object_set_new(fit, "overhead_bytes", json_integer((json_int_t)s->overhead));
-        json_object_set_new(fit, "fits", json_boolean(v->g->total <= v->device));
+        json_object_set_new(fit, "fits", json_boolean(fits_device(v)));
         json_object_set_new(fit, "largest_batch", json_integer(v->max_batch));
         json_object_set_new(fit, "longest_seq_len", json_integer(v->max_seq));
         json_object_set_new(fit, "largest_batch_is_search_cap", json_boolean(v->batch_capped));

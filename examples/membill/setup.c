@@ -51,14 +51,52 @@ static long utf8_fault(const char *text) {
     return -1;
 }
 
+// --device, --gpu and what needs the device (docs/gpu.md).
+static const char *device_combinations(const cli_options *o) {
+    bool cuda = (o->device && !strcmp(o->device, "cuda")) || o->gpu;
+    if (o->gpu && cli_given(o, "--device") && strcmp(o->device, "cuda") != 0)
+        return "--gpu names a CUDA card: it does not go with --device cpu";
+    if (o->gpu && cli_given(o, "--device-memory"))
+        return "--gpu gives the device's memory: --device-memory is for a card that has no name here";
+    if (!cuda && (o->cuda_alloc_conf || o->snapshot || cli_given(o, "--memory-fraction")))
+        return "--cuda-alloc-conf, --memory-fraction and --snapshot are the CUDA allocator's: add --device cuda or "
+               "--gpu";
+    if (cli_given(o, "--memory-fraction") && !o->gpu && !cli_given(o, "--device-memory"))
+        return "--memory-fraction is a share of the card's memory: name the card (--gpu or --device-memory)";
+    if (o->seq_lens && (o->tokens || o->prompt || o->prompt_file))
+        return "--seq-lens gives each step's length: random ids, not --tokens or a prompt";
+    if (o->seq_lens && cli_given(o, "--seq-len")) return "--seq-lens and --seq-len both give the length: give one";
+    if (o->seq_lens && (cli_given(o, "--zero") || (o->cmd == CLI_PLAN && (o->infer || o->gpus > 1))))
+        return "--seq-lens varies one device's training steps: not with --infer, --gpus or --zero";
+    if (cuda && o->cmd == CLI_TRAIN && cli_given(o, "--zero"))
+        return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's "
+               "device";
+    if (o->snapshot && o->cmd == CLI_PLAN && (o->gpus > 1 || cli_given(o, "--zero")))
+        return "--snapshot writes one device's whole run: the simulated rank of --gpus or --zero is not written";
+    if (o->cmd == CLI_SNAPSHOT && !o->input) return "which snapshot? membill snapshot FILE.pickle";
+    if (o->list_gpus && (o->list || cli_given(o, "--model") || o->config))
+        return "--list-gpus lists the named GPUs: nothing to plan with it";
+    return NULL;
+}
+
 // Every rule that ties two options together, per subcommand. The table has already refused
 // options a subcommand does not take.
 bool cli_check_combinations(const cli_options *o) {
     const char *bad = NULL;
     char buf[600];
     bool infer_plan = o->cmd == CLI_PLAN && o->infer;
+    bool hub_id = llama_hub_is_id(o->model);
     if (cli_given(o, "--model") && cli_given(o, "--config"))
         bad = "--model and --config both name a model: give one";
+    else if ((o->download || o->offline) && !hub_id)
+        bad = "--download and --offline apply to a Hugging Face id: --model org/name";
+    else if (o->download && o->offline)
+        bad = "--download fetches from the Hub, which --offline forbids";
+    else if (o->download && (o->meta || o->weights))
+        bad = o->meta ? "--meta reads no weights: --download does not apply"
+                      : "--weights names the weights: --download would fetch the Hub model's";
+    else if (o->cmd == CLI_CHECK && o->prompt && !hub_id)
+        bad = "check's --prompt goes through the Hub model's tokenizer: give --model org/name";
     else if (o->meta && (o->weights || o->dump_grads || o->save_weights))
         bad = "--meta runs on shapes alone: --weights, --dump-grads and --save-weights need data";
     else if (o->cmd == CLI_TRAIN && !o->meta && cli_given(o, "--zero") && !is_f32(o->dtype))
@@ -119,9 +157,11 @@ bool cli_check_combinations(const cli_options *o) {
     long fault = !bad && o->prompt ? utf8_fault(o->prompt) : -1;
     if (fault >= 0)
         snprintf(buf, sizeof buf, "--prompt: byte %ld is not valid UTF-8 (the text must be UTF-8)", fault), bad = buf;
+    if (!bad) bad = device_combinations(o);
     if (!bad) {
         // Two outputs on stdout would interleave.
-        const char *outs[] = {o->json, o->timeline, o->svg, o->trace, o->html, o->dump_grads, o->save_weights};
+        const char *outs[] = {o->json, o->timeline,   o->svg,          o->trace,
+                              o->html, o->dump_grads, o->save_weights, o->snapshot};
         int dashes = 0;
         for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) dashes += outs[i] && strcmp(outs[i], "-") == 0;
         if (dashes > 1) bad = "only one output can go to stdout ('-')";
@@ -188,13 +228,15 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
     }
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
     if (cfg_file && llama_config_load(cfg, cfg_file, err) != 0) return EXIT_RUN_FAILED;
+    if (cfg_file && o->hub) snprintf(cfg->name, sizeof cfg->name, "%s", cli_hub_name(o->hub));
     if (!cfg_file && llama_config_preset(cfg, o->model, err) != 0) {
         char hint[96];
         const char *mean = cli_did_you_mean(hint, sizeof hint, o->model, llama_preset_name, llama_preset_count());
         ag_err_set(err, "--model: unknown preset '%s'%s", o->model, *mean ? mean : " (membill plan --list names them)");
         return EXIT_USAGE;
     }
-    return st_path[0] && !cfg_from_weights[0] ? check_weights_file(o, cfg, st_path, err) : 0;
+    // a Hub id's files are one checkpoint: its config is the checkpoint's own
+    return st_path[0] && !cfg_from_weights[0] && !o->hub ? check_weights_file(o, cfg, st_path, err) : 0;
 }
 
 // One id of an id list: digits only, any number of them (an id too large for any vocabulary is
