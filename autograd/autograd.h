@@ -244,6 +244,9 @@ uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_c
 
 // Tensors. New tensors hold one reference, owned by the caller; data is left uninitialised.
 ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site);
+// A tensor billed at `bits` an element whatever its category (a float32 copy in a 16-bit model,
+// FSDP's float32 gradient shards beside 16-bit parameters).
+ag_tensor *ag_tensor_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site, int bits);
 // A parameter: category weight, requires_grad, is_param, labelled with its name.
 ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name);
 ag_tensor *ag_retain(ag_tensor *t);  // returns t

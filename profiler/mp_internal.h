@@ -44,6 +44,8 @@ typedef struct {
     pthread_mutex_t lock;
 
     mp_counter counters[MP_NCATEGORIES];
+    bool host_mode;                  // mp_set_host
+    mp_counter host[MP_NCATEGORIES]; // host memory, apart from the device's bill
     uint64_t live_total;
     mp_moment peak;
     mp_phase phase;
@@ -71,6 +73,8 @@ double mp_now(void);
 // Counters: a change of `delta` requested / `delta_usable` usable bytes in `cat`, with the site.
 // detail: an interned description (mp_detail_id_locked), 0 for none.
 void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint32_t site, uint32_t detail);
+// The same for a host block: its category's host counter alone.
+void mp_count_host_locked(mp_category cat, int64_t delta, int64_t delta_usable);
 uint32_t mp_detail_id_locked(const char *detail);
 // Whether `bytes` more would take the live total past the budget.
 bool mp_over_budget_locked(uint64_t bytes);
