@@ -232,6 +232,7 @@ typedef struct {
     bool meta, checkpointing;
     uint64_t seed;
     bool dump_grads, save_weights; // through save, after the last backward / optimizer step
+    bool saves_adapter;            // --save-adapter (a sharded run's every rank gathers for it)
     cli_save_fn save;
     void *save_arg;
     cli_lora lora;

@@ -32,6 +32,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     r->seed = o->seed;
     r->dump_grads = o->dump_grads != NULL;
     r->save_weights = o->save_weights != NULL;
+    r->saves_adapter = o->save_adapter != NULL;
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
     if (rc == 0) rc = cli_lora_from_options(o, &r->lora, err);
     if (rc == 0) rc = cli_text_prepare(o, &r->text, err);

@@ -143,7 +143,7 @@ static int zero_step(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model *m, pa
 
 // --save-weights and --save-adapter: stage 3 gathers every unit on every rank; rank 0 writes.
 static int save(train_run *r, par_zero *z, llama_model *m, ag_err *err) {
-    if (!r->save_weights && !r->save_adapter) return 0;
+    if (!r->save_weights && !r->saves_adapter) return 0;
     if (par_zero_gather_all(z, err) != 0) return -1;
     int rc = r->save_weights && r->save ? r->save(r->save_arg, m, false, err) : 0;
     if (rc == 0 && r->save_adapter) rc = r->save_adapter(r->save_arg, m, err);
