@@ -88,14 +88,14 @@ struct ag_tensor {
     ag_tensor *grad; // leaves only (category gradient, site "<name>:grad"); NULL until backward
     ag_node *node;   // the node that made it, while the tape holds it; NULL for leaves
     int refcount;
-    int bits;           // the element size of its dtype (ag_type_traits_of(dtype)->bits)
-    ag_dtype dtype;     // what data holds
-    float q_scale;      // AG_Q8: the per-tensor scale
-    int64_t q_group;    // AG_Q4 (and AG_Q8 with row scales): elements of a row sharing one scale
-    int tape_nodes;     // leaves: nodes on the tape with an edge to it
-    mp_block grad_wait; // leaves, PYTORCH semantics: a gradient waiting for the others to be summed
-    mp_block grad_new;  // ... and the one just written, summed with it after its node's backward
-    uint32_t site;      // interned label (mp_site_name); a parameter's name
+    int bits;               // the element size of its dtype (ag_type_traits_of(dtype)->bits)
+    ag_dtype dtype;         // what data holds
+    float q_scale;          // AG_Q8: the per-tensor scale
+    int64_t q_group;        // AG_Q4 (and AG_Q8 with row scales): elements of a row sharing one scale
+    int tape_nodes;         // leaves: nodes on the tape with an edge to it
+    mp_block grad_wait;     // leaves, PYTORCH semantics: a gradient waiting for the others to be summed
+    mp_block grad_new;      // ... and the one just written, summed with it after its node's backward
+    uint32_t site;          // interned label (mp_site_name); a parameter's name
     uint64_t storage_bytes; // deferred parameters: what their storage is billed (their dtype when made)
 };
 

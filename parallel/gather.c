@@ -7,7 +7,8 @@
 #include <string.h>
 
 static void set_parts(par_zero *z, const zslot *s) {
-    for (int q = 0; q < z->N; q++) z->counts[q] = par_part_len(s, q) * s->gsize, z->displs[q] = par_part_lo(s, q) * s->gsize;
+    for (int q = 0; q < z->N; q++)
+        z->counts[q] = par_part_len(s, q) * s->gsize, z->displs[q] = par_part_lo(s, q) * s->gsize;
 }
 
 static int storage(par_zero *z, zslot *s, ag_err *err) {

@@ -122,15 +122,15 @@ typedef enum { PAR_OFFLOAD_NONE, PAR_OFFLOAD_OPTIMIZER, PAR_OFFLOAD_OPTIMIZER_PA
 
 // How one strategy shards, gathers and reduces.
 typedef struct {
-    const char *name;            // "DDP", "ZeRO-1" to "ZeRO-3", "FSDP full-shard", "FSDP shard-grad-op"
-    const char *what;            // one line: what it shards
-    int stage;                   // what is sharded: 1 optimizer state, 2 also gradients, 3 also weights
-    bool dim0;                   // shards of whole rows, padded to N equal ones (FSDP); else flat, unpadded
-    bool unit_gather;            // one all-gather per unit into a flat buffer, copied out; else per parameter
-    bool reshard_after_forward;  // stage 3: a unit freed after its forward (else after its backward)
-    bool root_stays;             // the first unit gathered from the forward's start to the backward's end
-    bool unit_reduce;            // gradients reduce-scattered per unit when its backward is done; else buckets
-    bool reduce_every_backward;  // with accumulation: reduced at each micro-batch (else the last only)
+    const char *name;           // "DDP", "ZeRO-1" to "ZeRO-3", "FSDP full-shard", "FSDP shard-grad-op"
+    const char *what;           // one line: what it shards
+    int stage;                  // what is sharded: 1 optimizer state, 2 also gradients, 3 also weights
+    bool dim0;                  // shards of whole rows, padded to N equal ones (FSDP); else flat, unpadded
+    bool unit_gather;           // one all-gather per unit into a flat buffer, copied out; else per parameter
+    bool reshard_after_forward; // stage 3: a unit freed after its forward (else after its backward)
+    bool root_stays;            // the first unit gathered from the forward's start to the backward's end
+    bool unit_reduce;           // gradients reduce-scattered per unit when its backward is done; else buckets
+    bool reduce_every_backward; // with accumulation: reduced at each micro-batch (else the last only)
 } par_strategy;
 
 const par_strategy *par_strategy_of(int stage, par_fsdp fsdp);
@@ -164,7 +164,7 @@ typedef struct par_zero par_zero;
 // get their shards from par_zero_materialize. Installs the leaf hooks on ctx
 // (ag_ctx_set_leaf_hooks), which must outlive it. The units are copied.
 int par_zero_new(par_zero **out, const par_zero_config *cfg, par_comm *c, ag_ctx *ctx, ag_tensor *const *params,
-                  size_t n, const par_unit *units, size_t nunits, ag_err *err);
+                 size_t n, const par_unit *units, size_t nunits, ag_err *err);
 void par_zero_free(par_zero *z); // NULL is ignored; frees shards, buckets, gathered storage, host copies
 const par_strategy *par_zero_strategy(const par_zero *z);
 

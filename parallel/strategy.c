@@ -8,12 +8,13 @@ static const par_strategy strategies[] = {
      false, false, false},
     {"ZeRO-2", "gradients sharded too: each rank keeps its shard of each bucket", 2, false, false, false, false, false,
      true},
-    {"ZeRO-3", "weights sharded too: each block gathered around its forward and backward", 3, false, false, true,
-     false, false, true},
+    {"ZeRO-3", "weights sharded too: each block gathered around its forward and backward", 3, false, false, true, false,
+     false, true},
     {"FSDP full-shard", "fully_shard: each block gathered in one all-gather around its forward and backward", 3, true,
      true, true, true, true, true},
-    {"FSDP shard-grad-op", "fully_shard(reshard_after_forward=False): each block gathered from its forward to its "
-                           "backward",
+    {"FSDP shard-grad-op",
+     "fully_shard(reshard_after_forward=False): each block gathered from its forward to its "
+     "backward",
      3, true, true, false, true, true, true},
 };
 

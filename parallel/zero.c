@@ -169,7 +169,7 @@ static bool real_dtypes_ok(ag_tensor *const *params, size_t n, ag_err *err) {
 }
 
 int par_zero_new(par_zero **out, const par_zero_config *cfg, par_comm *c, ag_ctx *ctx, ag_tensor *const *params,
-                  size_t n, const par_unit *units, size_t nunits, ag_err *err) {
+                 size_t n, const par_unit *units, size_t nunits, ag_err *err) {
     *out = NULL;
     if (!cfg || !c || !ctx) {
         ag_err_set(err, "zero: no setting, communicator or context");
@@ -239,8 +239,7 @@ void par_zero_set_sync(par_zero *z, bool sync) { z->sync = sync; }
 
 // This rank's part of a parameter whose storage holds data now, into its shard (padded with zeros).
 static int take_shard(par_zero *z, zslot *s, ag_err *err) {
-    if (par_alloc(&s->shard, s->held * s->ssize, MP_WEIGHT, s->p, "shard", par_params_on_host(z), err) != 0)
-        return -1;
+    if (par_alloc(&s->shard, s->held * s->ssize, MP_WEIGHT, s->p, "shard", par_params_on_host(z), err) != 0) return -1;
     if (s->shard.data && s->p->data) {
         memcpy(s->shard.data, (char *)s->p->data + s->lo * s->gsize, (s->hi - s->lo) * s->gsize);
         memset((char *)s->shard.data + (s->hi - s->lo) * s->gsize, 0, (s->held - (s->hi - s->lo)) * s->gsize);

@@ -67,8 +67,7 @@ size_t par_part_len(const zslot *s, int q);
 size_t par_part_cap(const par_zero *z, const zslot *s, int q);
 long par_find_slot(par_zero *z, const ag_tensor *p);
 // A block billed under a label "<param>:<what>" (host memory when `host`); -1 with err set.
-int par_alloc(mp_block *b, size_t bytes, mp_category cat, const ag_tensor *p, const char *what, bool host,
-              ag_err *err);
+int par_alloc(mp_block *b, size_t bytes, mp_category cat, const ag_tensor *p, const char *what, bool host, ag_err *err);
 
 // gather.c
 bool par_before_backward(void *user, ag_tensor *leaf, ag_err *err);

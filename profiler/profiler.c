@@ -378,8 +378,8 @@ mp_crosscheck mp_crosscheck_jemalloc(mp_category planted_cat, int64_t planted) {
         snprintf(name, sizeof name, "stats.arenas.%u.large.allocated", mp_g.arena[c]);
         uint64_t large = je_u64(name);
         r.jemalloc_bytes[c] = small + large;
-        int64_t mine = (int64_t)(mp_g.counters[c].live_usable + mp_g.host[c].live_usable) +
-                       (c == (int)planted_cat ? planted : 0);
+        int64_t mine =
+            (int64_t)(mp_g.counters[c].live_usable + mp_g.host[c].live_usable) + (c == (int)planted_cat ? planted : 0);
         r.difference[c] = (int64_t)(small + large) - mine;
         if (r.difference[c] != 0) r.agrees = false;
     }

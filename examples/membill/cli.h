@@ -224,7 +224,7 @@ typedef struct {
     optim_config ocfg;
     step_record *steps; // nsteps of them
     long nsteps;
-    long grad_accum; // micro-batches a step (1: none); ids holds grad_accum x batch rows
+    long grad_accum;      // micro-batches a step (1: none); ids holds grad_accum x batch rows
     bool torn_down_clean; // every tensor category back at zero afterwards
     cli_dtype dtype;      // anything but float32 needs meta
     ag_framework framework;

@@ -308,7 +308,8 @@ static bool set_gpus(const cli_options *o, const opt_spec *s, const char *v, cha
     errno = 0;
     long x = is_auto ? 0 : all_digits(v) ? strtol(v, NULL, 10) : -1;
     if (!is_auto && (errno || x < (long)s->min || x > (long)s->max)) {
-        cli_usage_error(o, "%s expects a whole number from %.0f to %.0f, or auto, not '%s'", s->name, s->min, s->max, v);
+        cli_usage_error(o, "%s expects a whole number from %.0f to %.0f, or auto, not '%s'", s->name, s->min, s->max,
+                        v);
         return false;
     }
     *(long *)base = x;

@@ -303,8 +303,7 @@ int cmd_plan(const cli_options *o) {
         s.gpus = ans.min_gpus ? ans.min_gpus : PLAN_MAX_GPUS;
     }
     if (rc == 0 && o->device_memory && plan_fit(&s, o->device_memory, &ans.fit, &err) != 0) rc = EXIT_RUN_FAILED;
-    if (rc == 0 && o->device_memory && !s.infer && suggest(&s, o->device_memory, &ans, &err) != 0)
-        rc = EXIT_RUN_FAILED;
+    if (rc == 0 && o->device_memory && !s.infer && suggest(&s, o->device_memory, &ans, &err) != 0) rc = EXIT_RUN_FAILED;
     // What the other attention would change, in one line: the same plan measured with it.
     plan_bill other_bill, *other = NULL;
     if (rc == 0 && !s.infer) {

@@ -38,7 +38,7 @@ typedef struct {
     long batch, seq_len, gpus, zero; // gpus 0: --gpus auto, not yet resolved
     int fsdp, offload;               // parallel.h's par_fsdp, par_offload
     long grad_accum;                 // micro-batches a step
-    long bucket_mb, prefetch; // the simulated rank's buckets and stage 3's prefetch
+    long bucket_mb, prefetch;        // the simulated rank's buckets and stage 3's prefetch
     optim_config ocfg;
     uint64_t overhead;
     cli_dtype dt;

@@ -41,8 +41,7 @@ static long largest(const plan_setting *s, bool vary_batch, long lo, long hi, ui
     long bad = probe;
     while (bad - good > 1) {
         long mid = good + (bad - good) / 2;
-        if (fits(s, vary_batch ? mid : s->batch, vary_batch ? s->seq_len : mid, device, &ok, NULL, err) != 0)
-            return -1;
+        if (fits(s, vary_batch ? mid : s->batch, vary_batch ? s->seq_len : mid, device, &ok, NULL, err) != 0) return -1;
         if (ok)
             good = mid;
         else

@@ -174,14 +174,16 @@ static uint64_t deepspeed_formula(const plan_setting *s, uint64_t P, char *text,
         uint64_t A = lf.adapter_params, B = lf.base_weights, L = largest_layer(&s->cfg);
         double per = lf.base_params ? (double)B / (double)lf.base_params : 0; // bytes of a frozen parameter
         if (s->zero < 3) {
-            snprintf(text, len, "estimate_zero2_model_states_mem_needs with a frozen base: B + 4A + 16A/N, A = %llu, "
-                                "B = %llu bytes",
+            snprintf(text, len,
+                     "estimate_zero2_model_states_mem_needs with a frozen base: B + 4A + 16A/N, A = %llu, "
+                     "B = %llu bytes",
                      (unsigned long long)A, (unsigned long long)B);
             return B + 4 * A + 16 * A / N;
         }
         uint64_t layer = (uint64_t)(2.0 * per * (double)L);
-        snprintf(text, len, "estimate_zero3_model_states_mem_needs with a frozen base: 2 x the largest layer's %llu "
-                            "parameters at the base's bytes + (B + 18A)/N, A = %llu, B = %llu bytes",
+        snprintf(text, len,
+                 "estimate_zero3_model_states_mem_needs with a frozen base: 2 x the largest layer's %llu "
+                 "parameters at the base's bytes + (B + 18A)/N, A = %llu, B = %llu bytes",
                  (unsigned long long)L, (unsigned long long)A, (unsigned long long)B);
         return layer + (B + 18 * A) / N;
     }
@@ -246,7 +248,8 @@ static void text_per_gpu(FILE *out, const plan_view *v) {
         fprintf(out, "    host memory (offload, each category at its own peak): %s",
                 mp_format_bytes(x, sizeof x, g->host_total));
         for (int c = 0; c < MP_NCATEGORIES; c++)
-            if (g->host[c]) fprintf(out, ";\n      %s %s", mp_category_name(c), mp_format_bytes(x, sizeof x, g->host[c]));
+            if (g->host[c])
+                fprintf(out, ";\n      %s %s", mp_category_name(c), mp_format_bytes(x, sizeof x, g->host[c]));
         fprintf(out, "\n");
     }
     const uint64_t *own = g->own_peak;
@@ -401,11 +404,13 @@ static void report_train_text(FILE *out, const plan_view *v) {
         char d[96];
         plan_device_text(d, sizeof d, v->device);
         if (v->min_gpus)
-            fprintf(out, "--gpus auto: %ld GPU%s of %s (%s, batch %ld each), the fewest whose rank fits; %ld do%s not\n",
+            fprintf(out,
+                    "--gpus auto: %ld GPU%s of %s (%s, batch %ld each), the fewest whose rank fits; %ld do%s not\n",
                     v->min_gpus, v->min_gpus > 1 ? "s" : "", d, plan_strategy_name(s), s->batch, v->min_gpus - 1,
                     v->min_gpus - 1 == 1 ? "es" : "");
         else
-            fprintf(out, "--gpus auto: no number of GPUs up to %d of %s fits this setting (%s); the bill below is %d's\n",
+            fprintf(out,
+                    "--gpus auto: no number of GPUs up to %d of %s fits this setting (%s); the bill below is %d's\n",
                     PLAN_MAX_GPUS, d, plan_strategy_name(s), PLAN_MAX_GPUS);
     }
     if (s->grad_accum > 1)
@@ -531,7 +536,8 @@ static void rank_json(json_t *pg, const plan_view *v) {
     json_object_set_new(pg, "deepspeed", ds ? formula_json(ds, f, deepspeed_why[s->zero]) : json_null());
     json_object_set_new(pg, "strategy", json_string(plan_strategy_name(s)));
     json_object_set_new(pg, "fsdp", s->fsdp ? json_string(par_fsdp_name((par_fsdp)s->fsdp)) : json_null());
-    json_object_set_new(pg, "offload", s->offload ? json_string(par_offload_name((par_offload)s->offload)) : json_null());
+    json_object_set_new(pg, "offload",
+                        s->offload ? json_string(par_offload_name((par_offload)s->offload)) : json_null());
     json_object_set_new(pg, "largest_layer_params", json_integer((json_int_t)largest_layer(&s->cfg)));
 }
 
@@ -616,7 +622,8 @@ static json_t *run_json(const plan_setting *s) {
     json_object_set_new(run, "gpus", json_integer(s->gpus));
     json_object_set_new(run, "zero", json_integer(s->zero));
     json_object_set_new(run, "fsdp", s->fsdp ? json_string(par_fsdp_name((par_fsdp)s->fsdp)) : json_null());
-    json_object_set_new(run, "offload", s->offload ? json_string(par_offload_name((par_offload)s->offload)) : json_null());
+    json_object_set_new(run, "offload",
+                        s->offload ? json_string(par_offload_name((par_offload)s->offload)) : json_null());
     if (!s->infer) json_object_set_new(run, "grad_accum", json_integer(s->grad_accum));
     json_object_set_new(run, "overhead_bytes", json_integer((json_int_t)s->overhead));
     return run;
@@ -700,7 +707,8 @@ json_t *plan_report_json(const plan_view *v) {
         json_t *sug = json_array();
         for (int i = 0; i < v->nsuggestions; i++) {
             json_t *e = json_object(), *opts = json_array();
-            for (int k = 0; k < v->suggestions[i].n; k++) json_array_append_new(opts, json_string(v->suggestions[i].options[k]));
+            for (int k = 0; k < v->suggestions[i].n; k++)
+                json_array_append_new(opts, json_string(v->suggestions[i].options[k]));
             json_object_set_new(e, "options", opts);
             json_object_set_new(e, "total_bytes", json_integer((json_int_t)v->suggestions[i].total));
             json_array_append_new(sug, e);

@@ -127,8 +127,9 @@ static void text_ranks(FILE *f, const zero_cmd *t) {
         fprintf(f, "  %-24s", name);
         for (size_t k = 0; k < n; k++)
             fprintf(f, " %19s",
-                    cli_commas(b, sizeof b, (uint64_t)jint(json_object_get(json_array_get(t->ranks, k), "zero"),
-                                                            "host", cats[c], NULL)));
+                    cli_commas(
+                        b, sizeof b,
+                        (uint64_t)jint(json_object_get(json_array_get(t->ranks, k), "zero"), "host", cats[c], NULL)));
         fprintf(f, "\n");
     }
     fprintf(f, "  %-24s", "total peak");
@@ -276,8 +277,9 @@ static int same_options(zero_cmd *t, ag_err *err) {
         if (strcmp(all[k], all[0]) != 0) {
             char a[256], b[256];
             first_difference(all[0], all[k], a, sizeof a, b, sizeof b);
-            ag_err_set(err, "the ranks run different options: rank 0 has %s, rank %d %s (every rank must run the same "
-                            "command)",
+            ag_err_set(err,
+                       "the ranks run different options: rank 0 has %s, rank %d %s (every rank must run the same "
+                       "command)",
                        a, k, b);
             rc = EXIT_RUN_FAILED;
         }
@@ -298,7 +300,8 @@ static int prepare(zero_cmd *t, ag_err *err) {
     int rc = cli_train_prepare(&all, &t->r, err);
     if (rc != 0) return rc;
     long B = t->r.batch / N, T = t->r.seq_len, rows = B * t->r.grad_accum; // this rank's micro-batches
-    if (t->r.ids) memmove(t->r.ids, t->r.ids + (size_t)rank * (size_t)(rows * T), (size_t)(rows * T) * sizeof *t->r.ids);
+    if (t->r.ids)
+        memmove(t->r.ids, t->r.ids + (size_t)rank * (size_t)(rows * T), (size_t)(rows * T) * sizeof *t->r.ids);
     t->r.batch = B;
     cli_zero_from_options(t->o, &t->z);
     t->z.comm = t->comm;

@@ -16,7 +16,7 @@ void cli_zero_from_options(const cli_options *o, cli_zero *z) {
     z->prefetch = (int)o->prefetch_layers;
     z->bucket_bytes = (size_t)o->bucket_mb << 20;
     z->fsdp = !o->fsdp ? PAR_FSDP_NONE : !strcmp(o->fsdp, "full-shard") ? PAR_FSDP_FULL_SHARD : PAR_FSDP_SHARD_GRAD_OP;
-    z->offload = !o->offload                           ? PAR_OFFLOAD_NONE
+    z->offload = !o->offload                        ? PAR_OFFLOAD_NONE
                  : !strcmp(o->offload, "optimizer") ? PAR_OFFLOAD_OPTIMIZER
                                                     : PAR_OFFLOAD_OPTIMIZER_PARAMS;
 }
@@ -24,8 +24,7 @@ void cli_zero_from_options(const cli_options *o, cli_zero *z) {
 // FSDP over 16-bit weights with a float32 master (mixed precision) is MixedPrecisionPolicy(
 // param_dtype=16-bit, reduce_dtype=float32) over float32 shards.
 static par_zero_config config_of(const train_run *r, const cli_zero *zc) {
-    par_zero_config c = {zc->stage, (par_fsdp)zc->fsdp, zc->bucket_bytes, zc->prefetch, (par_offload)zc->offload,
-                         0, 0};
+    par_zero_config c = {zc->stage, (par_fsdp)zc->fsdp, zc->bucket_bytes, zc->prefetch, (par_offload)zc->offload, 0, 0};
     if (zc->fsdp && r->dtype.master) c.shard_bits = c.reduce_bits = 32;
     return c;
 }
@@ -102,8 +101,7 @@ static int build_deferred(train_run *r, ag_ctx *ctx, llama_model **m, ag_err *er
     return rc;
 }
 
-static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_zero **z, model_units *mu,
-                 ag_err *err) {
+static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_zero **z, model_units *mu, ag_err *err) {
     par_zero_config zcfg = config_of(r, zc);
     int rc = zcfg.stage < 3 ? cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, m, err)
                             : build_deferred(r, ctx, m, err);

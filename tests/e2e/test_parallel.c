@@ -24,8 +24,8 @@ static json_int_t jget(json_t *o, const char *a, const char *b, const char *c) {
     return json_integer_value(v);
 }
 
-static const char *const strategies[] = {"--zero 0", "--zero 1", "--zero 2", "--zero 3", "--fsdp full-shard",
-                                         "--fsdp shard-grad-op"};
+static const char *const strategies[] = {"--zero 0", "--zero 1",          "--zero 2",
+                                         "--zero 3", "--fsdp full-shard", "--fsdp shard-grad-op"};
 
 // LoRA on 2 ranks: the rank's gradients and optimizer state are the adapters' (stage 0 whole, the
 // others about half), never the frozen base's; the base is whole (stages 0 to 2) or sharded in
@@ -34,7 +34,8 @@ static void test_lora_every_strategy(void **state) {
     (void)state;
     char a[1024];
     for (size_t k = 0; k < sizeof strategies / sizeof strategies[0]; k++) {
-        snprintf(a, sizeof a, "plan --model llama-2-7b --dtype bf16 --lora-rank 8 --gpus 2 %s --seq-len 256", strategies[k]);
+        snprintf(a, sizeof a, "plan --model llama-2-7b --dtype bf16 --lora-rank 8 --gpus 2 %s --seq-len 256",
+                 strategies[k]);
         json_t *root = cli_run_json(a);
         json_int_t A = jget(root, "lora", "trainable_params", NULL), P = jget(root, "model", "parameters", NULL);
         json_t *own = json_object_get(json_object_get(root, "per_gpu"), "own_peak");
@@ -79,7 +80,8 @@ static void test_zero3_checkpointing(void **state) {
     json_t *cb = json_object_get(json_object_get(json_object_get(b, "per_gpu"), "collectives_per_step"), "all_gather");
     // Without checkpointing each of the 30 blocks' 9 tensors is gathered for the forward and the
     // backward; with it, the recomputation's gather serves the backward too: as many.
-    assert_int_equal(json_integer_value(json_object_get(cb, "calls")), json_integer_value(json_object_get(ca, "calls")));
+    assert_int_equal(json_integer_value(json_object_get(cb, "calls")),
+                     json_integer_value(json_object_get(ca, "calls")));
     // (the tied embedding: once for its forward, with the norm for the head's forward and backward,
     // once for its backward)
     assert_int_equal(json_integer_value(json_object_get(ca, "calls")), 1 + 2 + 2 * 30 * 9 + 2 + 1);
@@ -130,7 +132,8 @@ static void test_grad_accum_real_equals_meta(void **state) {
         snprintf(a, sizeof a, "%s --meta", runs[k]);
         json_t *meta = cli_run_json(a);
         for (int c = 0; c < 5; c++)
-            assert_int_equal(jget(real, "categories", cats[c], "peak_bytes"), jget(meta, "categories", cats[c], "peak_bytes"));
+            assert_int_equal(jget(real, "categories", cats[c], "peak_bytes"),
+                             jget(meta, "categories", cats[c], "peak_bytes"));
         assert_int_equal(jget(real, "run", "grad_accum", NULL), k ? 3 : 2);
         assert_true(json_real_value(json_object_get(real, "loss")) > 0);
         json_decref(real);
@@ -157,8 +160,10 @@ static void test_gpus_auto(void **state) {
     json_decref(root);
     for (int less = 0; less < 2; less++) {
         char a[512];
-        snprintf(a, sizeof a, "plan --model llama-2-7b --dtype bf16-mixed --zero 3 --attention flash --checkpointing "
-                 "--seq-len 1024 --gpus %lld --device-memory 24GiB", (long long)(n - less));
+        snprintf(a, sizeof a,
+                 "plan --model llama-2-7b --dtype bf16-mixed --zero 3 --attention flash --checkpointing "
+                 "--seq-len 1024 --gpus %lld --device-memory 24GiB",
+                 (long long)(n - less));
         json_t *r = cli_run_json(a);
         assert_int_equal(json_is_true(json_object_get(json_object_get(r, "fit"), "fits")), less == 0);
         assert_int_equal(jget(r, "per_gpu", "total_bytes", NULL) <= 24LL << 30, less == 0);
@@ -198,7 +203,8 @@ static void test_every_suggestion_fits(void **state) {
         at += (size_t)snprintf(a + at, sizeof a - at, "%s%s", batch ? "" : " --batch 2", seq ? "" : " --seq-len 2048");
         json_t *r = cli_run_json(a);
         assert_true(json_is_true(json_object_get(json_object_get(r, "fit"), "fits")));
-        assert_int_equal(jget(r, "per_gpu", "total_bytes", NULL), jget(json_array_get(sug, i), "total_bytes", NULL, NULL));
+        assert_int_equal(jget(r, "per_gpu", "total_bytes", NULL),
+                         jget(json_array_get(sug, i), "total_bytes", NULL, NULL));
         json_decref(r);
     }
     json_decref(root);
@@ -225,14 +231,19 @@ static void test_device_memory_in_gib(void **state) {
 // Bad input: one line each, exit 2.
 static void test_refusals(void **state) {
     (void)state;
-    const char *const bad[] = {
-        "plan --gpus 2 --zero 2 --fsdp full-shard",      "train --zero 3 --fsdp shard-grad-op " TINY,
-        "plan --offload optimizer",                      "plan --zero 1 --offload optimizer",
-        "plan --zero 2 --offload optimizer+params",      "plan --fsdp full-shard --offload optimizer",
-        "plan --grad-accum 0",                           "plan --grad-accum 65537",
-        "train --grad-accum 0 " TINY,                    "plan --gpus auto",
-        "plan --gpus many --device-memory 8GB",          "plan --infer --grad-accum 2",
-        "train --fsdp full-shard --dump-grads g.st " TINY};
+    const char *const bad[] = {"plan --gpus 2 --zero 2 --fsdp full-shard",
+                               "train --zero 3 --fsdp shard-grad-op " TINY,
+                               "plan --offload optimizer",
+                               "plan --zero 1 --offload optimizer",
+                               "plan --zero 2 --offload optimizer+params",
+                               "plan --fsdp full-shard --offload optimizer",
+                               "plan --grad-accum 0",
+                               "plan --grad-accum 65537",
+                               "train --grad-accum 0 " TINY,
+                               "plan --gpus auto",
+                               "plan --gpus many --device-memory 8GB",
+                               "plan --infer --grad-accum 2",
+                               "train --fsdp full-shard --dump-grads g.st " TINY};
     static run_result r;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         membill(&r, bad[i]);
@@ -248,10 +259,14 @@ static void test_refusals(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lora_every_strategy),  cmocka_unit_test(test_zero3_checkpointing),
-        cmocka_unit_test(test_fsdp_and_offload),     cmocka_unit_test(test_grad_accum_real_equals_meta),
-        cmocka_unit_test(test_gpus_auto),            cmocka_unit_test(test_every_suggestion_fits),
-        cmocka_unit_test(test_device_memory_in_gib), cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_lora_every_strategy),
+        cmocka_unit_test(test_zero3_checkpointing),
+        cmocka_unit_test(test_fsdp_and_offload),
+        cmocka_unit_test(test_grad_accum_real_equals_meta),
+        cmocka_unit_test(test_gpus_auto),
+        cmocka_unit_test(test_every_suggestion_fits),
+        cmocka_unit_test(test_device_memory_in_gib),
+        cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests_name("parallel", tests, cli_run_make_dir, cli_run_remove_dir);
 }

@@ -250,8 +250,10 @@ static void test_lora_every_path_matches_one_process(void **state) {
         snprintf(a, sizeof a, "train --config %s --seq-len 16 --batch 4 --threads 1 %s%s --lr 0 --save-adapter %s",
                  TINY, lora, base, init);
         json_decref(cli_run_json(a));
-        snprintf(a, sizeof a, "train --config %s --seq-len 16 --batch 4 --threads 1 %s%s --lr 0.5 --steps 2 "
-                 "--save-adapter %s", TINY, lora, base, ref);
+        snprintf(a, sizeof a,
+                 "train --config %s --seq-len 16 --batch 4 --threads 1 %s%s --lr 0.5 --steps 2 "
+                 "--save-adapter %s",
+                 TINY, lora, base, ref);
         json_decref(cli_run_json(a));
     }
     for (size_t k = 0; k < sizeof paths / sizeof paths[0]; k++) {
