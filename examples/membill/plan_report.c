@@ -213,6 +213,14 @@ static const char *const deepspeed_why[] = {
     "gathered fp16 parameters twice (4 x), in its own mixed precision; this rank gathers whole blocks, prefetched, "
     "and reduces in buckets"};
 
+static const char *deepspeed_why_of(const plan_setting *s) {
+    if (!s->lora.cfg.rank) return deepspeed_why[s->zero];
+    return s->zero < 3 ? "its estimator with the frozen base whole at its own bytes (B) and the adapters in its mixed "
+                         "precision (4A whole, 16A/N sharded); nothing for activations or buckets"
+                       : "its estimator with the frozen base sharded at its own bytes (B/N), the adapters' 18A/N and "
+                         "the largest layer gathered twice; this rank gathers whole blocks, prefetched";
+}
+
 static void text_collectives(FILE *out, const par_stats *st) {
     char x[64];
     fprintf(out, "    collectives a step:");
@@ -266,7 +274,7 @@ static void text_per_gpu(FILE *out, const plan_view *v) {
     uint64_t ds = deepspeed_formula(s, v->cf->params, f, sizeof f);
     if (ds)
         fprintf(out, "      DeepSpeed's %s: %s\n        (%s)\n", f, mp_format_bytes(y, sizeof y, ds),
-                deepspeed_why[s->zero]);
+                deepspeed_why_of(s));
     else
         fprintf(out, "      DeepSpeed: %s\n", f);
 }
@@ -298,6 +306,8 @@ static void text_suggestions(FILE *out, const plan_view *v) {
     }
 }
 
+static void text_limits(FILE *out, const plan_view *v);
+
 static void text_fit(FILE *out, const plan_view *v) {
     char x[96], y[64];
     const plan_setting *s = v->s;
@@ -305,12 +315,17 @@ static void text_fit(FILE *out, const plan_view *v) {
             plan_device_text(x, sizeof x, v->device), mp_format_bytes(y, sizeof y, s->overhead),
             v->g->total <= v->device ? "fits" : "does NOT fit");
     fprintf(out, "\n");
-    if (v->g->total > v->device && !s->infer) text_suggestions(out, v);
-    if (v->max_batch == 0 && v->max_seq == 0) {
+    if (v->max_batch == 0 && v->max_seq == 0)
         fprintf(out, "  nothing fits: even batch 1 x %d token%s needs %s on one device\n", s->infer ? 1 : 2,
                 s->infer ? "" : "s", mp_format_bytes(x, sizeof x, v->smallest));
-        return;
-    }
+    else
+        text_limits(out, v);
+    if (v->g->total > v->device && !s->infer) text_suggestions(out, v);
+}
+
+// The largest batch and the longest sequence that fit the device.
+static void text_limits(FILE *out, const plan_view *v) {
+    const plan_setting *s = v->s;
     if (v->max_batch == 0)
         fprintf(out, "  no batch fits at %ld tokens", s->seq_len);
     else
@@ -533,7 +548,7 @@ static void rank_json(json_t *pg, const plan_view *v) {
     uint64_t paper = zero_formula(s, &d, v->cf->params, f, sizeof f);
     json_object_set_new(pg, "zero_paper", formula_json(paper, f, paper_why));
     uint64_t ds = deepspeed_formula(s, v->cf->params, f, sizeof f);
-    json_object_set_new(pg, "deepspeed", ds ? formula_json(ds, f, deepspeed_why[s->zero]) : json_null());
+    json_object_set_new(pg, "deepspeed", ds ? formula_json(ds, f, deepspeed_why_of(s)) : json_null());
     json_object_set_new(pg, "strategy", json_string(plan_strategy_name(s)));
     json_object_set_new(pg, "fsdp", s->fsdp ? json_string(par_fsdp_name((par_fsdp)s->fsdp)) : json_null());
     json_object_set_new(pg, "offload",

@@ -257,6 +257,33 @@ static void test_refusals(void **state) {
     assert_non_null(strstr(r.err, "--zero 2"));
 }
 
+// PEFT's published multi-GPU runs (tests/reference/peft_multi_gpu.json): the plan of each run
+// bills less than the GPU showed (nvidia-smi holds the CUDA context and the allocator's reserve
+// too) and more than half of it; a LoRA billed as a full fine-tune, or a frozen base counted
+// with gradients and optimizer state, is several times past it.
+static void test_public_measurements(void **state) {
+    (void)state;
+    json_error_t e;
+    json_t *ref = json_load_file(MEMBILL_REFERENCE_DIR "/peft_multi_gpu.json", 0, &e);
+    if (!ref) fail_msg("peft_multi_gpu.json: %s", e.text);
+    json_t *runs = json_object_get(ref, "runs");
+    assert_true(json_array_size(runs) >= 5);
+    for (size_t i = 0; i < json_array_size(runs); i++) {
+        json_t *r = json_array_get(runs, i);
+        char a[1024];
+        snprintf(a, sizeof a, "plan %s", json_string_value(json_object_get(r, "plan")));
+        json_t *root = cli_run_json(a);
+        double total = (double)jget(root, "per_gpu", "total_bytes", NULL) / 1e9,
+               pub = json_number_value(json_object_get(r, "public_gb_per_gpu"));
+        if (!(total <= pub && total >= pub / 2))
+            print_error("%s: membill %.2f GB a GPU, published %.1f GB\n", json_string_value(json_object_get(r, "name")),
+                        total, pub);
+        assert_true(total <= pub && total >= pub / 2);
+        json_decref(root);
+    }
+    json_decref(ref);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lora_every_strategy),
@@ -267,6 +294,7 @@ int main(void) {
         cmocka_unit_test(test_every_suggestion_fits),
         cmocka_unit_test(test_device_memory_in_gib),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_public_measurements),
     };
     return cmocka_run_group_tests_name("parallel", tests, cli_run_make_dir, cli_run_remove_dir);
 }
