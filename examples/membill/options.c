@@ -266,19 +266,26 @@ static bool set_number(const cli_options *o, const opt_spec *s, const char *v, c
     return true;
 }
 
-static bool set_bytes(const cli_options *o, const opt_spec *s, const char *v, char *base) {
+// A size with its unit: v as typed, text as read (the GPU reading of --device-memory). A bare
+// number is ambiguous (80: bytes or GB?) unless it is zero.
+static bool set_size(const cli_options *o, const opt_spec *s, const char *v, const char *text, char *base) {
     uint64_t x = 0;
-    // A bare number is ambiguous (80: bytes or GB?) unless it is zero.
     bool bare = all_digits(v) && strspn(v, "0") != strlen(v);
-    if (bare || !mp_parse_bytes(v, &x) || (double)x < s->min || (double)x > s->max) {
+    if (!bare && mp_parse_bytes(text, &x) && (double)x >= s->min && (double)x <= s->max) {
+        *(uint64_t *)base = x;
+        return true;
+    }
+    if (s->type == T_DEVICE)
+        cli_usage_error(o,
+                        "%s expects a size with its unit as GPU memory is sold, such as 24GB or 80GiB (both read as "
+                        "GiB, 2^30 bytes; KiB, MiB and TiB alike; B for bytes), not '%s'",
+                        s->name, v);
+    else
         cli_usage_error(o,
                         "%s expects a size with its unit, such as 80GB, 500MiB or %sB for bytes (units: B, kB, MB, GB, "
                         "TB = 10^3..10^12; KiB, MiB, GiB, TiB = 2^10..2^40), not '%s'",
                         s->name, bare ? v : "123456", v);
-        return false;
-    }
-    *(uint64_t *)base = x;
-    return true;
+    return false;
 }
 
 // As GPU vendors label memory: the decimal-looking units are read as binary ones (24GB: 24 GiB).
@@ -290,17 +297,7 @@ static bool set_device(const cli_options *o, const opt_spec *s, const char *v, c
     snprintf(text, sizeof text, "%s", v);
     for (size_t i = 0; i < sizeof dec / sizeof dec[0] && num < sizeof text; i++)
         if (strcasecmp(v + num, dec[i]) == 0) snprintf(text + num, sizeof text - num, "%s", bin[i]);
-    uint64_t x = 0;
-    bool bare = all_digits(v) && strspn(v, "0") != strlen(v);
-    if (bare || !mp_parse_bytes(text, &x) || (double)x < s->min || (double)x > s->max) {
-        cli_usage_error(o,
-                        "%s expects a size with its unit as GPU memory is sold, such as 24GB or 80GiB (both read as "
-                        "GiB, 2^30 bytes; KiB, MiB and TiB alike; B for bytes), not '%s'",
-                        s->name, v);
-        return false;
-    }
-    *(uint64_t *)base = x;
-    return true;
+    return set_size(o, s, v, text, base);
 }
 
 static bool set_gpus(const cli_options *o, const opt_spec *s, const char *v, char *base) {
@@ -352,7 +349,7 @@ static bool set_value(const cli_options *o, const opt_spec *s, const char *v) {
     case T_LONG:
     case T_U64:
     case T_DOUBLE: return set_number(o, s, v, base);
-    case T_BYTES: return set_bytes(o, s, v, base);
+    case T_BYTES: return set_size(o, s, v, v, base);
     case T_DEVICE: return set_device(o, s, v, base);
     case T_GPUS: return set_gpus(o, s, v, base);
     case T_CHOICE: return set_choice(o, s, v, base);
