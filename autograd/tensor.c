@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "ag_internal.h"
-#include "ag_nf4.h"
+#include "kernels/ag_nf4.h"
 
 static const char *status_text(mp_status st) {
     switch (st) {

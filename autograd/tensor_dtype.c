@@ -3,8 +3,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "ag_kernels.h"
-#include "ag_nf4.h"
+#include "kernels/ag_kernels.h"
+#include "kernels/ag_nf4.h"
 
 ag_dtype ag_dtype_of_bits(int bits, bool fp16) {
     switch (bits) {

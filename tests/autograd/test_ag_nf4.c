@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "ag_nf4.h"
+#include "kernels/ag_nf4.h"
 #include "model.h"
 
 #ifndef MEMBILL_GOLDEN_DIR

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../../autograd/ag_internal.h"
+#include "ag_internal.h"
 
 typedef struct {
     _Atomic int *hits;

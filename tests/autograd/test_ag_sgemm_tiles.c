@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_kernels.h"
+#include "kernels/ag_kernels.h"
 #include "profiler.h"
 
 // C[M, N] (rows ldc apart, ldc > N) = alpha op(A) op(B) + beta C, with A and B inside matrices

@@ -29,7 +29,7 @@
 
 #include <cblas.h>
 
-#include "ag_kernels.h"
+#include "kernels/ag_kernels.h"
 #include "autograd.h"
 #include "bench_util.h"
 

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_kernels.h"
+#include "kernels/ag_kernels.h"
 #include "bench_util.h"
 
 enum { HID = 576, INTER = 1536, KV = 192, LAYERS = 30, VOCAB = 49152, GROUP = 32, GROUP_WIDE = 128 };

@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "ag_nf4.h"
+#include "kernels/ag_nf4.h"
 #include "model.h"
 #include "optim.h"
 

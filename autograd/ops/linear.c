@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_kernels.h"
+#include "kernels/ag_kernels.h"
 
 // db[out] (+)= the sum over the M rows of dy[M, out] (in float32): the bias needs nothing saved.
 void ag_linear_bias_backward(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out) {
