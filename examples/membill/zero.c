@@ -418,9 +418,10 @@ int cli_train_zero(const cli_options *o) {
     zero_cmd t = {.o = o};
     ag_err err = {""};
     if (!par_mpi_built()) {
-        fprintf(stderr, "membill train: --zero runs a sharded step on MPI ranks and needs the MPI build: configure "
-                        "with cmake -DMEMBILL_MPI=ON (Open MPI: apt-get install libopenmpi-dev openmpi-bin), then "
-                        "mpirun -np N membill train --zero S\n");
+        fprintf(stderr,
+                "membill train: --zero and --fsdp run a sharded step on MPI ranks and need the MPI build: configure "
+                "with cmake -DMEMBILL_MPI=ON (Open MPI: apt-get install libopenmpi-dev openmpi-bin), then "
+                "mpirun -np N membill train --zero S\n");
         return EXIT_USAGE;
     }
     if (par_comm_world(&t.comm, &err) != 0) return fail(&t, EXIT_RUN_FAILED, err.msg);
