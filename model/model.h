@@ -568,6 +568,10 @@ int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err
 // and "...lora_B.weight"), initialised as PEFT does from the seed (A uniform in
 // +-1/sqrt(in), B zeros); the trainable parameters become the adapters. Once per model.
 int llama_model_add_lora(llama_model *m, ag_ctx *ctx, const llama_lora_config *l, uint64_t seed, ag_err *err);
+// The adapters' init of llama_model_add_lora from the seed, for each pair (A, B) that has its
+// data (meta mode and parameters without storage are skipped): a sharded run fills its
+// parameters unit by unit (ZeRO-3's zero.Init).
+void llama_lora_init(llama_model *m, uint64_t seed);
 // Parameter counts: the trainable ones (the adapters, or every parameter without) and all.
 uint64_t llama_model_trainable_count(const llama_model *m);
 uint64_t llama_model_param_total(const llama_model *m); // base + adapters
@@ -631,7 +635,9 @@ typedef struct {
     // Called just before and just after each part of the forward runs (a module's forward pre- and
     // post-hook: ZeRO-3 gathers a part's parameters before it and frees them after): part 0 the
     // embedding, 1 to layers the blocks, layers + 1 the final norm and the head. NULL: none.
-    // Returning false stops the forward with the hook's message. Not with checkpointing.
+    // Returning false stops the forward with the hook's message. With checkpointing, backward's
+    // recomputation of block i calls it again (part i + 1, before true; nothing after: the part
+    // stays until its backward has run), so that the options must live until backward.
     bool (*on_part)(void *user, int64_t part, bool before, ag_err *err);
     void *user;
 } llama_forward_opts;

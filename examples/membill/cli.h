@@ -42,7 +42,7 @@ const char *cli_command_name(size_t i); // NULL past the end
 const char *cli_suggest(const char *typed, const char *(*name)(size_t i), size_t count);
 const char *cli_did_you_mean(char *buf, size_t len, const char *typed, const char *(*name)(size_t i), size_t count);
 
-#define CLI_MAX_OPTIONS 64
+#define CLI_MAX_OPTIONS 96
 
 typedef struct cli_hub cli_hub;
 
@@ -52,7 +52,8 @@ typedef struct {
     const char *command;
     cli_command_bit cmd;
     const char *model, *config, *weights, *tokens, *prompt, *prompt_file, *tokenizer;
-    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size, bucket_mb, prefetch_layers;
+    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size, bucket_mb, prefetch_layers, grad_accum;
+    const char *fsdp, *offload; // NULL: none
     uint64_t seed, budget, device_memory, overhead;
     const char *optimizer, *adam_impl, *dtype, *weight_dtype, *framework, *attention;
     double lr;
@@ -69,6 +70,8 @@ typedef struct {
     bool download, offline;
     cli_hub *hub; // --model org/name: what the cache and the Hub gave (hub_cli.c); NULL for a preset
     unsigned char given[CLI_MAX_OPTIONS]; // by table row: the user named it
+    int argc;                             // the command line parsed (argv[2..] are the options)
+    char *const *argv;
 } cli_options;
 
 // argv[2..] into *o; a usage error prints one line ("membill train: ...") and returns false.
@@ -76,6 +79,8 @@ bool cli_parse(cli_options *o, const cli_command *cmd, int argc, char **argv);
 bool cli_given(const cli_options *o, const char *name); // the user named the option
 // The options that only make sense together, checked in one place; false after one line.
 bool cli_check_combinations(const cli_options *o);
+// A sharded data-parallel run: --zero or --fsdp given.
+bool cli_sharded(const cli_options *o);
 void cli_usage(FILE *f, const cli_command *cmd);
 void cli_usage_all(FILE *f);
 void cli_options_markdown(FILE *f);
@@ -261,6 +266,7 @@ typedef struct {
     optim_config ocfg;
     step_record *steps; // nsteps of them
     long nsteps;
+    long grad_accum;      // micro-batches a step (1: none); ids holds grad_accum x batch rows
     bool torn_down_clean; // every tensor category back at zero afterwards
     cli_dtype dtype;      // anything but float32 needs meta
     ag_framework framework;
@@ -268,6 +274,7 @@ typedef struct {
     bool meta, checkpointing;
     uint64_t seed;
     bool dump_grads, save_weights; // through save, after the last backward / optimizer step
+    bool saves_adapter;            // --save-adapter (a sharded run's every rank gathers for it)
     cli_save_fn save;
     void *save_arg;
     cli_lora lora;
@@ -292,11 +299,14 @@ int cli_train_run(train_run *r, ag_err *err);
 typedef struct {
     void (*zero_grad)(void *user);                                       // instead of optim_zero_grad
     bool (*on_part)(void *user, int64_t part, bool before, ag_err *err); // llama_forward_opts.on_part
-    int (*after_backward)(void *user, ag_err *err);
+    void (*set_sync)(void *user, bool last);                             // before each micro-batch
+    int (*after_backward)(void *user, ag_err *err);                      // after each micro-batch's
+    void (*before_step)(void *user);
     int (*after_step)(void *user, ag_err *err);
     void *user;
 } cli_step_hooks;
 int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s, const cli_step_hooks *h, ag_err *err);
+long cli_micro_batches(const train_run *r); // grad_accum, at least 1
 
 // What the timeline says of one step (train.c): its total peak and the moment of it, and per
 // phase the peak and what each category held at the phase's end.
@@ -442,9 +452,15 @@ struct par_comm;
 typedef struct {
     int stage, prefetch;
     size_t bucket_bytes;
+    int fsdp, offload; // parallel.h's par_fsdp and par_offload (0: none)
     struct par_comm *comm;
     double *comm_s; // [r->nsteps]: seconds in collectives per step (the caller's)
+    // After the run: each category's peak in host memory (offload), and the strategy's name.
+    uint64_t host_peak[MP_NCATEGORIES];
+    const char *strategy;
 } cli_zero;
+// The options of a sharded run into *z (comm and comm_s left to the caller).
+void cli_zero_from_options(const cli_options *o, cli_zero *z);
 int cli_zero_train_run(train_run *r, cli_zero *z, ag_err *err);
 // membill train --zero S (zero.c): this process's rank of the job, the report gathered on rank 0.
 int cli_train_zero(const cli_options *o);
@@ -491,6 +507,8 @@ struct cli_device {
 };
 // From the options (and PYTORCH_CUDA_ALLOC_CONF); an exit code, the message in err.
 int cli_device_prepare(const cli_options *o, long gpus, cli_device *d, ag_err *err);
+// The ranks the device is one of (NCCL's buffers with more than one), and what that leaves the allocator.
+void cli_device_set_gpus(cli_device *d, long gpus);
 
 // Where a replay reads figures: the end of a phase (an event index of the timeline).
 typedef struct {

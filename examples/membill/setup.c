@@ -51,6 +51,8 @@ static long utf8_fault(const char *text) {
     return -1;
 }
 
+bool cli_sharded(const cli_options *o) { return cli_given(o, "--zero") || o->fsdp; }
+
 // --device, --gpu and what needs the device (docs/gpu.md).
 static const char *device_combinations(const cli_options *o) {
     bool cuda = (o->device && !strcmp(o->device, "cuda")) || o->gpu;
@@ -66,7 +68,7 @@ static const char *device_combinations(const cli_options *o) {
     if (o->seq_lens && (o->tokens || o->prompt || o->prompt_file))
         return "--seq-lens gives each step's length: random ids, not --tokens or a prompt";
     if (o->seq_lens && cli_given(o, "--seq-len")) return "--seq-lens and --seq-len both give the length: give one";
-    if (o->seq_lens && (cli_given(o, "--zero") || (o->cmd == CLI_PLAN && (o->infer || o->gpus > 1))))
+    if (o->seq_lens && (cli_sharded(o) || (o->cmd == CLI_PLAN && (o->infer || o->gpus != 1))))
         return "--seq-lens varies one device's training steps: not with --infer, --gpus or --zero";
     if (cuda && o->cmd == CLI_TRAIN && cli_given(o, "--zero"))
         return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's "
@@ -99,8 +101,10 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "check's --prompt goes through the Hub model's tokenizer: give --model org/name";
     else if (o->meta && (o->weights || o->dump_grads || o->save_weights))
         bad = "--meta runs on shapes alone: --weights, --dump-grads and --save-weights need data";
-    else if (o->cmd == CLI_TRAIN && !o->meta && cli_given(o, "--zero") && !is_f32(o->dtype))
-        bad = "--zero computes its shards in float32: another --dtype is a bill of plan --gpus N --zero S (or "
+    else if (cli_given(o, "--zero") && o->fsdp)
+        bad = "--fsdp and --zero are two sharding strategies: give one";
+    else if (o->cmd == CLI_TRAIN && !o->meta && cli_sharded(o) && !is_f32(o->dtype))
+        bad = "--zero and --fsdp compute their shards in float32: another --dtype is a bill of plan --gpus N (or "
               "--meta)";
     else if (o->cmd == CLI_TRAIN && !o->meta && o->dtype && !strncmp(o->dtype, "fp16", 4))
         snprintf(buf, sizeof buf,
@@ -127,24 +131,31 @@ bool cli_check_combinations(const cli_options *o) {
              (o->weight_dtype || cli_given(o, "--group-size") || cli_given(o, "--new-tokens")))
         bad = "--weight-dtype, --group-size and --new-tokens plan a generation: add --infer";
     else if (infer_plan && (cli_given(o, "--optimizer") || cli_given(o, "--adam-impl") || cli_given(o, "--gpus") ||
-                            cli_given(o, "--zero") || o->checkpointing || cli_given(o, "--bucket-mb") ||
-                            cli_given(o, "--prefetch-layers")))
-        bad = "--infer plans one device's generation: --optimizer, --adam-impl, --gpus, --zero, --bucket-mb, "
-              "--prefetch-layers and --checkpointing are training settings";
-    else if (o->cmd == CLI_TRAIN && !cli_given(o, "--zero") &&
+                            cli_sharded(o) || o->checkpointing || cli_given(o, "--bucket-mb") ||
+                            cli_given(o, "--prefetch-layers") || o->offload || cli_given(o, "--grad-accum")))
+        bad = "--infer plans one device's generation: --optimizer, --adam-impl, --gpus, --zero, --fsdp, --offload, "
+              "--grad-accum, --bucket-mb, --prefetch-layers and --checkpointing are training settings";
+    else if (o->cmd == CLI_TRAIN && !cli_sharded(o) &&
              (cli_given(o, "--bucket-mb") || cli_given(o, "--prefetch-layers")))
-        bad = "--bucket-mb and --prefetch-layers set up a sharded step: add --zero";
-    else if (cli_given(o, "--prefetch-layers") && o->zero != 3)
+        bad = "--bucket-mb and --prefetch-layers set up a sharded step: add --zero or --fsdp";
+    else if (cli_given(o, "--prefetch-layers") && o->zero != 3 && !o->fsdp)
         snprintf(buf, sizeof buf,
-                 "--prefetch-layers gathers the weights of the blocks ahead, which only --zero 3 shards: it does not "
-                 "apply to --zero %ld",
+                 "--prefetch-layers gathers the weights of the blocks ahead, which only --zero 3 and --fsdp shard: it "
+                 "does not apply to --zero %ld",
                  o->zero),
             bad = buf;
-    else if (cli_given(o, "--zero") && o->zero == 3 && o->checkpointing)
-        bad = "--zero 3 gathers each block's weights around its forward and backward: --checkpointing, which reruns "
-              "the forward inside backward, is not supported with it";
-    else if (o->cmd == CLI_TRAIN && cli_given(o, "--zero") && o->dump_grads)
-        bad = "--dump-grads writes whole gradients, which --zero shards or reduces in buckets: use it without --zero";
+    else if (o->offload && !o->fsdp && !(cli_given(o, "--zero") && o->zero >= 2))
+        bad = "--offload moves a sharded optimizer to the host: add --zero 2, --zero 3 or --fsdp";
+    else if (o->offload && !strcmp(o->offload, "optimizer+params") && !o->fsdp && o->zero != 3)
+        bad = "--offload optimizer+params moves the weight shards too, which --zero 3 and --fsdp have: --zero 2 "
+              "keeps whole weights on every device (--offload optimizer)";
+    else if (o->offload && o->fsdp && !strcmp(o->offload, "optimizer"))
+        bad = "FSDP's CPUOffloadPolicy moves the parameter shards with the optimizer: --offload optimizer+params";
+    else if (o->cmd == CLI_PLAN && cli_given(o, "--gpus") && o->gpus == 0 && !o->device_memory && !o->gpu)
+        bad = "--gpus auto looks for the fewest GPUs whose share fits one device: add --device-memory SIZE or --gpu NAME";
+    else if (o->cmd == CLI_TRAIN && cli_sharded(o) && o->dump_grads)
+        bad = "--dump-grads writes whole gradients, which --zero and --fsdp shard or reduce in buckets: use it "
+              "without them";
     else if (o->cmd == CLI_INFER && o->tokens && strchr(o->tokens, ';') && cli_given(o, "--batch"))
         bad = "--batch repeats one prompt: give several prompts with ';' or --batch, not both";
     else if ((o->prompt != NULL) + (o->prompt_file != NULL) + (o->tokens != NULL) > 1)
@@ -178,7 +189,7 @@ bool cli_check_combinations(const cli_options *o) {
 int cli_run_end(int rc, bool *clean, ag_err *err) {
     *clean = true;
     for (int c = 0; c < MP_OTHER; c++)
-        if (mp_get_counter(c).live != 0) *clean = false;
+        if (mp_get_counter(c).live != 0 || mp_get_host_counter(c).live != 0) *clean = false;
     const mp_oom_record *r = mp_oom();
     if (rc != 0 || !r->happened) return rc;
     ag_err_set(err, "over the memory budget of %llu bytes: %s %s took %llu bytes in phase %s",

@@ -135,7 +135,9 @@ static void test_sizes_at_their_limits(void **state) {
     } cases[] = {
         {"train --meta --budget 9223372036854775808B",
          "--budget expects a size from 1B to 1000000TB (1,000,000,000,000,000,000 bytes), not '9223372036854775808B'"},
-        {"plan --device-memory 9223372036854775808B", "--device-memory expects a size from 1B to 1000000TB"},
+        {"plan --device-memory 9223372036854775808B",
+         "--device-memory expects a size from 1B to 1,000,000,000,000,000,000 bytes, not '9223372036854775808B'"},
+        {"plan --device-memory 1e30GB", "--device-memory expects a size from 1B to"},
         {"plan --overhead 9223372036854775808B",
          "--overhead expects a size from 0B to 1000TB (1,000,000,000,000,000 bytes)"},
         {"train --meta --budget 1e30GB", "--budget expects a size from 1B to 1000000TB"},
@@ -145,8 +147,10 @@ static void test_sizes_at_their_limits(void **state) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) expect(cases[i].args, 2, cases[i].expect);
     run_result r;
-    membill(&r, "plan --device-memory 1000000TB --quiet");
+    membill(&r, "train --meta --budget 1000000TB --quiet");
     assert_int_equal(r.code, 0); // the maximum itself
+    membill(&r, "plan --device-memory 1000000000000000000B --quiet");
+    assert_int_equal(r.code, 0);
 }
 
 // Options that set up something the rest of the command does not have.
@@ -156,9 +160,12 @@ static void test_options_that_do_not_go_together(void **state) {
                            "train --zero 0 --prefetch-layers 1", "plan --zero 1 --prefetch-layers 2",
                            "plan --gpus 8 --prefetch-layers 2"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        expect(cases[i], 2, "--prefetch-layers gathers the weights of the blocks ahead, which only --zero 3 shards");
+        expect(cases[i], 2,
+               "--prefetch-layers gathers the weights of the blocks ahead, which only --zero 3 and --fsdp shard");
     run_result r;
     membill(&r, "plan --gpus 8 --zero 3 --prefetch-layers 2 --quiet");
+    assert_int_equal(r.code, 0);
+    membill(&r, "plan --gpus 8 --fsdp full-shard --prefetch-layers 2 --quiet");
     assert_int_equal(r.code, 0);
 }
 
