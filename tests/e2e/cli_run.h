@@ -3,6 +3,7 @@
 #pragma once
 
 #include <jansson.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,17 @@ static void membill_within(run_result *r, int seconds, const char *args) {
 }
 
 static inline void membill(run_result *r, const char *args) { membill_within(r, 0, args); }
+
+// A shell command made as printf makes text; the test fails naming it unless it succeeds.
+static inline void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline void sh(const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0) fail_msg("failed: %s", cmd);
+}
 
 static inline int count_lines(const char *s) {
     int n = 0;

@@ -26,15 +26,6 @@ static void expect(const char *args, int code, const char *needle) {
         fail_msg("%s: exit %d, stderr '%s' (expected %d and '%s')", args, r.code, r.err, code, needle);
 }
 
-static void sh(const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) fail_msg("failed: %s", cmd);
-}
-
 // Sets float32 element i of tensor `name` in a safetensors file to v (every element for i < 0;
 // i >= 0 with `row` set: every element of row i).
 static void patch(const char *path, const char *name, int64_t i, bool row, float v) {
