@@ -44,7 +44,7 @@ static int claim_order(const void *a, const void *b) {
 }
 
 // --framework: the memory semantics every run of the check is billed under.
-static ag_framework check_framework = AG_FRAMEWORK_PYTORCH;
+static ag_framework check_framework = CLI_DEFAULT_FRAMEWORK;
 static ag_attention_kind check_attention = AG_ATTENTION_EAGER;
 
 static const char *mb(char *buf, size_t n, uint64_t bytes) { return mp_format_bytes(buf, n, bytes); }

@@ -49,8 +49,7 @@ static int fill(void *user, ag_err *err) {
     return llama_model_load(a->m, a->r->st_path, err);
 }
 
-static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_zero **z, model_units *mu,
-                 ag_err *err) {
+static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_zero **z, model_units *mu, ag_err *err) {
     par_zero_config zcfg = {zc->stage, zc->bucket_bytes, zc->prefetch};
     if (zc->stage < 3) {
         if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, m, err) != 0) return -1;
@@ -104,7 +103,7 @@ int cli_zero_train_run(train_run *r, cli_zero *zc, ag_err *err) {
     cli_progress("building the model, sharded");
     if (build(r, zc, ctx, &m, &z, &mu, err) != 0) goto done;
     optim_config oc = r->ocfg;
-    oc.torch_113_foreach = r->framework == AG_FRAMEWORK_PYTORCH_113;
+    oc.framework = r->framework;
     size_t nopt;
     ag_tensor *const *op = par_zero_opt_params(z, &nopt);
     if (!(opt = optim_new(&oc, op, nopt, err))) goto done;
