@@ -41,7 +41,8 @@ static int run_line(const char *line) {
     static cli_options o;
     memset(&o, 0, sizeof o);
     if (!cli_parse(&o, cmd, argc, argv) || !cli_check_combinations(&o)) return EXIT_USAGE;
-    static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare, cmd_plan, cmd_check};
+    static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare,
+                                                      cmd_plan,  cmd_check, cmd_snapshot};
     int i = 0;
     while ((1 << i) != (int)cmd->bit) i++;
     fflush(stdout);
