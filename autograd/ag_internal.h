@@ -46,8 +46,8 @@ struct ag_node {
 
 struct ag_ctx {
     bool grad_enabled;
-    ag_precision dtype; // element sizes billed (meta mode); float32 by default
-    ag_framework framework;
+    ag_precision dtype;         // element sizes billed (meta mode); float32 by default
+    const ag_framework_row *fw; // the framework's row: every framework decision the ops make
     ag_attention_kind attention;
     ag_node **tape;
     size_t ntape, cap;
@@ -125,8 +125,10 @@ bool ag_tape_push(ag_ctx *ctx, ag_node *n);
 // Frees the nodes above `floor` without running them.
 void ag_tape_clear_to(ag_ctx *ctx, size_t floor);
 
+// torch.autocast's semantics: an autocast dtype under a framework that has them.
+static inline bool ag_autocast(const ag_ctx *ctx) { return ctx->dtype.autocast && AG_FW(ctx->fw, autocast); }
+
 // grad.c
-static inline bool ag_is_pytorch(const ag_ctx *ctx) { return ctx->framework != AG_FRAMEWORK_LEAN; }
 bool ag_grad_get(ag_ctx *ctx, ag_node *n, int i, ag_grad_dst *dst);
 // All inputs at once; inputs sharing one target are resolved so every write accumulates.
 bool ag_grad_get_all(ag_ctx *ctx, ag_node *n, ag_grad_dst *dst);

@@ -71,8 +71,11 @@ static void fill_mask(ag_tensor *mask, int64_t T, int64_t window) {
 static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, llama_shared *sh, ag_tensor *mask[2]) {
     const llama_config *c = &m->cfg;
     const ag_rope_freqs f = llama_rope_freqs(c);
-    if (!ag_rope_tables_f(ctx, "rotary_emb", T, (int)c->head_dim, &f, 0, &sh->cos, &sh->sin)) return false;
-    bool old = ag_ctx_framework(ctx) == AG_FRAMEWORK_PYTORCH_113;
+    const ag_framework_row *fw = ag_ctx_framework_row(ctx);
+    if (AG_FW(fw, rope_tables) && !ag_rope_tables_f(ctx, "rotary_emb", T, (int)c->head_dim, &f, 0, &sh->cos, &sh->sin))
+        return false;
+    const ag_mask_shape shape = AG_FW(fw, mask);
+    bool old = shape == AG_MASK_T_T1;
     int64_t cols = old ? T + 1 : T, rows = old ? T : B * T;
     bool qwen = c->family == LLAMA_FAMILY_QWEN2 || c->family == LLAMA_FAMILY_QWEN3;
     bool sliding = c->sliding_window > 0 && c->window_from < c->layers, two = !old && qwen && sliding;
@@ -81,13 +84,13 @@ static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, 
     // window shorter than the sequence needs a mask (transformers' is boolean, 1 byte an element;
     // it is billed here at the mask's own element size).
     bool sdpa = ag_ctx_attention(ctx) == AG_ATTENTION_FLASH, sdpa_window = sdpa && window_within(c, T);
-    for (int k = 0; k < (two ? 2 : 1); k++) {
+    for (int k = 0; shape != AG_MASK_NONE && k < (two ? 2 : 1); k++) {
         bool full = two && k == 0, needed = !sdpa || (!full && sdpa_window);
         mask[k] = needed ? ag_tensor_new(ctx, 2, (int64_t[]){rows, cols}, MP_ACTIVATION, "causal_mask") : NULL;
         if (needed && !mask[k]) return false;
         if (mask[k] && !mp_is_meta()) fill_mask(mask[k], T, full || !sliding ? 0 : c->sliding_window);
     }
-    if (c->no_cache) return true; // use_cache false: the output holds no DynamicCache
+    if (c->no_cache || !AG_FW(fw, output_cache)) return true; // use_cache false: no DynamicCache
     sh->cache = calloc((size_t)(2 * c->layers), sizeof *sh->cache);
     return sh->cache != NULL;
 }
@@ -135,8 +138,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     if (x && !part(&hk, 0, false)) ag_release(x), x = NULL;
     llama_shared sh = {0};
     ag_tensor *mask[2] = {NULL, NULL};
-    if (x && ag_ctx_framework(ctx) != AG_FRAMEWORK_LEAN && !checkpointing && !hf_prepare(ctx, m, B, T, &sh, mask))
-        ag_release(x), x = NULL;
+    if (x && !checkpointing && !hf_prepare(ctx, m, B, T, &sh, mask)) ag_release(x), x = NULL;
     for (int64_t i = 0; i < c->layers && x; i++) {
         if (!part(&hk, i + 1, true)) ag_release(x), x = NULL;
         if (x) x = run_block(ctx, m, &sh, opts, x, i);
@@ -153,7 +155,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head, NULL);
     // transformers: the base model's output object holds the last hidden state until the
     // causal LM's forward returns (it matters where lm_head keeps a cast of it, not it).
-    if (ag_ctx_framework(ctx) == AG_FRAMEWORK_LEAN) ag_release(n), n = NULL;
+    if (!AG_FW(ag_ctx_framework_row(ctx), output_holds_hidden)) ag_release(n), n = NULL;
     ag_tensor *loss = ag_cross_entropy(ctx, "loss", logits, ids);
     ag_release(n);
     if (loss && !mp_is_meta() && llama_check_logits(ctx, m, logits, loss, err) != 0) {

@@ -58,7 +58,7 @@ static int claim_order(const void *a, const void *b) {
 }
 
 // --framework: the memory semantics every run of the check is billed under.
-static ag_framework check_framework = AG_FRAMEWORK_PYTORCH;
+static ag_framework check_framework = CLI_DEFAULT_FRAMEWORK;
 static ag_attention_kind check_attention = AG_ATTENTION_EAGER;
 
 // What the speed and output claims generate from: check's own 25 ids on random weights, or, with

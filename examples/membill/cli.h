@@ -92,6 +92,13 @@ bool cli_parse_framework(const char *name, ag_framework *out);
 const char *cli_framework_name(ag_framework f);
 // One line for reports: the name and what it means.
 const char *cli_framework_text(ag_framework f);
+// --framework's choices ("pytorch|pytorch-1.13|lean", the default first) and help, from the rows.
+const char *cli_framework_choices(void);
+const char *cli_framework_help(void);
+// membill help frameworks: every field of every row, in words.
+void cli_frameworks_help(FILE *f);
+// The framework a run bills when --framework is not given.
+#define CLI_DEFAULT_FRAMEWORK AG_FRAMEWORK_PYTORCH
 // --attention: "eager", "flash" (NULL is eager). False for anything else.
 bool cli_parse_attention(const char *name, ag_attention_kind *out);
 const char *cli_attention_name(ag_attention_kind a);

@@ -78,12 +78,10 @@ const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf,
     return buf;
 }
 
-static const char *const framework_names[] = {"lean", "pytorch", "pytorch-1.13"};
-
 bool cli_parse_framework(const char *name, ag_framework *out) {
-    if (!name) name = "pytorch";
-    for (int f = 0; f <= AG_FRAMEWORK_PYTORCH_113; f++)
-        if (strcmp(name, framework_names[f]) == 0) {
+    if (!name) name = AG_FW(ag_framework_row_of(CLI_DEFAULT_FRAMEWORK), name);
+    for (int f = 0; f < AG_NFRAMEWORKS; f++)
+        if (strcmp(name, AG_FW(ag_framework_row_of((ag_framework)f), name)) == 0) {
             *out = (ag_framework)f;
             return true;
         }
@@ -91,14 +89,51 @@ bool cli_parse_framework(const char *name, ag_framework *out) {
 }
 
 const char *cli_framework_name(ag_framework f) {
-    return (unsigned)f <= AG_FRAMEWORK_PYTORCH_113 ? framework_names[f] : "?";
+    const ag_framework_row *r = ag_framework_row_of(f);
+    return r ? AG_FW(r, name) : "?";
 }
 
 const char *cli_framework_text(ag_framework f) {
-    switch (f) {
-    case AG_FRAMEWORK_PYTORCH: return "pytorch (Hugging Face transformers' LlamaForCausalLM on current PyTorch)";
-    case AG_FRAMEWORK_PYTORCH_113: return "pytorch-1.13 (Hugging Face transformers' LlamaForCausalLM on PyTorch 1.13)";
-    default: return "lean (minimal saved sets: fused RMSNorm, GQA-aware attention, fused cross-entropy)";
+    const ag_framework_row *r = ag_framework_row_of(f);
+    return r ? AG_FW(r, text) : "?";
+}
+
+// The default first, then the others in the rows' order.
+static ag_framework nth_framework(int i) { return (ag_framework)((CLI_DEFAULT_FRAMEWORK + i) % AG_NFRAMEWORKS); }
+
+const char *cli_framework_choices(void) {
+    static char list[128];
+    size_t n = 0;
+    for (int i = 0; i < AG_NFRAMEWORKS && n < sizeof list; i++)
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? "|" : "", cli_framework_name(nth_framework(i)));
+    return list;
+}
+
+const char *cli_framework_help(void) {
+    static char help[512];
+    size_t n = (size_t)snprintf(help, sizeof help, "memory semantics: ");
+    for (int i = 0; i < AG_NFRAMEWORKS && n < sizeof help; i++) {
+        const ag_framework_row *r = ag_framework_row_of(nth_framework(i));
+        n += (size_t)snprintf(help + n, sizeof help - n, "%s%s (%s)", i ? ", " : "", AG_FW(r, name), AG_FW(r, brief));
+    }
+    return help;
+}
+
+void cli_frameworks_help(FILE *f) {
+    fputs("What each framework allocates, keeps and frees (--framework NAME): the rows of autograd's table, one\n"
+          "field a decision. A value equal to the row above reads \"the same\".\n",
+          f);
+    for (int k = 0; k < AG_FW_NFIELDS; k++) {
+        const ag_framework_field field = (ag_framework_field)k;
+        if (field == AG_FWF_name || field == AG_FWF_brief) continue; // the text says both
+        fprintf(f, "\n%s: %s\n", ag_framework_field_name(field), ag_framework_field_doc(field));
+        const char *above = NULL;
+        for (int i = 0; i < AG_NFRAMEWORKS; i++) {
+            const ag_framework_row *r = ag_framework_row_of(nth_framework(i));
+            const char *v = ag_framework_field_value(r, field);
+            fprintf(f, "  %-14s %s\n", AG_FW(r, name), above && !strcmp(above, v) ? "the same" : v);
+            above = v;
+        }
     }
 }
 

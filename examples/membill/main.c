@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-// membill help [COMMAND | --markdown]
+// membill help [COMMAND | frameworks | --markdown]
 static int help(int argc, char **argv) {
     if (argc < 3) {
         cli_usage_all(stdout);
@@ -13,10 +13,15 @@ static int help(int argc, char **argv) {
         cli_options_markdown(stdout);
         return 0;
     }
+    if (strcmp(argv[2], "frameworks") == 0 && argc == 3) {
+        cli_frameworks_help(stdout);
+        return 0;
+    }
     const cli_command *c = cli_find_command(argv[2]);
     if (!c || argc > 3) {
         char hint[96];
-        fprintf(stderr, "membill help: %s '%s'%s (commands: train, infer, compare, check, plan, snapshot)\n",
+        fprintf(stderr,
+                "membill help: %s '%s'%s (commands: train, infer, compare, check, plan, snapshot; or frameworks)\n",
                 c ? "unexpected argument" : "unknown command", argv[c ? 3 : 2],
                 c ? "" : cli_did_you_mean(hint, sizeof hint, argv[2], cli_command_name, cli_command_count()));
         return EXIT_USAGE;

@@ -26,8 +26,26 @@ typedef struct {
     const char *alt_def;
     double min, max;     // T_LONG, T_DOUBLE, T_BYTES bounds
     const char *choices; // T_CHOICE: "a|b|c"
-    const char *help;
+    const char *help;    // NULL (with choices): made from data elsewhere, by `made` below
 } opt_spec;
+
+// The choices and help that data elsewhere makes (the frameworks' rows).
+static const struct {
+    const char *name;
+    const char *(*choices)(void), *(*help)(void);
+} made[] = {{"--framework", cli_framework_choices, cli_framework_help}};
+
+static const char *choices(const opt_spec *s) {
+    for (size_t i = 0; !s->choices && i < sizeof made / sizeof made[0]; i++)
+        if (!strcmp(made[i].name, s->name)) return made[i].choices();
+    return s->choices;
+}
+
+static const char *help_of(const opt_spec *s) {
+    for (size_t i = 0; !s->help && i < sizeof made / sizeof made[0]; i++)
+        if (!strcmp(made[i].name, s->name)) return made[i].help();
+    return s->help;
+}
 
 #define OFF(f) offsetof(cli_options, f)
 #define BIG 1e15
@@ -64,10 +82,7 @@ static const opt_spec specs[] = {
      "tokens to generate (plan: with --infer)"},
     {"--steps", "N", T_LONG, OFF(steps), TR, "1", 0, NULL, 1, 100000, NULL,
      "training steps; with 2 or more the timings are the median of steps 2..N"},
-    {"--framework", "NAME", T_CHOICE, OFF(framework), TR | IN | CO | PL | CH, "pytorch", 0, NULL, 0, 0,
-     "pytorch|pytorch-1.13|lean",
-     "memory semantics: pytorch (HF transformers on current PyTorch, eager attention), pytorch-1.13 (the same "
-     "on PyTorch 1.13), lean (minimal saved sets, as fused kernels keep)"},
+    {"--framework", "NAME", T_CHOICE, OFF(framework), TR | IN | CO | PL | CH, "pytorch", 0, NULL, 0, 0, NULL, NULL},
     {"--attention", "NAME", T_CHOICE, OFF(attention), TR | IN | CO | PL | CH, "eager", 0, NULL, 0, 0, "eager|flash",
      "eager (the T x T probabilities materialised, as HF's eager path) or flash (FlashAttention-2: key/value tiles "
      "with an online softmax, no T x T tensor, as SDPA's flash kernel)"},
@@ -370,7 +385,7 @@ static bool set_gpus(const cli_options *o, const opt_spec *s, const char *v, cha
 
 static bool set_choice(const cli_options *o, const opt_spec *s, const char *v, char *base) {
     size_t n = strlen(v);
-    for (const char *p = s->choices; *p;) {
+    for (const char *p = choices(s); *p;) {
         const char *bar = strchr(p, '|');
         size_t k = bar ? (size_t)(bar - p) : strlen(p);
         if (k == n && strncmp(p, v, n) == 0) {
@@ -380,7 +395,7 @@ static bool set_choice(const cli_options *o, const opt_spec *s, const char *v, c
         p += k + (bar != NULL);
     }
     char list[256];
-    snprintf(list, sizeof list, "%s", s->choices);
+    snprintf(list, sizeof list, "%s", choices(s));
     for (char *c = list; *c; c++)
         if (*c == '|') *c = ',';
     cli_usage_error(o, "%s must be one of %s, not '%s'", s->name, list, v);
@@ -490,8 +505,8 @@ void cli_usage(FILE *f, const cli_command *cmd) {
         char head[64];
         snprintf(head, sizeof head, "%s%s%s", s->name, s->value ? " " : "", s->value ? s->value : "");
         const char *d = (s->alt_cmds & cmd->bit) ? s->alt_def : s->def;
-        fprintf(f, "  %-22s %s", head, s->help);
-        if (s->type == T_CHOICE) fprintf(f, ": %s", s->choices);
+        fprintf(f, "  %-22s %s", head, help_of(s));
+        if (s->type == T_CHOICE) fprintf(f, ": %s", choices(s));
         if (d) fprintf(f, " (default %s)", d);
         fputc('\n', f);
     }
@@ -500,8 +515,8 @@ void cli_usage(FILE *f, const cli_command *cmd) {
 void cli_usage_all(FILE *f) {
     fputs("usage: membill COMMAND [options]\n\n", f);
     for (size_t i = 0; i < cli_command_count(); i++) fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
-    fputs("\nmembill help COMMAND (or membill COMMAND --help) lists a command's options; membill --version prints\n"
-          "the version.\n",
+    fputs("\nmembill help COMMAND (or membill COMMAND --help) lists a command's options; membill help frameworks\n"
+          "what each --framework keeps; membill --version prints the version.\n",
           f);
 }
 
@@ -518,10 +533,10 @@ void cli_options_markdown(FILE *f) {
             fprintf(f, " %s (plan %s) |", s->def, s->alt_def);
         else
             fprintf(f, " %s |", s->def ? s->def : "");
-        fprintf(f, " %s", s->help);
+        fprintf(f, " %s", help_of(s));
         if (s->type == T_CHOICE) { // a '|' would split the cell
             fputs(": ", f);
-            for (const char *p = s->choices; *p; p++) fputs(*p == '|' ? ", " : (char[2]){*p, 0}, f);
+            for (const char *p = choices(s); *p; p++) fputs(*p == '|' ? ", " : (char[2]){*p, 0}, f);
         }
         fputs(" |\n", f);
     }

@@ -119,7 +119,7 @@ static void dtype_apply(plan_setting *s, plan_suggestion *g) {
     add(g, "--dtype", "bf16");
 }
 static bool flash_applies(const plan_setting *s) {
-    return s->attention == AG_ATTENTION_EAGER && s->framework != AG_FRAMEWORK_PYTORCH_113;
+    return s->attention == AG_ATTENTION_EAGER && AG_FW(ag_framework_row_of(s->framework), flash_available);
 }
 static void flash_apply(plan_setting *s, plan_suggestion *g) {
     s->attention = AG_ATTENTION_FLASH;

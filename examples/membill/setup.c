@@ -52,6 +52,17 @@ static long utf8_fault(const char *text) {
 }
 
 bool cli_sharded(const cli_options *o) { return cli_given(o, "--zero") || o->fsdp; }
+// "<what>, which --framework <name> does not have: use --framework <those that do>".
+static const char *framework_lacks(char *buf, size_t len, const char *what, ag_framework_field field,
+                                   const char *name) {
+    int n = snprintf(buf, len, "%s, which --framework %s does not have: use --framework", what, name);
+    for (int f = 0, k = 0; f < AG_NFRAMEWORKS && n > 0 && (size_t)n < len; f++) {
+        const ag_framework_row *r = ag_framework_row_of((ag_framework)f);
+        bool has = field == AG_FWF_autocast ? AG_FW(r, autocast) : AG_FW(r, flash_available);
+        if (has) n += snprintf(buf + n, len - (size_t)n, "%s %s", k++ ? " or" : "", AG_FW(r, name));
+    }
+    return buf;
+}
 
 // --device, --gpu and what needs the device (docs/gpu.md).
 static const char *device_combinations(const cli_options *o) {
@@ -88,6 +99,9 @@ bool cli_check_combinations(const cli_options *o) {
     char buf[600];
     bool infer_plan = o->cmd == CLI_PLAN && o->infer;
     bool hub_id = llama_hub_is_id(o->model);
+    ag_framework fw = CLI_DEFAULT_FRAMEWORK;
+    cli_parse_framework(o->framework, &fw); // the table allows only known names
+    const ag_framework_row *row = ag_framework_row_of(fw);
     if (cli_given(o, "--model") && cli_given(o, "--config"))
         bad = "--model and --config both name a model: give one";
     else if ((o->download || o->offline) && !hub_id)
@@ -112,11 +126,12 @@ bool cli_check_combinations(const cli_options *o) {
                  "--meta",
                  o->dtype),
             bad = buf;
-    else if (o->dtype && !strcmp(o->dtype, "autocast-bf16") && o->framework && !strcmp(o->framework, "lean"))
-        bad = "--dtype autocast-bf16 is torch.autocast's semantics: it needs --framework pytorch or pytorch-1.13";
-    else if (o->attention && !strcmp(o->attention, "flash") && o->framework && !strcmp(o->framework, "pytorch-1.13"))
-        bad = "--attention flash is scaled_dot_product_attention, which PyTorch 1.13 does not have: use --framework "
-              "pytorch or lean";
+    else if (o->dtype && !strcmp(o->dtype, "autocast-bf16") && !AG_FW(row, autocast))
+        bad = framework_lacks(buf, sizeof buf, "--dtype autocast-bf16 is torch.autocast's semantics", AG_FWF_autocast,
+                              AG_FW(row, name));
+    else if (o->attention && !strcmp(o->attention, "flash") && !AG_FW(row, flash_available))
+        bad = framework_lacks(buf, sizeof buf, "--attention flash is scaled_dot_product_attention", AG_FWF_flash,
+                              AG_FW(row, name));
     else if (o->cmd == CLI_INFER && o->dtype && !strcmp(o->dtype, "autocast-bf16"))
         bad = "--dtype autocast-bf16 is a training setting: a generation takes fp32, bf16 or fp16";
     else if (cli_given(o, "--group-size") && !(o->weight_dtype && strcmp(o->weight_dtype, "int4") == 0))

@@ -215,7 +215,8 @@ int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s
     if (!h) h = &none;
     step_record *rec = &r->steps[s];
     double t0 = now_s();
-    if (r->framework != AG_FRAMEWORK_LEAN) { // the Trainer's loop: zero_grad(set_to_none=True) first
+    const bool zero_grad_first = AG_FW(ag_framework_row_of(r->framework), zero_grad_first);
+    if (zero_grad_first) { // the Trainer's loop: zero_grad(set_to_none=True) first
         rec->zero_grad = true;
         rec->zero_grad_events[0] = mp_timeline_count();
         mp_set_phase(MP_PHASE_ZERO_GRAD);
@@ -237,7 +238,7 @@ int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s
         return -1;
     }
     if (h->after_step && h->after_step(h->user, err) != 0) return -1;
-    if (r->framework == AG_FRAMEWORK_LEAN) h->zero_grad ? h->zero_grad(h->user) : optim_zero_grad(opt);
+    if (!zero_grad_first) h->zero_grad ? h->zero_grad(h->user) : optim_zero_grad(opt);
     double t3 = now_s();
     rec->optimizer_s = t3 - t2;
     rec->step_s = t3 - t0;
@@ -284,7 +285,7 @@ int cli_train_run(train_run *r, ag_err *err) {
     cli_progress("building the model");
     if (cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, &m, err) != 0) goto done;
     optim_config oc = r->ocfg; // foreach's temporaries are the framework's version's
-    oc.torch_113_foreach = r->framework == AG_FRAMEWORK_PYTORCH_113;
+    oc.framework = r->framework;
     opt = optim_new(&oc, m->trainable, m->ntrainable, err); // a frozen base gets no state
     if (!opt) goto done;
     for (long s = 0; s < r->nsteps; s++)

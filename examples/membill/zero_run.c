@@ -167,7 +167,7 @@ int cli_zero_train_run(train_run *r, cli_zero *zc, ag_err *err) {
     if (build(r, zc, ctx, &m, &z, &mu, err) != 0) goto done;
     zc->strategy = par_zero_strategy(z)->name;
     optim_config oc = r->ocfg;
-    oc.torch_113_foreach = r->framework == AG_FRAMEWORK_PYTORCH_113;
+    oc.framework = r->framework;
     if (par_zero_steps_on_float32(z)) oc.master = false, oc.state_bits = 32; // the float32 copies are the masters
     size_t nopt;
     ag_tensor *const *op = par_zero_opt_params(z, &nopt);
