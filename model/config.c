@@ -292,7 +292,7 @@ int llama_config_parse(llama_config *out, const char *text, size_t len, const ch
 int llama_config_load(llama_config *out, const char *path, ag_err *err) {
     char *text;
     size_t len;
-    if (llama_read_small_file(path, "a config.json", CONFIG_MAX_BYTES, &text, &len, err) != 0) return -1;
+    if (llama_read_file(path, "a config.json", CONFIG_MAX_BYTES, &text, &len, err) != 0) return -1;
     int rc = llama_config_parse(out, text, len, path, err);
     free(text);
     return rc;

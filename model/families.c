@@ -54,15 +54,22 @@ int llama_parse_family(llama_config *c, const json_t *root, const char *path, ag
 // ---------------------------------------------------------------------------------------------
 // Sliding windows
 
-// sliding_window: an integer, or null (none); absent: dflt.
-static int window_field(const json_t *root, const char *path, int64_t dflt, int64_t *out, ag_err *err) {
+// sliding_window: an integer, or null (none); absent: dflt. 0 is no window size (transformers
+// would mask every key), refused when the window is used.
+static int window_field(const json_t *root, const char *path, int64_t dflt, bool used, int64_t *out, ag_err *err) {
     const json_t *v = json_object_get(root, "sliding_window");
     if (!v) {
         *out = dflt;
         return 0;
     }
     *out = 0;
-    return llama_json_int(root, path, "sliding_window", false, out, err) < 0 ? -1 : 0;
+    if (llama_json_int(root, path, "sliding_window", false, out, err) < 0) return -1;
+    if (used && json_is_integer(v) && *out == 0) {
+        ag_err_set(err, "%s: field sliding_window (0) must be from 1 to %d, or null for no window", path,
+                   LLAMA_MAX_POSITIONS);
+        return -1;
+    }
+    return 0;
 }
 
 // layer_types (newer transformers): each "full_attention" or "sliding_attention", the sliding
@@ -105,7 +112,8 @@ static int layer_types(llama_config *c, const json_t *root, const char *path, ag
 static int qwen_window(llama_config *c, const json_t *root, const char *path, ag_err *err) {
     bool use = false;
     int64_t w, from = 28; // Qwen2Config's and Qwen3Config's defaults
-    if (llama_json_bool(root, path, "use_sliding_window", &use, err) < 0 || window_field(root, path, 4096, &w, err) ||
+    if (llama_json_bool(root, path, "use_sliding_window", &use, err) < 0 ||
+        window_field(root, path, 4096, use, &w, err) ||
         llama_json_int(root, path, "max_window_layers", false, &from, err) < 0)
         return -1;
     c->sliding_window = use ? w : 0;
@@ -176,7 +184,7 @@ int llama_parse_family_fields(llama_config *c, const json_t *root, const char *p
                    : 0;
     case LLAMA_FAMILY_MISTRAL: // every layer, MistralConfig's default 4096
         c->window_from = 0;
-        return window_field(root, path, 4096, &c->sliding_window, err);
+        return window_field(root, path, 4096, true, &c->sliding_window, err);
     case LLAMA_FAMILY_QWEN2: // Qwen2Attention: bias=True on q, k and v; none on o_proj
         c->qkv_bias = true;
         return qwen_window(c, root, path, err);
@@ -303,6 +311,13 @@ int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *pa
     snprintf(where, sizeof where, "%s: rope_scaling", path);
     if (!json_is_object(rs)) {
         ag_err_set(err, "%s: field rope_scaling must be an object or null (it is %s)", path, llama_json_kind(rs));
+        return -1;
+    }
+    if (json_object_size(rs) == 0) { // transformers reads no rope_type there and fails
+        ag_err_set(err,
+                   "%s: field rope_scaling is an empty object: give its rope_type (default, linear, dynamic, yarn, "
+                   "llama3) or null for none",
+                   path);
         return -1;
     }
     llama_rope_scaling *r = &c->rope;

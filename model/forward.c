@@ -2,6 +2,7 @@
 // as soon as the next op has it, so what stays alive is exactly what the tape saved. With
 // checkpointing, a block's tape is rebuilt in backward and only its input stays meanwhile.
 #include "blocks.h"
+#include "model_internal.h"
 
 #include <float.h>
 #include <stdint.h>
@@ -157,6 +158,10 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     if (!AG_FW(ag_ctx_framework_row(ctx), output_holds_hidden)) ag_release(n), n = NULL;
     ag_tensor *loss = ag_cross_entropy(ctx, "loss", logits, ids);
     ag_release(n);
+    if (loss && !mp_is_meta() && llama_check_logits(ctx, m, logits, loss, err) != 0) {
+        hk.ok = false; // the message is set
+        ag_release(loss), loss = NULL;
+    }
     // The output (logits and the DynamicCache) is dropped once the loss is out of it, as the
     // Trainer's compute_loss does.
     ag_release(logits);

@@ -54,8 +54,9 @@ const char *llama_lora_targets_text(unsigned targets, char *buf, size_t len) {
 int llama_lora_validate(const llama_lora_config *l, ag_err *err) {
     if (l->rank < 1 || l->rank > (1 << 20))
         ag_err_set(err, "LoRA rank %lld: expected 1 to %d", (long long)l->rank, 1 << 20);
-    else if (!(l->alpha > 0) || !isfinite(l->alpha))
-        ag_err_set(err, "LoRA alpha %g: expected a number > 0", l->alpha);
+    else if (!(l->alpha >= LLAMA_LORA_MIN_ALPHA && l->alpha <= LLAMA_LORA_MAX_ALPHA))
+        ag_err_set(err, "LoRA alpha %g: expected a number from %g to %g", l->alpha, LLAMA_LORA_MIN_ALPHA,
+                   LLAMA_LORA_MAX_ALPHA);
     else if (!(l->dropout >= 0 && l->dropout < 1))
         ag_err_set(err, "LoRA dropout %g: expected 0 <= p < 1", l->dropout);
     else if (!(l->targets & LLAMA_LORA_ALL) || (l->targets & ~LLAMA_LORA_ALL))

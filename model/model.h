@@ -213,6 +213,33 @@ uint64_t llama_param_count(const llama_config *c);
 // err: "PATH: cannot open: REASON" or "PATH: not a regular file (it is a FIFO)".
 int llama_open_regular(const char *path, uint64_t *size, ag_err *err);
 
+// The whole of a regular file of at most max bytes, opened with llama_open_regular, into *out
+// (malloc'd, NUL-terminated; *len bytes without the terminator). what names the kind of file in
+// the message of one too large: "PATH: N bytes is too large for a tokenizer.json (at most M)".
+// Every file membill reads whole comes through here (config.json, an index, adapter_config.json,
+// generation_config.json, tokenizer.json, a prompt file), so that none of them can hang on a FIFO.
+int llama_read_file(const char *path, const char *what, uint64_t max, char **out, size_t *len, ag_err *err);
+
+// ================================================================================================
+// End of text (generation.c): the eos_token_id of a config.json or generation_config.json
+// ================================================================================================
+
+#define LLAMA_MAX_EOS 16
+typedef struct {
+    int32_t ids[LLAMA_MAX_EOS];
+    int n;
+} llama_eos;
+
+// Adds the "eos_token_id" of a JSON object (len bytes of text; origin names it in messages,
+// NULL: "generation_config.json") to *eos: an integer or a list of integers, each a token id from
+// 0 to vocab - 1; absent, null or [] add nothing; a repeat is dropped. Refused, naming origin and
+// the field at fault (eos_token_id[1]) with its value or kind: text that is not a JSON object, a
+// string, a real number (2.0 too), a negative id, an id past the vocabulary, a nested list, more
+// than LLAMA_MAX_EOS ids in all. *eos may hold the ids added before the one refused.
+int llama_eos_parse(const char *text, size_t len, const char *origin, int64_t vocab, llama_eos *eos, ag_err *err);
+// The same from a file, read with llama_read_file (at most 16 MiB).
+int llama_eos_load(const char *path, int64_t vocab, llama_eos *eos, ag_err *err);
+
 // ================================================================================================
 // Safetensors reading
 //
@@ -221,8 +248,9 @@ int llama_open_regular(const char *path, uint64_t *size, ag_err *err);
 // most LLAMA_ST_MAX_DIMS non-negative integers, offsets inside the data section and not
 // overlapping, and byte size equal to the product of the shape times the dtype size (every
 // product checked for overflow). "__metadata__" is ignored. Tensors are listed in the order of
-// their data in the file. The file stays open until llama_st_close; tensor data is read only when
-// asked for, with pread straight into the destination.
+// their data in the file. No descriptor is held once it is open (a checkpoint of thousands of shards
+// opens under the usual limit on open files): tensor data is read only when asked for, the file
+// opened again (and checked to be the same file) and read with pread straight into the destination.
 // ================================================================================================
 
 #define LLAMA_ST_MAX_DIMS 8
@@ -472,7 +500,10 @@ typedef struct {
 int llama_lora_parse_targets(const char *list, unsigned *out, ag_err *err);
 // The targets as "q_proj,v_proj" into buf.
 const char *llama_lora_targets_text(unsigned targets, char *buf, size_t len);
-// rank >= 1, alpha > 0, 0 <= dropout < 1, a target at least.
+// rank >= 1, alpha from LLAMA_LORA_MIN_ALPHA to LLAMA_LORA_MAX_ALPHA (a scale alpha / rank past
+// them makes every adapted output 0 or infinite), 0 <= dropout < 1, a target at least.
+#define LLAMA_LORA_MIN_ALPHA 1e-9
+#define LLAMA_LORA_MAX_ALPHA 1e9
 int llama_lora_validate(const llama_lora_config *l, ag_err *err);
 
 // What the adapted model shares with its blocks (set by llama_model_add_lora).
@@ -557,8 +588,11 @@ int llama_adapter_write_config(const llama_model *m, FILE *f, ag_err *err);
 // A saved adapter's adapter_config.json (dir/adapter_config.json) into *l; base_name (len bytes,
 // may be NULL) gets base_model_name_or_path. Settings that change what is computed and that
 // membill does not compute (DoRA, rsLoRA, fan_in_fan_out, bias, patterns, modules_to_save, a
-// peft_type other than LORA) are refused, naming the field.
+// peft_type other than LORA) are refused, naming the field; the values pass llama_lora_validate.
 int llama_adapter_read_config(const char *dir, llama_lora_config *l, char *base_name, size_t len, ag_err *err);
+// The same from the file's text (len bytes; origin names it, NULL: "adapter_config.json").
+int llama_adapter_parse_config(const char *text, size_t len, const char *origin, llama_lora_config *l, char *base_name,
+                               size_t base_len, ag_err *err);
 // Loads dir/adapter_model.safetensors into the model's adapters (F32, BF16, F16): every adapter
 // of the model there with its shape, and nothing else. A tensor of another rank, of another
 // model's sizes, missing or unknown is refused with one line naming it and what was expected.
@@ -566,6 +600,22 @@ int llama_adapter_load(llama_model *m, const char *dir, ag_err *err);
 
 // Every id in [0, vocab).
 int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, ag_err *err);
+
+// Non-finite values (finite.c). A real training forward refuses non-finite logits or loss
+// ("non-finite logits: nan at position 3, id 17 (lm_head); the first op that saved one is linear
+// at layers.0.self_attn.q_proj.lora_B (... holds nan)"), a generation non-finite logits of the
+// position it picks from. The first of n values that is NaN or infinite, -1 if none:
+int64_t llama_first_nonfinite(const float *x, int64_t n);
+// The same over a tensor of any dtype (as float32; -1 without data), its value in *value.
+int64_t llama_tensor_nonfinite(const ag_tensor *t, float *value);
+// After a backward: the gradients that sum the whole backward are finite. Those of the 1-D
+// parameters (norms, biases: sums over every position of the gradient at their op), the rows of
+// the embedding's at the step's ids (the residual stream's gradient, every block's included),
+// and with adapters every adapter's; a non-finite value anywhere in the backward reaches one of
+// them, unless a product of finite values overflows in a weight's own gradient. They are a few
+// hundred kB whatever the model, so the check costs nothing beside a step. -1 with "non-finite
+// gradient: the gradient of NAME holds nan at element I", the last parameter first (backward order).
+int llama_check_grads(const llama_model *m, const int32_t *ids, size_t n, ag_err *err);
 
 // The training forward: embedding, the blocks, final norm, head, next-token cross-entropy of
 // ids[B*T] (labels = ids shifted by one, mean over B*(T-1) positions). Returns the loss

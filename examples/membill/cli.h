@@ -16,7 +16,14 @@ typedef struct cli_device cli_device; // device.c
 enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
 // The subcommands, as bits of an option's set of commands.
-typedef enum { CLI_TRAIN = 1, CLI_INFER = 2, CLI_COMPARE = 4, CLI_PLAN = 8, CLI_CHECK = 16, CLI_SNAPSHOT = 32 } cli_command_bit;
+typedef enum {
+    CLI_TRAIN = 1,
+    CLI_INFER = 2,
+    CLI_COMPARE = 4,
+    CLI_PLAN = 8,
+    CLI_CHECK = 16,
+    CLI_SNAPSHOT = 32
+} cli_command_bit;
 
 typedef struct {
     const char *name;
@@ -27,6 +34,13 @@ typedef struct {
 const cli_command *cli_find_command(const char *name); // NULL if unknown
 size_t cli_command_count(void);
 const cli_command *cli_command_at(size_t i);
+const char *cli_command_name(size_t i); // NULL past the end
+
+// "Did you mean" (suggest.c): of the count names name(i) gives, the one closest to typed (a few
+// edits at most, case aside: --seqlen, trian, llama3-8b), else NULL; and that as
+// " (did you mean NAME?)" in buf, else "".
+const char *cli_suggest(const char *typed, const char *(*name)(size_t i), size_t count);
+const char *cli_did_you_mean(char *buf, size_t len, const char *typed, const char *(*name)(size_t i), size_t count);
 
 #define CLI_MAX_OPTIONS 96
 
@@ -130,9 +144,10 @@ const char *cli_hub_name(const cli_hub *h);    // "org/name[@revision]"
 void cli_hub_text(FILE *f, const cli_hub *h);  // "checkpoint: ..." when its headers were read
 struct json_t *cli_hub_json(const cli_hub *h); // {"id", "revision", "commit", "snapshot", "checkpoint"}
 
-// What a run is made of (setup.c). These return an exit code: 0, EXIT_USAGE (an unknown preset,
-// a malformed id list, a length past the model's positions) or EXIT_RUN_FAILED (a file that
-// cannot be read), with the message in *err.
+// What a run is made of (setup.c). These return an exit code (docs/cli.md): 0, EXIT_USAGE when
+// the command line alone shows the fault (an unknown preset, a malformed id list) or
+// EXIT_RUN_FAILED when an input does (a file that cannot be read, an id or a length the model
+// does not have), with the message in *err.
 int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len, ag_err *err);
 // The end of a run, after its teardown: whether every tensor category is back at zero, and, for
 // a run that succeeded, plain malloc past the budget (which cannot be refused when it happens)
@@ -141,21 +156,22 @@ int cli_run_end(int rc, bool *clean, ag_err *err);
 // --seq-lens "512,2048" -> lengths (malloc'd), each from min to max; a malformed list names the
 // item at fault (EXIT_USAGE).
 int cli_parse_seq_lens(const char *text, long min, long max, long **out, long *n, ag_err *err);
-// "1,2,3" -> ids (malloc'd); a malformed list names the item at fault.
-int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err);
+// "1,2,3" -> ids (malloc'd). Returns 0, EXIT_USAGE for a malformed list or an id past any
+// vocabulary (LLAMA_MAX_VOCAB), EXIT_RUN_FAILED for an id past vocab (0: not checked), the
+// message naming the item at fault.
+int cli_parse_tokens(const char *text, int64_t vocab, int32_t **out, long *n, ag_err *err);
 
 // Text in and out (prompt.c): the tokenizer, the prompt's ids, the ids a generation stops at.
-#define CLI_MAX_EOS 16
 typedef struct {
     struct tok_tokenizer *tok; // NULL: neither --prompt, --prompt-file nor --tokenizer
     char tokenizer_path[4096];
     int32_t *ids; // the prompt's ids, one row (NULL without a prompt)
     long n;
-    int32_t eos[CLI_MAX_EOS]; // infer: eos_token_id of config.json and generation_config.json
-    int n_eos;                // 0: none known, --ignore-eos, or meta
+    llama_eos eos; // infer: eos_token_id of config.json and generation_config.json (none: --ignore-eos, meta)
 } cli_text;
-// An exit code, with the message in *err.
-int cli_text_prepare(const cli_options *o, cli_text *t, ag_err *err);
+// An exit code, with the message in *err; cfg is the run's model (its vocabulary bounds the
+// end-of-text ids).
+int cli_text_prepare(const cli_options *o, const llama_config *cfg, cli_text *t, ag_err *err);
 void cli_text_free(cli_text *t);
 bool cli_text_is_eos(const cli_text *t, int32_t id);
 struct json_t *cli_prompt_ids_json(const cli_text *t, long batch);    // the prompt per batch row
@@ -253,7 +269,7 @@ typedef struct {
     long batch, seq_len;
     const long *seq_lens; // --seq-lens: step s runs seq_lens[s] tokens (NULL: every step seq_len)
     long *owned_lens;     // the list when cli_train_prepare made it
-    cli_text text; // a prompt's tokenizer and ids
+    cli_text text;        // a prompt's tokenizer and ids
     optim_config ocfg;
     step_record *steps; // nsteps of them
     long nsteps;
@@ -334,8 +350,11 @@ void cli_breakdown_text(FILE *f, long layers);
 struct json_t *cli_breakdown_json(long layers);
 
 // --explain: each category's formula worked out for this model, and the lessons' claims.
-void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_len, optim_kind kind,
-                       ag_attention_kind attention);
+// The activation formula is --framework lean's saved set, said so beside another framework's
+// measured figure; the temporaries' line gives the optimizer's part (--adam-impl) and what held
+// them at their peak.
+void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_len, const optim_config *oc,
+                       ag_framework fw, ag_attention_kind attention);
 
 // check's Q and B claims (check_dtype.c): the distributions of the next token along float32's
 // greedy text (prompt[T], ref_new[N]) under float32 and under dt, from the same weights (st_path,
@@ -423,6 +442,12 @@ int cli_profiler_start(const cli_options *o, bool meta);
 void cli_progress_begin(const cli_options *o);
 void cli_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_progress_end(void);
+// Where the command is, without a progress line ("writing the outputs"): what Ctrl-C reports.
+void cli_progress_where(const char *text);
+// SIGINT, SIGTERM, SIGHUP and SIGQUIT (where they have the default action) remove the output
+// temporaries and say in one line where the command stopped and that nothing was written,
+// then end it as the signal would (a shell sees 130 for Ctrl-C).
+void cli_catch_interrupts(const cli_options *o);
 
 // The report of a training run (train.c), text and JSON, as membill train prints and writes it.
 void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool failed);

@@ -291,7 +291,7 @@ int cmd_compare(const cli_options *o) {
         }
         if (rc == 0 && c.tr.seq_len < 2) {
             ag_err_set(&err, "a training step needs at least 2 tokens, not %ld", c.tr.seq_len);
-            rc = EXIT_USAGE;
+            rc = c.ir.text.ids ? EXIT_RUN_FAILED : EXIT_USAGE; // a prompt's count is the tokenizer's
         }
     }
     if (rc != 0) {

@@ -11,13 +11,13 @@ static int parse_prompts(const char *text, infer_run *r, ag_err *err) {
     for (const char *p = text; *p; p++) rows += *p == ';';
     int32_t **ids = calloc((size_t)rows, sizeof *ids);
     long *len = calloc((size_t)rows, sizeof *len);
-    int rc = ids && len ? 0 : -1;
+    int rc = ids && len ? 0 : EXIT_RUN_FAILED;
     const char *start = text;
     for (long i = 0; rc == 0 && i < rows; i++) {
         const char *end = strchr(start, ';');
         size_t n = end ? (size_t)(end - start) : strlen(start);
         char *row = strndup(start, n);
-        rc = row ? cli_parse_tokens(row, &ids[i], &len[i], err) : -1;
+        rc = row ? cli_parse_tokens(row, r->cfg.vocab, &ids[i], &len[i], err) : EXIT_RUN_FAILED;
         free(row);
         if (rc == 0 && len[i] > longest) longest = len[i];
         start = end ? end + 1 : start + n;
@@ -27,7 +27,7 @@ static int parse_prompts(const char *text, infer_run *r, ag_err *err) {
         r->seq_len = longest;
         r->ids = calloc((size_t)(rows * longest), sizeof *r->ids);
         r->mask = calloc((size_t)(rows * longest), sizeof *r->mask);
-        rc = r->ids && r->mask ? 0 : -1;
+        rc = r->ids && r->mask ? 0 : EXIT_RUN_FAILED;
         for (long i = 0; rc == 0 && i < rows; i++)
             for (long t = 0; t < len[i]; t++) {
                 r->ids[i * longest + longest - len[i] + t] = ids[i][t];
@@ -53,11 +53,10 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     if (o->cmd != CLI_INFER) cli_parse_dtype("fp32", &r->dtype);
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
     if (rc == 0 && o->cmd == CLI_INFER) rc = cli_lora_from_options(o, &r->lora, err);
-    if (rc == 0) rc = cli_text_prepare(o, &r->text, err);
+    if (rc == 0) rc = cli_text_prepare(o, &r->cfg, &r->text, err);
     if (rc != 0) return rc;
     if (o->tokens && strchr(o->tokens, ';')) {
-        if (parse_prompts(o->tokens, r, err) != 0) return EXIT_USAGE;
-        if (llama_check_tokens(&r->cfg, r->ids, (size_t)(r->batch * r->seq_len), err) != 0) return EXIT_RUN_FAILED;
+        if ((rc = parse_prompts(o->tokens, r, err)) != 0) return rc;
     } else if ((rc = cli_make_tokens(o, &r->cfg, &r->text, o->meta, &r->ids, &r->batch, &r->seq_len, err)) != 0) {
         return rc;
     }
@@ -67,7 +66,7 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
                    "a %ld-token prompt and %ld new tokens run %ld tokens through the model, past its %lld positions "
                    "(max_position_embeddings)",
                    r->seq_len, r->new_tokens, r->seq_len + r->new_tokens - 1, (long long)r->cfg.max_positions);
-        return EXIT_USAGE;
+        return EXIT_RUN_FAILED;
     }
     return 0;
 }
@@ -100,7 +99,7 @@ static bool all_ended(void *user, const llama_generate_step *s) {
         if (r->out_len[b] == s->step && !cli_text_is_eos(&r->text, last)) r->out_len[b]++;
         if (r->out_len[b] == s->step + 1 && !cli_text_is_eos(&r->text, s->next[b])) all = false;
     }
-    return r->text.n_eos > 0 && all;
+    return r->text.eos.n > 0 && all;
 }
 
 int cli_infer_run(infer_run *r, ag_err *err) {
@@ -295,7 +294,7 @@ infer_run cli_infer_meta_copy(const infer_run *r) {
     m.meta = true;
     m.out = NULL;
     m.out_len = NULL;
-    m.text.n_eos = 0; // shapes alone choose no ids: nothing ends the generation early
+    m.text.eos.n = 0; // shapes alone choose no ids: nothing ends the generation early
     memset(&m.stats, 0, sizeof m.stats);
     return m;
 }

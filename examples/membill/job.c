@@ -166,6 +166,7 @@ int cli_job_main(const cli_options *o, cli_job *j) {
             if (o->json) failed_json(o, j, err.msg);
             rc = EXIT_RUN_FAILED;
         } else {
+            cli_progress_where("writing the report and the outputs");
             if (!o->quiet && !to_stdout) j->text(stdout, j->arg, false);
             json_t *root = j->json(j->arg, false);
             cli_report rep = {j->title, text_ok, j, j->svg, j->svg_arg, j->html_runs, j->html_nruns, j->device};

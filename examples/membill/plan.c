@@ -243,8 +243,10 @@ static void list_presets(void) {
         llama_config c;
         ag_err e;
         if (llama_config_preset(&c, llama_preset_name(i), &e) != 0) continue;
-        printf("%-16s %20llu %8lld %8lld %6lld %4lld\n", c.name, (unsigned long long)llama_param_count(&c),
-               (long long)c.hidden, (long long)c.layers, (long long)c.heads, (long long)c.kv_heads);
+        char params[32], hidden[16]; // thousands separated, as every report writes them
+        printf("%-16s %20s %8s %8lld %6lld %4lld\n", c.name, cli_commas(params, sizeof params, llama_param_count(&c)),
+               cli_commas(hidden, sizeof hidden, (uint64_t)c.hidden), (long long)c.layers, (long long)c.heads,
+               (long long)c.kv_heads);
     }
 }
 
@@ -371,7 +373,7 @@ int cmd_plan(const cli_options *o) {
     if (rc == 0) rc = cli_lora_from_options(o, &s.lora, &err);
     if (rc == 0) rc = plan_lengths(o, &s, &err);
     if (rc == 0) rc = cli_device_prepare(o, s.infer ? 1 : s.gpus, &s.dev, &err);
-    if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_USAGE;
+    if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_RUN_FAILED; // the model's positions decide it
     // The device: the named card's memory, else --device-memory.
     uint64_t device = s.dev.cuda && s.dev.total ? s.dev.total : o->device_memory;
     static plan_answers ans;

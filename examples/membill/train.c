@@ -344,7 +344,7 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
             r->torn_down_clean ? "yes" : "NO");
     if (failed || !o->explain) return;
     if (cli_dtype_is_f32(&r->dtype))
-        cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind, r->attention);
+        cli_explain_train(f, &r->cfg, r->batch, r->seq_len, &r->ocfg, r->framework, r->attention);
     else // the worked formulas are float32's; plan has each dtype's closed form
         fprintf(
             f, "\n  --explain works out the float32 formulas: membill plan --dtype %s gives this dtype's closed form\n",

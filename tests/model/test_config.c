@@ -450,6 +450,21 @@ static void test_family_fields(void **state) {
     snprintf(text, sizeof text, "%s\"model_type\":\"mistral\",\"sliding_window\":null}", head);
     assert_int_equal(load_text(text, &c, &err, dir), 0);
     assert_int_equal(llama_layer_window(&c, 3), 0);
+    // 0 is no window size (every key masked): refused where the window is used, with the range
+    snprintf(text, sizeof text, "%s\"model_type\":\"mistral\",\"sliding_window\":0}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), -1);
+    TU_MENTIONS(err.msg, "sliding_window (0)", "from 1 to 16777216, or null");
+    snprintf(text, sizeof text, "%s\"model_type\":\"qwen2\",\"use_sliding_window\":true,\"sliding_window\":0}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), -1);
+    TU_MENTIONS(err.msg, "sliding_window (0)", "from 1 to 16777216");
+    snprintf(text, sizeof text, "%s\"model_type\":\"qwen2\",\"use_sliding_window\":false,\"sliding_window\":0}",
+             head); // unused, as Qwen2Config drops it
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_int_equal(llama_layer_window(&c, 3), 0);
+    // rope_scaling {}: no rope_type, which transformers cannot read either
+    snprintf(text, sizeof text, "%s\"model_type\":\"llama\",\"rope_scaling\":{}}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), -1);
+    TU_MENTIONS(err.msg, "rope_scaling is an empty object", "rope_type");
     // Qwen2: from max_window_layers on, when use_sliding_window; layer_types agreeing
     const char *qwen = "\"model_type\":\"qwen2\",\"use_sliding_window\":true,\"sliding_window\":8,";
     snprintf(text, sizeof text, "%s%s\"max_window_layers\":2}", head, qwen);
