@@ -68,11 +68,13 @@ void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq
 uint64_t llama_weight_bytes(const llama_config *c, int bits, int64_t group, int scale_bytes, int vector_bits) {
     uint64_t total = 0;
     for (size_t i = 0; i < llama_param_count_tensors(c); i++) {
-        char name[LLAMA_PARAM_NAME_MAX];
-        int ndim;
-        int64_t shape[2];
-        if (llama_param_spec(c, i, name, sizeof name, &ndim, shape) != 0) return 0;
-        uint64_t rows = ndim == 2 ? (uint64_t)shape[0] : 1, cols = (uint64_t)shape[ndim - 1];
+        llama_param_info p;
+        if (llama_param_info_of(c, i, &p) != 0) return 0;
+        // a matrix's rows: every dimension but the last (a stack of experts' matrices included)
+        uint64_t rows =
+                     (uint64_t)p.shape[0] * (uint64_t)p.shape[1] * (uint64_t)p.shape[2] / (uint64_t)p.shape[p.ndim - 1],
+                 cols = (uint64_t)p.shape[p.ndim - 1];
+        const int ndim = p.ndim;
         if (bits >= 16)
             total += rows * cols * (uint64_t)bits / 8;
         else if (ndim == 1)
@@ -89,14 +91,13 @@ void llama_closed_form_lora(const llama_config *c, const llama_lora_config *l, c
     out->base_params = llama_param_count(c);
     out->adapter_params = llama_lora_param_count(c, l);
     out->base_weights = 0;
-    const size_t per = llama_params_per_layer(c), n = llama_param_count_tensors(c);
+    const size_t n = llama_param_count_tensors(c);
     for (size_t i = 0; i < n; i++) {
-        char name[LLAMA_PARAM_NAME_MAX];
-        int ndim;
-        int64_t shape[2];
-        if (llama_param_spec(c, i, name, sizeof name, &ndim, shape) != 0) return;
-        const uint64_t rows = (uint64_t)shape[0], cols = (uint64_t)shape[1], numel = rows * cols;
-        const bool block_matrix = ndim == 2 && i >= 1 && i <= (size_t)c->layers * per;
+        llama_param_info p;
+        if (llama_param_info_of(c, i, &p) != 0) return;
+        const uint64_t cols = (uint64_t)p.shape[p.ndim - 1],
+                       numel = (uint64_t)p.shape[0] * (uint64_t)p.shape[1] * (uint64_t)p.shape[2], rows = numel / cols;
+        const bool block_matrix = p.matrix;
         if (!block_matrix || base_bits >= 16)
             out->base_weights += numel * (block_matrix ? (uint64_t)base_bits / 8 : d->weight);
         else if (nf4)

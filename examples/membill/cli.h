@@ -63,7 +63,9 @@ void cli_usage_error(const cli_options *o, const char *fmt, ...) __attribute__((
 bool cli_parse_framework(const char *name, ag_framework *out);
 const char *cli_framework_name(ag_framework f);
 // One line for reports: the name and what it means.
-const char *cli_framework_text(ag_framework f);
+// The framework line: its name and, for the PyTorch ones, the family's transformers class
+// ("MixtralForCausalLM"), into buf.
+const char *cli_framework_text(ag_framework f, llama_family family, char *buf, size_t len);
 // --attention: "eager", "flash" (NULL is eager). False for anything else.
 bool cli_parse_attention(const char *name, ag_attention_kind *out);
 const char *cli_attention_name(ag_attention_kind a);

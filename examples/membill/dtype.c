@@ -2,6 +2,8 @@
 // --weight-dtype.
 #include "cli.h"
 
+#include <stdio.h>
+
 #include <string.h>
 
 // Pure 16-bit runs keep the optimizer state in the parameters' dtype (as torch.optim does);
@@ -94,12 +96,18 @@ const char *cli_framework_name(ag_framework f) {
     return (unsigned)f <= AG_FRAMEWORK_PYTORCH_113 ? framework_names[f] : "?";
 }
 
-const char *cli_framework_text(ag_framework f) {
+const char *cli_framework_text(ag_framework f, llama_family family, char *buf, size_t len) {
+    const char *cls = llama_family_class(family);
     switch (f) {
-    case AG_FRAMEWORK_PYTORCH: return "pytorch (Hugging Face transformers' LlamaForCausalLM on current PyTorch)";
-    case AG_FRAMEWORK_PYTORCH_113: return "pytorch-1.13 (Hugging Face transformers' LlamaForCausalLM on PyTorch 1.13)";
-    default: return "lean (minimal saved sets: fused RMSNorm, GQA-aware attention, fused cross-entropy)";
+    case AG_FRAMEWORK_PYTORCH:
+        snprintf(buf, len, "pytorch (Hugging Face transformers' %s on current PyTorch)", cls);
+        break;
+    case AG_FRAMEWORK_PYTORCH_113:
+        snprintf(buf, len, "pytorch-1.13 (Hugging Face transformers' %s on PyTorch 1.13)", cls);
+        break;
+    default: snprintf(buf, len, "lean (minimal saved sets: fused RMSNorm, GQA-aware attention, fused cross-entropy)");
     }
+    return buf;
 }
 
 bool cli_parse_attention(const char *name, ag_attention_kind *out) {

@@ -236,7 +236,9 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
             r->batch, r->seq_len, r->new_tokens, r->use_cache ? "with the KV cache" : "without a cache (recomputing)",
             r->dtype.name ? r->dtype.long_name : "float32", r->dtype.weight_name ? ", weights " : "",
             r->dtype.weight_name ? r->dtype.weight_name : "", r->meta ? ", meta (shapes only)" : "");
-    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
+    char fw[192];
+    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework, r->cfg.family, fw, sizeof fw),
+            cli_attention_text(r->attention));
     cli_text_line(f, &r->text);
     fputc('\n', f);
     if (failed) fprintf(f, "(FAILED after %lld of %ld forwards: see below)\n\n", (long long)st->steps, r->new_tokens);

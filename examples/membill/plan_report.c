@@ -141,9 +141,9 @@ static uint64_t largest_layer(const llama_config *c) {
     for (size_t i = 0; i < n; i++) {
         char name[LLAMA_PARAM_NAME_MAX], next[LLAMA_PARAM_NAME_MAX];
         int ndim, nd2;
-        int64_t shape[2], sh2[2];
+        int64_t shape[LLAMA_PARAM_MAX_DIMS], sh2[LLAMA_PARAM_MAX_DIMS];
         if (llama_param_spec(c, i, name, sizeof name, &ndim, shape) != 0) continue;
-        uint64_t k = (uint64_t)shape[0] * (uint64_t)shape[1];
+        uint64_t k = (uint64_t)shape[0] * (uint64_t)shape[1] * (uint64_t)shape[2];
         size_t len = strlen(name);
         if (len > 7 && strcmp(name + len - 7, ".weight") == 0 && i + 1 < n &&
             llama_param_spec(c, i + 1, next, sizeof next, &nd2, sh2) == 0 && strncmp(next, name, len - 7) == 0 &&
@@ -332,7 +332,9 @@ static void report_train_text(FILE *out, const plan_view *v) {
             s->dt.long_name);
     fprintf(out,
             "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n");
-    fprintf(out, "framework: %s; attention: %s\n", cli_framework_text(s->framework), cli_attention_text(s->attention));
+    char fw[192];
+    fprintf(out, "framework: %s; attention: %s\n", cli_framework_text(s->framework, s->cfg.family, fw, sizeof fw),
+            cli_attention_text(s->attention));
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->lora.cfg.rank)

@@ -131,8 +131,12 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
     }
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
     if (cfg_file) return llama_config_load(cfg, cfg_file, err) == 0 ? 0 : EXIT_RUN_FAILED;
-    if (llama_config_preset(cfg, o->model, err) == 0) return 0;
-    ag_err_set(err, "--model: unknown preset '%s' (membill plan --list names them)", o->model);
+    ag_err why = {{0}};
+    if (llama_config_preset(cfg, o->model, &why) == 0) return 0;
+    if (strncmp(why.msg, "unknown model", 13) != 0) // a preset of a family not modelled yet: its reason
+        ag_err_set(err, "--model: %s", why.msg);
+    else
+        ag_err_set(err, "--model: unknown preset '%s' (membill plan --list names them)", o->model);
     return EXIT_USAGE;
 }
 

@@ -299,7 +299,9 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
             cli_commas(p, sizeof p, llama_param_count(&r->cfg)), r->batch, r->seq_len, optim_kind_name(r->ocfg.kind),
             impl, o->lr, r->dtype.long_name, r->meta ? ", meta (shapes only)" : "",
             failed ? " (FAILED: see below)" : "");
-    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
+    char fw[192];
+    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework, r->cfg.family, fw, sizeof fw),
+            cli_attention_text(r->attention));
     if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
     char lt[256];
     if (r->lora.cfg.rank) {

@@ -18,7 +18,7 @@ typedef struct {
 } model_units;
 
 static int make_units(llama_model *m, model_units *mu, ag_err *err) {
-    size_t L = (size_t)m->cfg.layers, per = llama_params_per_layer(&m->cfg);
+    size_t L = (size_t)m->cfg.layers;
     mu->n = L + 2;
     mu->units = calloc(mu->n, sizeof *mu->units);
     if (!mu->units) {
@@ -26,7 +26,9 @@ static int make_units(llama_model *m, model_units *mu, ag_err *err) {
         return -1;
     }
     mu->units[0] = (par_unit){m->params, 1};
-    for (size_t i = 0; i < L; i++) mu->units[i + 1] = (par_unit){m->params + 1 + i * per, per};
+    for (size_t i = 0; i < L; i++)
+        mu->units[i + 1] = (par_unit){m->params + llama_layer_first_param(&m->cfg, (int64_t)i),
+                                      llama_layer_param_count(&m->cfg, (int64_t)i)};
     mu->head[0] = m->norm;
     mu->head[1] = m->lm_head;
     mu->units[L + 1] = (par_unit){mu->head, 2};
@@ -49,8 +51,7 @@ static int fill(void *user, ag_err *err) {
     return llama_model_load(a->m, a->r->st_path, err);
 }
 
-static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_zero **z, model_units *mu,
-                 ag_err *err) {
+static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_zero **z, model_units *mu, ag_err *err) {
     par_zero_config zcfg = {zc->stage, zc->bucket_bytes, zc->prefetch};
     if (zc->stage < 3) {
         if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, m, err) != 0) return -1;

@@ -602,7 +602,7 @@ static json_int_t expected_weights(const char *model, int bits, long group, int 
     for (size_t i = 0; i < llama_param_count_tensors(&c); i++) {
         char name[LLAMA_PARAM_NAME_MAX];
         int ndim;
-        int64_t shape[2];
+        int64_t shape[LLAMA_PARAM_MAX_DIMS];
         assert_int_equal(llama_param_spec(&c, i, name, sizeof name, &ndim, shape), 0);
         if (ndim == 1) {
             total += shape[0] * norm_bits / 8;

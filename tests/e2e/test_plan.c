@@ -223,8 +223,23 @@ static void test_text_and_infer(void **state) {
     }
 }
 
+// The framework line and the JSON name the family's own transformers class.
+static void test_class_named(void **state) {
+    (void)state;
+    static run_result r;
+    membill(&r, "plan --model mistral-7b --framework pytorch-1.13 --seq-len 64");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "transformers' MistralForCausalLM on PyTorch 1.13"));
+    assert_null(strstr(r.out, "LlamaForCausalLM"));
+    json_t *root = cli_run_json("plan --model llama-2-7b --seq-len 64");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(root, "model"), "class")),
+                        "LlamaForCausalLM");
+    json_decref(root);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_class_named),
         cmocka_unit_test(test_headline_is_train_step_2_for_every_preset),
         cmocka_unit_test(test_device_share_is_step_2_replayed),
         cmocka_unit_test(test_text_and_infer),
