@@ -382,6 +382,79 @@ ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b); //
 // mean over the B*(T-1) positions (HF labels=input_ids). Returns the loss, shape [1].
 ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, const int32_t *ids);
 
+// ================================================================================================
+// Mixture of experts (ops/moe_route.c, ops/moe_experts.c, ops/moe_eager.c, ops/moe_aux_loss.c)
+//
+// A sparse block routes each of its N tokens to k of its E experts: the router's logits give the
+// weights (ag_moe_route), and each expert's SwiGLU runs over the tokens routed to it, its output
+// scaled by the token's weight and summed into the token's row (ag_moe_experts). A real run
+// routes by the logits; meta mode has no logits, so the caller says how many tokens each expert
+// gets (the routing assumption), and every bill follows from those counts.
+// ================================================================================================
+
+// Where a block's tokens went.
+typedef struct {
+    int64_t tokens;  // N
+    int k, experts;  // top-k of E
+    int32_t *expert; // [N * k]: each token's experts, in top-k order; NULL in meta mode
+    int64_t *count;  // [E]: the tokens routed to each (they sum to N * k)
+} ag_moe_routing;
+void ag_moe_routing_free(ag_moe_routing *r); // NULL is ignored; zeroes *r
+
+typedef struct {
+    int top_k;
+    bool renorm;            // norm_topk_prob: the k weights divided by their sum
+    const int64_t *assumed; // meta mode: the tokens each expert gets ([E], summing to N x k)
+} ag_moe_route_opts;
+
+// The routing weights w[N, k] of logits[.., E] (N rows): p = softmax(logits) in float32, the k
+// largest of each row (the first of equal ones), divided by their sum when renorm; w has like's
+// dtype (transformers' routing_weights.to(hidden_states.dtype)). *r gets the routing (owned by
+// the caller: ag_moe_routing_free). The node keeps p (float32); under the PyTorch frameworks also
+// topk's int64 indices and, with renorm, the sum and the values before the in-place division.
+ag_tensor *ag_moe_route(ag_ctx *ctx, const char *site, ag_tensor *logits, const ag_tensor *like,
+                        const ag_moe_route_opts *o, ag_moe_routing *r);
+
+// What transformers' eager dispatch does that changes its allocations, per family, and the
+// names of its experts' projections (the sites' labels).
+typedef struct {
+    // mixtral: the experts hit kept as a tensor [hit, 1] through the loop, and each expert's mask
+    // slice taken with one of its rows (a copy); qwen2_moe, qwen3_moe: as Python ints (a view)
+    bool hit_tensor;
+    const char *proj[3]; // gate, up, down: "w1", "w3", "w2" (mixtral) or "gate_proj", "up_proj", "down_proj"
+} ag_moe_eager;
+
+// y[.., H] = Σ_j w[t, j] down_e(silu(gate_e(x_t)) * up_e(x_t)), e the j-th expert of token t, for
+// x[.., H] (N rows), w[N, k] and the routing r. gate[e] and up[e] are [I, H], down[e] [H, I].
+// LEAN: one grouped dispatch, the pairs sorted by expert; the node keeps each pair's gate and up
+// outputs ([N k, I] each) and recomputes the rest. Under the PyTorch frameworks: transformers'
+// eager loop over the experts that got tokens, op by op (the expert mask [E, k, N] as one_hot
+// int64, each expert's torch.where indices, the gathered rows, its SwiGLU, the scaled output and
+// index_add_ into zeros), each op billed and kept as PyTorch keeps it.
+ag_tensor *ag_moe_experts(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, const ag_moe_routing *r,
+                          ag_tensor *const *gate, ag_tensor *const *up, ag_tensor *const *down, const ag_moe_eager *hf);
+
+// y[n, C] = the rows of src viewed as [R, C] (C divides src's elements): y[i] = src[rows[i]] (rows
+// copied; NULL in meta mode). index (may be NULL) is the int64 tensor holding the rows, kept for
+// backward as PyTorch's IndexBackward keeps it. Backward: a zeroed gradient of src's size into
+// which the rows' gradients accumulate.
+ag_tensor *ag_index_rows(ag_ctx *ctx, const char *site, ag_tensor *src, int64_t C, const int64_t *rows, int64_t n,
+                         ag_tensor *index);
+// y[n, C] = x[n, C] * s[n, 1] (a weight per row).
+ag_tensor *ag_scale_rows(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *s);
+// acc[rows[i]] += src[i] in place (index_add_ along dimension 0 of acc[R, C]): the result owns
+// acc's storage, and acc (taken over: the caller's reference) must not be used again. index as
+// ag_index_rows's.
+ag_tensor *ag_index_add(ag_ctx *ctx, const char *site, ag_tensor *acc, const int64_t *rows, int64_t n, ag_tensor *src,
+                        ag_tensor *index);
+// y[N, C] = sigmoid(g[N, 1]) * x[N, C] (qwen2_moe's shared expert gate).
+ag_tensor *ag_sigmoid_gate(ag_ctx *ctx, const char *site, ag_tensor *g, ag_tensor *x);
+// The load-balancing loss of Switch Transformer as transformers computes it
+// (load_balancing_loss_func, no attention mask): logits[l] [N, E] of each of the L sparse layers,
+// p = softmax over their concatenation, f_e the share of top-k choices that went to expert e,
+// loss = E Σ_e f_e mean(p[:, e]). A scalar [1]; its gradient reaches each layer's logits.
+ag_tensor *ag_moe_aux_loss(ag_ctx *ctx, const char *site, int layers, ag_tensor *const *logits, int top_k);
+
 // Compute threads: one pool runs every parallel loop and every large sgemm (OpenBLAS itself runs
 // single-threaded inside it). Idle threads sleep after a few microseconds, and loops are handed
 // out in chunks, so a core lost to another process slows the step by its share and no more.
