@@ -172,6 +172,9 @@ bool ag_set_grad_enabled(ag_ctx *ctx, bool on); // returns the previous mode
 bool ag_is_grad_enabled(const ag_ctx *ctx);
 ag_status ag_ctx_status(const ag_ctx *ctx);
 const char *ag_ctx_error(const ag_ctx *ctx); // NULL when there was no error
+// Sets the sticky error (AG_ERR_ARG) from above autograd: a fault a model finds in the middle of a
+// forward (a routing file that lacks a layer), so that the ops after it stop as after an op's own.
+void ag_ctx_fail(ag_ctx *ctx, const char *msg);
 void ag_ctx_clear_error(ag_ctx *ctx);
 
 // Memory semantics: the same math, with what a framework allocates, keeps for backward and frees.

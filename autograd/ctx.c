@@ -109,3 +109,7 @@ const char *ag_shape_str(const ag_tensor *t, char buf[64]) {
     if (len < 64) snprintf(buf + len, (size_t)(64 - len), "]");
     return buf;
 }
+
+void ag_ctx_fail(ag_ctx *ctx, const char *msg) {
+    if (ctx && ctx->status == AG_OK) ag_fail(ctx, AG_ERR_ARG, "%s", msg ? msg : "failed");
+}

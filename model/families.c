@@ -33,11 +33,11 @@ static const family_info families[] = {
      mistral_fields},
     {"qwen2", "Qwen2ForCausalLM", LLAMA_FAMILY_QWEN2, true, false, 32768, 0, 10000.0, 1e-6, false, qwen2_fields},
     {"qwen3", "Qwen3ForCausalLM", LLAMA_FAMILY_QWEN3, true, false, 32768, 128, 10000.0, 1e-6, false, qwen3_fields},
-    {"mixtral", "MixtralForCausalLM", LLAMA_FAMILY_MIXTRAL, false, true, 131072, 0, 1e6, 1e-5, false,
+    {"mixtral", "MixtralForCausalLM", LLAMA_FAMILY_MIXTRAL, true, true, 131072, 0, 1e6, 1e-5, false,
      llama_mixtral_fields},
-    {"qwen2_moe", "Qwen2MoeForCausalLM", LLAMA_FAMILY_QWEN2_MOE, false, true, 32768, 0, 10000.0, 1e-6, false,
+    {"qwen2_moe", "Qwen2MoeForCausalLM", LLAMA_FAMILY_QWEN2_MOE, true, true, 32768, 0, 10000.0, 1e-6, false,
      llama_qwen2_moe_fields},
-    {"qwen3_moe", "Qwen3MoeForCausalLM", LLAMA_FAMILY_QWEN3_MOE, false, true, 32768, 0, 10000.0, 1e-6, false,
+    {"qwen3_moe", "Qwen3MoeForCausalLM", LLAMA_FAMILY_QWEN3_MOE, true, true, 32768, 0, 10000.0, 1e-6, false,
      llama_qwen3_moe_fields},
     {"gemma2", "Gemma2ForCausalLM", LLAMA_FAMILY_GEMMA2, false, false, 8192, 256, 10000.0, 1e-6, true,
      llama_gemma_fields},
@@ -55,6 +55,13 @@ static const family_info *info_of(llama_family f) {
     for (size_t i = 0; i < NFAMILIES; i++)
         if (families[i].family == f) return &families[i];
     return NULL;
+}
+
+const llama_moe_names *llama_family_moe_names(llama_family f) {
+    // transformers' eager dispatch: experts hit kept as a tensor in every family's current code
+    static const llama_moe_names mixtral = {"block_sparse_moe", true, {"w1", "w3", "w2"}};
+    static const llama_moe_names qwen = {"mlp", true, {"gate_proj", "up_proj", "down_proj"}};
+    return f == LLAMA_FAMILY_MIXTRAL ? &mixtral : &qwen;
 }
 
 const char *llama_family_name(llama_family f) { return info_of(f) ? info_of(f)->type : "?"; }

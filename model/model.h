@@ -474,6 +474,53 @@ typedef struct {
     bool training;     // dropout applies (a training forward), not in generation
 } llama_lora_state;
 
+// ================================================================================================
+// Routing of a mixture of experts (routing.c)
+//
+// How many tokens each expert of each sparse layer gets, forward by forward. A real run routes by
+// its routers and can record what they chose; a meta run has no router output and takes the
+// counts from an assumption or from a recorded file, so that meta == real to the byte when both
+// route alike. Every bill of a sparse layer follows from these counts.
+// ================================================================================================
+
+typedef enum {
+    LLAMA_ROUTING_BALANCED, // every expert gets tokens x k / experts (the remainder to the first ones)
+    LLAMA_ROUTING_WORST,    // every token to the same k experts: each of them gets all the tokens
+    LLAMA_ROUTING_FILE,     // as a real run recorded it (llama_routing_load)
+    LLAMA_ROUTING_MEASURED, // a real run's own (llama_routing_add records it)
+} llama_routing_kind;
+
+typedef struct llama_routing llama_routing;
+
+// An empty routing of a kind (FILE: use llama_routing_load); -1 out of memory.
+int llama_routing_new(llama_routing **out, llama_routing_kind kind, ag_err *err);
+void llama_routing_free(llama_routing *r);                        // NULL is ignored
+llama_routing_kind llama_routing_kind_of(const llama_routing *r); // NULL: balanced
+// The assumption in words, for reports: "balanced (...)", "worst (...)", "recorded (FILE, ...)".
+const char *llama_routing_describe(const llama_routing *r, char *buf, size_t len);
+// The tokens each of the E experts gets in `layer` of forward `forward` (0 the first forward of
+// the run: a training step's, a generation's prefill, then each decode step), tokens routed k each.
+// -1 when a file lacks that layer or routed other sizes, naming the file.
+int llama_routing_counts(const llama_routing *r, int64_t forward, int64_t layer, int64_t tokens, int E, int k,
+                         int64_t *count, ag_err *err);
+// Records a layer's counts (a second record of the same forward and layer, a recomputation, is
+// ignored).
+int llama_routing_add(llama_routing *r, int64_t forward, int64_t layer, int64_t tokens, int E, int k,
+                      const int64_t *count, ag_err *err);
+// As JSON: {"membill_routing": 1, "experts", "top_k", "layers": [{"forward", "layer", "tokens",
+// "count": [...]}]}; llama_routing_load reads it back for a model of that config (its sparse
+// layers, experts and top-k), every count checked.
+int llama_routing_write(const llama_routing *r, FILE *f, ag_err *err);
+int llama_routing_load(llama_routing **out, const char *path, const llama_config *c, ag_err *err);
+
+// What a model's sparse layers share during a run.
+typedef struct {
+    const llama_routing *assume; // meta mode: the routing to bill (NULL: balanced)
+    llama_routing *record;       // a real run records its routing here (NULL: not recorded)
+    int64_t forward;             // the forward under way (the index of its routing)
+    ag_tensor **logits;          // [layers]: each sparse layer's router logits, kept for the aux loss
+} llama_moe_run;
+
 // One block's parameters; a row the config lacks (a bias, q_norm) is NULL.
 typedef struct {
     ag_tensor *input_norm, *q, *k, *v, *o, *post_norm, *gate, *up, *down;
@@ -491,6 +538,7 @@ typedef struct {
     ag_tensor *pre_ff_norm, *post_ff_norm;
     ag_tensor *lora_a[LLAMA_NPROJ], *lora_b[LLAMA_NPROJ]; // NULL where the projection has no adapter
     const llama_lora_state *lora;                         // NULL without adapters
+    llama_moe_run *moe;                                   // the model's (sparse layers)
 } llama_layer;
 
 // Parameters as autograd leaves (category weight), named as Hugging Face names them.
@@ -509,6 +557,7 @@ typedef struct {
     ag_tensor **adapters; // the adapters (owned references); NULL without
     size_t nadapters;
     llama_lora_state lora;
+    llama_moe_run moe; // its sparse layers' routing (set assume and record before a run)
 } llama_model;
 
 // Allocates every parameter (no data in meta mode; contents undefined until init or load).
@@ -630,6 +679,22 @@ typedef struct {
     // row (batch x heads x s x 4) instead of the probabilities; act_probs_per_block is then 0.
     bool flash;
     uint64_t act_lse_per_block;
+    // A mixture of experts (moe_blocks of the layers sparse): a sparse block keeps, in place of
+    // the MLP's four intermediate-sized tensors, the router's float32 softmax (N x experts x 4),
+    // the routing weights (N x k), each routed pair's gate and up outputs (2 x N k x its
+    // intermediate) and the shared expert's saved set (its four, its gate's sigmoid and its
+    // output); act_moe_delta is that difference. The activation peak is the larger of the head's
+    // moment and the last sparse block's experts backward (act_experts_moment): every block's
+    // saved set up to it (the shared expert's gone), the residual's and the experts' output
+    // gradients, the grouped dispatch's scratch (gathered inputs, their gradients and the
+    // output gradient's rows: 3 x N k x hidden; the product, its gradient and up's: 3 x N k x
+    // intermediate), then the input's gradient and the weights'. With the load-balancing loss
+    // (output_router_logits) both moments also hold each sparse layer's router logits'
+    // gradient (N x experts), which its backward makes first. closed is false where the closed
+    // form does not follow the run (a mixture of experts with checkpointing).
+    int64_t moe_blocks;
+    uint64_t act_moe_delta, act_shared_saved, act_experts_moment;
+    bool closed;
 } llama_closed_form;
 
 // Float32 throughout; checkpointing: every block under ag_checkpoint (llama_forward_opts).

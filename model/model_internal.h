@@ -35,6 +35,14 @@ const char *llama_json_kind(const json_t *v); // "an integer", "a string"...
 int llama_parse_family(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_parse_family_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *path, ag_err *err);
+// What a family's sparse layers are called and how transformers loops over their experts:
+// the module ("block_sparse_moe", "mlp"), and the projections' names (gate, up, down).
+typedef struct {
+    const char *prefix;
+    bool hit_tensor; // ag_moe_eager's
+    const char *proj[3];
+} llama_moe_names;
+const llama_moe_names *llama_family_moe_names(llama_family f);
 // A family membill does not run yet: -1 with its name in err (0 for the others).
 int llama_family_refuse_unmodelled(const llama_config *c, const char *path, ag_err *err);
 // families.c, shared with the families' own fields: sliding_window (an integer or null; absent:

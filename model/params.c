@@ -47,7 +47,13 @@ int llama_model_new_proj_dtype(llama_model **out, ag_ctx *ctx, const llama_confi
         m->params = calloc(n, sizeof *m->params);
     }
     bool ok = m && m->layers && m->params;
-    for (int64_t l = 0; ok && l < cfg->layers; l++) ok = llama_layer_alloc(&m->layers[l], cfg, l) == 0;
+    for (int64_t l = 0; ok && l < cfg->layers; l++) {
+        ok = llama_layer_alloc(&m->layers[l], cfg, l) == 0;
+        m->layers[l].moe = &m->moe;
+    }
+    // the routers' logits the load-balancing loss reads, kept from each sparse layer to the loss
+    if (ok && cfg->moe.experts > 0 && cfg->moe.aux_loss)
+        ok = (m->moe.logits = calloc((size_t)cfg->layers, sizeof *m->moe.logits)) != NULL;
     if (!ok) {
         llama_model_free(m);
         ag_err_set(err, "out of memory building the model");
@@ -81,6 +87,8 @@ void llama_model_free(llama_model *m) {
     free(m->params);
     free(m->adapters);
     for (int64_t l = 0; m->layers && l < m->cfg.layers; l++) llama_layer_release(&m->layers[l]);
+    for (int64_t l = 0; m->moe.logits && l < m->cfg.layers; l++) ag_release(m->moe.logits[l]);
+    free(m->moe.logits);
     free(m->layers);
     free(m);
 }

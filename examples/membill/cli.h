@@ -45,6 +45,7 @@ typedef struct {
     double lora_alpha, lora_dropout;
     const char *lora_targets, *base_dtype, *adapter, *save_adapter;
     bool lora;
+    const char *routing, *routing_out;
     unsigned char given[CLI_MAX_OPTIONS]; // by table row: the user named it
 } cli_options;
 
@@ -212,6 +213,23 @@ void cli_lora_params_text(FILE *f, const llama_config *cfg, const cli_lora *l);
 void cli_lora_bill_text(FILE *f, const llama_config *cfg, const cli_lora *l);
 struct json_t *cli_lora_json(const llama_config *cfg, const cli_lora *l);
 
+// --routing and --routing-out (routing_cli.c): how a meta run routes the tokens of a mixture of
+// experts, and where a real run records its routers' choices.
+typedef struct {
+    llama_routing *assume; // --routing (NULL: balanced)
+    llama_routing *record; // --routing-out
+} cli_routing;
+// From the options, for a model of config c; an exit code with the message in *err.
+int cli_routing_prepare(const cli_options *o, const llama_config *c, cli_routing *r, ag_err *err);
+// The model's sparse layers route as r says: a meta run bills the assumption, a real run records.
+void cli_routing_attach(const cli_routing *r, llama_model *m);
+void cli_routing_free(cli_routing *r);
+// The report's routing line ("routing: balanced (...)") for a mixture of experts; nothing else.
+void cli_routing_text(FILE *f, const llama_config *c, const cli_routing *r, bool meta);
+// "balanced", "worst", "file" or "measured", for the JSON report.
+const char *cli_routing_name(const cli_routing *r, bool meta);
+int cli_routing_writer(FILE *f, void *routing, ag_err *err); // arg: the llama_routing to write
+
 typedef struct {
     llama_config cfg;
     char st_path[4096]; // "" for random init
@@ -233,6 +251,7 @@ typedef struct {
     cli_lora lora;
     // --save-adapter: after the last optimizer step (NULL: none)
     int (*save_adapter)(void *arg, const llama_model *m, ag_err *err);
+    cli_routing routing; // a mixture of experts' (owned by the caller of cli_train_prepare)
 } train_run;
 
 // The model of a run in its context: built at the dtype's sizes, then loaded from st_path
@@ -326,7 +345,8 @@ typedef struct {
     ag_attention_kind attention;
     bool meta;
     uint64_t seed;
-    cli_lora lora; // --adapter: generation through the adapters
+    cli_lora lora;       // --adapter: generation through the adapters
+    cli_routing routing; // a mixture of experts'
 } infer_run;
 
 // An exit code, as cli_load_config.

@@ -1,5 +1,6 @@
 // membill infer: prefill and greedy decode with a KV cache, billed like training.
 #include "cli.h"
+#include "outputs.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -53,6 +54,7 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     if (o->cmd != CLI_INFER) cli_parse_dtype("fp32", &r->dtype);
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
     if (rc == 0 && o->cmd == CLI_INFER) rc = cli_lora_from_options(o, &r->lora, err);
+    if (rc == 0 && o->cmd == CLI_INFER) rc = cli_routing_prepare(o, &r->cfg, &r->routing, err);
     if (rc == 0) rc = cli_text_prepare(o, &r->text, err);
     if (rc != 0) return rc;
     if (o->tokens && strchr(o->tokens, ';')) {
@@ -73,6 +75,7 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
 }
 
 void cli_infer_free(infer_run *r) {
+    cli_routing_free(&r->routing);
     free(r->ids);
     free(r->mask);
     free(r->out);
@@ -119,6 +122,7 @@ int cli_infer_run(infer_run *r, ag_err *err) {
     ag_set_grad_enabled(ctx, false);
     mp_set_phase(MP_PHASE_LOAD);
     if (cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, &m, err) != 0) goto done;
+    cli_routing_attach(&r->routing, m);
     llama_generate_opts go = {.use_cache = r->use_cache, .on_step = on_step, .stop = all_ended, .user = r};
     cli_progress("prefill of %ld x %ld tokens", r->batch, r->seq_len);
     rc = llama_generate(ctx, m, &go, r->ids, r->mask, r->batch, r->seq_len, r->new_tokens, r->out, &r->stats, err);
@@ -162,6 +166,7 @@ static json_t *shape_json(const int64_t s[4]) {
 typedef struct {
     const cli_options *o;
     infer_run r;
+    cli_job job;
 } infer_cmd;
 
 static json_t *infer_json(const void *arg, bool failed) {
@@ -175,6 +180,8 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(run, "new_tokens", json_integer(r->new_tokens));
     json_object_set_new(run, "cache", json_boolean(r->use_cache));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    if (r->cfg.moe.experts > 0)
+        json_object_set_new(run, "routing", json_string(cli_routing_name(&r->routing, r->meta)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
     json_object_set_new(run, "dtype", json_string(r->dtype.name ? r->dtype.long_name : "float32"));
     json_object_set_new(run, "weight_dtype",
@@ -239,6 +246,7 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
     char fw[192];
     fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework, r->cfg.family, fw, sizeof fw),
             cli_attention_text(r->attention));
+    cli_routing_text(f, &r->cfg, &r->routing, r->meta);
     cli_text_line(f, &r->text);
     fputc('\n', f);
     if (failed) fprintf(f, "(FAILED after %lld of %ld forwards: see below)\n\n", (long long)st->steps, r->new_tokens);
@@ -276,7 +284,13 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
     fprintf(f, "  teardown: every category but other back at zero: %s\n", r->torn_down_clean ? "yes" : "NO");
 }
 
-static int run(void *arg, ag_err *err) { return cli_infer_run(&((infer_cmd *)arg)->r, err); }
+static int run(void *arg, ag_err *err) {
+    infer_cmd *c = arg;
+    if (cli_infer_run(&c->r, err) != 0) return -1;
+    return c->r.routing.record && c->o->routing_out
+               ? cli_outputs_write(c->job.outs, "--routing-out", cli_routing_writer, c->r.routing.record, err)
+               : 0;
+}
 
 infer_run cli_infer_meta_copy(const infer_run *r) {
     infer_run m = *r;
@@ -316,9 +330,9 @@ int cmd_infer(const cli_options *o) {
     char title[256];
     snprintf(title, sizeof title, "membill infer: %s, batch %ld x %ld tokens + %ld new, %s", c.r.cfg.name, c.r.batch,
              c.r.seq_len, c.r.new_tokens, c.r.use_cache ? "KV cache" : "no cache");
-    cli_job job = {
+    c.job = (cli_job){
         .arg = &c, .run = run, .meta_peak = meta_peak, .text = infer_text, .json = infer_json, .title = title};
-    rc = cli_job_main(o, &job);
+    rc = cli_job_main(o, &c.job);
     cli_infer_free(&c.r);
     return rc;
 }

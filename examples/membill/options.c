@@ -34,7 +34,8 @@ static const opt_spec specs[] = {
     {"--model", "NAME", T_STR, OFF(model), RUNS | PL, "smollm2-135m", 0, NULL, 0, 0, NULL,
      "a built-in preset (membill plan --list names them)"},
     {"--config", "FILE", T_PATH, OFF(config), RUNS | PL, NULL, 0, NULL, 0, 0, NULL,
-     "a Hugging Face config.json (model_type llama, mistral, qwen2 or qwen3) instead of a preset"},
+     "a Hugging Face config.json (model_type llama, mistral, qwen2, qwen3, mixtral, qwen2_moe or qwen3_moe) instead "
+     "of a preset"},
     {"--weights", "PATH", T_PATH, OFF(weights), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "a .safetensors file, a model.safetensors.index.json (sharded), or a folder with config.json and "
      "model.safetensors or the index (default: random init)"},
@@ -91,6 +92,11 @@ static const opt_spec specs[] = {
      "a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to train on or generate with"},
     {"--lora", NULL, T_FLAG, OFF(lora), CO, NULL, 0, NULL, 0, 0, NULL,
      "full fine-tune, LoRA, QLoRA and inference of the same model side by side"},
+    {"--routing", "HOW", T_STR, OFF(routing), TR | IN | PL, "balanced", 0, NULL, 0, 0, NULL,
+     "how a meta run of a mixture of experts routes its tokens: balanced (tokens x k / experts each), worst (every "
+     "token to the same k experts) or FILE (a real run's --routing-out)"},
+    {"--routing-out", "FILE", T_OUT, OFF(routing_out), TR | IN, NULL, 0, NULL, 0, 0, NULL,
+     "a real run's routing of a mixture of experts: the tokens each expert got, layer by layer (for --routing)"},
     {"--no-cache", NULL, T_FLAG, OFF(no_cache), IN | CO, NULL, 0, NULL, 0, 0, NULL,
      "recompute the whole sequence at every decode step instead of keeping a KV cache"},
     {"--meta", NULL, T_FLAG, OFF(meta), RUNS, NULL, 0, NULL, 0, 0, NULL,

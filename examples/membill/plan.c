@@ -32,6 +32,7 @@ static int meta_step(const plan_setting *s, long B, long T, step_record *steps, 
     r.framework = s->framework;
     r.attention = s->attention;
     r.lora = s->lora;
+    r.routing = s->routing;
     if (!rank) return cli_train_run(&r, err);
     cli_zero z = {(int)s->zero, (int)s->prefetch, (size_t)s->bucket_mb << 20, rank, NULL};
     return cli_zero_train_run(&r, &z, err);
@@ -50,7 +51,9 @@ static int meta_generate(const plan_setting *s, long B, long T, ag_err *err) {
     r.meta = true;
     r.framework = s->framework;
     r.attention = s->attention;
+    r.routing = s->routing;
     int rc = cli_infer_run(&r, err);
+    r.routing = (cli_routing){0}; // the plan's
     cli_infer_free(&r);
     return rc;
 }
@@ -299,6 +302,7 @@ int cmd_plan(const cli_options *o) {
     char st_path[8];
     int rc = cli_load_config(o, &s.cfg, st_path, sizeof st_path, &err);
     if (rc == 0) rc = cli_lora_from_options(o, &s.lora, &err);
+    if (rc == 0) rc = cli_routing_prepare(o, &s.cfg, &s.routing, &err);
     if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_USAGE;
     plan_fit_result fit = {0};
     if (rc == 0 && o->device_memory && plan_fit(&s, o->device_memory, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
@@ -338,5 +342,6 @@ int cmd_plan(const cli_options *o) {
         }
     }
     if (rc != 0) fprintf(stderr, "membill plan: %s\n", err.msg);
+    cli_routing_free(&s.routing);
     return rc;
 }

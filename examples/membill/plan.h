@@ -43,7 +43,8 @@ typedef struct {
     bool checkpointing; // training: every block recomputed in backward
     ag_framework framework;
     ag_attention_kind attention;
-    cli_lora lora; // rank 0: every parameter trains
+    cli_lora lora;       // rank 0: every parameter trains
+    cli_routing routing; // a mixture of experts' (the plan's own)
 } plan_setting;
 
 // One device's share: model states as ZeRO shards them (stage 1 the optimizer state, 2 also

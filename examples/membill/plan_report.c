@@ -89,7 +89,21 @@ static void text_states(FILE *out, const plan_view *v) {
                  mp_format_bytes(x, sizeof x, v->cf->act_per_block),
                  v->cf->flash ? "log-sum-exp rows" : "probabilities",
                  mp_format_bytes(y, sizeof y, v->cf->flash ? v->cf->act_lse_per_block : v->cf->act_probs_per_block));
-    row(out, "activation", b->peak[MP_ACTIVATION], v->cf->activations, f);
+    if (v->cf->moe_blocks && !s->checkpointing) {
+        char z[64];
+        int64_t d = (int64_t)v->cf->act_moe_delta;
+        snprintf(f, sizeof f,
+                 "%lld blocks x %s, %lld of them sparse (%s%s each: router, routing, experts' gate and up), "
+                 "balanced routing; peak at %s",
+                 (long long)s->cfg.layers, mp_format_bytes(x, sizeof x, v->cf->act_per_block),
+                 (long long)v->cf->moe_blocks, d < 0 ? "-" : "+",
+                 mp_format_bytes(y, sizeof y, (uint64_t)(d < 0 ? -d : d)),
+                 v->cf->activations == v->cf->act_experts_moment
+                     ? "the last sparse block's experts backward"
+                     : (snprintf(z, sizeof z, "the head (%s)", mp_format_bytes(z + 32, 32, v->cf->act_head)), z));
+    }
+    if (!v->cf->closed) snprintf(f, sizeof f, "a sparse block's recomputation and backward are not closed");
+    row(out, "activation", b->peak[MP_ACTIVATION], v->cf->closed ? v->cf->activations : 0, f);
     row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
     fprintf(out, "  %-11s %-36s step 2, the steady state (%sgradients set to none); step 1 peak %s\n", "total peak",
             mp_format_bytes(x, sizeof x, b->total), b->peak[MP_OPTIMIZER] ? "optimizer state kept, " : "",
@@ -335,6 +349,7 @@ static void report_train_text(FILE *out, const plan_view *v) {
     char fw[192];
     fprintf(out, "framework: %s; attention: %s\n", cli_framework_text(s->framework, s->cfg.family, fw, sizeof fw),
             cli_attention_text(s->attention));
+    cli_routing_text(out, &s->cfg, &s->routing, true);
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->lora.cfg.rank)
@@ -403,7 +418,12 @@ static json_t *closed_form_json(const llama_closed_form *cf, const plan_bill *b,
     json_object_set_new(o, "weight", json_integer((json_int_t)cf->weights));
     json_object_set_new(o, "gradient", json_integer((json_int_t)cf->gradients));
     json_object_set_new(o, "optimizer", json_integer((json_int_t)cf->optimizer));
-    json_object_set_new(o, "activation", json_integer((json_int_t)cf->activations));
+    json_object_set_new(o, "activation", cf->closed ? json_integer((json_int_t)cf->activations) : json_null());
+    if (cf->moe_blocks) {
+        json_object_set_new(o, "sparse_blocks", json_integer(cf->moe_blocks));
+        json_object_set_new(o, "activation_sparse_block_delta", json_integer((json_int_t)cf->act_moe_delta));
+        json_object_set_new(o, "activation_experts_moment", json_integer((json_int_t)cf->act_experts_moment));
+    }
     json_object_set_new(o, "activation_per_block", json_integer((json_int_t)cf->act_per_block));
     json_object_set_new(o, "attention_probs_per_block", json_integer((json_int_t)cf->act_probs_per_block));
     json_object_set_new(o, "activation_head", json_integer((json_int_t)cf->act_head));
@@ -527,6 +547,7 @@ static json_t *run_json(const plan_setting *s) {
     json_object_set_new(run, "weight_dtype", json_string(plan_weight_dtype_name(&s->dt)));
     json_object_set_new(run, "meta", json_true());
     json_object_set_new(run, "framework", json_string(cli_framework_name(s->framework)));
+    if (s->cfg.moe.experts > 0) json_object_set_new(run, "routing", json_string(cli_routing_name(&s->routing, true)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(s->attention)));
     if (!s->infer) json_object_set_new(run, "checkpointing", json_boolean(s->checkpointing));
     json_object_set_new(run, "gpus", json_integer(s->gpus));

@@ -89,6 +89,11 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--tokenizer reads --prompt or --prompt-file: give one of them";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
         bad = "compare trains on one prompt repeated over --batch: give one prompt";
+    else if (cli_given(o, "--routing") && o->cmd != CLI_PLAN && !o->meta)
+        bad = "--routing sets how a meta run routes its tokens; a real run routes by its routers (--routing-out "
+              "records their choices): add --meta";
+    else if (o->routing_out && o->meta)
+        bad = "--routing-out records a real run's routing: --meta routes by --routing";
     if (!bad) bad = lora_combinations(o, buf, sizeof buf);
     if (!bad) {
         // Two outputs on stdout would interleave.

@@ -211,6 +211,8 @@ json_t *cli_train_json(const cli_options *o, const train_run *r, bool failed) {
     json_object_set_new(run, "steps", json_integer(r->nsteps));
     json_object_set_new(run, "optimizer", json_string(optim_kind_name(r->ocfg.kind)));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    if (r->cfg.moe.experts > 0)
+        json_object_set_new(run, "routing", json_string(cli_routing_name(&r->routing, r->meta)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
     json_object_set_new(run, "adam_impl", adam(r) ? json_string(optim_adam_impl_name(r->ocfg.adam_impl)) : json_null());
     json_object_set_new(run, "lr", json_real(o->lr));
@@ -302,6 +304,7 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
     char fw[192];
     fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework, r->cfg.family, fw, sizeof fw),
             cli_attention_text(r->attention));
+    cli_routing_text(f, &r->cfg, &r->routing, r->meta);
     if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
     char lt[256];
     if (r->lora.cfg.rank) {
@@ -366,7 +369,10 @@ static int save_adapter(void *arg, const llama_model *m, ag_err *err) {
 
 static int run(void *arg, ag_err *err) {
     train_cmd *t = arg;
-    return cli_train_run(&t->r, err);
+    if (cli_train_run(&t->r, err) != 0) return -1;
+    return t->r.routing.record && t->o->routing_out
+               ? cli_outputs_write(t->job.outs, "--routing-out", cli_routing_writer, t->r.routing.record, err)
+               : 0;
 }
 
 // The same run on shapes alone, for the fit check (two steps: the second holds the state).

@@ -55,6 +55,7 @@ static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_z
     par_zero_config zcfg = {zc->stage, zc->bucket_bytes, zc->prefetch};
     if (zc->stage < 3) {
         if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, m, err) != 0) return -1;
+        cli_routing_attach(&r->routing, *m);
         if (make_units(*m, mu, err) != 0) return -1;
         return par_zero_new(z, &zcfg, zc->comm, ctx, (*m)->params, (*m)->nparams, mu->units, mu->n, err);
     }
@@ -66,6 +67,7 @@ static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_z
     ag_ctx_defer_params(ctx, true);
     int rc = llama_model_new(m, ctx, &r->cfg, err);
     ag_ctx_defer_params(ctx, false);
+    if (rc == 0) cli_routing_attach(&r->routing, *m);
     if (rc == 0) rc = make_units(*m, mu, err);
     if (rc == 0) rc = par_zero_new(z, &zcfg, zc->comm, ctx, (*m)->params, (*m)->nparams, mu->units, mu->n, err);
     fill_arg fa = {r, *m};
