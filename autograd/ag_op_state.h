@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "autograd.h"
+#include "kernels/ag_att.h"
 
 // The n saved tensors of a state lie in a row from its start, as its array `saved` and the
 // generic view read them.
@@ -79,13 +80,6 @@ typedef struct {
 } ag_rope_cs_state;
 AG_SAVED_IN_A_ROW(ag_rope_cs_state, sin, 2);
 
-// The sizes of a grouped-query attention: q[B, Tq, Hq*D], k and v [B, Tk, Hkv*D].
-typedef struct {
-    int64_t B, Tq, Tk;
-    int Hq, Hkv, D;
-    int64_t window; // 0: causal only; else the query at position p sees keys j with p - j < window
-} ag_att_dims;
-
 // attention (eager): the probabilities and what each gradient reads.
 typedef struct {
     union {
@@ -109,7 +103,7 @@ typedef struct {
 } ag_attention_state;
 AG_SAVED_IN_A_ROW(ag_attention_state, probs_cast, 8);
 
-// attention (flash, op_attention_flash.c): what PyTorch's flash kernel keeps for backward.
+// attention (flash, ops/attention_flash.c): what PyTorch's flash kernel keeps for backward.
 typedef struct {
     union {
         struct {

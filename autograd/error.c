@@ -1,9 +1,9 @@
-// The error type shared by autograd, model and optim.
+// The error type shared by autograd, model and optim, and the context's sticky error.
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "autograd.h"
+#include "ag_internal.h"
 
 size_t ag_escape(char *dst, size_t len, const char *src) {
     static const char hex[] = "0123456789abcdef";
@@ -29,4 +29,35 @@ void ag_err_set(ag_err *err, const char *fmt, ...) {
     vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
     ag_escape(err->msg, sizeof err->msg, raw);
+}
+
+ag_status ag_ctx_status(const ag_ctx *ctx) { return ctx->status; }
+
+const char *ag_ctx_error(const ag_ctx *ctx) { return ctx->status == AG_OK ? NULL : ctx->msg; }
+
+void ag_ctx_clear_error(ag_ctx *ctx) {
+    ctx->status = AG_OK;
+    ctx->msg[0] = '\0';
+}
+
+bool ag_fail(ag_ctx *ctx, ag_status st, const char *fmt, ...) {
+    if (ctx->status != AG_OK) return false;
+    ctx->status = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->msg, sizeof ctx->msg, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+bool ag_check_inputs(ag_ctx *ctx, const char *op, const char *site, int n, ag_tensor *const *ins,
+                     const char *const *names) {
+    if (!ctx || ctx->status != AG_OK) return false;
+    for (int i = 0; i < n; i++)
+        if (!ins[i]) return ag_fail(ctx, AG_ERR_ARG, "%s %s: input %s is NULL", op, site ? site : "", names[i]);
+    return true;
+}
+
+void ag_ctx_fail(ag_ctx *ctx, const char *msg) {
+    if (ctx && ctx->status == AG_OK) ag_fail(ctx, AG_ERR_ARG, "%s", msg ? msg : "failed");
 }

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "ag_internal.h"
+#include "kernels/ag_kernels.h"
 
 static ag_dtype grad_dtype(const ag_ctx *ctx) { return ag_dtype_of_bits(ctx->dtype.grad_bits, ctx->dtype.fp16); }
 

@@ -108,3 +108,25 @@ uint64_t ag_tape_saved_bytes(const ag_ctx *ctx) {
         }
     return bytes;
 }
+
+bool ag_tape_push(ag_ctx *ctx, ag_node *n) {
+    if (ctx->ntape == ctx->cap) {
+        size_t cap = ctx->cap ? 2 * ctx->cap : 256;
+        ag_node **tape = realloc(ctx->tape, cap * sizeof *tape);
+        if (!tape) return ag_fail(ctx, AG_ERR_NOMEM, "out of memory growing the tape to %zu nodes", cap);
+        ctx->tape = tape;
+        ctx->cap = cap;
+    }
+    n->index = ctx->ntape;
+    ctx->tape[ctx->ntape++] = n;
+    return true;
+}
+
+void ag_tape_clear_to(ag_ctx *ctx, size_t floor) {
+    // Newest first, as backward would: a node's saved tensors may be older nodes' outputs.
+    while (ctx->ntape > floor) ag_node_free(ctx->tape[--ctx->ntape]);
+}
+
+void ag_tape_clear(ag_ctx *ctx) { ag_tape_clear_to(ctx, 0); }
+
+size_t ag_tape_size(const ag_ctx *ctx) { return ctx->ntape; }

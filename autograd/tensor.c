@@ -1,8 +1,10 @@
 // Tensors: shape, a billed block of elements of one dtype, a reference count.
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ag_internal.h"
+#include "kernels/ag_kernels.h"
 #include "kernels/ag_nf4.h"
 
 static const char *status_text(mp_status st) {
@@ -200,16 +202,6 @@ ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, cons
     return ag_tensor_new(ctx, t->ndim, t->shape, cat, label);
 }
 
-ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name) {
-    ag_tensor *t = ctx && ctx->defer_params ? ag_param_deferred(ctx, ndim, shape, name)
-                                            : ag_tensor_new(ctx, ndim, shape, MP_WEIGHT, name);
-    if (t) {
-        t->requires_grad = true;
-        t->is_param = true;
-    }
-    return t;
-}
-
 ag_tensor *ag_retain(ag_tensor *t) {
     if (t) t->refcount++;
     return t;
@@ -240,4 +232,22 @@ void ag_prefetch(int n, const ag_tensor *const *t) {
     for (int i = 0; i < n && k < AG_PREFETCH_MAX; i++)
         if (t[i] && t[i]->data) p[k] = t[i]->data, bytes[k++] = t[i]->block.bytes;
     ag_pool_prefetch(k, p, bytes);
+}
+
+bool ag_same_shape(ag_ctx *ctx, const char *op, const char *site, const ag_tensor *a, const ag_tensor *b) {
+    bool same = a->ndim == b->ndim;
+    for (int i = 0; same && i < a->ndim; i++) same = a->shape[i] == b->shape[i];
+    char sa[64], sb[64];
+    if (!same)
+        ag_fail(ctx, AG_ERR_SHAPE, "%s %s: %s %s and %s %s differ in shape", op, site, ag_tensor_name(a),
+                ag_shape_str(a, sa), ag_tensor_name(b), ag_shape_str(b, sb));
+    return same;
+}
+
+const char *ag_shape_str(const ag_tensor *t, char buf[64]) {
+    int len = snprintf(buf, 64, "[");
+    for (int i = 0; i < t->ndim && len < 64; i++)
+        len += snprintf(buf + len, (size_t)(64 - len), i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    if (len < 64) snprintf(buf + len, (size_t)(64 - len), "]");
+    return buf;
 }

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "ag_internal.h"
 #include "kernels/ag_kernels.h"
 #include "kernels/ag_nf4.h"
 
@@ -34,7 +35,7 @@ static void q8_rows_quantize(const float *w, int64_t rows, int64_t cols, int64_t
         }
 }
 
-void ag_q8_rows_row_f32(const void *block, int64_t rows, int64_t cols, int64_t group, int64_t r, float *out) {
+static void q8_rows_row_f32(const void *block, int64_t rows, int64_t cols, int64_t group, int64_t r, float *out) {
     const int8_t *q = (const int8_t *)block + r * cols;
     const uint8_t *sc = (const uint8_t *)block + rows * cols;
     int64_t ng = (cols + group - 1) / group;
@@ -50,7 +51,7 @@ void ag_tensor_row_f32(const ag_tensor *t, int64_t r, float *out) {
     if (t->dtype == AG_NF4) {
         ag_nf4_range_f32(t->data, t->numel, r * cols, cols, out);
     } else if (t->dtype == AG_Q8 && t->q_group > 0) {
-        ag_q8_rows_row_f32(t->data, rows, cols, t->q_group, r, out);
+        q8_rows_row_f32(t->data, rows, cols, t->q_group, r, out);
     } else if (t->dtype == AG_Q8) {
         int8_t q[cols];
         ag_q8_unpack_row(t->data, rows, cols, r, q);

@@ -3,7 +3,7 @@
 //
 // A block is followed op by op on shapes alone: each tensor carries its bytes, whether it needs
 // a gradient, and whether some node keeps it (a tensor kept by two nodes counts once). The
-// rules are the ops' own (autograd/op_*.c):
+// rules are the ops' own (autograd/ops/*.c):
 // - linear: x only for dW (never, the base and lm_head frozen; an adapter's A keeps its input,
 //   B keeps A's output [B, T, r]); nothing at all when neither x nor W needs a gradient.
 // - RMSNorm (recorded when x needs a gradient): lean keeps x and a float32 rstd a row; the

@@ -646,7 +646,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
 // ================================================================================================
 
 // What each category comes to, derived from the shapes and from what each op saves for
-// backward (autograd/op_*.c), so that it can be read beside the measured bill.
+// backward (autograd/ops/*.c), so that it can be read beside the measured bill.
 typedef struct {
     uint64_t params;    // P
     uint64_t weights;   // P x 4 (x weight bytes)

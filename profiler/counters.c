@@ -34,7 +34,9 @@ static mp_event *event_at(const mp_timeline *t, size_t i) {
     return &t->chunks[i >> MP_CHUNK_SHIFT][i & (MP_CHUNK_EVENTS - 1)];
 }
 
-static void timeline_push(mp_category cat, int64_t delta, uint32_t site, uint32_t detail) {
+const mp_event *mp_event_at_locked(size_t i) { return event_at(&mp_g.timeline, i); }
+
+static void timeline_push(mp_category cat, int64_t delta, uint32_t site, uint32_t detail, uint32_t serial) {
     mp_timeline *t = &mp_g.timeline;
     if (t->count == t->nchunks * MP_CHUNK_EVENTS) {
         // One more chunk; only the small table of chunk pointers is ever copied.
@@ -60,17 +62,19 @@ static void timeline_push(mp_category cat, int64_t delta, uint32_t site, uint32_
     e->bytes = delta;
     e->site = site;
     e->detail = detail;
+    e->serial = serial;
     e->category = (uint8_t)cat;
     e->phase = (uint8_t)mp_g.phase;
 }
 
-void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint32_t site, uint32_t detail) {
+void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint32_t site, uint32_t detail,
+                     uint32_t serial) {
     mp_counter *k = &mp_g.counters[cat];
     k->live = (uint64_t)((int64_t)k->live + delta);
     k->live_usable = (uint64_t)((int64_t)k->live_usable + delta_usable);
     mp_g.live_total = (uint64_t)((int64_t)mp_g.live_total + delta);
     // Recorded before the peaks, so that a moment's event count includes the event that made it.
-    if (mp_g.opt.keep_timeline) timeline_push(cat, delta, site, detail);
+    if (mp_g.opt.keep_timeline) timeline_push(cat, delta, site, detail, serial);
     if (delta < 0 || (delta == 0 && delta_usable < 0)) {
         k->frees++;
         return;

@@ -52,6 +52,7 @@ typedef struct {
     mp_oom_record oom;
     bool over_budget;          // plain malloc went past the budget: every later mp_alloc is refused
     uint32_t last_tensor_site; // the site a peak made by plain malloc is charged to
+    uint32_t next_serial;      // the last tensor allocation's serial
     mp_process proc_peak;
 
     mp_sites sites;
@@ -70,7 +71,10 @@ extern mp_state mp_g;
 double mp_now(void);
 // Counters: a change of `delta` requested / `delta_usable` usable bytes in `cat`, with the site.
 // detail: an interned description (mp_detail_id_locked), 0 for none.
-void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint32_t site, uint32_t detail);
+void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint32_t site, uint32_t detail,
+                     uint32_t serial);
+// The timeline's event i (i < count), under the lock.
+const mp_event *mp_event_at_locked(size_t i);
 uint32_t mp_detail_id_locked(const char *detail);
 // Whether `bytes` more would take the live total past the budget.
 bool mp_over_budget_locked(uint64_t bytes);

@@ -157,7 +157,7 @@ static void hook_alloc(void *extra, int type, void *result, uintptr_t result_raw
     if (mp_g.active) {
         other_budget_locked(u);
         ptrset_put(&mp_g.other_ptrs, (uintptr_t)result, u);
-        mp_count_locked(MP_OTHER, (int64_t)u, (int64_t)u, other_site, 0);
+        mp_count_locked(MP_OTHER, (int64_t)u, (int64_t)u, other_site, 0, 0);
     }
     mp_unlock();
     mp_in_profiler--;
@@ -172,7 +172,7 @@ static void hook_dalloc(void *extra, int type, void *address, uintptr_t args_raw
     if (sz) {
         int64_t u = (int64_t)*sz;
         ptrset_remove(&mp_g.other_ptrs, (uintptr_t)address);
-        mp_count_locked(MP_OTHER, -u, -u, other_site, 0);
+        mp_count_locked(MP_OTHER, -u, -u, other_site, 0, 0);
     }
     mp_unlock();
     mp_in_profiler--;
@@ -189,7 +189,7 @@ static void hook_expand(void *extra, int type, void *address, size_t old_usize, 
         int64_t d = (int64_t)new_usize - (int64_t)old_usize;
         if (d > 0) other_budget_locked((size_t)d);
         *sz = new_usize;
-        mp_count_locked(MP_OTHER, d, d, other_site, 0);
+        mp_count_locked(MP_OTHER, d, d, other_site, 0, 0);
     }
     mp_unlock();
     mp_in_profiler--;
@@ -523,12 +523,15 @@ mp_status mp_alloc_described(mp_block *out, size_t bytes, mp_category cat, const
     }
     // A description lives on the timeline alone: without one there is nothing to intern.
     uint32_t did = mp_g.opt.keep_timeline ? mp_detail_id_locked(detail) : 0;
-    mp_count_locked(cat, (int64_t)bytes, (int64_t)usable, sid, did);
+    if (!++mp_g.next_serial) mp_g.next_serial = 1; // 0 is plain malloc's
+    uint32_t serial = mp_g.next_serial;
+    mp_count_locked(cat, (int64_t)bytes, (int64_t)usable, sid, did, serial);
     mp_unlock();
     out->data = p;
     out->bytes = bytes;
     out->usable = usable;
     out->site = sid;
+    out->serial = serial;
     out->category = (uint8_t)cat;
     return MP_OK;
 }
@@ -540,7 +543,7 @@ void mp_free(mp_block *b) {
     } else {
         mp_lock();
         if (b->data) mp_backend_free(b->data);
-        mp_count_locked((mp_category)b->category, -(int64_t)b->bytes, -(int64_t)b->usable, b->site, 0);
+        mp_count_locked((mp_category)b->category, -(int64_t)b->bytes, -(int64_t)b->usable, b->site, 0, b->serial);
         mp_unlock();
     }
     memset(b, 0, sizeof *b);

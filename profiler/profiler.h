@@ -54,7 +54,8 @@ typedef struct {
     void *data;
     size_t bytes;  // requested
     size_t usable; // what the allocator gave (size class); equal to bytes in meta mode
-    uint32_t site; // interned site label, see mp_site_name
+    uint32_t site;   // interned site label, see mp_site_name
+    uint32_t serial; // this allocation's number in the run (1, 2, ...), on its timeline events
     uint8_t category;
 } mp_block;
 
@@ -124,6 +125,7 @@ typedef struct {
     int64_t bytes; // + allocation, - free (requested bytes)
     uint32_t site;
     uint32_t detail; // what the block holds (mp_detail_name), 0: nothing said; allocations only
+    uint32_t serial; // the allocation's serial (mp_block), on its allocation and its free; 0 for plain malloc
     uint8_t category;
     uint8_t phase;
 } mp_event;
@@ -213,3 +215,147 @@ const char *mp_format_bytes(char *buf, size_t n, uint64_t bytes);
 struct json_t;
 int mp_report_json(struct json_t *root);
 void mp_report_text(FILE *f);
+
+// ---- the device: PyTorch's CUDA caching allocator replayed over the same allocations ----
+//
+// mp_cuda replays the tensor allocations of a run (the timeline's, or any stream of them) through
+// the rules of c10/cuda/CUDACachingAllocator.cpp: sizes rounded up to 512 bytes, a small pool
+// (requests up to 1 MiB, carved from 2 MiB segments) and a large pool (1 to 10 MiB requests from
+// 20 MiB segments, larger ones rounded up to 2 MiB), best fit among the cached free blocks with
+// splitting, freed blocks kept cached and merged with free neighbours, and segments handed back to
+// the device only when an allocation would not fit otherwise. It reports what
+// torch.cuda.max_memory_allocated (block bytes) and max_memory_reserved (segment bytes) would,
+// and every block keeps its category and site. A device that is out of memory fails the
+// allocation that asked, as PyTorch raises OutOfMemoryError.
+
+// The allocator's settings, as PYTORCH_CUDA_ALLOC_CONF gives them (mp_cuda_parse_conf).
+#define MP_CUDA_ROUNDUP_INTERVALS 16 // 1 MiB, 2 MiB, ... 32 GiB and beyond: one per power of two
+typedef struct {
+    bool expandable_segments;
+    uint64_t max_split_size;         // blocks this large are never split; UINT64_MAX: no limit
+    uint64_t max_non_split_rounding; // an oversize block serves requests up to this much smaller (20 MiB)
+    uint32_t roundup_power2_divisions[MP_CUDA_ROUNDUP_INTERVALS]; // 0: round to 512 bytes only
+    double garbage_collection_threshold; // 0: off; acts only under a memory fraction
+    // The device: the bytes the allocator can get from it (the card's total memory less the
+    // context, NCCL's buffers and what else the process holds), 0 for no limit; and
+    // torch.cuda.set_per_process_memory_fraction's fraction of total_bytes (0: not set).
+    uint64_t capacity, total_bytes;
+    double memory_fraction;
+    // torch.cuda.memory._record_memory_history: keep every action for a snapshot's device_traces
+    // (without it a snapshot has the segments alone, as PyTorch's)
+    bool record_history;
+} mp_cuda_conf;
+
+// PyTorch's defaults: nothing set.
+void mp_cuda_conf_default(mp_cuda_conf *c);
+// A PYTORCH_CUDA_ALLOC_CONF value ("expandable_segments:True,max_split_size_mb:128", ...) over
+// *c, with PyTorch's own checks; false with one line in err (the key at fault) on bad input.
+// Keys that do not change where blocks go (backend:native, release_lock_on_cudamalloc, the pinned
+// memory ones) are accepted and ignored; backend:cudaMallocAsync is refused (not this allocator).
+bool mp_cuda_parse_conf(const char *text, mp_cuda_conf *c, char *err, size_t errlen);
+
+typedef struct {
+    // now, and their highest since mp_cuda_new (peak) and since the last window (window_peak)
+    uint64_t allocated, reserved, requested, inactive_split, active_blocks, segments;
+    uint64_t allocated_peak, reserved_peak, requested_peak, inactive_split_peak;
+    uint64_t window_allocated_peak, window_reserved_peak, window_requested_peak;
+    // the inactive split bytes at the moment reserved reached its peak, and the timeline event
+    // (the allocation that made the segment) of that moment
+    uint64_t inactive_split_at_reserved_peak;
+    size_t reserved_peak_event;
+    uint64_t segment_allocs, segment_frees, alloc_retries, ooms;
+} mp_cuda_stats;
+
+// What an allocation the device could not hold asked for, as PyTorch's OutOfMemoryError says it.
+typedef struct {
+    bool happened;
+    uint64_t requested, segment_bytes; // the tensor's bytes, the segment it needed
+    uint8_t category;
+    uint32_t site;
+    size_t event; // the timeline event that asked (timeline replays)
+    uint64_t allocated, reserved;
+} mp_cuda_oom;
+
+typedef struct mp_cuda mp_cuda;
+mp_status mp_cuda_new(mp_cuda **out, const mp_cuda_conf *conf);
+void mp_cuda_delete(mp_cuda *d);
+// One tensor's allocation (serial: its unique id until it is released); MP_ERR_BUDGET when the
+// device cannot hold it (mp_cuda_get_oom), MP_ERR_INVALID for a serial already live. Zero bytes
+// take no block, as in PyTorch. `seconds`: its time, for the trace.
+mp_status mp_cuda_malloc(mp_cuda *d, uint32_t serial, uint64_t bytes, mp_category cat, uint32_t site, double seconds);
+// Its release (unknown serials are ignored: a zero-byte tensor, or one freed already).
+void mp_cuda_release(mp_cuda *d, uint32_t serial, double seconds);
+// torch.cuda.empty_cache(): every cached segment that holds no block goes back to the device.
+void mp_cuda_empty_cache(mp_cuda *d, double seconds);
+mp_cuda_stats mp_cuda_get_stats(const mp_cuda *d);
+const mp_cuda_oom *mp_cuda_get_oom(const mp_cuda *d);
+// Starts the window peaks again from what is held now.
+void mp_cuda_window(mp_cuda *d);
+// The block rules alone, for reports and tests: a request's block size, its pool's segment size.
+uint64_t mp_cuda_round_size(const mp_cuda_conf *c, uint64_t bytes);
+uint64_t mp_cuda_segment_size(uint64_t rounded);
+
+// Free space that split segments hold (inactive split blocks) beside the tensors around it: for
+// each such block, its bytes and the blocks allocated just before and after it in its segment.
+typedef struct {
+    uint64_t bytes;
+    uint32_t before_site, after_site; // 0 ("(none)"): the segment's edge or another free block
+    uint8_t before_category, after_category;
+    bool before, after;
+} mp_cuda_gap;
+// Fills up to cap of them, largest first; returns how many there are.
+size_t mp_cuda_gaps(const mp_cuda *d, mp_cuda_gap *out, size_t cap);
+
+// The timeline replayed through d (needs keep_timeline): events from d's cursor up to `end`
+// (exclusive), tensor categories only. MP_ERR_BUDGET once an allocation did not fit (the
+// replay stops there, as the run would have); the cursor is then at that event.
+mp_status mp_cuda_replay_to(mp_cuda *d, size_t end);
+size_t mp_cuda_cursor(const mp_cuda *d);
+
+// The device's history as torch.cuda.memory._snapshot() returns it, pickled as
+// torch.cuda.memory._dump_snapshot writes it (protocol 4): "segments" (each with its "blocks"),
+// "device_traces" (alloc, free_requested, free_completed, segment_alloc, segment_free,
+// segment_map, segment_unmap) and "allocator_settings"; each block's and event's "frames" name
+// its category (filename "membill/<category>") and site (name). conf_text: the settings as given
+// (allocator_settings' PYTORCH_CUDA_ALLOC_CONF). Returns 0 or -1 (a write failed).
+int mp_cuda_write_snapshot(const mp_cuda *d, FILE *f, const char *conf_text);
+
+// A snapshot read back: membill's, or a user's torch.cuda.memory._dump_snapshot of a real run.
+// Its pickle is read as data (pickle.h): anything else is refused, never run. Per device: the
+// figures at the end (the segment list), and over the trace (device_traces, replayed backwards
+// from the end, so a trace that lost its start to the ring buffer still gives exact figures for
+// what it holds): requested bytes (what the allocations asked: memory_viz's "allocated") and
+// reserved bytes (segments), at their peaks.
+typedef struct {
+    int device;
+    uint64_t segments, reserved_bytes, allocated_bytes, requested_bytes; // at the end
+    uint64_t reserved_peak_bytes, requested_peak_bytes;                 // over the trace and the end
+    size_t trace_entries;
+    size_t requested_peak_entry, reserved_peak_entry; // the trace entry after which it held; SIZE_MAX: before the trace
+    uint64_t allocs, frees, segment_allocs, segment_frees, ooms;
+} mp_snapshot_device;
+
+// A block live at the requested peak: its bytes and where it was allocated (the innermost frame,
+// "name (filename:line)"; for membill's own, "site (category)").
+typedef struct {
+    uint64_t bytes, addr;
+    char where[200];
+} mp_snapshot_block;
+
+typedef struct {
+    size_t entry; // after this trace entry (SIZE_MAX: before the first)
+    int64_t time_us;
+    uint64_t requested, reserved;
+} mp_snapshot_point;
+
+typedef struct mp_snapshot mp_snapshot;
+// NULL with one line in err on a file that is not a snapshot (bad pickle, unknown opcode, a
+// missing or malformed key, sizes past 2^50, a trace that disagrees with the segment list).
+mp_snapshot *mp_snapshot_parse(const uint8_t *data, size_t n, char *err, size_t errlen);
+void mp_snapshot_free(mp_snapshot *s);
+size_t mp_snapshot_devices(const mp_snapshot *s);
+const mp_snapshot_device *mp_snapshot_device_at(const mp_snapshot *s, size_t i);
+// The largest blocks live at device i's requested peak, largest first (up to cap); how many were live.
+size_t mp_snapshot_largest(const mp_snapshot *s, size_t i, mp_snapshot_block *out, size_t cap);
+// Up to cap points of device i's trace, evenly spread, its two peaks among them; how many filled.
+size_t mp_snapshot_timeline(const mp_snapshot *s, size_t i, mp_snapshot_point *out, size_t cap);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "ag_internal.h"
+#include "ag_kernels.h"
 
 // An activation block of `bytes`, labelled "<base>:<what>" and billed exactly; false with the
 // context's error set.
@@ -29,6 +30,3 @@ typedef struct {
 bool ag_moe_group(const ag_moe_routing *r, ag_moe_groups *g); // false: out of memory
 void ag_moe_groups_free(ag_moe_groups *g);
 
-// ops/moe_eager.c: ag_moe_experts under the PyTorch frameworks (inputs checked).
-ag_tensor *ag_moe_eager_experts(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tensor *w, const ag_moe_routing *r,
-                                ag_tensor *const *W[3], const ag_moe_eager *hf);

@@ -3,7 +3,7 @@
 // each as far as the keys its last row sees, or over blocks of keys, each from the first query
 // that sees it. A 16-bit or mixed product stays whole: its workspace (the operands it widens or
 // packs) follows its size, and so would its bill.
-#include "ag_internal.h"
+#include "ag_kernels.h"
 
 static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 

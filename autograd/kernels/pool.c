@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ag_internal.h"
+#include "ag_kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -363,4 +363,8 @@ void ag_pool_set_threads(int n) {
     }
     pool.threads = pool.started + 1 < n ? pool.started + 1 : n;
     pthread_mutex_unlock(&pool.lock);
+}
+
+void ag_set_num_threads(int n) {
+    if (n >= 1) ag_pool_set_threads(n);
 }

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "ag_internal.h"
+#include "ag_kernels.h"
 
 #define MR 8   // kernel rows
 #define NR 48  // kernel columns (three vectors)

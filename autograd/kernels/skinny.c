@@ -2,7 +2,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_kernels.h"
 
 #if defined(__x86_64__)
 // ---- skinny linear kernels: few rows (tokens) against a big weight ----
@@ -20,15 +20,6 @@
 #define SK_MR 6 // forward tile: rows of x
 #define SK_NR 4 // forward tile: rows of w
 #define SK_BR 8 // backward tile: rows of w
-
-bool ag_has_avx512(void) {
-    static int avx512 = -1;
-    if (avx512 < 0) {
-        __builtin_cpu_init();
-        avx512 = __builtin_cpu_supports("avx512f") ? 1 : 0;
-    }
-    return avx512;
-}
 
 bool ag_skinny_available(int64_t M) { return ag_has_avx512() && M >= 1 && M <= AG_SKINNY_MAX_M; }
 
@@ -233,7 +224,6 @@ void ag_skinny_backward(const float *dy, const float *x, const float *w, float *
     ag_blas_account(t0, 2, 4.0 * (double)M * (double)N * (double)K);
 }
 #else // no AVX-512 kernels on this architecture: the callers use sgemm
-bool ag_has_avx512(void) { return false; }
 bool ag_skinny_available(int64_t M) {
     (void)M;
     return false;

@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_kernels.h"
 
 typedef enum { VEC_ADD, VEC_MUL, VEC_COPY } vec_kind;
 
@@ -92,4 +92,18 @@ int64_t ag_argmax(const float *x, int64_t n) {
     for (int64_t j = 1; j < n; j++)
         if (x[j] > x[best]) best = j;
     return best;
+}
+
+// db[out] (+)= the sum over the M rows of dy[M, out] (in float32): the bias needs nothing saved.
+void ag_linear_bias_backward(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out) {
+    float acc[out], rb[out];
+    if (fresh)
+        memset(acc, 0, sizeof acc);
+    else
+        memcpy(acc, ag_rd(db, 0, out, rb), sizeof acc);
+    for (int64_t r = 0; r < M; r++) {
+        const float *g = ag_rd(dy, r * out, out, rb);
+        for (int64_t j = 0; j < out; j++) acc[j] += g[j];
+    }
+    ag_vec_copy(db, ag_buf_f32(acc), out);
 }

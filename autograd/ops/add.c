@@ -1,5 +1,5 @@
 // add: y = a + b, elementwise, same shapes (residual connections).
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 // Saves nothing: both gradients are dy. b's is written first; a then takes over dy's buffer
 // itself when its gradient does not exist yet (as PyTorch passes the same tensor on), which

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 // Pointers to one (batch, head) slice; rows are strided by the width of all heads.
 #define QH(base, a, b, h) ag_buf_at(base, ((b) * (a).Tq * (a).Hq + (h)) * (a).D)
@@ -82,67 +82,6 @@ static void dsoftmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
     }
 }
 
-#if defined(__x86_64__)
-// 16 lanes of floats into two sums of 8 doubles.
-AG_AVX512 static inline void add_pd16(__m512d *s0, __m512d *s1, __m512 v) {
-    *s0 = _mm512_add_pd(*s0, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
-    *s1 = _mm512_add_pd(*s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
-}
-
-AG_AVX512 static double exp_sum_avx512(float *y, const float *x, int64_t n, float mx, const int32_t *keep) {
-    const __m512 m = _mm512_set1_ps(mx);
-    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
-    for (int64_t j = 0; j < n; j += 16) {
-        __mmask16 mk = ag_mask16(n - j), on = mk;
-        if (keep)
-            on = _mm512_mask_cmpneq_epi32_mask(mk, _mm512_maskz_loadu_epi32(mk, keep + j), _mm512_setzero_si512());
-        __m512 e = _mm512_maskz_mov_ps(on, ag_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), m)));
-        _mm512_mask_storeu_ps(y + j, mk, e);
-        add_pd16(&s0, &s1, e);
-    }
-    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
-}
-
-// Σ p dp in double, 16 lanes at a time (a product of two floats is exact in double, so fused
-// or not, each term adds the same).
-AG_AVX512 static double dot_avx512(const float *p, const float *dp, int64_t n) {
-    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
-    for (int64_t j = 0; j < n; j += 16) {
-        __mmask16 mk = ag_mask16(n - j);
-        __m512 a = _mm512_maskz_loadu_ps(mk, p + j), b = _mm512_maskz_loadu_ps(mk, dp + j);
-        __m256 alo = _mm512_castps512_ps256(a), blo = _mm512_castps512_ps256(b);
-        __m256 ahi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-        __m256 bhi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(b), 1));
-        s0 = _mm512_fmadd_pd(_mm512_cvtps_pd(alo), _mm512_cvtps_pd(blo), s0);
-        s1 = _mm512_fmadd_pd(_mm512_cvtps_pd(ahi), _mm512_cvtps_pd(bhi), s1);
-    }
-    return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
-}
-#endif
-
-double ag_softmax_exp(float *y, const float *x, int64_t n, float mx, const int32_t *keep) {
-#if defined(__x86_64__)
-    if (ag_has_avx512()) return exp_sum_avx512(y, x, n, mx, keep);
-#endif
-    double sum = 0.0;
-    for (int64_t j = 0; j < n; j++) sum += (y[j] = (!keep || keep[j]) ? expf(x[j] - mx) : 0.0f);
-    return sum;
-}
-
-double ag_dot_f64(const float *a, const float *b, int64_t n) {
-#if defined(__x86_64__)
-    if (ag_has_avx512()) return dot_avx512(a, b, n);
-#endif
-    double dot = 0.0;
-    for (int64_t j = 0; j < n; j++) dot += (double)a[j] * b[j];
-    return dot;
-}
-
-void ag_softmax_backward_row(float *ds, const float *dp, const float *p, int64_t n) {
-    double dot = ag_dot_f64(p, dp, n);
-    for (int64_t j = 0; j < n; j++) ds[j] = p[j] * (dp[j] - (float)dot);
-}
-
 // In place over one head: dP -> dS = P ∘ (dP - rowsum(P ∘ dP)), the softmax backward.
 static void softmax_backward(ag_buf dp, ag_buf p, const ag_att_dims *a) {
     ag_parallel_for(a->Tq, AG_PAR_GRAIN / a->Tk + 1, dsoftmax_part, &(dsoftmax_args){dp, p, a});
@@ -192,29 +131,6 @@ static void attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
             for (int h = 0; h < a.Hq && ok; h++) ok = attention_head_backward(d, dy, dpb, st, b, h);
     if (!ok) ag_fail(ctx, AG_ERR_NOMEM, "attention %s backward: out of memory for a conversion", mp_site_name(n->site));
     mp_free(&dp);
-}
-
-// D elements from src (type st) to dst (type dt): a copy, or a cast.
-void ag_copy_elems(void *dst, ag_dtype dt, const void *src, ag_dtype st, int64_t D) {
-    if (dt == st) {
-        memcpy(dst, src, (size_t)D * (size_t)ag_type_traits_of(dt)->bits / 8);
-        return;
-    }
-    float buf[AG_BLK];
-    for (int64_t i = 0; i < D; i += AG_BLK) {
-        int64_t n = D - i < AG_BLK ? D - i : AG_BLK;
-        const float *f = ag_rd((ag_buf){(void *)src, st}, i, n, buf);
-        ag_vec_copy(ag_buf_at((ag_buf){dst, dt}, i), ag_buf_f32(f), n);
-    }
-}
-
-void ag_to_heads(ag_buf dst, ag_buf src, int64_t B, int64_t T, int H, int Hs, int D) {
-    int rep = H / Hs;
-    for (int64_t b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int64_t t = 0; t < T; t++)
-                ag_copy_elems(ag_buf_at(dst, ((b * H + h) * T + t) * D).p, dst.t,
-                              ag_buf_at(src, ((b * T + t) * Hs + h / rep) * D).p, src.t, D);
 }
 
 static const ag_op attention_op = {.name = "attention", .backward = attention_backward, .nsaved = AG_NSAVED(attention)};
@@ -286,4 +202,19 @@ ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_t
     }
     ag_release(probs); // without a node (no-grad mode), the probabilities go now
     return o;
+}
+
+// The flash attention's entries (attention_flash.c computes it).
+ag_tensor *ag_attention_flash(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                              int D) {
+    return ag_attention_flash_window(ctx, site, q, k, v, Hq, Hkv, D, 0);
+}
+
+ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
+                                     int Hkv, int D, int64_t window) {
+    ag_site s;
+    ag_att_dims a;
+    if (!ag_attention_begin(ctx, site, q, k, v, Hq, Hkv, D, window, &s, &a)) return NULL;
+    ag_tensor *ins[] = {q, k, v};
+    return ag_attention_flash_checked(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
 }

@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 // [B, H, T, D] contiguous: one (batch, head) slice.
 #define BH(base, b, h, H, T, D) ag_buf_at(base, (((b) * (H) + (h)) * (T)) * (D))

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 // The recomputed output gets the checkpoint's own gradient buffer (same size, no copy): its
 // node then backpropagates as in an ordinary backward.

@@ -5,38 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
-
-// logsumexp of one row: max, then Σ e^(x - max) summed in double.
-static float row_lse(const float *x, int64_t V) {
-    float mx = x[0];
-    for (int64_t j = 1; j < V; j++) mx = x[j] > mx ? x[j] : mx;
-    double sum = 0.0;
-    for (int64_t j = 0; j < V; j++) sum += expf(x[j] - mx);
-    return mx + (float)log(sum);
-}
+#include "ag_ops.h"
 
 #if defined(__x86_64__)
-// The same, 16 lanes at a time (the exponentials of a 49152-wide vocabulary dominate the op).
-AG_AVX512 static float row_lse_avx512(const float *x, int64_t V) {
-    __m512 mx = _mm512_set1_ps(x[0]);
-    for (int64_t j = 0; j < V; j += 16) {
-        __mmask16 mk = ag_mask16(V - j);
-        mx = _mm512_mask_max_ps(mx, mk, _mm512_maskz_loadu_ps(mk, x + j), mx);
-    }
-    __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
-    for (int64_t j = 0; j < V; j += 16) {
-        __mmask16 mk = ag_mask16(V - j);
-        __m512 e = ag_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + j), m));
-        e = _mm512_maskz_mov_ps(mk, e); // lanes past the row add nothing
-        __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1));
-        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(hi));
-    }
-    return _mm512_cvtss_f32(m) + (float)log(_mm512_reduce_add_pd(_mm512_add_pd(s0, s1)));
-}
-
 // dlogits of one row: e^(x - lse) * scale, written or added.
 AG_AVX512 static void row_grad_avx512(float *g, const float *x, float lse, float scale, int64_t V, bool fresh) {
     __m512 m = _mm512_set1_ps(lse), sc = _mm512_set1_ps(scale);
@@ -49,13 +20,6 @@ AG_AVX512 static void row_grad_avx512(float *g, const float *x, float lse, float
     }
 }
 #endif
-
-float ag_row_logsumexp(const float *x, int64_t V) {
-#if defined(__x86_64__)
-    if (ag_has_avx512()) return row_lse_avx512(x, V);
-#endif
-    return row_lse(x, V);
-}
 
 typedef struct {
     float *out;        // lse_part

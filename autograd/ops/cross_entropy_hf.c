@@ -7,7 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 typedef struct {
     float *out;

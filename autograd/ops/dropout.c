@@ -6,7 +6,7 @@
 // again from the seed (the draw is a pure function of the seed and the element's index).
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 // Whether element i is kept: a splitmix64 hash of (seed, i) against the drop probability.
 static bool kept(uint64_t seed, int64_t i, float p) {

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 // Backward needs only the ids (copied into the node, not a tensor): the table gradient is
 // dy scattered back onto the rows they picked. Rows picked twice, and a table also used as

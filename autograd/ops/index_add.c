@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 static void index_add_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const ag_index_add_state *st = &n->state.index_add;

@@ -2,21 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/ag_kernels.h"
-
-// db[out] (+)= the sum over the M rows of dy[M, out] (in float32): the bias needs nothing saved.
-void ag_linear_bias_backward(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out) {
-    float acc[out], rb[out];
-    if (fresh)
-        memset(acc, 0, sizeof acc);
-    else
-        memcpy(acc, ag_rd(db, 0, out, rb), sizeof acc);
-    for (int64_t r = 0; r < M; r++) {
-        const float *g = ag_rd(dy, r * out, out, rb);
-        for (int64_t j = 0; j < out; j++) acc[j] += g[j];
-    }
-    ag_vec_copy(db, ag_buf_f32(acc), out);
-}
+#include "ag_ops.h"
 
 // y[r, :] += b for every row (nn.Linear's addmm), rounded once.
 static void bias_forward(ag_buf y, ag_buf b, int64_t M, int64_t out) {

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 #include "kernels/ag_moe.h"
 
 static void aux_backward(ag_ctx *ctx, ag_node *n, const void *dout) {

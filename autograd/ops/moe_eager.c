@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 #include "kernels/ag_moe.h"
 
 // "<base>.experts.<e>.<what>"

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 #include "kernels/ag_moe.h"
 
 // A billed block of the activations' dtype, as an ag_buf.

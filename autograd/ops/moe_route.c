@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 #include "kernels/ag_moe.h"
 
 void ag_moe_routing_free(ag_moe_routing *r) {

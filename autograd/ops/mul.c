@@ -1,5 +1,5 @@
 // mul: y = a * b, elementwise, same shapes.
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 // da = dy * b needs b; db = dy * a needs a: each is kept only when the other side wants its
 // gradient.

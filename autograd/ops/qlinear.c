@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 enum { TILE = 64 }; // rows of w dequantised at a time under LEAN semantics
 

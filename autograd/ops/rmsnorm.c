@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 // The operands of one of the row loops below; each runs over rows [lo, hi) of the pool.
 typedef struct {

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 // y = R(±a) x over x[B, T, nh*hd]; `accumulate` adds into y. Angles are formed in float32
 // as HF does (inv_freq in float32, one float product with the position), so results match it.
@@ -41,20 +41,6 @@ static void rotate_part(void *p, int64_t lo, int64_t hi, int thread) {
     }
 }
 
-void ag_rope_row(float *y, const float *x, const float *c0, const float *s0, const float *c1, const float *s1, int nh,
-                 int hd, float sign, bool accumulate) {
-    const int half = hd / 2;
-    for (int h = 0; h < nh; h++) {
-        const float *xa = x + h * hd, *xb = xa + half;
-        float *ya = y + h * hd, *yb = ya + half;
-        for (int i = 0; i < half; i++) {
-            float va = xa[i] * c0[i] - xb[i] * sign * s0[i], vb = xb[i] * c1[i] + xa[i] * sign * s1[i];
-            ya[i] = accumulate ? ya[i] + va : va;
-            yb[i] = accumulate ? yb[i] + vb : vb;
-        }
-    }
-}
-
 static void rope_rotate(ag_buf y, bool accumulate, ag_buf x, int64_t B, int64_t T, int nh, int hd,
                         const ag_rope_freqs *f, const int32_t *pos, int64_t pos0, float sign) {
     rope_args a = {y, x, pos, T, pos0, nh, hd, sign, accumulate, ag_rope_scale(f), {0}};
@@ -75,13 +61,6 @@ static void rope_backward(ag_ctx *ctx, ag_node *n, const void *dy) {
 static void rope_release(ag_op_state *st) { free(st->rope.pos); }
 
 static const ag_op rope_op = {.name = "rope", .backward = rope_backward, .release = rope_release};
-
-bool ag_rope_freqs_ok(const ag_rope_freqs *f, int hd) {
-    if (!f || !(f->theta > 0.0f) || !(f->scale >= 0.0f && isfinite(f->scale))) return false;
-    for (int i = 0; f->inv_freq && i < hd / 2; i++)
-        if (!(f->inv_freq[i] > 0.0f && isfinite(f->inv_freq[i]))) return false;
-    return true;
-}
 
 static ag_tensor *rope(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, const ag_rope_freqs *f,
                        const int32_t *pos, int64_t pos0) {

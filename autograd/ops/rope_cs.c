@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 bool ag_rope_tables(ag_ctx *ctx, const char *site, int64_t T, int hd, float theta, int64_t pos0, ag_tensor **cos_t,
                     ag_tensor **sin_t) {

@@ -1,5 +1,5 @@
 // scale: y = s x, a constant factor (LoRA's alpha / r). Saves nothing: dx = s dy.
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 // y (+)= s x over n elements of any dtype, a block at a time through float32, rounded once.
 static void scale_into(ag_buf y, bool fresh, ag_buf x, float s, int64_t n) {

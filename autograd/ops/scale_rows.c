@@ -3,7 +3,7 @@
 // whole, then sums it to [n, 1]).
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 // In PyTorch's order: s's whole product dy x first, then x's gradient, then the sum to [n, 1].
 static void scale_rows_backward(ag_ctx *ctx, ag_node *n, const void *dout) {

@@ -4,7 +4,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 static void sigmoid_gate_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const ag_sigmoid_gate_state *st = &n->state.sigmoid_gate;

@@ -1,7 +1,7 @@
 // silu: y = x * sigmoid(x).
 #include <math.h>
 
-#include "ag_internal.h"
+#include "ag_ops.h"
 
 #if defined(__x86_64__)
 AG_AVX512 static __m512 neg16(__m512 x) {

@@ -433,7 +433,7 @@ int cmd_check(const cli_options *o) {
     json_t *root = claims_json(&k);
     // The page shows the claims and the bill; no timeline (the claims take many runs).
     static const char *const no_runs[1];
-    cli_report rep = {"membill check", claims_text, &k, NULL, NULL, no_runs, 0};
+    cli_report rep = {"membill check", claims_text, &k, NULL, NULL, no_runs, 0, NULL};
     rc = cli_outputs_finish(o, outs, root, &rep, &err);
     json_decref(root);
     cli_outputs_free(outs);

@@ -10,12 +10,13 @@
 #include "profiler.h"
 
 struct json_t;
+typedef struct cli_device cli_device; // device.c
 
 // Exit codes (DESIGN.md): 0 success, 1 the run failed, 2 usage error.
 enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
 // The subcommands, as bits of an option's set of commands.
-typedef enum { CLI_TRAIN = 1, CLI_INFER = 2, CLI_COMPARE = 4, CLI_PLAN = 8, CLI_CHECK = 16 } cli_command_bit;
+typedef enum { CLI_TRAIN = 1, CLI_INFER = 2, CLI_COMPARE = 4, CLI_PLAN = 8, CLI_CHECK = 16, CLI_SNAPSHOT = 32 } cli_command_bit;
 
 typedef struct {
     const char *name;
@@ -46,6 +47,10 @@ typedef struct {
     const char *lora_targets, *base_dtype, *adapter, *save_adapter;
     bool lora;
     const char *routing, *routing_out;
+    const char *device, *gpu, *cuda_alloc_conf, *seq_lens, *snapshot, *against;
+    double memory_fraction;
+    bool list_gpus;
+    const char *input; // membill snapshot's FILE
     unsigned char given[CLI_MAX_OPTIONS]; // by table row: the user named it
 } cli_options;
 
@@ -108,6 +113,9 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
 // a run that succeeded, plain malloc past the budget (which cannot be refused when it happens)
 // failing it now. Returns rc, or -1 with the message in err.
 int cli_run_end(int rc, bool *clean, ag_err *err);
+// --seq-lens "512,2048" -> lengths (malloc'd), each from min to max; a malformed list names the
+// item at fault (EXIT_USAGE).
+int cli_parse_seq_lens(const char *text, long min, long max, long **out, long *n, ag_err *err);
 // "1,2,3" -> ids (malloc'd); a malformed list names the item at fault.
 int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err);
 
@@ -233,8 +241,10 @@ int cli_routing_writer(FILE *f, void *routing, ag_err *err); // arg: the llama_r
 typedef struct {
     llama_config cfg;
     char st_path[4096]; // "" for random init
-    int32_t *ids;       // batch * seq_len
+    int32_t *ids;       // batch * seq_len (with seq_lens: each step's batch x length, one after another)
     long batch, seq_len;
+    const long *seq_lens; // --seq-lens: step s runs seq_lens[s] tokens (NULL: every step seq_len)
+    long *owned_lens;     // the list when cli_train_prepare made it
     cli_text text; // a prompt's tokenizer and ids
     optim_config ocfg;
     step_record *steps; // nsteps of them
@@ -376,6 +386,7 @@ typedef struct {
     int html_nruns;
     const char *title;
     struct cli_outputs *outs; // set by cli_job_main before run: where --dump-grads goes
+    const cli_device *device; // --snapshot's device (NULL: none)
 } cli_job;
 int cli_job_main(const cli_options *o, cli_job *j);
 // The outputs the options name, declared (paths checked, inputs noted) before a run; and after
@@ -389,6 +400,7 @@ typedef struct {
     void *svg_arg;
     const char *const *html_runs; // the page's runs (cli_html_run_data); NULL: the timeline now
     int html_nruns;
+    const cli_device *device; // --snapshot: the device whose history it writes
 } cli_report;
 int cli_outputs_declare(const cli_options *o, struct cli_outputs **outs, ag_err *err);
 int cli_outputs_finish(const cli_options *o, struct cli_outputs *outs, struct json_t *root, const cli_report *rep,
@@ -422,3 +434,104 @@ int cmd_infer(const cli_options *o);
 int cmd_compare(const cli_options *o);
 int cmd_check(const cli_options *o);
 int cmd_plan(const cli_options *o);
+
+// ---- the device (device.c, gpus.c): --device cuda, --gpu, PyTorch's caching allocator ----
+
+// A named GPU (membill plan --list-gpus): what torch.cuda.get_device_properties(0).total_memory
+// says of it and the CUDA context a PyTorch process holds there, each with its source.
+typedef struct {
+    const char *name, *product;
+    uint64_t total_bytes;
+    const char *total_source;
+    uint64_t context_bytes;
+    const char *context_source;
+    bool total_reported; // a reported figure; false: an estimate, its source says how
+    bool sm90;           // Hopper (compute capability 9.0): cuBLAS's larger default workspace
+} cli_gpu;
+size_t cli_gpu_count(void);
+const cli_gpu *cli_gpu_at(size_t i);
+const cli_gpu *cli_gpu_find(const char *name); // NULL if unknown
+const char *cli_gpu_names(char *buf, size_t len);
+void cli_gpu_list(FILE *f);
+
+// NCCL's buffers on each rank of a data-parallel job (see device.c).
+uint64_t cli_nccl_bytes(long gpus);
+
+// The device a run is billed on: --device, --gpu, the allocator's settings and what the card
+// holds besides the allocator. cuda false: the CPU bill alone, as before.
+struct cli_device {
+    bool cuda;
+    const cli_gpu *gpu; // NULL: no card named
+    mp_cuda_conf conf;  // conf.capacity: what the allocator can reserve (0: no card, no limit)
+    char conf_text[512];
+    const char *conf_from; // "--cuda-alloc-conf", "PYTORCH_CUDA_ALLOC_CONF", NULL: PyTorch's defaults
+    uint64_t total, context, nccl, overhead;
+    uint64_t cublas_workspace; // one per cuBLAS handle and stream, through the caching allocator
+    long gpus;
+};
+// From the options (and PYTORCH_CUDA_ALLOC_CONF); an exit code, the message in err.
+int cli_device_prepare(const cli_options *o, long gpus, cli_device *d, ag_err *err);
+
+// Where a replay reads figures: the end of a phase (an event index of the timeline).
+typedef struct {
+    size_t end;
+    long step; // 1-based; 0: outside the steps (loading the model)
+    const char *phase;
+    long seq_len; // the step's length (0: none)
+} cli_device_mark;
+
+typedef struct {
+    long step;
+    const char *phase;
+    long seq_len;
+    uint64_t allocated, reserved, requested, inactive_split; // at its end
+    uint64_t allocated_peak, reserved_peak;                  // while it ran
+} cli_device_phase;
+
+#define CLI_DEVICE_GAPS 6
+typedef struct {
+    bool done;
+    mp_cuda_stats st;
+    mp_cuda_oom oom;
+    cli_device_phase *phases;
+    size_t nphases;
+    // the free space split segments held when reserved reached its peak, and what took it there
+    mp_cuda_gap gaps[CLI_DEVICE_GAPS];
+    size_t ngaps, ngaps_all;
+    uint32_t peak_site;
+    uint8_t peak_category;
+    long peak_step;
+    const char *peak_phase;
+    // training: reserved at its highest over the steps after the first (the steady state; with
+    // --seq-lens, over the lengths' second pass), and at the first step's end
+    uint64_t steady_reserved_peak, first_step_reserved;
+    bool steady;
+} cli_device_result;
+
+// The timeline (events up to the last mark) through the allocator; 0, or 1 when an allocation did
+// not fit the card (out->oom). out is freed with cli_device_result_free.
+int cli_device_replay(const cli_device *d, const cli_device_mark *marks, size_t n, long steady_from,
+                      cli_device_result *out);
+void cli_device_result_free(cli_device_result *r);
+// After a real or meta run: cli_device_replay over marks (taken: freed here); a card the run does
+// not fit fails it (-1, the reason in err), as it would have failed there.
+int cli_device_after_run(const cli_device *d, cli_device_mark *marks, size_t n, long steady_from,
+                         cli_device_result *out, ag_err *err);
+// Marks: a training run's phases (its step records); the timeline's own phase changes (generation).
+size_t cli_device_marks_train(const train_run *r, cli_device_mark **out);
+size_t cli_device_marks_phases(cli_device_mark **out);
+// What the card must hold: reserved at its peak + context + NCCL + the overhead allowance.
+uint64_t cli_device_need(const cli_device *d, const cli_device_result *r);
+bool cli_device_fits(const cli_device *d, const cli_device_result *r);
+struct json_t *cli_device_json(const cli_device *d, const cli_device_result *r);
+void cli_device_text(FILE *f, const cli_device *d, const cli_device_result *r);
+// The device's figures beside each phase of a training report's "steps" (allocated_bytes,
+// reserved_bytes at the phase's end).
+void cli_device_annotate_steps(struct json_t *steps, const cli_device_result *r);
+// One line: why a run does not fit the card (the allocation that failed, as PyTorch says it).
+void cli_device_oom_message(const cli_device *d, const cli_device_result *r, char *buf, size_t len);
+// --snapshot: the whole timeline replayed into a fresh allocator, pickled; arg is a cli_device.
+int cli_snapshot_writer(FILE *f, void *device, ag_err *err);
+
+// membill snapshot FILE (snapshot.c).
+int cmd_snapshot(const cli_options *o);

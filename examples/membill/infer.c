@@ -167,6 +167,8 @@ typedef struct {
     const cli_options *o;
     infer_run r;
     cli_job job;
+    cli_device dev;
+    cli_device_result devr;
 } infer_cmd;
 
 static json_t *infer_json(const void *arg, bool failed) {
@@ -232,6 +234,8 @@ static json_t *infer_json(const void *arg, bool failed) {
     else
         json_decref(t);
     json_object_set_new(root, "teardown_all_zero", json_boolean(r->torn_down_clean));
+    const infer_cmd *c = arg;
+    if (c->devr.done) json_object_set_new(root, "device", cli_device_json(&c->dev, &c->devr));
     return root;
 }
 
@@ -282,14 +286,21 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
         }
     }
     fprintf(f, "  teardown: every category but other back at zero: %s\n", r->torn_down_clean ? "yes" : "NO");
+    const infer_cmd *c = arg;
+    if (c->devr.done) cli_device_text(f, &c->dev, &c->devr);
 }
 
+// The generation (its routing written when asked), then (--device cuda) its allocations through
+// the CUDA caching allocator.
 static int run(void *arg, ag_err *err) {
     infer_cmd *c = arg;
-    if (cli_infer_run(&c->r, err) != 0) return -1;
-    return c->r.routing.record && c->o->routing_out
-               ? cli_outputs_write(c->job.outs, "--routing-out", cli_routing_writer, c->r.routing.record, err)
-               : 0;
+    int rc = cli_infer_run(&c->r, err);
+    if (rc == 0 && c->r.routing.record && c->o->routing_out)
+        rc = cli_outputs_write(c->job.outs, "--routing-out", cli_routing_writer, c->r.routing.record, err);
+    if (rc != 0 || !c->dev.cuda) return rc;
+    cli_device_mark *marks = NULL;
+    size_t n = cli_device_marks_phases(&marks);
+    return cli_device_after_run(&c->dev, marks, n, 0, &c->devr, err);
 }
 
 infer_run cli_infer_meta_copy(const infer_run *r) {
@@ -322,6 +333,7 @@ int cmd_infer(const cli_options *o) {
     infer_cmd c = {.o = o};
     ag_err err = {""};
     int rc = cli_infer_prepare(o, &c.r, &err);
+    if (rc == 0) rc = cli_device_prepare(o, 1, &c.dev, &err);
     if (rc != 0) {
         fprintf(stderr, "membill infer: %s\n", err.msg);
         cli_infer_free(&c.r);
@@ -330,9 +342,15 @@ int cmd_infer(const cli_options *o) {
     char title[256];
     snprintf(title, sizeof title, "membill infer: %s, batch %ld x %ld tokens + %ld new, %s", c.r.cfg.name, c.r.batch,
              c.r.seq_len, c.r.new_tokens, c.r.use_cache ? "KV cache" : "no cache");
-    c.job = (cli_job){
-        .arg = &c, .run = run, .meta_peak = meta_peak, .text = infer_text, .json = infer_json, .title = title};
+    c.job = (cli_job){.arg = &c,
+                      .run = run,
+                      .meta_peak = meta_peak,
+                      .text = infer_text,
+                      .json = infer_json,
+                      .title = title,
+                      .device = &c.dev};
     rc = cli_job_main(o, &c.job);
+    cli_device_result_free(&c.devr);
     cli_infer_free(&c.r);
     return rc;
 }

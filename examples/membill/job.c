@@ -45,7 +45,8 @@ int cli_outputs_declare(const cli_options *o, cli_outputs **outs, ag_err *err) {
                 {"--html", o->html},
                 {"--dump-grads", o->dump_grads},
                 {"--save-weights", o->save_weights},
-                {"--routing-out", o->routing_out}},
+                {"--routing-out", o->routing_out},
+                {"--snapshot", o->snapshot}},
       inputs[] = {{"--routing",
                    o->routing && strcmp(o->routing, "balanced") && strcmp(o->routing, "worst") ? o->routing : NULL},
                   {"--config", o->config},
@@ -88,6 +89,8 @@ int cli_outputs_finish(const cli_options *o, cli_outputs *outs, json_t *root, co
         return -1;
     if (o->trace && cli_outputs_write(outs, "--trace", cli_trace_writer, (void *)rep->title, err) != 0) return -1;
     if (o->html && cli_outputs_write(outs, "--html", cli_html_writer, &html, err) != 0) return -1;
+    if (o->snapshot && cli_outputs_write(outs, "--snapshot", cli_snapshot_writer, (void *)rep->device, err) != 0)
+        return -1;
     return cli_outputs_commit(outs, err);
 }
 
@@ -168,7 +171,7 @@ int cli_job_main(const cli_options *o, cli_job *j) {
         } else {
             if (!o->quiet && !to_stdout) j->text(stdout, j->arg, false);
             json_t *root = j->json(j->arg, false);
-            cli_report rep = {j->title, text_ok, j, j->svg, j->svg_arg, j->html_runs, j->html_nruns};
+            cli_report rep = {j->title, text_ok, j, j->svg, j->svg_arg, j->html_runs, j->html_nruns, j->device};
             if (cli_outputs_finish(o, outs, root, &rep, &err) != 0) rc = EXIT_RUN_FAILED;
             json_decref(root);
         }

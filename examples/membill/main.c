@@ -15,7 +15,7 @@ static int help(int argc, char **argv) {
     }
     const cli_command *c = cli_find_command(argv[2]);
     if (!c || argc > 3) {
-        fprintf(stderr, "membill help: %s '%s' (commands: train, infer, compare, check, plan)\n",
+        fprintf(stderr, "membill help: %s '%s' (commands: train, infer, compare, check, plan, snapshot)\n",
                 c ? "unexpected argument" : "unknown command", argv[c ? 3 : 2]);
         return EXIT_USAGE;
     }
@@ -46,7 +46,8 @@ int main(int argc, char **argv) {
         return fflush(stdout) == 0 && !ferror(stdout) ? 0 : EXIT_RUN_FAILED;
     }
     if (!cli_check_combinations(&o)) return EXIT_USAGE;
-    static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare, cmd_plan, cmd_check};
+    static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare, cmd_plan, cmd_check,
+                                                       cmd_snapshot};
     int i = 0;
     while ((1 << i) != (int)cmd->bit) i++;
     int rc = run[i](&o);

@@ -11,7 +11,7 @@
 
 typedef enum { T_FLAG, T_STR, T_PATH, T_OUT, T_LONG, T_U64, T_DOUBLE, T_BYTES, T_CHOICE } opt_type;
 
-enum { TR = CLI_TRAIN, IN = CLI_INFER, CO = CLI_COMPARE, PL = CLI_PLAN, CH = CLI_CHECK };
+enum { TR = CLI_TRAIN, IN = CLI_INFER, CO = CLI_COMPARE, PL = CLI_PLAN, CH = CLI_CHECK, SN = CLI_SNAPSHOT };
 #define ALL (TR | IN | CO | PL | CH)
 #define RUNS (TR | IN | CO) // the commands that run a model for real
 
@@ -127,13 +127,34 @@ static const opt_spec specs[] = {
     {"--overhead", "SIZE", T_BYTES, OFF(overhead), PL, "2GB", 0, NULL, 0, BIG, NULL,
      "framework overhead allowed per device"},
     {"--list", NULL, T_FLAG, OFF(list), PL, NULL, 0, NULL, 0, 0, NULL, "the built-in presets and their sizes"},
+    {"--device", "NAME", T_CHOICE, OFF(device), TR | IN | PL, "cpu", 0, NULL, 0, 0, "cpu|cuda",
+     "cpu: the bill as measured; cuda: also PyTorch's CUDA caching allocator replayed over the same allocations "
+     "(allocated, reserved, fragments, at the peak and at each phase's end; docs/gpu.md)"},
+    {"--gpu", "NAME", T_STR, OFF(gpu), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
+     "a named GPU (membill plan --list-gpus): --device cuda on its memory, with its CUDA context and NCCL's buffers; "
+     "whether the run fits it"},
+    {"--cuda-alloc-conf", "CONF", T_STR, OFF(cuda_alloc_conf), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
+     "PYTORCH_CUDA_ALLOC_CONF for the replay (default: the environment's): expandable_segments, max_split_size_mb, "
+     "roundup_power2_divisions, garbage_collection_threshold, max_non_split_rounding_mb"},
+    {"--memory-fraction", "F", T_DOUBLE, OFF(memory_fraction), TR | IN | PL, NULL, 0, NULL, 1e-6, 1, NULL,
+     "torch.cuda.set_per_process_memory_fraction(F) of --gpu's memory (garbage_collection_threshold acts under it)"},
+    {"--seq-lens", "LIST", T_STR, OFF(seq_lens), TR | PL, NULL, 0, NULL, 0, 0, NULL,
+     "each step its own length, as a loader of varying lengths feeds them (512,2048,...): train runs one step a "
+     "length; plan runs the lengths twice, the second pass the steady state"},
+    {"--snapshot", "FILE.pickle", T_OUT, OFF(snapshot), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
+     "the simulated device's history as torch.cuda.memory._dump_snapshot writes it (pytorch.org/memory_viz opens "
+     "it); with --device cuda or --gpu"},
+    {"--list-gpus", NULL, T_FLAG, OFF(list_gpus), PL, NULL, 0, NULL, 0, 0, NULL,
+     "the named GPUs: the memory PyTorch sees, the CUDA context, and where each figure comes from"},
+    {"--against", "PLAN.json", T_PATH, OFF(against), SN, NULL, 0, NULL, 0, 0, NULL,
+     "membill snapshot: a membill JSON report with --device cuda of the same run, to set beside the snapshot"},
     {"--budget", "SIZE", T_BYTES, OFF(budget), RUNS, NULL, 0, NULL, 1, BIG * 1e3, NULL,
      "stop with an out-of-memory report when the total would pass SIZE (16GB, 500MiB)"},
     {"--no-speed", NULL, T_FLAG, OFF(no_speed), CH, NULL, 0, NULL, 0, 0, NULL,
      "skip the speed claims (S1-S3), which take a few minutes"},
     {"--explain", NULL, T_FLAG, OFF(explain), TR, NULL, 0, NULL, 0, 0, NULL,
      "each category's formula worked out for this model, beside the claims"},
-    {"--json", "FILE", T_OUT, OFF(json), ALL, NULL, 0, NULL, 0, 0, NULL, "the whole report as JSON ('-': stdout)"},
+    {"--json", "FILE", T_OUT, OFF(json), ALL | SN, NULL, 0, NULL, 0, 0, NULL, "the whole report as JSON ('-': stdout)"},
     {"--timeline", "FILE.csv", T_OUT, OFF(timeline), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
      "every allocation and free: time, phase, site, category, bytes"},
     {"--svg", "FILE.svg", T_OUT, OFF(svg), TR | IN | CO | PL, NULL, 0, NULL, 0, 0, NULL,
@@ -151,10 +172,10 @@ static const opt_spec specs[] = {
      "the gradients of what trains after the last backward, F32 safetensors with HF names"},
     {"--save-weights", "FILE", T_OUT, OFF(save_weights), TR, NULL, 0, NULL, 0, 0, NULL,
      "the weights after the last optimizer step, F32 safetensors"},
-    {"--quiet", NULL, T_FLAG, OFF(quiet), ALL, NULL, 0, NULL, 0, 0, NULL, "no text report on stdout"},
+    {"--quiet", NULL, T_FLAG, OFF(quiet), ALL | SN, NULL, 0, NULL, 0, 0, NULL, "no text report on stdout"},
     {"--progress", NULL, T_FLAG, OFF(progress), RUNS | CH, NULL, 0, NULL, 0, 0, NULL,
      "progress on stderr even when it is not a terminal (on a terminal it is shown anyway)"},
-    {"--help", NULL, T_FLAG, OFF(help), ALL, NULL, 0, NULL, 0, 0, NULL, "this help"},
+    {"--help", NULL, T_FLAG, OFF(help), ALL | SN, NULL, 0, NULL, 0, 0, NULL, "this help"},
 };
 #define NSPECS (sizeof specs / sizeof specs[0])
 _Static_assert(NSPECS <= CLI_MAX_OPTIONS, "cli_options.given holds one flag per option");
@@ -180,6 +201,11 @@ static const cli_command commands[] = {
      "without running it: the same program in meta mode (every allocation and free at the dtype's\n"
      "element sizes, no data, no compute), beside the closed form of each category, per GPU when\n"
      "sharded, and whether it fits a device."},
+    {"snapshot", CLI_SNAPSHOT, "a CUDA memory snapshot read: its peaks, timeline and largest blocks",
+     "membill snapshot FILE.pickle reads what torch.cuda.memory._dump_snapshot wrote (a real GPU run's, or\n"
+     "membill's own --snapshot): allocated and reserved bytes at the end, requested and reserved at their\n"
+     "peaks over the trace, a timeline, and the largest blocks live at the peak; --against PLAN.json sets a\n"
+     "membill report of the same run beside it. The pickle is read as data: anything else is refused."},
 };
 
 const cli_command *cli_find_command(const char *name) {
@@ -338,6 +364,10 @@ bool cli_parse(cli_options *o, const cli_command *cmd, int argc, char **argv) {
         size_t len = eq && strncmp(arg, "--", 2) == 0 ? (size_t)(eq - arg) : strlen(arg);
         const opt_spec *s = strncmp(arg, "--", 2) == 0 ? find_spec(arg, len) : NULL;
         char names[64];
+        if (!s && o->cmd == CLI_SNAPSHOT && arg[0] != '-' && !o->input) { // membill snapshot FILE
+            o->input = arg;
+            continue;
+        }
         if (!s) {
             if (arg[0] == '-')
                 cli_usage_error(o, "unknown option '%.*s' (see membill %s --help)", (int)len, arg, o->command);
@@ -376,7 +406,8 @@ bool cli_parse(cli_options *o, const cli_command *cmd, int argc, char **argv) {
 
 // --help of one subcommand: its description, then every option it takes, from the table.
 void cli_usage(FILE *f, const cli_command *cmd) {
-    fprintf(f, "usage: membill %s [options]\n%s\n\n", cmd->name, cmd->description);
+    fprintf(f, "usage: membill %s %s[options]\n%s\n\n", cmd->name, cmd->bit == CLI_SNAPSHOT ? "FILE.pickle " : "",
+            cmd->description);
     for (size_t k = 0; k < NSPECS; k++) {
         const opt_spec *s = &specs[k];
         if (!(s->cmds & cmd->bit)) continue;
@@ -398,13 +429,13 @@ void cli_usage_all(FILE *f) {
 
 // Every option as a Markdown table (the README's list is this output).
 void cli_options_markdown(FILE *f) {
-    fputs("| option | train | infer | compare | check | plan | default | meaning |\n", f);
-    fputs("|---|:-:|:-:|:-:|:-:|:-:|---|---|\n", f);
-    static const unsigned order[] = {CLI_TRAIN, CLI_INFER, CLI_COMPARE, CLI_CHECK, CLI_PLAN};
+    fputs("| option | train | infer | compare | check | plan | snapshot | default | meaning |\n", f);
+    fputs("|---|:-:|:-:|:-:|:-:|:-:|:-:|---|---|\n", f);
+    static const unsigned order[] = {CLI_TRAIN, CLI_INFER, CLI_COMPARE, CLI_CHECK, CLI_PLAN, CLI_SNAPSHOT};
     for (size_t k = 0; k < NSPECS; k++) {
         const opt_spec *s = &specs[k];
         fprintf(f, "| `%s%s%s` |", s->name, s->value ? " " : "", s->value ? s->value : "");
-        for (int c = 0; c < 5; c++) fputs(s->cmds & order[c] ? " x |" : "   |", f);
+        for (int c = 0; c < 6; c++) fputs(s->cmds & order[c] ? " x |" : "   |", f);
         if (s->def && s->alt_cmds)
             fprintf(f, " %s (plan %s) |", s->def, s->alt_def);
         else

@@ -19,14 +19,15 @@ bool plan_simulates_rank(const plan_setting *s) { return !s->infer && (s->gpus >
 static int meta_step(const plan_setting *s, long B, long T, step_record *steps, par_comm *rank, ag_err *err) {
     train_run r;
     memset(&r, 0, sizeof r);
-    memset(steps, 0, PLAN_STEPS * sizeof *steps);
+    memset(steps, 0, (size_t)s->nsteps * sizeof *steps);
     r.cfg = s->cfg;
     r.batch = B;
     r.seq_len = T;
+    r.seq_lens = s->seq_lens;
     r.ocfg = s->ocfg;
     r.dtype = s->dt;
     r.steps = steps;
-    r.nsteps = PLAN_STEPS;
+    r.nsteps = s->nsteps;
     r.meta = true;
     r.checkpointing = s->checkpointing;
     r.framework = s->framework;
@@ -62,11 +63,37 @@ static int meta_run(const plan_setting *s, long B, long T, step_record *steps, a
     return s->infer ? meta_generate(s, B, T, err) : meta_step(s, B, T, steps, NULL, err);
 }
 
+// --device cuda: the run just made through the caching allocator (training: by its steps, the
+// steady state from step 2, or from the lengths' second pass; a generation: by its phases).
+static int device_replay(const plan_setting *s, const step_record *steps, cli_device_result *out) {
+    cli_device_mark *marks = NULL;
+    size_t n;
+    if (s->infer) {
+        n = cli_device_marks_phases(&marks);
+    } else {
+        train_run r;
+        memset(&r, 0, sizeof r);
+        r.steps = (step_record *)steps;
+        r.nsteps = s->nsteps;
+        r.seq_len = s->seq_len;
+        r.seq_lens = s->seq_lens;
+        n = cli_device_marks_train(&r, &marks);
+    }
+    int oom = cli_device_replay(&s->dev, marks, n, s->seq_lens ? s->nlens + 1 : 2, out);
+    free(marks);
+    return oom;
+}
+
 // The bill of the run just made (its step records for training). Training replays the timeline
-// step by step: the headline is step 2's total peak; one device is the run itself (a simulated
-// rank's run is read the same way by measure_rank).
+// step by step: the headline is the steady state's total peak (step 2, or the highest of the
+// lengths' second pass); one device is the run itself (a simulated rank's run is read the same
+// way by measure_rank).
 static void read_bill(const plan_setting *s, const step_record *steps, plan_bill *b) {
     memset(b, 0, sizeof *b);
+    if (s->dev.cuda) {
+        b->dev_oom = device_replay(s, steps, &b->dev) != 0;
+        cli_device_result_free(&b->dev); // the figures stay; the phases are the report's own
+    }
     for (int c = 0; c < MP_NCATEGORIES; c++) b->peak[c] = mp_get_counter(c).peak;
     mp_moment pk = mp_peak();
     b->total = pk.total;
@@ -77,10 +104,15 @@ static void read_bill(const plan_setting *s, const step_record *steps, plan_bill
     train_run r;
     memset(&r, 0, sizeof r);
     r.steps = (step_record *)steps;
-    r.nsteps = PLAN_STEPS;
-    step_figures whole[PLAN_STEPS];
+    r.nsteps = s->nsteps;
+    step_figures *whole = calloc((size_t)s->nsteps, sizeof *whole);
+    if (!whole) return;
     cli_replay_steps(&r, NULL, whole);
-    const step_figures *last = &whole[PLAN_STEPS - 1], *dev = last;
+    long from = s->seq_lens ? s->nlens : s->nsteps - 1;
+    const step_figures *last = &whole[from];
+    for (long k = from + 1; k < s->nsteps; k++)
+        if (whole[k].peak > last->peak) last = &whole[k];
+    const step_figures *dev = last;
     b->first_step = whole[0].peak;
     b->total = last->peak;
     memcpy(b->at_peak, last->at_peak, sizeof b->at_peak);
@@ -90,6 +122,7 @@ static void read_bill(const plan_setting *s, const step_record *steps, plan_bill
     memcpy(b->device_at, dev->at_peak, sizeof b->device_at);
     b->device_phase = dev->peak_phase;
     memcpy(b->device_own, b->peak, sizeof b->device_own);
+    free(whole);
 }
 
 // One device as a simulated rank: rank 0 of --gpus running membill train --zero's step in meta
@@ -103,33 +136,42 @@ static int measure_rank(const plan_setting *s, long B, long T, plan_bill *b, ag_
         ag_err_set(err, "cannot start the profiler");
         return -1;
     }
-    step_record steps[PLAN_STEPS];
-    int rc = meta_step(s, B, T, steps, c, err);
+    step_record *steps = calloc((size_t)s->nsteps, sizeof *steps);
+    int rc = steps ? meta_step(s, B, T, steps, c, err) : (ag_err_set(err, "out of memory"), -1);
     plan_bill rank;
     plan_setting one = *s;
     one.infer = false;
-    read_bill(&one, steps, &rank);
+    if (steps) read_bill(&one, steps, &rank);
+    free(steps);
     mp_shutdown();
+    if (!steps) {
+        par_comm_free(c);
+        return -1;
+    }
     b->device_peak = rank.total;
     memcpy(b->device_at, rank.at_peak, sizeof b->device_at);
     b->device_phase = rank.peak_phase;
     memcpy(b->device_own, rank.peak, sizeof b->device_own);
     b->simulated_rank = true;
+    b->dev = rank.dev;
+    b->dev_oom = rank.dev_oom;
     b->comm = par_get_stats(c);
     par_comm_free(c);
     return rc;
 }
 
 static int measure(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err) {
-    mp_options mo = {.meta = true, .keep_timeline = !s->infer}; // the steps are replayed from it
-    if (mp_init(&mo) != MP_OK) {
-        ag_err_set(err, "cannot start the profiler");
+    mp_options mo = {.meta = true, .keep_timeline = !s->infer || s->dev.cuda}; // replayed from it
+    step_record *steps = calloc((size_t)s->nsteps, sizeof *steps);
+    if (!steps || mp_init(&mo) != MP_OK) {
+        free(steps);
+        ag_err_set(err, steps ? "cannot start the profiler" : "out of memory");
         return -1;
     }
-    step_record steps[PLAN_STEPS];
     int rc = meta_run(s, B, T, steps, err);
     read_bill(s, steps, b);
     mp_shutdown();
+    free(steps);
     return rc;
 }
 
@@ -149,6 +191,10 @@ static gpu_share per_gpu(const plan_setting *s, const plan_bill *b) {
     g.phase = s->infer ? b->peak_phase : b->device_phase;
     g.total = g.overhead + at[MP_OTHER]; // "other" is not tracked in meta mode: 0
     g.total += g.weights + g.gradients + g.optimizer + g.activations + g.cache + g.temporary;
+    if (s->dev.cuda && b->dev.done) { // the card holds the allocator's reserve, the context and NCCL
+        g.overhead = s->dev.overhead;
+        g.total = cli_device_need(&s->dev, &b->dev);
+    }
     return g;
 }
 
@@ -167,7 +213,7 @@ static int fits(const plan_setting *s, long B, long T, uint64_t device, bool *ok
         *ok = false;
         return 0;
     }
-    *ok = per_gpu(s, &b).total <= device;
+    *ok = per_gpu(s, &b).total <= device && !b.dev_oom;
     return 0;
 }
 
@@ -195,6 +241,28 @@ static long largest(const plan_setting *s, bool vary_batch, long lo, long hi, ui
             bad = mid;
     }
     return good;
+}
+
+// --seq-lens: the lengths, then the same lengths again (the second pass is the steady state).
+static int plan_lengths(const cli_options *o, plan_setting *s, ag_err *err) {
+    s->nsteps = PLAN_STEPS;
+    if (!o->seq_lens) return 0;
+    long *lens = NULL, n = 0;
+    int rc = cli_parse_seq_lens(o->seq_lens, 2, (long)s->cfg.max_positions, &lens, &n, err);
+    if (rc != 0) return rc;
+    s->seq_lens = malloc((size_t)(2 * n) * sizeof *s->seq_lens);
+    if (!s->seq_lens) {
+        free(lens);
+        ag_err_set(err, "out of memory");
+        return EXIT_RUN_FAILED;
+    }
+    long most = 0;
+    for (long k = 0; k < 2 * n; k++) s->seq_lens[k] = lens[k % n], most = lens[k % n] > most ? lens[k % n] : most;
+    free(lens);
+    s->nlens = n;
+    s->nsteps = 2 * n;
+    s->seq_len = most;
+    return 0;
 }
 
 static void list_presets(void) {
@@ -265,7 +333,7 @@ static int plan_fit(const plan_setting *s, uint64_t device, plan_fit_result *f, 
 }
 
 static int plan_report(const cli_options *o, const plan_setting *s, const plan_bill *b, const plan_bill *other,
-                       const plan_fit_result *f, ag_err *err) {
+                       const plan_fit_result *f, uint64_t device, const cli_device_result *devr, ag_err *err) {
     llama_closed_form cf;
     llama_dtype_bytes d = plan_dtype_bytes(s);
     llama_closed_form_dtype(&s->cfg, s->batch, s->infer ? plan_cache_tokens(s) : s->seq_len, &d, &cf);
@@ -273,8 +341,8 @@ static int plan_report(const cli_options *o, const plan_setting *s, const plan_b
     if (s->checkpointing) llama_closed_form_checkpointing(&s->cfg, s->batch, s->seq_len, &d, &cf);
     gpu_share g = per_gpu(s, b);
     bool to_stdout = o->json && strcmp(o->json, "-") == 0;
-    plan_view view = {
-        s, b, &cf, &g, o->device_memory, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped, f->smallest, other};
+    plan_view view = {s,         b,      &cf,  &g,   device, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped,
+                      f->smallest, other, devr, !s->seq_lens};
     if (!o->quiet && !to_stdout) plan_report_text(stdout, &view);
     json_t *root = plan_report_json(&view);
     char title[256];
@@ -282,7 +350,7 @@ static int plan_report(const cli_options *o, const plan_setting *s, const plan_b
              s->infer ? " --infer" : "", s->cfg.name, s->batch, s->seq_len,
              s->infer ? plan_weight_dtype_name(&s->dt) : optim_kind_name(s->ocfg.kind), s->dt.long_name);
     struct cli_outputs *outs = NULL;
-    cli_report rep = {title, plan_report_text, &view, NULL, NULL, NULL, 0};
+    cli_report rep = {title, plan_report_text, &view, NULL, NULL, NULL, 0, &s->dev};
     int rc = cli_outputs_declare(o, &outs, err);
     if (rc == 0) rc = cli_outputs_finish(o, outs, root, &rep, err);
     cli_outputs_free(outs);
@@ -295,6 +363,10 @@ int cmd_plan(const cli_options *o) {
         list_presets();
         return 0;
     }
+    if (o->list_gpus) {
+        cli_gpu_list(stdout);
+        return 0;
+    }
     plan_setting s;
     memset(&s, 0, sizeof s);
     ag_err err = {""};
@@ -303,9 +375,12 @@ int cmd_plan(const cli_options *o) {
     int rc = cli_load_config(o, &s.cfg, st_path, sizeof st_path, &err);
     if (rc == 0) rc = cli_lora_from_options(o, &s.lora, &err);
     if (rc == 0) rc = cli_routing_prepare(o, &s.cfg, &s.routing, &err);
+    if (rc == 0) rc = plan_lengths(o, &s, &err);
+    if (rc == 0) rc = cli_device_prepare(o, s.infer ? 1 : s.gpus, &s.dev, &err);
     if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_USAGE;
+    uint64_t device = s.dev.cuda && s.dev.total ? s.dev.total : o->device_memory;
     plan_fit_result fit = {0};
-    if (rc == 0 && o->device_memory && plan_fit(&s, o->device_memory, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
+    if (rc == 0 && device && !s.seq_lens && plan_fit(&s, device, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
     // What the other attention would change, in one line: the same plan measured with it.
     plan_bill other_bill, *other = NULL;
     if (rc == 0 && !s.infer) {
@@ -323,12 +398,16 @@ int cmd_plan(const cli_options *o) {
             ag_err_set(&err, "cannot start the profiler");
             rc = EXIT_RUN_FAILED;
         } else {
-            step_record steps[PLAN_STEPS];
+            step_record *steps = calloc((size_t)s.nsteps, sizeof *steps);
             plan_bill b;
-            if (meta_run(&s, s.batch, s.seq_len, steps, &err) != 0)
+            cli_device_result devr = {0};
+            if (!steps || meta_run(&s, s.batch, s.seq_len, steps, &err) != 0) {
+                if (!steps) ag_err_set(&err, "out of memory");
                 rc = EXIT_RUN_FAILED;
-            else
+            } else {
                 read_bill(&s, steps, &b);
+                if (s.dev.cuda && !rank.simulated_rank) device_replay(&s, steps, &devr); // its phases too
+            }
             if (rc == 0 && rank.simulated_rank) { // the device is the simulated rank
                 b.device_peak = rank.device_peak;
                 memcpy(b.device_at, rank.device_at, sizeof b.device_at);
@@ -336,11 +415,17 @@ int cmd_plan(const cli_options *o) {
                 memcpy(b.device_own, rank.device_own, sizeof b.device_own);
                 b.simulated_rank = true;
                 b.comm = rank.comm;
+                b.dev = rank.dev;
+                b.dev_oom = rank.dev_oom;
             }
-            if (rc == 0 && plan_report(o, &s, &b, other, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
+            if (rc == 0 && plan_report(o, &s, &b, other, &fit, device, devr.done ? &devr : NULL, &err) != 0)
+                rc = EXIT_RUN_FAILED;
+            cli_device_result_free(&devr);
+            free(steps);
             mp_shutdown();
         }
     }
+    free(s.seq_lens);
     if (rc != 0) fprintf(stderr, "membill plan: %s\n", err.msg);
     cli_routing_free(&s.routing);
     return rc;

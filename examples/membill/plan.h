@@ -29,6 +29,10 @@ typedef struct {
     uint64_t device_own[MP_NCATEGORIES];
     bool simulated_rank;
     par_stats comm;
+    // --device cuda: the device's run through the caching allocator (its phases dropped: the
+    // report replays its own run again for them); dev_oom: an allocation did not fit the card
+    cli_device_result dev;
+    bool dev_oom;
 } plan_bill;
 
 typedef struct {
@@ -45,6 +49,10 @@ typedef struct {
     ag_attention_kind attention;
     cli_lora lora;       // rank 0: every parameter trains
     cli_routing routing; // a mixture of experts' (the plan's own)
+    cli_device dev;
+    long nsteps;          // training steps billed: 2, or --seq-lens' lengths twice
+    long *seq_lens;       // --seq-lens repeated (NULL: every step seq_len)
+    long nlens;           // --seq-lens' own count
 } plan_setting;
 
 // One device's share: model states as ZeRO shards them (stage 1 the optimizer state, 2 also
@@ -69,6 +77,8 @@ typedef struct {
     bool batch_capped, seq_capped; // the search's own cap, the model's positions
     uint64_t smallest;             // nothing fits: one device's total at batch 1, the shortest length
     const plan_bill *other;        // training: the same plan with the other --attention; NULL: none
+    const cli_device_result *devr; // --device cuda: the report's own replay (its phases); NULL: none
+    bool searched;                 // the largest batch and longest length were searched
 } plan_view;
 
 // The fit search's answer.

@@ -246,13 +246,22 @@ static void text_per_gpu(FILE *out, const plan_view *v) {
         fprintf(out, "      DeepSpeed: %s\n", f);
 }
 
+static bool fits_device(const plan_view *v) { return v->g->total <= v->device && !v->b->dev_oom; }
+
 static void text_fit(FILE *out, const plan_view *v) {
     char x[64], y[64];
     const plan_setting *s = v->s;
-    fprintf(out, "\n  on a %s device, with %s of framework overhead (the lesson's \"1 to 2 GB\"; --overhead): %s",
-            mp_format_bytes(x, sizeof x, v->device), mp_format_bytes(y, sizeof y, s->overhead),
-            v->g->total <= v->device ? "fits" : "does NOT fit");
-    fprintf(out, "\n");
+    if (s->dev.cuda) // the device's own lines said it; the overhead allowance is what they leave out
+        fprintf(out, "\n  on the %s: %s\n", s->dev.gpu ? s->dev.gpu->name : "device",
+                fits_device(v) ? "fits" : "does NOT fit");
+    else
+        fprintf(out, "\n  on a %s device, with %s of framework overhead (the lesson's \"1 to 2 GB\"; --overhead): %s\n",
+                mp_format_bytes(x, sizeof x, v->device), mp_format_bytes(y, sizeof y, s->overhead),
+                fits_device(v) ? "fits" : "does NOT fit");
+    if (!v->searched) {
+        fprintf(out, "  (with --seq-lens the largest batch and longest length are not searched)\n");
+        return;
+    }
     if (v->max_batch == 0 && v->max_seq == 0) {
         fprintf(out, "  nothing fits: even batch 1 x %d token%s needs %s on one device\n", s->infer ? 1 : 2,
                 s->infer ? "" : "s", mp_format_bytes(x, sizeof x, v->smallest));
@@ -357,6 +366,7 @@ static void report_train_text(FILE *out, const plan_view *v) {
     else
         text_states(out, v);
     if (s->gpus > 1 || s->zero > 0 || v->device) text_per_gpu(out, v);
+    if (s->dev.cuda) cli_device_text(out, &s->dev, v->devr ? v->devr : &v->b->dev);
     if (v->device) text_fit(out, v);
 }
 
@@ -401,6 +411,7 @@ static void report_infer_text(FILE *out, const plan_view *v) {
     if (g->temporary) fprintf(out, " + temporary %s", mp_format_bytes(x, sizeof x, g->temporary));
     fprintf(out, " + overhead %s", mp_format_bytes(x, sizeof x, g->overhead));
     fprintf(out, " = %s\n", mp_format_bytes(x, sizeof x, g->total));
+    if (s->dev.cuda) cli_device_text(out, &s->dev, v->devr ? v->devr : &v->b->dev);
     if (v->device) text_fit(out, v);
 }
 
@@ -618,11 +629,12 @@ json_t *plan_report_json(const plan_view *v) {
     json_t *pg = per_gpu_json(v->g, s->infer);
     if (!s->infer) rank_json(pg, v);
     json_object_set_new(root, "per_gpu", pg);
+    if (s->dev.cuda) json_object_set_new(root, "device", cli_device_json(&s->dev, v->devr ? v->devr : &v->b->dev));
     if (v->device) {
         json_t *fit = json_object();
         json_object_set_new(fit, "device_memory_bytes", json_integer((json_int_t)v->device));
         json_object_set_new(fit, "overhead_bytes", json_integer((json_int_t)s->overhead));
-        json_object_set_new(fit, "fits", json_boolean(v->g->total <= v->device));
+        json_object_set_new(fit, "fits", json_boolean(fits_device(v)));
         json_object_set_new(fit, "largest_batch", json_integer(v->max_batch));
         json_object_set_new(fit, "longest_seq_len", json_integer(v->max_seq));
         json_object_set_new(fit, "largest_batch_is_search_cap", json_boolean(v->batch_capped));

@@ -33,6 +33,32 @@ static const char *lora_combinations(const cli_options *o, char *buf, size_t len
 
 // Every rule that ties two options together, per subcommand. The table has already refused
 // options a subcommand does not take.
+// --device, --gpu and what needs the device (docs/gpu.md).
+static const char *device_combinations(const cli_options *o) {
+    bool cuda = (o->device && !strcmp(o->device, "cuda")) || o->gpu;
+    if (o->gpu && cli_given(o, "--device") && strcmp(o->device, "cuda") != 0)
+        return "--gpu names a CUDA card: it does not go with --device cpu";
+    if (o->gpu && cli_given(o, "--device-memory"))
+        return "--gpu gives the device's memory: --device-memory is for a card that has no name here";
+    if (!cuda && (o->cuda_alloc_conf || o->snapshot || cli_given(o, "--memory-fraction")))
+        return "--cuda-alloc-conf, --memory-fraction and --snapshot are the CUDA allocator's: add --device cuda or --gpu";
+    if (cli_given(o, "--memory-fraction") && !o->gpu && !cli_given(o, "--device-memory"))
+        return "--memory-fraction is a share of the card's memory: name the card (--gpu or --device-memory)";
+    if (o->seq_lens && (o->tokens || o->prompt || o->prompt_file))
+        return "--seq-lens gives each step's length: random ids, not --tokens or a prompt";
+    if (o->seq_lens && cli_given(o, "--seq-len")) return "--seq-lens and --seq-len both give the length: give one";
+    if (o->seq_lens && (cli_given(o, "--zero") || (o->cmd == CLI_PLAN && (o->infer || o->gpus > 1))))
+        return "--seq-lens varies one device's training steps: not with --infer, --gpus or --zero";
+    if (cuda && o->cmd == CLI_TRAIN && cli_given(o, "--zero"))
+        return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's device";
+    if (o->snapshot && o->cmd == CLI_PLAN && (o->gpus > 1 || cli_given(o, "--zero")))
+        return "--snapshot writes one device's whole run: the simulated rank of --gpus or --zero is not written";
+    if (o->cmd == CLI_SNAPSHOT && !o->input) return "which snapshot? membill snapshot FILE.pickle";
+    if (o->list_gpus && (o->list || cli_given(o, "--model") || o->config))
+        return "--list-gpus lists the named GPUs: nothing to plan with it";
+    return NULL;
+}
+
 bool cli_check_combinations(const cli_options *o) {
     const char *bad = NULL;
     char buf[600];
@@ -95,9 +121,10 @@ bool cli_check_combinations(const cli_options *o) {
     else if (o->routing_out && o->meta)
         bad = "--routing-out records a real run's routing: --meta routes by --routing";
     if (!bad) bad = lora_combinations(o, buf, sizeof buf);
+    if (!bad) bad = device_combinations(o);
     if (!bad) {
         // Two outputs on stdout would interleave.
-        const char *outs[] = {o->json, o->timeline, o->svg, o->trace, o->html, o->dump_grads, o->save_weights};
+        const char *outs[] = {o->json, o->timeline, o->svg, o->trace, o->html, o->dump_grads, o->save_weights, o->snapshot};
         int dashes = 0;
         for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) dashes += outs[i] && strcmp(outs[i], "-") == 0;
         if (dashes > 1) bad = "only one output can go to stdout ('-')";

@@ -199,6 +199,8 @@ typedef struct {
     const cli_options *o;
     train_run r;
     cli_job job;
+    cli_device dev;
+    cli_device_result devr;
 } train_cmd;
 
 static bool adam(const train_run *r) { return r->ocfg.kind == OPTIM_ADAM || r->ocfg.kind == OPTIM_ADAMW; }
@@ -250,7 +252,12 @@ json_t *cli_train_json(const cli_options *o, const train_run *r, bool failed) {
 
 static json_t *report_json(const void *arg, bool failed) {
     const train_cmd *t = arg;
-    return cli_train_json(t->o, &t->r, failed);
+    json_t *root = cli_train_json(t->o, &t->r, failed);
+    if (t->devr.done) {
+        cli_device_annotate_steps(json_object_get(root, "steps"), &t->devr);
+        json_object_set_new(root, "device", cli_device_json(&t->dev, &t->devr));
+    }
+    return root;
 }
 
 static void text_four_copies(FILE *f) {
@@ -348,6 +355,7 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
 static void report_text(FILE *f, const void *arg, bool failed) {
     const train_cmd *t = arg;
     cli_train_text(f, t->o, &t->r, failed);
+    if (t->devr.done) cli_device_text(f, &t->dev, &t->devr);
 }
 
 // --dump-grads and --save-weights go to their temporaries now, committed with the rest.
@@ -367,12 +375,17 @@ static int save_adapter(void *arg, const llama_model *m, ag_err *err) {
     return cli_outputs_write(t->job.outs, "--save-adapter " LLAMA_ADAPTER_CONFIG, adapter_config, (void *)m, err);
 }
 
+// The run, then (--device cuda) its allocations through the CUDA caching allocator: a card it
+// does not fit fails the run, as it would have failed there.
 static int run(void *arg, ag_err *err) {
     train_cmd *t = arg;
-    if (cli_train_run(&t->r, err) != 0) return -1;
-    return t->r.routing.record && t->o->routing_out
-               ? cli_outputs_write(t->job.outs, "--routing-out", cli_routing_writer, t->r.routing.record, err)
-               : 0;
+    int rc = cli_train_run(&t->r, err);
+    if (rc == 0 && t->r.routing.record && t->o->routing_out)
+        rc = cli_outputs_write(t->job.outs, "--routing-out", cli_routing_writer, t->r.routing.record, err);
+    if (rc != 0 || !t->dev.cuda) return rc;
+    cli_device_mark *marks = NULL;
+    size_t n = cli_device_marks_train(&t->r, &marks);
+    return cli_device_after_run(&t->dev, marks, n, 2, &t->devr, err);
 }
 
 // The same run on shapes alone, for the fit check (two steps: the second holds the state).
@@ -399,6 +412,7 @@ int cmd_train(const cli_options *o) {
     train_cmd t = {.o = o};
     ag_err err = {""};
     int rc = cli_train_prepare(o, &t.r, &err);
+    if (rc == 0) rc = cli_device_prepare(o, 1, &t.dev, &err);
     if (rc != 0) {
         fprintf(stderr, "membill train: %s\n", err.msg);
         cli_train_free(&t.r);
@@ -410,9 +424,15 @@ int cmd_train(const cli_options *o) {
     t.r.save = save;
     t.r.save_arg = &t;
     if (o->save_adapter) t.r.save_adapter = save_adapter;
-    t.job = (cli_job){
-        .arg = &t, .run = run, .meta_peak = meta_peak, .text = report_text, .json = report_json, .title = title};
+    t.job = (cli_job){.arg = &t,
+                      .run = run,
+                      .meta_peak = meta_peak,
+                      .text = report_text,
+                      .json = report_json,
+                      .title = title,
+                      .device = &t.dev};
     rc = cli_job_main(o, &t.job);
+    cli_device_result_free(&t.devr);
     cli_train_free(&t.r);
     return rc;
 }

@@ -14,6 +14,70 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int cli_parse_seq_lens(const char *text, long min, long max, long **out, long *n, ag_err *err) {
+    *out = NULL;
+    *n = 0;
+    size_t cap = 1;
+    for (const char *p = text; *p; p++) cap += *p == ',';
+    long *v = malloc(cap * sizeof *v);
+    if (!v) {
+        ag_err_set(err, "--seq-lens: out of memory");
+        return EXIT_RUN_FAILED;
+    }
+    const char *p = text;
+    for (size_t k = 0; k < cap; k++) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        char item[32];
+        long x = -1;
+        if (len && len < sizeof item && strspn(p, "0123456789") >= len) {
+            memcpy(item, p, len);
+            item[len] = 0;
+            x = len <= 9 ? strtol(item, NULL, 10) : -1;
+        }
+        if (x < min || x > max) {
+            ag_err_set(err, "--seq-lens: item %zu ('%.*s') is not a length from %ld to %ld", k + 1, (int)(len < 24 ? len : 24),
+                       p, min, max);
+            free(v);
+            return EXIT_USAGE;
+        }
+        v[k] = x;
+        p = end ? end + 1 : p + len;
+    }
+    *out = v;
+    *n = (long)cap;
+    return 0;
+}
+
+// --seq-lens: each step its own length. Real runs take the first T ids of each row for a step of
+// T tokens; the steps' ids lie one after another.
+static int step_lengths(const cli_options *o, train_run *r, ag_err *err) {
+    long n = 0;
+    int rc = cli_parse_seq_lens(o->seq_lens, 2, (long)r->cfg.max_positions, &r->owned_lens, &n, err);
+    if (rc != 0) return rc;
+    if (cli_given(o, "--steps") && o->steps != n) {
+        ag_err_set(err, "--seq-lens gives %ld lengths, one a step, but --steps says %ld", n, o->steps);
+        return EXIT_USAGE;
+    }
+    r->seq_lens = r->owned_lens;
+    r->nsteps = n;
+    long most = 0, total = 0;
+    for (long s = 0; s < n; s++) most = r->seq_lens[s] > most ? r->seq_lens[s] : most, total += r->seq_lens[s];
+    r->seq_len = most;
+    if (!r->ids) return 0; // meta: no ids
+    int32_t *all = malloc((size_t)(r->batch * total) * sizeof *all), *at = all;
+    if (!all) {
+        ag_err_set(err, "out of memory");
+        return EXIT_RUN_FAILED;
+    }
+    for (long s = 0; s < n; s++)
+        for (long b = 0; b < r->batch; b++, at += r->seq_lens[s])
+            memcpy(at, r->ids + b * most, (size_t)r->seq_lens[s] * sizeof *at);
+    free(r->ids);
+    r->ids = all;
+    return 0;
+}
+
 int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     memset(r, 0, sizeof *r);
     optim_kind kind = OPTIM_ADAM;
@@ -23,7 +87,9 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     cli_parse_attention(o->attention, &r->attention);
     r->ocfg = optim_defaults(kind);
     r->ocfg.lr = (float)o->lr;
-    optim_parse_adam_impl(o->adam_impl, &r->ocfg.adam_impl); // the table allows only known names
+    // torch.optim's default on CUDA is foreach (for-loop is the CPU's): --device cuda bills it
+    bool cuda = (o->device && strcmp(o->device, "cuda") == 0) || o->gpu;
+    optim_parse_adam_impl(cuda && !cli_given(o, "--adam-impl") ? "foreach" : o->adam_impl, &r->ocfg.adam_impl);
     cli_dtype_optim(&r->dtype, &r->ocfg);
     r->nsteps = o->steps ? o->steps : 1;
     r->meta = o->meta;
@@ -36,6 +102,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     if (rc == 0) rc = cli_routing_prepare(o, &r->cfg, &r->routing, err);
     if (rc == 0) rc = cli_text_prepare(o, &r->text, err);
     if (rc == 0) rc = cli_make_tokens(o, &r->cfg, &r->text, o->meta, &r->ids, &r->batch, &r->seq_len, err);
+    if (rc == 0 && o->seq_lens) rc = step_lengths(o, r, err);
     if (rc == 0 && r->seq_len < 2) {
         ag_err_set(err, "a training step needs at least 2 tokens (the loss predicts each next one), not %ld",
                    r->seq_len);
@@ -51,6 +118,9 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
 void cli_train_free(train_run *r) {
     cli_routing_free(&r->routing);
     free(r->ids);
+    free(r->owned_lens);
+    r->owned_lens = NULL;
+    r->seq_lens = NULL;
     cli_text_free(&r->text);
     free(r->steps);
     r->ids = NULL;
@@ -77,7 +147,10 @@ int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s
     cli_progress("step %ld/%ld: forward", s + 1, r->nsteps);
     mp_set_phase(MP_PHASE_FORWARD);
     llama_forward_opts fo = {.checkpointing = r->checkpointing, .on_part = h->on_part, .user = h->user};
-    ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, r->ids, r->batch, r->seq_len, err);
+    long T = r->seq_lens ? r->seq_lens[s] : r->seq_len;
+    const int32_t *ids = r->ids;
+    for (long k = 0; ids && r->seq_lens && k < s; k++) ids += r->batch * r->seq_lens[k];
+    ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, ids, r->batch, T, err);
     if (!loss) return -1;
     float lv = NAN;
     if (loss->data) ag_tensor_row_f32(loss, 0, &lv);

@@ -254,7 +254,7 @@ static int report(zero_cmd *t, ag_err *err) {
     char title[256];
     snprintf(title, sizeof title, "membill train --zero %d: %s, %d ranks, batch %ld x %ld tokens per rank", t->z.stage,
              t->r.cfg.name, par_size(t->comm), t->r.batch, t->r.seq_len);
-    cli_report rep = {title, report_text, t, NULL, NULL, NULL, 0};
+    cli_report rep = {title, report_text, t, NULL, NULL, NULL, 0, NULL};
     int rc = cli_outputs_finish(t->o, t->outs, root, &rep, err);
     json_decref(root);
     return rc;

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "kernels/ag_kernels.h"
 
 static int setup(void **state, bool meta) {
     mp_options opt = {.meta = meta};

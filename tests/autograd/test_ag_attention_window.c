@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ag_internal.h"
+#include "kernels/ag_kernels.h"
 #include "ag_test_util.h"
 
 typedef struct {

@@ -1,4 +1,4 @@
-// The kernels by element type (autograd/ag_kernels.h): conversions against independent
+// The kernels by element type (autograd/kernels/ag_kernels.h): conversions against independent
 // references over every 16-bit pattern, each 16-bit product path at awkward shapes against
 // double, the int8 linear against exact integer sums and PyTorch's quantize_dynamic outputs
 // (tests/golden/quant, from tests/reference/make_quant_golden.py), the int4 quantiser and linear.

@@ -1,4 +1,4 @@
-// NF4 as bitsandbytes stores it (autograd/ag_nf4.h): the code values, the dynamic map, the
+// NF4 as bitsandbytes stores it (autograd/kernels/ag_nf4.h): the code values, the dynamic map, the
 // quantised bytes and the dequantised values against tests/reference/nf4_ref.py's restatement of
 // bitsandbytes' reference kernels; the round trip's error bound; the byte count per tensor; the
 // bill of meta mode's NF4 weights.

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ag_internal.h"
+#include "kernels/ag_kernels.h"
 
 typedef struct {
     _Atomic int *hits;

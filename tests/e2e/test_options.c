@@ -16,7 +16,7 @@
 
 #define dir cli_run_dir
 
-static const char *const commands[5] = {"train", "infer", "compare", "check", "plan"};
+static const char *const commands[6] = {"train", "infer", "compare", "check", "plan", "snapshot"};
 
 // A value the option takes, from its value name in the table.
 static const char *value_for(const char *opt, const char *value) {
@@ -31,6 +31,8 @@ static const char *value_for(const char *opt, const char *value) {
     if (strcmp(opt, "--weight-dtype") == 0) return "int4";
     if (strcmp(opt, "--tokens") == 0) return "1,2,3";
     if (strcmp(opt, "--base-dtype") == 0) return "nf4";
+    if (strcmp(opt, "--device") == 0) return "cuda";
+    if (strcmp(opt, "--memory-fraction") == 0) return "0.5";
     if (strcmp(opt, "--lora-targets") == 0) return "q_proj";
     if (strcmp(value, "R") == 0 || strcmp(value, "A") == 0) return "2";
     if (strcmp(value, "P") == 0) return "0.1";
@@ -59,7 +61,7 @@ static void test_every_option_against_every_command(void **state) {
         const char *cells = strchr(sp, '|');
         assert_non_null(cells);
         rows++;
-        for (int c = 0; c < 5; c++) {
+        for (int c = 0; c < 6; c++) {
             bool takes = strncmp(cells + 1, " x ", 3) == 0;
             cells = strchr(cells + 1, '|');
             assert_non_null(cells);
@@ -76,7 +78,7 @@ static void test_every_option_against_every_command(void **state) {
         }
         // The command's help lists exactly the options it takes.
         cells = strchr(sp, '|');
-        for (int c = 0; c < 5; c++) {
+        for (int c = 0; c < 6; c++) {
             bool takes = strncmp(cells + 1, " x ", 3) == 0;
             cells = strchr(cells + 1, '|');
             char args[64], needle[80];

@@ -1,0 +1,67 @@
+// Parameters: a weight tensor that wants a gradient, and parameters whose storage comes and goes
+// (ZeRO-3's sharded weights: made without storage, gathered before use, freed after).
+#include <stdlib.h>
+
+#include "ag_internal.h"
+
+// A parameter of that shape and name without storage (ag_ctx_defer_params).
+static ag_tensor *deferred_param(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name) {
+    if (ctx->status != AG_OK) return NULL;
+    const char *label = name && *name ? name : "anon";
+    if (ndim < 1 || ndim > AG_MAX_DIMS || !shape) {
+        ag_fail(ctx, AG_ERR_SHAPE, "parameter %s: %d dimensions, expected 1 to %d", label, ndim, AG_MAX_DIMS);
+        return NULL;
+    }
+    ag_tensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        ag_fail(ctx, AG_ERR_NOMEM, "out of memory for parameter %s", label);
+        return NULL;
+    }
+    t->ndim = ndim;
+    t->numel = 1;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i], t->numel *= shape[i];
+    t->refcount = 1;
+    t->bits = ctx->dtype.weight_bits;
+    t->site = mp_site_id(label);
+    t->requires_grad = true;
+    t->is_param = true;
+    return t;
+}
+
+ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name) {
+    ag_tensor *t = ctx && ctx->defer_params ? deferred_param(ctx, ndim, shape, name)
+                                            : ag_tensor_new(ctx, ndim, shape, MP_WEIGHT, name);
+    if (t) {
+        t->requires_grad = true;
+        t->is_param = true;
+    }
+    return t;
+}
+
+void ag_ctx_defer_params(ag_ctx *ctx, bool defer) {
+    if (ctx) ctx->defer_params = defer;
+}
+
+bool ag_param_has_storage(const ag_tensor *param) { return param && param->block.bytes != 0; }
+
+bool ag_param_alloc_storage(ag_ctx *ctx, ag_tensor *param) {
+    if (!ctx || ctx->status != AG_OK || !param) return false;
+    if (ag_param_has_storage(param)) return true;
+    const char *name = ag_tensor_name(param);
+    uint64_t bytes = ag_billed_bytes(ctx, param->ndim, param->shape, MP_WEIGHT, name);
+    char detail[AG_LABEL_MAX];
+    ag_describe_like(detail, sizeof detail, param, param->bits, ctx->dtype.fp16);
+    mp_status st = mp_alloc_described(&param->block, (size_t)bytes, MP_WEIGHT, name, detail);
+    if (st != MP_OK)
+        return ag_fail(ctx, st == MP_ERR_BUDGET ? AG_ERR_BUDGET : AG_ERR_NOMEM,
+                       "cannot allocate %s (%llu bytes, weight): %s", name, (unsigned long long)bytes,
+                       st == MP_ERR_BUDGET ? "over the memory budget" : "out of memory");
+    param->data = param->block.data;
+    return true;
+}
+
+void ag_param_free_storage(ag_tensor *param) {
+    if (!param) return;
+    mp_free(&param->block);
+    param->data = NULL;
+}
