@@ -16,7 +16,14 @@ typedef struct cli_device cli_device; // device.c
 enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
 // The subcommands, as bits of an option's set of commands.
-typedef enum { CLI_TRAIN = 1, CLI_INFER = 2, CLI_COMPARE = 4, CLI_PLAN = 8, CLI_CHECK = 16, CLI_SNAPSHOT = 32 } cli_command_bit;
+typedef enum {
+    CLI_TRAIN = 1,
+    CLI_INFER = 2,
+    CLI_COMPARE = 4,
+    CLI_PLAN = 8,
+    CLI_CHECK = 16,
+    CLI_SNAPSHOT = 32
+} cli_command_bit;
 
 typedef struct {
     const char *name;
@@ -50,7 +57,7 @@ typedef struct {
     const char *device, *gpu, *cuda_alloc_conf, *seq_lens, *snapshot, *against;
     double memory_fraction;
     bool list_gpus;
-    const char *input; // membill snapshot's FILE
+    const char *input;                    // membill snapshot's FILE
     unsigned char given[CLI_MAX_OPTIONS]; // by table row: the user named it
 } cli_options;
 
@@ -178,6 +185,7 @@ enum {
     CLI_ROLE_LOSS,
     CLI_ROLE_ROPE_COS_SIN,
     CLI_ROLE_LORA, // an adapter's own tensors (its input dropped out, A's output)
+    CLI_ROLE_MOE,  // a sparse block's router, routing and experts
     CLI_ROLE_OTHER,
     CLI_NROLES
 };
@@ -245,7 +253,7 @@ typedef struct {
     long batch, seq_len;
     const long *seq_lens; // --seq-lens: step s runs seq_lens[s] tokens (NULL: every step seq_len)
     long *owned_lens;     // the list when cli_train_prepare made it
-    cli_text text; // a prompt's tokenizer and ids
+    cli_text text;        // a prompt's tokenizer and ids
     optim_config ocfg;
     step_record *steps; // nsteps of them
     long nsteps;

@@ -53,6 +53,26 @@ static const json_t *phase_named(const json_t *phases, const char *name) {
     return NULL;
 }
 
+// A golden's "routing" ([step][layer][expert] tokens) as membill's routing file.
+static void write_routing(const char *path, const json_t *taken, const json_t *model, int64_t tokens) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"membill_routing\": 1, \"experts\": %lld, \"top_k\": %lld, \"layers\": [",
+            (long long)num(model, "num_local_experts"), (long long)num(model, "num_experts_per_tok"));
+    size_t s, l;
+    const json_t *step, *layer;
+    bool first = true;
+    json_array_foreach((json_t *)taken, s, step) json_array_foreach((json_t *)step, l, layer) {
+        char *c = json_dumps(layer, JSON_COMPACT);
+        fprintf(f, "%s{\"forward\": %zu, \"layer\": %zu, \"tokens\": %lld, \"count\": %s}", first ? "" : ", ", s, l,
+                (long long)tokens, c);
+        free(c);
+        first = false;
+    }
+    fprintf(f, "]}\n");
+    fclose(f);
+}
+
 // One configuration of the golden set: every phase's peak and end-live of both steps within
 // 0.05%, the saved set after the forward by role within 0.1%.
 static void against_golden(const char *name, const char *extra) {
@@ -70,8 +90,17 @@ static void against_golden(const char *name, const char *extra) {
         assert_int_equal(json_dump_file(fields, cpath, 0), 0);
         snprintf(model, sizeof model, "--config %s", cpath);
     }
-    snprintf(args, sizeof args, "train --meta --framework pytorch-1.13 --steps 2 --batch %lld --seq-len %lld %s %s",
-             (long long)num(cfg, "batch"), (long long)num(cfg, "seq_len"), model, extra);
+    // a mixture of experts: the routing PyTorch's run took, for the meta run to bill
+    char routing[700] = "";
+    const json_t *taken = json_object_get(g, "routing");
+    if (taken) {
+        char rpath[512];
+        snprintf(rpath, sizeof rpath, "%s/%s.routing.json", cli_run_dir, name);
+        write_routing(rpath, taken, fields, num(cfg, "batch") * num(cfg, "seq_len"));
+        snprintf(routing, sizeof routing, "--routing %s", rpath);
+    }
+    snprintf(args, sizeof args, "train --meta --framework pytorch-1.13 --steps 2 --batch %lld --seq-len %lld %s %s %s",
+             (long long)num(cfg, "batch"), (long long)num(cfg, "seq_len"), model, extra, routing);
     json_t *m = cli_run_json(args);
     const json_t *gsteps = json_object_get(g, "steps"), *msteps = json_object_get(m, "steps");
     assert_int_equal(json_array_size(msteps), 2);
@@ -124,6 +153,12 @@ static void golden_fp32_foreach(void **state) {
 static void golden_qwen3(void **state) {
     (void)state;
     against_golden("qwen3_135m_b1_t128_fp32_forloop", "--adam-impl for-loop");
+}
+
+// A tiny Mixtral: its router and its experts' eager loop, under the routing PyTorch's run took.
+static void golden_mixtral(void **state) {
+    (void)state;
+    against_golden("mixtral_tiny_b1_t128_fp32_forloop", "--adam-impl for-loop");
 }
 
 static void golden_16_bit(void **state) {
@@ -323,8 +358,8 @@ int main(void) {
         cmocka_unit_test(golden_fp32_forloop),  cmocka_unit_test(golden_fp32_foreach),
         cmocka_unit_test(golden_16_bit),        cmocka_unit_test(golden_qwen3),
         cmocka_unit_test(lean_unchanged),       cmocka_unit_test(meta_equals_real_tiny),
-        cmocka_unit_test(meta_equals_real_moe), cmocka_unit_test(same_losses),
-        cmocka_unit_test(flash_memory_meta),
+        cmocka_unit_test(meta_equals_real_moe), cmocka_unit_test(golden_mixtral),
+        cmocka_unit_test(same_losses),          cmocka_unit_test(flash_memory_meta),
     };
     const struct CMUnitTest heavy[] = {cmocka_unit_test(meta_equals_real_smollm2), cmocka_unit_test(flash_memory_real)};
     if (getenv("MEMBILL_HEAVY")) return cmocka_run_group_tests(heavy, cli_run_make_dir, cli_run_remove_dir);
