@@ -450,6 +450,10 @@ ag_tensor *ag_scale_rows(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor 
 // ag_index_rows's.
 ag_tensor *ag_index_add(ag_ctx *ctx, const char *site, ag_tensor *acc, const int64_t *rows, int64_t n, ag_tensor *src,
                         ag_tensor *index);
+// Expert parallelism's all-to-all as one rank of the group sees it: x[n, C] goes out to the other
+// ranks and y[m, C] comes in (their rows for this rank's experts); backward sends y's gradient
+// back and receives x's. Meta mode only (a simulated rank: the bill of its buffers).
+ag_tensor *ag_all_to_all(ag_ctx *ctx, const char *site, ag_tensor *x, int64_t m);
 // y[N, C] = sigmoid(g[N, 1]) * x[N, C] (qwen2_moe's shared expert gate).
 ag_tensor *ag_sigmoid_gate(ag_ctx *ctx, const char *site, ag_tensor *g, ag_tensor *x);
 // The load-balancing loss of Switch Transformer as transformers computes it

@@ -46,6 +46,38 @@ static ag_tensor *shared_expert(ag_ctx *ctx, const llama_config *c, const llama_
     return y;
 }
 
+// Expert parallelism (a simulated rank, meta mode): this rank's tokens go to their experts'
+// ranks as an all-to-all of their (token, choice) rows; the rows for its own experts arrive from
+// every rank of the group (ep times its share of the routing: every rank routes alike), run
+// through them, go back, and are weighted and summed into their tokens here.
+static ag_tensor *ep_experts(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *h, ag_tensor *w,
+                             const ag_moe_routing *r, int64_t i) {
+    char s[96];
+    const llama_moe_names *nm = llama_family_moe_names(c->family);
+    const int64_t N = r->tokens, k = r->k, ep = c->moe.ep, local = c->moe.experts / ep, H = c->hidden;
+    int64_t count[local], R = 0;
+    for (int64_t e = 0; e < local; e++) R += (count[e] = r->count[e] * ep);
+    ag_tensor *send = ag_index_rows(ctx, moe_site(s, i, nm->prefix, "dispatch"), h, H, NULL, N * k, NULL);
+    ag_tensor *recv = R ? ag_all_to_all(ctx, moe_site(s, i, nm->prefix, "dispatch_recv"), send, R) : NULL;
+    REL(send);
+    ag_tensor *ones = recv ? ag_tensor_new(ctx, 2, (int64_t[]){R, 1}, MP_ACTIVATION, "ep_unweighted") : NULL;
+    ag_moe_routing mine = {.tokens = R, .k = 1, .experts = (int)local, .count = count};
+    ag_moe_eager hf = {.hit_tensor = nm->hit_tensor, .proj = {nm->proj[0], nm->proj[1], nm->proj[2]}};
+    ag_tensor *y = ones ? ag_moe_experts(ctx, moe_site(s, i, nm->prefix, ""), recv, ones, &mine, L->expert_gate,
+                                         L->expert_up, L->expert_down, &hf)
+                        : NULL;
+    REL(recv), REL(ones);
+    ag_tensor *back = y ? ag_all_to_all(ctx, moe_site(s, i, nm->prefix, "combine_recv"), y, N * k) : NULL;
+    REL(y);
+    ag_tensor *yw = ag_scale_rows(ctx, moe_site(s, i, nm->prefix, "combine_scaled"), back, w);
+    REL(back);
+    ag_tensor *acc =
+        yw ? ag_tensor_new(ctx, h->ndim, h->shape, MP_ACTIVATION, moe_site(s, i, nm->prefix, "combine:out")) : NULL;
+    ag_tensor *out = acc ? ag_index_add(ctx, moe_site(s, i, nm->prefix, "combine"), acc, NULL, N * k, yw, NULL) : NULL;
+    REL(yw);
+    return out;
+}
+
 ag_tensor *llama_moe_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
     char s[96];
     const llama_moe_names *nm = llama_family_moe_names(c->family);
@@ -64,8 +96,9 @@ ag_tensor *llama_moe_block(ag_ctx *ctx, const llama_config *c, const llama_layer
             ag_ctx_fail(ctx, err.msg), REL(w);
     }
     ag_moe_eager hf = {.hit_tensor = nm->hit_tensor, .proj = {nm->proj[0], nm->proj[1], nm->proj[2]}};
-    ag_tensor *y = ag_moe_experts(ctx, moe_site(s, i, nm->prefix, ""), h, w, &r, L->expert_gate, L->expert_up,
-                                  L->expert_down, &hf);
+    ag_tensor *y = c->moe.ep > 1 ? (w ? ep_experts(ctx, c, L, h, w, &r, i) : NULL)
+                                 : ag_moe_experts(ctx, moe_site(s, i, nm->prefix, ""), h, w, &r, L->expert_gate,
+                                                  L->expert_up, L->expert_down, &hf);
     REL(w);
     ag_moe_routing_free(&r);
     if (L->moe && L->moe->logits && logits && ag_is_grad_enabled(ctx)) L->moe->logits[i] = ag_retain(logits);

@@ -42,6 +42,11 @@ static int validate_moe(const llama_config *c, ag_err *err) {
                    (long long)m->experts, (long long)m->top_k);
         return -1;
     }
+    if (m->ep < 0 || (m->ep > 1 && m->experts % m->ep != 0)) {
+        ag_err_set(err, "expert parallelism over %lld ranks must divide the %lld experts", (long long)m->ep,
+                   (long long)m->experts);
+        return -1;
+    }
     if (m->intermediate < 1 || m->intermediate > LLAMA_MAX_INTERMEDIATE || m->shared_intermediate < 0 ||
         m->shared_intermediate > LLAMA_MAX_INTERMEDIATE || m->sparse_step < 1 || m->dense_first < 0) {
         ag_err_set(err, "the mixture of experts' sizes (expert intermediate %lld, shared %lld) are out of bounds",

@@ -201,7 +201,11 @@ static size_t group_end(const llama_config *c, bool sparse, size_t r, size_t *n_
     return end;
 }
 
-static uint64_t experts_of(const llama_config *c) { return c->moe.experts > 0 ? (uint64_t)c->moe.experts : 0; }
+// The routed experts this table holds in a sparse layer: all, or an expert-parallel rank's share.
+static uint64_t experts_of(const llama_config *c) {
+    if (c->moe.experts <= 0) return 0;
+    return (uint64_t)(c->moe.ep > 1 ? c->moe.experts / c->moe.ep : c->moe.experts);
+}
 
 // Walks the rows of a layer (sparse or dense): the j-th tensor's row and expert (-1 for a row of
 // its own); false past the last. With j SIZE_MAX it only counts (*count).

@@ -79,6 +79,11 @@ typedef struct {
     bool expert_bias;            // gpt_oss: the experts' projections have biases
     bool score_bias;             // deepseek_v3: e_score_correction_bias, a buffer (billed, not counted)
     double swiglu_limit;         // gpt_oss: the clamp of the SwiGLU (0: none)
+    // Expert parallelism (plans: a simulated rank): the experts split over ep ranks; this table
+    // holds rank 0's experts / ep of each sparse layer (the router still scores all of them), and
+    // each sparse block sends its tokens to their experts' ranks and back (all-to-all). 0 or 1:
+    // every expert here.
+    int64_t ep;
 } llama_moe;
 
 // Multi-head latent attention (deepseek_v3; kv_lora_rank 0: not MLA).

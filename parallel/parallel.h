@@ -54,8 +54,7 @@ int par_all_reduce_sum(par_comm *c, float *buf, size_t n, size_t elem_bytes, ag_
 // this rank's part, summed over the ranks, is at the start of buf.
 int par_reduce_scatter_sum(par_comm *c, float *buf, const size_t *counts, size_t elem_bytes, ag_err *err);
 // buf[displs[r] .. + counts[r]) is rank r's part; afterwards every rank's part is in every buf.
-int par_all_gather(par_comm *c, float *buf, const size_t *counts, const size_t *displs, size_t elem_bytes,
-                    ag_err *err);
+int par_all_gather(par_comm *c, float *buf, const size_t *counts, const size_t *displs, size_t elem_bytes, ag_err *err);
 // Each rank's text to rank 0 (not counted: reporting, not training). On rank 0 *all gets
 // size() malloc'd strings (the caller frees each and the array), elsewhere NULL.
 int par_gather_text(par_comm *c, const char *mine, char ***all, ag_err *err);
@@ -92,6 +91,9 @@ typedef struct {
     int stage;           // 0 to 3
     size_t bucket_bytes; // the cap of a reduction bucket (DDP's bucket_cap_mb, in bytes)
     int prefetch;        // stage 3: units gathered ahead of the one in use (0: none)
+    // A parameter no node reached in a backward (an expert no token went to) adds zeros to its
+    // bucket's reduction, as DDP's find_unused_parameters=True; false: it is an error.
+    bool find_unused;
 } par_zero_config;
 
 // The parameters gathered together in stage 3, a module of the model (a decoder block, the
@@ -108,7 +110,7 @@ typedef struct par_zero par_zero;
 // from par_zero_materialize. Installs the leaf hooks on ctx (ag_ctx_set_leaf_hooks), which
 // must outlive it. The units are copied.
 int par_zero_new(par_zero **out, const par_zero_config *cfg, par_comm *c, ag_ctx *ctx, ag_tensor *const *params,
-                  size_t n, const par_unit *units, size_t nunits, ag_err *err);
+                 size_t n, const par_unit *units, size_t nunits, ag_err *err);
 void par_zero_free(par_zero *z); // NULL is ignored; frees shards, buckets, gathered storage
 
 // Stage 3, as zero.Init: unit by unit, the unit's parameters get their full storage, fill()

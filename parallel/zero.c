@@ -188,7 +188,7 @@ static int setup(par_zero *z, ag_tensor *const *params, size_t n, const par_unit
 }
 
 int par_zero_new(par_zero **out, const par_zero_config *cfg, par_comm *c, ag_ctx *ctx, ag_tensor *const *params,
-                  size_t n, const par_unit *units, size_t nunits, ag_err *err) {
+                 size_t n, const par_unit *units, size_t nunits, ag_err *err) {
     *out = NULL;
     if (!cfg || cfg->stage < 0 || cfg->stage > 3 || cfg->prefetch < 0 || !cfg->bucket_bytes || !c || !ctx) {
         ag_err_set(err,
@@ -360,13 +360,20 @@ static size_t bucket_offset(const par_zero *z, const zbucket *b, size_t j, int q
 static void copy_in(const par_zero *z, const zbucket *b, size_t j, const zslot *s) {
     float *dst = b->buf.data;
     const float *g = s->p->grad ? s->p->grad->data : NULL;
-    if (!dst || !g) return;
+    if (!dst) return;
     if (z->cfg.stage == 0) {
-        memcpy(dst + bucket_offset(z, b, j, 0), g, s->numel * sizeof(float));
+        if (g)
+            memcpy(dst + bucket_offset(z, b, j, 0), g, s->numel * sizeof(float));
+        else // an unused parameter's zeros
+            memset(dst + bucket_offset(z, b, j, 0), 0, s->numel * sizeof(float));
         return;
     }
-    for (int q = 0; q < z->N; q++)
-        memcpy(dst + bucket_offset(z, b, j, q), g + part_lo(s, q), part_len(s, q) * sizeof(float));
+    for (int q = 0; q < z->N; q++) {
+        if (g)
+            memcpy(dst + bucket_offset(z, b, j, q), g + part_lo(s, q), part_len(s, q) * sizeof(float));
+        else
+            memset(dst + bucket_offset(z, b, j, q), 0, part_len(s, q) * sizeof(float));
+    }
 }
 
 static void scale_into(float *dst, const float *src, size_t n, float f) {
@@ -447,7 +454,9 @@ static bool grad_ready(void *user, ag_tensor *leaf, ag_err *err) {
 
 int par_zero_after_backward(par_zero *z, ag_err *err) {
     for (size_t i = 0; i < z->n; i++)
-        if (!z->slots[i].ready) {
+        if (!z->slots[i].ready && z->cfg.find_unused) {
+            if (!grad_ready(z, z->slots[i].p, err)) return -1;
+        } else if (!z->slots[i].ready) {
             ag_err_set(err,
                        "zero: %s got no gradient in backward (every parameter must take part, as DDP "
                        "without find_unused_parameters)",

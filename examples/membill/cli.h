@@ -35,7 +35,7 @@ const cli_command *cli_find_command(const char *name); // NULL if unknown
 size_t cli_command_count(void);
 const cli_command *cli_command_at(size_t i);
 
-#define CLI_MAX_OPTIONS 64
+#define CLI_MAX_OPTIONS 80
 
 // Every option's value after parsing, the table's defaults applied (options.c). A field of an
 // option the subcommand does not take stays zero.
@@ -43,7 +43,7 @@ typedef struct {
     const char *command;
     cli_command_bit cmd;
     const char *model, *config, *weights, *tokens, *prompt, *prompt_file, *tokenizer;
-    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size, bucket_mb, prefetch_layers;
+    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size, bucket_mb, prefetch_layers, ep;
     uint64_t seed, budget, device_memory, overhead;
     const char *optimizer, *adam_impl, *dtype, *weight_dtype, *framework, *attention;
     double lr;

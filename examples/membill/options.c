@@ -115,6 +115,9 @@ static const opt_spec specs[] = {
      "plan a generation (weights, KV cache, activations) instead of a training step"},
     {"--gpus", "N", T_LONG, OFF(gpus), PL, "1", 0, NULL, 1, 1 << 20, NULL,
      "data-parallel devices (plan: one simulated rank of N)"},
+    {"--ep", "N", T_LONG, OFF(ep), PL, "1", 0, NULL, 1, 1 << 16, NULL,
+     "expert parallelism: a mixture of experts' experts split over N of the --gpus (all-to-all of the routed "
+     "tokens), the rest data-parallel; the plan bills one rank"},
     {"--zero", "S", T_LONG, OFF(zero), TR | PL, "0", 0, NULL, 0, 3, NULL,
      "ZeRO stage: 0 DDP, 1 shards optimizer state, 2 also gradients, 3 also weights (train: a real sharded step "
      "under mpirun, MPI build)"},

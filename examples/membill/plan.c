@@ -137,7 +137,9 @@ static int measure_rank(const plan_setting *s, long B, long T, plan_bill *b, ag_
         return -1;
     }
     step_record *steps = calloc((size_t)s->nsteps, sizeof *steps);
-    int rc = steps ? meta_step(s, B, T, steps, c, err) : (ag_err_set(err, "out of memory"), -1);
+    plan_setting ranked = *s; // expert parallelism: the rank holds its share of the experts
+    if (s->ep > 1) ranked.cfg.moe.ep = s->ep;
+    int rc = steps ? meta_step(&ranked, B, T, steps, c, err) : (ag_err_set(err, "out of memory"), -1);
     plan_bill rank;
     plan_setting one = *s;
     one.infer = false;
@@ -295,6 +297,7 @@ static void plan_setting_from(const cli_options *o, plan_setting *s) {
     s->seq_len = o->seq_len;
     s->new_tokens = s->infer ? o->new_tokens : 0;
     s->gpus = o->gpus;
+    s->ep = o->ep;
     s->zero = o->zero;
     s->bucket_mb = o->bucket_mb;
     s->prefetch = o->prefetch_layers;
@@ -341,8 +344,9 @@ static int plan_report(const cli_options *o, const plan_setting *s, const plan_b
     if (s->checkpointing) llama_closed_form_checkpointing(&s->cfg, s->batch, s->seq_len, &d, &cf);
     gpu_share g = per_gpu(s, b);
     bool to_stdout = o->json && strcmp(o->json, "-") == 0;
-    plan_view view = {s,         b,      &cf,  &g,   device, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped,
-                      f->smallest, other, devr, !s->seq_lens};
+    plan_view view = {
+        s,           b,     &cf,  &g,          device, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped,
+        f->smallest, other, devr, !s->seq_lens};
     if (!o->quiet && !to_stdout) plan_report_text(stdout, &view);
     json_t *root = plan_report_json(&view);
     char title[256];
@@ -375,6 +379,13 @@ int cmd_plan(const cli_options *o) {
     int rc = cli_load_config(o, &s.cfg, st_path, sizeof st_path, &err);
     if (rc == 0) rc = cli_lora_from_options(o, &s.lora, &err);
     if (rc == 0) rc = cli_routing_prepare(o, &s.cfg, &s.routing, &err);
+    if (rc == 0 && s.ep > 1 && (s.cfg.moe.experts == 0 || s.cfg.moe.experts % s.ep != 0)) {
+        if (s.cfg.moe.experts == 0)
+            ag_err_set(&err, "--ep: %s has no experts to split", s.cfg.name);
+        else
+            ag_err_set(&err, "--ep %ld must divide %s's %lld experts", s.ep, s.cfg.name, (long long)s.cfg.moe.experts);
+        rc = EXIT_USAGE;
+    }
     if (rc == 0) rc = plan_lengths(o, &s, &err);
     if (rc == 0) rc = cli_device_prepare(o, s.infer ? 1 : s.gpus, &s.dev, &err);
     if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_USAGE;

@@ -38,6 +38,7 @@ typedef struct {
 typedef struct {
     llama_config cfg;
     long batch, seq_len, gpus, zero;
+    long ep;                  // --ep: the experts split over this many of the gpus (0 or 1: none)
     long bucket_mb, prefetch; // the simulated rank's buckets and stage 3's prefetch
     optim_config ocfg;
     uint64_t overhead;
@@ -50,9 +51,9 @@ typedef struct {
     cli_lora lora;       // rank 0: every parameter trains
     cli_routing routing; // a mixture of experts' (the plan's own)
     cli_device dev;
-    long nsteps;          // training steps billed: 2, or --seq-lens' lengths twice
-    long *seq_lens;       // --seq-lens repeated (NULL: every step seq_len)
-    long nlens;           // --seq-lens' own count
+    long nsteps;    // training steps billed: 2, or --seq-lens' lengths twice
+    long *seq_lens; // --seq-lens repeated (NULL: every step seq_len)
+    long nlens;     // --seq-lens' own count
 } plan_setting;
 
 // One device's share: model states as ZeRO shards them (stage 1 the optimizer state, 2 also
@@ -97,3 +98,6 @@ long plan_cache_tokens(const plan_setting *s);
 const char *plan_weight_dtype_name(const cli_dtype *d);
 void plan_report_text(FILE *out, const void *arg);
 json_t *plan_report_json(const plan_view *v);
+
+// Expert parallelism: the bytes a rank's all-to-alls send in a training step (plan_report.c).
+uint64_t plan_all_to_all_bytes(const plan_setting *s);

@@ -359,6 +359,14 @@ static void report_train_text(FILE *out, const plan_view *v) {
     fprintf(out, "framework: %s; attention: %s\n", cli_framework_text(s->framework, s->cfg.family, fw, sizeof fw),
             cli_attention_text(s->attention));
     cli_routing_text(out, &s->cfg, &s->routing, true);
+    if (s->ep > 1) {
+        char x[64];
+        fprintf(out,
+                "expert parallel: %lld experts a sparse layer split over %ld ranks (%lld each), the rest data-parallel "
+                "over %ld; all-to-all: %s sent by a rank a step\n",
+                (long long)s->cfg.moe.experts, s->ep, (long long)(s->cfg.moe.experts / s->ep), s->gpus,
+                mp_format_bytes(x, sizeof x, plan_all_to_all_bytes(s)));
+    }
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->lora.cfg.rank)
@@ -559,6 +567,10 @@ static json_t *run_json(const plan_setting *s) {
     json_object_set_new(run, "meta", json_true());
     json_object_set_new(run, "framework", json_string(cli_framework_name(s->framework)));
     if (s->cfg.moe.experts > 0) json_object_set_new(run, "routing", json_string(cli_routing_name(&s->routing, true)));
+    if (s->ep > 1) {
+        json_object_set_new(run, "ep", json_integer(s->ep));
+        json_object_set_new(run, "all_to_all_bytes_per_step", json_integer((json_int_t)plan_all_to_all_bytes(s)));
+    }
     json_object_set_new(run, "attention", json_string(cli_attention_name(s->attention)));
     if (!s->infer) json_object_set_new(run, "checkpointing", json_boolean(s->checkpointing));
     json_object_set_new(run, "gpus", json_integer(s->gpus));
@@ -647,3 +659,13 @@ json_t *plan_report_json(const plan_view *v) {
 }
 
 // The options of membill plan into a setting; a usage error prints one line and returns false.
+
+uint64_t plan_all_to_all_bytes(const plan_setting *s) {
+    // each sparse layer sends its (token, choice) rows out and their outputs back, in forward and
+    // again (their gradients) in backward; the rows of the rank's own experts stay
+    int64_t sparse = 0;
+    for (int64_t i = 0; i < s->cfg.layers; i++) sparse += llama_layer_moe(&s->cfg, i);
+    const uint64_t rows = (uint64_t)s->batch * (uint64_t)s->seq_len * (uint64_t)s->cfg.moe.top_k,
+                   row = (uint64_t)s->cfg.hidden * (uint64_t)s->dt.act_bits / 8;
+    return (uint64_t)sparse * 4 * rows * row / (uint64_t)s->ep * (uint64_t)(s->ep - 1);
+}

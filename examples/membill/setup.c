@@ -41,7 +41,8 @@ static const char *device_combinations(const cli_options *o) {
     if (o->gpu && cli_given(o, "--device-memory"))
         return "--gpu gives the device's memory: --device-memory is for a card that has no name here";
     if (!cuda && (o->cuda_alloc_conf || o->snapshot || cli_given(o, "--memory-fraction")))
-        return "--cuda-alloc-conf, --memory-fraction and --snapshot are the CUDA allocator's: add --device cuda or --gpu";
+        return "--cuda-alloc-conf, --memory-fraction and --snapshot are the CUDA allocator's: add --device cuda or "
+               "--gpu";
     if (cli_given(o, "--memory-fraction") && !o->gpu && !cli_given(o, "--device-memory"))
         return "--memory-fraction is a share of the card's memory: name the card (--gpu or --device-memory)";
     if (o->seq_lens && (o->tokens || o->prompt || o->prompt_file))
@@ -50,7 +51,8 @@ static const char *device_combinations(const cli_options *o) {
     if (o->seq_lens && (cli_given(o, "--zero") || (o->cmd == CLI_PLAN && (o->infer || o->gpus > 1))))
         return "--seq-lens varies one device's training steps: not with --infer, --gpus or --zero";
     if (cuda && o->cmd == CLI_TRAIN && cli_given(o, "--zero"))
-        return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's device";
+        return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's "
+               "device";
     if (o->snapshot && o->cmd == CLI_PLAN && (o->gpus > 1 || cli_given(o, "--zero")))
         return "--snapshot writes one device's whole run: the simulated rank of --gpus or --zero is not written";
     if (o->cmd == CLI_SNAPSHOT && !o->input) return "which snapshot? membill snapshot FILE.pickle";
@@ -115,6 +117,14 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--tokenizer reads --prompt or --prompt-file: give one of them";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
         bad = "compare trains on one prompt repeated over --batch: give one prompt";
+    else if (o->ep > 1 && (o->gpus % o->ep != 0 || o->gpus < o->ep))
+        snprintf(buf, sizeof buf, "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a multiple of it",
+                 o->ep, o->ep),
+            bad = buf;
+    else if (o->ep > 1 && (o->zero > 0 || o->infer))
+        bad =
+            "--ep plans a data-parallel training step (--zero 0): its expert shards with ZeRO's, and a generation, are "
+            "not modelled";
     else if (cli_given(o, "--routing") && o->cmd != CLI_PLAN && !o->meta)
         bad = "--routing sets how a meta run routes its tokens; a real run routes by its routers (--routing-out "
               "records their choices): add --meta";
@@ -124,7 +134,8 @@ bool cli_check_combinations(const cli_options *o) {
     if (!bad) bad = device_combinations(o);
     if (!bad) {
         // Two outputs on stdout would interleave.
-        const char *outs[] = {o->json, o->timeline, o->svg, o->trace, o->html, o->dump_grads, o->save_weights, o->snapshot};
+        const char *outs[] = {o->json, o->timeline,   o->svg,          o->trace,
+                              o->html, o->dump_grads, o->save_weights, o->snapshot};
         int dashes = 0;
         for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) dashes += outs[i] && strcmp(outs[i], "-") == 0;
         if (dashes > 1) bad = "only one output can go to stdout ('-')";

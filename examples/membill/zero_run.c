@@ -52,7 +52,8 @@ static int fill(void *user, ag_err *err) {
 }
 
 static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_zero **z, model_units *mu, ag_err *err) {
-    par_zero_config zcfg = {zc->stage, zc->bucket_bytes, zc->prefetch};
+    // a mixture of experts: an expert no token reached adds zeros (find_unused_parameters)
+    par_zero_config zcfg = {zc->stage, zc->bucket_bytes, zc->prefetch, r->cfg.moe.experts > 0};
     if (zc->stage < 3) {
         if (cli_model_build(ctx, &r->cfg, &r->dtype, r->st_path, r->seed, m, err) != 0) return -1;
         cli_routing_attach(&r->routing, *m);
