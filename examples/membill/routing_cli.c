@@ -20,8 +20,13 @@ int cli_routing_prepare(const cli_options *o, const llama_config *c, cli_routing
         rc = llama_routing_new(&r->assume, LLAMA_ROUTING_BALANCED, err);
     else if (!strcmp(how, "worst"))
         rc = llama_routing_new(&r->assume, LLAMA_ROUTING_WORST, err);
-    else if (llama_routing_load(&r->assume, how, c, err) != 0)
-        return EXIT_RUN_FAILED;
+    else {
+        ag_err why;
+        if (llama_routing_load(&r->assume, how, c, &why) != 0) {
+            ag_err_set(err, "--routing: %s", why.msg);
+            return EXIT_RUN_FAILED;
+        }
+    }
     if (rc == 0 && o->routing_out) rc = llama_routing_new(&r->record, LLAMA_ROUTING_MEASURED, err);
     return rc == 0 ? 0 : EXIT_RUN_FAILED;
 }

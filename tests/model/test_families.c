@@ -215,11 +215,75 @@ static void test_unmodelled_refused(void **state) {
     }
 }
 
+// Routings: the assumptions' counts, a recorded routing written and read back, files refused
+// naming what is wrong.
+static void test_routing(void **state) {
+    (void)state;
+    llama_config c;
+    ag_err err = {{0}};
+    const char *text = HEAD "\"model_type\":\"mixtral\",\"num_local_experts\":4,\"num_experts_per_tok\":2}";
+    assert_int_equal(parse(text, &c, &err), 0);
+    int64_t count[4];
+    llama_routing *r = NULL;
+    assert_int_equal(llama_routing_new(&r, LLAMA_ROUTING_WORST, &err), 0);
+    assert_int_equal(llama_routing_counts(r, 0, 1, 10, 4, 2, count, &err), 0);
+    assert_true(count[0] == 10 && count[1] == 10 && count[2] == 0 && count[3] == 0);
+    llama_routing_free(r);
+    assert_int_equal(llama_routing_counts(NULL, 0, 1, 11, 4, 2, count, &err), 0); // balanced: 22 pairs
+    assert_true(count[0] == 6 && count[1] == 6 && count[2] == 5 && count[3] == 5);
+    // recorded, written, read back
+    assert_int_equal(llama_routing_new(&r, LLAMA_ROUTING_MEASURED, &err), 0);
+    assert_int_equal(llama_routing_add(r, 0, 0, 10, 4, 2, (const int64_t[]){7, 3, 10, 0}, &err), 0);
+    assert_int_equal(llama_routing_add(r, 0, 1, 10, 4, 2, (const int64_t[]){5, 5, 5, 5}, &err), 0);
+    assert_int_equal(llama_routing_add(r, 0, 1, 10, 4, 2, (const int64_t[]){9, 9, 1, 1}, &err), 0); // recomputed
+    char *dir = tu_tmpdir(), path[4096];
+    snprintf(path, sizeof path, "%s/routing.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_int_equal(llama_routing_write(r, f, &err), 0);
+    fclose(f);
+    llama_routing_free(r);
+    assert_int_equal(llama_routing_load(&r, path, &c, &err), 0);
+    assert_int_equal(llama_routing_counts(r, 0, 0, 10, 4, 2, count, &err), 0);
+    assert_true(count[0] == 7 && count[2] == 10 && count[3] == 0);
+    assert_int_equal(llama_routing_counts(r, 0, 1, 10, 4, 2, count, &err), 0);
+    assert_true(count[0] == 5 && count[3] == 5); // the first record of a forward and layer
+    assert_int_equal(llama_routing_counts(r, 1, 0, 10, 4, 2, count, &err), -1);
+    TU_MENTIONS(err.msg, "no routing for forward 1, layer 0", "routing.json");
+    assert_int_equal(llama_routing_counts(r, 0, 0, 12, 4, 2, count, &err), -1);
+    TU_MENTIONS(err.msg, "routed 10 tokens", "this run has 12");
+    llama_routing_free(r);
+    const struct {
+        const char *json, *want1, *want2;
+    } bad[] = {
+        {"{\"membill_routing\":1,\"experts\":8,\"top_k\":2,\"layers\":[]}", "8 experts", "the model has 4"},
+        {"{\"membill_routing\":1,\"experts\":4,\"top_k\":2,\"layers\":[{\"forward\":0,\"layer\":0,"
+         "\"tokens\":10,\"count\":[10,10,1,0]}]}",
+         "layers[0] routes 21 pairs", "20"},
+        {"{\"membill_routing\":1,\"experts\":4,\"top_k\":2,\"layers\":[{\"forward\":0,\"layer\":0,"
+         "\"tokens\":10,\"count\":[11,9,0,0]}]}",
+         "count[0]", "0 to tokens (10)"},
+        {"{\"membill_routing\":1,\"experts\":4,\"top_k\":2,\"layers\":[{\"forward\":0,\"layer\":9,"
+         "\"tokens\":10,\"count\":[10,10,0,0]}]}",
+         "layers[0]", "a sparse layer"},
+        {"[1]", "membill_routing", "layers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        f = fopen(path, "w");
+        fputs(bad[i].json, f);
+        fclose(f);
+        memset(&err, 0, sizeof err);
+        assert_int_equal(llama_routing_load(&r, path, &c, &err), -1);
+        assert_null(r);
+        TU_MENTIONS(err.msg, bad[i].want1, bad[i].want2);
+    }
+    tu_rmtree(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_published_counts),   cmocka_unit_test(test_names),
         cmocka_unit_test(test_sparse_layers),      cmocka_unit_test(test_experts_on_dense_family),
-        cmocka_unit_test(test_unmodelled_refused),
+        cmocka_unit_test(test_unmodelled_refused), cmocka_unit_test(test_routing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
