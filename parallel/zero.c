@@ -381,6 +381,17 @@ static void scale_into(float *dst, const float *src, size_t n, float f) {
     for (size_t i = 0; i < n; i++) dst[i] = src[i] * f;
 }
 
+// A parameter this rank's backward did not reach (find_unused) gets its .grad from the reduction,
+// as DDP's reducer defines it from the bucket for a parameter another rank used.
+static bool give_grad(par_zero *z, zslot *s, ag_err *err) {
+    if (s->p->grad || !z->cfg.find_unused) return true;
+    char label[256];
+    snprintf(label, sizeof label, "%s:grad", ag_tensor_name(s->p));
+    s->p->grad = ag_tensor_new(z->ctx, s->p->ndim, s->p->shape, MP_GRADIENT, label);
+    if (!s->p->grad) ag_err_set(err, "%s", ag_ctx_error(z->ctx));
+    return s->p->grad != NULL;
+}
+
 // Every gradient of the bucket final: the reduction, this rank's results into place, the bucket freed.
 static int reduce_bucket(par_zero *z, zbucket *b, ag_err *err) {
     const float inv = 1.0f / (float)z->N;
@@ -390,6 +401,10 @@ static int reduce_bucket(par_zero *z, zbucket *b, ag_err *err) {
         rc = par_all_reduce_sum(z->comm, buf, b->elems, z->grad_bytes, err);
         for (size_t j = 0, at = 0; rc == 0 && j < b->n; at += z->slots[b->slots[j]].numel, j++) {
             zslot *s = &z->slots[b->slots[j]];
+            if (!give_grad(z, s, err)) {
+                rc = -1;
+                break;
+            }
             scale_into(s->p->grad ? s->p->grad->data : NULL, buf ? buf + at : NULL, s->numel, inv);
         }
     } else {
@@ -407,6 +422,10 @@ static int reduce_bucket(par_zero *z, zbucket *b, ag_err *err) {
             zslot *s = &z->slots[b->slots[j]];
             size_t len = s->hi - s->lo;
             if (z->cfg.stage == 1) {
+                if (!give_grad(z, s, err)) {
+                    rc = -1;
+                    break;
+                }
                 scale_into(s->p->grad ? ag_f32(s->p->grad) + s->lo : NULL, buf ? buf + at : NULL, len, inv);
             } else if (len) {
                 char label[256];
