@@ -47,8 +47,8 @@ struct ag_node {
 
 struct ag_ctx {
     bool grad_enabled;
-    ag_precision dtype; // element sizes billed (meta mode); float32 by default
-    ag_framework framework;
+    ag_precision dtype;         // element sizes billed (meta mode); float32 by default
+    const ag_framework_row *fw; // the framework's row: every framework decision the ops make
     ag_attention_kind attention;
     ag_node **tape;
     size_t ntape, cap;
@@ -91,8 +91,6 @@ ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, cons
 // same size in real runs, which are float32 only).
 // A block of `bytes` float32 bytes, billed at the category's dtype in meta mode.
 bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label);
-// A tensor billed at `bits` an element whatever its category (a float32 copy in a 16-bit model).
-ag_tensor *ag_tensor_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site, int bits);
 static inline int ag_max_bits(int a, int b) { return a > b ? a : b; } // PyTorch's type promotion
 // The output of an elementwise op of a and b (a's shape): under PYTORCH semantics at the wider
 // of their element sizes, else as ag_tensor_like(a).
@@ -128,8 +126,10 @@ bool ag_tape_push(ag_ctx *ctx, ag_node *n);
 // Frees the nodes above `floor` without running them.
 void ag_tape_clear_to(ag_ctx *ctx, size_t floor);
 
+// torch.autocast's semantics: an autocast dtype under a framework that has them.
+static inline bool ag_autocast(const ag_ctx *ctx) { return ctx->dtype.autocast && AG_FW(ctx->fw, autocast); }
+
 // grad.c
-static inline bool ag_is_pytorch(const ag_ctx *ctx) { return ctx->framework != AG_FRAMEWORK_LEAN; }
 bool ag_grad_get(ag_ctx *ctx, ag_node *n, int i, ag_grad_dst *dst);
 // All inputs at once; inputs sharing one target are resolved so every write accumulates.
 bool ag_grad_get_all(ag_ctx *ctx, ag_node *n, ag_grad_dst *dst);

@@ -88,14 +88,15 @@ struct ag_tensor {
     ag_tensor *grad; // leaves only (category gradient, site "<name>:grad"); NULL until backward
     ag_node *node;   // the node that made it, while the tape holds it; NULL for leaves
     int refcount;
-    int bits;           // the element size of its dtype (ag_type_traits_of(dtype)->bits)
-    ag_dtype dtype;     // what data holds
-    float q_scale;      // AG_Q8: the per-tensor scale
-    int64_t q_group;    // AG_Q4 (and AG_Q8 with row scales): elements of a row sharing one scale
-    int tape_nodes;     // leaves: nodes on the tape with an edge to it
-    mp_block grad_wait; // leaves, PYTORCH semantics: a gradient waiting for the others to be summed
-    mp_block grad_new;  // ... and the one just written, summed with it after its node's backward
-    uint32_t site;      // interned label (mp_site_name); a parameter's name
+    int bits;               // the element size of its dtype (ag_type_traits_of(dtype)->bits)
+    ag_dtype dtype;         // what data holds
+    float q_scale;          // AG_Q8: the per-tensor scale
+    int64_t q_group;        // AG_Q4 (and AG_Q8 with row scales): elements of a row sharing one scale
+    int tape_nodes;         // leaves: nodes on the tape with an edge to it
+    mp_block grad_wait;     // leaves, PYTORCH semantics: a gradient waiting for the others to be summed
+    mp_block grad_new;      // ... and the one just written, summed with it after its node's backward
+    uint32_t site;          // interned label (mp_site_name); a parameter's name
+    uint64_t storage_bytes; // deferred parameters: what their storage is billed (their dtype when made)
 };
 
 // Data and its element type: what kernels take, so that one loop serves every dtype.
@@ -172,25 +173,105 @@ bool ag_set_grad_enabled(ag_ctx *ctx, bool on); // returns the previous mode
 bool ag_is_grad_enabled(const ag_ctx *ctx);
 ag_status ag_ctx_status(const ag_ctx *ctx);
 const char *ag_ctx_error(const ag_ctx *ctx); // NULL when there was no error
-// Sets the sticky error (AG_ERR_ARG) from above autograd: a fault a model finds in the middle of a
-// forward (a routing file that lacks a layer), so that the ops after it stop as after an op's own.
-void ag_ctx_fail(ag_ctx *ctx, const char *msg);
 void ag_ctx_clear_error(ag_ctx *ctx);
+// A caller's failure inside a function the tape runs (a checkpointed block's recomputation in
+// backward; a routing file that lacks a layer in a sparse block), so that the ops after it stop:
+// the context's error becomes msg (budget status when the profiler's budget was hit), unless it
+// has one already. Returns false.
+bool ag_ctx_fail(ag_ctx *ctx, const char *msg);
 
 // Memory semantics: the same math, with what a framework allocates, keeps for backward and frees.
-//   LEAN: minimal saved sets, what fused kernels keep (a fused RMSNorm keeps its input and rstd,
-//     GQA-aware attention keeps k and v at the key-value heads, a fused cross-entropy keeps a
-//     log-sum-exp per row). Leaf gradients accumulate in place into .grad.
-//   PYTORCH: PyTorch's eager ops as Hugging Face transformers composes them. RMSNorm keeps x,
-//     rstd and x * rstd; attention keeps k and v repeated to every query head, the probabilities
-//     and the 8-byte scaling scalar, and materialises the scores three times over (matmul, scaled,
-//     masked); RoPE keeps cos and sin (made once per forward by ag_rope_tables); the loss keeps a
-//     log-softmax of every row and the padded int64 labels, and backward allocates the dense
-//     gradients of nll_loss and log_softmax. A leaf reached by several nodes (a tied embedding)
-//     gets each gradient in a buffer of its own and sums them out of place, as the autograd
-//     engine's input buffer does (category temporary until the sum becomes .grad).
-//   PYTORCH_113: the same on PyTorch 1.13, whose MeanBackward1 also keeps x² inside RMSNorm.
+// LEAN is membill's minimal saved sets (what fused kernels keep); PYTORCH is PyTorch's eager ops as
+// Hugging Face transformers composes them, on current PyTorch; PYTORCH_113 the same on PyTorch
+// 1.13. Each is one row of fields (framework.c): every decision a framework makes is a field, and
+// ops, the model, the closed form, the optimizer and the command read the row, never the name.
 typedef enum { AG_FRAMEWORK_LEAN, AG_FRAMEWORK_PYTORCH, AG_FRAMEWORK_PYTORCH_113 } ag_framework;
+#define AG_NFRAMEWORKS 3
+
+// What RMSNorm keeps for backward: x and a float32 rstd a row (a fused norm); HF: also x * rstd
+// (the weight's mul) and w * x (the next linear's input), and x.to(float32) in a 16-bit model;
+// HF_SQUARES: also x² (PyTorch 1.13's MeanBackward1 keeps its input).
+typedef enum { AG_RMSNORM_X_RSTD, AG_RMSNORM_HF, AG_RMSNORM_HF_SQUARES } ag_rmsnorm_saves;
+// Eager attention: one fused op keeping q, k, v and the probabilities (FUSED), or transformers'
+// eager_attention_forward op by op (HF_EAGER): the scores made three times (matmul, * scaling,
+// + mask), the float32 probabilities kept with the 8-byte scaling scalar, q kept as it is (a
+// contiguous copy when batch > 1), k and v repeated to every query head by repeat_kv's copies, the
+// context through bmm and transpose(1, 2).contiguous().
+typedef enum { AG_ATTENTION_OPS_FUSED, AG_ATTENTION_OPS_HF_EAGER } ag_attention_ops;
+// Flash attention: the op's own output kept (FUSED), or SDPA's [B, heads, T, D] output kept beside
+// transformers' transposed copy, its operands cast under autocast (SDPA).
+typedef enum { AG_FLASH_FUSED, AG_FLASH_SDPA } ag_flash_ops;
+// The loss: logits and a float32 log-sum-exp a row (FUSED), or transformers' ForCausalLMLoss
+// (HF): a float32 log_softmax of every row, the padded int64 labels, nll_loss's total_weight,
+// and the dense gradients of nll_loss and log_softmax in backward.
+typedef enum { AG_LOSS_FUSED, AG_LOSS_HF } ag_loss_ops;
+// The causal mask the model makes: none (the attention applies the pattern), transformers 4.4x's
+// [T, T + 1] (target length T + 1 without an attention mask), or current transformers' [B, 1, T, T]
+// (a second one for Qwen's sliding layers).
+typedef enum { AG_MASK_NONE, AG_MASK_T_T1, AG_MASK_B_T_T } ag_mask_shape;
+// A mixture of experts: the router keeping its float32 softmax and one grouped dispatch of the
+// experts keeping each routed pair's gate and up outputs (GROUPED), or transformers' sparse block
+// op by op (HF_EAGER): softmax, topk and `/=` their sum with topk's int64 indices, the sum and the
+// values before it kept; one_hot, nonzero and the eager loop over the experts hit (torch.where's
+// indices, the gathered rows, the SwiGLU, the weighting, index_add_), each op keeping what its
+// node keeps and its backward allocating what it allocates.
+typedef enum { AG_MOE_GROUPED, AG_MOE_HF_EAGER } ag_moe_ops;
+// torch.optim's foreach Adam: current PyTorch's (eps added in place, lerp_ for exp_avg), or
+// 1.13's (eps added out of place: a second list of temporaries; exp_avg by mul_ and add_).
+typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113 } ag_foreach_kind;
+
+// The fields of a row, in order: X(type, field).
+#define AG_FW_FIELDS(X)                                                                                                \
+    X(const char *, name)            /* --framework NAME, run.framework */                                             \
+    X(const char *, text)            /* the report's line */                                                           \
+    X(const char *, brief)           /* --framework's help */                                                          \
+    X(bool, typed_tensors)           /* each output and gradient has its tensor's dtype */                             \
+    X(bool, leaf_sum_out_of_place)   /* a leaf reached twice: gradients summed out of place */                         \
+    X(ag_rmsnorm_saves, rmsnorm)     /* what RMSNorm keeps */                                                          \
+    X(ag_attention_ops, attention)   /* eager attention's ops */                                                       \
+    X(ag_flash_ops, flash)           /* flash attention's ops */                                                       \
+    X(bool, flash_available)         /* --attention flash runs (1.13 has no SDPA) */                                   \
+    X(ag_loss_ops, loss)             /* the loss's ops */                                                              \
+    X(bool, dropout_mask)            /* dropout keeps a one-byte mask */                                               \
+    X(bool, dequantize_whole)        /* a 4-bit base dequantised whole per product */                                  \
+    X(bool, autocast)                /* torch.autocast's casts exist */                                                \
+    X(bool, kv_cache_cat)            /* the KV cache grows by torch.cat */                                             \
+    X(bool, prefill_last_logits)     /* a prefill makes the last position's logits only */                             \
+    X(ag_mask_shape, mask)           /* the causal mask the model makes */                                             \
+    X(bool, rope_tables)             /* cos and sin made once a forward, kept by RoPE */                               \
+    X(bool, output_cache)            /* the forward's output holds a DynamicCache */                                   \
+    X(bool, output_holds_hidden)     /* the base model's output holds the last hidden state */                         \
+    X(ag_foreach_kind, adam_foreach) /* torch.optim's foreach Adam */                                                  \
+    X(bool, zero_grad_first)         /* zero_grad opens the step (the Trainer's loop) */                               \
+    X(ag_moe_ops, moe)               /* a mixture of experts' router and experts */                                    \
+    X(bool, node_sum_out_of_place)   /* a node's gradient made apart, summed out of place */
+
+typedef enum {
+#define AG_FW_FIELD_ID(type, field) AG_FWF_##field,
+    AG_FW_FIELDS(AG_FW_FIELD_ID)
+#undef AG_FW_FIELD_ID
+        AG_FW_NFIELDS
+} ag_framework_field;
+
+typedef struct {
+#define AG_FW_MEMBER(type, field) type field;
+    AG_FW_FIELDS(AG_FW_MEMBER)
+#undef AG_FW_MEMBER
+} ag_framework_row;
+
+// The row of f (NULL when f is none); the context's (LEAN's for a NULL context).
+const ag_framework_row *ag_framework_row_of(ag_framework f);
+const ag_framework_row *ag_ctx_framework_row(const ag_ctx *ctx);
+// Reads one field of a row: AG_FW(row, rmsnorm). Every read is counted (ag_framework_field_read),
+// so that a test can tell a field no code reads.
+#define AG_FW(row, field) (ag_framework_mark(AG_FWF_##field), (row)->field)
+void ag_framework_mark(ag_framework_field f);
+bool ag_framework_field_read(ag_framework_field f); // read through AG_FW since the process began
+// A field's name and what it decides, and one row's value of it in words (membill help
+// frameworks); NULL for a field out of range.
+const char *ag_framework_field_name(ag_framework_field f);
+const char *ag_framework_field_doc(ag_framework_field f);
+const char *ag_framework_field_value(const ag_framework_row *row, ag_framework_field f);
 
 // LEAN by default. Applies to ops recorded afterwards.
 void ag_ctx_set_framework(ag_ctx *ctx, ag_framework f);
@@ -242,6 +323,9 @@ uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_c
 
 // Tensors. New tensors hold one reference, owned by the caller; data is left uninitialised.
 ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site);
+// A tensor billed at `bits` an element whatever its category (a float32 copy in a 16-bit model,
+// FSDP's float32 gradient shards beside 16-bit parameters).
+ag_tensor *ag_tensor_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site, int bits);
 // A parameter: category weight, requires_grad, is_param, labelled with its name.
 ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name);
 ag_tensor *ag_retain(ag_tensor *t);  // returns t
@@ -252,7 +336,8 @@ const char *ag_tensor_name(const ag_tensor *t);
 // Hooks on the parameters (leaves) of a backward, as data-parallel engines hang theirs (PyTorch
 // DDP's post-accumulate-grad hooks, DeepSpeed ZeRO-3's pre-backward fetch): before_backward(leaf)
 // runs before each node that reaches the leaf runs its backward (so that a sharded parameter's
-// data can be gathered for it); grad_ready(leaf) once the leaf's .grad is final for this backward
+// data can be gathered for it), and before each node that keeps a frozen parameter (no
+// requires_grad) for its backward; grad_ready(leaf) once the leaf's .grad is final for this backward
 // (every node reaching it ran and was freed). Either may be NULL. A hook that returns false stops
 // the backward with its message (the rest of the tape is dropped, as on any error). Neither runs
 // for nodes skipped after an error, nor for ag_tape_clear.
@@ -269,10 +354,14 @@ void ag_ctx_set_leaf_hooks(ag_ctx *ctx, const ag_leaf_hooks *hooks); // NULL: no
 // allocates it (billed weight at the context's dtype, under the parameter's name; contents
 // undefined), false with the context's error set; ag_param_free_storage frees it (the tensor,
 // its shape and its .grad stay). ag_param_has_storage: in meta mode too (a block without data).
+// A deferred parameter keeps the dtype and billing of the context's dtype when it was made (a
+// quantised frozen base made under its own precision stays quantised); ag_param_storage_bytes
+// is what its storage takes, with or without it.
 void ag_ctx_defer_params(ag_ctx *ctx, bool defer);
 bool ag_param_alloc_storage(ag_ctx *ctx, ag_tensor *param);
 void ag_param_free_storage(ag_tensor *param);
 bool ag_param_has_storage(const ag_tensor *param);
+uint64_t ag_param_storage_bytes(const ag_tensor *param);
 
 // Backward. ag_backward seeds d(loss) = 1 (loss must hold one element); ag_backward_grad seeds
 // d(out) = grad (same number of elements). Both run the tape in reverse, release each node's
@@ -568,5 +657,6 @@ typedef ag_tensor *(*ag_block_fn)(ag_ctx *ctx, const void *arg, ag_tensor *x);
 // recomputed activations are billed as activation while they live, in the backward phase.
 // arg (arg_size bytes, may be 0) is copied, so the caller may pass a local struct; what it
 // points to (parameters, config) must live until backward. With grad mode off this is fn(x).
-// With it on, y requires grad (the block's parameters are not known before backward).
+// With it on, y requires grad (the block's parameters are not known before backward). fn
+// returning NULL in backward fails the backward (with the context's error, else saying so).
 ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg, size_t arg_size, ag_tensor *x);

@@ -9,6 +9,7 @@ ag_ctx *ag_ctx_new(void) {
     if (ctx) {
         ctx->grad_enabled = true;
         ctx->dtype = ag_precision_f32();
+        ctx->fw = ag_framework_row_of(AG_FRAMEWORK_LEAN);
     }
     return ctx;
 }
@@ -29,10 +30,16 @@ bool ag_set_grad_enabled(ag_ctx *ctx, bool on) {
 bool ag_is_grad_enabled(const ag_ctx *ctx) { return ctx->grad_enabled; }
 
 void ag_ctx_set_framework(ag_ctx *ctx, ag_framework f) {
-    if (ctx && (unsigned)f <= AG_FRAMEWORK_PYTORCH_113) ctx->framework = f;
+    if (ctx && ag_framework_row_of(f)) ctx->fw = ag_framework_row_of(f);
 }
 
-ag_framework ag_ctx_framework(const ag_ctx *ctx) { return ctx ? ctx->framework : AG_FRAMEWORK_LEAN; }
+const ag_framework_row *ag_ctx_framework_row(const ag_ctx *ctx) {
+    return ctx ? ctx->fw : ag_framework_row_of(AG_FRAMEWORK_LEAN);
+}
+
+ag_framework ag_ctx_framework(const ag_ctx *ctx) {
+    return ctx ? (ag_framework)(ctx->fw - ag_framework_row_of(AG_FRAMEWORK_LEAN)) : AG_FRAMEWORK_LEAN;
+}
 
 void ag_ctx_set_attention(ag_ctx *ctx, ag_attention_kind a) {
     if (ctx && (a == AG_ATTENTION_EAGER || a == AG_ATTENTION_FLASH)) ctx->attention = a;

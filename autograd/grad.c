@@ -80,7 +80,7 @@ static bool node_grad(ag_ctx *ctx, ag_node *node, ag_grad_dst *dst) {
     if (node->grad.bytes == 0) {
         char label[AG_LABEL_MAX];
         ag_label(label, mp_site_name(node->site), "grad");
-        bool ok = ag_is_pytorch(ctx) // a gradient has its tensor's dtype
+        bool ok = AG_FW(ctx->fw, typed_tensors) // a gradient has its tensor's dtype
                       ? ag_alloc_shaped(ctx, &node->grad, node->ndim, node->shape,
                                         ag_type_traits_of(node->grad_dtype)->bits, label)
                       : ag_alloc_block(ctx, &node->grad, (size_t)node->numel * sizeof(float), MP_ACTIVATION, label);
@@ -98,7 +98,8 @@ bool ag_grad_get(ag_ctx *ctx, ag_node *n, int i, ag_grad_dst *dst) {
     case AG_EDGE_NODE: dst->needed = true; return node_grad(ctx, n->in[i].node, dst);
     case AG_EDGE_LEAF:
         dst->needed = true;
-        return ag_is_pytorch(ctx) ? leaf_grad_pytorch(ctx, n->in[i].leaf, dst) : leaf_grad(ctx, n->in[i].leaf, dst);
+        return AG_FW(ctx->fw, leaf_sum_out_of_place) ? leaf_grad_pytorch(ctx, n->in[i].leaf, dst)
+                                                     : leaf_grad(ctx, n->in[i].leaf, dst);
     default: return true;
     }
 }
@@ -135,7 +136,7 @@ bool ag_grad_hand_over(ag_ctx *ctx, ag_node *n, int i, mp_block *part) {
         return true;
     }
     ag_buf old = {to->grad.data, to->grad_dtype}, add = {part->data, to->grad_dtype};
-    if (ctx->framework == AG_FRAMEWORK_PYTORCH_113) { // old + part, out of place
+    if (AG_FW(ctx->fw, node_sum_out_of_place)) { // old + part (1.13), out of place
         mp_block sum = {0};
         char label[AG_LABEL_MAX];
         ag_label(label, mp_site_name(to->site), "grad");
@@ -169,7 +170,7 @@ ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor) {
         ag_node *n = ctx->tape[--ctx->ntape];
         bool run = n->grad.bytes != 0 && ctx->status == AG_OK && ag_hooks_before(ctx, n);
         if (run) n->op->backward(ctx, n, n->grad.data);
-        if (ag_is_pytorch(ctx)) { // the engine drops the node's input gradient before summing its outputs
+        if (AG_FW(ctx->fw, leaf_sum_out_of_place)) { // the engine drops the node's input gradient first
             mp_free(&n->grad);
             leaf_grads_settle(ctx, n);
         }

@@ -50,7 +50,8 @@ ag_node *ag_record(ag_ctx *ctx, const ag_op *op, const char *base, ag_tensor *ou
     memcpy(node->shape, out->shape, sizeof node->shape);
     // A gradient has its tensor's dtype under PYTORCH semantics; LEAN keeps them at the
     // activations' dtype.
-    node->grad_dtype = ag_is_pytorch(ctx) ? out->dtype : ag_dtype_of_bits(ctx->dtype.act_bits, ctx->dtype.fp16);
+    node->grad_dtype =
+        AG_FW(ctx->fw, typed_tensors) ? out->dtype : ag_dtype_of_bits(ctx->dtype.act_bits, ctx->dtype.fp16);
     if (!ag_tape_push(ctx, node)) {
         ag_node_free(node);
         return NULL;

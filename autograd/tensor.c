@@ -192,12 +192,12 @@ ag_tensor *ag_tensor_new_f32(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
 }
 
 ag_tensor *ag_tensor_promoted(ag_ctx *ctx, const ag_tensor *a, const ag_tensor *b, const char *label) {
-    if (!ag_is_pytorch(ctx)) return ag_tensor_like(ctx, a, MP_ACTIVATION, label);
+    if (!AG_FW(ctx->fw, typed_tensors)) return ag_tensor_like(ctx, a, MP_ACTIVATION, label);
     return tensor_new(ctx, a->ndim, a->shape, MP_ACTIVATION, label, ag_max_bits(a->bits, b->bits));
 }
 
 ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, const char *label) {
-    if (ag_is_pytorch(ctx) && cat == MP_ACTIVATION && t->block.category == MP_ACTIVATION) // keeps its dtype
+    if (AG_FW(ctx->fw, typed_tensors) && cat == MP_ACTIVATION && t->block.category == MP_ACTIVATION) // keeps its dtype
         return tensor_new(ctx, t->ndim, t->shape, cat, label, t->bits);
     return ag_tensor_new(ctx, t->ndim, t->shape, cat, label);
 }

@@ -42,9 +42,9 @@ typedef struct {
 typedef struct {
     const llama_config *c;
     const llama_lora_config *l;
-    uint64_t BT, B, T, a; // a: bytes of an activation element
-    ag_framework fw;
-    bool flash, pt, checkpointing;
+    uint64_t BT, B, T, a;       // a: bytes of an activation element
+    const ag_framework_row *fw; // whose saved sets
+    bool flash, checkpointing;
     uint64_t saved; // bytes kept so far
     bool tables;    // the rotary tables are kept (PyTorch frameworks)
     uint64_t cache; // what the DynamicCache holds beyond the saved set (PyTorch frameworks)
@@ -63,12 +63,13 @@ static void cf_keep(cf_walk *w, cf_t *t) {
 // RMSNorm of x (rows of `width`, the frozen weight): the output, recorded when x needs a gradient.
 static cf_t cf_norm(cf_walk *w, cf_t *x, uint64_t rows, uint64_t width) {
     if (x->grad) {
-        if (w->pt && w->a < 4)
+        const ag_rmsnorm_saves saves = AG_FW(w->fw, rmsnorm);
+        if (saves != AG_RMSNORM_X_RSTD && w->a < 4)
             w->saved += rows * width * 4; // x.to(float32)
         else
             cf_keep(w, x);
-        w->saved += rows * 4;                                                // rstd
-        if (w->fw == AG_FRAMEWORK_PYTORCH_113) w->saved += rows * width * 4; // x² kept by MeanBackward1
+        w->saved += rows * 4;                                             // rstd
+        if (saves == AG_RMSNORM_HF_SQUARES) w->saved += rows * width * 4; // x² kept by MeanBackward1
     }
     return cf_new(w->BT * width * w->a, x->grad);
 }
@@ -79,7 +80,7 @@ static cf_t cf_proj(cf_walk *w, cf_t *x, llama_proj p, uint64_t in, uint64_t out
     cf_t d;
     cf_t *hp = x;
     if (w->l->dropout > 0) {
-        if (w->pt && x->grad) w->saved += w->BT * in; // the one-byte mask
+        if (AG_FW(w->fw, dropout_mask) && x->grad) w->saved += w->BT * in; // the one-byte mask
         d = cf_new(w->BT * in * w->a, x->grad);
         hp = &d;
     }
@@ -103,17 +104,17 @@ static cf_t cf_block(cf_walk *w, cf_t *x) {
         k = cf_norm(w, &k, BT * hkv, D);
     }
     cf_t qr = cf_new(BT * Q * a, q.grad), kr = cf_new(BT * KV * a, k.grad);
-    if (w->pt && (q.grad || k.grad)) w->tables = true;
+    if (AG_FW(w->fw, rope_tables) && (q.grad || k.grad)) w->tables = true;
     const bool rec = qr.grad || kr.grad || v.grad;
     cf_t o = cf_new(BT * Q * a, rec);
     if (rec && w->flash) {
         cf_keep(w, &qr), cf_keep(w, &kr), cf_keep(w, &v);
-        if (w->pt)
+        if (AG_FW(w->fw, flash) == AG_FLASH_SDPA)
             w->saved += B * hq * T * D * a; // SDPA's own output; o is its transposed copy
         else
             cf_keep(w, &o);
         w->saved += B * hq * T * 4; // log-sum-exp
-    } else if (rec && w->pt) {
+    } else if (rec && AG_FW(w->fw, attention) == AG_ATTENTION_OPS_HF_EAGER) {
         if (B > 1)
             w->saved += B * hq * T * D * a; // q's contiguous copy
         else
@@ -133,7 +134,8 @@ static cf_t cf_block(cf_walk *w, cf_t *x) {
         w->saved += B * hq * T * T * a; // probabilities
     }
     // DynamicCache.update keeps the layer's k (after RoPE) and v until the forward's output goes
-    if (w->pt && !w->checkpointing && !c->no_cache) w->cache += (kr.kept ? 0 : kr.bytes) + (v.kept ? 0 : v.bytes);
+    if (AG_FW(w->fw, output_cache) && !w->checkpointing && !c->no_cache)
+        w->cache += (kr.kept ? 0 : kr.bytes) + (v.kept ? 0 : v.bytes);
     w->pre_o = w->saved - start;
     cf_t po = cf_proj(w, &o, LLAMA_PROJ_O, Q, H);
     cf_t r = cf_new(BT * H * a, x->grad || po.grad);
@@ -154,7 +156,8 @@ void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_
     memset(out, 0, sizeof *out);
     const uint64_t B = (uint64_t)batch, T = (uint64_t)seq, BT = B * T, H = (uint64_t)c->hidden, V = (uint64_t)c->vocab,
                    D = (uint64_t)c->head_dim, L = (uint64_t)c->layers, a = d->activation;
-    cf_walk w = {c, l, BT, B, T, a, fw, flash, fw != AG_FRAMEWORK_LEAN, checkpointing, 0, false, 0, 0, 0};
+    cf_walk w = {c, l, BT, B, T, a, ag_framework_row_of(fw), flash, checkpointing, 0, false, 0, 0, 0};
+    const bool hf_loss = AG_FW(w.fw, loss) == AG_LOSS_HF;
     out->closed = !checkpointing;
     // Block 0 on the embedding's output (no gradient), then a block on the residual stream.
     cf_t x0 = cf_new(BT * H * a, false);
@@ -174,7 +177,7 @@ void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_
     cf_t last = L > 1 ? y : x1;
     cf_norm(&w, &last, BT, H);
     const uint64_t norm_saved = w.saved;
-    if (w.pt)
+    if (hf_loss)
         // ForCausalLMLoss: the float32 log_softmax kept, nll_loss's dense float32 gradient and
         // log_softmax's (or the logits' float32 one), the loss, total_weight and d(loss)
         w.saved += 3 * BT * V * 4 + 12;
@@ -193,8 +196,9 @@ void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_
         // total_weight: beside the saved sets, the DynamicCache, the last hidden state (held by the
         // base model's output), the logits and their float32 copy, the int64 labels (padded and,
         // when batch > 1, shifted: the shifted copy stays), log_softmax, the loss and total_weight.
-        if (w.pt) {
-            out->act_forward_end = blocks + cache_first + (L - 1) * cache_block + norm_saved + BT * H * a + BT * V * a +
+        if (hf_loss) {
+            out->act_forward_end = blocks + cache_first + (L - 1) * cache_block + norm_saved +
+                                   (AG_FW(w.fw, output_holds_hidden) ? BT * H * a : 0) + BT * V * a +
                                    (a < 4 ? BT * V * 4 : 0) + 8 * (B > 1 ? BT : B * (T + 1)) + BT * V * 4 + 8 +
                                    (w.tables ? 2 * T * D * a : 0);
             if (out->act_forward_end > out->activations) out->activations = out->act_forward_end;
@@ -202,8 +206,8 @@ void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_
         // PyTorch's eager attention: the last block's softmax in forward, beside every earlier
         // block's saved set and cache, the causal mask(s) and the rotary tables. Current
         // transformers makes [B, 1, T, T] (a second one for Qwen's sliding layers), 1.13 [T, T + 1].
-        if (w.pt && !flash) {
-            const bool old = fw == AG_FRAMEWORK_PYTORCH_113,
+        if (AG_FW(w.fw, attention) == AG_ATTENTION_OPS_HF_EAGER && !flash) {
+            const bool old = AG_FW(w.fw, mask) == AG_MASK_T_T1,
                        qwen = c->family == LLAMA_FAMILY_QWEN2 || c->family == LLAMA_FAMILY_QWEN3,
                        sliding = c->sliding_window > 0 && c->window_from < c->layers;
             const uint64_t mask = (old ? T * (T + 1) : BT * T) * a * (!old && qwen && sliding ? 2 : 1);

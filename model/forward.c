@@ -13,11 +13,20 @@ typedef struct {
     const llama_config *c;
     const llama_layer *L;
     int64_t i;
-    int64_t forward; // the forward it belongs to: a recomputation routes as that forward did
+    const llama_forward_opts *o; // its part hook, NULL: none
+    int64_t forward;             // the forward it belongs to: a recomputation routes as that forward did
 } block_arg;
 
+// The recomputation in backward runs with grad mode on (the forward's run has it off): the part
+// hook gathers the block's parameters again before it (ZeRO-3 frees them after the forward).
 static ag_tensor *block_fn(ag_ctx *ctx, const void *arg, ag_tensor *x) {
     const block_arg *a = arg;
+    ag_err e = {""};
+    if (a->o && a->o->on_part && ag_is_grad_enabled(ctx) && !a->o->on_part(a->o->user, a->i + 1, true, &e)) {
+        ag_release(x);
+        ag_ctx_fail(ctx, e.msg);
+        return NULL;
+    }
     int64_t now = a->L->moe->forward;
     a->L->moe->forward = a->forward;
     ag_tensor *y = llama_block(ctx, a->c, a->L, NULL, x, a->i);
@@ -26,12 +35,12 @@ static ag_tensor *block_fn(ag_ctx *ctx, const void *arg, ag_tensor *x) {
 }
 
 // Block i on x, taking ownership of x; checkpointed, only x stays for backward.
-static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, const llama_shared *sh, bool checkpointing, ag_tensor *x,
-                            int64_t i) {
-    if (!checkpointing) return llama_block(ctx, &m->cfg, &m->layers[i], sh, x, i);
+static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, const llama_shared *sh, const llama_forward_opts *o,
+                            ag_tensor *x, int64_t i) {
+    if (!o || !o->checkpointing) return llama_block(ctx, &m->cfg, &m->layers[i], sh, x, i);
     char s[96];
     snprintf(s, sizeof s, "layers.%lld", (long long)i);
-    block_arg a = {&m->cfg, &m->layers[i], i, m->moe.forward};
+    block_arg a = {&m->cfg, &m->layers[i], i, o, m->moe.forward};
     ag_tensor *y = ag_checkpoint(ctx, s, block_fn, &a, sizeof a, x);
     ag_release(x);
     return y;
@@ -66,8 +75,11 @@ static void fill_mask(ag_tensor *mask, int64_t T, int64_t window) {
 static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, llama_shared *sh, ag_tensor *mask[2]) {
     const llama_config *c = &m->cfg;
     const ag_rope_freqs f = llama_rope_freqs(c);
-    if (!ag_rope_tables_f(ctx, "rotary_emb", T, (int)c->head_dim, &f, 0, &sh->cos, &sh->sin)) return false;
-    bool old = ag_ctx_framework(ctx) == AG_FRAMEWORK_PYTORCH_113;
+    const ag_framework_row *fw = ag_ctx_framework_row(ctx);
+    if (AG_FW(fw, rope_tables) && !ag_rope_tables_f(ctx, "rotary_emb", T, (int)c->head_dim, &f, 0, &sh->cos, &sh->sin))
+        return false;
+    const ag_mask_shape shape = AG_FW(fw, mask);
+    bool old = shape == AG_MASK_T_T1;
     int64_t cols = old ? T + 1 : T, rows = old ? T : B * T;
     bool qwen = c->family == LLAMA_FAMILY_QWEN2 || c->family == LLAMA_FAMILY_QWEN3;
     bool sliding = c->sliding_window > 0 && c->window_from < c->layers, two = !old && qwen && sliding;
@@ -76,13 +88,13 @@ static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, 
     // window shorter than the sequence needs a mask (transformers' is boolean, 1 byte an element;
     // it is billed here at the mask's own element size).
     bool sdpa = ag_ctx_attention(ctx) == AG_ATTENTION_FLASH, sdpa_window = sdpa && window_within(c, T);
-    for (int k = 0; k < (two ? 2 : 1); k++) {
+    for (int k = 0; shape != AG_MASK_NONE && k < (two ? 2 : 1); k++) {
         bool full = two && k == 0, needed = !sdpa || (!full && sdpa_window);
         mask[k] = needed ? ag_tensor_new(ctx, 2, (int64_t[]){rows, cols}, MP_ACTIVATION, "causal_mask") : NULL;
         if (needed && !mask[k]) return false;
         if (mask[k] && !mp_is_meta()) fill_mask(mask[k], T, full || !sliding ? 0 : c->sliding_window);
     }
-    if (c->no_cache) return true; // use_cache false: the output holds no DynamicCache
+    if (c->no_cache || !AG_FW(fw, output_cache)) return true; // use_cache false: no DynamicCache
     sh->cache = calloc((size_t)(2 * c->layers), sizeof *sh->cache);
     return sh->cache != NULL;
 }
@@ -147,18 +159,17 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     if (!mp_is_meta() && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return NULL;
     m->lora.training = true; // the adapters' dropout draws this forward's masks
     m->lora.forwards++;
-    part_hook hk = {opts && !checkpointing ? opts : NULL, err, true};
+    part_hook hk = {opts, err, true};
     ag_tensor *x = part(&hk, 0, true) ? ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed,
                                                             c->pad_token ? c->pad_token_id : -1)
                                       : NULL;
     if (x && !part(&hk, 0, false)) ag_release(x), x = NULL;
     llama_shared sh = {0};
     ag_tensor *mask[2] = {NULL, NULL};
-    if (x && ag_ctx_framework(ctx) != AG_FRAMEWORK_LEAN && !checkpointing && !hf_prepare(ctx, m, B, T, &sh, mask))
-        ag_release(x), x = NULL;
+    if (x && !checkpointing && !hf_prepare(ctx, m, B, T, &sh, mask)) ag_release(x), x = NULL;
     for (int64_t i = 0; i < c->layers && x; i++) {
         if (!part(&hk, i + 1, true)) ag_release(x), x = NULL;
-        if (x) x = run_block(ctx, m, &sh, checkpointing, x, i);
+        if (x) x = run_block(ctx, m, &sh, opts, x, i);
         if (x && !part(&hk, i + 1, false)) ag_release(x), x = NULL;
     }
     if (x && !part(&hk, c->layers + 1, true)) ag_release(x), x = NULL;
@@ -172,7 +183,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head, NULL);
     // transformers: the base model's output object holds the last hidden state until the
     // causal LM's forward returns (it matters where lm_head keeps a cast of it, not it).
-    if (ag_ctx_framework(ctx) == AG_FRAMEWORK_LEAN) ag_release(n), n = NULL;
+    if (!AG_FW(ag_ctx_framework_row(ctx), output_holds_hidden)) ag_release(n), n = NULL;
     ag_tensor *loss = ag_cross_entropy(ctx, "loss", logits, ids);
     ag_release(n);
     if (m->moe.logits) loss = with_aux_loss(ctx, m, loss);

@@ -325,7 +325,7 @@ static void stats_finish(llama_generate_stats *st) {
 static int step(gen *g, int64_t k, ag_err *err) {
     bool cached = g->kv != NULL;
     // transformers' generate asks for the last position's logits only (logits_to_keep=1).
-    bool all = k == 0 && ag_ctx_framework(g->ctx) == AG_FRAMEWORK_LEAN;
+    bool all = k == 0 && !AG_FW(ag_ctx_framework_row(g->ctx), prefill_last_logits);
     ag_tensor *logits = forward(g, cached && k > 0 ? g->len - 1 : 0, all);
     if (!logits) {
         const char *why = ag_ctx_error(g->ctx);

@@ -31,9 +31,9 @@ typedef enum { OPTIM_ADAM, OPTIM_ADAMW, OPTIM_SGD, OPTIM_SGD_MOMENTUM, OPTIM_NON
 //   foreach   _multi_tensor_adam, torch's accelerator default: _foreach_sqrt of every
 //             exp_avg_sq at once (W), divided and eps added in place: W. Adam with L2 weight
 //             decay first makes grad + wd x param for every parameter (W, freed before the sqrt).
-//             With torch_113_foreach, PyTorch 1.13's: the eps sum is out of place, a second list
-//             (2W), L2 weight decay is added into .grad in place (no temporary; here .grad is
-//             left alone), and exp_avg is updated as exp_avg·b1 + (1-b1)·g instead of lerp_.
+//             Under a framework whose adam_foreach is AG_FOREACH_113, PyTorch 1.13's: the eps sum is out of place, a
+//             second list (2W), L2 weight decay is added into .grad in place (no temporary; here .grad is left alone),
+//             and exp_avg is updated as exp_avg·b1 + (1-b1)·g instead of lerp_.
 // All compute the update from their temporaries in torch's order of operations; the results
 // equal the fused pass's to float32 rounding (w + (-lr/bc1·m)/denom against w - lr/bc1·(m/denom)).
 typedef enum { OPTIM_ADAM_FUSED = 0, OPTIM_ADAM_FOR_LOOP, OPTIM_ADAM_FOREACH } optim_adam_impl;
@@ -52,7 +52,7 @@ typedef struct {
     bool state_fp16; // 16-bit state is float16 rather than bfloat16
     bool master;
     optim_adam_impl adam_impl; // Adam and AdamW; fused (0) unless asked
-    bool torch_113_foreach;    // foreach as PyTorch 1.13 runs it
+    ag_framework framework;    // whose torch.optim: its row's adam_foreach (LEAN, 0: current PyTorch's)
 } optim_config;
 
 typedef struct optim optim;

@@ -298,9 +298,9 @@ static void free_temporaries(optim *o) {
 }
 
 int optim_adam_unfused(optim *o, bool *changed, ag_err *err) {
-    int (*seq)(pass *) = o->cfg.adam_impl == OPTIM_ADAM_FOR_LOOP ? for_loop
-                         : o->cfg.torch_113_foreach              ? foreach_113
-                                                                 : foreach_now;
+    int (*seq)(pass *) = o->cfg.adam_impl == OPTIM_ADAM_FOR_LOOP                                        ? for_loop
+                         : AG_FW(ag_framework_row_of(o->cfg.framework), adam_foreach) == AG_FOREACH_113 ? foreach_113
+                                                                                                        : foreach_now;
     *changed = false;
     pass dry = {.o = o, .dry = true, .base = mp_live_total(), .budget = mp_budget(), .err = err};
     seq(&dry);

@@ -22,8 +22,9 @@ ag_tensor *ag_all_to_all(ag_ctx *ctx, const char *site, ag_tensor *x, int64_t m)
         return NULL;
     }
     const int64_t C = x->shape[x->ndim - 1];
-    ag_tensor *y = ag_is_pytorch(ctx) ? ag_tensor_new_bits(ctx, 2, (int64_t[]){m, C}, MP_ACTIVATION, s.out, x->bits)
-                                      : ag_tensor_new(ctx, 2, (int64_t[]){m, C}, MP_ACTIVATION, s.out);
+    ag_tensor *y = AG_FW(ctx->fw, typed_tensors)
+                       ? ag_tensor_new_bits(ctx, 2, (int64_t[]){m, C}, MP_ACTIVATION, s.out, x->bits)
+                       : ag_tensor_new(ctx, 2, (int64_t[]){m, C}, MP_ACTIVATION, s.out);
     if (!y || !ag_any_needs_grad(ctx, 1, ins)) return y;
     if (!ag_record(ctx, &all_to_all_op, s.base, y, 1, ins)) {
         ag_release(y);

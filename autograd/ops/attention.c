@@ -175,7 +175,8 @@ ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_t
     ag_att_dims a;
     if (!ag_attention_begin(ctx, site, q, k, v, Hq, Hkv, D, window, &s, &a)) return NULL;
     ag_tensor *ins[] = {q, k, v};
-    if (ag_is_pytorch(ctx)) return ag_attention_eager(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
+    if (AG_FW(ctx->fw, attention) == AG_ATTENTION_OPS_HF_EAGER)
+        return ag_attention_eager(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);

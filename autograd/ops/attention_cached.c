@@ -349,7 +349,7 @@ static bool eager_transients(ag_ctx *ctx, const char *base, const ag_kv_cache *c
 }
 
 // FLASH: every (row, query head, block of queries) walks the chunks' keys in tiles with an online
-// softmax (op_attention_flash.c), in one bounded workspace; no probabilities. Under the PyTorch
+// softmax (kernels/flash.c), in one bounded workspace; no probabilities. Under the PyTorch
 // frameworks this is transformers' sdpa path over the cache: SDPA takes the key-value heads as
 // they are (enable_gqa, no repeat_kv) and makes no scores; its output [B, Hq, Tq, D] is a
 // temporary until transpose(1, 2).contiguous() copies it into the returned tensor.
@@ -410,7 +410,7 @@ static void cached_flash_run(ag_buf o, int64_t sb, int64_t sh, int64_t st, ag_bu
 }
 
 static ag_tensor *cached_flash(ag_ctx *ctx, const ag_site *s, ag_tensor *q, const ag_kv_cache *c, const cat_dims *a) {
-    const bool pt = ag_is_pytorch(ctx), meta = mp_is_meta();
+    const bool pt = AG_FW(ctx->fw, flash) == AG_FLASH_SDPA, meta = mp_is_meta();
     const int64_t D = a->D, Hq = a->Hq, Tq = a->Tq;
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s->out);
     if (!o) return NULL;
@@ -488,7 +488,7 @@ ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *
         ag_release(probs);
         return NULL;
     }
-    if (ag_is_pytorch(ctx) && !eager_transients(ctx, s.base, cache, &a)) {
+    if (AG_FW(ctx->fw, attention) == AG_ATTENTION_OPS_HF_EAGER && !eager_transients(ctx, s.base, cache, &a)) {
         ag_release(o);
         ag_release(probs);
         return NULL;

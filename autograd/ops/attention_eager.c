@@ -133,7 +133,7 @@ static ag_tensor *act_bits(ag_ctx *ctx, const char *base, const char *what, cons
 
 // An operand of a matmul under autocast: a 16-bit cast of a wider tensor (t is released), else t.
 static ag_tensor *autocast_operand(ag_ctx *ctx, const char *base, const char *what, ag_tensor *t) {
-    if (!t || !ctx->dtype.autocast || t->bits <= 16) return t;
+    if (!t || !ag_autocast(ctx) || t->bits <= 16) return t;
     ag_tensor *c = act_bits(ctx, base, what, t->shape, 16);
     if (c && !mp_is_meta()) ag_vec_copy(ag_buf_of(c), ag_buf_of(t), t->numel);
     ag_release(t);
@@ -172,7 +172,7 @@ static ag_tensor *eager_probs(ag_ctx *ctx, const char *base, const ag_tensor *qk
                               const ag_att_dims *a, ag_tensor **scale) {
     const bool meta = mp_is_meta();
     const int64_t sh[4] = {a->B, a->Hq, a->Tq, a->Tk};
-    const int sbits = ctx->dtype.autocast ? 16 : qk->bits, mbits = ag_max_bits(sbits, ctx->dtype.act_bits);
+    const int sbits = ag_autocast(ctx) ? 16 : qk->bits, mbits = ag_max_bits(sbits, ctx->dtype.act_bits);
     ag_tensor *S = act_bits(ctx, base, "scores", sh, sbits);
     if (S && !meta && !scores(ag_buf_of(S), qk, copied, ag_buf_of(krep), a))
         ag_fail(ctx, AG_ERR_NOMEM, "attention %s: out of memory for a conversion", base);
@@ -198,7 +198,7 @@ static ag_tensor *eager_probs(ag_ctx *ctx, const char *base, const ag_tensor *qk
 
 ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
                               const ag_att_dims *a, bool rec) {
-    const bool meta = mp_is_meta(), cast = ctx->dtype.autocast;
+    const bool meta = mp_is_meta(), cast = ag_autocast(ctx);
     const int64_t B = a->B, Hq = a->Hq, Tq = a->Tq, Tk = a->Tk, D = a->D;
     const int64_t kv_shape[4] = {B, Hq, Tk, D}, q_shape[4] = {B, Hq, Tq, D};
     ag_tensor *krep = act_bits(ctx, s->base, "k_repeated", kv_shape, k->bits);

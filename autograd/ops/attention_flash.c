@@ -324,7 +324,7 @@ static const ag_op flash_op = {
 
 // Under torch.autocast SDPA runs in 16 bits: its inputs are cast, the casts kept.
 static ag_tensor *sdpa_operand(ag_ctx *ctx, const char *base, const char *what, ag_tensor *t) {
-    if (!ag_is_pytorch(ctx) || !ctx->dtype.autocast || t->bits <= 16) return ag_retain(t);
+    if (!ag_autocast(ctx) || t->bits <= 16) return ag_retain(t);
     char l[AG_LABEL_MAX];
     ag_label(l, base, what);
     ag_tensor *c = ag_tensor_new_bits(ctx, t->ndim, t->shape, MP_ACTIVATION, l, 16);
@@ -343,7 +343,7 @@ static void untranspose(ag_buf out, ag_buf c, const ag_att_dims *a) {
 
 ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
                                       const ag_att_dims *a, bool rec) {
-    const bool pt = ag_is_pytorch(ctx), meta = mp_is_meta();
+    const bool pt = AG_FW(ctx->fw, flash) == AG_FLASH_SDPA, meta = mp_is_meta();
     char label[AG_LABEL_MAX];
     ag_tensor *qs = sdpa_operand(ctx, s->base, "q_bf16", q), *ks = sdpa_operand(ctx, s->base, "k_bf16", k),
               *vs = sdpa_operand(ctx, s->base, "v_bf16", v);

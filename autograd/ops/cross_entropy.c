@@ -137,7 +137,8 @@ ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, co
     ag_site s;
     ag_site_parse(&s, site);
     if (!ce_check(ctx, s.base, logits, ids)) return NULL;
-    if (ag_is_pytorch(ctx)) return ag_cross_entropy_hf(ctx, &s, logits, ids, ag_any_needs_grad(ctx, 1, ins));
+    if (AG_FW(ctx->fw, loss) == AG_LOSS_HF)
+        return ag_cross_entropy_hf(ctx, &s, logits, ids, ag_any_needs_grad(ctx, 1, ins));
     int64_t B = logits->shape[0], T = logits->shape[1], V = logits->shape[2], N = B * (T - 1);
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "lse");

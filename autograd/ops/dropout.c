@@ -59,8 +59,9 @@ ag_tensor *ag_dropout(ag_ctx *ctx, const char *site, ag_tensor *x, float p, uint
     char l[AG_LABEL_MAX];
     ag_label(l, s.base, "mask");
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
-    ag_tensor *mask = y && ag_is_pytorch(ctx) ? ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l, 8) : NULL;
-    if (!y || (ag_is_pytorch(ctx) && !mask)) {
+    const bool keep_mask = AG_FW(ctx->fw, dropout_mask);
+    ag_tensor *mask = y && keep_mask ? ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l, 8) : NULL;
+    if (!y || (keep_mask && !mask)) {
         ag_release(y);
         return NULL;
     }

@@ -86,11 +86,12 @@ ag_tensor *ag_index_add(ag_ctx *ctx, const char *site, ag_tensor *acc, const int
     }
     if (copy) memcpy(copy, rows, (size_t)n * sizeof *copy);
     if (node) // IndexAddBackward keeps the source (for its shape) and the index
-        node->state.index_add = (ag_index_add_state){.src = ag_retain(ag_is_pytorch(ctx) ? src : NULL),
-                                                     .index = ag_retain(index),
-                                                     .R = R,
-                                                     .C = C,
-                                                     .n = n,
-                                                     .rows = copy};
+        node->state.index_add =
+            (ag_index_add_state){.src = ag_retain(AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER ? src : NULL),
+                                 .index = ag_retain(index),
+                                 .R = R,
+                                 .C = C,
+                                 .n = n,
+                                 .rows = copy};
     return y;
 }

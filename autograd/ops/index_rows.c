@@ -14,7 +14,7 @@ static void index_rows_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     ag_grad_dst d = {0};
     mp_block part = {0};
     ag_buf g;
-    if (ag_is_pytorch(ctx)) { // new_zeros [R, C], handed over
+    if (AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER) { // new_zeros [R, C], handed over
         const ag_node *to = n->in[0].kind == AG_EDGE_NODE ? n->in[0].node : NULL;
         char l[AG_LABEL_MAX];
         ag_label(l, mp_site_name(n->site), "grad_zeros");
@@ -68,8 +68,9 @@ ag_tensor *ag_index_rows(ag_ctx *ctx, const char *site, ag_tensor *src, int64_t 
             ag_fail(ctx, AG_ERR_ARG, "index_rows %s: row %lld of %lld", s.base, (long long)rows[i], (long long)R);
             return NULL;
         }
-    ag_tensor *y = ag_is_pytorch(ctx) ? ag_tensor_new_bits(ctx, 2, (int64_t[]){n, C}, MP_ACTIVATION, s.out, src->bits)
-                                      : ag_tensor_new(ctx, 2, (int64_t[]){n, C}, MP_ACTIVATION, s.out);
+    ag_tensor *y = AG_FW(ctx->fw, typed_tensors)
+                       ? ag_tensor_new_bits(ctx, 2, (int64_t[]){n, C}, MP_ACTIVATION, s.out, src->bits)
+                       : ag_tensor_new(ctx, 2, (int64_t[]){n, C}, MP_ACTIVATION, s.out);
     if (!y) return NULL;
     const size_t ys = y->dtype == AG_F32 ? 4 : 2, ss = src->dtype == AG_F32 ? 4 : 2;
     for (int64_t i = 0; !mp_is_meta() && i < n; i++)

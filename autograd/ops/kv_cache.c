@@ -107,7 +107,7 @@ bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const a
         c->chunks = grown;
         c->cap = cap;
     }
-    if (ag_is_pytorch(ctx) && c->n > 0) return append_cat(ctx, c, k, v);
+    if (AG_FW(ctx->fw, kv_cache_cat) && c->n > 0) return append_cat(ctx, c, k, v);
     kv_chunk ch = {.t = k->shape[1]};
     size_t bytes = (size_t)k->numel * sizeof(float);
     if (!ag_alloc_block(ctx, &ch.k, bytes, c->cat, c->k_label)) return false;

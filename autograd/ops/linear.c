@@ -67,7 +67,7 @@ static void linear_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
         ag_qlinear_backward(ctx, n, dy);
         return;
     }
-    if (ctx->dtype.autocast && ag_is_pytorch(ctx)) {
+    if (ag_autocast(ctx)) {
         linear_backward_autocast(ctx, n, dy);
         return;
     }
@@ -141,7 +141,7 @@ static ag_tensor *linear_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tens
     ag_tensor *ins[] = {x, w, b};
     const int nin = b ? 3 : 2;
     int64_t in = w->shape[1], out = w->shape[0], M = x->numel / in;
-    const bool cast = ctx->dtype.autocast;
+    const bool cast = ag_autocast(ctx);
     char l[AG_LABEL_MAX];
     ag_tensor *xc = ag_retain(x), *wc = ag_retain(w);
     if (cast && x->bits > 16) {
@@ -219,7 +219,7 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, 
     int64_t shape[AG_MAX_DIMS];
     if (!linear_prepare(ctx, site, x, w, b, &s, shape)) return NULL;
     int64_t in = w->shape[1], out = w->shape[0], M = x->numel / in;
-    if (ag_is_pytorch(ctx)) return linear_pt(ctx, &s, x, w, b, shape);
+    if (AG_FW(ctx->fw, typed_tensors)) return linear_pt(ctx, &s, x, w, b, shape);
     ag_tensor *y = ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s.out);
     if (!y) return NULL;
     if (!linear_compute(ctx, &s, y, x, w, b)) {
@@ -246,8 +246,7 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, 
 // Whether n linears of x can run as one group: a real run, nothing to record, few rows, weights of
 // one kind that a group kernel takes with x's dtype.
 static bool groupable(ag_ctx *ctx, int n, ag_tensor *x, ag_tensor *const w[], ag_tensor *const b[]) {
-    if (mp_is_meta() || n < 2 || n > AG_JOBS_MAX || !x || !w[0] || (ag_is_pytorch(ctx) && ctx->dtype.autocast))
-        return false;
+    if (mp_is_meta() || n < 2 || n > AG_JOBS_MAX || !x || !w[0] || ag_autocast(ctx)) return false;
     int64_t K = x->shape[x->ndim - 1], M = x->numel / (K > 0 ? K : 1);
     if (K < 1 || M < 1 || M > AG_SKINNY_MAX_M) return false;
     for (int i = 0; i < n; i++) {
@@ -300,8 +299,9 @@ bool ag_linear_group(ag_ctx *ctx, int n, const char *const sites[], ag_tensor *x
             ok = (out[i] = ag_linear(ctx, sites[i], x, w[i], b[i])) != NULL;
         } else if ((ok = linear_prepare(ctx, sites[i], x, w[i], b[i], &s[i], shape))) {
             // Allocated as ag_linear allocates, in the same order; only the products wait.
-            out[i] = ag_is_pytorch(ctx) ? ag_tensor_new_bits(ctx, x->ndim, shape, MP_ACTIVATION, s[i].out, x->bits)
-                                        : ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s[i].out);
+            out[i] = AG_FW(ctx->fw, typed_tensors)
+                         ? ag_tensor_new_bits(ctx, x->ndim, shape, MP_ACTIVATION, s[i].out, x->bits)
+                         : ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s[i].out);
             ok = out[i] != NULL;
             kernel_dtype = kernel_dtype && ok && out[i]->dtype == (w[0]->dtype == AG_BF16 ? AG_BF16 : AG_F32);
         }

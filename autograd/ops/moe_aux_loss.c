@@ -93,7 +93,7 @@ ag_tensor *ag_moe_aux_loss(ag_ctx *ctx, const char *site, int layers, ag_tensor 
     char l[AG_LABEL_MAX];
     ag_label(l, s.base, "probs");
     ag_tensor *p = ag_tensor_new_f32(ctx, 2, (int64_t[]){R, E}, MP_ACTIVATION, l);
-    if (p && ag_is_pytorch(ctx)) pytorch_bills(ctx, s.base, R, E, top_k, logits[0]->bits);
+    if (p && AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER) pytorch_bills(ctx, s.base, R, E, top_k, logits[0]->bits);
     ag_tensor *loss = p ? ag_tensor_new_f32(ctx, 1, (int64_t[]){1}, MP_ACTIVATION, s.out) : NULL;
     float *frac = loss ? malloc((size_t)E * sizeof *frac) : NULL;
     if (!loss || !frac) {

@@ -325,6 +325,6 @@ ag_tensor *ag_moe_experts(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor
         return NULL;
     }
     if (!experts_check(ctx, &s, x, w, r, W, &Im)) return NULL;
-    if (ag_is_pytorch(ctx)) return ag_moe_eager_experts(ctx, &s, x, w, r, W, hf);
+    if (AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER) return ag_moe_eager_experts(ctx, &s, x, w, r, W, hf);
     return lean_experts(ctx, &s, x, w, r, W, Im);
 }

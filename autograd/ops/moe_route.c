@@ -120,7 +120,7 @@ static void route_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     }
     for (int64_t i = 0; dw && i < Nk; i++) dw[i] = ag_get(dout, n->grad_dtype, i);
     ag_grad_dst d;
-    bool ok = ag_is_pytorch(ctx) ? pytorch_bills(ctx, n, &d) : ag_grad_get(ctx, n, 0, &d);
+    bool ok = AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER ? pytorch_bills(ctx, n, &d) : ag_grad_get(ctx, n, 0, &d);
     if (!ok || !d.needed || !dw) {
         free(dw);
         return;
@@ -210,7 +210,7 @@ ag_tensor *ag_moe_route(ag_ctx *ctx, const char *site, ag_tensor *logits, const 
     }
     ag_moe_route_state st = {.N = N, .E = E, .k = k, .renorm = o->renorm};
     ag_tensor *w = NULL;
-    if (ag_is_pytorch(ctx)) {
+    if (AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER) {
         pytorch_forward(ctx, &s, logits, like, N, E, k, o->renorm, &st, &w);
     } else {
         char l[AG_LABEL_MAX];

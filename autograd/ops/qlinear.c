@@ -104,7 +104,7 @@ bool ag_qlinear_forward(ag_ctx *ctx, const char *base, ag_tensor *y, const ag_te
     const int64_t out = w->shape[0], in = w->shape[1], M = x->numel / in;
     ag_buf yb = ag_buf_of(y), xb = ag_buf_of(x);
     bool ok = true;
-    if (ag_is_pytorch(ctx)) {
+    if (AG_FW(ctx->fw, dequantize_whole)) {
         mp_block deq = {0};
         if (!dequantized_whole(ctx, base, w, yb.t, &deq)) return false;
         if (deq.data)
@@ -140,7 +140,7 @@ void ag_qlinear_backward(ag_ctx *ctx, ag_node *n, ag_buf dy) {
     if (st->bias && d[2].needed && !mp_is_meta()) ag_linear_bias_backward(ag_dst_buf(&d[2]), d[2].fresh, dy, M, out);
     if (!d[0].needed) return;
     bool ok = true;
-    if (ag_is_pytorch(ctx)) { // grad_A = dy · dequantize_4bit(W).to(dy.dtype)
+    if (AG_FW(ctx->fw, dequantize_whole)) { // grad_A = dy · dequantize_4bit(W).to(dy.dtype)
         mp_block deq = {0};
         if (!dequantized_whole(ctx, base, st->w, dy.t, &deq)) return;
         if (deq.data)

@@ -166,7 +166,7 @@ static void rms_scale(ag_buf y, ag_buf h, ag_buf x, const float *rstd, ag_buf w,
 static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tensor *w, float eps, bool rec) {
     ag_tensor *ins[] = {x, w};
     int64_t H = w->shape[0], rows = x->numel / H;
-    const bool keep_sq = ctx->framework == AG_FRAMEWORK_PYTORCH_113 && rec, half = x->bits < 32;
+    const bool keep_sq = AG_FW(ctx->fw, rmsnorm) == AG_RMSNORM_HF_SQUARES && rec, half = x->bits < 32;
     char l[5][AG_LABEL_MAX];
     ag_label(l[0], s->base, "float");
     ag_label(l[1], s->base, "pow");
@@ -227,7 +227,7 @@ ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w,
         return NULL;
     }
     bool rec = ag_any_needs_grad(ctx, 2, ins);
-    if (ag_is_pytorch(ctx)) return rmsnorm_pt(ctx, &s, x, w, eps, rec);
+    if (AG_FW(ctx->fw, rmsnorm) != AG_RMSNORM_X_RSTD) return rmsnorm_pt(ctx, &s, x, w, eps, rec);
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "rstd");
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);

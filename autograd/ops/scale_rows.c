@@ -15,7 +15,7 @@ static void scale_rows_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     char l[AG_LABEL_MAX];
     ag_label(l, mp_site_name(n->site), "grad_scale_whole");
     const bool want_s = n->in[1].kind != AG_EDGE_NONE;
-    if (want_s && ag_is_pytorch(ctx) &&
+    if (want_s && AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER &&
         !ag_alloc_shaped(ctx, &whole, 2, (int64_t[]){rows, C}, ag_type_traits_of(n->grad_dtype)->bits, l))
         return;
     if (ag_grad_get(ctx, n, 0, &dx) && dx.needed && !mp_is_meta()) {

@@ -27,7 +27,7 @@ static void sigmoid_gate_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
         }
     }
     if (n->in[0].kind == AG_EDGE_NONE) return;
-    if (ag_is_pytorch(ctx)) { // dy x whole, its sum [N, 1] (SigmoidBackward's input), then its own
+    if (AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER) { // dy x whole, its sum [N, 1] (SigmoidBackward's input), then its own
         ag_label(l, base, "grad_gate_whole");
         int bits = ag_type_traits_of(n->grad_dtype)->bits;
         if (!ag_alloc_shaped(ctx, &whole, 2, (int64_t[]){N, C}, bits, l)) return;

@@ -36,7 +36,6 @@ int cli_device_prepare(const cli_options *o, long gpus, cli_device *d, ag_err *e
     snprintf(d->conf_text, sizeof d->conf_text, "%s", text ? text : "");
     d->total = d->gpu ? d->gpu->total_bytes : o->device_memory;
     d->context = d->gpu ? d->gpu->context_bytes : CONTEXT_UNNAMED;
-    d->nccl = cli_nccl_bytes(d->gpus);
     // the flat allowance was for what the allocator, the context and NCCL now bill themselves
     d->overhead = cli_given(o, "--overhead") ? o->overhead : 0;
     // CUBLAS_WORKSPACE_CONFIG's default (aten/src/ATen/cuda/CublasHandlePool.cpp): :4096:8 on
@@ -44,11 +43,17 @@ int cli_device_prepare(const cli_options *o, long gpus, cli_device *d, ag_err *e
     d->cublas_workspace = d->gpu && d->gpu->sm90 ? 8ULL * 4096 * 1024 : 2ULL * 4096 * 1024 + 8ULL * 16 * 1024;
     d->conf.total_bytes = d->total;
     d->conf.memory_fraction = o->memory_fraction;
-    if (d->total) {
+    cli_device_set_gpus(d, d->gpus);
+    return 0;
+}
+
+void cli_device_set_gpus(cli_device *d, long gpus) {
+    d->gpus = gpus > 0 ? gpus : 1;
+    d->nccl = d->cuda ? cli_nccl_bytes(d->gpus) : 0;
+    if (d->cuda && d->total) {
         uint64_t other = d->context + d->nccl + d->overhead;
         d->conf.capacity = d->total > other ? d->total - other : 1; // nothing fits
     }
-    return 0;
 }
 
 // ---- marks ----

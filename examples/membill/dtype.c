@@ -80,12 +80,10 @@ const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf,
     return buf;
 }
 
-static const char *const framework_names[] = {"lean", "pytorch", "pytorch-1.13"};
-
 bool cli_parse_framework(const char *name, ag_framework *out) {
-    if (!name) name = "pytorch";
-    for (int f = 0; f <= AG_FRAMEWORK_PYTORCH_113; f++)
-        if (strcmp(name, framework_names[f]) == 0) {
+    if (!name) name = AG_FW(ag_framework_row_of(CLI_DEFAULT_FRAMEWORK), name);
+    for (int f = 0; f < AG_NFRAMEWORKS; f++)
+        if (strcmp(name, AG_FW(ag_framework_row_of((ag_framework)f), name)) == 0) {
             *out = (ag_framework)f;
             return true;
         }
@@ -93,21 +91,55 @@ bool cli_parse_framework(const char *name, ag_framework *out) {
 }
 
 const char *cli_framework_name(ag_framework f) {
-    return (unsigned)f <= AG_FRAMEWORK_PYTORCH_113 ? framework_names[f] : "?";
+    const ag_framework_row *r = ag_framework_row_of(f);
+    return r ? AG_FW(r, name) : "?";
 }
 
 const char *cli_framework_text(ag_framework f, llama_family family, char *buf, size_t len) {
-    const char *cls = llama_family_class(family);
-    switch (f) {
-    case AG_FRAMEWORK_PYTORCH:
-        snprintf(buf, len, "pytorch (Hugging Face transformers' %s on current PyTorch)", cls);
-        break;
-    case AG_FRAMEWORK_PYTORCH_113:
-        snprintf(buf, len, "pytorch-1.13 (Hugging Face transformers' %s on PyTorch 1.13)", cls);
-        break;
-    default: snprintf(buf, len, "lean (minimal saved sets: fused RMSNorm, GQA-aware attention, fused cross-entropy)");
-    }
+    const ag_framework_row *r = ag_framework_row_of(f);
+    const char *text = r ? AG_FW(r, text) : "?", *at = strstr(text, "LlamaForCausalLM");
+    if (!at) return snprintf(buf, len, "%s", text), buf; // the row names no class
+    snprintf(buf, len, "%.*s%s%s", (int)(at - text), text, llama_family_class(family), at + strlen("LlamaForCausalLM"));
     return buf;
+}
+
+// The default first, then the others in the rows' order.
+static ag_framework nth_framework(int i) { return (ag_framework)((CLI_DEFAULT_FRAMEWORK + i) % AG_NFRAMEWORKS); }
+
+const char *cli_framework_choices(void) {
+    static char list[128];
+    size_t n = 0;
+    for (int i = 0; i < AG_NFRAMEWORKS && n < sizeof list; i++)
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? "|" : "", cli_framework_name(nth_framework(i)));
+    return list;
+}
+
+const char *cli_framework_help(void) {
+    static char help[512];
+    size_t n = (size_t)snprintf(help, sizeof help, "memory semantics: ");
+    for (int i = 0; i < AG_NFRAMEWORKS && n < sizeof help; i++) {
+        const ag_framework_row *r = ag_framework_row_of(nth_framework(i));
+        n += (size_t)snprintf(help + n, sizeof help - n, "%s%s (%s)", i ? ", " : "", AG_FW(r, name), AG_FW(r, brief));
+    }
+    return help;
+}
+
+void cli_frameworks_help(FILE *f) {
+    fputs("What each framework allocates, keeps and frees (--framework NAME): the rows of autograd's table, one\n"
+          "field a decision. A value equal to the row above reads \"the same\".\n",
+          f);
+    for (int k = 0; k < AG_FW_NFIELDS; k++) {
+        const ag_framework_field field = (ag_framework_field)k;
+        if (field == AG_FWF_name || field == AG_FWF_brief) continue; // the text says both
+        fprintf(f, "\n%s: %s\n", ag_framework_field_name(field), ag_framework_field_doc(field));
+        const char *above = NULL;
+        for (int i = 0; i < AG_NFRAMEWORKS; i++) {
+            const ag_framework_row *r = ag_framework_row_of(nth_framework(i));
+            const char *v = ag_framework_field_value(r, field);
+            fprintf(f, "  %-14s %s\n", AG_FW(r, name), above && !strcmp(above, v) ? "the same" : v);
+            above = v;
+        }
+    }
 }
 
 bool cli_parse_attention(const char *name, ag_attention_kind *out) {

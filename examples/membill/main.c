@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-// membill help [COMMAND | --markdown]
+// membill help [COMMAND | frameworks | --markdown]
 static int help(int argc, char **argv) {
     if (argc < 3) {
         cli_usage_all(stdout);
@@ -13,9 +13,14 @@ static int help(int argc, char **argv) {
         cli_options_markdown(stdout);
         return 0;
     }
+    if (strcmp(argv[2], "frameworks") == 0 && argc == 3) {
+        cli_frameworks_help(stdout);
+        return 0;
+    }
     const cli_command *c = cli_find_command(argv[2]);
     if (!c || argc > 3) {
-        fprintf(stderr, "membill help: %s '%s' (commands: train, infer, compare, check, plan, snapshot)\n",
+        fprintf(stderr,
+                "membill help: %s '%s' (commands: train, infer, compare, check, plan, snapshot; or frameworks)\n",
                 c ? "unexpected argument" : "unknown command", argv[c ? 3 : 2]);
         return EXIT_USAGE;
     }
@@ -46,11 +51,14 @@ int main(int argc, char **argv) {
         return fflush(stdout) == 0 && !ferror(stdout) ? 0 : EXIT_RUN_FAILED;
     }
     if (!cli_check_combinations(&o)) return EXIT_USAGE;
+    int rc = 0;
+    if (!o.list && llama_hub_is_id(o.model) && (rc = cli_hub_prepare(&o)) != 0) return rc;
+    if ((rc = cli_weight_dtype_auto(&o)) != 0) return rc;
     static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare, cmd_plan, cmd_check,
                                                        cmd_snapshot};
     int i = 0;
     while ((1 << i) != (int)cmd->bit) i++;
-    int rc = run[i](&o);
+    rc = run[i](&o);
     // A report nobody could read is a failed run (a full disk, /dev/full, a closed pipe).
     if (fflush(stdout) != 0 || ferror(stdout)) {
         if (rc == 0) fprintf(stderr, "membill %s: stdout: write failed (%m)\n", o.command);

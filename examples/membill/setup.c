@@ -31,6 +31,19 @@ static const char *lora_combinations(const cli_options *o, char *buf, size_t len
     return NULL;
 }
 
+bool cli_sharded(const cli_options *o) { return cli_given(o, "--zero") || o->fsdp; }
+// "<what>, which --framework <name> does not have: use --framework <those that do>".
+static const char *framework_lacks(char *buf, size_t len, const char *what, ag_framework_field field,
+                                   const char *name) {
+    int n = snprintf(buf, len, "%s, which --framework %s does not have: use --framework", what, name);
+    for (int f = 0, k = 0; f < AG_NFRAMEWORKS && n > 0 && (size_t)n < len; f++) {
+        const ag_framework_row *r = ag_framework_row_of((ag_framework)f);
+        bool has = field == AG_FWF_autocast ? AG_FW(r, autocast) : AG_FW(r, flash_available);
+        if (has) n += snprintf(buf + n, len - (size_t)n, "%s %s", k++ ? " or" : "", AG_FW(r, name));
+    }
+    return buf;
+}
+
 // Every rule that ties two options together, per subcommand. The table has already refused
 // options a subcommand does not take.
 // --device, --gpu and what needs the device (docs/gpu.md).
@@ -48,7 +61,7 @@ static const char *device_combinations(const cli_options *o) {
     if (o->seq_lens && (o->tokens || o->prompt || o->prompt_file))
         return "--seq-lens gives each step's length: random ids, not --tokens or a prompt";
     if (o->seq_lens && cli_given(o, "--seq-len")) return "--seq-lens and --seq-len both give the length: give one";
-    if (o->seq_lens && (cli_given(o, "--zero") || (o->cmd == CLI_PLAN && (o->infer || o->gpus > 1))))
+    if (o->seq_lens && (cli_sharded(o) || (o->cmd == CLI_PLAN && (o->infer || o->gpus != 1))))
         return "--seq-lens varies one device's training steps: not with --infer, --gpus or --zero";
     if (cuda && o->cmd == CLI_TRAIN && cli_given(o, "--zero"))
         return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's "
@@ -65,12 +78,27 @@ bool cli_check_combinations(const cli_options *o) {
     const char *bad = NULL;
     char buf[600];
     bool infer_plan = o->cmd == CLI_PLAN && o->infer;
+    bool hub_id = llama_hub_is_id(o->model);
+    ag_framework fw = CLI_DEFAULT_FRAMEWORK;
+    cli_parse_framework(o->framework, &fw); // the table allows only known names
+    const ag_framework_row *row = ag_framework_row_of(fw);
     if (cli_given(o, "--model") && cli_given(o, "--config"))
         bad = "--model and --config both name a model: give one";
+    else if ((o->download || o->offline) && !hub_id)
+        bad = "--download and --offline apply to a Hugging Face id: --model org/name";
+    else if (o->download && o->offline)
+        bad = "--download fetches from the Hub, which --offline forbids";
+    else if (o->download && (o->meta || o->weights))
+        bad = o->meta ? "--meta reads no weights: --download does not apply"
+                      : "--weights names the weights: --download would fetch the Hub model's";
+    else if (o->cmd == CLI_CHECK && o->prompt && !hub_id)
+        bad = "check's --prompt goes through the Hub model's tokenizer: give --model org/name";
     else if (o->meta && (o->weights || o->dump_grads || o->save_weights))
         bad = "--meta runs on shapes alone: --weights, --dump-grads and --save-weights need data";
-    else if (o->cmd == CLI_TRAIN && !o->meta && cli_given(o, "--zero") && !is_f32(o->dtype))
-        bad = "--zero computes its shards in float32: another --dtype is a bill of plan --gpus N --zero S (or "
+    else if (cli_given(o, "--zero") && o->fsdp)
+        bad = "--fsdp and --zero are two sharding strategies: give one";
+    else if (o->cmd == CLI_TRAIN && !o->meta && cli_sharded(o) && !is_f32(o->dtype))
+        bad = "--zero and --fsdp compute their shards in float32: another --dtype is a bill of plan --gpus N (or "
               "--meta)";
     else if (o->cmd == CLI_TRAIN && !o->meta && o->dtype && !strncmp(o->dtype, "fp16", 4))
         snprintf(buf, sizeof buf,
@@ -78,11 +106,12 @@ bool cli_check_combinations(const cli_options *o) {
                  "--meta",
                  o->dtype),
             bad = buf;
-    else if (o->dtype && !strcmp(o->dtype, "autocast-bf16") && o->framework && !strcmp(o->framework, "lean"))
-        bad = "--dtype autocast-bf16 is torch.autocast's semantics: it needs --framework pytorch or pytorch-1.13";
-    else if (o->attention && !strcmp(o->attention, "flash") && o->framework && !strcmp(o->framework, "pytorch-1.13"))
-        bad = "--attention flash is scaled_dot_product_attention, which PyTorch 1.13 does not have: use --framework "
-              "pytorch or lean";
+    else if (o->dtype && !strcmp(o->dtype, "autocast-bf16") && !AG_FW(row, autocast))
+        bad = framework_lacks(buf, sizeof buf, "--dtype autocast-bf16 is torch.autocast's semantics", AG_FWF_autocast,
+                              AG_FW(row, name));
+    else if (o->attention && !strcmp(o->attention, "flash") && !AG_FW(row, flash_available))
+        bad = framework_lacks(buf, sizeof buf, "--attention flash is scaled_dot_product_attention", AG_FWF_flash,
+                              AG_FW(row, name));
     else if (o->cmd == CLI_INFER && o->dtype && !strcmp(o->dtype, "autocast-bf16"))
         bad = "--dtype autocast-bf16 is a training setting: a generation takes fp32, bf16 or fp16";
     else if (cli_given(o, "--group-size") && !(o->weight_dtype && strcmp(o->weight_dtype, "int4") == 0))
@@ -97,18 +126,26 @@ bool cli_check_combinations(const cli_options *o) {
              (o->weight_dtype || cli_given(o, "--group-size") || cli_given(o, "--new-tokens")))
         bad = "--weight-dtype, --group-size and --new-tokens plan a generation: add --infer";
     else if (infer_plan && (cli_given(o, "--optimizer") || cli_given(o, "--adam-impl") || cli_given(o, "--gpus") ||
-                            cli_given(o, "--zero") || o->checkpointing || cli_given(o, "--bucket-mb") ||
-                            cli_given(o, "--prefetch-layers")))
-        bad = "--infer plans one device's generation: --optimizer, --adam-impl, --gpus, --zero, --bucket-mb, "
-              "--prefetch-layers and --checkpointing are training settings";
-    else if (o->cmd == CLI_TRAIN && !cli_given(o, "--zero") &&
+                            cli_sharded(o) || o->checkpointing || cli_given(o, "--bucket-mb") ||
+                            cli_given(o, "--prefetch-layers") || o->offload || cli_given(o, "--grad-accum")))
+        bad = "--infer plans one device's generation: --optimizer, --adam-impl, --gpus, --zero, --fsdp, --offload, "
+              "--grad-accum, --bucket-mb, --prefetch-layers and --checkpointing are training settings";
+    else if (o->cmd == CLI_TRAIN && !cli_sharded(o) &&
              (cli_given(o, "--bucket-mb") || cli_given(o, "--prefetch-layers")))
-        bad = "--bucket-mb and --prefetch-layers set up a sharded step: add --zero";
-    else if (cli_given(o, "--zero") && o->zero == 3 && o->checkpointing)
-        bad = "--zero 3 gathers each block's weights around its forward and backward: --checkpointing, which reruns "
-              "the forward inside backward, is not supported with it";
-    else if (o->cmd == CLI_TRAIN && cli_given(o, "--zero") && o->dump_grads)
-        bad = "--dump-grads writes whole gradients, which --zero shards or reduces in buckets: use it without --zero";
+        bad = "--bucket-mb and --prefetch-layers set up a sharded step: add --zero or --fsdp";
+    else if (o->offload && !o->fsdp && !(cli_given(o, "--zero") && o->zero >= 2))
+        bad = "--offload moves a sharded optimizer to the host: add --zero 2, --zero 3 or --fsdp";
+    else if (o->offload && !strcmp(o->offload, "optimizer+params") && !o->fsdp && o->zero != 3)
+        bad = "--offload optimizer+params moves the weight shards too, which --zero 3 and --fsdp have: --zero 2 "
+              "keeps whole weights on every device (--offload optimizer)";
+    else if (o->offload && o->fsdp && !strcmp(o->offload, "optimizer"))
+        bad = "FSDP's CPUOffloadPolicy moves the parameter shards with the optimizer: --offload optimizer+params";
+    else if (o->cmd == CLI_PLAN && cli_given(o, "--gpus") && o->gpus == 0 && !o->device_memory && !o->gpu)
+        bad =
+            "--gpus auto looks for the fewest GPUs whose share fits one device: add --device-memory SIZE or --gpu NAME";
+    else if (o->cmd == CLI_TRAIN && cli_sharded(o) && o->dump_grads)
+        bad = "--dump-grads writes whole gradients, which --zero and --fsdp shard or reduce in buckets: use it "
+              "without them";
     else if (o->cmd == CLI_INFER && o->tokens && strchr(o->tokens, ';') && cli_given(o, "--batch"))
         bad = "--batch repeats one prompt: give several prompts with ';' or --batch, not both";
     else if ((o->prompt != NULL) + (o->prompt_file != NULL) + (o->tokens != NULL) > 1)
@@ -117,14 +154,14 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--tokenizer reads --prompt or --prompt-file: give one of them";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
         bad = "compare trains on one prompt repeated over --batch: give one prompt";
-    else if (o->ep > 1 && (o->gpus % o->ep != 0 || o->gpus < o->ep))
-        snprintf(buf, sizeof buf, "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a multiple of it",
-                 o->ep, o->ep),
+    else if (o->ep > 1 && (o->gpus < o->ep || o->gpus % o->ep != 0))
+        snprintf(buf, sizeof buf,
+                 "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a number, a multiple of it", o->ep,
+                 o->ep),
             bad = buf;
-    else if (o->ep > 1 && (o->zero > 0 || o->infer))
-        bad =
-            "--ep plans a data-parallel training step (--zero 0): its expert shards with ZeRO's, and a generation, are "
-            "not modelled";
+    else if (o->ep > 1 && (o->zero > 0 || o->fsdp || o->offload || o->infer))
+        bad = "--ep plans a data-parallel training step (--zero 0): its experts sharded by ZeRO or FSDP as well, and a "
+              "generation, are not modelled";
     else if (cli_given(o, "--routing") && o->cmd != CLI_PLAN && !o->meta)
         bad = "--routing sets how a meta run routes its tokens; a real run routes by its routers (--routing-out "
               "records their choices): add --meta";
@@ -152,7 +189,7 @@ bool cli_check_combinations(const cli_options *o) {
 int cli_run_end(int rc, bool *clean, ag_err *err) {
     *clean = true;
     for (int c = 0; c < MP_OTHER; c++)
-        if (mp_get_counter(c).live != 0) *clean = false;
+        if (mp_get_counter(c).live != 0 || mp_get_host_counter(c).live != 0) *clean = false;
     const mp_oom_record *r = mp_oom();
     if (rc != 0 || !r->happened) return rc;
     ag_err_set(err, "over the memory budget of %llu bytes: %s %s took %llu bytes in phase %s",
@@ -173,7 +210,9 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
         return EXIT_USAGE;
     }
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
-    if (cfg_file) return llama_config_load(cfg, cfg_file, err) == 0 ? 0 : EXIT_RUN_FAILED;
+    if (cfg_file && llama_config_load(cfg, cfg_file, err) != 0) return EXIT_RUN_FAILED;
+    if (cfg_file && o->hub) snprintf(cfg->name, sizeof cfg->name, "%s", cli_hub_name(o->hub));
+    if (cfg_file) return 0;
     ag_err why = {{0}};
     if (llama_config_preset(cfg, o->model, &why) == 0) return 0;
     if (strncmp(why.msg, "unknown model", 13) != 0) // a preset of a family not modelled yet: its reason

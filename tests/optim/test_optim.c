@@ -817,7 +817,7 @@ static const impl_case impls[] = {{OPTIM_ADAM_FUSED, false, "fused"},
 static optim_config impl_cfg(optim_kind kind, const impl_case *ic) {
     optim_config c = cfg_of(kind, 0.1f);
     c.adam_impl = ic->impl;
-    c.torch_113_foreach = ic->t113;
+    c.framework = ic->t113 ? AG_FRAMEWORK_PYTORCH_113 : AG_FRAMEWORK_PYTORCH;
     return c;
 }
 
@@ -968,7 +968,7 @@ static void test_impl_sgd_and_default(void **state) {
     for (int k = 0; k <= OPTIM_NONE; k++) {
         optim_config d = optim_defaults((optim_kind)k);
         assert_int_equal(d.adam_impl, OPTIM_ADAM_FUSED);
-        assert_false(d.torch_113_foreach);
+        assert_int_equal(d.framework, AG_FRAMEWORK_LEAN);
     }
     optim_config c = cfg_of(OPTIM_SGD_MOMENTUM, 0.1f);
     c.adam_impl = OPTIM_ADAM_FOREACH;
