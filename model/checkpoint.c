@@ -365,7 +365,7 @@ int llama_ckpt_check_params(const llama_ckpt *c, const llama_config *cfg, bool a
     for (size_t i = 0; i < total; i++) {
         char *name = store + i * LLAMA_PARAM_NAME_MAX;
         int ndim = 2;
-        int64_t shape[2] = {cfg->vocab, cfg->hidden};
+        int64_t shape[LLAMA_PARAM_MAX_DIMS] = {cfg->vocab, cfg->hidden, 1};
         if (i < n)
             llama_param_spec(cfg, i, name, LLAMA_PARAM_NAME_MAX, &ndim, shape);
         else

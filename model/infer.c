@@ -113,6 +113,7 @@ static ag_tensor *forward(gen *g, int64_t from, bool all_positions) {
         x = attention_part(g, i, x);
         x = llama_mlp_block(g->ctx, g->c, &g->m->layers[i], x, i);
     }
+    g->m->moe.forward++; // each forward of a generation is routed on its own
     return x ? head(g, x, all_positions) : NULL;
 }
 

@@ -52,7 +52,7 @@ typedef struct {
     const char *command;
     cli_command_bit cmd;
     const char *model, *config, *weights, *tokens, *prompt, *prompt_file, *tokenizer;
-    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size, bucket_mb, prefetch_layers, grad_accum;
+    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size, bucket_mb, prefetch_layers, grad_accum, ep;
     const char *fsdp, *offload; // NULL: none
     uint64_t seed, budget, device_memory, overhead;
     const char *optimizer, *adam_impl, *dtype, *weight_dtype, *framework, *attention;
@@ -63,6 +63,7 @@ typedef struct {
     double lora_alpha, lora_dropout;
     const char *lora_targets, *base_dtype, *adapter, *save_adapter;
     bool lora;
+    const char *routing, *routing_out;
     const char *device, *gpu, *cuda_alloc_conf, *seq_lens, *snapshot, *against;
     double memory_fraction;
     bool list_gpus;
@@ -91,7 +92,9 @@ void cli_usage_error(const cli_options *o, const char *fmt, ...) __attribute__((
 bool cli_parse_framework(const char *name, ag_framework *out);
 const char *cli_framework_name(ag_framework f);
 // One line for reports: the name and what it means.
-const char *cli_framework_text(ag_framework f);
+// The framework line: the row's text, with the family's transformers class for the PyTorch
+// ones ("MixtralForCausalLM"), into buf.
+const char *cli_framework_text(ag_framework f, llama_family family, char *buf, size_t len);
 // --framework's choices ("pytorch|pytorch-1.13|lean", the default first) and help, from the rows.
 const char *cli_framework_choices(void);
 const char *cli_framework_help(void);
@@ -219,6 +222,7 @@ enum {
     CLI_ROLE_LOSS,
     CLI_ROLE_ROPE_COS_SIN,
     CLI_ROLE_LORA, // an adapter's own tensors (its input dropped out, A's output)
+    CLI_ROLE_MOE,  // a sparse block's router, routing and experts
     CLI_ROLE_OTHER,
     CLI_NROLES
 };
@@ -262,6 +266,23 @@ void cli_lora_params_text(FILE *f, const llama_config *cfg, const cli_lora *l);
 void cli_lora_bill_text(FILE *f, const llama_config *cfg, const cli_lora *l);
 struct json_t *cli_lora_json(const llama_config *cfg, const cli_lora *l);
 
+// --routing and --routing-out (routing_cli.c): how a meta run routes the tokens of a mixture of
+// experts, and where a real run records its routers' choices.
+typedef struct {
+    llama_routing *assume; // --routing (NULL: balanced)
+    llama_routing *record; // --routing-out
+} cli_routing;
+// From the options, for a model of config c; an exit code with the message in *err.
+int cli_routing_prepare(const cli_options *o, const llama_config *c, cli_routing *r, ag_err *err);
+// The model's sparse layers route as r says: a meta run bills the assumption, a real run records.
+void cli_routing_attach(const cli_routing *r, llama_model *m);
+void cli_routing_free(cli_routing *r);
+// The report's routing line ("routing: balanced (...)") for a mixture of experts; nothing else.
+void cli_routing_text(FILE *f, const llama_config *c, const cli_routing *r, bool meta);
+// "balanced", "worst", "file" or "measured", for the JSON report.
+const char *cli_routing_name(const cli_routing *r, bool meta);
+int cli_routing_writer(FILE *f, void *routing, ag_err *err); // arg: the llama_routing to write
+
 typedef struct {
     llama_config cfg;
     char st_path[4096]; // "" for random init
@@ -287,6 +308,7 @@ typedef struct {
     cli_lora lora;
     // --save-adapter: after the last optimizer step (NULL: none)
     int (*save_adapter)(void *arg, const llama_model *m, ag_err *err);
+    cli_routing routing; // a mixture of experts' (owned by the caller of cli_train_prepare)
 } train_run;
 
 // The model of a run in its context: built at the dtype's sizes, then loaded from st_path
@@ -387,7 +409,8 @@ typedef struct {
     ag_attention_kind attention;
     bool meta;
     uint64_t seed;
-    cli_lora lora; // --adapter: generation through the adapters
+    cli_lora lora;       // --adapter: generation through the adapters
+    cli_routing routing; // a mixture of experts'
 } infer_run;
 
 // An exit code, as cli_load_config.

@@ -202,7 +202,9 @@ static void print_table(FILE *f, const void *arg, bool failed) {
             ir->new_tokens, ir->use_cache ? "KV cache" : "no cache");
     if (tr->ocfg.kind == OPTIM_ADAM || tr->ocfg.kind == OPTIM_ADAMW)
         fprintf(f, "adam: %s; ", optim_adam_impl_name(tr->ocfg.adam_impl));
-    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(tr->framework), cli_attention_text(tr->attention));
+    char fw[192];
+    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(tr->framework, tr->cfg.family, fw, sizeof fw),
+            cli_attention_text(tr->attention));
     cli_text_line(f, &ir->text);
     fputc('\n', f);
     fprintf(f, "  %-11s %-36s %-36s\n", "category", "training step (peak)", "inference (peak)");

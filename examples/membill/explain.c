@@ -18,9 +18,11 @@ static uint64_t optimizer_temporaries(const llama_config *c, const optim_config 
     for (size_t i = 0; i < llama_param_count_tensors(c); i++) {
         char name[LLAMA_PARAM_NAME_MAX];
         int nd;
-        int64_t s[2];
+        int64_t s[LLAMA_PARAM_MAX_DIMS];
         if (llama_param_spec(c, i, name, sizeof name, &nd, s) != 0) continue;
-        uint64_t b = (uint64_t)s[0] * (uint64_t)s[1] * 4, need = prev + (l2 ? 3 : 2) * b;
+        uint64_t b = 4;
+        for (int k = 0; k < LLAMA_PARAM_MAX_DIMS; k++) b *= (uint64_t)s[k];
+        uint64_t need = prev + (l2 ? 3 : 2) * b;
         most = need > most ? need : most;
         prev = b, all += b;
     }

@@ -1,5 +1,6 @@
 // membill infer: prefill and greedy decode with a KV cache, billed like training.
 #include "cli.h"
+#include "outputs.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -53,6 +54,7 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     if (o->cmd != CLI_INFER) cli_parse_dtype("fp32", &r->dtype);
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
     if (rc == 0 && o->cmd == CLI_INFER) rc = cli_lora_from_options(o, &r->lora, err);
+    if (rc == 0 && o->cmd == CLI_INFER) rc = cli_routing_prepare(o, &r->cfg, &r->routing, err);
     if (rc == 0) rc = cli_text_prepare(o, &r->cfg, &r->text, err);
     if (rc != 0) return rc;
     if (o->tokens && strchr(o->tokens, ';')) {
@@ -72,6 +74,7 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
 }
 
 void cli_infer_free(infer_run *r) {
+    cli_routing_free(&r->routing);
     free(r->ids);
     free(r->mask);
     free(r->out);
@@ -118,6 +121,7 @@ int cli_infer_run(infer_run *r, ag_err *err) {
     ag_set_grad_enabled(ctx, false);
     mp_set_phase(MP_PHASE_LOAD);
     if (cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, &m, err) != 0) goto done;
+    cli_routing_attach(&r->routing, m);
     llama_generate_opts go = {.use_cache = r->use_cache, .on_step = on_step, .stop = all_ended, .user = r};
     cli_progress("prefill of %ld x %ld tokens", r->batch, r->seq_len);
     rc = llama_generate(ctx, m, &go, r->ids, r->mask, r->batch, r->seq_len, r->new_tokens, r->out, &r->stats, err);
@@ -161,6 +165,7 @@ static json_t *shape_json(const int64_t s[4]) {
 typedef struct {
     const cli_options *o;
     infer_run r;
+    cli_job job;
     cli_device dev;
     cli_device_result devr;
 } infer_cmd;
@@ -176,6 +181,8 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(run, "new_tokens", json_integer(r->new_tokens));
     json_object_set_new(run, "cache", json_boolean(r->use_cache));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    if (r->cfg.moe.experts > 0)
+        json_object_set_new(run, "routing", json_string(cli_routing_name(&r->routing, r->meta)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
     json_object_set_new(run, "dtype", json_string(r->dtype.name ? r->dtype.long_name : "float32"));
     json_object_set_new(run, "weight_dtype",
@@ -239,7 +246,10 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
             r->batch, r->seq_len, r->new_tokens, r->use_cache ? "with the KV cache" : "without a cache (recomputing)",
             r->dtype.name ? r->dtype.long_name : "float32", r->dtype.weight_name ? ", weights " : "",
             r->dtype.weight_name ? r->dtype.weight_name : "", r->meta ? ", meta (shapes only)" : "");
-    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
+    char fw[192];
+    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework, r->cfg.family, fw, sizeof fw),
+            cli_attention_text(r->attention));
+    cli_routing_text(f, &r->cfg, &r->routing, r->meta);
     cli_text_line(f, &r->text);
     fputc('\n', f);
     if (failed) fprintf(f, "(FAILED after %lld of %ld forwards: see below)\n\n", (long long)st->steps, r->new_tokens);
@@ -279,10 +289,13 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
     if (c->devr.done) cli_device_text(f, &c->dev, &c->devr);
 }
 
-// The generation, then (--device cuda) its allocations through the CUDA caching allocator.
+// The generation (its routing written when asked), then (--device cuda) its allocations through
+// the CUDA caching allocator.
 static int run(void *arg, ag_err *err) {
     infer_cmd *c = arg;
     int rc = cli_infer_run(&c->r, err);
+    if (rc == 0 && c->r.routing.record && c->o->routing_out)
+        rc = cli_outputs_write(c->job.outs, "--routing-out", cli_routing_writer, c->r.routing.record, err);
     if (rc != 0 || !c->dev.cuda) return rc;
     cli_device_mark *marks = NULL;
     size_t n = cli_device_marks_phases(&marks);
@@ -328,14 +341,14 @@ int cmd_infer(const cli_options *o) {
     char title[256];
     snprintf(title, sizeof title, "membill infer: %s, batch %ld x %ld tokens + %ld new, %s", c.r.cfg.name, c.r.batch,
              c.r.seq_len, c.r.new_tokens, c.r.use_cache ? "KV cache" : "no cache");
-    cli_job job = {.arg = &c,
-                   .run = run,
-                   .meta_peak = meta_peak,
-                   .text = infer_text,
-                   .json = infer_json,
-                   .title = title,
-                   .device = &c.dev};
-    rc = cli_job_main(o, &job);
+    c.job = (cli_job){.arg = &c,
+                      .run = run,
+                      .meta_peak = meta_peak,
+                      .text = infer_text,
+                      .json = infer_json,
+                      .title = title,
+                      .device = &c.dev};
+    rc = cli_job_main(o, &c.job);
     cli_device_result_free(&c.devr);
     cli_infer_free(&c.r);
     return rc;

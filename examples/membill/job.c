@@ -45,8 +45,11 @@ int cli_outputs_declare(const cli_options *o, cli_outputs **outs, ag_err *err) {
                 {"--html", o->html},
                 {"--dump-grads", o->dump_grads},
                 {"--save-weights", o->save_weights},
+                {"--routing-out", o->routing_out},
                 {"--snapshot", o->snapshot}},
-      inputs[] = {{"--config", o->config},
+      inputs[] = {{"--routing",
+                   o->routing && strcmp(o->routing, "balanced") && strcmp(o->routing, "worst") ? o->routing : NULL},
+                  {"--config", o->config},
                   {"--weights", o->weights},
                   {"--tokenizer", o->tokenizer},
                   {"--prompt-file", o->prompt_file}};

@@ -59,7 +59,8 @@ static const opt_spec specs[] = {
     {"--offline", NULL, T_FLAG, OFF(offline), RUNS | PL | CH, NULL, 0, NULL, 0, 0, NULL,
      "the Hugging Face cache alone, never the Hub (as HF_HUB_OFFLINE=1)"},
     {"--config", "FILE", T_PATH, OFF(config), RUNS | PL, NULL, 0, NULL, 0, 0, NULL,
-     "a Hugging Face config.json (model_type llama, mistral, qwen2 or qwen3) instead of a preset"},
+     "a Hugging Face config.json (model_type llama, mistral, qwen2, qwen3, mixtral, qwen2_moe or qwen3_moe) instead "
+     "of a preset"},
     {"--weights", "PATH", T_PATH, OFF(weights), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "a .safetensors file, a model.safetensors.index.json (sharded), or a folder with config.json and "
      "model.safetensors or the index (default: random init)"},
@@ -114,6 +115,11 @@ static const opt_spec specs[] = {
      "a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to train on or generate with"},
     {"--lora", NULL, T_FLAG, OFF(lora), CO, NULL, 0, NULL, 0, 0, NULL,
      "full fine-tune, LoRA, QLoRA and inference of the same model side by side"},
+    {"--routing", "HOW", T_STR, OFF(routing), TR | IN | PL, "balanced", 0, NULL, 0, 0, NULL,
+     "how a meta run of a mixture of experts routes its tokens: balanced (tokens x k / experts each), worst (every "
+     "token to the same k experts) or FILE (a real run's --routing-out)"},
+    {"--routing-out", "FILE", T_OUT, OFF(routing_out), TR | IN, NULL, 0, NULL, 0, 0, NULL,
+     "a real run's routing of a mixture of experts: the tokens each expert got, layer by layer (for --routing)"},
     {"--no-cache", NULL, T_FLAG, OFF(no_cache), IN | CO, NULL, 0, NULL, 0, 0, NULL,
      "recompute the whole sequence at every decode step instead of keeping a KV cache"},
     {"--meta", NULL, T_FLAG, OFF(meta), RUNS, NULL, 0, NULL, 0, 0, NULL,
@@ -135,6 +141,9 @@ static const opt_spec specs[] = {
     {"--gpus", "N", T_GPUS, OFF(gpus), PL, "1", 0, NULL, 1, 1 << 20, NULL,
      "data-parallel devices (plan: one simulated rank of N); auto: the fewest, up to 4096, whose rank fits "
      "--device-memory"},
+    {"--ep", "N", T_LONG, OFF(ep), PL, "1", 0, NULL, 1, 1 << 16, NULL,
+     "expert parallelism: a mixture of experts' experts split over N of the --gpus (all-to-all of the routed "
+     "tokens), the rest data-parallel; the plan bills one rank"},
     {"--zero", "S", T_LONG, OFF(zero), TR | PL, "0", 0, NULL, 0, 3, NULL,
      "ZeRO stage: 0 DDP, 1 shards optimizer state, 2 also gradients, 3 also weights (train: a real sharded step "
      "under mpirun, MPI build)"},

@@ -167,7 +167,8 @@ bool cli_check_combinations(const cli_options *o) {
     else if (o->offload && o->fsdp && !strcmp(o->offload, "optimizer"))
         bad = "FSDP's CPUOffloadPolicy moves the parameter shards with the optimizer: --offload optimizer+params";
     else if (o->cmd == CLI_PLAN && cli_given(o, "--gpus") && o->gpus == 0 && !o->device_memory && !o->gpu)
-        bad = "--gpus auto looks for the fewest GPUs whose share fits one device: add --device-memory SIZE or --gpu NAME";
+        bad =
+            "--gpus auto looks for the fewest GPUs whose share fits one device: add --device-memory SIZE or --gpu NAME";
     else if (o->cmd == CLI_TRAIN && cli_sharded(o) && o->dump_grads)
         bad = "--dump-grads writes whole gradients, which --zero and --fsdp shard or reduce in buckets: use it "
               "without them";
@@ -179,6 +180,19 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--tokenizer reads --prompt or --prompt-file: give one of them";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
         bad = "compare trains on one prompt repeated over --batch: give one prompt";
+    else if (o->ep > 1 && (o->gpus < o->ep || o->gpus % o->ep != 0))
+        snprintf(buf, sizeof buf,
+                 "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a number, a multiple of it", o->ep,
+                 o->ep),
+            bad = buf;
+    else if (o->ep > 1 && (o->zero > 0 || o->fsdp || o->offload || o->infer))
+        bad = "--ep plans a data-parallel training step (--zero 0): its experts sharded by ZeRO or FSDP as well, and a "
+              "generation, are not modelled";
+    else if (cli_given(o, "--routing") && o->cmd != CLI_PLAN && !o->meta)
+        bad = "--routing sets how a meta run routes its tokens; a real run routes by its routers (--routing-out "
+              "records their choices): add --meta";
+    else if (o->routing_out && o->meta)
+        bad = "--routing-out records a real run's routing: --meta routes by --routing";
     if (!bad) bad = lora_combinations(o, buf, sizeof buf);
     long fault = !bad && o->prompt ? utf8_fault(o->prompt) : -1;
     if (fault >= 0)
@@ -255,11 +269,18 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
     if (cfg_file && llama_config_load(cfg, cfg_file, err) != 0) return EXIT_RUN_FAILED;
     if (cfg_file && o->hub) snprintf(cfg->name, sizeof cfg->name, "%s", cli_hub_name(o->hub));
-    if (!cfg_file && llama_config_preset(cfg, o->model, err) != 0) {
-        char hint[96];
-        const char *mean = cli_did_you_mean(hint, sizeof hint, o->model, llama_preset_name, llama_preset_count());
-        ag_err_set(err, "--model: unknown preset '%s'%s", o->model, *mean ? mean : " (membill plan --list names them)");
-        return EXIT_USAGE;
+    if (!cfg_file) {
+        ag_err why = {{0}};
+        if (llama_config_preset(cfg, o->model, &why) != 0) {
+            char hint[96];
+            const char *mean = cli_did_you_mean(hint, sizeof hint, o->model, llama_preset_name, llama_preset_count());
+            if (strncmp(why.msg, "unknown model", 13) != 0) // a preset of a family not modelled yet: its reason
+                ag_err_set(err, "--model: %s", why.msg);
+            else
+                ag_err_set(err, "--model: unknown preset '%s'%s", o->model,
+                           *mean ? mean : " (membill plan --list names them)");
+            return EXIT_USAGE;
+        }
     }
     // a Hub id's files are one checkpoint: its config is the checkpoint's own
     return st_path[0] && !cfg_from_weights[0] && !o->hub ? check_weights_file(o, cfg, st_path, err) : 0;

@@ -213,6 +213,8 @@ json_t *cli_train_json(const cli_options *o, const train_run *r, bool failed) {
     json_object_set_new(run, "steps", json_integer(r->nsteps));
     json_object_set_new(run, "optimizer", json_string(optim_kind_name(r->ocfg.kind)));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    if (r->cfg.moe.experts > 0)
+        json_object_set_new(run, "routing", json_string(cli_routing_name(&r->routing, r->meta)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
     json_object_set_new(run, "adam_impl", adam(r) ? json_string(optim_adam_impl_name(r->ocfg.adam_impl)) : json_null());
     json_object_set_new(run, "lr", json_real(o->lr));
@@ -307,7 +309,10 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
             cli_commas(p, sizeof p, llama_param_count(&r->cfg)), r->batch, r->seq_len, optim_kind_name(r->ocfg.kind),
             impl, o->lr, r->dtype.long_name, r->meta ? ", meta (shapes only)" : "",
             failed ? " (FAILED: see below)" : "");
-    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
+    char fw[192];
+    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework, r->cfg.family, fw, sizeof fw),
+            cli_attention_text(r->attention));
+    cli_routing_text(f, &r->cfg, &r->routing, r->meta);
     if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
     if (r->grad_accum > 1)
         fprintf(f, "gradient accumulation: %ld micro-batches of %ld rows, one optimizer step (each loss / %ld)\n",
@@ -379,6 +384,8 @@ static int save_adapter(void *arg, const llama_model *m, ag_err *err) {
 static int run(void *arg, ag_err *err) {
     train_cmd *t = arg;
     int rc = cli_train_run(&t->r, err);
+    if (rc == 0 && t->r.routing.record && t->o->routing_out)
+        rc = cli_outputs_write(t->job.outs, "--routing-out", cli_routing_writer, t->r.routing.record, err);
     if (rc != 0 || !t->dev.cuda) return rc;
     cli_device_mark *marks = NULL;
     size_t n = cli_device_marks_train(&t->r, &marks);

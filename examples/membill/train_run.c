@@ -109,6 +109,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     r->saves_adapter = o->save_adapter != NULL;
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
     if (rc == 0) rc = cli_lora_from_options(o, &r->lora, err);
+    if (rc == 0) rc = cli_routing_prepare(o, &r->cfg, &r->routing, err);
     if (rc == 0) rc = cli_text_prepare(o, &r->cfg, &r->text, err);
     cli_options rows = *o; // every micro-batch's rows, one after the other (the longest of --seq-lens)
     rows.batch = o->batch * r->grad_accum;
@@ -129,6 +130,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
 }
 
 void cli_train_free(train_run *r) {
+    cli_routing_free(&r->routing);
     free(r->ids);
     free(r->owned_lens);
     r->owned_lens = NULL;
@@ -284,6 +286,7 @@ int cli_train_run(train_run *r, ag_err *err) {
     mp_set_phase(MP_PHASE_LOAD);
     cli_progress("building the model");
     if (cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, &m, err) != 0) goto done;
+    cli_routing_attach(&r->routing, m);
     optim_config oc = r->ocfg; // foreach's temporaries are the framework's version's
     oc.framework = r->framework;
     opt = optim_new(&oc, m->trainable, m->ntrainable, err); // a frozen base gets no state
