@@ -27,10 +27,24 @@ static int by_bytes(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
+// FNV-1a of a kind and its category: the slot where its row is looked up first.
+static size_t kind_hash(const char *kind, int category) {
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)category;
+    for (const unsigned char *p = (const unsigned char *)kind; *p; p++) h = (h ^ *p) * 1099511628211ULL;
+    return (size_t)h;
+}
+
 size_t cli_breakdown(size_t events, mp_category cat, cli_site_row *rows, size_t cap, uint64_t *per_block, long layers) {
     size_t n = mp_sites_live_at(events, cat, NULL, 0);
     mp_site_bytes *sites = n ? malloc(n * sizeof *sites) : NULL;
-    if (n && !sites) return 0;
+    // rows by (kind, category): a mixture of experts has thousands of kinds (one an expert)
+    size_t slots = 16;
+    while (slots < 2 * cap) slots *= 2;
+    size_t *index = calloc(slots, sizeof *index); // row + 1; 0: empty
+    if ((n && !sites) || !index) {
+        free(sites), free(index);
+        return 0;
+    }
     n = mp_sites_live_at(events, cat, sites, n);
     size_t nrows = 0;
     if (per_block) memset(per_block, 0, (size_t)layers * sizeof *per_block);
@@ -38,20 +52,27 @@ size_t cli_breakdown(size_t events, mp_category cat, cli_site_row *rows, size_t 
         char kind[CLI_KIND_MAX];
         long b = block_of(mp_site_name(sites[i].site), kind, sizeof kind);
         if (per_block && b >= 0 && b < layers) per_block[b] += sites[i].bytes;
-        size_t j = 0;
-        while (j < nrows && !(strcmp(rows[j].kind, kind) == 0 && rows[j].category == sites[i].category)) j++;
+        size_t slot = kind_hash(kind, sites[i].category) & (slots - 1), j = nrows;
+        for (; index[slot]; slot = (slot + 1) & (slots - 1)) {
+            const cli_site_row *r = &rows[index[slot] - 1];
+            if (r->category == sites[i].category && strcmp(r->kind, kind) == 0) {
+                j = index[slot] - 1;
+                break;
+            }
+        }
         if (j == nrows) {
             if (nrows == cap) continue;
             snprintf(rows[j].kind, sizeof rows[j].kind, "%s", kind);
             rows[j].category = sites[i].category;
             rows[j].bytes = 0;
             rows[j].sites = 0;
-            nrows++;
+            index[slot] = ++nrows;
         }
         rows[j].bytes += sites[i].bytes;
         rows[j].sites++;
     }
     free(sites);
+    free(index);
     qsort(rows, nrows, sizeof *rows, by_bytes);
     return nrows;
 }
