@@ -90,8 +90,6 @@ ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, cons
 // same size in real runs, which are float32 only).
 // A block of `bytes` float32 bytes, billed at the category's dtype in meta mode.
 bool ag_alloc_block(ag_ctx *ctx, mp_block *b, size_t bytes, mp_category cat, const char *label);
-// A tensor billed at `bits` an element whatever its category (a float32 copy in a 16-bit model).
-ag_tensor *ag_tensor_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site, int bits);
 static inline int ag_max_bits(int a, int b) { return a > b ? a : b; } // PyTorch's type promotion
 // The output of an elementwise op of a and b (a's shape): under PYTORCH semantics at the wider
 // of their element sizes, else as ag_tensor_like(a).

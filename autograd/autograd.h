@@ -88,14 +88,15 @@ struct ag_tensor {
     ag_tensor *grad; // leaves only (category gradient, site "<name>:grad"); NULL until backward
     ag_node *node;   // the node that made it, while the tape holds it; NULL for leaves
     int refcount;
-    int bits;           // the element size of its dtype (ag_type_traits_of(dtype)->bits)
-    ag_dtype dtype;     // what data holds
-    float q_scale;      // AG_Q8: the per-tensor scale
-    int64_t q_group;    // AG_Q4 (and AG_Q8 with row scales): elements of a row sharing one scale
-    int tape_nodes;     // leaves: nodes on the tape with an edge to it
-    mp_block grad_wait; // leaves, PYTORCH semantics: a gradient waiting for the others to be summed
-    mp_block grad_new;  // ... and the one just written, summed with it after its node's backward
-    uint32_t site;      // interned label (mp_site_name); a parameter's name
+    int bits;               // the element size of its dtype (ag_type_traits_of(dtype)->bits)
+    ag_dtype dtype;         // what data holds
+    float q_scale;          // AG_Q8: the per-tensor scale
+    int64_t q_group;        // AG_Q4 (and AG_Q8 with row scales): elements of a row sharing one scale
+    int tape_nodes;         // leaves: nodes on the tape with an edge to it
+    mp_block grad_wait;     // leaves, PYTORCH semantics: a gradient waiting for the others to be summed
+    mp_block grad_new;      // ... and the one just written, summed with it after its node's backward
+    uint32_t site;          // interned label (mp_site_name); a parameter's name
+    uint64_t storage_bytes; // deferred parameters: what their storage is billed (their dtype when made)
 };
 
 // Data and its element type: what kernels take, so that one loop serves every dtype.
@@ -173,6 +174,10 @@ bool ag_is_grad_enabled(const ag_ctx *ctx);
 ag_status ag_ctx_status(const ag_ctx *ctx);
 const char *ag_ctx_error(const ag_ctx *ctx); // NULL when there was no error
 void ag_ctx_clear_error(ag_ctx *ctx);
+// A caller's failure inside a function the tape runs (a checkpointed block's recomputation in
+// backward): the context's error becomes msg (budget status when the profiler's budget was
+// hit), unless it has one already. Returns false.
+bool ag_ctx_fail(ag_ctx *ctx, const char *msg);
 
 // Memory semantics: the same math, with what a framework allocates, keeps for backward and frees.
 // LEAN is membill's minimal saved sets (what fused kernels keep); PYTORCH is PyTorch's eager ops as
@@ -308,6 +313,9 @@ uint64_t ag_billed_bytes(const ag_ctx *ctx, int ndim, const int64_t *shape, mp_c
 
 // Tensors. New tensors hold one reference, owned by the caller; data is left uninitialised.
 ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site);
+// A tensor billed at `bits` an element whatever its category (a float32 copy in a 16-bit model,
+// FSDP's float32 gradient shards beside 16-bit parameters).
+ag_tensor *ag_tensor_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site, int bits);
 // A parameter: category weight, requires_grad, is_param, labelled with its name.
 ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name);
 ag_tensor *ag_retain(ag_tensor *t);  // returns t
@@ -318,7 +326,8 @@ const char *ag_tensor_name(const ag_tensor *t);
 // Hooks on the parameters (leaves) of a backward, as data-parallel engines hang theirs (PyTorch
 // DDP's post-accumulate-grad hooks, DeepSpeed ZeRO-3's pre-backward fetch): before_backward(leaf)
 // runs before each node that reaches the leaf runs its backward (so that a sharded parameter's
-// data can be gathered for it); grad_ready(leaf) once the leaf's .grad is final for this backward
+// data can be gathered for it), and before each node that keeps a frozen parameter (no
+// requires_grad) for its backward; grad_ready(leaf) once the leaf's .grad is final for this backward
 // (every node reaching it ran and was freed). Either may be NULL. A hook that returns false stops
 // the backward with its message (the rest of the tape is dropped, as on any error). Neither runs
 // for nodes skipped after an error, nor for ag_tape_clear.
@@ -335,10 +344,14 @@ void ag_ctx_set_leaf_hooks(ag_ctx *ctx, const ag_leaf_hooks *hooks); // NULL: no
 // allocates it (billed weight at the context's dtype, under the parameter's name; contents
 // undefined), false with the context's error set; ag_param_free_storage frees it (the tensor,
 // its shape and its .grad stay). ag_param_has_storage: in meta mode too (a block without data).
+// A deferred parameter keeps the dtype and billing of the context's dtype when it was made (a
+// quantised frozen base made under its own precision stays quantised); ag_param_storage_bytes
+// is what its storage takes, with or without it.
 void ag_ctx_defer_params(ag_ctx *ctx, bool defer);
 bool ag_param_alloc_storage(ag_ctx *ctx, ag_tensor *param);
 void ag_param_free_storage(ag_tensor *param);
 bool ag_param_has_storage(const ag_tensor *param);
+uint64_t ag_param_storage_bytes(const ag_tensor *param);
 
 // Backward. ag_backward seeds d(loss) = 1 (loss must hold one element); ag_backward_grad seeds
 // d(out) = grad (same number of elements). Both run the tape in reverse, release each node's
@@ -557,5 +570,6 @@ typedef ag_tensor *(*ag_block_fn)(ag_ctx *ctx, const void *arg, ag_tensor *x);
 // recomputed activations are billed as activation while they live, in the backward phase.
 // arg (arg_size bytes, may be 0) is copied, so the caller may pass a local struct; what it
 // points to (parameters, config) must live until backward. With grad mode off this is fn(x).
-// With it on, y requires grad (the block's parameters are not known before backward).
+// With it on, y requires grad (the block's parameters are not known before backward). fn
+// returning NULL in backward fails the backward (with the context's error, else saying so).
 ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg, size_t arg_size, ag_tensor *x);

@@ -50,6 +50,10 @@ bool ag_fail(ag_ctx *ctx, ag_status st, const char *fmt, ...) {
     return false;
 }
 
+bool ag_ctx_fail(ag_ctx *ctx, const char *msg) {
+    return ag_fail(ctx, mp_oom()->happened ? AG_ERR_BUDGET : AG_ERR_STATE, "%s", msg);
+}
+
 bool ag_check_inputs(ag_ctx *ctx, const char *op, const char *site, int n, ag_tensor *const *ins,
                      const char *const *names) {
     if (!ctx || ctx->status != AG_OK) return false;

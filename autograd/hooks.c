@@ -10,12 +10,20 @@ static bool hook_failed(ag_ctx *ctx, const ag_tensor *leaf, const ag_err *e) {
     return ag_fail(ctx, st, "backward, %s: %s", ag_tensor_name(leaf), e->msg);
 }
 
+static bool before(ag_ctx *ctx, ag_tensor *leaf) {
+    ag_err e = {""};
+    return ctx->hooks.before_backward(ctx->hooks.user, leaf, &e) || hook_failed(ctx, leaf, &e);
+}
+
+// The leaves a node reaches, and the parameters it keeps for its backward without reaching them
+// (a frozen weight, which the gradient of its input is computed through).
 bool ag_hooks_before(ag_ctx *ctx, const ag_node *n) {
     if (!ctx->hooks.before_backward) return true;
-    for (int i = 0; i < n->ninputs; i++) {
-        if (n->in[i].kind != AG_EDGE_LEAF || !ag_first_edge_to(n, i)) continue;
-        ag_err e = {""};
-        if (!ctx->hooks.before_backward(ctx->hooks.user, n->in[i].leaf, &e)) return hook_failed(ctx, n->in[i].leaf, &e);
+    for (int i = 0; i < n->ninputs; i++)
+        if (n->in[i].kind == AG_EDGE_LEAF && ag_first_edge_to(n, i) && !before(ctx, n->in[i].leaf)) return false;
+    for (int i = 0; i < n->op->nsaved; i++) {
+        ag_tensor *t = n->state.saved[i];
+        if (t && t->is_param && !t->requires_grad && !before(ctx, t)) return false;
     }
     return true;
 }

@@ -21,7 +21,13 @@ static ag_tensor *deferred_param(ag_ctx *ctx, int ndim, const int64_t *shape, co
     t->numel = 1;
     for (int i = 0; i < ndim; i++) t->shape[i] = shape[i], t->numel *= shape[i];
     t->refcount = 1;
-    t->bits = ctx->dtype.weight_bits;
+    // What ag_tensor_new would make of it now (its dtype, and the bytes its storage takes), so
+    // that its storage is billed as made, whatever the context's dtype is when it comes.
+    t->bits = ctx->dtype.weight_bits < 16 && ndim == 1 ? ctx->dtype.act_bits : ctx->dtype.weight_bits;
+    t->dtype = ag_dtype_of_bits(t->bits, ctx->dtype.fp16);
+    if (t->dtype == AG_Q4 && ctx->dtype.nf4) t->dtype = AG_NF4;
+    if (t->dtype == AG_Q4 || t->dtype == AG_Q8) t->q_group = ctx->dtype.group;
+    t->storage_bytes = ag_billed_bytes(ctx, ndim, shape, MP_WEIGHT, label);
     t->site = mp_site_id(label);
     t->requires_grad = true;
     t->is_param = true;
@@ -44,11 +50,15 @@ void ag_ctx_defer_params(ag_ctx *ctx, bool defer) {
 
 bool ag_param_has_storage(const ag_tensor *param) { return param && param->block.bytes != 0; }
 
+uint64_t ag_param_storage_bytes(const ag_tensor *param) {
+    return param->block.bytes ? param->block.bytes : param->storage_bytes;
+}
+
 bool ag_param_alloc_storage(ag_ctx *ctx, ag_tensor *param) {
     if (!ctx || ctx->status != AG_OK || !param) return false;
     if (ag_param_has_storage(param)) return true;
     const char *name = ag_tensor_name(param);
-    uint64_t bytes = ag_billed_bytes(ctx, param->ndim, param->shape, MP_WEIGHT, name);
+    uint64_t bytes = ag_param_storage_bytes(param);
     char detail[AG_LABEL_MAX];
     ag_describe_like(detail, sizeof detail, param, param->bits, ctx->dtype.fp16);
     mp_status st = mp_alloc_described(&param->block, (size_t)bytes, MP_WEIGHT, name, detail);
@@ -62,6 +72,7 @@ bool ag_param_alloc_storage(ag_ctx *ctx, ag_tensor *param) {
 
 void ag_param_free_storage(ag_tensor *param) {
     if (!param) return;
+    if (param->block.bytes) param->storage_bytes = param->block.bytes; // for the next time
     mp_free(&param->block);
     param->data = NULL;
 }

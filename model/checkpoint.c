@@ -179,14 +179,16 @@ static int check_map(const llama_ckpt *c, const json_t *map, ag_err *err) {
     return 0;
 }
 
-// Opens every shard the index names, from the index's folder.
-static int open_shards(llama_ckpt *c, const char **shards, size_t n, ag_err *err) {
-    char dir[4096], p[8192];
-    folder_of(dir, sizeof dir, c->path);
+typedef struct {
+    llama_st_opener open;
+    void *arg;
+} opener;
+
+// Opens every shard the index names.
+static int open_shards(llama_ckpt *c, const char **shards, size_t n, const opener *op, ag_err *err) {
     for (size_t i = 0; i < n; i++) {
-        snprintf(p, sizeof p, "%s%s", dir, shards[i]);
         ag_err e;
-        if (llama_st_open(&c->files[c->nfiles], p, &e) != 0) {
+        if (op->open(op->arg, shards[i], &c->files[c->nfiles], &e) != 0) {
             ag_err_set(err, "%s: shard %s: %s", c->path, shards[i], e.msg);
             return -1;
         }
@@ -195,7 +197,7 @@ static int open_shards(llama_ckpt *c, const char **shards, size_t n, ag_err *err
     return 0;
 }
 
-static int open_index(llama_ckpt **out, const char *path, ag_err *err) {
+static int open_index(llama_ckpt **out, const char *path, const opener *op, ag_err *err) {
     char *text;
     size_t len;
     if (llama_read_small_file(path, "a model.safetensors.index.json", INDEX_MAX_BYTES, &text, &len, err) != 0)
@@ -211,8 +213,9 @@ static int open_index(llama_ckpt **out, const char *path, ag_err *err) {
     size_t n = 0;
     const json_t *map = weight_map(root, path, &shards, &n, err);
     llama_ckpt *c = map ? ckpt_new(path, n, true, err) : NULL;
-    int rc =
-        c && open_shards(c, shards, n, err) == 0 && index_tensors(c, err) == 0 && check_map(c, map, err) == 0 ? 0 : -1;
+    int rc = c && open_shards(c, shards, n, op, err) == 0 && index_tensors(c, err) == 0 && check_map(c, map, err) == 0
+                 ? 0
+                 : -1;
     free(shards);
     json_decref(root);
     if (rc != 0) {
@@ -223,17 +226,51 @@ static int open_index(llama_ckpt **out, const char *path, ag_err *err) {
     return 0;
 }
 
-int llama_ckpt_open(llama_ckpt **out, const char *path, ag_err *err) {
+// llama_ckpt_open's opener: the file of that name in the checkpoint's folder (arg).
+static int open_in_folder(void *arg, const char *name, llama_st_file **out, ag_err *err) {
+    char p[8192];
+    snprintf(p, sizeof p, "%s%s", (const char *)arg, name);
+    return llama_st_open(out, p, err);
+}
+
+int llama_ckpt_open_with(llama_ckpt **out, const char *path, llama_st_opener open, void *arg, ag_err *err) {
     *out = NULL;
-    if (llama_ckpt_is_index(path)) return open_index(out, path, err);
+    const opener op = {open, arg};
+    if (llama_ckpt_is_index(path)) return open_index(out, path, &op, err);
     llama_ckpt *c = ckpt_new(path, 1, true, err);
     if (!c) return -1;
-    if (llama_st_open(&c->files[0], path, err) != 0 || (c->nfiles = 1, index_tensors(c, err) != 0)) {
+    const char *slash = strrchr(path, '/');
+    if (op.open(op.arg, slash ? slash + 1 : path, &c->files[0], err) != 0 ||
+        (c->nfiles = 1, index_tensors(c, err) != 0)) {
         llama_ckpt_close(c);
         return -1;
     }
     *out = c;
     return 0;
+}
+
+int llama_ckpt_open(llama_ckpt **out, const char *path, ag_err *err) {
+    char dir[4096];
+    folder_of(dir, sizeof dir, path);
+    return llama_ckpt_open_with(out, path, open_in_folder, dir, err);
+}
+
+void llama_ckpt_stats_of(const llama_ckpt *c, bool tied, llama_ckpt_stats *s) {
+    memset(s, 0, sizeof *s);
+    for (size_t i = 0; i < c->n; i++) {
+        const llama_st_tensor *t = c->by_name[i].t;
+        s->elements[t->dtype] += t->numel;
+        s->bytes += t->nbytes;
+        if (!(tied && strcmp(t->name, "lm_head.weight") == 0)) s->params += t->numel;
+    }
+}
+
+llama_st_dtype llama_ckpt_stats_dtype(const llama_ckpt_stats *s) {
+    static const llama_st_dtype floats[] = {LLAMA_ST_F32, LLAMA_ST_BF16, LLAMA_ST_F16};
+    llama_st_dtype best = LLAMA_ST_F32;
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++)
+        if (s->elements[floats[i]] > s->elements[best]) best = floats[i];
+    return best;
 }
 
 const char *llama_ckpt_path(const llama_ckpt *c) { return c->path; }

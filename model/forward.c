@@ -13,20 +13,29 @@ typedef struct {
     const llama_config *c;
     const llama_layer *L;
     int64_t i;
+    const llama_forward_opts *o; // its part hook, NULL: none
 } block_arg;
 
+// The recomputation in backward runs with grad mode on (the forward's run has it off): the part
+// hook gathers the block's parameters again before it (ZeRO-3 frees them after the forward).
 static ag_tensor *block_fn(ag_ctx *ctx, const void *arg, ag_tensor *x) {
     const block_arg *a = arg;
+    ag_err e = {""};
+    if (a->o && a->o->on_part && ag_is_grad_enabled(ctx) && !a->o->on_part(a->o->user, a->i + 1, true, &e)) {
+        ag_release(x);
+        ag_ctx_fail(ctx, e.msg);
+        return NULL;
+    }
     return llama_block(ctx, a->c, a->L, NULL, x, a->i);
 }
 
 // Block i on x, taking ownership of x; checkpointed, only x stays for backward.
-static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, const llama_shared *sh, bool checkpointing, ag_tensor *x,
-                            int64_t i) {
-    if (!checkpointing) return llama_block(ctx, &m->cfg, &m->layers[i], sh, x, i);
+static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, const llama_shared *sh, const llama_forward_opts *o,
+                            ag_tensor *x, int64_t i) {
+    if (!o || !o->checkpointing) return llama_block(ctx, &m->cfg, &m->layers[i], sh, x, i);
     char s[96];
     snprintf(s, sizeof s, "layers.%lld", (long long)i);
-    block_arg a = {&m->cfg, &m->layers[i], i};
+    block_arg a = {&m->cfg, &m->layers[i], i, o};
     ag_tensor *y = ag_checkpoint(ctx, s, block_fn, &a, sizeof a, x);
     ag_release(x);
     return y;
@@ -121,7 +130,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     if (!mp_is_meta() && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return NULL;
     m->lora.training = true; // the adapters' dropout draws this forward's masks
     m->lora.forwards++;
-    part_hook hk = {opts && !checkpointing ? opts : NULL, err, true};
+    part_hook hk = {opts, err, true};
     ag_tensor *x = part(&hk, 0, true) ? ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed,
                                                             c->pad_token ? c->pad_token_id : -1)
                                       : NULL;
@@ -131,7 +140,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     if (x && !checkpointing && !hf_prepare(ctx, m, B, T, &sh, mask)) ag_release(x), x = NULL;
     for (int64_t i = 0; i < c->layers && x; i++) {
         if (!part(&hk, i + 1, true)) ag_release(x), x = NULL;
-        if (x) x = run_block(ctx, m, &sh, checkpointing, x, i);
+        if (x) x = run_block(ctx, m, &sh, opts, x, i);
         if (x && !part(&hk, i + 1, false)) ag_release(x), x = NULL;
     }
     if (x && !part(&hk, c->layers + 1, true)) ag_release(x), x = NULL;

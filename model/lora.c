@@ -106,7 +106,6 @@ static uint64_t mix(uint64_t z) {
 // kaiming_uniform_(a=sqrt(5)) on A [rank, in]: gain sqrt(2 / (1 + 5)), bound gain x sqrt(3 / in)
 // = 1 / sqrt(in). B stays zero (PEFT's init_lora_weights=True: the adapted model starts as the base).
 static void init_adapter(ag_tensor *a, ag_tensor *b, uint64_t seed) {
-    if (!a->data) return; // meta mode
     const float bound = 1.0f / sqrtf((float)a->shape[1]);
     for (int64_t j = 0; j < a->numel; j++) {
         uint64_t v = mix(seed + 0x9e3779b97f4a7c15ULL * (uint64_t)(j + 1));
@@ -153,12 +152,21 @@ int llama_model_add_lora(llama_model *m, ag_ctx *ctx, const llama_lora_config *l
             if (!b) return -1; // what was made is freed with the model
             m->adapters[m->nadapters++] = b;
             L->lora_a[k] = a, L->lora_b[k] = b;
-            init_adapter(a, b, mix(seed * 0x9e3779b97f4a7c15ULL + (uint64_t)(i * LLAMA_NPROJ + k)));
         }
     }
     m->trainable = m->adapters;
     m->ntrainable = m->nadapters;
+    llama_lora_init(m, seed);
     return 0;
+}
+
+void llama_lora_init(llama_model *m, uint64_t seed) {
+    for (int64_t i = 0; i < m->cfg.layers; i++)
+        for (int k = 0; k < LLAMA_NPROJ; k++) {
+            ag_tensor *a = m->layers[i].lora_a[k], *b = m->layers[i].lora_b[k];
+            if (a && b && a->data && b->data)
+                init_adapter(a, b, mix(seed * 0x9e3779b97f4a7c15ULL + (uint64_t)(i * LLAMA_NPROJ + k)));
+        }
 }
 
 // PEFT's lora.Linear.forward: result = base(x); result + lora_B(lora_A(dropout(x))) * scaling.

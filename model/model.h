@@ -303,6 +303,122 @@ const llama_st_tensor *llama_ckpt_find(const llama_ckpt *c, const char *name, co
 // llama_st_check_params over every tensor of the checkpoint as one set.
 int llama_ckpt_check_params(const llama_ckpt *c, const llama_config *cfg, bool allow_extra, ag_err *err);
 
+// A safetensors file known by its first bytes alone (the 8-byte length and the JSON header, as a
+// range request returns them; len at least 8 + that length) and its whole size: checked as
+// llama_st_open checks a file of file_size bytes (a header longer than the file is refused). Its
+// tensors' data cannot be read (llama_st_read_* fail, naming it). name names it in messages.
+int llama_st_open_header(llama_st_file **out, const char *name, const void *bytes, size_t len, uint64_t file_size,
+                         ag_err *err);
+
+// How llama_ckpt_open_with opens each safetensors file of a checkpoint, by its name in the
+// checkpoint's folder (llama_ckpt_open: llama_st_open on the folder's file).
+typedef int (*llama_st_opener)(void *arg, const char *name, llama_st_file **out, ag_err *err);
+// llama_ckpt_open with the files opened by open (the index itself is read from path; a single
+// file is opened by its name alone), checked the same way.
+int llama_ckpt_open_with(llama_ckpt **out, const char *path, llama_st_opener open, void *arg, ag_err *err);
+
+// What a checkpoint holds, by dtype: elements and bytes of every tensor, and its parameters (the
+// elements, less a tied config's lm_head.weight, which repeats the embedding).
+#define LLAMA_ST_NDTYPES 5
+typedef struct {
+    uint64_t params, bytes;
+    uint64_t elements[LLAMA_ST_NDTYPES]; // by llama_st_dtype
+} llama_ckpt_stats;
+void llama_ckpt_stats_of(const llama_ckpt *c, bool tied, llama_ckpt_stats *s);
+// The dtype that holds most of the elements (F32, BF16 or F16 among them).
+llama_st_dtype llama_ckpt_stats_dtype(const llama_ckpt_stats *s);
+
+// ================================================================================================
+// Models by Hub id (hub.c, hub_fetch.c; HTTP in hub_http.c): "org/name[@revision]" from the
+// Hugging Face cache, in the layout huggingface_hub writes and transformers reads,
+//   CACHE/models--org--name/refs/REVISION       a branch's or tag's commit hash (40 hex digits)
+//   CACHE/models--org--name/snapshots/COMMIT/F  a relative symlink to ../../blobs/ETAG
+//   CACHE/models--org--name/blobs/ETAG          the file, named by the Hub's ETag
+//   CACHE/models--org--name/.no_exist/COMMIT/F  empty: the Hub has no F at COMMIT
+// the cache first (a revision the cache knows stays at its cached commit); else, unless offline,
+// from the Hub's HTTP API, GET ENDPOINT/org/name/resolve/REVISION/F, written into that layout: the
+// body into a temporary file under blobs/ renamed to blobs/ETAG (X-Linked-Etag, else ETag), then
+// the snapshot's symlink of the commit the Hub names (X-Repo-Commit), then the ref. A failed or
+// killed fetch leaves no file under its own name; nothing already in the cache is replaced.
+// Safetensors headers fetched alone (two range requests: the 8-byte length, then the header) are
+// kept beside, in CACHE/models--org--name/.membill_headers/COMMIT/F, which no other tool reads.
+// Messages name the repo, the file and what to do; the token is never written anywhere.
+// ================================================================================================
+
+#define LLAMA_HUB_PATH_MAX 4096
+#define LLAMA_HUB_ID_MAX 200
+#define LLAMA_HUB_REV_MAX 256
+
+// A download's progress: bytes of file done so far out of total (0: unknown).
+typedef void (*llama_hub_progress_fn)(void *arg, const char *file, uint64_t done, uint64_t total);
+
+typedef struct {
+    char cache[LLAMA_HUB_PATH_MAX]; // HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else HF_HOME/hub
+    char home[LLAMA_HUB_PATH_MAX];  // HF_HOME, else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface
+    char endpoint[1024];            // HF_ENDPOINT (https://huggingface.co), no trailing '/'
+    char token[1024];               // HF_TOKEN, else HUGGING_FACE_HUB_TOKEN, else the token file; "" none
+    char token_file[LLAMA_HUB_PATH_MAX]; // HF_TOKEN_PATH, else HF_HOME/token (read or not)
+    const char *token_from;              // "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", token_file, or NULL
+    bool offline;                        // HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE: the cache alone
+    long timeout_s;                      // HF_HUB_DOWNLOAD_TIMEOUT (10): connecting, and a stall
+    llama_hub_progress_fn progress;      // downloads of weights (NULL: none)
+    void *progress_arg;
+} llama_hub;
+
+// The settings from the environment, as huggingface_hub reads them.
+int llama_hub_init(llama_hub *h, ag_err *err);
+// Whether this build can reach the Hub (libcurl); without it only the cache is read.
+bool llama_hub_has_http(void);
+
+typedef struct {
+    char id[LLAMA_HUB_ID_MAX];         // "org/name"
+    char revision[LLAMA_HUB_REV_MAX];  // after '@', else "main"
+    char dir[LLAMA_HUB_PATH_MAX];      // CACHE/models--org--name
+    char commit[48];                   // "" until the cache or the Hub names it
+    char snapshot[LLAMA_HUB_PATH_MAX]; // dir/snapshots/COMMIT once known
+    bool fetched;                      // something came from the Hub
+} llama_hub_repo;
+
+// A model name with a '/' is a Hub id (presets have none).
+bool llama_hub_is_id(const char *name);
+// "org/name[@revision]", checked as huggingface_hub checks a repo id (letters, digits, '-', '_',
+// '.'; no "--" or ".."; at most 96 characters a part) and a revision (no "..", no control
+// characters); the commit from the cache when it knows the revision.
+int llama_hub_repo_init(const llama_hub *h, const char *text, llama_hub_repo *r, ag_err *err);
+
+enum { LLAMA_HUB_FOUND = 0, LLAMA_HUB_ABSENT = 1, LLAMA_HUB_NOT_CACHED = 2 };
+// The path of the repo's file in the snapshot: from the cache, else (with fetch, unless offline)
+// from the Hub into the cache. LLAMA_HUB_FOUND; LLAMA_HUB_ABSENT when the repo has no such file
+// (the Hub's 404, or the cache's .no_exist); LLAMA_HUB_NOT_CACHED, with the reason in err, when the
+// cache lacks it and the Hub is not to be asked; -1 on a fault (a broken cache entry, a refusal
+// of the Hub, no network), with err.
+int llama_hub_file(const llama_hub *h, llama_hub_repo *r, const char *file, bool fetch, char *path, size_t len,
+                   ag_err *err);
+
+// The repo's safetensors checkpoint: model.safetensors, else model.safetensors.index.json and
+// its shards, each opened from the cache when it is there, else from its header alone.
+typedef struct {
+    char name[256];
+    uint64_t size;
+    char etag[160];
+    bool cached; // in the snapshot: the data can be read
+} llama_hub_shard;
+typedef struct {
+    char path[LLAMA_HUB_PATH_MAX]; // the snapshot's model.safetensors or model.safetensors.index.json
+    llama_ckpt *ckpt;
+    llama_hub_shard *files; // in the checkpoint's order
+    size_t n;
+    uint64_t bytes, missing_bytes; // every file's, and those not in the cache
+} llama_hub_weights;
+// LLAMA_HUB_FOUND, LLAMA_HUB_ABSENT (no safetensors checkpoint: w->path names what was looked
+// for), LLAMA_HUB_NOT_CACHED or -1 as llama_hub_file (headers fetched unless offline).
+int llama_hub_weights_open(const llama_hub *h, llama_hub_repo *r, llama_hub_weights *w, ag_err *err);
+void llama_hub_weights_close(llama_hub_weights *w);
+// The files of w not in the cache, downloaded into it: each into blobs/ETAG.incomplete first
+// (resumed from where a previous attempt stopped, with a range request), renamed when whole.
+// Progress through h->progress. Afterwards every file is cached (the checkpoint is not reopened).
+int llama_hub_download(const llama_hub *h, llama_hub_repo *r, llama_hub_weights *w, ag_err *err);
+
 // ================================================================================================
 // Safetensors writing
 // ================================================================================================
@@ -421,6 +537,10 @@ int llama_model_save_file(const llama_model *m, FILE *f, bool grads, ag_err *err
 // and "...lora_B.weight"), initialised as PEFT does from the seed (A uniform in
 // +-1/sqrt(in), B zeros); the trainable parameters become the adapters. Once per model.
 int llama_model_add_lora(llama_model *m, ag_ctx *ctx, const llama_lora_config *l, uint64_t seed, ag_err *err);
+// The adapters' init of llama_model_add_lora from the seed, for each pair (A, B) that has its
+// data (meta mode and parameters without storage are skipped): a sharded run fills its
+// parameters unit by unit (ZeRO-3's zero.Init).
+void llama_lora_init(llama_model *m, uint64_t seed);
 // Parameter counts: the trainable ones (the adapters, or every parameter without) and all.
 uint64_t llama_model_trainable_count(const llama_model *m);
 uint64_t llama_model_param_total(const llama_model *m); // base + adapters
@@ -465,7 +585,9 @@ typedef struct {
     // Called just before and just after each part of the forward runs (a module's forward pre- and
     // post-hook: ZeRO-3 gathers a part's parameters before it and frees them after): part 0 the
     // embedding, 1 to layers the blocks, layers + 1 the final norm and the head. NULL: none.
-    // Returning false stops the forward with the hook's message. Not with checkpointing.
+    // Returning false stops the forward with the hook's message. With checkpointing, backward's
+    // recomputation of block i calls it again (part i + 1, before true; nothing after: the part
+    // stays until its backward has run), so that the options must live until backward.
     bool (*on_part)(void *user, int64_t part, bool before, ag_err *err);
     void *user;
 } llama_forward_opts;

@@ -41,6 +41,7 @@ static const struct {
     {"I64", LLAMA_ST_I64, 8}, {"I32", LLAMA_ST_I32, 4},
 };
 #define NDTYPES (sizeof dtypes / sizeof dtypes[0])
+_Static_assert(NDTYPES == LLAMA_ST_NDTYPES, "model.h counts the dtypes");
 
 const char *llama_st_dtype_name(llama_st_dtype d) {
     for (size_t i = 0; i < NDTYPES; i++)
@@ -321,24 +322,9 @@ static uint64_t current_size(int fd) {
 // ---------------------------------------------------------------------------------------------
 // Open and close
 
-static int open_file(llama_st_file *f, ag_err *err) {
-    uint64_t size;
-    f->fd = llama_open_regular(f->path, &size, err);
-    if (f->fd < 0) return -1;
-    if (size < 8) {
-        ag_err_set(err,
-                   "%s: %llu bytes is too short for a safetensors file (8-byte header "
-                   "length first)",
-                   f->path, (unsigned long long)size);
-        return -1;
-    }
-    uint8_t len8[8];
-    int64_t k = pread_full(f->fd, len8, 8, 0);
-    if (k != 8) {
-        ag_err_set(err, "%s: cannot read the header length: %s", f->path,
-                   k < 0 ? strerror(errno) : "the file shrank while being opened");
-        return -1;
-    }
+// The header length of a file of size bytes, checked: inside the file and within the format's
+// limit; sets where the data starts and how long it is.
+static int check_header_length(llama_st_file *f, const uint8_t len8[8], uint64_t size, ag_err *err) {
     uint64_t hlen = load_le(len8, 8);
     // JSON where the length should be: most likely an index of shards under another name
     const char *hint = len8[0] == '{' ? " (it starts like JSON: a model.safetensors.index.json? Name it *.json)" : "";
@@ -354,6 +340,40 @@ static int open_file(llama_st_file *f, ag_err *err) {
     }
     f->data_start = 8 + hlen;
     f->data_len = size - 8 - hlen;
+    return 0;
+}
+
+static int parse_header_text(llama_st_file *f, const char *text, ag_err *err) {
+    json_error_t jerr;
+    json_t *root = json_loadb(text, (size_t)(f->data_start - 8), JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        ag_err_set(err, "%s: header is not valid JSON (column %d: %s)", f->path, jerr.column, jerr.text);
+        return -1;
+    }
+    int rc = parse_header(f, root, err);
+    json_decref(root);
+    return rc;
+}
+
+static const char too_short[] = "%s: %llu bytes is too short for a safetensors file (8-byte header length first)";
+
+static int open_file(llama_st_file *f, ag_err *err) {
+    uint64_t size;
+    f->fd = llama_open_regular(f->path, &size, err);
+    if (f->fd < 0) return -1;
+    if (size < 8) {
+        ag_err_set(err, too_short, f->path, (unsigned long long)size);
+        return -1;
+    }
+    uint8_t len8[8];
+    int64_t k = pread_full(f->fd, len8, 8, 0);
+    if (k != 8) {
+        ag_err_set(err, "%s: cannot read the header length: %s", f->path,
+                   k < 0 ? strerror(errno) : "the file shrank while being opened");
+        return -1;
+    }
+    if (check_header_length(f, len8, size, err) != 0) return -1;
+    uint64_t hlen = f->data_start - 8;
     char *text = malloc(hlen ? (size_t)hlen : 1);
     if (!text) {
         ag_err_set(err, "%s: out of memory for a header of %llu bytes", f->path, (unsigned long long)hlen);
@@ -366,27 +386,49 @@ static int open_file(llama_st_file *f, ag_err *err) {
         free(text);
         return -1;
     }
-    json_error_t jerr;
-    json_t *root = json_loadb(text, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    int rc = parse_header_text(f, text, err);
     free(text);
-    if (!root) {
-        ag_err_set(err, "%s: header is not valid JSON (column %d: %s)", f->path, jerr.column, jerr.text);
-        return -1;
-    }
-    int rc = parse_header(f, root, err);
-    json_decref(root);
     return rc;
 }
 
-int llama_st_open(llama_st_file **out, const char *path, ag_err *err) {
-    *out = NULL;
+static llama_st_file *st_new(const char *path, ag_err *err) {
     llama_st_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
         free(f);
         ag_err_set(err, "%s: out of memory", path);
-        return -1;
+        return NULL;
     }
     f->fd = -1;
+    return f;
+}
+
+int llama_st_open_header(llama_st_file **out, const char *name, const void *bytes, size_t len, uint64_t file_size,
+                         ag_err *err) {
+    *out = NULL;
+    llama_st_file *f = st_new(name, err);
+    if (!f) return -1;
+    int rc = -1;
+    if (file_size < 8 || len < 8)
+        ag_err_set(err, too_short, name, (unsigned long long)(file_size < len ? file_size : len));
+    else if (check_header_length(f, bytes, file_size, err) == 0) {
+        if (f->data_start > len)
+            ag_err_set(err, "%s: %zu bytes hold only part of the header (%llu bytes)", name, len,
+                       (unsigned long long)(f->data_start - 8));
+        else
+            rc = parse_header_text(f, (const char *)bytes + 8, err);
+    }
+    if (rc != 0) {
+        llama_st_close(f);
+        return -1;
+    }
+    *out = f;
+    return 0;
+}
+
+int llama_st_open(llama_st_file **out, const char *path, ag_err *err) {
+    *out = NULL;
+    llama_st_file *f = st_new(path, err);
+    if (!f) return -1;
     if (open_file(f, err) != 0) {
         llama_st_close(f);
         return -1;
@@ -472,6 +514,10 @@ static int check_read(const llama_st_file *f, const llama_st_tensor *t, size_t c
 // The tensor's bytes into dst (t->nbytes of them). The file was checked at open to hold them:
 // a short read means it shrank since.
 static int read_raw(const llama_st_file *f, const llama_st_tensor *t, void *dst, ag_err *err) {
+    if (f->fd < 0) {
+        ag_err_set(err, "%s: tensor %s: only the header of this file is at hand, not its data", f->path, t->name);
+        return -1;
+    }
     uint64_t begin = f->data_start + t->offset;
     int64_t got = pread_full(f->fd, dst, t->nbytes, begin);
     if (got < 0) {

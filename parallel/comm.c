@@ -90,13 +90,12 @@ int par_reduce_scatter_sum(par_comm *c, float *buf, const size_t *counts, size_t
     return 0;
 }
 
-int par_all_gather(par_comm *c, float *buf, const size_t *counts, const size_t *displs, size_t elem_bytes,
-                    ag_err *err) {
+int par_all_gather(par_comm *c, void *buf, const size_t *counts, const size_t *displs, ag_err *err) {
     double t0 = now_s();
     if (moves(c, buf) && par_mpi_all_gather(buf, counts, displs, c->size, err) != 0) return -1;
     uint64_t total = 0;
     for (int r = 0; counts && r < c->size; r++) total += counts[r];
-    par_count(c, PAR_ALL_GATHER, total * elem_bytes, now_s() - t0);
+    par_count(c, PAR_ALL_GATHER, total, now_s() - t0);
     return 0;
 }
 

@@ -77,7 +77,7 @@ int par_mpi_reduce_scatter(float *buf, const size_t *counts, int size, ag_err *e
     return rc;
 }
 
-int par_mpi_all_gather(float *buf, const size_t *counts, const size_t *displs, int size, ag_err *err) {
+int par_mpi_all_gather(void *buf, const size_t *counts, const size_t *displs, int size, ag_err *err) {
     int *n = malloc(2 * (size_t)size * sizeof *n);
     if (!n) {
         ag_err_set(err, "MPI_Allgatherv: out of memory");
@@ -86,7 +86,7 @@ int par_mpi_all_gather(float *buf, const size_t *counts, const size_t *displs, i
     int rc = to_ints(counts, n, size, "MPI_Allgatherv", err);
     if (rc == 0) rc = to_ints(displs, n + size, size, "MPI_Allgatherv", err);
     if (rc == 0)
-        rc = check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, n, n + size, MPI_FLOAT, MPI_COMM_WORLD),
+        rc = check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, n, n + size, MPI_BYTE, MPI_COMM_WORLD),
                    "MPI_Allgatherv", err);
     free(n);
     return rc;

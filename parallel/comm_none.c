@@ -22,7 +22,7 @@ int par_mpi_reduce_scatter(float *buf, const size_t *counts, int size, ag_err *e
     ag_err_set(err, "no MPI in this build");
     return -1;
 }
-int par_mpi_all_gather(float *buf, const size_t *counts, const size_t *displs, int size, ag_err *err) {
+int par_mpi_all_gather(void *buf, const size_t *counts, const size_t *displs, int size, ag_err *err) {
     (void)buf, (void)counts, (void)displs, (void)size;
     ag_err_set(err, "no MPI in this build");
     return -1;

@@ -18,7 +18,7 @@ int par_mpi_world(par_comm *c, ag_err *err);
 void par_mpi_finalize(par_comm *c);
 int par_mpi_all_reduce(float *buf, size_t n, ag_err *err);
 int par_mpi_reduce_scatter(float *buf, const size_t *counts, int size, ag_err *err);
-int par_mpi_all_gather(float *buf, const size_t *counts, const size_t *displs, int size, ag_err *err);
+int par_mpi_all_gather(void *buf, const size_t *counts, const size_t *displs, int size, ag_err *err); // bytes
 int par_mpi_gather_text(const par_comm *c, const char *mine, char ***all, ag_err *err);
 int par_mpi_max_int(int mine, int *out, ag_err *err);
 int par_mpi_agree(int mine, double timeout_s, int *worst, ag_err *err);

@@ -94,6 +94,19 @@ void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint3
     }
 }
 
+void mp_count_host_locked(mp_category cat, int64_t delta, int64_t delta_usable) {
+    mp_counter *k = &mp_g.host[cat];
+    k->live = (uint64_t)((int64_t)k->live + delta);
+    k->live_usable = (uint64_t)((int64_t)k->live_usable + delta_usable);
+    if (delta < 0) {
+        k->frees++;
+        return;
+    }
+    k->allocations++;
+    if (k->live > k->peak) k->peak = k->live;
+    if (k->live_usable > k->peak_usable) k->peak_usable = k->live_usable;
+}
+
 // The same comparison for a tensor (before it is allocated) and for plain malloc (seen by a hook
 // after the fact), against the same total the peak is taken from.
 bool mp_over_budget_locked(uint64_t bytes) { return mp_g.opt.budget && mp_g.live_total + bytes > mp_g.opt.budget; }

@@ -44,6 +44,8 @@ typedef struct {
     pthread_mutex_t lock;
 
     mp_counter counters[MP_NCATEGORIES];
+    bool host_mode;                  // mp_set_host
+    mp_counter host[MP_NCATEGORIES]; // host memory, apart from the device's bill
     uint64_t live_total;
     mp_moment peak;
     mp_phase phase;
@@ -75,6 +77,8 @@ void mp_count_locked(mp_category cat, int64_t delta, int64_t delta_usable, uint3
                      uint32_t serial);
 // The timeline's event i (i < count), under the lock.
 const mp_event *mp_event_at_locked(size_t i);
+// The same for a host block: its category's host counter alone.
+void mp_count_host_locked(mp_category cat, int64_t delta, int64_t delta_usable);
 uint32_t mp_detail_id_locked(const char *detail);
 // Whether `bytes` more would take the live total past the budget.
 bool mp_over_budget_locked(uint64_t bytes);

@@ -378,7 +378,8 @@ mp_crosscheck mp_crosscheck_jemalloc(mp_category planted_cat, int64_t planted) {
         snprintf(name, sizeof name, "stats.arenas.%u.large.allocated", mp_g.arena[c]);
         uint64_t large = je_u64(name);
         r.jemalloc_bytes[c] = small + large;
-        int64_t mine = (int64_t)mp_g.counters[c].live_usable + (c == (int)planted_cat ? planted : 0);
+        int64_t mine =
+            (int64_t)(mp_g.counters[c].live_usable + mp_g.host[c].live_usable) + (c == (int)planted_cat ? planted : 0);
         r.difference[c] = (int64_t)(small + large) - mine;
         if (r.difference[c] != 0) r.agrees = false;
     }
@@ -458,6 +459,24 @@ void mp_shutdown(void) {
 }
 
 bool mp_active(void) { return mp_g.active; }
+
+bool mp_set_host(bool on) {
+    if (!mp_g.active) return false;
+    mp_lock();
+    bool was = mp_g.host_mode;
+    mp_g.host_mode = on && mp_g.active;
+    mp_unlock();
+    return was;
+}
+
+mp_counter mp_get_host_counter(mp_category c) {
+    mp_counter k = {0};
+    if ((unsigned)c >= MP_NCATEGORIES || !mp_g.active) return k;
+    mp_lock();
+    k = mp_g.host[c];
+    mp_unlock();
+    return k;
+}
 bool mp_is_meta(void) { return mp_g.active && mp_g.opt.meta; }
 uint64_t mp_budget(void) { return mp_g.active ? mp_g.opt.budget : 0; } // fixed at mp_init
 
@@ -494,6 +513,20 @@ mp_status mp_alloc(mp_block *out, size_t bytes, mp_category cat, const char *sit
     return mp_alloc_described(out, bytes, cat, site, NULL);
 }
 
+// A host block (mp_set_host): no budget, no timeline; unlocks.
+static mp_status alloc_host_locked(mp_block *out, size_t bytes, mp_category cat, uint32_t sid) {
+    size_t usable = bytes;
+    void *p = NULL;
+    if (!mp_g.opt.meta && !(p = mp_backend_alloc(bytes, cat, &usable))) {
+        mp_unlock();
+        return MP_ERR_NOMEM;
+    }
+    mp_count_host_locked(cat, (int64_t)bytes, (int64_t)usable);
+    mp_unlock();
+    *out = (mp_block){.data = p, .bytes = bytes, .usable = usable, .site = sid, .category = (uint8_t)cat, .host = true};
+    return MP_OK;
+}
+
 mp_status mp_alloc_described(mp_block *out, size_t bytes, mp_category cat, const char *site, const char *detail) {
     memset(out, 0, sizeof *out);
     if (!mp_g.active) return MP_ERR_STATE;
@@ -503,6 +536,7 @@ mp_status mp_alloc_described(mp_block *out, size_t bytes, mp_category cat, const
     // ignore this thread's allocator calls (mp_in_profiler), so they never wait on it here.
     mp_lock();
     uint32_t sid = mp_site_id_locked(site ? site : "(none)");
+    if (mp_g.host_mode) return alloc_host_locked(out, bytes, cat, sid);
     if (mp_g.over_budget) { // plain malloc already went past it: the record names that one
         mp_unlock();
         return MP_ERR_BUDGET;
@@ -543,7 +577,11 @@ void mp_free(mp_block *b) {
     } else {
         mp_lock();
         if (b->data) mp_backend_free(b->data);
-        mp_count_locked((mp_category)b->category, -(int64_t)b->bytes, -(int64_t)b->usable, b->site, 0, b->serial);
+        if (b->host)
+            mp_count_host_locked((mp_category)b->category, -(int64_t)b->bytes, -(int64_t)b->usable);
+        else
+            mp_count_locked((mp_category)b->category, -(int64_t)b->bytes, -(int64_t)b->usable, b->site, 0,
+                            b->serial);
         mp_unlock();
     }
     memset(b, 0, sizeof *b);

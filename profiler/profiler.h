@@ -57,6 +57,7 @@ typedef struct {
     uint32_t site;   // interned site label, see mp_site_name
     uint32_t serial; // this allocation's number in the run (1, 2, ...), on its timeline events
     uint8_t category;
+    bool host; // made in host memory (mp_set_host): counted apart from the device's bill
 } mp_block;
 
 typedef struct {
@@ -137,6 +138,14 @@ typedef struct {
     int64_t difference[MP_NCATEGORIES]; // jemalloc minus profiler, usable bytes
     uint64_t jemalloc_bytes[MP_NCATEGORIES];
 } mp_crosscheck;
+
+// Host memory beside the device's (ZeRO-Offload, FSDP's CPUOffloadPolicy): while it is on,
+// mp_alloc makes blocks that are host memory. They are counted per category in host counters of
+// their own (live, peak, allocations), outside the device's totals, peaks, phases, timeline and
+// budget; mp_free takes each block back where it was counted. A real run still allocates them
+// (jemalloc's cross-check counts both). Off at mp_init; the previous setting is returned.
+bool mp_set_host(bool on);
+mp_counter mp_get_host_counter(mp_category c);
 
 // Life cycle. mp_init returns MP_ERR_STATE if already initialised.
 mp_status mp_init(const mp_options *opt);

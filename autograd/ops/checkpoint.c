@@ -37,6 +37,7 @@ static void checkpoint_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
         ag_run_tape_to(ctx, floor);
     } else {
         ag_release(y);
+        if (!y) ag_fail(ctx, AG_ERR_STATE, "checkpoint %s: the block's recomputation failed", mp_site_name(n->site));
     }
     ag_tape_clear_to(ctx, floor); // after an error: what the failed recomputation recorded
 }

@@ -13,11 +13,12 @@ typedef struct {
     char id[4], text[96], figure[48], measured[200];
     double value; // the measured figure as a number (bytes, a ratio, seconds)
     bool pass;
+    bool measurable; // false: its evidence needs trained weights, and the run had random ones
 } claim_row;
 
 typedef struct {
     claim_row rows[32];
-    int n, failed, total;
+    int n, failed, total, unmeasurable;
 } checker;
 
 static void claim_num(checker *k, const char *id, const char *text, const char *claimed, const char *measured,
@@ -30,8 +31,21 @@ static void claim_num(checker *k, const char *id, const char *text, const char *
     snprintf(r->measured, sizeof r->measured, "%s", measured);
     r->value = value;
     r->pass = pass;
+    r->measurable = true;
     k->failed += !pass;
     cli_progress("claim %d/%d", k->n, k->total);
+}
+
+// A claim about what trained weights do, on random ones: its figure is shown, never judged.
+static void claim_unmeasurable(checker *k, const char *id, const char *text, const char *claimed, const char *measured,
+                               double value) {
+    claim_num(k, id, text, claimed, measured, value, true);
+    claim_row *r = &k->rows[k->n - 1];
+    char m[sizeof r->measured];
+    snprintf(m, sizeof m, "not measurable on random weights (%.160s)", measured);
+    snprintf(r->measured, sizeof r->measured, "%s", m);
+    r->pass = r->measurable = false;
+    k->unmeasurable++;
 }
 
 // W, T, K, A, S, Q, B, and by number within each.
@@ -46,6 +60,16 @@ static int claim_order(const void *a, const void *b) {
 // --framework: the memory semantics every run of the check is billed under.
 static ag_framework check_framework = CLI_DEFAULT_FRAMEWORK;
 static ag_attention_kind check_attention = AG_ATTENTION_EAGER;
+
+// What the speed and output claims generate from: check's own 25 ids on random weights, or, with
+// --model naming a Hub checkpoint, its weights and the --prompt's ids.
+typedef struct {
+    const char *st_path; // "": the seeded random init
+    const int32_t *ids;  // NULL: check's own ids
+    long n;              // the prompt's tokens
+} check_input;
+static check_input input = {"", NULL, 25};
+static bool trained(void) { return input.st_path[0] != 0; }
 
 static const char *mb(char *buf, size_t n, uint64_t bytes) { return mp_format_bytes(buf, n, bytes); }
 
@@ -81,8 +105,9 @@ static int meta_train(const llama_config *c, long B, long T, uint64_t peak[MP_NC
 // A generation, meta or real, read by `look` before the profiler goes away.
 typedef void (*infer_look)(const infer_run *r, void *arg);
 
+// in NULL: check's own ids and random weights.
 static int generate_dt(const llama_config *c, long B, long T, long N, bool cache, bool meta, const cli_dtype *dt,
-                       infer_look look, void *arg, infer_run *out, ag_err *err) {
+                       const check_input *in, infer_look look, void *arg, infer_run *out, ag_err *err) {
     mp_options mo = {.meta = meta, .keep_timeline = true};
     if (mp_init(&mo) != MP_OK) return -1;
     infer_run r;
@@ -99,8 +124,10 @@ static int generate_dt(const llama_config *c, long B, long T, long N, bool cache
     r.use_cache = cache;
     r.framework = check_framework;
     r.attention = check_attention;
+    if (in) snprintf(r.st_path, sizeof r.st_path, "%s", in->st_path);
     r.ids = meta ? NULL : malloc((size_t)(B * T) * sizeof *r.ids);
-    for (long i = 0; r.ids && i < B * T; i++) r.ids[i] = (int32_t)((i * 7919 + 13) % c->vocab);
+    for (long i = 0; r.ids && i < B * T; i++)
+        r.ids[i] = in && in->ids ? in->ids[i % T] : (int32_t)((i * 7919 + 13) % c->vocab);
     int rc = r.ids || meta ? cli_infer_run(&r, err) : -1;
     if (rc == 0 && look) look(&r, arg);
     mp_shutdown();
@@ -113,7 +140,13 @@ static int generate_dt(const llama_config *c, long B, long T, long N, bool cache
 
 static int generate(const llama_config *c, long B, long T, long N, bool cache, bool meta, infer_look look, void *arg,
                     infer_run *out, ag_err *err) {
-    return generate_dt(c, B, T, N, cache, meta, NULL, look, arg, out, err);
+    return generate_dt(c, B, T, N, cache, meta, NULL, NULL, look, arg, out, err);
+}
+
+// A real generation from the check's input (its prompt's length).
+static int generate_in(const llama_config *c, long B, long N, bool cache, const cli_dtype *dt, infer_look look,
+                       void *arg, infer_run *out, ag_err *err) {
+    return generate_dt(c, B, input.n, N, cache, false, dt, &input, look, arg, out, err);
 }
 
 // The bytes of the first allocation at a site (the timeline's record of it).
@@ -152,7 +185,7 @@ static int check_w2(checker *k, const llama_config *c, ag_err *err) {
         cli_dtype d;
         cli_parse_dtype(i == 0 ? "bf16" : "fp32", &d);
         cli_parse_weight_dtype(names[i], 0, &d);
-        if (generate_dt(c, 1, 1, 1, true, false, &d, look_weights, &billed[i], NULL, err) != 0) return -1;
+        if (generate_dt(c, 1, 1, 1, true, false, &d, NULL, look_weights, &billed[i], NULL, err) != 0) return -1;
     }
     uint64_t vec = (uint64_t)(c->layers * 2 + 1) * (uint64_t)c->hidden; // norm weights, kept at 4 bytes
     uint64_t values4 = llama_weight_bytes(c, 4, 0, 0, 4), scales = billed[2] - values4 - vec * 4 + vec / 2;
@@ -275,8 +308,8 @@ static bool same_tokens(const infer_run *a, const infer_run *b) {
 static int check_speed(checker *k, const llama_config *c, ag_err *err) {
     char m[200];
     infer_run with, without;
-    if (generate(c, 1, 25, 40, true, false, NULL, NULL, &with, err) != 0) return -1;
-    if (generate(c, 1, 25, 40, false, false, NULL, NULL, &without, err) != 0) {
+    if (generate_in(c, 1, 40, true, NULL, NULL, NULL, &with, err) != 0) return -1;
+    if (generate_in(c, 1, 40, false, NULL, NULL, NULL, &without, err) != 0) {
         cli_infer_free(&with);
         return -1;
     }
@@ -287,20 +320,21 @@ static int check_speed(checker *k, const llama_config *c, ag_err *err) {
               s1 > 1.2 && same_tokens(&with, &without));
     double s3 = with.stats.prefill_s / with.stats.decode_step_s;
     snprintf(m, sizeof m, "%.4f s vs %.4f s (x%.1f)", with.stats.prefill_s, with.stats.decode_step_s, s3);
-    claim_num(k, "S3", "prefill of 25 tokens vs one decode step", "0.02 s vs 0.011 s (x1.8)", m, (double)(s3),
-              s3 > 1.0);
+    char what[64];
+    snprintf(what, sizeof what, "prefill of %ld tokens vs one decode step", input.n);
+    claim_num(k, "S3", what, "0.02 s vs 0.011 s (x1.8)", m, (double)(s3), s3 > 1.0);
     cli_infer_free(&with);
     cli_infer_free(&without);
     // S2: eight prompts one after another, then as one batch (the same prompt here).
     double one_by_one = 0;
     for (int i = 0; i < 8; i++) {
         infer_run r;
-        if (generate(c, 1, 25, 20, true, false, NULL, NULL, &r, err) != 0) return -1;
+        if (generate_in(c, 1, 20, true, NULL, NULL, NULL, &r, err) != 0) return -1;
         one_by_one += r.stats.generate_s;
         cli_infer_free(&r);
     }
     infer_run batch;
-    if (generate(c, 8, 25, 20, true, false, NULL, NULL, &batch, err) != 0) return -1;
+    if (generate_in(c, 8, 20, true, NULL, NULL, NULL, &batch, err) != 0) return -1;
     double s2 = one_by_one / batch.stats.generate_s;
     snprintf(m, sizeof m, "%.2f s vs %.2f s: batching x%.1f faster", one_by_one, batch.stats.generate_s, s2);
     claim_num(k, "S2", "8 prompts x 20 tokens: one after another vs a batch of 8", "1.92 s vs 0.47 s (x4)", m,
@@ -310,9 +344,11 @@ static int check_speed(checker *k, const llama_config *c, ag_err *err) {
 }
 
 // Q1 to Q3 and B1: real generations of 40 tokens in float32, int8 weights and bfloat16 from the
-// same random weights, and the next-token distributions along float32's text.
+// same weights, and the next-token distributions along float32's text. Q3 and B1 are claims about
+// trained weights: on random ones (near-uniform distributions) they are shown, not judged.
 static int check_quant(checker *k, const llama_config *c, bool speed, ag_err *err) {
-    enum { T = 25, N = 40 };
+    enum { N = 40 };
+    const long T = input.n;
     cli_dtype dt[3];
     cli_parse_dtype("fp32", &dt[0]);
     cli_parse_dtype("fp32", &dt[1]);
@@ -321,7 +357,7 @@ static int check_quant(checker *k, const llama_config *c, bool speed, ag_err *er
     infer_run run[3];
     uint64_t weights[3];
     for (int i = 0; i < 3; i++)
-        if (generate_dt(c, 1, T, N, true, false, &dt[i], look_weights, &weights[i], &run[i], err) != 0) {
+        if (generate_in(c, 1, N, true, &dt[i], look_weights, &weights[i], &run[i], err) != 0) {
             for (int j = 0; j < i; j++) cli_infer_free(&run[j]);
             return -1;
         }
@@ -329,8 +365,9 @@ static int check_quant(checker *k, const llama_config *c, bool speed, ag_err *er
     long n = N; // the tokens every run made (a row ends at an end-of-text id)
     for (int i = 0; i < 3; i++)
         if (run[i].out_len && run[i].out_len[0] < n) n = run[i].out_len[0];
-    int rc = n < 1 ? -1 : cli_dtype_compare(c, T, n, &dt[1], run[0].ids, run[0].out, run[1].out, &q, err);
-    if (rc == 0) rc = cli_dtype_compare(c, T, n, &dt[2], run[0].ids, run[0].out, run[2].out, &b, err);
+    int rc =
+        n < 1 ? -1 : cli_dtype_compare(c, input.st_path, T, n, &dt[1], run[0].ids, run[0].out, run[1].out, &q, err);
+    if (rc == 0) rc = cli_dtype_compare(c, input.st_path, T, n, &dt[2], run[0].ids, run[0].out, run[2].out, &b, err);
     if (n < 1) ag_err_set(err, "check: a generation ended before its first token");
     char m[200];
     // Norm weights are vectors, kept at 4 bytes: the matrices are what quantize_dynamic packs.
@@ -357,11 +394,20 @@ static int check_quant(checker *k, const llama_config *c, bool speed, ag_err *er
                 snprintf(part[i], sizeof part[i], "texts part at new token %ld", o2[i]->diverge + 1);
         snprintf(m, sizeof m, "top-1 agreement %.0f%%, KL %.2e nats, p %.4f -> %.4f, %s", 100 * q.top1, q.kl, q.p_ref,
                  q.p, part[0]);
-        claim_num(k, "Q3", "int8 changes the outputs", "p 0.107 -> 0.195; another text", m, q.kl, q.kl > 0);
+        // trained weights: the distribution moves visibly, or the greedy text takes another path
+        if (trained())
+            claim_num(k, "Q3", "int8 changes the outputs", "p 0.107 -> 0.195; another text", m, q.kl,
+                      q.kl > 0 && (q.diverge >= 0 || fabs(q.p - q.p_ref) >= 0.01));
+        else
+            claim_unmeasurable(k, "Q3", "int8 changes the outputs", "p 0.107 -> 0.195; another text", m, q.kl);
         snprintf(m, sizeof m, "top-1 agreement %.0f%%, KL %.2e nats (int8's / %.1f), p %.4f -> %.4f, %s", 100 * b.top1,
                  b.kl, q.kl / (b.kl > 0 ? b.kl : 1), b.p_ref, b.p, part[1]);
-        claim_num(k, "B1", "bfloat16 moves the numbers a little (less than int8)", "p 0.102 for 0.107; ~10 tokens same",
-                  m, b.kl, b.kl > 0 && b.kl < q.kl);
+        if (trained())
+            claim_num(k, "B1", "bfloat16 moves the numbers a little (less than int8)",
+                      "p 0.102 for 0.107; ~10 tokens same", m, b.kl, b.kl > 0 && b.kl < q.kl);
+        else
+            claim_unmeasurable(k, "B1", "bfloat16 moves the numbers a little (less than int8)",
+                               "p 0.102 for 0.107; ~10 tokens same", m, b.kl);
     }
     for (int i = 0; i < 3; i++) cli_infer_free(&run[i]);
     return rc;
@@ -378,11 +424,14 @@ static json_t *claims_json(const checker *k) {
         json_object_set_new(o, "figure", json_string(r->figure));
         json_object_set_new(o, "measured", json_real(r->value));
         json_object_set_new(o, "measured_text", json_string(r->measured));
-        json_object_set_new(o, "pass", json_boolean(r->pass));
+        json_object_set_new(o, "pass", r->measurable ? json_boolean(r->pass) : json_null());
+        json_object_set_new(o, "measurable", json_boolean(r->measurable));
         json_array_append_new(rows, o);
     }
     json_object_set_new(root, "claims", rows);
     json_object_set_new(root, "failed", json_integer(k->failed));
+    json_object_set_new(root, "not_measurable", json_integer(k->unmeasurable));
+    json_object_set_new(root, "weights", json_string(trained() ? input.st_path : "random"));
     return root;
 }
 
@@ -390,20 +439,61 @@ static void claims_text(FILE *f, const void *arg) {
     const checker *k = arg;
     for (int i = 0; i < k->n; i++) {
         const claim_row *r = &k->rows[i];
-        fprintf(f, "  %-3s %-4s %-58s claim %-34s measured %s\n", r->id, r->pass ? "pass" : "FAIL", r->text, r->figure,
-                r->measured);
+        fprintf(f, "  %-3s %-4s %-58s claim %-34s measured %s\n", r->id,
+                !r->measurable ? "n/a"
+                : r->pass      ? "pass"
+                               : "FAIL",
+                r->text, r->figure, r->measured);
     }
-    fprintf(f, "\n  %d claims, %d failed\n", k->n, k->failed);
+    fprintf(f, "\n  %d claims, %d failed", k->n, k->failed);
+    if (k->unmeasurable)
+        fprintf(f,
+                ", %d not measurable on random weights (--model HuggingFaceTB/SmolLM2-135M --download measures "
+                "them)",
+                k->unmeasurable);
+    fputc('\n', f);
+}
+
+// The model the claims are measured on: SmolLM2-135M's shape (the claims are its figures), from
+// the preset or a Hub id's config.json; with a Hub id, its weights when they are in the cache and
+// the --prompt through its tokenizer. An exit code.
+static int check_model(const cli_options *o, llama_config *c, cli_text *text, char *st, size_t len, ag_err *err) {
+    llama_config want;
+    int rc = cli_load_config(o, c, st, len, err);
+    if (rc != 0 || llama_config_preset(&want, "smollm2-135m", err) != 0) return rc ? rc : EXIT_RUN_FAILED;
+    if (llama_param_count(c) != llama_param_count(&want) || c->layers != want.layers || c->hidden != want.hidden ||
+        c->heads != want.heads || c->kv_heads != want.kv_heads || c->head_dim != want.head_dim ||
+        c->vocab != want.vocab) {
+        char pc[32];
+        ag_err_set(err,
+                   "check measures the claims of SmolLM2-135M: --model %s has another shape (%s parameters, %lld "
+                   "layers); give smollm2-135m or a Hub id of that model (HuggingFaceTB/SmolLM2-135M)",
+                   o->model, cli_commas(pc, sizeof pc, llama_param_count(c)), (long long)c->layers);
+        return EXIT_USAGE;
+    }
+    if (o->prompt && (rc = cli_text_prepare(o, text, err)) != 0) return rc;
+    if (text->ids && text->n + 40 > c->max_positions) {
+        ag_err_set(err, "--prompt gives %ld tokens: with 40 new ones that passes the model's %lld positions", text->n,
+                   (long long)c->max_positions);
+        return EXIT_USAGE;
+    }
+    input = (check_input){st, text->ids, text->ids ? text->n : 25};
+    return 0;
 }
 
 int cmd_check(const cli_options *o) {
     llama_config c;
     ag_err err = {""};
     struct cli_outputs *outs = NULL;
-    if (cli_outputs_declare(o, &outs, &err) != 0 || llama_config_preset(&c, "smollm2-135m", &err) != 0) {
+    static char st[4096];
+    static cli_text text;
+    int code =
+        cli_outputs_declare(o, &outs, &err) != 0 ? EXIT_RUN_FAILED : check_model(o, &c, &text, st, sizeof st, &err);
+    if (code != 0) {
         fprintf(stderr, "membill check: %s\n", err.msg);
         cli_outputs_free(outs);
-        return EXIT_RUN_FAILED;
+        cli_text_free(&text);
+        return code;
     }
     static checker k;
     memset(&k, 0, sizeof k);
@@ -419,6 +509,7 @@ int cmd_check(const cli_options *o) {
     if (rc == 0) rc = check_quant(&k, &c, !o->no_speed, &err);
     cli_progress_end();
     if (rc != 0) {
+        cli_text_free(&text);
         fprintf(stderr, "membill check: %s\n", err.msg[0] ? err.msg : "a run failed");
         cli_outputs_free(outs);
         return EXIT_RUN_FAILED;
@@ -426,8 +517,9 @@ int cmd_check(const cli_options *o) {
     qsort(k.rows, (size_t)k.n, sizeof k.rows[0], claim_order);
     char pc[32];
     if (!quiet) {
-        printf("membill check: the claims on %s (%s parameters)\n\n", c.name,
-               cli_commas(pc, sizeof pc, llama_param_count(&c)));
+        printf("membill check: the claims on %s (%s parameters), %s\n\n", c.name,
+               cli_commas(pc, sizeof pc, llama_param_count(&c)),
+               st[0] ? "its weights" : "random weights (seed 0): Q3 and B1 need trained ones");
         claims_text(stdout, &k);
     }
     json_t *root = claims_json(&k);
@@ -437,6 +529,7 @@ int cmd_check(const cli_options *o) {
     rc = cli_outputs_finish(o, outs, root, &rep, &err);
     json_decref(root);
     cli_outputs_free(outs);
+    cli_text_free(&text);
     if (rc != 0) {
         fprintf(stderr, "membill check: %s\n", err.msg);
         return EXIT_RUN_FAILED;

@@ -22,8 +22,8 @@ static void softmax_rows(const ag_tensor *logits, int64_t first, int64_t rows, d
 
 // The probabilities of every new token's position ([N, V]) under the model in dt, along seq
 // (T prompt ids and N new ones: positions T - 1 .. T + N - 2 predict them).
-static double *distributions(const llama_config *c, const cli_dtype *dt, const int32_t *seq, long T, long N,
-                             ag_err *err) {
+static double *distributions(const llama_config *c, const char *st_path, const cli_dtype *dt, const int32_t *seq,
+                             long T, long N, ag_err *err) {
     if (mp_init(&(mp_options){0}) != MP_OK) {
         ag_err_set(err, "check: the profiler is already running");
         return NULL;
@@ -32,7 +32,7 @@ static double *distributions(const llama_config *c, const cli_dtype *dt, const i
     llama_model *m = NULL;
     double *p = NULL;
     float *row = malloc((size_t)c->vocab * sizeof *row);
-    if (ctx && row && cli_model_build(ctx, c, dt, "", 0, &m, err) == 0) { // check's generations: seed 0
+    if (ctx && row && cli_model_build(ctx, c, dt, st_path, 0, &m, err) == 0) { // check's generations: seed 0
         ag_set_grad_enabled(ctx, false);
         ag_tensor *logits = llama_forward_logits(ctx, m, seq, 1, T + N - 1, err);
         if (logits && (p = malloc((size_t)(N * c->vocab) * sizeof *p))) softmax_rows(logits, T - 1, N, p, row);
@@ -48,8 +48,9 @@ static double *distributions(const llama_config *c, const cli_dtype *dt, const i
     return p;
 }
 
-int cli_dtype_compare(const llama_config *c, long T, long N, const cli_dtype *dt, const int32_t *prompt,
-                      const int32_t *ref_new, const int32_t *new_ids, cli_dtype_outcome *out, ag_err *err) {
+int cli_dtype_compare(const llama_config *c, const char *st_path, long T, long N, const cli_dtype *dt,
+                      const int32_t *prompt, const int32_t *ref_new, const int32_t *new_ids, cli_dtype_outcome *out,
+                      ag_err *err) {
     memset(out, 0, sizeof *out);
     int32_t *seq = malloc((size_t)(T + N) * sizeof *seq);
     if (!seq) {
@@ -60,7 +61,8 @@ int cli_dtype_compare(const llama_config *c, long T, long N, const cli_dtype *dt
     memcpy(seq + T, ref_new, (size_t)N * sizeof *seq);
     cli_dtype f32;
     cli_parse_dtype("fp32", &f32);
-    double *p = distributions(c, &f32, seq, T, N, err), *q = p ? distributions(c, dt, seq, T, N, err) : NULL;
+    double *p = distributions(c, st_path, &f32, seq, T, N, err),
+           *q = p ? distributions(c, st_path, dt, seq, T, N, err) : NULL;
     free(seq);
     if (!q) {
         free(p);

@@ -28,7 +28,9 @@ const cli_command *cli_find_command(const char *name); // NULL if unknown
 size_t cli_command_count(void);
 const cli_command *cli_command_at(size_t i);
 
-#define CLI_MAX_OPTIONS 64
+#define CLI_MAX_OPTIONS 96
+
+typedef struct cli_hub cli_hub;
 
 // Every option's value after parsing, the table's defaults applied (options.c). A field of an
 // option the subcommand does not take stays zero.
@@ -36,7 +38,8 @@ typedef struct {
     const char *command;
     cli_command_bit cmd;
     const char *model, *config, *weights, *tokens, *prompt, *prompt_file, *tokenizer;
-    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size, bucket_mb, prefetch_layers;
+    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size, bucket_mb, prefetch_layers, grad_accum;
+    const char *fsdp, *offload; // NULL: none
     uint64_t seed, budget, device_memory, overhead;
     const char *optimizer, *adam_impl, *dtype, *weight_dtype, *framework, *attention;
     double lr;
@@ -50,7 +53,11 @@ typedef struct {
     double memory_fraction;
     bool list_gpus;
     const char *input; // membill snapshot's FILE
+    bool download, offline;
+    cli_hub *hub; // --model org/name: what the cache and the Hub gave (hub_cli.c); NULL for a preset
     unsigned char given[CLI_MAX_OPTIONS]; // by table row: the user named it
+    int argc;                             // the command line parsed (argv[2..] are the options)
+    char *const *argv;
 } cli_options;
 
 // argv[2..] into *o; a usage error prints one line ("membill train: ...") and returns false.
@@ -58,6 +65,8 @@ bool cli_parse(cli_options *o, const cli_command *cmd, int argc, char **argv);
 bool cli_given(const cli_options *o, const char *name); // the user named the option
 // The options that only make sense together, checked in one place; false after one line.
 bool cli_check_combinations(const cli_options *o);
+// A sharded data-parallel run: --zero or --fsdp given.
+bool cli_sharded(const cli_options *o);
 void cli_usage(FILE *f, const cli_command *cmd);
 void cli_usage_all(FILE *f);
 void cli_options_markdown(FILE *f);
@@ -108,6 +117,18 @@ ag_precision cli_precision(const cli_dtype *d);
 void cli_dtype_optim(const cli_dtype *d, optim_config *c);
 // The sum of the state of one parameter element, "2 + 2 + 4 + 4 + 4" style, into buf.
 const char *cli_dtype_bytes_text(const cli_dtype *d, optim_kind kind, char *buf, size_t len);
+
+// --model org/name[@revision] (hub_cli.c): config.json from the Hugging Face cache, else the Hub,
+// and what the command needs beside it (tokenizer.json for a prompt, generation_config.json for a
+// generation, the checkpoint's headers for plan and --weight-dtype auto, the weights with
+// --download), pointed at by o->config and o->weights; o->hub keeps the rest. An exit code, after
+// its one line on stderr.
+int cli_hub_prepare(cli_options *o);
+// --weight-dtype auto: the checkpoint's dtype (the Hub id's, or --weights'); an exit code.
+int cli_weight_dtype_auto(cli_options *o);
+const char *cli_hub_name(const cli_hub *h);    // "org/name[@revision]"
+void cli_hub_text(FILE *f, const cli_hub *h);  // "checkpoint: ..." when its headers were read
+struct json_t *cli_hub_json(const cli_hub *h); // {"id", "revision", "commit", "snapshot", "checkpoint"}
 
 // What a run is made of (setup.c). These return an exit code: 0, EXIT_USAGE (an unknown preset,
 // a malformed id list, a length past the model's positions) or EXIT_RUN_FAILED (a file that
@@ -236,6 +257,7 @@ typedef struct {
     optim_config ocfg;
     step_record *steps; // nsteps of them
     long nsteps;
+    long grad_accum;      // micro-batches a step (1: none); ids holds grad_accum x batch rows
     bool torn_down_clean; // every tensor category back at zero afterwards
     cli_dtype dtype;      // anything but float32 needs meta
     ag_framework framework;
@@ -243,6 +265,7 @@ typedef struct {
     bool meta, checkpointing;
     uint64_t seed;
     bool dump_grads, save_weights; // through save, after the last backward / optimizer step
+    bool saves_adapter;            // --save-adapter (a sharded run's every rank gathers for it)
     cli_save_fn save;
     void *save_arg;
     cli_lora lora;
@@ -267,11 +290,14 @@ int cli_train_run(train_run *r, ag_err *err);
 typedef struct {
     void (*zero_grad)(void *user);                                       // instead of optim_zero_grad
     bool (*on_part)(void *user, int64_t part, bool before, ag_err *err); // llama_forward_opts.on_part
-    int (*after_backward)(void *user, ag_err *err);
+    void (*set_sync)(void *user, bool last);                             // before each micro-batch
+    int (*after_backward)(void *user, ag_err *err);                      // after each micro-batch's
+    void (*before_step)(void *user);
     int (*after_step)(void *user, ag_err *err);
     void *user;
 } cli_step_hooks;
 int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s, const cli_step_hooks *h, ag_err *err);
+long cli_micro_batches(const train_run *r); // grad_accum, at least 1
 
 // What the timeline says of one step (train.c): its total peak and the moment of it, and per
 // phase the peak and what each category held at the phase's end.
@@ -312,16 +338,17 @@ void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_le
                        ag_attention_kind attention);
 
 // check's Q and B claims (check_dtype.c): the distributions of the next token along float32's
-// greedy text (prompt[T], ref_new[N]) under float32 and under dt, from the same random weights,
-// and where dt's own greedy text (new_ids[N]) parts from float32's.
+// greedy text (prompt[T], ref_new[N]) under float32 and under dt, from the same weights (st_path,
+// "" for the seeded random init), and where dt's own greedy text (new_ids[N]) parts from float32's.
 typedef struct {
     double top1;     // share of the N positions whose most likely token is float32's
     double kl;       // mean KL(float32 || dt) over the positions, in nats
     double p_ref, p; // the probability of float32's first new token under float32 and under dt
     long diverge;    // the first new token that differs (-1: none of the N)
 } cli_dtype_outcome;
-int cli_dtype_compare(const llama_config *c, long T, long N, const cli_dtype *dt, const int32_t *prompt,
-                      const int32_t *ref_new, const int32_t *new_ids, cli_dtype_outcome *out, ag_err *err);
+int cli_dtype_compare(const llama_config *c, const char *st_path, long T, long N, const cli_dtype *dt,
+                      const int32_t *prompt, const int32_t *ref_new, const int32_t *new_ids, cli_dtype_outcome *out,
+                      ag_err *err);
 
 // One generation (build or load the model, prefill and greedy decode, teardown) inside an
 // initialised profiler.
@@ -407,9 +434,15 @@ struct par_comm;
 typedef struct {
     int stage, prefetch;
     size_t bucket_bytes;
+    int fsdp, offload; // parallel.h's par_fsdp and par_offload (0: none)
     struct par_comm *comm;
     double *comm_s; // [r->nsteps]: seconds in collectives per step (the caller's)
+    // After the run: each category's peak in host memory (offload), and the strategy's name.
+    uint64_t host_peak[MP_NCATEGORIES];
+    const char *strategy;
 } cli_zero;
+// The options of a sharded run into *z (comm and comm_s left to the caller).
+void cli_zero_from_options(const cli_options *o, cli_zero *z);
 int cli_zero_train_run(train_run *r, cli_zero *z, ag_err *err);
 // membill train --zero S (zero.c): this process's rank of the job, the report gathered on rank 0.
 int cli_train_zero(const cli_options *o);
@@ -456,6 +489,8 @@ struct cli_device {
 };
 // From the options (and PYTORCH_CUDA_ALLOC_CONF); an exit code, the message in err.
 int cli_device_prepare(const cli_options *o, long gpus, cli_device *d, ag_err *err);
+// The ranks the device is one of (NCCL's buffers with more than one), and what that leaves the allocator.
+void cli_device_set_gpus(cli_device *d, long gpus);
 
 // Where a replay reads figures: the end of a phase (an event index of the timeline).
 typedef struct {

@@ -51,11 +51,14 @@ int main(int argc, char **argv) {
         return fflush(stdout) == 0 && !ferror(stdout) ? 0 : EXIT_RUN_FAILED;
     }
     if (!cli_check_combinations(&o)) return EXIT_USAGE;
+    int rc = 0;
+    if (!o.list && llama_hub_is_id(o.model) && (rc = cli_hub_prepare(&o)) != 0) return rc;
+    if ((rc = cli_weight_dtype_auto(&o)) != 0) return rc;
     static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare,
                                                       cmd_plan,  cmd_check, cmd_snapshot};
     int i = 0;
     while ((1 << i) != (int)cmd->bit) i++;
-    int rc = run[i](&o);
+    rc = run[i](&o);
     // A report nobody could read is a failed run (a full disk, /dev/full, a closed pipe).
     if (fflush(stdout) != 0 || ferror(stdout)) {
         if (rc == 0) fprintf(stderr, "membill %s: stdout: write failed (%m)\n", o.command);

@@ -9,7 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { T_FLAG, T_STR, T_PATH, T_OUT, T_LONG, T_U64, T_DOUBLE, T_BYTES, T_CHOICE } opt_type;
+// T_GPUS: a count, or "auto" (0). T_DEVICE: a size as GPU cards are sold (24GB is 24 GiB).
+typedef enum { T_FLAG, T_STR, T_PATH, T_OUT, T_LONG, T_U64, T_DOUBLE, T_BYTES, T_DEVICE, T_CHOICE, T_GPUS } opt_type;
 
 enum { TR = CLI_TRAIN, IN = CLI_INFER, CO = CLI_COMPARE, PL = CLI_PLAN, CH = CLI_CHECK, SN = CLI_SNAPSHOT };
 #define ALL (TR | IN | CO | PL | CH)
@@ -49,8 +50,14 @@ static const char *help_of(const opt_spec *s) {
 #define OFF(f) offsetof(cli_options, f)
 #define BIG 1e15
 static const opt_spec specs[] = {
-    {"--model", "NAME", T_STR, OFF(model), RUNS | PL, "smollm2-135m", 0, NULL, 0, 0, NULL,
-     "a built-in preset (membill plan --list names them)"},
+    {"--model", "NAME", T_STR, OFF(model), RUNS | PL | CH, "smollm2-135m", 0, NULL, 0, 0, NULL,
+     "a built-in preset (membill plan --list names them), or a Hugging Face id org/name[@revision]: its config.json "
+     "(and tokenizer, weights) from the Hugging Face cache, else the Hub"},
+    {"--download", NULL, T_FLAG, OFF(download), RUNS | CH, NULL, 0, NULL, 0, 0, NULL,
+     "fetch the Hub model's safetensors weights into the Hugging Face cache first (their size said, a progress bar "
+     "on stderr, resumable); without it weights not in the cache are a random init"},
+    {"--offline", NULL, T_FLAG, OFF(offline), RUNS | PL | CH, NULL, 0, NULL, 0, 0, NULL,
+     "the Hugging Face cache alone, never the Hub (as HF_HUB_OFFLINE=1)"},
     {"--config", "FILE", T_PATH, OFF(config), RUNS | PL, NULL, 0, NULL, 0, 0, NULL,
      "a Hugging Face config.json (model_type llama, mistral, qwen2 or qwen3) instead of a preset"},
     {"--weights", "PATH", T_PATH, OFF(weights), RUNS, NULL, 0, NULL, 0, 0, NULL,
@@ -58,8 +65,9 @@ static const opt_spec specs[] = {
      "model.safetensors or the index (default: random init)"},
     {"--tokens", "IDS", T_STR, OFF(tokens), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "the input ids, 1,2,3; for infer, prompts separated by ';' make a batch (default: random ids)"},
-    {"--prompt", "TEXT", T_STR, OFF(prompt), RUNS, NULL, 0, NULL, 0, 0, NULL,
-     "the input as text, through the tokenizer (its template's tokens included), repeated over --batch"},
+    {"--prompt", "TEXT", T_STR, OFF(prompt), RUNS | CH, NULL, 0, NULL, 0, 0, NULL,
+     "the input as text, through the tokenizer (its template's tokens included), repeated over --batch (check: the "
+     "prompt of the speed and output claims, with a Hub --model)"},
     {"--prompt-file", "FILE", T_PATH, OFF(prompt_file), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "the input as the text of FILE (UTF-8), as --prompt"},
     {"--tokenizer", "FILE", T_PATH, OFF(tokenizer), RUNS, NULL, 0, NULL, 0, 0, NULL,
@@ -116,23 +124,36 @@ static const opt_spec specs[] = {
      "model.to(torch.bfloat16); autocast-bf16: float32 parameters under torch.autocast, with a pytorch "
      "framework); real runs compute every one but fp16 training (loss scaling: --meta only); a generation takes fp32, "
      "bf16 or fp16"},
-    {"--weight-dtype", "NAME", T_CHOICE, OFF(weight_dtype), IN | PL, NULL, 0, NULL, 0, 0, "fp32|bf16|fp16|int8|int4",
-     "a generation's weights (plan: with --infer): int8 1 byte, int4 half a byte and a 2-byte scale per group"},
+    {"--weight-dtype", "NAME", T_CHOICE, OFF(weight_dtype), IN | PL, NULL, 0, NULL, 0, 0,
+     "fp32|bf16|fp16|int8|int4|auto",
+     "a generation's weights (plan: with --infer): int8 1 byte, int4 half a byte and a 2-byte scale per group; auto "
+     "the checkpoint's dtype"},
     {"--group-size", "N", T_LONG, OFF(group_size), IN | PL, "32", 0, NULL, 1, 1 << 20, NULL,
      "elements per scale of --weight-dtype int4"},
     {"--infer", NULL, T_FLAG, OFF(infer), PL, NULL, 0, NULL, 0, 0, NULL,
      "plan a generation (weights, KV cache, activations) instead of a training step"},
-    {"--gpus", "N", T_LONG, OFF(gpus), PL, "1", 0, NULL, 1, 1 << 20, NULL,
-     "data-parallel devices (plan: one simulated rank of N)"},
+    {"--gpus", "N", T_GPUS, OFF(gpus), PL, "1", 0, NULL, 1, 1 << 20, NULL,
+     "data-parallel devices (plan: one simulated rank of N); auto: the fewest, up to 4096, whose rank fits "
+     "--device-memory"},
     {"--zero", "S", T_LONG, OFF(zero), TR | PL, "0", 0, NULL, 0, 3, NULL,
      "ZeRO stage: 0 DDP, 1 shards optimizer state, 2 also gradients, 3 also weights (train: a real sharded step "
      "under mpirun, MPI build)"},
+    {"--fsdp", "MODE", T_CHOICE, OFF(fsdp), TR | PL, NULL, 0, NULL, 0, 0, "full-shard|shard-grad-op",
+     "PyTorch FSDP2 (fully_shard on each block and the root) instead of --zero: every parameter sharded on dim 0, "
+     "one all-gather per block; full-shard frees a block after its forward, shard-grad-op after its backward"},
+    {"--offload", "WHAT", T_CHOICE, OFF(offload), TR | PL, NULL, 0, NULL, 0, 0, "optimizer|optimizer+params",
+     "ZeRO-Offload (--zero 2 or 3) or FSDP's CPUOffloadPolicy (optimizer+params): the optimizer state, a float32 "
+     "copy of the shards and the gradient shards in host memory, the step run there; +params: the weight shards "
+     "too (--zero 3, --fsdp)"},
+    {"--grad-accum", "K", T_LONG, OFF(grad_accum), TR | PL, "1", 0, NULL, 1, 65536, NULL,
+     "gradient accumulation: K micro-batches of --batch rows, one optimizer step (each loss scaled by 1/K)"},
     {"--bucket-mb", "N", T_LONG, OFF(bucket_mb), TR | PL, "25", 0, NULL, 1, 1 << 20, NULL,
      "MiB of gradients per reduction bucket, as DDP's bucket_cap_mb (with --zero)"},
     {"--prefetch-layers", "N", T_LONG, OFF(prefetch_layers), TR | PL, "1", 0, NULL, 0, 1 << 20, NULL,
      "ZeRO-3: units (blocks) gathered ahead of the one in use"},
-    {"--device-memory", "SIZE", T_BYTES, OFF(device_memory), PL, NULL, 0, NULL, 1, BIG * 1e3, NULL,
-     "memory of one device (80GB): whether the run fits, the largest batch and longest sequence that do"},
+    {"--device-memory", "SIZE", T_DEVICE, OFF(device_memory), PL, NULL, 0, NULL, 1, BIG * 1e3, NULL,
+     "memory of one device as GPU cards are sold, in GiB: 80GB and 80GiB are both 80 x 2^30 bytes (B for exact "
+     "bytes); whether the run fits, the largest batch and longest sequence that do, and if not what would"},
     {"--overhead", "SIZE", T_BYTES, OFF(overhead), PL, "2GB", 0, NULL, 0, BIG, NULL,
      "framework overhead allowed per device"},
     {"--list", NULL, T_FLAG, OFF(list), PL, NULL, 0, NULL, 0, 0, NULL, "the built-in presets and their sizes"},
@@ -295,18 +316,50 @@ static bool set_number(const cli_options *o, const opt_spec *s, const char *v, c
     return true;
 }
 
-static bool set_bytes(const cli_options *o, const opt_spec *s, const char *v, char *base) {
+// A size with its unit: v as typed, text as read (the GPU reading of --device-memory). A bare
+// number is ambiguous (80: bytes or GB?) unless it is zero.
+static bool set_size(const cli_options *o, const opt_spec *s, const char *v, const char *text, char *base) {
     uint64_t x = 0;
-    // A bare number is ambiguous (80: bytes or GB?) unless it is zero.
     bool bare = all_digits(v) && strspn(v, "0") != strlen(v);
-    if (bare || !mp_parse_bytes(v, &x) || (double)x < s->min || (double)x > s->max) {
+    if (!bare && mp_parse_bytes(text, &x) && (double)x >= s->min && (double)x <= s->max) {
+        *(uint64_t *)base = x;
+        return true;
+    }
+    if (s->type == T_DEVICE)
+        cli_usage_error(o,
+                        "%s expects a size with its unit as GPU memory is sold, such as 24GB or 80GiB (both read as "
+                        "GiB, 2^30 bytes; KiB, MiB and TiB alike; B for bytes), not '%s'",
+                        s->name, v);
+    else
         cli_usage_error(o,
                         "%s expects a size with its unit, such as 80GB, 500MiB or %sB for bytes (units: B, kB, MB, GB, "
                         "TB = 10^3..10^12; KiB, MiB, GiB, TiB = 2^10..2^40), not '%s'",
                         s->name, bare ? v : "123456", v);
+    return false;
+}
+
+// As GPU vendors label memory: the decimal-looking units are read as binary ones (24GB: 24 GiB).
+static bool set_device(const cli_options *o, const opt_spec *s, const char *v, char *base) {
+    static const char *const dec[] = {"kb", "mb", "gb", "tb", "k", "m", "g", "t"};
+    static const char *const bin[] = {"KiB", "MiB", "GiB", "TiB", "KiB", "MiB", "GiB", "TiB"};
+    char text[96];
+    size_t num = strspn(v, "0123456789.eE+-");
+    snprintf(text, sizeof text, "%s", v);
+    for (size_t i = 0; i < sizeof dec / sizeof dec[0] && num < sizeof text; i++)
+        if (strcasecmp(v + num, dec[i]) == 0) snprintf(text + num, sizeof text - num, "%s", bin[i]);
+    return set_size(o, s, v, text, base);
+}
+
+static bool set_gpus(const cli_options *o, const opt_spec *s, const char *v, char *base) {
+    bool is_auto = strcmp(v, "auto") == 0;
+    errno = 0;
+    long x = is_auto ? 0 : all_digits(v) ? strtol(v, NULL, 10) : -1;
+    if (!is_auto && (errno || x < (long)s->min || x > (long)s->max)) {
+        cli_usage_error(o, "%s expects a whole number from %.0f to %.0f, or auto, not '%s'", s->name, s->min, s->max,
+                        v);
         return false;
     }
-    *(uint64_t *)base = x;
+    *(long *)base = x;
     return true;
 }
 
@@ -346,7 +399,9 @@ static bool set_value(const cli_options *o, const opt_spec *s, const char *v) {
     case T_LONG:
     case T_U64:
     case T_DOUBLE: return set_number(o, s, v, base);
-    case T_BYTES: return set_bytes(o, s, v, base);
+    case T_BYTES: return set_size(o, s, v, v, base);
+    case T_DEVICE: return set_device(o, s, v, base);
+    case T_GPUS: return set_gpus(o, s, v, base);
     case T_CHOICE: return set_choice(o, s, v, base);
     case T_FLAG: break;
     }
@@ -366,6 +421,8 @@ bool cli_parse(cli_options *o, const cli_command *cmd, int argc, char **argv) {
     memset(o, 0, sizeof *o);
     o->command = cmd->name;
     o->cmd = cmd->bit;
+    o->argc = argc;
+    o->argv = argv;
     apply_defaults(o);
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i], *eq = strchr(arg, '=');

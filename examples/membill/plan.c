@@ -14,9 +14,14 @@
 // reads no ids, so none are made: a plan takes no memory per token.
 #define PLAN_STEPS PLAN_STEPS_BILLED
 
-bool plan_simulates_rank(const plan_setting *s) { return !s->infer && (s->gpus > 1 || s->zero > 0); }
+bool plan_simulates_rank(const plan_setting *s) { return !s->infer && (s->gpus > 1 || s->zero > 0 || s->fsdp); }
 
-static int meta_step(const plan_setting *s, long B, long T, step_record *steps, par_comm *rank, ag_err *err) {
+const char *plan_strategy_name(const plan_setting *s) {
+    return par_strategy_of(s->fsdp ? 3 : (int)s->zero, (par_fsdp)s->fsdp)->name;
+}
+
+// The simulated rank's run fills *z (NULL: one device, no rank).
+static int meta_step(const plan_setting *s, long B, long T, step_record *steps, cli_zero *z, ag_err *err) {
     train_run r;
     memset(&r, 0, sizeof r);
     memset(steps, 0, (size_t)s->nsteps * sizeof *steps);
@@ -33,9 +38,8 @@ static int meta_step(const plan_setting *s, long B, long T, step_record *steps, 
     r.framework = s->framework;
     r.attention = s->attention;
     r.lora = s->lora;
-    if (!rank) return cli_train_run(&r, err);
-    cli_zero z = {(int)s->zero, (int)s->prefetch, (size_t)s->bucket_mb << 20, rank, NULL};
-    return cli_zero_train_run(&r, &z, err);
+    r.grad_accum = s->grad_accum > 1 ? s->grad_accum : 1;
+    return z ? cli_zero_train_run(&r, z, err) : cli_train_run(&r, err);
 }
 
 // One meta generation: the prefill over B prompts of T tokens, then new_tokens - 1 decode steps.
@@ -134,7 +138,13 @@ static int measure_rank(const plan_setting *s, long B, long T, plan_bill *b, ag_
         return -1;
     }
     step_record *steps = calloc((size_t)s->nsteps, sizeof *steps);
-    int rc = steps ? meta_step(s, B, T, steps, c, err) : (ag_err_set(err, "out of memory"), -1);
+    cli_zero z = {.stage = s->fsdp ? 3 : (int)s->zero,
+                  .prefetch = (int)s->prefetch,
+                  .bucket_bytes = (size_t)s->bucket_mb << 20,
+                  .fsdp = s->fsdp,
+                  .offload = s->offload,
+                  .comm = c};
+    int rc = steps ? meta_step(s, B, T, steps, &z, err) : (ag_err_set(err, "out of memory"), -1);
     plan_bill rank;
     plan_setting one = *s;
     one.infer = false;
@@ -149,9 +159,11 @@ static int measure_rank(const plan_setting *s, long B, long T, plan_bill *b, ag_
     memcpy(b->device_at, rank.at_peak, sizeof b->device_at);
     b->device_phase = rank.peak_phase;
     memcpy(b->device_own, rank.peak, sizeof b->device_own);
+    memcpy(b->device_host, z.host_peak, sizeof b->device_host);
     b->simulated_rank = true;
     b->dev = rank.dev;
     b->dev_oom = rank.dev_oom;
+    b->strategy = plan_strategy_name(s);
     b->comm = par_get_stats(c);
     par_comm_free(c);
     return rc;
@@ -172,9 +184,11 @@ static int measure(const plan_setting *s, long B, long T, plan_bill *b, ag_err *
     return rc;
 }
 
-static gpu_share per_gpu(const plan_setting *s, const plan_bill *b) {
+gpu_share plan_per_gpu(const plan_setting *s, const plan_bill *b) {
     gpu_share g;
     memset(&g, 0, sizeof g);
+    memcpy(g.host, b->device_host, sizeof g.host);
+    for (int c = 0; c < MP_NCATEGORIES; c++) g.host_total += g.host[c];
     memcpy(g.own_peak, s->infer ? b->peak : b->device_own, sizeof g.own_peak);
     // Training: the moment of the device's own peak; a generation: each category's peak.
     const uint64_t *at = s->infer ? g.own_peak : b->device_at;
@@ -196,48 +210,9 @@ static gpu_share per_gpu(const plan_setting *s, const plan_bill *b) {
 }
 
 // The device's bill: the whole run's, or the simulated rank's.
-static int measure_device(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err) {
+int plan_measure_device(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err) {
     memset(b, 0, sizeof *b);
     return plan_simulates_rank(s) ? measure_rank(s, B, T, b, err) : measure(s, B, T, b, err);
-}
-
-static int fits(const plan_setting *s, long B, long T, uint64_t device, bool *ok, ag_err *err) {
-    plan_bill b;
-    if (measure_device(s, B, T, &b, err) != 0) {
-        // A tensor past what meta mode bills (2^48 elements, a petabyte) fits no device.
-        if (!strstr(err->msg, "too large for one tensor")) return -1;
-        err->msg[0] = 0;
-        *ok = false;
-        return 0;
-    }
-    *ok = per_gpu(s, &b).total <= device && !b.dev_oom;
-    return 0;
-}
-
-// The largest value in [lo, hi] for which fits() holds (0 if none), by doubling then bisection.
-static long largest(const plan_setting *s, bool vary_batch, long lo, long hi, uint64_t device, ag_err *err) {
-    long good = 0, probe = lo;
-    bool ok;
-    while (probe <= hi) {
-        if (fits(s, vary_batch ? probe : s->batch, vary_batch ? s->seq_len : probe, device, &ok, err) != 0) return -1;
-        if (!ok) {
-            if (!good) return 0; // not even the smallest fits
-            break;
-        }
-        good = probe;
-        if (probe == hi) return good;
-        probe = probe > hi / 2 ? hi : probe * 2;
-    }
-    long bad = probe;
-    while (bad - good > 1) {
-        long mid = good + (bad - good) / 2;
-        if (fits(s, vary_batch ? mid : s->batch, vary_batch ? s->seq_len : mid, device, &ok, err) != 0) return -1;
-        if (ok)
-            good = mid;
-        else
-            bad = mid;
-    }
-    return good;
 }
 
 // --seq-lens: the lengths, then the same lengths again (the second pass is the steady state).
@@ -293,6 +268,11 @@ static void plan_setting_from(const cli_options *o, plan_setting *s) {
     s->new_tokens = s->infer ? o->new_tokens : 0;
     s->gpus = o->gpus;
     s->zero = o->zero;
+    cli_zero z;
+    cli_zero_from_options(o, &z);
+    s->fsdp = z.fsdp;
+    s->offload = z.offload;
+    s->grad_accum = o->grad_accum > 1 ? o->grad_accum : 1;
     s->bucket_mb = o->bucket_mb;
     s->prefetch = o->prefetch_layers;
     s->overhead = o->overhead;
@@ -309,37 +289,28 @@ static bool lengths_ok(const plan_setting *s, ag_err *err) {
     return true;
 }
 
-#define BATCH_SEARCH_CAP (1L << 30)
-
-static int plan_fit(const plan_setting *s, uint64_t device, plan_fit_result *f, ag_err *err) {
-    long most = (long)s->cfg.max_positions - (s->infer ? s->new_tokens - 1 : 0), shortest = s->infer ? 1 : 2;
-    memset(f, 0, sizeof *f);
-    f->max_batch = largest(s, true, 1, BATCH_SEARCH_CAP, device, err);
-    f->max_seq = f->max_batch < 0 ? -1 : largest(s, false, shortest, most, device, err);
-    if (f->max_batch < 0 || f->max_seq < 0) return -1;
-    f->batch_capped = f->max_batch == BATCH_SEARCH_CAP;
-    f->seq_capped = f->max_seq == most;
-    if (!f->max_batch && !f->max_seq) {
-        plan_setting one = *s;
-        one.batch = 1;
-        plan_bill b;
-        if (measure_device(&one, 1, shortest, &b, err) != 0) return -1;
-        f->smallest = per_gpu(&one, &b).total;
-    }
-    return 0;
-}
+// What the fit search found, beside the bill.
+typedef struct {
+    plan_fit_result fit;
+    bool gpus_auto;
+    long min_gpus;
+    plan_suggestion suggestions[PLAN_SUGGESTIONS];
+    int nsuggestions;
+} plan_answers;
 
 static int plan_report(const cli_options *o, const plan_setting *s, const plan_bill *b, const plan_bill *other,
-                       const plan_fit_result *f, uint64_t device, const cli_device_result *devr, ag_err *err) {
+                       const plan_answers *a, uint64_t device, const cli_device_result *devr, ag_err *err) {
+    const plan_fit_result *f = &a->fit;
     llama_closed_form cf;
     llama_dtype_bytes d = plan_dtype_bytes(s);
     llama_closed_form_dtype(&s->cfg, s->batch, s->infer ? plan_cache_tokens(s) : s->seq_len, &d, &cf);
     if (!s->infer && s->attention == AG_ATTENTION_FLASH) llama_closed_form_flash(&s->cfg, s->batch, s->seq_len, &cf);
     if (s->checkpointing) llama_closed_form_checkpointing(&s->cfg, s->batch, s->seq_len, &d, &cf);
-    gpu_share g = per_gpu(s, b);
+    gpu_share g = plan_per_gpu(s, b);
     bool to_stdout = o->json && strcmp(o->json, "-") == 0;
-    plan_view view = {s,         b,      &cf,  &g,   device, f->max_batch, f->max_seq, f->batch_capped, f->seq_capped,
-                      f->smallest, other, devr, !s->seq_lens};
+    plan_view view = {
+        s,           b,     &cf,  &g,           device, f->max_batch, f->max_seq,  f->batch_capped, f->seq_capped,
+        f->smallest, other, devr, !s->seq_lens, o->hub, a->gpus_auto, a->min_gpus, a->suggestions,  a->nsuggestions};
     if (!o->quiet && !to_stdout) plan_report_text(stdout, &view);
     json_t *root = plan_report_json(&view);
     char title[256];
@@ -353,6 +324,18 @@ static int plan_report(const cli_options *o, const plan_setting *s, const plan_b
     cli_outputs_free(outs);
     json_decref(root);
     return rc;
+}
+
+// When the setting does not fit the device: the settings that do.
+static int suggest(const plan_setting *s, uint64_t device, plan_answers *a, ag_err *err) {
+    plan_bill b;
+    if (plan_measure_device(s, s->batch, s->seq_len, &b, err) != 0) {
+        if (!strstr(err->msg, "too large for one tensor")) return -1;
+        err->msg[0] = 0;
+    } else if (plan_per_gpu(s, &b).total <= device && !b.dev_oom) {
+        return 0;
+    }
+    return plan_suggest(s, device, a->suggestions, &a->nsuggestions, err);
 }
 
 int cmd_plan(const cli_options *o) {
@@ -374,9 +357,18 @@ int cmd_plan(const cli_options *o) {
     if (rc == 0) rc = plan_lengths(o, &s, &err);
     if (rc == 0) rc = cli_device_prepare(o, s.infer ? 1 : s.gpus, &s.dev, &err);
     if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_USAGE;
+    // The device: the named card's memory, else --device-memory.
     uint64_t device = s.dev.cuda && s.dev.total ? s.dev.total : o->device_memory;
-    plan_fit_result fit = {0};
-    if (rc == 0 && device && !s.seq_lens && plan_fit(&s, device, &fit, &err) != 0) rc = EXIT_RUN_FAILED;
+    static plan_answers ans;
+    memset(&ans, 0, sizeof ans);
+    if (rc == 0 && s.gpus == 0) { // --gpus auto
+        ans.gpus_auto = true;
+        if (plan_min_gpus(&s, device, &ans.min_gpus, &err) != 0) rc = EXIT_RUN_FAILED;
+        s.gpus = ans.min_gpus ? ans.min_gpus : PLAN_MAX_GPUS;
+        cli_device_set_gpus(&s.dev, s.gpus);
+    }
+    if (rc == 0 && device && !s.seq_lens && plan_fit(&s, device, &ans.fit, &err) != 0) rc = EXIT_RUN_FAILED;
+    if (rc == 0 && device && !s.infer && !s.seq_lens && suggest(&s, device, &ans, &err) != 0) rc = EXIT_RUN_FAILED;
     // What the other attention would change, in one line: the same plan measured with it.
     plan_bill other_bill, *other = NULL;
     if (rc == 0 && !s.infer) {
@@ -409,12 +401,14 @@ int cmd_plan(const cli_options *o) {
                 memcpy(b.device_at, rank.device_at, sizeof b.device_at);
                 b.device_phase = rank.device_phase;
                 memcpy(b.device_own, rank.device_own, sizeof b.device_own);
+                memcpy(b.device_host, rank.device_host, sizeof b.device_host);
+                b.strategy = rank.strategy;
                 b.simulated_rank = true;
                 b.comm = rank.comm;
                 b.dev = rank.dev;
                 b.dev_oom = rank.dev_oom;
             }
-            if (rc == 0 && plan_report(o, &s, &b, other, &fit, device, devr.done ? &devr : NULL, &err) != 0)
+            if (rc == 0 && plan_report(o, &s, &b, other, &ans, device, devr.done ? &devr : NULL, &err) != 0)
                 rc = EXIT_RUN_FAILED;
             cli_device_result_free(&devr);
             free(steps);

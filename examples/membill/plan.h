@@ -27,7 +27,9 @@ typedef struct {
     // is a simulated rank (rank 0 of --gpus, membill train --zero's own code with the collectives
     // skipped): its figures are that run's, and comm what its collectives would move (two steps).
     uint64_t device_own[MP_NCATEGORIES];
+    uint64_t device_host[MP_NCATEGORIES]; // offload: each category's peak in the rank's host memory
     bool simulated_rank;
+    const char *strategy; // the simulated rank's ("ZeRO-3", "FSDP full-shard", ...)
     par_stats comm;
     // --device cuda: the device's run through the caching allocator (its phases dropped: the
     // report replays its own run again for them); dev_oom: an allocation did not fit the card
@@ -37,8 +39,10 @@ typedef struct {
 
 typedef struct {
     llama_config cfg;
-    long batch, seq_len, gpus, zero;
-    long bucket_mb, prefetch; // the simulated rank's buckets and stage 3's prefetch
+    long batch, seq_len, gpus, zero; // gpus 0: --gpus auto, not yet resolved
+    int fsdp, offload;               // parallel.h's par_fsdp, par_offload
+    long grad_accum;                 // micro-batches a step
+    long bucket_mb, prefetch;        // the simulated rank's buckets and stage 3's prefetch
     optim_config ocfg;
     uint64_t overhead;
     cli_dtype dt;
@@ -63,8 +67,17 @@ typedef struct {
 typedef struct {
     uint64_t weights, gradients, optimizer, activations, cache, temporary, overhead, total;
     uint64_t own_peak[MP_NCATEGORIES];
-    mp_phase phase; // training: the phase of that moment
+    uint64_t host[MP_NCATEGORIES], host_total; // offload: the rank's host memory, apart from total
+    mp_phase phase;                            // training: the phase of that moment
 } gpu_share;
+
+// A setting that fits where the asked one does not: the options that change, and its total.
+#define PLAN_SUGGESTIONS 5
+typedef struct {
+    char options[12][32];
+    int n;
+    uint64_t total;
+} plan_suggestion;
 
 typedef struct {
     const plan_setting *s;
@@ -78,7 +91,14 @@ typedef struct {
     const plan_bill *other;        // training: the same plan with the other --attention; NULL: none
     const cli_device_result *devr; // --device cuda: the report's own replay (its phases); NULL: none
     bool searched;                 // the largest batch and longest length were searched
+    const cli_hub *hub;            // --model org/name: its commit and checkpoint; NULL: none
+    bool gpus_auto;                // --gpus auto: min_gpus is its answer (0: none up to PLAN_MAX_GPUS)
+    long min_gpus;
+    const plan_suggestion *suggestions; // the run does not fit: settings that do
+    int nsuggestions;
 } plan_view;
+
+#define PLAN_MAX_GPUS 4096
 
 // The fit search's answer.
 typedef struct {
@@ -87,9 +107,23 @@ typedef struct {
     uint64_t smallest;
 } plan_fit_result;
 
+// The device's bill at batch B and length T (plan.c), and its share on one device.
+int plan_measure_device(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err);
+gpu_share plan_per_gpu(const plan_setting *s, const plan_bill *b);
+// plan_fit.c: the largest batch and longest sequence that fit; the fewest GPUs whose rank fits
+// (*out 0: none up to PLAN_MAX_GPUS); up to PLAN_SUGGESTIONS settings that fit, the smallest
+// change first.
+int plan_fit(const plan_setting *s, uint64_t device, plan_fit_result *f, ag_err *err);
+int plan_min_gpus(const plan_setting *s, uint64_t device, long *out, ag_err *err);
+int plan_suggest(const plan_setting *s, uint64_t device, plan_suggestion *out, int *n, ag_err *err);
+
 llama_dtype_bytes plan_dtype_bytes(const plan_setting *s);
 void plan_lora_closed_form(const plan_setting *s, llama_lora_closed_form *lf);
 void plan_lora_act_form(const plan_setting *s, llama_lora_act_form *af);
+// The strategy's name for reports ("ZeRO-2", "FSDP full-shard", "DDP").
+const char *plan_strategy_name(const plan_setting *s);
+// A device's size as cards are sold and in bytes: "24 GiB (25.77 GB)".
+const char *plan_device_text(char *buf, size_t len, uint64_t bytes);
 // Whether one device is a simulated rank (training on several devices, or under a ZeRO stage).
 bool plan_simulates_rank(const plan_setting *s);
 long plan_cache_tokens(const plan_setting *s);

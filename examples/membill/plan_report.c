@@ -30,11 +30,15 @@ long plan_cache_tokens(const plan_setting *s) { return s->seq_len + s->new_token
 // ZeRO's model states a device holds (ZeRO paper, section 5: Psi parameters, K bytes of
 // optimizer state each, N devices): stage 0 (w+g+K)Psi; 1 wPsi + gPsi + KPsi/N; 2 wPsi +
 // (g+K)Psi/N; 3 (w+g+K)Psi/N. The paper's mixed-precision Adam has w = g = 2, K = 12.
-static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *d, uint64_t P, char *text, size_t len) {
+static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *dt, uint64_t P, char *text, size_t len) {
+    llama_dtype_bytes fsdp = *dt; // FSDP's mixed precision: float32 shards and gradient shards, no master
+    if (s->fsdp && s->dt.master) fsdp.weight = 4, fsdp.gradient = 4, fsdp.optimizer -= 4;
+    const llama_dtype_bytes *d = s->fsdp ? &fsdp : dt;
     uint64_t w = d->weight * P, g = d->gradient * P, k = d->optimizer * P, N = (uint64_t)s->gpus;
+    int stage = s->fsdp ? 3 : (int)s->zero;
     static const char *const forms[] = {"(%llu + %llu + K)Psi, K = %llu", "%lluPsi + %lluPsi + KPsi/N, K = %llu",
                                         "%lluPsi + (%llu + K)Psi/N, K = %llu", "(%llu + %llu + K)Psi/N, K = %llu"};
-    snprintf(text, len, forms[s->zero], (unsigned long long)d->weight, (unsigned long long)d->gradient,
+    snprintf(text, len, forms[stage], (unsigned long long)d->weight, (unsigned long long)d->gradient,
              (unsigned long long)d->optimizer);
     if (s->lora.cfg.rank && !s->infer) { // what trains is the adapters (A parameters); the base is B bytes
         static const char *const lora_forms[] = {
@@ -44,12 +48,13 @@ static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *d, 
             "(B + (%llu + %llu + K)A)/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes"};
         llama_lora_closed_form lf;
         plan_lora_closed_form(s, &lf);
-        w = lf.weights, g = lf.gradients, k = lf.optimizer;
-        snprintf(text, len, lora_forms[s->zero], (unsigned long long)d->weight, (unsigned long long)d->gradient,
+        uint64_t A = lf.adapter_params;
+        w = lf.base_weights + d->weight * A, g = d->gradient * A, k = d->optimizer * A;
+        snprintf(text, len, lora_forms[stage], (unsigned long long)d->weight, (unsigned long long)d->gradient,
                  (unsigned long long)d->optimizer, (unsigned long long)lf.adapter_params,
                  (unsigned long long)lf.base_weights);
     }
-    switch (s->zero) {
+    switch (stage) {
     case 0: return w + g + k;
     case 1: return w + g + k / N;
     case 2: return w + (g + k) / N;
@@ -159,6 +164,29 @@ static uint64_t largest_layer(const llama_config *c) {
 // estimate_zero3_model_states_mem_needs, 4 x largest layer + 18P/N. 0 for stage 0 (none).
 static uint64_t deepspeed_formula(const plan_setting *s, uint64_t P, char *text, size_t len) {
     uint64_t N = (uint64_t)s->gpus;
+    if (s->fsdp) {
+        snprintf(text, len, "none for FSDP (DeepSpeed's estimators are ZeRO's)");
+        return 0;
+    }
+    if (s->lora.cfg.rank && s->zero > 0) { // the frozen base B at its own bytes, the adapters A in its terms
+        llama_lora_closed_form lf;
+        plan_lora_closed_form(s, &lf);
+        uint64_t A = lf.adapter_params, B = lf.base_weights, L = largest_layer(&s->cfg);
+        double per = lf.base_params ? (double)B / (double)lf.base_params : 0; // bytes of a frozen parameter
+        if (s->zero < 3) {
+            snprintf(text, len,
+                     "estimate_zero2_model_states_mem_needs with a frozen base: B + 4A + 16A/N, A = %llu, "
+                     "B = %llu bytes",
+                     (unsigned long long)A, (unsigned long long)B);
+            return B + 4 * A + 16 * A / N;
+        }
+        uint64_t layer = (uint64_t)(2.0 * per * (double)L);
+        snprintf(text, len,
+                 "estimate_zero3_model_states_mem_needs with a frozen base: 2 x the largest layer's %llu "
+                 "parameters at the base's bytes + (B + 18A)/N, A = %llu, B = %llu bytes",
+                 (unsigned long long)L, (unsigned long long)A, (unsigned long long)B);
+        return layer + (B + 18 * A) / N;
+    }
     if (s->zero == 0) {
         snprintf(text, len, "none for stage 0 (DDP keeps 16P in its terms)");
         return 0;
@@ -185,6 +213,14 @@ static const char *const deepspeed_why[] = {
     "gathered fp16 parameters twice (4 x), in its own mixed precision; this rank gathers whole blocks, prefetched, "
     "and reduces in buckets"};
 
+static const char *deepspeed_why_of(const plan_setting *s) {
+    if (!s->lora.cfg.rank) return deepspeed_why[s->zero];
+    return s->zero < 3 ? "its estimator with the frozen base whole at its own bytes (B) and the adapters in its mixed "
+                         "precision (4A whole, 16A/N sharded); nothing for activations or buckets"
+                       : "its estimator with the frozen base sharded at its own bytes (B/N), the adapters' 18A/N and "
+                         "the largest layer gathered twice; this rank gathers whole blocks, prefetched";
+}
+
 static void text_collectives(FILE *out, const par_stats *st) {
     char x[64];
     fprintf(out, "    collectives a step:");
@@ -202,10 +238,13 @@ static void text_per_gpu(FILE *out, const plan_view *v) {
     llama_dtype_bytes d = plan_dtype_bytes(s);
     if (v->b->simulated_rank)
         fprintf(out,
-                "\n  per device (%ld GPU%s, ZeRO stage %ld, batch %ld each): a simulated rank's own bill, rank 0 of "
-                "%ld\n  running membill train --zero's step on shapes (its shards, buckets and gathered blocks; the "
+                "\n  per device (%ld GPU%s, %s%s%s, batch %ld each%s): a simulated rank's own bill, rank 0 of %ld\n"
+                "  running membill train --zero's step on shapes (its shards, buckets and gathered blocks; the "
                 "collectives\n  counted, not run), at its steady-state peak (step 2, phase %s):\n",
-                s->gpus, s->gpus > 1 ? "s" : "", s->zero, s->batch, s->gpus, mp_phase_name(g->phase));
+                s->gpus, s->gpus > 1 ? "s" : "", plan_strategy_name(s), s->offload ? ", offload " : "",
+                s->offload ? par_offload_name((par_offload)s->offload) : "", s->batch,
+                s->grad_accum > 1 ? ", gradients accumulated over micro-batches" : "", s->gpus,
+                mp_phase_name(g->phase));
     else
         fprintf(out, "\n  one device: the whole bill at its steady-state peak (step 2, phase %s):\n",
                 mp_phase_name(g->phase));
@@ -213,6 +252,14 @@ static void text_per_gpu(FILE *out, const plan_view *v) {
     const uint64_t vals[] = {g->weights, g->gradients, g->optimizer, g->activations, g->temporary, g->overhead};
     for (int i = 0; i < 6; i++) fprintf(out, "    %-19s %s\n", names[i], mp_format_bytes(x, sizeof x, vals[i]));
     fprintf(out, "    %-19s %s\n", "total", mp_format_bytes(x, sizeof x, g->total));
+    if (s->offload) { // the rank's host memory, apart from the device's total
+        fprintf(out, "    host memory (offload, each category at its own peak): %s",
+                mp_format_bytes(x, sizeof x, g->host_total));
+        for (int c = 0; c < MP_NCATEGORIES; c++)
+            if (g->host[c])
+                fprintf(out, ";\n      %s %s", mp_category_name(c), mp_format_bytes(x, sizeof x, g->host[c]));
+        fprintf(out, "\n");
+    }
     const uint64_t *own = g->own_peak;
     uint64_t states = own[MP_WEIGHT] + own[MP_GRADIENT] + own[MP_OPTIMIZER];
     fprintf(out, "    each at its own peak: weights %s, gradients ", mp_format_bytes(x, sizeof x, own[MP_WEIGHT]));
@@ -227,32 +274,67 @@ static void text_per_gpu(FILE *out, const plan_view *v) {
     uint64_t ds = deepspeed_formula(s, v->cf->params, f, sizeof f);
     if (ds)
         fprintf(out, "      DeepSpeed's %s: %s\n        (%s)\n", f, mp_format_bytes(y, sizeof y, ds),
-                deepspeed_why[s->zero]);
+                deepspeed_why_of(s));
     else
         fprintf(out, "      DeepSpeed: %s\n", f);
 }
 
 static bool fits_device(const plan_view *v) { return v->g->total <= v->device && !v->b->dev_oom; }
 
+const char *plan_device_text(char *buf, size_t len, uint64_t bytes) {
+    char c[32];
+    double gib = (double)bytes / 1073741824.0;
+    if (bytes % 1073741824ULL == 0)
+        snprintf(buf, len, "%llu GiB (%.2f GB, %s bytes)", (unsigned long long)(bytes >> 30), (double)bytes / 1e9,
+                 cli_commas(c, sizeof c, bytes));
+    else
+        snprintf(buf, len, "%.2f GiB (%.2f GB, %s bytes)", gib, (double)bytes / 1e9, cli_commas(c, sizeof c, bytes));
+    return buf;
+}
+
+static void text_suggestions(FILE *out, const plan_view *v) {
+    char x[64];
+    if (!v->nsuggestions) {
+        fprintf(out, "  no setting of up to four changes (dtype, flash attention, checkpointing, LoRA, QLoRA, ZeRO-3, "
+                     "offload, batch) fits either\n");
+        return;
+    }
+    fprintf(out, "  what would fit, each measured by the same meta run (the smallest change first):\n");
+    for (int i = 0; i < v->nsuggestions; i++) {
+        const plan_suggestion *g = &v->suggestions[i];
+        fprintf(out, "   ");
+        for (int k = 0; k < g->n; k++) fprintf(out, " %s", g->options[k]);
+        fprintf(out, ": %s a device\n", mp_format_bytes(x, sizeof x, g->total));
+    }
+}
+
+static void text_limits(FILE *out, const plan_view *v);
+
 static void text_fit(FILE *out, const plan_view *v) {
-    char x[64], y[64];
+    char x[96], y[64];
     const plan_setting *s = v->s;
     if (s->dev.cuda) // the device's own lines said it; the overhead allowance is what they leave out
-        fprintf(out, "\n  on the %s: %s\n", s->dev.gpu ? s->dev.gpu->name : "device",
-                fits_device(v) ? "fits" : "does NOT fit");
+        fprintf(out, "\n  on the %s (%s): %s\n", s->dev.gpu ? s->dev.gpu->name : "device",
+                plan_device_text(x, sizeof x, v->device), fits_device(v) ? "fits" : "does NOT fit");
     else
         fprintf(out, "\n  on a %s device, with %s of framework overhead (the lesson's \"1 to 2 GB\"; --overhead): %s\n",
-                mp_format_bytes(x, sizeof x, v->device), mp_format_bytes(y, sizeof y, s->overhead),
+                plan_device_text(x, sizeof x, v->device), mp_format_bytes(y, sizeof y, s->overhead),
                 fits_device(v) ? "fits" : "does NOT fit");
     if (!v->searched) {
         fprintf(out, "  (with --seq-lens the largest batch and longest length are not searched)\n");
         return;
     }
-    if (v->max_batch == 0 && v->max_seq == 0) {
+    if (v->max_batch == 0 && v->max_seq == 0)
         fprintf(out, "  nothing fits: even batch 1 x %d token%s needs %s on one device\n", s->infer ? 1 : 2,
                 s->infer ? "" : "s", mp_format_bytes(x, sizeof x, v->smallest));
-        return;
-    }
+    else
+        text_limits(out, v);
+    if (!fits_device(v) && !s->infer) text_suggestions(out, v);
+}
+
+// The largest batch and the longest sequence that fit the device.
+static void text_limits(FILE *out, const plan_view *v) {
+    const plan_setting *s = v->s;
     if (v->max_batch == 0)
         fprintf(out, "  no batch fits at %ld tokens", s->seq_len);
     else
@@ -342,13 +424,30 @@ static void report_train_text(FILE *out, const plan_view *v) {
     fprintf(out,
             "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n");
     fprintf(out, "framework: %s; attention: %s\n", cli_framework_text(s->framework), cli_attention_text(s->attention));
+    if (v->hub) cli_hub_text(out, v->hub);
+    if (v->gpus_auto) {
+        char d[96];
+        plan_device_text(d, sizeof d, v->device);
+        if (v->min_gpus)
+            fprintf(out,
+                    "--gpus auto: %ld GPU%s of %s (%s, batch %ld each), the fewest whose rank fits; %ld do%s not\n",
+                    v->min_gpus, v->min_gpus > 1 ? "s" : "", d, plan_strategy_name(s), s->batch, v->min_gpus - 1,
+                    v->min_gpus - 1 == 1 ? "es" : "");
+        else
+            fprintf(out,
+                    "--gpus auto: no number of GPUs up to %d of %s fits this setting (%s); the bill below is %d's\n",
+                    PLAN_MAX_GPUS, d, plan_strategy_name(s), PLAN_MAX_GPUS);
+    }
+    if (s->grad_accum > 1)
+        fprintf(out, "gradient accumulation: %ld micro-batches of %ld rows a step (%ld rows a device)\n", s->grad_accum,
+                s->batch, s->grad_accum * s->batch);
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->lora.cfg.rank)
         text_states_lora(out, v);
     else
         text_states(out, v);
-    if (s->gpus > 1 || s->zero > 0 || v->device) text_per_gpu(out, v);
+    if (s->gpus > 1 || s->zero > 0 || s->fsdp || v->device) text_per_gpu(out, v);
     if (s->dev.cuda) cli_device_text(out, &s->dev, v->devr ? v->devr : &v->b->dev);
     if (v->device) text_fit(out, v);
 }
@@ -366,7 +465,9 @@ static void report_infer_text(FILE *out, const plan_view *v) {
         "membill plan --infer: %s, %llu parameters, batch %ld x %ld-token prompt, %ld new token%s, %s, weights %s\n",
         s->cfg.name, P, s->batch, s->seq_len, s->new_tokens, s->new_tokens > 1 ? "s" : "", s->dt.long_name,
         plan_weight_dtype_name(&s->dt));
-    fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n\n");
+    fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n");
+    if (v->hub) cli_hub_text(out, v->hub);
+    fputc('\n', out);
     fprintf(out, "  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->dt.weight_bits < 16)
         snprintf(f, sizeof f, "matrices %d bits an element%s%lld%s, norms at %d bits", s->dt.weight_bits,
@@ -461,7 +562,11 @@ static void rank_json(json_t *pg, const plan_view *v) {
     uint64_t paper = zero_formula(s, &d, v->cf->params, f, sizeof f);
     json_object_set_new(pg, "zero_paper", formula_json(paper, f, paper_why));
     uint64_t ds = deepspeed_formula(s, v->cf->params, f, sizeof f);
-    json_object_set_new(pg, "deepspeed", ds ? formula_json(ds, f, deepspeed_why[s->zero]) : json_null());
+    json_object_set_new(pg, "deepspeed", ds ? formula_json(ds, f, deepspeed_why_of(s)) : json_null());
+    json_object_set_new(pg, "strategy", json_string(plan_strategy_name(s)));
+    json_object_set_new(pg, "fsdp", s->fsdp ? json_string(par_fsdp_name((par_fsdp)s->fsdp)) : json_null());
+    json_object_set_new(pg, "offload",
+                        s->offload ? json_string(par_offload_name((par_offload)s->offload)) : json_null());
     json_object_set_new(pg, "largest_layer_params", json_integer((json_int_t)largest_layer(&s->cfg)));
 }
 
@@ -479,9 +584,14 @@ static json_t *per_gpu_json(const gpu_share *g, bool infer) {
         json_object_set_new(pg, "step", json_integer(2));
         json_object_set_new(pg, "phase", json_string(mp_phase_name(g->phase)));
     }
-    for (int c = 0; c < MP_NCATEGORIES; c++)
+    json_t *host = json_object();
+    for (int c = 0; c < MP_NCATEGORIES; c++) {
         json_object_set_new(own, mp_category_name(c), json_integer((json_int_t)g->own_peak[c]));
+        json_object_set_new(host, mp_category_name(c), json_integer((json_int_t)g->host[c]));
+    }
     json_object_set_new(pg, "own_peak", own);
+    json_object_set_new(pg, "host", host);
+    json_object_set_new(pg, "host_total_bytes", json_integer((json_int_t)g->host_total));
     return pg;
 }
 
@@ -540,6 +650,10 @@ static json_t *run_json(const plan_setting *s) {
     if (!s->infer) json_object_set_new(run, "checkpointing", json_boolean(s->checkpointing));
     json_object_set_new(run, "gpus", json_integer(s->gpus));
     json_object_set_new(run, "zero", json_integer(s->zero));
+    json_object_set_new(run, "fsdp", s->fsdp ? json_string(par_fsdp_name((par_fsdp)s->fsdp)) : json_null());
+    json_object_set_new(run, "offload",
+                        s->offload ? json_string(par_offload_name((par_offload)s->offload)) : json_null());
+    if (!s->infer) json_object_set_new(run, "grad_accum", json_integer(s->grad_accum));
     json_object_set_new(run, "overhead_bytes", json_integer((json_int_t)s->overhead));
     return run;
 }
@@ -548,6 +662,7 @@ json_t *plan_report_json(const plan_view *v) {
     const plan_setting *s = v->s;
     json_t *root = cli_report_root(&s->cfg);
     json_object_set_new(root, "run", run_json(s));
+    if (v->hub) json_object_set_new(root, "hub", cli_hub_json(v->hub));
     // The profiler's report, with the headline beside its "peak" (the whole run's): training,
     // step 2's total peak (the steady state) and step 1's; a generation, its total peak.
     json_t *rep = json_object();
@@ -618,6 +733,18 @@ json_t *plan_report_json(const plan_view *v) {
         json_object_set_new(fit, "longest_seq_len_is_positions", json_boolean(v->seq_capped));
         if (!v->max_batch && !v->max_seq)
             json_object_set_new(fit, "smallest_bytes", json_integer((json_int_t)v->smallest));
+        json_object_set_new(fit, "device_memory_gib", json_real((double)v->device / 1073741824.0));
+        if (v->gpus_auto) json_object_set_new(fit, "min_gpus", v->min_gpus ? json_integer(v->min_gpus) : json_null());
+        json_t *sug = json_array();
+        for (int i = 0; i < v->nsuggestions; i++) {
+            json_t *e = json_object(), *opts = json_array();
+            for (int k = 0; k < v->suggestions[i].n; k++)
+                json_array_append_new(opts, json_string(v->suggestions[i].options[k]));
+            json_object_set_new(e, "options", opts);
+            json_object_set_new(e, "total_bytes", json_integer((json_int_t)v->suggestions[i].total));
+            json_array_append_new(sug, e);
+        }
+        json_object_set_new(fit, "suggestions", sug);
         json_object_set_new(root, "fit", fit);
     }
     return root;

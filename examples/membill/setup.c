@@ -43,6 +43,8 @@ static const char *framework_lacks(char *buf, size_t len, const char *what, ag_f
     return buf;
 }
 
+bool cli_sharded(const cli_options *o) { return cli_given(o, "--zero") || o->fsdp; }
+
 // Every rule that ties two options together, per subcommand. The table has already refused
 // options a subcommand does not take.
 // --device, --gpu and what needs the device (docs/gpu.md).
@@ -53,16 +55,18 @@ static const char *device_combinations(const cli_options *o) {
     if (o->gpu && cli_given(o, "--device-memory"))
         return "--gpu gives the device's memory: --device-memory is for a card that has no name here";
     if (!cuda && (o->cuda_alloc_conf || o->snapshot || cli_given(o, "--memory-fraction")))
-        return "--cuda-alloc-conf, --memory-fraction and --snapshot are the CUDA allocator's: add --device cuda or --gpu";
+        return "--cuda-alloc-conf, --memory-fraction and --snapshot are the CUDA allocator's: add --device cuda or "
+               "--gpu";
     if (cli_given(o, "--memory-fraction") && !o->gpu && !cli_given(o, "--device-memory"))
         return "--memory-fraction is a share of the card's memory: name the card (--gpu or --device-memory)";
     if (o->seq_lens && (o->tokens || o->prompt || o->prompt_file))
         return "--seq-lens gives each step's length: random ids, not --tokens or a prompt";
     if (o->seq_lens && cli_given(o, "--seq-len")) return "--seq-lens and --seq-len both give the length: give one";
-    if (o->seq_lens && (cli_given(o, "--zero") || (o->cmd == CLI_PLAN && (o->infer || o->gpus > 1))))
+    if (o->seq_lens && (cli_sharded(o) || (o->cmd == CLI_PLAN && (o->infer || o->gpus != 1))))
         return "--seq-lens varies one device's training steps: not with --infer, --gpus or --zero";
     if (cuda && o->cmd == CLI_TRAIN && cli_given(o, "--zero"))
-        return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's device";
+        return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's "
+               "device";
     if (o->snapshot && o->cmd == CLI_PLAN && (o->gpus > 1 || cli_given(o, "--zero")))
         return "--snapshot writes one device's whole run: the simulated rank of --gpus or --zero is not written";
     if (o->cmd == CLI_SNAPSHOT && !o->input) return "which snapshot? membill snapshot FILE.pickle";
@@ -78,12 +82,24 @@ bool cli_check_combinations(const cli_options *o) {
     ag_framework fw = CLI_DEFAULT_FRAMEWORK;
     cli_parse_framework(o->framework, &fw); // the table allows only known names
     const ag_framework_row *row = ag_framework_row_of(fw);
+    bool hub_id = llama_hub_is_id(o->model);
     if (cli_given(o, "--model") && cli_given(o, "--config"))
         bad = "--model and --config both name a model: give one";
+    else if ((o->download || o->offline) && !hub_id)
+        bad = "--download and --offline apply to a Hugging Face id: --model org/name";
+    else if (o->download && o->offline)
+        bad = "--download fetches from the Hub, which --offline forbids";
+    else if (o->download && (o->meta || o->weights))
+        bad = o->meta ? "--meta reads no weights: --download does not apply"
+                      : "--weights names the weights: --download would fetch the Hub model's";
+    else if (o->cmd == CLI_CHECK && o->prompt && !hub_id)
+        bad = "check's --prompt goes through the Hub model's tokenizer: give --model org/name";
     else if (o->meta && (o->weights || o->dump_grads || o->save_weights))
         bad = "--meta runs on shapes alone: --weights, --dump-grads and --save-weights need data";
-    else if (o->cmd == CLI_TRAIN && !o->meta && cli_given(o, "--zero") && !is_f32(o->dtype))
-        bad = "--zero computes its shards in float32: another --dtype is a bill of plan --gpus N --zero S (or "
+    else if (cli_given(o, "--zero") && o->fsdp)
+        bad = "--fsdp and --zero are two sharding strategies: give one";
+    else if (o->cmd == CLI_TRAIN && !o->meta && cli_sharded(o) && !is_f32(o->dtype))
+        bad = "--zero and --fsdp compute their shards in float32: another --dtype is a bill of plan --gpus N (or "
               "--meta)";
     else if (o->cmd == CLI_TRAIN && !o->meta && o->dtype && !strncmp(o->dtype, "fp16", 4))
         snprintf(buf, sizeof buf,
@@ -111,18 +127,26 @@ bool cli_check_combinations(const cli_options *o) {
              (o->weight_dtype || cli_given(o, "--group-size") || cli_given(o, "--new-tokens")))
         bad = "--weight-dtype, --group-size and --new-tokens plan a generation: add --infer";
     else if (infer_plan && (cli_given(o, "--optimizer") || cli_given(o, "--adam-impl") || cli_given(o, "--gpus") ||
-                            cli_given(o, "--zero") || o->checkpointing || cli_given(o, "--bucket-mb") ||
-                            cli_given(o, "--prefetch-layers")))
-        bad = "--infer plans one device's generation: --optimizer, --adam-impl, --gpus, --zero, --bucket-mb, "
-              "--prefetch-layers and --checkpointing are training settings";
-    else if (o->cmd == CLI_TRAIN && !cli_given(o, "--zero") &&
+                            cli_sharded(o) || o->checkpointing || cli_given(o, "--bucket-mb") ||
+                            cli_given(o, "--prefetch-layers") || o->offload || cli_given(o, "--grad-accum")))
+        bad = "--infer plans one device's generation: --optimizer, --adam-impl, --gpus, --zero, --fsdp, --offload, "
+              "--grad-accum, --bucket-mb, --prefetch-layers and --checkpointing are training settings";
+    else if (o->cmd == CLI_TRAIN && !cli_sharded(o) &&
              (cli_given(o, "--bucket-mb") || cli_given(o, "--prefetch-layers")))
-        bad = "--bucket-mb and --prefetch-layers set up a sharded step: add --zero";
-    else if (cli_given(o, "--zero") && o->zero == 3 && o->checkpointing)
-        bad = "--zero 3 gathers each block's weights around its forward and backward: --checkpointing, which reruns "
-              "the forward inside backward, is not supported with it";
-    else if (o->cmd == CLI_TRAIN && cli_given(o, "--zero") && o->dump_grads)
-        bad = "--dump-grads writes whole gradients, which --zero shards or reduces in buckets: use it without --zero";
+        bad = "--bucket-mb and --prefetch-layers set up a sharded step: add --zero or --fsdp";
+    else if (o->offload && !o->fsdp && !(cli_given(o, "--zero") && o->zero >= 2))
+        bad = "--offload moves a sharded optimizer to the host: add --zero 2, --zero 3 or --fsdp";
+    else if (o->offload && !strcmp(o->offload, "optimizer+params") && !o->fsdp && o->zero != 3)
+        bad = "--offload optimizer+params moves the weight shards too, which --zero 3 and --fsdp have: --zero 2 "
+              "keeps whole weights on every device (--offload optimizer)";
+    else if (o->offload && o->fsdp && !strcmp(o->offload, "optimizer"))
+        bad = "FSDP's CPUOffloadPolicy moves the parameter shards with the optimizer: --offload optimizer+params";
+    else if (o->cmd == CLI_PLAN && cli_given(o, "--gpus") && o->gpus == 0 && !o->device_memory && !o->gpu)
+        bad =
+            "--gpus auto looks for the fewest GPUs whose share fits one device: add --device-memory SIZE or --gpu NAME";
+    else if (o->cmd == CLI_TRAIN && cli_sharded(o) && o->dump_grads)
+        bad = "--dump-grads writes whole gradients, which --zero and --fsdp shard or reduce in buckets: use it "
+              "without them";
     else if (o->cmd == CLI_INFER && o->tokens && strchr(o->tokens, ';') && cli_given(o, "--batch"))
         bad = "--batch repeats one prompt: give several prompts with ';' or --batch, not both";
     else if ((o->prompt != NULL) + (o->prompt_file != NULL) + (o->tokens != NULL) > 1)
@@ -135,7 +159,8 @@ bool cli_check_combinations(const cli_options *o) {
     if (!bad) bad = device_combinations(o);
     if (!bad) {
         // Two outputs on stdout would interleave.
-        const char *outs[] = {o->json, o->timeline, o->svg, o->trace, o->html, o->dump_grads, o->save_weights, o->snapshot};
+        const char *outs[] = {o->json, o->timeline,   o->svg,          o->trace,
+                              o->html, o->dump_grads, o->save_weights, o->snapshot};
         int dashes = 0;
         for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) dashes += outs[i] && strcmp(outs[i], "-") == 0;
         if (dashes > 1) bad = "only one output can go to stdout ('-')";
@@ -152,7 +177,7 @@ bool cli_check_combinations(const cli_options *o) {
 int cli_run_end(int rc, bool *clean, ag_err *err) {
     *clean = true;
     for (int c = 0; c < MP_OTHER; c++)
-        if (mp_get_counter(c).live != 0) *clean = false;
+        if (mp_get_counter(c).live != 0 || mp_get_host_counter(c).live != 0) *clean = false;
     const mp_oom_record *r = mp_oom();
     if (rc != 0 || !r->happened) return rc;
     ag_err_set(err, "over the memory budget of %llu bytes: %s %s took %llu bytes in phase %s",
@@ -173,7 +198,9 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
         return EXIT_USAGE;
     }
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
-    if (cfg_file) return llama_config_load(cfg, cfg_file, err) == 0 ? 0 : EXIT_RUN_FAILED;
+    if (cfg_file && llama_config_load(cfg, cfg_file, err) != 0) return EXIT_RUN_FAILED;
+    if (cfg_file && o->hub) snprintf(cfg->name, sizeof cfg->name, "%s", cli_hub_name(o->hub));
+    if (cfg_file) return 0;
     if (llama_config_preset(cfg, o->model, err) == 0) return 0;
     ag_err_set(err, "--model: unknown preset '%s' (membill plan --list names them)", o->model);
     return EXIT_USAGE;

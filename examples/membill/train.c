@@ -219,6 +219,7 @@ json_t *cli_train_json(const cli_options *o, const train_run *r, bool failed) {
     json_object_set_new(run, "dtype", json_string(r->dtype.long_name));
     json_object_set_new(run, "meta", json_boolean(r->meta));
     json_object_set_new(run, "checkpointing", json_boolean(r->checkpointing));
+    json_object_set_new(run, "grad_accum", json_integer(cli_micro_batches(r)));
     json_object_set_new(run, "threads", json_integer(o->threads));
     json_object_set_new(run, "seed", json_integer((json_int_t)r->seed));
     json_object_set_new(run, "weights", json_string(r->st_path[0] ? r->st_path : "random"));
@@ -308,6 +309,9 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
             failed ? " (FAILED: see below)" : "");
     fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
     if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
+    if (r->grad_accum > 1)
+        fprintf(f, "gradient accumulation: %ld micro-batches of %ld rows, one optimizer step (each loss / %ld)\n",
+                r->grad_accum, r->batch, r->grad_accum);
     char lt[256];
     if (r->lora.cfg.rank) {
         fprintf(f, "%s%s%s\n", cli_lora_text(&r->lora, lt, sizeof lt), r->lora.adapter[0] ? "; loaded from " : "",
@@ -401,7 +405,7 @@ static uint64_t meta_peak(void *arg, ag_err *err) {
 }
 
 int cmd_train(const cli_options *o) {
-    if (cli_given(o, "--zero")) return cli_train_zero(o); // data parallel: zero.c
+    if (cli_sharded(o)) return cli_train_zero(o); // data parallel: zero.c
     train_cmd t = {.o = o};
     ag_err err = {""};
     int rc = cli_train_prepare(o, &t.r, &err);

@@ -36,8 +36,8 @@ int cli_parse_seq_lens(const char *text, long min, long max, long **out, long *n
             x = len <= 9 ? strtol(item, NULL, 10) : -1;
         }
         if (x < min || x > max) {
-            ag_err_set(err, "--seq-lens: item %zu ('%.*s') is not a length from %ld to %ld", k + 1, (int)(len < 24 ? len : 24),
-                       p, min, max);
+            ag_err_set(err, "--seq-lens: item %zu ('%.*s') is not a length from %ld to %ld", k + 1,
+                       (int)(len < 24 ? len : 24), p, min, max);
             free(v);
             return EXIT_USAGE;
         }
@@ -61,18 +61,26 @@ static int step_lengths(const cli_options *o, train_run *r, ag_err *err) {
     }
     r->seq_lens = r->owned_lens;
     r->nsteps = n;
-    long most = 0, total = 0;
-    for (long s = 0; s < n; s++) most = r->seq_lens[s] > most ? r->seq_lens[s] : most, total += r->seq_lens[s];
+    long most = 0;
+    for (long s = 0; s < n; s++) most = r->seq_lens[s] > most ? r->seq_lens[s] : most;
     r->seq_len = most;
-    if (!r->ids) return 0; // meta: no ids
-    int32_t *all = malloc((size_t)(r->batch * total) * sizeof *all), *at = all;
+    return 0;
+}
+
+// --seq-lens: the ids made at the longest length, laid out step by step, each step's rows (every
+// micro-batch's) cut to its own length.
+static int lay_out_steps(train_run *r, ag_err *err) {
+    if (!r->seq_lens || !r->ids) return 0; // meta: no ids
+    long rows = r->batch * cli_micro_batches(r), total = 0;
+    for (long s = 0; s < r->nsteps; s++) total += r->seq_lens[s];
+    int32_t *all = malloc((size_t)(rows * total) * sizeof *all), *at = all;
     if (!all) {
         ag_err_set(err, "out of memory");
         return EXIT_RUN_FAILED;
     }
-    for (long s = 0; s < n; s++)
-        for (long b = 0; b < r->batch; b++, at += r->seq_lens[s])
-            memcpy(at, r->ids + b * most, (size_t)r->seq_lens[s] * sizeof *at);
+    for (long s = 0; s < r->nsteps; s++)
+        for (long b = 0; b < rows; b++, at += r->seq_lens[s])
+            memcpy(at, r->ids + b * r->seq_len, (size_t)r->seq_lens[s] * sizeof *at);
     free(r->ids);
     r->ids = all;
     return 0;
@@ -92,16 +100,22 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     optim_parse_adam_impl(cuda && !cli_given(o, "--adam-impl") ? "foreach" : o->adam_impl, &r->ocfg.adam_impl);
     cli_dtype_optim(&r->dtype, &r->ocfg);
     r->nsteps = o->steps ? o->steps : 1;
+    r->grad_accum = o->grad_accum > 1 ? o->grad_accum : 1;
     r->meta = o->meta;
     r->checkpointing = o->checkpointing;
     r->seed = o->seed;
     r->dump_grads = o->dump_grads != NULL;
     r->save_weights = o->save_weights != NULL;
+    r->saves_adapter = o->save_adapter != NULL;
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
     if (rc == 0) rc = cli_lora_from_options(o, &r->lora, err);
     if (rc == 0) rc = cli_text_prepare(o, &r->text, err);
-    if (rc == 0) rc = cli_make_tokens(o, &r->cfg, &r->text, o->meta, &r->ids, &r->batch, &r->seq_len, err);
-    if (rc == 0 && o->seq_lens) rc = step_lengths(o, r, err);
+    cli_options rows = *o; // every micro-batch's rows, one after the other (the longest of --seq-lens)
+    rows.batch = o->batch * r->grad_accum;
+    if (rc == 0 && o->seq_lens && (rc = step_lengths(o, r, err)) == 0) rows.seq_len = r->seq_len;
+    if (rc == 0) rc = cli_make_tokens(&rows, &r->cfg, &r->text, o->meta, &r->ids, &r->batch, &r->seq_len, err);
+    r->batch = o->batch;
+    if (rc == 0) rc = lay_out_steps(r, err);
     if (rc == 0 && r->seq_len < 2) {
         ag_err_set(err, "a training step needs at least 2 tokens (the loss predicts each next one), not %ld",
                    r->seq_len);
@@ -125,8 +139,64 @@ void cli_train_free(train_run *r) {
     r->steps = NULL;
 }
 
-// One step: forward, backward, optimizer; the gradients are set to none afterwards, as
-// optimizer.zero_grad(set_to_none=True) would at the start of the next step.
+long cli_micro_batches(const train_run *r) { return r->grad_accum > 1 ? r->grad_accum : 1; }
+
+// Micro-batch k of step s: its rows' forward and backward, the loss scaled by 1/K with K of them
+// (the Trainer's loss / gradient_accumulation_steps), the gradients accumulating in .grad. The
+// step's phases run from the first forward to the last forward's end, then to the last
+// backward's end.
+static int micro_batch(train_run *r, ag_ctx *ctx, llama_model *m, const cli_step_hooks *h, long s, long k, double t0,
+                       ag_err *err) {
+    step_record *rec = &r->steps[s];
+    const long K = cli_micro_batches(r);
+    if (h->set_sync) h->set_sync(h->user, k == K - 1);
+    cli_progress(K > 1 ? "step %ld/%ld: forward %ld/%ld" : "step %ld/%ld: forward", s + 1, r->nsteps, k + 1, K);
+    mp_set_phase(MP_PHASE_FORWARD);
+    double f0 = k == 0 ? t0 : now_s(); // step 1's forward time holds its zero_grad, as before
+    llama_forward_opts fo = {.checkpointing = r->checkpointing, .on_part = h->on_part, .user = h->user};
+    long T = r->seq_lens ? r->seq_lens[s] : r->seq_len;
+    const int32_t *ids = r->ids;
+    for (long j = 0; ids && r->seq_lens && j < s; j++) ids += r->batch * K * r->seq_lens[j];
+    if (ids) ids += (size_t)(k * r->batch * T);
+    ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, ids, r->batch, T, err);
+    if (!loss) return -1;
+    float lv = NAN;
+    if (loss->data) ag_tensor_row_f32(loss, 0, &lv);
+    rec->loss += lv / (double)K;
+    if (K > 1) { // loss / K: a tensor of its own, as the Trainer makes it
+        ag_tensor *scaled = ag_scale(ctx, "loss:accumulation_scaled", loss, 1.0f / (float)K);
+        ag_release(loss);
+        if (!(loss = scaled)) {
+            ag_err_set(err, "forward: %s", ag_ctx_error(ctx));
+            return -1;
+        }
+    }
+    cli_saved_by_role(ctx, rec->saved_by_role); // plain malloc: it moves "other" only
+    double t1 = now_s();
+    rec->forward_s += t1 - f0;
+    if (k == K - 1) {
+        rec->events[1] = mp_timeline_count();
+        rec->phases_done = 1;
+    }
+    cli_progress(K > 1 ? "step %ld/%ld: backward %ld/%ld" : "step %ld/%ld: backward", s + 1, r->nsteps, k + 1, K);
+    mp_set_phase(MP_PHASE_BACKWARD);
+    ag_status st = ag_backward(ctx, loss);
+    ag_release(loss);
+    if (st != AG_OK) {
+        ag_err_set(err, "backward: %s", ag_ctx_error(ctx));
+        return -1;
+    }
+    if (h->after_backward && h->after_backward(h->user, err) != 0) return -1;
+    rec->backward_s += now_s() - t1;
+    if (k == K - 1) {
+        rec->events[2] = mp_timeline_count();
+        rec->phases_done = 2;
+    }
+    return 0;
+}
+
+// One step: K micro-batches' forward and backward, the optimizer; the gradients are set to none
+// afterwards, as optimizer.zero_grad(set_to_none=True) would at the start of the next step.
 int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s, const cli_step_hooks *h,
                    ag_err *err) {
     static const cli_step_hooks none = {0};
@@ -143,39 +213,19 @@ int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s
         rec->zero_grad_s = now_s() - t0;
     }
     rec->events[0] = mp_timeline_count();
-    cli_progress("step %ld/%ld: forward", s + 1, r->nsteps);
-    mp_set_phase(MP_PHASE_FORWARD);
-    llama_forward_opts fo = {.checkpointing = r->checkpointing, .on_part = h->on_part, .user = h->user};
-    long T = r->seq_lens ? r->seq_lens[s] : r->seq_len;
-    const int32_t *ids = r->ids;
-    for (long k = 0; ids && r->seq_lens && k < s; k++) ids += r->batch * r->seq_lens[k];
-    ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, ids, r->batch, T, err);
-    if (!loss) return -1;
-    float lv = NAN;
-    if (loss->data) ag_tensor_row_f32(loss, 0, &lv);
-    rec->loss = lv;
-    cli_saved_by_role(ctx, rec->saved_by_role); // plain malloc: it moves "other" only
-    double t1 = now_s();
-    rec->forward_s = t1 - t0;
-    rec->events[1] = mp_timeline_count();
-    rec->phases_done = 1;
-    cli_progress("step %ld/%ld: backward", s + 1, r->nsteps);
-    mp_set_phase(MP_PHASE_BACKWARD);
-    ag_status st = ag_backward(ctx, loss);
-    ag_release(loss);
-    if (st != AG_OK) {
-        ag_err_set(err, "backward: %s", ag_ctx_error(ctx));
-        return -1;
-    }
-    if (h->after_backward && h->after_backward(h->user, err) != 0) return -1;
+    rec->loss = 0;
+    for (long k = 0; k < cli_micro_batches(r); k++)
+        if (micro_batch(r, ctx, m, h, s, k, t0, err) != 0) return -1;
     if (r->dump_grads && r->save && s == r->nsteps - 1 && r->save(r->save_arg, m, true, err) != 0) return -1;
     double t2 = now_s();
-    rec->backward_s = t2 - t1;
-    rec->events[2] = mp_timeline_count();
-    rec->phases_done = 2;
     cli_progress("step %ld/%ld: optimizer", s + 1, r->nsteps);
     mp_set_phase(MP_PHASE_OPTIMIZER);
-    if (optim_step(opt, err) != 0 || (h->after_step && h->after_step(h->user, err) != 0)) return -1;
+    if (h->before_step) h->before_step(h->user);
+    if (optim_step(opt, err) != 0) {
+        mp_set_host(false); // a step in host memory (offload) ends here too
+        return -1;
+    }
+    if (h->after_step && h->after_step(h->user, err) != 0) return -1;
     if (!zero_grad_first) h->zero_grad ? h->zero_grad(h->user) : optim_zero_grad(opt);
     double t3 = now_s();
     rec->optimizer_s = t3 - t2;

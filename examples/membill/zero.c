@@ -60,6 +60,13 @@ static json_t *zero_json(const zero_cmd *t) {
     const train_run *r = &t->r;
     json_t *o = json_object(), *steps = json_array();
     json_object_set_new(o, "stage", json_integer(t->z.stage));
+    json_object_set_new(o, "strategy", json_string(par_strategy_of(t->z.stage, t->z.fsdp)->name));
+    json_object_set_new(o, "fsdp", t->z.fsdp ? json_string(par_fsdp_name(t->z.fsdp)) : json_null());
+    json_object_set_new(o, "offload", t->z.offload ? json_string(par_offload_name(t->z.offload)) : json_null());
+    json_t *host = json_object();
+    for (int c = 0; c < MP_OTHER; c++)
+        json_object_set_new(host, mp_category_name(c), json_integer((json_int_t)t->z.host_peak[c]));
+    json_object_set_new(o, "host", host);
     json_object_set_new(o, "rank", json_integer(par_rank(t->comm)));
     json_object_set_new(o, "ranks", json_integer(par_size(t->comm)));
     json_object_set_new(o, "batch_per_rank", json_integer(r->batch));
@@ -114,6 +121,17 @@ static void text_ranks(FILE *f, const zero_cmd *t) {
                                (uint64_t)jint(json_array_get(t->ranks, k), "categories", cats[c], "peak_bytes")));
         fprintf(f, "\n");
     }
+    for (int c = 0; t->z.offload && c < 5; c++) { // what the host holds, apart from the device's bill
+        char name[40];
+        snprintf(name, sizeof name, "host %s", cats[c]);
+        fprintf(f, "  %-24s", name);
+        for (size_t k = 0; k < n; k++)
+            fprintf(f, " %19s",
+                    cli_commas(
+                        b, sizeof b,
+                        (uint64_t)jint(json_object_get(json_array_get(t->ranks, k), "zero"), "host", cats[c], NULL)));
+        fprintf(f, "\n");
+    }
     fprintf(f, "  %-24s", "total peak");
     for (size_t k = 0; k < n; k++)
         fprintf(f, " %19s",
@@ -158,15 +176,16 @@ static void report_text(FILE *f, const void *arg) {
     const zero_cmd *t = arg;
     const train_run *r = &t->r;
     int N = par_size(t->comm);
-    static const char *const what[] = {"DDP: gradients all-reduced in buckets, every rank holds everything",
-                                       "optimizer state sharded; gradients reduce-scattered, weights all-gathered",
-                                       "gradients sharded too: each rank keeps its shard of each bucket",
-                                       "weights sharded too: each block gathered around its forward and backward"};
-    fprintf(f, "membill train --zero %d: %d rank%s, batch %ld x %ld tokens per rank (%ld rows in all), buckets of %s\n",
-            t->z.stage, N, N > 1 ? "s" : "", r->batch, r->seq_len, r->batch * N,
+    const par_strategy *st = par_strategy_of(t->z.stage, t->z.fsdp);
+    fprintf(f, "membill train, %s: %d rank%s, batch %ld x %ld tokens per rank (%ld rows in all), buckets of %s\n",
+            st->name, N, N > 1 ? "s" : "", r->batch, r->seq_len, r->batch * N,
             mp_format_bytes((char[64]){0}, 64, t->z.bucket_bytes));
-    fprintf(f, "stage %d: %s%s\n", t->z.stage, what[t->z.stage], t->z.stage == 3 ? "" : "");
+    fprintf(f, "%s: %s\n", st->name, st->what);
     if (t->z.stage == 3) fprintf(f, "prefetch: %d unit%s ahead\n", t->z.prefetch, t->z.prefetch == 1 ? "" : "s");
+    if (r->grad_accum > 1) fprintf(f, "gradient accumulation: %ld micro-batches a step\n", r->grad_accum);
+    if (t->z.offload)
+        fprintf(f, "offload: %s in host memory (the host rows below; the device's bill leaves them out)\n",
+                par_offload_name(t->z.offload));
     json_t *loss = json_object_get(json_array_get(t->ranks, 0), "loss");
     double sum = 0;
     size_t n = json_array_size(t->ranks);
@@ -202,6 +221,73 @@ static int save(void *arg, const llama_model *m, bool grads, ag_err *err) {
     return cli_outputs_write(t->outs, "--save-weights", cli_model_writer, &file, err);
 }
 
+static int adapter_weights(FILE *f, void *m, ag_err *err) { return llama_adapter_write_weights(m, f, err); }
+static int adapter_config(FILE *f, void *m, ag_err *err) { return llama_adapter_write_config(m, f, err); }
+
+// --save-adapter on rank 0: both files of the folder, committed with the other outputs.
+static int save_adapter(void *arg, const llama_model *m, ag_err *err) {
+    const zero_cmd *t = arg;
+    if (cli_outputs_write(t->outs, "--save-adapter", adapter_weights, (void *)m, err) != 0) return -1;
+    return cli_outputs_write(t->outs, "--save-adapter " LLAMA_ADAPTER_CONFIG, adapter_config, (void *)m, err);
+}
+
+// Token i of a command line joined with \x1f (NULL past its end), into buf (len bytes).
+static const char *token(const char *line, int i, char *buf, size_t len) {
+    for (int k = 0; k < i && line; k++) line = (line = strchr(line, '\x1f')) ? line + 1 : NULL;
+    if (!line || !*line) return NULL;
+    snprintf(buf, len, "%.*s", (int)strcspn(line, "\x1f"), line);
+    return buf;
+}
+
+// The option (and its value) at token i of a command line, quoted, or "nothing" past its end.
+static void option_at(const char *line, int i, char *out, size_t len) {
+    char t[200], v[200];
+    while (i > 0 && token(line, i, t, sizeof t) && strncmp(t, "--", 2) != 0) i--;
+    if (!token(line, i, t, sizeof t)) {
+        snprintf(out, len, "nothing more");
+        return;
+    }
+    const char *val = token(line, i + 1, v, sizeof v);
+    bool has = val && strncmp(val, "--", 2) != 0;
+    snprintf(out, len, "'%.100s%s%.100s'", t, has ? " " : "", has ? val : "");
+}
+
+static void first_difference(const char *a, const char *b, char *oa, size_t la, char *ob, size_t lb) {
+    char x[200], y[200];
+    int i = 0;
+    for (;; i++) {
+        const char *p = token(a, i, x, sizeof x), *q = token(b, i, y, sizeof y);
+        if (!p || !q || strcmp(p, q) != 0) break;
+    }
+    option_at(a, i, oa, la);
+    option_at(b, i, ob, lb);
+}
+
+// Every rank was started with the same options (mpirun's MPMD form can start them apart): rank 0
+// compares each rank's command line with its own and names the first option that differs.
+static int same_options(zero_cmd *t, ag_err *err) {
+    char mine[8192];
+    size_t at = 0;
+    for (int i = 2; i < t->o->argc && at < sizeof mine; i++)
+        at += (size_t)snprintf(mine + at, sizeof mine - at, "%s\x1f", t->o->argv[i]);
+    char **all = NULL;
+    if (par_gather_text(t->comm, mine, &all, err) != 0) return EXIT_RUN_FAILED;
+    int rc = 0;
+    for (int k = 1; all && k < par_size(t->comm) && !rc; k++)
+        if (strcmp(all[k], all[0]) != 0) {
+            char a[256], b[256];
+            first_difference(all[0], all[k], a, sizeof a, b, sizeof b);
+            ag_err_set(err,
+                       "the ranks run different options: rank 0 has %s, rank %d %s (every rank must run the same "
+                       "command)",
+                       a, k, b);
+            rc = EXIT_RUN_FAILED;
+        }
+    for (int k = 0; all && k < par_size(t->comm); k++) free(all[k]);
+    free(all);
+    return rc;
+}
+
 // This rank's rows of the N x B batch one process would take.
 static int prepare(zero_cmd *t, ag_err *err) {
     int N = par_size(t->comm), rank = par_rank(t->comm);
@@ -213,15 +299,18 @@ static int prepare(zero_cmd *t, ag_err *err) {
     all.batch *= N;
     int rc = cli_train_prepare(&all, &t->r, err);
     if (rc != 0) return rc;
-    long B = t->r.batch / N, T = t->r.seq_len;
-    if (t->r.ids) memmove(t->r.ids, t->r.ids + (size_t)rank * (size_t)(B * T), (size_t)(B * T) * sizeof *t->r.ids);
+    long B = t->r.batch / N, T = t->r.seq_len, rows = B * t->r.grad_accum; // this rank's micro-batches
+    if (t->r.ids)
+        memmove(t->r.ids, t->r.ids + (size_t)rank * (size_t)(rows * T), (size_t)(rows * T) * sizeof *t->r.ids);
     t->r.batch = B;
-    t->z = (cli_zero){(int)t->o->zero, (int)t->o->prefetch_layers, (size_t)t->o->bucket_mb << 20, t->comm, NULL};
+    cli_zero_from_options(t->o, &t->z);
+    t->z.comm = t->comm;
     if (!(t->z.comm_s = calloc((size_t)t->r.nsteps, sizeof *t->z.comm_s))) {
         ag_err_set(err, "out of memory");
         return EXIT_RUN_FAILED;
     }
     if (rank == 0 && t->o->save_weights) t->r.save = save, t->r.save_arg = t;
+    if (rank == 0 && t->o->save_adapter) t->r.save_adapter = save_adapter, t->r.save_arg = t;
     return 0;
 }
 
@@ -252,8 +341,8 @@ static int report(zero_cmd *t, ag_err *err) {
     bool to_stdout = t->o->json && strcmp(t->o->json, "-") == 0;
     if (!t->o->quiet && !to_stdout) report_text(stdout, t);
     char title[256];
-    snprintf(title, sizeof title, "membill train --zero %d: %s, %d ranks, batch %ld x %ld tokens per rank", t->z.stage,
-             t->r.cfg.name, par_size(t->comm), t->r.batch, t->r.seq_len);
+    snprintf(title, sizeof title, "membill train, %s: %s, %d ranks, batch %ld x %ld tokens per rank",
+             par_strategy_of(t->z.stage, t->z.fsdp)->name, t->r.cfg.name, par_size(t->comm), t->r.batch, t->r.seq_len);
     cli_report rep = {title, report_text, t, NULL, NULL, NULL, 0, NULL};
     int rc = cli_outputs_finish(t->o, t->outs, root, &rep, err);
     json_decref(root);
@@ -300,10 +389,13 @@ static int finish_run(zero_cmd *t, int rc, ag_err *err) {
 
 static int run_rank(zero_cmd *t, ag_err *err) {
     bool root = par_rank(t->comm) == 0;
-    int rc = prepare(t, err), worst = 0;
+    int rc = same_options(t, err), worst = 0;
+    ag_err ignored;
+    if (par_max_int(t->comm, rc, &worst, rc ? &ignored : err) != 0 && rc == 0) rc = EXIT_RUN_FAILED;
+    if (rc || worst) return rc ? rc : -worst; // rank 0 says which option differs
+    rc = prepare(t, err);
     // Settings and outputs are checked before anything runs; every rank stops if one cannot start.
     if (rc == 0 && root && cli_outputs_declare(t->o, &t->outs, err) != 0) rc = EXIT_RUN_FAILED;
-    ag_err ignored;
     if (par_max_int(t->comm, rc, &worst, rc ? &ignored : err) != 0 && rc == 0) rc = EXIT_RUN_FAILED;
     if (rc || worst) return rc ? rc : -worst; // another rank's failure: it says why
     if (cli_profiler_start(t->o, t->o->meta) != 0) {
@@ -326,9 +418,10 @@ int cli_train_zero(const cli_options *o) {
     zero_cmd t = {.o = o};
     ag_err err = {""};
     if (!par_mpi_built()) {
-        fprintf(stderr, "membill train: --zero runs a sharded step on MPI ranks and needs the MPI build: configure "
-                        "with cmake -DMEMBILL_MPI=ON (Open MPI: apt-get install libopenmpi-dev openmpi-bin), then "
-                        "mpirun -np N membill train --zero S\n");
+        fprintf(stderr,
+                "membill train: --zero and --fsdp run a sharded step on MPI ranks and need the MPI build: configure "
+                "with cmake -DMEMBILL_MPI=ON (Open MPI: apt-get install libopenmpi-dev openmpi-bin), then "
+                "mpirun -np N membill train --zero S\n");
         return EXIT_USAGE;
     }
     if (par_comm_world(&t.comm, &err) != 0) return fail(&t, EXIT_RUN_FAILED, err.msg);

@@ -34,6 +34,9 @@ static const char *value_for(const char *opt, const char *value) {
     if (strcmp(opt, "--device") == 0) return "cuda";
     if (strcmp(opt, "--memory-fraction") == 0) return "0.5";
     if (strcmp(opt, "--lora-targets") == 0) return "q_proj";
+    if (strcmp(opt, "--fsdp") == 0) return "full-shard";
+    if (strcmp(opt, "--offload") == 0) return "optimizer";
+    if (strcmp(value, "K") == 0) return "2";
     if (strcmp(value, "R") == 0 || strcmp(value, "A") == 0) return "2";
     if (strcmp(value, "P") == 0) return "0.1";
     if (strcmp(value, "SIZE") == 0) return "1GB";

@@ -205,6 +205,103 @@ static void test_ranks_equal_plan(void **state) {
     }
 }
 
+// Each rank's bill equals the plan's simulated rank's (its host memory too), and its teardown is clean.
+static void assert_job_is_plan(json_t *job, const char *common) {
+    char p[4096];
+    snprintf(p, sizeof p, "plan --gpus 2 %.4000s", common);
+    assert_ranks_equal_plan(job, p);
+    json_t *plan = cli_run_json(p), *ranks = json_object_get(job, "ranks");
+    for (size_t k = 0; k < json_array_size(ranks); k++) {
+        json_t *r = json_array_get(ranks, k);
+        assert_rank_clean(r);
+        for (int c = 0; c < 6; c++)
+            assert_int_equal(jpath(json_object_get(r, "zero"), "host", cats[c], NULL),
+                             jpath(plan, "per_gpu", "host", cats[c]));
+    }
+    json_decref(plan);
+}
+
+// LoRA (and QLoRA's NF4 base) under every sharding path, with and without checkpointing, with
+// offload and gradient accumulation: the adapters after two SGD steps on 2 ranks of 2 rows (the
+// first moves B, which starts at zero; the second A too) equal one process's two steps on the 4
+// rows, and each rank's bill is the plan's to the byte.
+static void test_lora_every_path_matches_one_process(void **state) {
+    (void)state;
+    static const char *const paths[] = {"--zero 1",
+                                        "--zero 1 --checkpointing",
+                                        "--zero 2",
+                                        "--zero 2 --checkpointing",
+                                        "--zero 3",
+                                        "--zero 3 --checkpointing --prefetch-layers 0", // the recomputation gathers
+                                        "--fsdp full-shard",
+                                        "--fsdp full-shard --checkpointing --prefetch-layers 0",
+                                        "--zero 3 --base-dtype nf4",
+                                        "--zero 3 --base-dtype nf4 --checkpointing --prefetch-layers 0",
+                                        "--zero 3 --offload optimizer+params --checkpointing",
+                                        "--fsdp shard-grad-op --offload optimizer+params",
+                                        "--zero 2 --offload optimizer --grad-accum 2 --batch 1",
+                                        "--zero 3 --grad-accum 2 --batch 1 --checkpointing"};
+    const char *lora = "--lora-rank 4 --lora-targets all-linear --optimizer sgd";
+    char a[4096], c[2048], ref[512], init[512], got[512];
+    for (int q = 0; q < 2; q++) { // float32 and NF4 bases
+        snprintf(init, sizeof init, "%s/init_%d", dir, q);
+        snprintf(ref, sizeof ref, "%s/one_%d", dir, q);
+        const char *base = q ? " --base-dtype nf4" : "";
+        snprintf(a, sizeof a, "train --config %s --seq-len 16 --batch 4 --threads 1 %s%s --lr 0 --save-adapter %s",
+                 TINY, lora, base, init);
+        json_decref(cli_run_json(a));
+        snprintf(a, sizeof a,
+                 "train --config %s --seq-len 16 --batch 4 --threads 1 %s%s --lr 0.5 --steps 2 "
+                 "--save-adapter %s",
+                 TINY, lora, base, ref);
+        json_decref(cli_run_json(a));
+    }
+    for (size_t k = 0; k < sizeof paths / sizeof paths[0]; k++) {
+        int q = strstr(paths[k], "nf4") != NULL;
+        snprintf(c, sizeof c, "--config %s --seq-len 16 %s%s %s --bucket-mb 1", TINY,
+                 strstr(paths[k], "--batch") ? "" : "--batch 2 ", paths[k], lora);
+        snprintf(got, sizeof got, "%s/got_%zu", dir, k);
+        // The bill without saving (stage 3 gathers every unit to save), then the adapters saved.
+        snprintf(a, sizeof a, "train %s --threads 1 --lr 0.5 --steps 2", c);
+        json_t *job = mpirun_json(2, 120, a);
+        assert_job_is_plan(job, c);
+        json_decref(job);
+        snprintf(a, sizeof a, "train %s --threads 1 --lr 0.5 --steps 2 --save-adapter %s", c, got);
+        job = mpirun_json(2, 120, a);
+        char fa[600], fr[600], fi[600];
+        snprintf(fa, sizeof fa, "%s/adapter_model.safetensors", got);
+        snprintf(fr, sizeof fr, "%s/one_%d/adapter_model.safetensors", dir, q);
+        snprintf(fi, sizeof fi, "%s/init_%d/adapter_model.safetensors", dir, q);
+        double diff, step;
+        size_t skipped, total;
+        weight_diff(fa, fr, fi, NULL, 0, &diff, &step, &skipped, &total);
+        if (diff > 1e-5 * step) print_error("%s: adapters differ by %g (step %g)\n", paths[k], diff, step);
+        assert_true(step > 0);
+        assert_true(diff <= 1e-5 * step);
+        json_decref(job);
+    }
+}
+
+// Ranks started with different options (mpirun's MPMD form): one line from rank 0 naming the
+// option, every rank exits 1, no output written.
+static void test_ranks_disagree(void **state) {
+    (void)state;
+    static run_result r;
+    char a[2048], out[512];
+    snprintf(out, sizeof out, "%s/disagree.json", dir);
+    snprintf(a, sizeof a,
+             "train --zero 2 --config %s --seq-len 16 --lora-rank 8 --json %s : -np 1 %s train --zero 2 --config %s "
+             "--seq-len 16 --lora-rank 4 --json %s",
+             TINY, out, MEMBILL_BIN, TINY, out);
+    mpirun(&r, 1, 60, a);
+    assert_int_equal(r.code, 1);
+    int lines = 0;
+    for (const char *p = r.err; (p = strstr(p, "membill train: ")); p++) lines++;
+    assert_int_equal(lines, 1);
+    assert_non_null(strstr(r.err, "rank 0 has '--lora-rank 8', rank 1 '--lora-rank 4'"));
+    assert_int_equal(access(out, F_OK), -1);
+}
+
 // SmolLM2-135M, stage 3 on 2 ranks: each rank's weights are half the model and the blocks in use,
 // its bill the plan's, its teardown clean.
 static void test_smollm2_stage3(void **state) {
@@ -230,7 +327,7 @@ static void test_bad_input_ends_the_job(void **state) {
     mpirun(&r, 2, 60, "train --zero 2 --config " TINY " --seq-len 16 --threads 1 --budget 100kB --quiet");
     assert_int_equal(r.code, 1);
     assert_non_null(strstr(r.err, "budget"));
-    mpirun(&r, 2, 60, "train --zero 3 --config " TINY " --checkpointing");
+    mpirun(&r, 2, 60, "train --zero 3 --config " TINY " --fsdp full-shard");
     assert_int_equal(r.code, 2);
     mpirun(&r, 2, 60, "train --zero 1 --config /nonexistent/config.json");
     assert_int_not_equal(r.code, 0);
@@ -276,6 +373,8 @@ int main(void) {
 #ifdef MEMBILL_MPIEXEC
         cmocka_unit_test(test_every_stage_matches_one_process),
         cmocka_unit_test(test_ranks_equal_plan),
+        cmocka_unit_test(test_lora_every_path_matches_one_process),
+        cmocka_unit_test(test_ranks_disagree),
         cmocka_unit_test(test_bad_input_ends_the_job),
 #else
         cmocka_unit_test(test_without_mpi),

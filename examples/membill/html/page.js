@@ -520,9 +520,10 @@
     ['id', 'claim', 'expected', 'measured', ''].forEach((h) => head.appendChild(el('th', {}, h)));
     t.appendChild(head);
     for (const c of list) {
-      const tr = el('tr', {class: c.pass ? 'pass' : 'fail'});
+      const state = c.pass === null ? 'na' : c.pass ? 'pass' : 'fail';  // null: not measurable on these weights
+      const tr = el('tr', {class: state});
       tr.append(el('td', {}, c.id), el('td', {}, c.claim), el('td', {}, c.figure), el('td', {}, c.measured_text),
-                el('td', {}, c.pass ? 'pass' : 'FAIL'));
+                el('td', {}, {na: 'n/a', pass: 'pass', fail: 'FAIL'}[state]));
       t.appendChild(tr);
     }
     host.appendChild(t);
