@@ -135,15 +135,9 @@ static mp_status replay_to(replayer *rp, size_t end) {
 }
 
 static void note_phase(cli_device_phase *ph, const cli_device_mark *mk, const mp_cuda_stats *st) {
-    *ph = (cli_device_phase){mk->step,
-                             mk->phase,
-                             mk->seq_len,
-                             st->allocated,
-                             st->reserved,
-                             st->requested,
-                             st->inactive_split,
-                             st->window_allocated_peak,
-                             st->window_reserved_peak};
+    *ph = (cli_device_phase){mk->step,          mk->phase,          mk->seq_len,
+                             st->allocated,     st->reserved,       st->requested,
+                             st->inactive_split, st->window_allocated_peak, st->window_reserved_peak};
 }
 
 // What took reserved to its peak, and the free space of split segments then: the timeline
@@ -282,8 +276,7 @@ static json_t *conf_json(const cli_device *d) {
     json_object_set_new(o, "garbage_collection_threshold", json_real(c->garbage_collection_threshold));
     json_object_set_new(o, "memory_fraction", json_real(c->memory_fraction));
     json_t *div = json_array();
-    for (int i = 0; i < MP_CUDA_ROUNDUP_INTERVALS; i++)
-        json_array_append_new(div, json_integer(c->roundup_power2_divisions[i]));
+    for (int i = 0; i < MP_CUDA_ROUNDUP_INTERVALS; i++) json_array_append_new(div, json_integer(c->roundup_power2_divisions[i]));
     json_object_set_new(o, "roundup_power2_divisions", div);
     return o;
 }
@@ -295,26 +288,20 @@ json_t *cli_device_json(const cli_device *d, const cli_device_result *r) {
     json_object_set_new(o, "name", d->gpu ? json_string(d->gpu->name) : json_null());
     json_object_set_new(o, "product", d->gpu ? json_string(d->gpu->product) : json_null());
     json_object_set_new(o, "total_bytes", d->total ? json_integer((json_int_t)d->total) : json_null());
-    json_object_set_new(o, "total_source",
-                        json_string(d->gpu     ? d->gpu->total_source
-                                    : d->total ? "--device-memory"
-                                               : "no card named"));
+    json_object_set_new(o, "total_source", json_string(d->gpu ? d->gpu->total_source : d->total ? "--device-memory" : "no card named"));
     json_object_set_new(o, "context_bytes", json_integer((json_int_t)d->context));
     json_object_set_new(o, "context_source",
-                        json_string(d->gpu ? d->gpu->context_source
-                                           : "estimate: PyTorch's lazy-loading context, "
-                                             "about 400 MB (pytorch/pytorch#109888)"));
+                        json_string(d->gpu ? d->gpu->context_source : "estimate: PyTorch's lazy-loading context, "
+                                                                      "about 400 MB (pytorch/pytorch#109888)"));
     json_object_set_new(o, "nccl_bytes", json_integer((json_int_t)d->nccl));
     json_object_set_new(o, "cublas_workspace_bytes", json_integer((json_int_t)d->cublas_workspace));
     json_object_set_new(o, "overhead_bytes", json_integer((json_int_t)d->overhead));
-    json_object_set_new(o, "allocator_capacity_bytes",
-                        d->conf.capacity ? json_integer((json_int_t)d->conf.capacity) : json_null());
+    json_object_set_new(o, "allocator_capacity_bytes", d->conf.capacity ? json_integer((json_int_t)d->conf.capacity) : json_null());
     json_object_set_new(o, "allocator_conf", conf_json(d));
     json_object_set_new(o, "allocated_peak_bytes", json_integer((json_int_t)s->allocated_peak));
     json_object_set_new(o, "reserved_peak_bytes", json_integer((json_int_t)s->reserved_peak));
     json_object_set_new(o, "requested_peak_bytes", json_integer((json_int_t)s->requested_peak));
-    json_object_set_new(o, "inactive_split_bytes_at_peak",
-                        json_integer((json_int_t)s->inactive_split_at_reserved_peak));
+    json_object_set_new(o, "inactive_split_bytes_at_peak", json_integer((json_int_t)s->inactive_split_at_reserved_peak));
     json_object_set_new(o, "inactive_split_peak_bytes", json_integer((json_int_t)s->inactive_split_peak));
     json_object_set_new(o, "steady_state_reserved_peak_bytes", json_integer((json_int_t)r->steady_reserved_peak));
     json_object_set_new(o, "segments", json_integer((json_int_t)s->segments));
@@ -361,8 +348,7 @@ static const char *fmt(char *buf, size_t n, uint64_t v) { return mp_format_bytes
 static void text_phases(FILE *f, const cli_device_result *r) {
     char a[64], b[64];
     if (!r->nphases) return;
-    fprintf(f, "    %-6s %-10s %-8s %-36s %s\n", "step", "phase", "tokens", "allocated at its end",
-            "reserved at its end");
+    fprintf(f, "    %-6s %-10s %-8s %-36s %s\n", "step", "phase", "tokens", "allocated at its end", "reserved at its end");
     for (size_t i = 0; i < r->nphases; i++) {
         const cli_device_phase *p = &r->phases[i];
         char step[16] = "-", len[16] = "-";
@@ -417,8 +403,7 @@ void cli_device_text(FILE *f, const cli_device *d, const cli_device_result *r) {
         fprintf(f, "  %s\n", line);
     }
     if (!d->total) return;
-    fprintf(f, "  on the card: reserved %s + CUDA context %s", fmt(a, sizeof a, s->reserved_peak),
-            fmt(b, sizeof b, d->context));
+    fprintf(f, "  on the card: reserved %s + CUDA context %s", fmt(a, sizeof a, s->reserved_peak), fmt(b, sizeof b, d->context));
     if (d->nccl) fprintf(f, " + NCCL %s", fmt(c, sizeof c, d->nccl));
     if (d->overhead) fprintf(f, " + overhead %s", fmt(c, sizeof c, d->overhead));
     fprintf(f, " = %s of %s: %s\n", fmt(c, sizeof c, cli_device_need(d, r)), fmt(e, sizeof e, d->total),

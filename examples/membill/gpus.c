@@ -11,7 +11,7 @@
 
 // A figure read as "X.YZ GiB" in a PyTorch out-of-memory message ("GPU 0 has a total capacity
 // of X.YZ GiB"): that rounding leaves it within 5.4 MB.
-#define GIB_2(x) ((uint64_t)((x)*GIB))
+#define GIB_2(x) ((uint64_t)((x) * GIB))
 
 // The context: cudaMemGetInfo's used memory once PyTorch's first kernel ran, with lazy module
 // loading (CUDA >= 11.7, PyTorch's default). Kernels loaded later (cuBLAS, attention) add to it.
@@ -40,19 +40,16 @@ static const cli_gpu gpus[] = {
      "estimate: 96 GiB of HBM3 less the 550 MiB the driver keeps on an H100 80GB (as h200)", CONTEXT_LAZY,
      CONTEXT_LAZY_SOURCE, false, true},
     {"l4", "NVIDIA L4", 23034 * MIB - 550 * MIB,
-     "estimate: nvidia-smi's 23034 MiB (modal-labs/modal-client#2797) less the 550 MiB the driver keeps on an H100 "
-     "80GB",
+     "estimate: nvidia-smi's 23034 MiB (modal-labs/modal-client#2797) less the 550 MiB the driver keeps on an H100 80GB",
      CONTEXT_LAZY, CONTEXT_LAZY_SOURCE, false, false},
     {"l40s", "NVIDIA L40S", 46068 * MIB - 550 * MIB,
-     "estimate: nvidia-smi's 46068 MiB (modal-labs/modal-client#2797) less the 550 MiB the driver keeps on an H100 "
-     "80GB",
+     "estimate: nvidia-smi's 46068 MiB (modal-labs/modal-client#2797) less the 550 MiB the driver keeps on an H100 80GB",
      CONTEXT_LAZY, CONTEXT_LAZY_SOURCE, false, false},
     {"rtx-6000-ada", "NVIDIA RTX 6000 Ada Generation", 50865307648ULL,
      "public report: torch.cuda.get_device_properties and mem_get_info, 50,865,307,648 bytes "
      "(unslothai/unsloth-zoo#1053)",
-     426 * MIB,
-     "public report: nvidia-smi shows 426 MiB once mem_get_info made the context (unslothai/unsloth-zoo#1053)", true,
-     false},
+     426 * MIB, "public report: nvidia-smi shows 426 MiB once mem_get_info made the context (unslothai/unsloth-zoo#1053)",
+     true, false},
     {"rtx-3090", "NVIDIA GeForce RTX 3090", GIB_2(23.70),
      "public report: PyTorch's OOM message on 8 x RTX 3090, 23.70 GiB total capacity (yandex/YaLM-100B#9)",
      CONTEXT_LAZY, CONTEXT_LAZY_SOURCE, true, false},
@@ -71,8 +68,7 @@ static const cli_gpu gpus[] = {
     {"mi300x", "AMD Instinct MI300X", 192ULL * 1024 * MIB - 550 * MIB,
      "estimate: 192 GiB of HBM3 less 550 MiB as on NVIDIA's cards (ROCm's HIP allocator follows the same caching "
      "rules)",
-     CONTEXT_LAZY, "estimate: as NVIDIA's lazy-loading context (pytorch/pytorch#109888); ROCm's is not reported", false,
-     false},
+     CONTEXT_LAZY, "estimate: as NVIDIA's lazy-loading context (pytorch/pytorch#109888); ROCm's is not reported", false, false},
 };
 
 size_t cli_gpu_count(void) { return sizeof gpus / sizeof gpus[0]; }
@@ -101,7 +97,7 @@ void cli_gpu_list(FILE *f) {
         const cli_gpu *g = &gpus[i];
         fprintf(f, "%-14s %-32s %-34s %s\n", g->name, g->product, mp_format_bytes(a, sizeof a, g->total_bytes),
                 mp_format_bytes(b, sizeof b, g->context_bytes));
-        fprintf(f, "    total: %s%s\n    context: %s\n", g->total_source,
-                g->total_reported ? "" : " (no measured figure found)", g->context_source);
+        fprintf(f, "    total: %s%s\n    context: %s\n", g->total_source, g->total_reported ? "" : " (no measured figure found)",
+                g->context_source);
     }
 }

@@ -54,8 +54,8 @@ int main(int argc, char **argv) {
     int rc = 0;
     if (!o.list && llama_hub_is_id(o.model) && (rc = cli_hub_prepare(&o)) != 0) return rc;
     if ((rc = cli_weight_dtype_auto(&o)) != 0) return rc;
-    static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare,
-                                                      cmd_plan,  cmd_check, cmd_snapshot};
+    static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare, cmd_plan, cmd_check,
+                                                       cmd_snapshot};
     int i = 0;
     while ((1 << i) != (int)cmd->bit) i++;
     rc = run[i](&o);

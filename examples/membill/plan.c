@@ -308,9 +308,24 @@ static int plan_report(const cli_options *o, const plan_setting *s, const plan_b
     if (s->checkpointing) llama_closed_form_checkpointing(&s->cfg, s->batch, s->seq_len, &d, &cf);
     gpu_share g = plan_per_gpu(s, b);
     bool to_stdout = o->json && strcmp(o->json, "-") == 0;
-    plan_view view = {
-        s,           b,     &cf,  &g,           device, f->max_batch, f->max_seq,  f->batch_capped, f->seq_capped,
-        f->smallest, other, devr, !s->seq_lens, o->hub, a->gpus_auto, a->min_gpus, a->suggestions,  a->nsuggestions};
+    plan_view view = {s,
+                      b,
+                      &cf,
+                      &g,
+                      device,
+                      f->max_batch,
+                      f->max_seq,
+                      f->batch_capped,
+                      f->seq_capped,
+                      f->smallest,
+                      other,
+                      devr,
+                      !s->seq_lens,
+                      o->hub,
+                      a->gpus_auto,
+                      a->min_gpus,
+                      a->suggestions,
+                      a->nsuggestions};
     if (!o->quiet && !to_stdout) plan_report_text(stdout, &view);
     json_t *root = plan_report_json(&view);
     char title[256];

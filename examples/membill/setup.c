@@ -31,6 +31,7 @@ static const char *lora_combinations(const cli_options *o, char *buf, size_t len
     return NULL;
 }
 
+bool cli_sharded(const cli_options *o) { return cli_given(o, "--zero") || o->fsdp; }
 // "<what>, which --framework <name> does not have: use --framework <those that do>".
 static const char *framework_lacks(char *buf, size_t len, const char *what, ag_framework_field field,
                                    const char *name) {
@@ -43,8 +44,6 @@ static const char *framework_lacks(char *buf, size_t len, const char *what, ag_f
     return buf;
 }
 
-bool cli_sharded(const cli_options *o) { return cli_given(o, "--zero") || o->fsdp; }
-
 // Every rule that ties two options together, per subcommand. The table has already refused
 // options a subcommand does not take.
 // --device, --gpu and what needs the device (docs/gpu.md).
@@ -55,8 +54,7 @@ static const char *device_combinations(const cli_options *o) {
     if (o->gpu && cli_given(o, "--device-memory"))
         return "--gpu gives the device's memory: --device-memory is for a card that has no name here";
     if (!cuda && (o->cuda_alloc_conf || o->snapshot || cli_given(o, "--memory-fraction")))
-        return "--cuda-alloc-conf, --memory-fraction and --snapshot are the CUDA allocator's: add --device cuda or "
-               "--gpu";
+        return "--cuda-alloc-conf, --memory-fraction and --snapshot are the CUDA allocator's: add --device cuda or --gpu";
     if (cli_given(o, "--memory-fraction") && !o->gpu && !cli_given(o, "--device-memory"))
         return "--memory-fraction is a share of the card's memory: name the card (--gpu or --device-memory)";
     if (o->seq_lens && (o->tokens || o->prompt || o->prompt_file))
@@ -65,8 +63,7 @@ static const char *device_combinations(const cli_options *o) {
     if (o->seq_lens && (cli_sharded(o) || (o->cmd == CLI_PLAN && (o->infer || o->gpus != 1))))
         return "--seq-lens varies one device's training steps: not with --infer, --gpus or --zero";
     if (cuda && o->cmd == CLI_TRAIN && cli_given(o, "--zero"))
-        return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's "
-               "device";
+        return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's device";
     if (o->snapshot && o->cmd == CLI_PLAN && (o->gpus > 1 || cli_given(o, "--zero")))
         return "--snapshot writes one device's whole run: the simulated rank of --gpus or --zero is not written";
     if (o->cmd == CLI_SNAPSHOT && !o->input) return "which snapshot? membill snapshot FILE.pickle";
@@ -79,10 +76,10 @@ bool cli_check_combinations(const cli_options *o) {
     const char *bad = NULL;
     char buf[600];
     bool infer_plan = o->cmd == CLI_PLAN && o->infer;
+    bool hub_id = llama_hub_is_id(o->model);
     ag_framework fw = CLI_DEFAULT_FRAMEWORK;
     cli_parse_framework(o->framework, &fw); // the table allows only known names
     const ag_framework_row *row = ag_framework_row_of(fw);
-    bool hub_id = llama_hub_is_id(o->model);
     if (cli_given(o, "--model") && cli_given(o, "--config"))
         bad = "--model and --config both name a model: give one";
     else if ((o->download || o->offline) && !hub_id)
@@ -142,8 +139,7 @@ bool cli_check_combinations(const cli_options *o) {
     else if (o->offload && o->fsdp && !strcmp(o->offload, "optimizer"))
         bad = "FSDP's CPUOffloadPolicy moves the parameter shards with the optimizer: --offload optimizer+params";
     else if (o->cmd == CLI_PLAN && cli_given(o, "--gpus") && o->gpus == 0 && !o->device_memory && !o->gpu)
-        bad =
-            "--gpus auto looks for the fewest GPUs whose share fits one device: add --device-memory SIZE or --gpu NAME";
+        bad = "--gpus auto looks for the fewest GPUs whose share fits one device: add --device-memory SIZE or --gpu NAME";
     else if (o->cmd == CLI_TRAIN && cli_sharded(o) && o->dump_grads)
         bad = "--dump-grads writes whole gradients, which --zero and --fsdp shard or reduce in buckets: use it "
               "without them";
@@ -159,8 +155,7 @@ bool cli_check_combinations(const cli_options *o) {
     if (!bad) bad = device_combinations(o);
     if (!bad) {
         // Two outputs on stdout would interleave.
-        const char *outs[] = {o->json, o->timeline,   o->svg,          o->trace,
-                              o->html, o->dump_grads, o->save_weights, o->snapshot};
+        const char *outs[] = {o->json, o->timeline, o->svg, o->trace, o->html, o->dump_grads, o->save_weights, o->snapshot};
         int dashes = 0;
         for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) dashes += outs[i] && strcmp(outs[i], "-") == 0;
         if (dashes > 1) bad = "only one output can go to stdout ('-')";

@@ -31,8 +31,7 @@ static int read_file(const char *path, uint8_t **out, size_t *n, ag_err *err) {
         return -1;
     }
     if (!S_ISREG(st.st_mode) || (size_t)st.st_size > MAX_FILE) {
-        ag_err_set(err, "%s: %s", path,
-                   S_ISREG(st.st_mode) ? "larger than 2 GiB: not a snapshot membill reads" : "not a regular file");
+        ag_err_set(err, "%s: %s", path, S_ISREG(st.st_mode) ? "larger than 2 GiB: not a snapshot membill reads" : "not a regular file");
         fclose(f);
         return -1;
     }
@@ -81,9 +80,8 @@ static const char *entry_text(char *buf, size_t n, size_t entry) {
 static void text_device(FILE *f, const snapshot_cmd *c, size_t i) {
     const mp_snapshot_device *d = mp_snapshot_device_at(c->snap, i);
     char a[64], b[64], e[48];
-    fprintf(f,
-            "\n  device %d: %llu segment%s, %zu trace entries (%llu allocations, %llu frees, %llu segments made, %llu "
-            "handed back, %llu out-of-memory)\n",
+    fprintf(f, "\n  device %d: %llu segment%s, %zu trace entries (%llu allocations, %llu frees, %llu segments made, %llu "
+               "handed back, %llu out-of-memory)\n",
             d->device, (unsigned long long)d->segments, d->segments == 1 ? "" : "s", d->trace_entries,
             (unsigned long long)d->allocs, (unsigned long long)d->frees, (unsigned long long)d->segment_allocs,
             (unsigned long long)d->segment_frees, (unsigned long long)d->ooms);
@@ -111,11 +109,9 @@ static void text_device(FILE *f, const snapshot_cmd *c, size_t i) {
 static void text_diff(FILE *f, const char *what, uint64_t snap, uint64_t plan) {
     char a[64], b[64], d[64];
     int64_t diff = (int64_t)snap - (int64_t)plan;
-    fprintf(f, "    %-10s snapshot %s, plan %s: ", what, mp_format_bytes(a, sizeof a, snap),
-            mp_format_bytes(b, sizeof b, plan));
+    fprintf(f, "    %-10s snapshot %s, plan %s: ", what, mp_format_bytes(a, sizeof a, snap), mp_format_bytes(b, sizeof b, plan));
     fprintf(f, "the snapshot %s by %s (%+.2f%% of the plan's)\n", diff >= 0 ? "is higher" : "is lower",
-            mp_format_bytes(d, sizeof d, (uint64_t)(diff < 0 ? -diff : diff)),
-            plan ? 100.0 * (double)diff / (double)plan : 0.0);
+            mp_format_bytes(d, sizeof d, (uint64_t)(diff < 0 ? -diff : diff)), plan ? 100.0 * (double)diff / (double)plan : 0.0);
 }
 
 static void report_text(FILE *f, const void *arg) {
@@ -150,8 +146,7 @@ static json_t *device_json(const snapshot_cmd *c, size_t i) {
     size_t np = mp_snapshot_timeline(c->snap, i, pts, POINTS);
     for (size_t k = 0; k < np; k++) {
         json_t *p = json_object();
-        json_object_set_new(p, "after_entry",
-                            pts[k].entry == SIZE_MAX ? json_null() : json_integer((json_int_t)pts[k].entry));
+        json_object_set_new(p, "after_entry", pts[k].entry == SIZE_MAX ? json_null() : json_integer((json_int_t)pts[k].entry));
         json_object_set_new(p, "time_us", json_integer(pts[k].time_us));
         json_object_set_new(p, "requested_bytes", json_integer((json_int_t)pts[k].requested));
         json_object_set_new(p, "reserved_bytes", json_integer((json_int_t)pts[k].reserved));
@@ -191,8 +186,7 @@ static json_t *report_json(const snapshot_cmd *c) {
         json_t *a = json_object();
         json_object_set_new(a, "file", json_string(c->o->against));
         json_object_set_new(a, "reserved_peak", diff_json(d->reserved_peak_bytes, plan_u64(c, "reserved_peak_bytes")));
-        json_object_set_new(a, "requested_peak",
-                            diff_json(d->requested_peak_bytes, plan_u64(c, "requested_peak_bytes")));
+        json_object_set_new(a, "requested_peak", diff_json(d->requested_peak_bytes, plan_u64(c, "requested_peak_bytes")));
         json_object_set_new(root, "against", a);
     }
     return root;

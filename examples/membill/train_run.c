@@ -36,8 +36,8 @@ int cli_parse_seq_lens(const char *text, long min, long max, long **out, long *n
             x = len <= 9 ? strtol(item, NULL, 10) : -1;
         }
         if (x < min || x > max) {
-            ag_err_set(err, "--seq-lens: item %zu ('%.*s') is not a length from %ld to %ld", k + 1,
-                       (int)(len < 24 ? len : 24), p, min, max);
+            ag_err_set(err, "--seq-lens: item %zu ('%.*s') is not a length from %ld to %ld", k + 1, (int)(len < 24 ? len : 24),
+                       p, min, max);
             free(v);
             return EXIT_USAGE;
         }
