@@ -89,9 +89,11 @@ typedef struct {
             ag_tensor *v;     // for dP; NULL when neither q nor k wants a gradient
             ag_tensor *probs; // [B, Hq, Tq, Tk]
             // PYTORCH (HF eager attention): q is the rope output (B = 1) or the contiguous copy the
-            // score matmul makes of it (B > 1); k and v are NULL, repeat_kv's copies kept instead.
-            ag_tensor *k_rep, *v_rep; // [B, Hq, Tk, D]
-            ag_tensor *scale;         // the float64 scalar that `* scaling` wraps: 8 bytes
+            // score matmul makes of it (B > 1); k and v are NULL, the matmuls' operands kept instead:
+            // [B, Hq, Tk, D] copies (repeat_kv's, the matmuls' own, autocast's casts), or k and v
+            // themselves [B, Tk, Hkv*D] where no copy is made.
+            ag_tensor *k_rep, *v_rep;
+            ag_tensor *scale; // the float64 scalar that `* scaling` wraps: 8 bytes
             // 16 bits (meta mode): the probabilities as `probs @ v` takes them, a 16-bit copy of
             // the float32 softmax (`.to(query.dtype)` in a 16-bit model, autocast's cast); NULL
             // when that is probs itself. k_rep, v_rep and q are then the matmuls' operands.

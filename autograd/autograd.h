@@ -194,9 +194,14 @@ typedef enum { AG_RMSNORM_X_RSTD, AG_RMSNORM_HF, AG_RMSNORM_HF_SQUARES } ag_rmsn
 // Eager attention: one fused op keeping q, k, v and the probabilities (FUSED), or transformers'
 // eager_attention_forward op by op (HF_EAGER): the scores made three times (matmul, * scaling,
 // + mask), the float32 probabilities kept with the 8-byte scaling scalar, q kept as it is (a
-// contiguous copy when batch > 1), k and v repeated to every query head by repeat_kv's copies, the
-// context through bmm and transpose(1, 2).contiguous().
+// contiguous copy when batch > 1), the context through bmm and transpose(1, 2).contiguous().
 typedef enum { AG_ATTENTION_OPS_FUSED, AG_ATTENTION_OPS_HF_EAGER } ag_attention_ops;
+// k and v as HF_EAGER's products take them: READ, the key-value heads in place (the fused op's
+// way); REPEAT_KV, transformers' repeat_kv: copies repeated to every query head when the heads are
+// grouped, the heads themselves when each serves one query head (no grouping: repeat_kv returns
+// its input), the score and context matmuls then making their own contiguous copies when they
+// cannot view them as a batch of matrices (batch > 1).
+typedef enum { AG_KV_READ, AG_KV_REPEAT_KV } ag_kv_heads;
 // Flash attention: the op's own output kept (FUSED), or SDPA's [B, heads, T, D] output kept beside
 // transformers' transposed copy, its operands cast under autocast (SDPA).
 typedef enum { AG_FLASH_FUSED, AG_FLASH_SDPA } ag_flash_ops;
@@ -221,6 +226,7 @@ typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113 } ag_foreach_kind;
     X(bool, leaf_sum_out_of_place)   /* a leaf reached twice: gradients summed out of place */                         \
     X(ag_rmsnorm_saves, rmsnorm)     /* what RMSNorm keeps */                                                          \
     X(ag_attention_ops, attention)   /* eager attention's ops */                                                       \
+    X(ag_kv_heads, kv_heads)         /* k and v as the eager products take them */                                     \
     X(ag_flash_ops, flash)           /* flash attention's ops */                                                       \
     X(bool, flash_available)         /* --attention flash runs (1.13 has no SDPA) */                                   \
     X(ag_loss_ops, loss)             /* the loss's ops */                                                              \
@@ -257,6 +263,11 @@ const ag_framework_row *ag_ctx_framework_row(const ag_ctx *ctx);
 #define AG_FW(row, field) (ag_framework_mark(AG_FWF_##field), (row)->field)
 void ag_framework_mark(ag_framework_field f);
 bool ag_framework_field_read(ag_framework_field f); // read through AG_FW since the process began
+// What the eager attention's products take for k and v under row r (its kv_heads) at batch B with
+// Hq query and Hkv key-value heads: the heads in place, repeat_kv's copies, or the matmuls' own
+// copies (both [B, Hq, Tk, D]). The op, the cached attention and the closed form all ask here.
+typedef enum { AG_KV_IN_PLACE, AG_KV_REPEATED, AG_KV_MATMUL_COPIES } ag_kv_layout;
+ag_kv_layout ag_eager_kv_layout(const ag_framework_row *r, int64_t B, int Hq, int Hkv);
 // A field's name and what it decides, and one row's value of it in words (membill help
 // frameworks); NULL for a field out of range.
 const char *ag_framework_field_name(ag_framework_field f);

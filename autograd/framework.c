@@ -15,6 +15,7 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .leaf_sum_out_of_place = false,
             .rmsnorm = AG_RMSNORM_X_RSTD,
             .attention = AG_ATTENTION_OPS_FUSED,
+            .kv_heads = AG_KV_READ,
             .flash = AG_FLASH_FUSED,
             .flash_available = true,
             .loss = AG_LOSS_FUSED,
@@ -39,6 +40,7 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .leaf_sum_out_of_place = true,
             .rmsnorm = AG_RMSNORM_HF,
             .attention = AG_ATTENTION_OPS_HF_EAGER,
+            .kv_heads = AG_KV_REPEAT_KV,
             .flash = AG_FLASH_SDPA,
             .flash_available = true,
             .loss = AG_LOSS_HF,
@@ -63,6 +65,7 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .leaf_sum_out_of_place = true,
             .rmsnorm = AG_RMSNORM_HF_SQUARES,
             .attention = AG_ATTENTION_OPS_HF_EAGER,
+            .kv_heads = AG_KV_REPEAT_KV,
             .flash = AG_FLASH_SDPA,
             .flash_available = false,
             .loss = AG_LOSS_HF,
@@ -81,6 +84,14 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
 };
 
 const ag_framework_row *ag_framework_row_of(ag_framework f) { return (unsigned)f < AG_NFRAMEWORKS ? &rows[f] : NULL; }
+
+ag_kv_layout ag_eager_kv_layout(const ag_framework_row *r, int64_t B, int Hq, int Hkv) {
+    if (AG_FW(r, kv_heads) == AG_KV_READ) return AG_KV_IN_PLACE;
+    if (Hq > Hkv) return AG_KV_REPEATED; // repeat_kv: expand + reshape copies
+    // repeat_kv returns its input; a matmul views it as a batch of matrices only at batch 1 (its
+    // layout is [B, Tk, heads, D])
+    return B > 1 ? AG_KV_MATMUL_COPIES : AG_KV_IN_PLACE;
+}
 
 // ---- the fields in words ----
 
@@ -114,7 +125,12 @@ static const field_text texts[AG_FW_NFIELDS] = {
                           {"one op: q, k, v and the probabilities kept",
                            "transformers' eager_attention_forward: the scores made three times (matmul, * scaling, "
                            "+ mask), the float32 probabilities and the 8-byte scaling scalar kept, q kept (a "
-                           "contiguous copy when batch > 1), repeat_kv's copies of k and v at every query head kept"}},
+                           "contiguous copy when batch > 1)"}},
+    [AG_FWF_kv_heads] = {"kv_heads",
+                         "k and v as the eager products take them",
+                         {"the key-value heads, read in place",
+                          "repeat_kv: copies at every query head when grouped, kept by the two matmuls; the heads "
+                          "themselves without grouping (the matmuls' own copies when batch > 1)"}},
     [AG_FWF_flash] = {"flash",
                       "flash attention (--attention flash)",
                       {"q, k, v, the output and a float32 log-sum-exp a row kept",

@@ -202,7 +202,8 @@ enum {
     CLI_ROLE_LOGITS,
     CLI_ROLE_LOSS,
     CLI_ROLE_ROPE_COS_SIN,
-    CLI_ROLE_LORA, // an adapter's own tensors (its input dropped out, A's output)
+    CLI_ROLE_LORA,  // an adapter's own tensors (its input dropped out, A's output)
+    CLI_ROLE_CACHE, // k and v that the DynamicCache holds and the attention keeps as they are
     CLI_ROLE_OTHER,
     CLI_NROLES
 };
@@ -253,7 +254,7 @@ typedef struct {
     long batch, seq_len;
     const long *seq_lens; // --seq-lens: step s runs seq_lens[s] tokens (NULL: every step seq_len)
     long *owned_lens;     // the list when cli_train_prepare made it
-    cli_text text; // a prompt's tokenizer and ids
+    cli_text text;        // a prompt's tokenizer and ids
     optim_config ocfg;
     step_record *steps; // nsteps of them
     long nsteps;

@@ -20,14 +20,16 @@ static const char *const role_names[CLI_NROLES] = {"autocast_weight_cast",
                                                    "loss",
                                                    "rope_cos_sin",
                                                    "lora",
+                                                   "cache",
                                                    "other"};
 
 const char *cli_role_name(int role) { return role >= 0 && role < CLI_NROLES ? role_names[role] : "?"; }
 
 static bool has(const char *s, const char *part) { return strstr(s, part) != NULL; }
 
-// By the op's site label (autograd.h: "<prefix>:<what>").
-static int role_of(const char *label) {
+// By the op's site label (autograd.h: "<prefix>:<what>"). cache: the forward's output holds a
+// DynamicCache, so the k (after RoPE) and v that attention keeps as they are are its tensors.
+static int role_of(const char *label, bool cache) {
     if (has(label, ":weight_bf16") || has(label, ":bias_bf16")) return CLI_ROLE_AUTOCAST_WEIGHT_CAST;
     if (!strncmp(label, "embed_tokens:", 13)) return CLI_ROLE_EMBED;
     if (!strncmp(label, "norm:", 5)) return CLI_ROLE_FINAL_NORM;
@@ -39,12 +41,13 @@ static int role_of(const char *label) {
     if (has(label, "layernorm:") || has(label, "q_norm:") || has(label, "k_norm:")) return CLI_ROLE_NORM; // Qwen3's
     if (has(label, "_residual:")) return CLI_ROLE_RESIDUAL;
     if (has(label, ".mlp.")) return CLI_ROLE_MLP;
+    if (cache && (has(label, "self_attn.k_rope:out") || has(label, "self_attn.v_proj:out"))) return CLI_ROLE_CACHE;
     if (has(label, "_rope:")) return CLI_ROLE_ATTN_ROPE;
     if (has(label, "_proj:")) return CLI_ROLE_ATTN_QKV; // q, k, v projections (o_proj's output is not saved)
     if (has(label, ":k_repeated") || has(label, ":v_repeated")) return CLI_ROLE_ATTN_REPEAT_KV;
-    if (has(label, ":probs_bf16")) return CLI_ROLE_ATTN_CONTEXT; // the operand of probs @ v
-    if (has(label, ":probs") || has(label, ":scaling") || has(label, ":q_bmm") || has(label, ":q_bf16") ||
-        has(label, ":k_bf16"))
+    if (has(label, ":probs_bf16") || has(label, ":v_bmm")) return CLI_ROLE_ATTN_CONTEXT; // probs @ v's operands
+    if (has(label, ":probs") || has(label, ":scaling") || has(label, ":q_bmm") || has(label, ":k_bmm") ||
+        has(label, ":q_bf16") || has(label, ":k_bf16"))
         return CLI_ROLE_ATTN_PROBS;
     if (has(label, "self_attn:out") || has(label, ":sdpa_out")) return CLI_ROLE_ATTN_CONTEXT;
     if (has(label, "self_attn:lse")) return CLI_ROLE_ATTN_PROBS; // flash keeps these rows instead
@@ -68,8 +71,10 @@ int cli_saved_by_role(const ag_ctx *ctx, uint64_t bytes[CLI_NROLES]) {
             if (info.saved[j]->block.category == MP_ACTIVATION) all[count++] = info.saved[j];
     }
     qsort(all, count, sizeof *all, cmp_ptr); // a tensor saved by several nodes counts once
+    // (SDPA keeps them as they are too; their roles stay those of the ops that made them)
+    const bool cache = AG_FW(ag_ctx_framework_row(ctx), output_cache) && ag_ctx_attention(ctx) == AG_ATTENTION_EAGER;
     for (size_t i = 0; i < count; i++)
-        if (i == 0 || all[i] != all[i - 1]) bytes[role_of(ag_tensor_name(all[i]))] += all[i]->block.bytes;
+        if (i == 0 || all[i] != all[i - 1]) bytes[role_of(ag_tensor_name(all[i]), cache)] += all[i]->block.bytes;
     free(all);
     return 0;
 }

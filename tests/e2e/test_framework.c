@@ -126,6 +126,14 @@ static void golden_qwen3(void **state) {
     against_golden("qwen3_135m_b1_t128_fp32_forloop", "--adam-impl for-loop");
 }
 
+// Head layouts SmolLM2 has not (a small untied Llama, 4 layers): multi-head attention, where
+// repeat_kv returns k and v as they are (no copy at batch 1; at batch 2 the matmuls copy them).
+static void golden_heads(void **state) {
+    (void)state;
+    against_golden("tiny_mha_b1_t128_fp32_forloop", "--adam-impl for-loop");
+    against_golden("tiny_mha_b2_t64_fp32_forloop", "--adam-impl for-loop");
+}
+
 static void golden_16_bit(void **state) {
     (void)state;
     against_golden("smollm2_135m_b1_t128_bf16_forloop", "--adam-impl for-loop --dtype bf16");
@@ -298,7 +306,8 @@ static void meta_equals_real_smollm2(void **state) {
 int main(void) {
     const struct CMUnitTest quick[] = {
         cmocka_unit_test(golden_fp32_forloop), cmocka_unit_test(golden_fp32_foreach),
-        cmocka_unit_test(golden_16_bit),       cmocka_unit_test(golden_qwen3),
+        cmocka_unit_test(golden_heads),        cmocka_unit_test(golden_16_bit),
+        cmocka_unit_test(golden_qwen3),
         cmocka_unit_test(lean_unchanged),      cmocka_unit_test(meta_equals_real_tiny),
         cmocka_unit_test(same_losses),         cmocka_unit_test(flash_memory_meta),
     };

@@ -110,6 +110,15 @@ SMOLLM2_135M = {
     "tie_word_embeddings": True,
 }
 QWEN3_135M = dict(SMOLLM2_135M, model_type="qwen3", attention_bias=True)
+# A small untied Llama: the head layouts SmolLM2 does not have, whose per-layer figures a 135M
+# model's bill would hide.
+TINY = {
+    "model_type": "llama", "hidden_size": 256, "intermediate_size": 640, "num_hidden_layers": 4,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 8192,
+    "max_position_embeddings": 2048, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
+TINY_MHA = dict(TINY, num_key_value_heads=8)
 SEED = 0
 LR = 1e-5
 THREADS = 2
@@ -131,6 +140,11 @@ def _configs():
     # Qwen3's attention on SmolLM2-135M's shape: q, k, v and o biases, q_norm and k_norm
     out["qwen3_135m_b1_t128_fp32_forloop"] = dict(batch=1, seq_len=128, dtype="float32", autocast=None,
                                                   adam="for-loop", model=QWEN3_135M)
+    tiny = dict(dtype="float32", autocast=None, adam="for-loop")
+    for kind, model in (("mha", TINY_MHA),):
+        for batch, t in ((1, 128), (2, 64)):
+            out["tiny_%s_b%d_t%d_fp32_forloop" % (kind, batch, t)] = dict(tiny, batch=batch, seq_len=t,
+                                                                          model=model)
     return out
 
 
