@@ -199,8 +199,9 @@ typedef enum { AG_ATTENTION_OPS_FUSED, AG_ATTENTION_OPS_HF_EAGER } ag_attention_
 // k and v as HF_EAGER's products take them: READ, the key-value heads in place (the fused op's
 // way); REPEAT_KV, transformers' repeat_kv: copies repeated to every query head when the heads are
 // grouped, the heads themselves when each serves one query head (no grouping: repeat_kv returns
-// its input), the score and context matmuls then making their own contiguous copies when they
-// cannot view them as a batch of matrices (batch > 1).
+// its input) or when there is one key-value head (expand + reshape of a size-1 dimension is a
+// view, stride 0), the score and context matmuls then making their own contiguous copies when
+// they cannot view them as a batch of matrices (batch > 1).
 typedef enum { AG_KV_READ, AG_KV_REPEAT_KV } ag_kv_heads;
 // Flash attention: the op's own output kept (FUSED), or SDPA's [B, heads, T, D] output kept beside
 // transformers' transposed copy, its operands cast under autocast (SDPA).

@@ -87,9 +87,10 @@ const ag_framework_row *ag_framework_row_of(ag_framework f) { return (unsigned)f
 
 ag_kv_layout ag_eager_kv_layout(const ag_framework_row *r, int64_t B, int Hq, int Hkv) {
     if (AG_FW(r, kv_heads) == AG_KV_READ) return AG_KV_IN_PLACE;
-    if (Hq > Hkv) return AG_KV_REPEATED; // repeat_kv: expand + reshape copies
-    // repeat_kv returns its input; a matmul views it as a batch of matrices only at batch 1 (its
-    // layout is [B, Tk, heads, D])
+    // repeat_kv: expand + reshape copies, unless the expanded dimension is one head (its reshape is
+    // then a view, stride 0 along the query heads) or there is none to expand (it returns its input)
+    if (Hq > Hkv && Hkv > 1) return AG_KV_REPEATED;
+    // a matmul views that as a batch of matrices only at batch 1
     return B > 1 ? AG_KV_MATMUL_COPIES : AG_KV_IN_PLACE;
 }
 
@@ -130,7 +131,8 @@ static const field_text texts[AG_FW_NFIELDS] = {
                          "k and v as the eager products take them",
                          {"the key-value heads, read in place",
                           "repeat_kv: copies at every query head when grouped, kept by the two matmuls; the heads "
-                          "themselves without grouping (the matmuls' own copies when batch > 1)"}},
+                          "themselves without grouping or with one key-value head (a view), the matmuls' own copies "
+                          "when batch > 1"}},
     [AG_FWF_flash] = {"flash",
                       "flash attention (--attention flash)",
                       {"q, k, v, the output and a float32 log-sum-exp a row kept",

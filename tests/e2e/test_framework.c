@@ -127,11 +127,14 @@ static void golden_qwen3(void **state) {
 }
 
 // Head layouts SmolLM2 has not (a small untied Llama, 4 layers): multi-head attention, where
-// repeat_kv returns k and v as they are (no copy at batch 1; at batch 2 the matmuls copy them).
+// repeat_kv returns k and v as they are, and one key-value head, whose expand + reshape is a view
+// (no copy at batch 1; at batch 2 the matmuls copy them).
 static void golden_heads(void **state) {
     (void)state;
     against_golden("tiny_mha_b1_t128_fp32_forloop", "--adam-impl for-loop");
     against_golden("tiny_mha_b2_t64_fp32_forloop", "--adam-impl for-loop");
+    against_golden("tiny_mqa_b1_t128_fp32_forloop", "--adam-impl for-loop");
+    against_golden("tiny_mqa_b2_t64_fp32_forloop", "--adam-impl for-loop");
 }
 
 static void golden_16_bit(void **state) {

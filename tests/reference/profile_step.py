@@ -119,6 +119,7 @@ TINY = {
     "tie_word_embeddings": False,
 }
 TINY_MHA = dict(TINY, num_key_value_heads=8)
+TINY_MQA = dict(TINY, num_key_value_heads=1)
 SEED = 0
 LR = 1e-5
 THREADS = 2
@@ -141,7 +142,7 @@ def _configs():
     out["qwen3_135m_b1_t128_fp32_forloop"] = dict(batch=1, seq_len=128, dtype="float32", autocast=None,
                                                   adam="for-loop", model=QWEN3_135M)
     tiny = dict(dtype="float32", autocast=None, adam="for-loop")
-    for kind, model in (("mha", TINY_MHA),):
+    for kind, model in (("mha", TINY_MHA), ("mqa", TINY_MQA)):
         for batch, t in ((1, 128), (2, 64)):
             out["tiny_%s_b%d_t%d_fp32_forloop" % (kind, batch, t)] = dict(tiny, batch=batch, seq_len=t,
                                                                           model=model)
