@@ -146,6 +146,12 @@ def _configs():
         for batch, t in ((1, 128), (2, 64)):
             out["tiny_%s_b%d_t%d_fp32_forloop" % (kind, batch, t)] = dict(tiny, batch=batch, seq_len=t,
                                                                           model=model)
+    # torch.utils.checkpoint around every layer (transformers' gradient_checkpointing_enable()):
+    # what each layer keeps beside its input (the RNG state, the mask, the positions, cos and sin)
+    # at two lengths, so that the mask's T x (T + 1) growth shows
+    for t in (128, 512):
+        out["tiny_gqa_ckpt_b1_t%d_fp32_forloop" % t] = dict(tiny, batch=1, seq_len=t, model=TINY,
+                                                           checkpointing=True)
     return out
 
 
@@ -172,6 +178,7 @@ def run_config(name):
     cfg = L.LlamaConfig(spec.get("model", SMOLLM2_135M))
     model = H.init_weights(H.LlamaForCausalLM(cfg), SEED)
     model.train()
+    model.model.gradient_checkpointing = bool(spec.get("checkpointing"))
     if spec["dtype"] == "bfloat16":
         model.to(torch.bfloat16)
     params = list(model.parameters())
@@ -220,6 +227,8 @@ def run_config(name):
                   "seq_len": spec["seq_len"], "dtype": spec["dtype"],
                   "autocast": spec["autocast"], "adam": spec["adam"], "lr": LR,
                   "threads": THREADS, "seed": SEED}
+    if spec.get("checkpointing"):
+        result_cfg["checkpointing"] = True
     doc = collections.OrderedDict()
     doc["schema"] = "membill-pytorch-step/1"
     doc["config"] = result_cfg
@@ -247,7 +256,8 @@ def _ptr(t):
 
 def _output_ptrs(out):
     ptrs = {"logits": {_ptr(out.logits)}, "cache": set()}
-    for t in out.past_key_values.key_cache + out.past_key_values.value_cache:
+    cache = out.past_key_values  # None under checkpointing (use_cache turned off)
+    for t in (cache.key_cache + cache.value_cache) if cache else ():
         ptrs["cache"].add(_ptr(t))
     return ptrs
 
