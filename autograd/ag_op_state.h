@@ -167,13 +167,16 @@ typedef struct {
     union {
         struct {
             ag_tensor *x;
+            ag_tensor *args[2], *tuple[2]; // what the caller handed over and the framework keeps
+            ag_tensor *rng;                // preserve_rng_state's CPU state (PYTORCH)
         };
-        ag_tensor *saved[1];
+        ag_tensor *saved[6];
     };
     ag_block_fn fn;
-    void *arg; // malloc'd copy of the block's argument; NULL when it has no bytes
+    void *arg;          // malloc'd copy of the block's argument; NULL when it has no bytes
+    unsigned char held; // bits of `saved` the node holds until the graph goes, not just to backward
 } ag_checkpoint_state;
-AG_SAVED_IN_A_ROW(ag_checkpoint_state, x, 1);
+AG_SAVED_IN_A_ROW(ag_checkpoint_state, rng, 6);
 
 // scale: y = s x; nothing saved.
 typedef struct {

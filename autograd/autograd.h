@@ -214,34 +214,47 @@ typedef enum { AG_LOSS_FUSED, AG_LOSS_HF } ag_loss_ops;
 // [T, T + 1] (target length T + 1 without an attention mask), or current transformers' [B, 1, T, T]
 // (a second one for Qwen's sliding layers).
 typedef enum { AG_MASK_NONE, AG_MASK_T_T1, AG_MASK_B_T_T } ag_mask_shape;
+// What a checkpointed layer keeps beside its input, from what its caller hands it (the causal
+// mask, the positions, the rotary tables): NONE, the input alone (nothing else is handed over);
+// SAVED, transformers 4.4x under torch.utils.checkpoint (reentrant): its tensor arguments saved
+// for backward, released once the layer's backward ran, the (cos, sin) tuple kept by the node
+// until the graph goes; HELD, current transformers (GradientCheckpointingLayer): every argument
+// but the input bound in a partial that the node keeps until the graph goes.
+typedef enum { AG_CKPT_ARGS_NONE, AG_CKPT_ARGS_SAVED, AG_CKPT_ARGS_HELD } ag_checkpoint_args_kept;
+// torch.get_rng_state()'s bytes (CPUGeneratorImplState, the same in 1.13 and since): what
+// preserve_rng_state keeps per checkpointed layer.
+#define AG_TORCH_RNG_STATE_BYTES 5056
+
 // torch.optim's foreach Adam: current PyTorch's (eps added in place, lerp_ for exp_avg), or
 // 1.13's (eps added out of place: a second list of temporaries; exp_avg by mul_ and add_).
 typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113 } ag_foreach_kind;
 
 // The fields of a row, in order: X(type, field).
 #define AG_FW_FIELDS(X)                                                                                                \
-    X(const char *, name)            /* --framework NAME, run.framework */                                             \
-    X(const char *, text)            /* the report's line */                                                           \
-    X(const char *, brief)           /* --framework's help */                                                          \
-    X(bool, typed_tensors)           /* each output and gradient has its tensor's dtype */                             \
-    X(bool, leaf_sum_out_of_place)   /* a leaf reached twice: gradients summed out of place */                         \
-    X(ag_rmsnorm_saves, rmsnorm)     /* what RMSNorm keeps */                                                          \
-    X(ag_attention_ops, attention)   /* eager attention's ops */                                                       \
-    X(ag_kv_heads, kv_heads)         /* k and v as the eager products take them */                                     \
-    X(ag_flash_ops, flash)           /* flash attention's ops */                                                       \
-    X(bool, flash_available)         /* --attention flash runs (1.13 has no SDPA) */                                   \
-    X(ag_loss_ops, loss)             /* the loss's ops */                                                              \
-    X(bool, dropout_mask)            /* dropout keeps a one-byte mask */                                               \
-    X(bool, dequantize_whole)        /* a 4-bit base dequantised whole per product */                                  \
-    X(bool, autocast)                /* torch.autocast's casts exist */                                                \
-    X(bool, kv_cache_cat)            /* the KV cache grows by torch.cat */                                             \
-    X(bool, prefill_last_logits)     /* a prefill makes the last position's logits only */                             \
-    X(ag_mask_shape, mask)           /* the causal mask the model makes */                                             \
-    X(bool, rope_tables)             /* cos and sin made once a forward, kept by RoPE */                               \
-    X(bool, output_cache)            /* the forward's output holds a DynamicCache */                                   \
-    X(bool, output_holds_hidden)     /* the base model's output holds the last hidden state */                         \
-    X(ag_foreach_kind, adam_foreach) /* torch.optim's foreach Adam */                                                  \
-    X(bool, zero_grad_first)         /* zero_grad opens the step (the Trainer's loop) */
+    X(const char *, name)                       /* --framework NAME, run.framework */                                  \
+    X(const char *, text)                       /* the report's line */                                                \
+    X(const char *, brief)                      /* --framework's help */                                               \
+    X(bool, typed_tensors)                      /* each output and gradient has its tensor's dtype */                  \
+    X(bool, leaf_sum_out_of_place)              /* a leaf reached twice: gradients summed out of place */              \
+    X(ag_rmsnorm_saves, rmsnorm)                /* what RMSNorm keeps */                                               \
+    X(ag_attention_ops, attention)              /* eager attention's ops */                                            \
+    X(ag_kv_heads, kv_heads)                    /* k and v as the eager products take them */                          \
+    X(ag_flash_ops, flash)                      /* flash attention's ops */                                            \
+    X(bool, flash_available)                    /* --attention flash runs (1.13 has no SDPA) */                        \
+    X(ag_loss_ops, loss)                        /* the loss's ops */                                                   \
+    X(bool, dropout_mask)                       /* dropout keeps a one-byte mask */                                    \
+    X(bool, dequantize_whole)                   /* a 4-bit base dequantised whole per product */                       \
+    X(bool, autocast)                           /* torch.autocast's casts exist */                                     \
+    X(bool, kv_cache_cat)                       /* the KV cache grows by torch.cat */                                  \
+    X(bool, prefill_last_logits)                /* a prefill makes the last position's logits only */                  \
+    X(ag_mask_shape, mask)                      /* the causal mask the model makes */                                  \
+    X(bool, rope_tables)                        /* cos and sin made once a forward, kept by RoPE */                    \
+    X(bool, output_cache)                       /* the forward's output holds a DynamicCache */                        \
+    X(bool, output_holds_hidden)                /* the base model's output holds the last hidden state */              \
+    X(ag_checkpoint_args_kept, checkpoint_args) /* what a checkpointed layer keeps beside its input */                 \
+    X(bool, checkpoint_rng_state)               /* a CPU RNG state kept per checkpointed layer */                      \
+    X(ag_foreach_kind, adam_foreach)            /* torch.optim's foreach Adam */                                       \
+    X(bool, zero_grad_first)                    /* zero_grad opens the step (the Trainer's loop) */
 
 typedef enum {
 #define AG_FW_FIELD_ID(type, field) AG_FWF_##field,
@@ -371,7 +384,9 @@ uint64_t ag_param_storage_bytes(const ag_tensor *param);
 // made by recorded ops then no longer require grad.
 ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss);
 ag_status ag_backward_grad(ag_ctx *ctx, ag_tensor *out, const ag_tensor *grad);
-void ag_tape_clear(ag_ctx *ctx); // drops the tape without backward
+// Drops the tape without backward, and what a backward's nodes left held for the graph's life
+// (ag_checkpoint_with): the loss, and the graph with it, goes.
+void ag_tape_clear(ag_ctx *ctx);
 
 // What the tape holds. saved_bytes counts the activation tensors a node keeps alive for its
 // backward (parameters it refers to are not counted: they live anyway).
@@ -585,3 +600,15 @@ typedef ag_tensor *(*ag_block_fn)(ag_ctx *ctx, const void *arg, ag_tensor *x);
 // With it on, y requires grad (the block's parameters are not known before backward). fn
 // returning NULL in backward fails the backward (with the context's error, else saying so).
 ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg, size_t arg_size, ag_tensor *x);
+// The same for a block that also receives what its caller shares between blocks: tensor
+// arguments (the causal mask, the positions) and a tuple (the rotary tables cos and sin), NULL
+// where there is none. The context's row (checkpoint_args, checkpoint_rng_state) says what the
+// node keeps of them and how long: saved tensors go once the block's backward ran; what the node
+// still holds then stays until the graph goes (ag_tape_clear), as a PyTorch node's attributes
+// stay while the loss that leads to it lives. A CPU RNG state may be kept beside them.
+typedef struct {
+    ag_tensor *tensors[2];
+    ag_tensor *tuple[2];
+} ag_checkpoint_args;
+ag_tensor *ag_checkpoint_with(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg, size_t arg_size,
+                              ag_tensor *x, const ag_checkpoint_args *args);

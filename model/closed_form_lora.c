@@ -192,7 +192,9 @@ void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_
         // the logits, kept by the loss, and their gradient; a float32 log-sum-exp per predicting
         // row; the loss and d(loss)
         w.saved += 2 * BT * V * a + B * (T - 1) * 4 + 2 * a;
-    // With checkpointing the PyTorch frameworks recompute RoPE's angles instead of sharing tables.
+    // Under checkpointing the head's moment here leaves out what the PyTorch frameworks' layers keep
+    // beside their inputs (the rotary tables, the mask and positions, an RNG state each: the row's
+    // checkpoint_args and checkpoint_rng_state); the meta run bills them.
     if (w.tables && !checkpointing) w.saved += 2 * T * D * a;
     out->act_head = w.saved;
     out->checkpointing = checkpointing;

@@ -204,6 +204,7 @@ enum {
     CLI_ROLE_ROPE_COS_SIN,
     CLI_ROLE_LORA,  // an adapter's own tensors (its input dropped out, A's output)
     CLI_ROLE_CACHE, // k and v that the DynamicCache holds and the attention keeps as they are
+    CLI_ROLE_MASK,  // the causal mask and the positions (checkpointed layers keep them)
     CLI_ROLE_OTHER,
     CLI_NROLES
 };

@@ -21,6 +21,7 @@ static const char *const role_names[CLI_NROLES] = {"autocast_weight_cast",
                                                    "rope_cos_sin",
                                                    "lora",
                                                    "cache",
+                                                   "mask",
                                                    "other"};
 
 const char *cli_role_name(int role) { return role >= 0 && role < CLI_NROLES ? role_names[role] : "?"; }
@@ -36,6 +37,7 @@ static int role_of(const char *label, bool cache) {
     if (!strncmp(label, "rotary_emb:", 11)) return CLI_ROLE_ROPE_COS_SIN;
     if (!strncmp(label, "loss:", 5)) return CLI_ROLE_LOSS;
     if (!strncmp(label, "lm_head:", 8)) return CLI_ROLE_LOGITS;
+    if (!strncmp(label, "causal_mask", 11) || !strncmp(label, "cache_position", 14)) return CLI_ROLE_MASK;
     if (strncmp(label, "layers.", 7)) return CLI_ROLE_OTHER;
     if (has(label, ".lora_")) return CLI_ROLE_LORA;
     if (has(label, "layernorm:") || has(label, "q_norm:") || has(label, "k_norm:")) return CLI_ROLE_NORM; // Qwen3's

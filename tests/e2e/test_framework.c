@@ -137,6 +137,15 @@ static void golden_heads(void **state) {
     against_golden("tiny_mqa_b2_t64_fp32_forloop", "--adam-impl for-loop");
 }
 
+// torch.utils.checkpoint (reentrant) around every layer, as transformers 4.4x calls it: each
+// layer keeps a CPU RNG state and its tensor arguments (the causal mask and the positions, until
+// its backward ran) and the rotary tables (until the loss goes), at two lengths.
+static void golden_checkpointing(void **state) {
+    (void)state;
+    against_golden("tiny_gqa_ckpt_b1_t128_fp32_forloop", "--adam-impl for-loop --checkpointing");
+    against_golden("tiny_gqa_ckpt_b1_t512_fp32_forloop", "--adam-impl for-loop --checkpointing");
+}
+
 static void golden_16_bit(void **state) {
     (void)state;
     against_golden("smollm2_135m_b1_t128_bf16_forloop", "--adam-impl for-loop --dtype bf16");
@@ -309,7 +318,8 @@ static void meta_equals_real_smollm2(void **state) {
 int main(void) {
     const struct CMUnitTest quick[] = {
         cmocka_unit_test(golden_fp32_forloop), cmocka_unit_test(golden_fp32_foreach),
-        cmocka_unit_test(golden_heads),        cmocka_unit_test(golden_16_bit),
+        cmocka_unit_test(golden_heads),        cmocka_unit_test(golden_checkpointing),
+        cmocka_unit_test(golden_16_bit),
         cmocka_unit_test(golden_qwen3),
         cmocka_unit_test(lean_unchanged),      cmocka_unit_test(meta_equals_real_tiny),
         cmocka_unit_test(same_losses),         cmocka_unit_test(flash_memory_meta),
