@@ -124,7 +124,7 @@ json_t *cli_breakdown_json(long layers) {
 }
 
 // "2.38 GB": the figure without the exact count, for a line that names several.
-static const char *short_bytes(char *buf, size_t n, uint64_t bytes) {
+const char *cli_short_bytes(char *buf, size_t n, uint64_t bytes) {
     mp_format_bytes(buf, n, bytes);
     char *cut = strstr(buf, " (");
     if (cut) *cut = 0;
@@ -136,8 +136,8 @@ void cli_above_four_copies_text(FILE *f, const char *indent, uint64_t peak, cons
     if (peak <= four) return;
     static cli_site_row rows[MAX_KINDS];
     char a[64], b[64];
-    fprintf(f, "%stotal peak %s is %s above the four copies:", indent, short_bytes(a, sizeof a, peak),
-            short_bytes(b, sizeof b, peak - four));
+    fprintf(f, "%stotal peak %s is %s above the four copies:", indent, cli_short_bytes(a, sizeof a, peak),
+            cli_short_bytes(b, sizeof b, peak - four));
     // The categories beyond the model states, largest first, the first with its largest site
     // (but "other": plain malloc's one site is "malloc").
     int order[MP_NCATEGORIES], n = 0;
@@ -150,13 +150,13 @@ void cli_above_four_copies_text(FILE *f, const char *indent, uint64_t peak, cons
             order[j - 1] = t;
         }
     for (int i = 0; i < n; i++) {
-        fprintf(f, "%s %s %s", i ? "," : "", short_bytes(a, sizeof a, at_peak[order[i]]), mp_category_name(order[i]));
+        fprintf(f, "%s %s %s", i ? "," : "", cli_short_bytes(a, sizeof a, at_peak[order[i]]), mp_category_name(order[i]));
         size_t k = i == 0 && order[i] != MP_OTHER ? cli_breakdown(events, order[i], rows, MAX_KINDS, NULL, 0) : 0;
-        if (k) fprintf(f, " (largest %s, %s)", rows[0].kind, short_bytes(b, sizeof b, rows[0].bytes));
+        if (k) fprintf(f, " (largest %s, %s)", rows[0].kind, cli_short_bytes(b, sizeof b, rows[0].bytes));
     }
     uint64_t states = at_peak[MP_WEIGHT] + at_peak[MP_GRADIENT] + at_peak[MP_OPTIMIZER];
     fprintf(f, "%s held then", n ? "" : " nothing else");
     if (states < four)
-        fprintf(f, ", with the model states %s short of the four copies", short_bytes(a, sizeof a, four - states));
+        fprintf(f, ", with the model states %s short of the four copies", cli_short_bytes(a, sizeof a, four - states));
     fprintf(f, "\n");
 }

@@ -42,6 +42,7 @@ typedef struct {
     long batch, seq_len, gpus, zero; // gpus 0: --gpus auto, not yet resolved
     int fsdp, offload;               // parallel.h's par_fsdp, par_offload
     long grad_accum;                 // micro-batches a step
+    long ep;                         // --ep: the experts split over this many of the gpus (0 or 1: none)
     long bucket_mb, prefetch;        // the simulated rank's buckets and stage 3's prefetch
     optim_config ocfg;
     uint64_t overhead;
@@ -51,11 +52,12 @@ typedef struct {
     bool checkpointing; // training: every block recomputed in backward
     ag_framework framework;
     ag_attention_kind attention;
-    cli_lora lora; // rank 0: every parameter trains
+    cli_lora lora;       // rank 0: every parameter trains
+    cli_routing routing; // a mixture of experts' (the plan's own)
     cli_device dev;
-    long nsteps;          // training steps billed: 2, or --seq-lens' lengths twice
-    long *seq_lens;       // --seq-lens repeated (NULL: every step seq_len)
-    long nlens;           // --seq-lens' own count
+    long nsteps;    // training steps billed: 2, or --seq-lens' lengths twice
+    long *seq_lens; // --seq-lens repeated (NULL: every step seq_len)
+    long nlens;     // --seq-lens' own count
 } plan_setting;
 
 // One device's share: model states as ZeRO shards them (stage 1 the optimizer state, 2 also
@@ -130,3 +132,6 @@ long plan_cache_tokens(const plan_setting *s);
 const char *plan_weight_dtype_name(const cli_dtype *d);
 void plan_report_text(FILE *out, const void *arg);
 json_t *plan_report_json(const plan_view *v);
+
+// Expert parallelism: the bytes a rank's all-to-alls send in a training step (plan_report.c).
+uint64_t plan_all_to_all_bytes(const plan_setting *s);
