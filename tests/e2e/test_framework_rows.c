@@ -198,8 +198,32 @@ static void help_table_follows_the_rows(void **state) {
     }
 }
 
+// docs/frameworks.md holds `membill help frameworks --markdown`'s table as the rows print it now.
+static void docs_hold_the_table(void **state) {
+    (void)state;
+    FILE *doc = fopen(MEMBILL_FRAMEWORKS_DOC, "r");
+    assert_non_null(doc);
+    char *text = NULL;
+    size_t cap = 0;
+    assert_true(getdelim(&text, &cap, '\0', doc) > 0);
+    fclose(doc);
+    char *table = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&table, &len);
+    assert_non_null(f);
+    cli_frameworks_help(f, true);
+    assert_int_equal(fclose(f), 0);
+    if (!strstr(text, table))
+        print_error("%s: its table is not the rows' (write it again: membill help frameworks --markdown)\n",
+                    MEMBILL_FRAMEWORKS_DOC);
+    assert_non_null(strstr(text, table));
+    free(table);
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(docs_hold_the_table),
         cmocka_unit_test(every_row_is_described),
         cmocka_unit_test(help_table_follows_the_rows),
         cmocka_unit_test(every_field_is_read),
