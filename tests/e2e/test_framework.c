@@ -267,6 +267,11 @@ static void meta_equals_real_tiny(void **state) {
     meta_equals_real_at(a);
     snprintf(a, sizeof a, "--config %s --seq-len 70 --batch 2 --attention flash", cfg);
     meta_equals_real_at(a);
+    // checkpointed layers and what each keeps beside its input (Qwen2's: the sliding layer's own mask)
+    snprintf(a, sizeof a, "--config %s --seq-len 9 --checkpointing", cfg);
+    meta_equals_real_at(a);
+    snprintf(a, sizeof a, "--config %s/tiny_qwen2/config.json --seq-len 9 --checkpointing", MEMBILL_GOLDEN_DIR);
+    meta_equals_real_at(a);
     // the families: biases, q/k norms, windows (masks of both kinds; flash's past the window)
     const char *families[] = {"tiny_qwen2", "tiny_qwen3", "tiny_mistral"};
     for (int i = 0; i < 3; i++)
