@@ -11,7 +11,7 @@ void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, 
                    V = (uint64_t)c->vocab, D = (uint64_t)c->head_dim, hq = (uint64_t)c->heads,
                    hkv = (uint64_t)c->kv_heads, L = (uint64_t)c->layers;
     const uint64_t BT = B * T, a = d->activation, f32 = 4;
-    out->params = llama_param_count(c);
+    out->params = out->grad_params = out->state_params = llama_param_count(c);
     out->weights = out->params * d->weight;
     out->gradients = out->params * d->gradient;
     out->optimizer = out->params * d->optimizer;
@@ -96,6 +96,14 @@ void llama_closed_form_checkpointing(const llama_config *c, int64_t batch, int64
     out->activations =
         out->act_block_inputs + (out->act_head_moment > out->act_recompute ? out->act_head_moment : out->act_recompute);
     out->closed = out->moe_blocks == 0; // a sparse block's recomputation and backward are not closed
+}
+
+int llama_closed_form_routing(const llama_config *c, const llama_routing *r, int64_t tokens, int64_t steps,
+                              int64_t accum, const llama_dtype_bytes *d, llama_closed_form *out, ag_err *err) {
+    if (llama_routing_trained(r, c, tokens, steps, accum, &out->grad_params, &out->state_params, err) != 0) return -1;
+    out->gradients = out->grad_params * d->gradient;
+    out->optimizer = out->state_params * d->optimizer;
+    return 0;
 }
 
 void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq, uint64_t optimizer_bytes_per_param,

@@ -664,6 +664,12 @@ int llama_routing_add(llama_routing *r, int64_t forward, int64_t layer, int64_t 
 // layers, experts and top-k), every count checked.
 int llama_routing_write(const llama_routing *r, FILE *f, ag_err *err);
 int llama_routing_load(llama_routing **out, const char *path, const llama_config *c, ag_err *err);
+// The parameters training's gradients and optimizer state cover under a routing: all but the
+// routed experts no token reaches (their .grad stays none, so Adam keeps no state for them).
+// steps of accum forwards each, tokens routed in each; most: the most one step's gradients
+// cover; any: those some step's cover (the optimizer's state). P for a dense config.
+int llama_routing_trained(const llama_routing *r, const llama_config *c, int64_t tokens, int64_t steps, int64_t accum,
+                          uint64_t *most, uint64_t *any, ag_err *err);
 
 // What a model's sparse layers share during a run.
 typedef struct {
@@ -872,6 +878,9 @@ typedef struct {
     int64_t moe_blocks;
     uint64_t act_moe_delta, act_shared_saved, act_experts_moment;
     bool closed;
+    // The parameters with a gradient (the most one step has) and with optimizer state: params,
+    // unless llama_closed_form_routing found routed experts no token reaches.
+    uint64_t grad_params, state_params;
 } llama_closed_form;
 
 // Float32 throughout; checkpointing: every block under ag_checkpoint (llama_forward_opts).
@@ -890,6 +899,10 @@ void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, 
 // Turns a closed form from llama_closed_form_dtype into flash attention's (call it before
 // llama_closed_form_checkpointing): the probabilities out of each block, the log-sum-exp in.
 void llama_closed_form_flash(const llama_config *c, int64_t batch, int64_t seq, llama_closed_form *out);
+// Turns gradients and optimizer into a routing's (llama_routing_trained: steps of accum forwards
+// of tokens each): an expert no token reached has neither.
+int llama_closed_form_routing(const llama_config *c, const llama_routing *r, int64_t tokens, int64_t steps,
+                              int64_t accum, const llama_dtype_bytes *d, llama_closed_form *out, ag_err *err);
 // Turns a closed form from llama_closed_form_dtype (the same arguments) into the one with
 // checkpointing: sets checkpointing, act_block_inputs, act_head_moment, act_recompute and
 // activations; the other fields stay.

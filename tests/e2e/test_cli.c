@@ -333,6 +333,36 @@ static void test_plan_closed_form_sweep(void **state) {
             }
 }
 
+// An expert no token reached gets no gradient and no optimizer state: the closed form counts
+// the parameters each routing reaches, as the meta run bills them.
+static void test_plan_closed_form_routing(void **state) {
+    (void)state;
+    static const struct {
+        const char *args;
+        bool idle; // some expert gets no token
+    } runs[] = {
+        {"--model qwen3-30b-a3b --seq-len 64 --routing worst", true},
+        {"--model qwen3-30b-a3b --seq-len 64", false},
+        {"--model qwen3-30b-a3b --seq-len 8", true}, // balanced, 8 x 8 pairs for 128 experts
+        {"--model qwen3-30b-a3b --seq-len 8 --grad-accum 2", true},
+        {"--model mixtral-8x7b --seq-len 16 --routing worst --dtype bf16-mixed", true},
+        {"--model qwen1.5-moe-a2.7b --seq-len 16 --routing worst --optimizer sgd-momentum", true},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        char a[256];
+        snprintf(a, sizeof a, "%s --framework lean", runs[i].args);
+        json_t *root = plan_json(a);
+        json_int_t p = jint(root, "closed_form", "parameters"),
+                   g = jint(root, "closed_form", "parameters_with_gradient"),
+                   st = jint(root, "closed_form", "parameters_with_state");
+        assert_int_equal(cat_peak(root, "gradient"), jint(root, "closed_form", "gradient"));
+        assert_int_equal(cat_peak(root, "optimizer"), jint(root, "closed_form", "optimizer"));
+        assert_true(g <= st && st <= p);
+        assert_int_equal(st < p, runs[i].idle);
+        json_decref(root);
+    }
+}
+
 static void test_plan_zero_and_fit(void **state) {
     (void)state;
     json_t *root = plan_json("--model llama-2-70b --gpus 8 --zero 3");
@@ -1010,6 +1040,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_budget_stops_the_run),
         cmocka_unit_test(test_plan_closed_form_sweep),
+        cmocka_unit_test(test_plan_closed_form_routing),
         cmocka_unit_test(test_plan_zero_and_fit),
         cmocka_unit_test(test_plan_dtype_bytes_per_param),
         cmocka_unit_test(test_plan_zero_formulas),

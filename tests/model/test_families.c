@@ -252,6 +252,33 @@ static void test_routing(void **state) {
     assert_int_equal(llama_routing_counts(r, 0, 0, 12, 4, 2, count, &err), -1);
     TU_MENTIONS(err.msg, "routed 10 tokens", "this run has 12");
     llama_routing_free(r);
+    // What trains: forward 0 leaves layer 0's experts 2 and 3 idle, forward 1 its 0 and 3
+    assert_int_equal(llama_routing_new(&r, LLAMA_ROUTING_MEASURED, &err), 0);
+    for (int64_t fw = 0; fw < 2; fw++)
+        for (int64_t l = 0; l < 4; l++)
+            assert_int_equal(llama_routing_add(r, fw, l, 10, 4, 2,
+                                               l    ? (const int64_t[]){5, 5, 5, 5}
+                                               : fw ? (const int64_t[]){0, 10, 10, 0}
+                                                    : (const int64_t[]){10, 10, 0, 0},
+                                               &err),
+                             0);
+    f = fopen(path, "w");
+    assert_int_equal(llama_routing_write(r, f, &err), 0);
+    fclose(f);
+    llama_routing_free(r);
+    assert_int_equal(llama_routing_load(&r, path, &c, &err), 0);
+    const uint64_t P = llama_param_count(&c), expert = 3 * 64 * 96;
+    uint64_t most, any;
+    assert_int_equal(llama_routing_trained(r, &c, 10, 2, 1, &most, &any, &err), 0); // two steps
+    assert_int_equal(most, P - 2 * expert);
+    assert_int_equal(any, P - expert);
+    assert_int_equal(llama_routing_trained(r, &c, 10, 1, 2, &most, &any, &err), 0); // one step of two
+    assert_true(most == P - expert && any == P - expert);
+    assert_int_equal(llama_routing_trained(r, &c, 10, 3, 1, &most, &any, &err), -1);
+    TU_MENTIONS(err.msg, "no routing for forward 2", "routing.json");
+    llama_routing_free(r);
+    assert_int_equal(llama_routing_trained(NULL, &c, 1, 1, 1, &most, &any, &err), 0); // balanced: 2 pairs
+    assert_true(most == P - 2 * 4 * expert && any == most);
     const struct {
         const char *json, *want1, *want2;
     } bad[] = {
