@@ -129,6 +129,18 @@ typedef struct {
 } ag_silu_state;
 AG_SAVED_IN_A_ROW(ag_silu_state, x, 1);
 
+// softcap: y = c tanh(x / c); backward reads y (LEAN) or tanh's output (PYTORCH).
+typedef struct {
+    union {
+        struct {
+            ag_tensor *y, *tanh; // one of them, the other NULL
+        };
+        ag_tensor *saved[2];
+    };
+    float c;
+} ag_softcap_state;
+AG_SAVED_IN_A_ROW(ag_softcap_state, tanh, 2);
+
 // mul: y = a * b.
 typedef struct {
     union {
@@ -306,6 +318,7 @@ typedef union {
     ag_attention_state attention;
     ag_attention_flash_state attention_flash;
     ag_silu_state silu;
+    ag_softcap_state softcap;
     ag_mul_state mul;
     ag_cross_entropy_state cross_entropy;
     ag_checkpoint_state checkpoint;

@@ -460,6 +460,12 @@ bool ag_rope_tables_f(ag_ctx *ctx, const char *site, int64_t T, int hd, const ag
 // transients (the two products, -x2 and the cat); the node keeps cos and sin.
 ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, ag_tensor *cos, ag_tensor *sin);
 ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x);
+// y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x³))): PyTorch's gelu(approximate="tanh"); keeps x.
+ag_tensor *ag_gelu_tanh(ag_ctx *ctx, const char *site, ag_tensor *x);
+// y = c tanh(x / c), c > 0: logit soft-capping (Gemma 2's final logits). LEAN keeps y; the
+// PyTorch frameworks bill transformers' x / c (freed at once) and keep tanh's output
+// ("<prefix>:tanh").
+ag_tensor *ag_softcap(ag_ctx *ctx, const char *site, ag_tensor *x, float c);
 // y = s x (a constant factor: LoRA's alpha / r); saves nothing.
 ag_tensor *ag_scale(ag_ctx *ctx, const char *site, ag_tensor *x, float s);
 // Training-mode dropout (nn.Dropout(p)): y = x m / (1 - p), element i kept with probability
