@@ -55,6 +55,7 @@ typedef struct {
         ag_tensor *saved[5];
     };
     int64_t rows, hidden;
+    float offset; // the weight applied as offset + w (Gemma's 1 + w), 0 otherwise
 } ag_rmsnorm_state;
 AG_SAVED_IN_A_ROW(ag_rmsnorm_state, sq, 5);
 

@@ -407,6 +407,8 @@ ag_tensor *ag_embedding_padded(ag_ctx *ctx, const char *site, const int32_t *ids
 // y = x * rsqrt(mean(x², last dim) + eps) * w, as HF LlamaRMSNorm; x[..., H], w[H]. A w[D]
 // with D dividing H normalises each D-slice on its own (per-head norms: x[..., heads * D]).
 ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps);
+// The same with the weight applied as offset + w: Gemma's RMSNorm, x * rstd * (1 + w) in float32.
+ag_tensor *ag_rmsnorm_offset(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps, float offset);
 // RoPE's frequencies. The default (inv_freq NULL): inv_freq[i] = 1 / theta^(2i/hd). A scaled
 // RoPE (transformers' rope_scaling: linear, llama3, yarn...) hands its own inv_freq[hd/2], which
 // must stay alive as long as any op made with it (backward recomputes the angles), and yarn a

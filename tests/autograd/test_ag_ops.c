@@ -251,6 +251,35 @@ static void test_rmsnorm(void **state) {
     ag_release(w);
 }
 
+static ag_tensor *g_rmsnorm_plus_one(ag_ctx *ctx, ag_tensor **in, const void *arg) {
+    (void)arg;
+    return ag_rmsnorm_offset(ctx, "t.norm", in[0], in[1], 1e-5f, 1.0f);
+}
+
+// Gemma's norm: the weight applied as 1 + w, under both frameworks.
+static void test_rmsnorm_offset(void **state) {
+    ag_ctx *ctx = ag_fixture_ctx(state);
+    ag_tensor *x = ag_test_const(ctx, 3, (int64_t[]){2, 3, 6}, "x", 9);
+    x->requires_grad = true;
+    ag_tensor *w = ag_test_param(ctx, 1, (int64_t[]){6}, "w", 10);
+    float w1[6];
+    for (int j = 0; j < 6; j++) w1[j] = 1.0f + ag_f32(w)[j];
+    for (int f = 0; f < 2; f++) {
+        ag_ctx_set_framework(ctx, f ? AG_FRAMEWORK_PYTORCH : AG_FRAMEWORK_LEAN);
+        ag_tensor *y = ag_rmsnorm_offset(ctx, "t.norm", x, w, 1e-5f, 1.0f);
+        double ref[36];
+        rms_reference(ref, x->data, w1, 6, 6);
+        assert_true(ag_max_diff(y->data, ref, 36) < 1e-5);
+        ag_release(y);
+        ag_tape_clear(ctx);
+        ag_tensor *in[] = {x, w};
+        ag_fd_check(ctx, g_rmsnorm_plus_one, NULL, 2, in);
+    }
+    ag_ctx_set_framework(ctx, AG_FRAMEWORK_LEAN);
+    ag_release(x);
+    ag_release(w);
+}
+
 // Per-head: w[3] over x[..., 2 * 3], each head's slice normalised on its own (Qwen3's q_norm),
 // under both frameworks; a weight that does not divide the last dimension is refused.
 static void test_rmsnorm_per_head(void **state) {
@@ -532,6 +561,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tied_embedding, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_rmsnorm, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_rmsnorm_per_head, ag_setup, ag_teardown),
+        cmocka_unit_test_setup_teardown(test_rmsnorm_offset, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_rope, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_silu, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_gelu_tanh_softcap, ag_setup, ag_teardown),
