@@ -86,7 +86,10 @@ typedef struct {
     union {
         struct {
             ag_tensor *q;     // for dk; NULL when k wants no gradient
-            ag_tensor *k;     // for dq; NULL when q wants no gradient
+            union {
+                ag_tensor *k;    // for dq; NULL when q wants no gradient
+                ag_tensor *tanh; // PYTORCH (k_rep kept instead of k), a soft-cap: tanh's output, TanhBackward's
+            };
             ag_tensor *v;     // for dP; NULL when neither q nor k wants a gradient
             ag_tensor *probs; // [B, Hq, Tq, Tk]
             // PYTORCH (HF eager attention): q is the rope output (B = 1) or the contiguous copy the

@@ -450,6 +450,17 @@ ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_t
                                int D, int64_t window);
 ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
                                      int Hkv, int D, int64_t window);
+// What else an attention may take (Gemma 2): the window, the scale on Q Kᵀ (0: 1/sqrt(D); Gemma's
+// query_pre_attn_scalar^-1/2) and the scores' soft-cap, softcap tanh(S / softcap) before the mask
+// and the softmax (0: none). Eager only: LEAN's fused op recomputes a head's scores in backward
+// for the cap's derivative (a [Tq, Tk] float32 block, "<prefix>:capped_scores"); transformers'
+// eager ops add S / softcap (freed) and tanh's output, kept. Flash refuses a scale or a cap.
+typedef struct {
+    int64_t window;
+    float scale, softcap;
+} ag_attention_spec;
+ag_tensor *ag_attention_spec_run(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                                 int D, const ag_attention_spec *spec);
 // HF's LlamaRotaryEmbedding: cos and sin [1, T, hd] of positions pos0 .. pos0+T-1 (need no
 // gradient), made once per forward and shared by every layer's ag_rope_cs. Both are new tensors
 // owned by the caller ("<prefix>:cos", "<prefix>:sin"); false with the error set.
