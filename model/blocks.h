@@ -12,11 +12,15 @@ void llama_projs_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, int n, co
                          ag_tensor **out);
 // "layers.<i>.<what>": the site prefix of an op inside block i.
 const char *llama_site(char buf[96], int64_t i, const char *what);
+// The config's RMSNorm of x (x stays the caller's): Gemma's weight as 1 + w.
+ag_tensor *llama_norm(ag_ctx *ctx, const llama_config *c, const char *site, ag_tensor *x, ag_tensor *w);
 // The attention half's two ends, shared by training and generation. llama_qkv: q, k, v of
-// norm(x) (x stays the caller's). llama_attention_out: x + o_proj(a), taking ownership of x and a.
+// norm(x) (x stays the caller's). llama_attention_out: x + o_proj(a) (Gemma 2: x + norm(o_proj(a))),
+// taking ownership of x and a.
 void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i, ag_tensor **q,
                ag_tensor **k, ag_tensor **v);
-ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_layer *L, ag_tensor *x, ag_tensor *a, int64_t i);
+ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, ag_tensor *a,
+                               int64_t i);
 // x[B, T, H] -> x + down(silu(gate(norm(x))) * up(norm(x))); takes ownership of x. Records on
 // the tape in grad mode, not otherwise.
 ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);

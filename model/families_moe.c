@@ -136,11 +136,71 @@ int llama_qwen3_moe_fields(llama_config *c, const json_t *root, const char *path
 // The families whose parameter tables are known but whose forward is not modelled yet: the
 // fields their shapes take, nothing else (the family is refused as a whole).
 
-// Gemma2Config and Gemma3TextConfig: norms before and after the MLP; gemma3's q_norm and k_norm.
+// A soft-cap: a positive number, or null for none; absent: dflt.
+static int softcap_field(const json_t *root, const char *path, const char *field, double dflt, double *out,
+                         ag_err *err) {
+    const json_t *v = json_object_get(root, field);
+    *out = v && json_is_null(v) ? 0.0 : dflt;
+    if (llama_json_number(root, path, field, out, err) < 0) return -1;
+    if (!(*out >= 0.0 && *out <= 1e6) || (v && !json_is_null(v) && *out == 0.0)) {
+        ag_err_set(err, "%s: field %s (%g) must be a positive number up to 1e6, or null for none", path, field, *out);
+        return -1;
+    }
+    return 0;
+}
+
+// Gemma 2's sliding layers: every other one, the first sliding (Gemma2Config's layer_types); a
+// layer_types given must be that pattern.
+static int gemma2_layers(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    c->window_from = 0, c->window_period = 2;
+    if (llama_window_field(root, path, 4096, true, &c->sliding_window, err) != 0) return -1;
+    if (c->sliding_window == 0) c->window_period = 0; // null: no layer slides
+    const json_t *lt = json_object_get(root, "layer_types");
+    if (!lt || json_is_null(lt)) return 0;
+    for (size_t i = 0; json_is_array(lt) && i < json_array_size(lt); i++) {
+        const char *t = json_string_value(json_array_get(lt, i)),
+                   *want = i % 2 ? "full_attention" : "sliding_attention";
+        if (!t || strcmp(t, want) != 0) {
+            ag_err_set(err,
+                       "%s: field layer_types[%zu] must be \"%s\" (Gemma 2 alternates sliding and full layers, the "
+                       "first sliding; another pattern is not modelled)",
+                       path, i, want);
+            return -1;
+        }
+    }
+    if (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->layers) {
+        ag_err_set(err, "%s: field layer_types must be an array of num_hidden_layers (%lld) strings", path,
+                   (long long)c->layers);
+        return -1;
+    }
+    return 0;
+}
+
+// Gemma2Config: the norms around each sub-block, (1 + w) norms, GeLU-tanh, the embeddings scaled,
+// query_pre_attn_scalar (256), the scores and the logits soft-capped (50 and 30), sliding layers
+// alternating with full ones (4096). Gemma3TextConfig (not modelled yet): its table's q_norm and
+// k_norm.
 int llama_gemma_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
     c->ff_norms = true;
     c->qk_norm = c->family == LLAMA_FAMILY_GEMMA3;
-    return llama_attention_bias(c, root, path, err);
+    if (llama_attention_bias(c, root, path, err) != 0) return -1;
+    if (c->family != LLAMA_FAMILY_GEMMA2) return 0;
+    c->norm_offset = 1.0f, c->gelu = true, c->embed_scale = true, c->query_scalar = 256.0;
+    const json_t *act = json_object_get(root, "hidden_activation");
+    if (act && !json_is_null(act) &&
+        (!json_is_string(act) || strcmp(json_string_value(act), "gelu_pytorch_tanh") != 0)) {
+        ag_err_set(err, "%s: field hidden_activation must be \"gelu_pytorch_tanh\" (Gemma 2's MLP)", path);
+        return -1;
+    }
+    if (llama_json_number(root, path, "query_pre_attn_scalar", &c->query_scalar, err) < 0) return -1;
+    if (!(c->query_scalar >= 1e-6 && c->query_scalar <= 1e12)) {
+        ag_err_set(err, "%s: field query_pre_attn_scalar (%g) must be a positive number", path, c->query_scalar);
+        return -1;
+    }
+    if (softcap_field(root, path, "attn_logit_softcapping", 50.0, &c->attn_softcap, err) != 0 ||
+        softcap_field(root, path, "final_logit_softcapping", 30.0, &c->final_softcap, err) != 0)
+        return -1;
+    return gemma2_layers(c, root, path, err);
 }
 
 // Phi3Config: qkv_proj and gate_up_proj fused.

@@ -59,7 +59,7 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
                                               llama_layer_window(c, i));
     REL(qr);
     if (!g->kv) ag_kv_cache_free(kv);
-    return llama_attention_out(ctx, L, x, a, i);
+    return llama_attention_out(ctx, c, L, x, a, i);
 }
 
 // x[B, t, H] -> x[B, 1, H], its last position; takes ownership of x.
@@ -189,6 +189,11 @@ static int check_mask(const int32_t *mask, int64_t B, int64_t T, ag_err *err) {
 
 static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, const int32_t *mask, int64_t B, int64_t T,
                       int64_t n, const int32_t *out, ag_err *err) {
+    if (m && (m->cfg.embed_scale || m->cfg.ff_norms)) { // the cached attention has no soft-cap nor scale of its own
+        ag_err_set(err, "generate: model_type \"%s\" (%s): generation is not modelled yet (training is)",
+                   llama_family_name(m->cfg.family), llama_family_class(m->cfg.family));
+        return -1;
+    }
     // Meta mode reads no ids: a bill of shapes takes no host memory per token.
     bool meta = mp_is_meta();
     if (!ctx || !m || (!ids && !meta) || !out) {

@@ -2,6 +2,7 @@
 // some families, configs or layers have. Names, shapes, order, the tensor count, the parameter
 // count and the model struct's slots all come from it (llama_param_info_of, llama_param_count,
 // params.c).
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -466,6 +467,11 @@ uint64_t llama_active_param_count(const llama_config *c) {
     return total - idle;
 }
 
+float llama_attention_scale(const llama_config *c) {
+    return c->query_scalar > 0.0 ? (float)(1.0 / sqrt(c->query_scalar)) : 0.0f;
+}
+
 int64_t llama_layer_window(const llama_config *c, int64_t i) {
+    if (c->window_period > 0) return (i + 1) % c->window_period ? c->sliding_window : 0;
     return c->sliding_window > 0 && i >= c->window_from ? c->sliding_window : 0;
 }

@@ -152,6 +152,15 @@ typedef struct {
     // Shapes of the families not modelled yet (their parameter tables): gemma2 and gemma3_text's
     // norms before and after the MLP, phi3's fused qkv_proj and gate_up_proj, gpt_oss's sinks.
     bool ff_norms, fused_proj, sinks;
+    // Gemma 2 (ff_norms: the attention's output and the MLP's normed before their residual adds,
+    // the MLP's input by pre_feedforward_layernorm; 0 and false in the other families):
+    float norm_offset;     // every RMSNorm's weight applied as norm_offset + w (1)
+    bool gelu;             // the MLP's activation GeLU-tanh (hidden_activation gelu_pytorch_tanh), else SiLU
+    bool embed_scale;      // the embeddings times sqrt(hidden_size)
+    double query_scalar;   // query_pre_attn_scalar: attention scaled by its -1/2 power (0: head_dim's)
+    double attn_softcap;   // attn_logit_softcapping: scores capped as c tanh(S / c) (0: none)
+    double final_softcap;  // final_logit_softcapping: the logits capped alike (0: none)
+    int64_t window_period; // layer i under the window unless (i + 1) % window_period == 0 (0: from window_from on)
 } llama_config;
 
 // The bounds of llama_config_validate, which presets and config.json files both pass through.
@@ -282,6 +291,9 @@ ag_rope_freqs llama_rope_freqs(const llama_config *c);
 // experts for Mixtral's), and the index of its first one in the parameter list.
 size_t llama_layer_param_count(const llama_config *c, int64_t i);
 size_t llama_layer_first_param(const llama_config *c, int64_t i);
+
+// The scale on attention's Q Kᵀ: query_pre_attn_scalar^-1/2, or 0 for 1/sqrt(head_dim).
+float llama_attention_scale(const llama_config *c);
 
 // The sliding window of layer i: 0 (none) or sliding_window.
 int64_t llama_layer_window(const llama_config *c, int64_t i);

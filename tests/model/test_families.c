@@ -196,7 +196,7 @@ static void test_experts_on_dense_family(void **state) {
 // left out of the preset list.
 static void test_unmodelled_refused(void **state) {
     (void)state;
-    static const char *const types[] = {"gemma2", "gemma3_text", "phi3", "gpt_oss", "deepseek_v3"};
+    static const char *const types[] = {"gemma3_text", "phi3", "gpt_oss", "deepseek_v3"};
     llama_config c;
     ag_err err = {{0}};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
@@ -207,11 +207,52 @@ static void test_unmodelled_refused(void **state) {
         assert_int_equal(llama_config_parse_any(&c, text, strlen(text), "config.json", &err), 0);
         assert_false(llama_family_modelled(c.family));
     }
-    static const char *const presets[] = {"gemma-2-9b", "phi-3-mini", "gpt-oss-20b", "deepseek-v3"};
+    static const char *const presets[] = {"phi-3-mini", "gpt-oss-20b", "deepseek-v3"};
     for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
         assert_int_equal(llama_config_preset(&c, presets[p], &err), -1);
         TU_MENTIONS(err.msg, "not modelled yet", "ForCausalLM");
         for (size_t i = 0; i < llama_preset_count(); i++) assert_string_not_equal(llama_preset_name(i), presets[p]);
+    }
+}
+
+// Gemma 2: Gemma2Config's defaults, null soft-caps, the alternating layers, and the fields that
+// would change the numbers refused by name.
+static void test_gemma2_config(void **state) {
+    (void)state;
+    llama_config c;
+    ag_err err = {{0}};
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma2\",\"hidden_act\":\"gelu_pytorch_tanh\"}", &c, &err), 0);
+    assert_true(c.tied && c.ff_norms && c.gelu && c.embed_scale && c.norm_offset == 1.0f);
+    assert_true(c.head_dim == 256 && c.query_scalar == 256.0 && c.attn_softcap == 50.0 && c.final_softcap == 30.0);
+    assert_true(c.max_positions == 8192 && c.sliding_window == 4096);
+    for (int64_t i = 0; i < 4; i++) assert_int_equal(llama_layer_window(&c, i), i % 2 ? 0 : 4096); // the first slides
+    assert_true(llama_attention_scale(&c) == 1.0f / 16.0f);
+    assert_int_equal(parse(HEAD
+                           "\"model_type\":\"gemma2\",\"attn_logit_softcapping\":null,"
+                           "\"final_logit_softcapping\":null,\"sliding_window\":null,\"query_pre_attn_scalar\":144,"
+                           "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\","
+                           "\"full_attention\"]}",
+                           &c, &err),
+                     0);
+    assert_true(c.attn_softcap == 0.0 && c.final_softcap == 0.0 && llama_layer_window(&c, 0) == 0);
+    assert_true(llama_attention_scale(&c) == (float)(1.0 / 12.0));
+    const struct {
+        const char *json, *want1, *want2;
+    } bad[] = {
+        {HEAD "\"model_type\":\"gemma2\",\"hidden_activation\":\"gelu\"}", "hidden_activation", "gelu_pytorch_tanh"},
+        {HEAD "\"model_type\":\"gemma2\",\"attn_logit_softcapping\":0}", "attn_logit_softcapping", "null for none"},
+        {HEAD "\"model_type\":\"gemma2\",\"final_logit_softcapping\":-1}", "final_logit_softcapping", "positive"},
+        {HEAD "\"model_type\":\"gemma2\",\"query_pre_attn_scalar\":0}", "query_pre_attn_scalar", "positive"},
+        {HEAD "\"model_type\":\"gemma2\",\"layer_types\":[\"full_attention\",\"sliding_attention\","
+              "\"full_attention\",\"sliding_attention\"]}",
+         "layer_types[0]", "sliding_attention"},
+        {HEAD "\"model_type\":\"gemma2\",\"layer_types\":[\"sliding_attention\"]}", "layer_types", "num_hidden_layers"},
+        {HEAD "\"model_type\":\"gemma2\",\"attention_dropout\":0.1}", "attention_dropout", "0"},
+        {HEAD "\"model_type\":\"gemma2\",\"num_local_experts\":4}", "num_local_experts", "Gemma2ForCausalLM"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(parse(bad[i].json, &c, &err), -1);
+        TU_MENTIONS(err.msg, bad[i].want1, bad[i].want2);
     }
 }
 
@@ -311,6 +352,7 @@ int main(void) {
         cmocka_unit_test(test_published_counts),   cmocka_unit_test(test_names),
         cmocka_unit_test(test_sparse_layers),      cmocka_unit_test(test_experts_on_dense_family),
         cmocka_unit_test(test_unmodelled_refused), cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_gemma2_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
