@@ -658,6 +658,11 @@ ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, cons
 // the pads of a row come first, so between real tokens the two agree).
 ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                       const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window);
+// The same with ag_attention_spec's scale and soft-cap (Gemma 2), eager only; the PyTorch
+// frameworks' transients as without (transformers' S / softcap, tanh and * softcap outputs replace
+// each other two at a time, as the scaled and masked scores do).
+ag_tensor *ag_attention_cached_spec(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                    const int32_t *key_mask, int64_t mask_ld, int Hq, const ag_attention_spec *spec);
 
 // ================================================================================================
 // Activation checkpointing (op_checkpoint.c)

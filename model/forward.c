@@ -5,7 +5,6 @@
 #include "model_internal.h"
 
 #include <float.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,7 +137,7 @@ static ag_tensor *embed(ag_ctx *ctx, const llama_model *m, const int32_t *ids, i
     const llama_config *c = &m->cfg;
     ag_tensor *x = ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed, c->pad_token ? c->pad_token_id : -1);
     if (!x || !c->embed_scale) return x;
-    ag_tensor *y = ag_scale(ctx, "embed_scale", x, (float)sqrt((double)c->hidden));
+    ag_tensor *y = ag_scale(ctx, "embed_scale", x, llama_embedding_scale(c));
     ag_release(x);
     return y;
 }

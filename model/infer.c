@@ -55,8 +55,9 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     if (kr && v) ag_kv_cache_append(ctx, kv, kr, v);
     REL(kr);
     REL(v);
-    ag_tensor *a = ag_attention_cached_window(ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq,
-                                              llama_layer_window(c, i));
+    ag_tensor *a = ag_attention_cached_spec(
+        ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq,
+        &(ag_attention_spec){llama_layer_window(c, i), llama_attention_scale(c), (float)c->attn_softcap});
     REL(qr);
     if (!g->kv) ag_kv_cache_free(kv);
     return llama_attention_out(ctx, c, L, x, a, i);
@@ -77,11 +78,14 @@ static ag_tensor *last_position(ag_ctx *ctx, ag_tensor *x) {
 // only (the norm is per position, so the last one is cut out before it). Takes ownership of x.
 static ag_tensor *head(gen *g, ag_tensor *x, bool all_positions) {
     if (!all_positions) x = last_position(g->ctx, x);
-    ag_tensor *n = ag_rmsnorm(g->ctx, "norm", x, g->m->norm, (float)g->c->rms_eps);
+    ag_tensor *n = llama_norm(g->ctx, g->c, "norm", x, g->m->norm);
     ag_release(x);
     ag_tensor *logits = ag_linear(g->ctx, "lm_head:logits", n, g->m->lm_head, NULL);
     ag_release(n);
-    return logits;
+    if (!logits || g->c->final_softcap <= 0.0) return logits;
+    ag_tensor *capped = ag_softcap(g->ctx, "final_softcap:logits", logits, (float)g->c->final_softcap);
+    ag_release(logits);
+    return capped;
 }
 
 // dst[B, t] = src[:, from .. from + t) of a [B, cap] array.
@@ -108,6 +112,11 @@ static ag_tensor *forward(gen *g, int64_t from, bool all_positions) {
     gather(g->step_ids, g->ids, g, from, t);
     gather(g->step_pos, g->pos, g, from, t);
     ag_tensor *x = ag_embedding(g->ctx, "embed_tokens", g->step_ids, g->B, t, g->m->embed);
+    if (x && g->c->embed_scale) { // Gemma 2: times sqrt(hidden_size)
+        ag_tensor *y = ag_scale(g->ctx, "embed_scale", x, llama_embedding_scale(g->c));
+        ag_release(x);
+        x = y;
+    }
     for (int64_t i = 0; i < g->c->layers && x; i++) {
         prefetch_after_qkv(g, i, t);
         x = attention_part(g, i, x);
@@ -189,11 +198,6 @@ static int check_mask(const int32_t *mask, int64_t B, int64_t T, ag_err *err) {
 
 static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, const int32_t *mask, int64_t B, int64_t T,
                       int64_t n, const int32_t *out, ag_err *err) {
-    if (m && (m->cfg.embed_scale || m->cfg.ff_norms)) { // the cached attention has no soft-cap nor scale of its own
-        ag_err_set(err, "generate: model_type \"%s\" (%s): generation is not modelled yet (training is)",
-                   llama_family_name(m->cfg.family), llama_family_class(m->cfg.family));
-        return -1;
-    }
     // Meta mode reads no ids: a bill of shapes takes no host memory per token.
     bool meta = mp_is_meta();
     if (!ctx || !m || (!ids && !meta) || !out) {

@@ -467,6 +467,8 @@ uint64_t llama_active_param_count(const llama_config *c) {
     return total - idle;
 }
 
+float llama_embedding_scale(const llama_config *c) { return c->embed_scale ? (float)sqrt((double)c->hidden) : 1.0f; }
+
 float llama_attention_scale(const llama_config *c) {
     return c->query_scalar > 0.0 ? (float)(1.0 / sqrt(c->query_scalar)) : 0.0f;
 }

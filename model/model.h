@@ -292,6 +292,9 @@ ag_rope_freqs llama_rope_freqs(const llama_config *c);
 size_t llama_layer_param_count(const llama_config *c, int64_t i);
 size_t llama_layer_first_param(const llama_config *c, int64_t i);
 
+// What the embeddings are multiplied by: sqrt(hidden_size) under Gemma 2 (a float32 run's
+// normalizer), else 1.
+float llama_embedding_scale(const llama_config *c);
 // The scale on attention's Q Kᵀ: query_pre_attn_scalar^-1/2, or 0 for 1/sqrt(head_dim).
 float llama_attention_scale(const llama_config *c);
 

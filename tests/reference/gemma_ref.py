@@ -1,11 +1,12 @@
 """Pure-PyTorch reference of Hugging Face Gemma2ForCausalLM (transformers' modeling_gemma2.py),
-training only: RMSNorm with (1 + weight) in float32, the norms before and after each sub-block,
+its training step and greedy generation: RMSNorm with (1 + weight) in float32, the norms before and after each sub-block,
 GeLU-tanh MLP, embeddings times sqrt(hidden_size) (in their dtype), attention scaled by
 query_pre_attn_scalar^-1/2 with its scores soft-capped (tanh) before the mask, sliding layers
 alternating with full ones (the first sliding), the final logits soft-capped.
 
 Writes the golden of a tiny config (config.json, model.safetensors, golden.safetensors: input_ids,
-loss and every gradient) as make_golden.py writes the Llama families':
+loss, every gradient and the greedy tokens of the first row) as make_golden.py writes the Llama
+families':
 
     /usr/bin/python3 tests/reference/gemma_ref.py [--out tests/golden]
 """
@@ -26,12 +27,12 @@ CONFIG = {
     "model_type": "gemma2", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 4,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "vocab_size": 256,
     "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True, "query_pre_attn_scalar": 20, "attn_logit_softcapping": 2.0,
+    "tie_word_embeddings": True, "query_pre_attn_scalar": 20, "attn_logit_softcapping": 1.0,
     "final_logit_softcapping": 3.0, "sliding_window": 3, "hidden_activation": "gelu_pytorch_tanh",
     "attention_dropout": 0.0, "attention_bias": False,
 }
-SEED = 2001
-WEIGHT_STD = 0.1
+SEED = 2003
+WEIGHT_STD = 0.2
 NORM_STD = 0.1  # Gemma's norm weights are offsets from 1: N(0, 0.1) so that a dropped 1 + shows
 META = {"format": "pt", "generator": "tests/reference/gemma_ref.py"}
 
@@ -143,6 +144,27 @@ def loss_fn(c, P, ids):
     return F.cross_entropy(logits[:, :-1].reshape(-1, v).float(), ids[:, 1:].reshape(-1))
 
 
+N_NEW = 8
+MIN_MARGIN = 1e-3
+
+
+def greedy(c, P, prompt):
+    """Greedy tokens, each from a whole forward of the sequence so far (no cache), checked to win
+    their argmax by MIN_MARGIN."""
+    ids = prompt.clone()
+    out = []
+    with torch.no_grad():
+        for _ in range(N_NEW):
+            last = forward(c, P, ids)[:, -1]
+            top = last.topk(2, dim=-1)
+            if (top.values[:, 0] - top.values[:, 1]).min().item() < MIN_MARGIN:
+                raise SystemExit("gemma_ref: greedy argmax margin below %.0e" % MIN_MARGIN)
+            nxt = top.indices[:, :1]
+            out.append(nxt)
+            ids = torch.cat([ids, nxt], dim=1)
+    return torch.cat(out, dim=1)
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -170,6 +192,12 @@ def main():
     L.st_write(os.path.join(folder, "model.safetensors"), {n: t.detach() for n, t in P.items()}, META)
     golden = {"input_ids": ids, "loss": loss.detach().reshape(1)}
     golden.update({"grad." + n: t.grad.detach().clone() for n, t in P.items()})
+    golden["greedy"] = greedy(c, P, ids[:1])
+    # the attention's soft-cap and the window must change the greedy tokens (the final cap cannot:
+    # tanh keeps the argmax)
+    for field, value in (("attn_logit_softcapping", None), ("sliding_window", 0)):
+        if torch.equal(greedy(dict(c, **{field: value}), P, ids[:1]), golden["greedy"]):
+            raise SystemExit("gemma_ref: %s leaves the greedy tokens as they are" % field)
     L.st_write(os.path.join(folder, "golden.safetensors"), golden, META)
     print("tiny_gemma2", json.dumps({"loss": loss.item()}))
 
