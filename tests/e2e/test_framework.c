@@ -255,6 +255,13 @@ static void meta_equals_real_tiny(void **state) {
                      flash ? " --attention flash" : "");
             meta_equals_real_at(a);
         }
+    // Gemma 2: the norms around each sub-block, the soft-caps (tanh's output kept under the
+    // PyTorch frameworks), its two masks; eager (flash refuses the cap), with checkpointing too
+    for (int ck = 0; ck < 2; ck++) {
+        snprintf(a, sizeof a, "--config %s/tiny_gemma2/config.json --seq-len 9 --batch 2%s", MEMBILL_GOLDEN_DIR,
+                 ck ? " --checkpointing" : "");
+        meta_equals_real_at(a);
+    }
 }
 
 // The mixtures of experts: every bill follows the routing, so the meta run takes the real one's.
