@@ -336,6 +336,16 @@ static void test_plan_closed_form_sweep(void **state) {
             }
 }
 
+// Gemma 2 under LoRA: its norms and soft-caps are not walked by the LoRA closed form, which says so
+// (null) rather than guessing.
+static void test_plan_gemma2_lora_not_closed(void **state) {
+    (void)state;
+    json_t *root = plan_json("--model gemma-2-9b --seq-len 64 --lora-rank 8 --framework lean");
+    assert_true(json_is_null(json_object_get(json_object_get(root, "closed_form"), "activation")));
+    assert_true(cat_peak(root, "activation") > 0);
+    json_decref(root);
+}
+
 // An expert no token reached gets no gradient and no optimizer state: the closed form counts
 // the parameters each routing reaches, as the meta run bills them.
 static void test_plan_closed_form_routing(void **state) {
@@ -1044,6 +1054,7 @@ int main(void) {
         cmocka_unit_test(test_budget_stops_the_run),
         cmocka_unit_test(test_plan_closed_form_sweep),
         cmocka_unit_test(test_plan_closed_form_routing),
+        cmocka_unit_test(test_plan_gemma2_lora_not_closed),
         cmocka_unit_test(test_plan_zero_and_fit),
         cmocka_unit_test(test_plan_dtype_bytes_per_param),
         cmocka_unit_test(test_plan_zero_formulas),
