@@ -84,12 +84,14 @@ ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama
                                  ag_tensor *x, int64_t i) {
     char s[96];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    const ag_rope_freqs f = llama_rope_freqs(c);
+    const ag_rope_freqs f = llama_layer_rope_freqs(c, i);
     ag_tensor *q, *k, *v, *qr, *kr;
     llama_qkv(ctx, c, L, x, i, &q, &k, &v);
-    if (sh && sh->cos) {
-        qr = ag_rope_cs(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, sh->cos, sh->sin);
-        kr = ag_rope_cs(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, sh->cos, sh->sin);
+    if (sh && sh->cos) { // Gemma 3's sliding layers: the local tables
+        const bool local = sh->cos_local && llama_layer_window(c, i) > 0;
+        ag_tensor *cs = local ? sh->cos_local : sh->cos, *sn = local ? sh->sin_local : sh->sin;
+        qr = ag_rope_cs(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, cs, sn);
+        kr = ag_rope_cs(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, cs, sn);
     } else {
         qr = ag_rope_f(ctx, llama_site(s, i, "self_attn.q_rope"), q, hq, hd, &f, 0);
         kr = ag_rope_f(ctx, llama_site(s, i, "self_attn.k_rope"), k, hkv, hd, &f, 0);

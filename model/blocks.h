@@ -29,9 +29,10 @@ ag_tensor *llama_moe_block(ag_ctx *ctx, const llama_config *c, const llama_layer
 // What a training forward shares across its blocks as transformers' LlamaModel runs it
 // (PYTORCH semantics); all NULL for the lean forward and under checkpointing.
 typedef struct {
-    ag_tensor *cos, *sin; // LlamaRotaryEmbedding's tables [1, T, head_dim]: ag_rope_cs, else ag_rope
-    ag_tensor **cache;    // [2 * layers]: the DynamicCache of the output (k after RoPE, v), kept
-                          // until the output is dropped; NULL: none
+    ag_tensor *cos, *sin;             // LlamaRotaryEmbedding's tables [1, T, head_dim]: ag_rope_cs, else ag_rope
+    ag_tensor *cos_local, *sin_local; // Gemma 3's rotary_emb_local (its sliding layers'); NULL: none
+    ag_tensor **cache;                // [2 * layers]: the DynamicCache of the output (k after RoPE, v), kept
+                                      // until the output is dropped; NULL: none
 } llama_shared;
 
 // x[B, T, H] -> x + o_proj(attention(rope(q), rope(k), v)) of norm(x); takes ownership of x.

@@ -43,7 +43,7 @@ static const family_info families[] = {
      llama_qwen3_moe_fields},
     {"gemma2", "Gemma2ForCausalLM", LLAMA_FAMILY_GEMMA2, true, false, true, 8192, 256, 10000.0, 1e-6, true,
      llama_gemma_fields},
-    {"gemma3_text", "Gemma3ForCausalLM", LLAMA_FAMILY_GEMMA3, false, false, true, 131072, 256, 1e6, 1e-6, true,
+    {"gemma3_text", "Gemma3ForCausalLM", LLAMA_FAMILY_GEMMA3, true, false, true, 131072, 256, 1e6, 1e-6, true,
      llama_gemma_fields},
     {"phi3", "Phi3ForCausalLM", LLAMA_FAMILY_PHI3, false, false, false, 4096, 0, 10000.0, 1e-5, false,
      llama_phi3_fields},

@@ -79,6 +79,10 @@ static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, 
     const ag_framework_row *fw = ag_ctx_framework_row(ctx);
     if (AG_FW(fw, rope_tables) && !ag_rope_tables_f(ctx, "rotary_emb", T, (int)c->head_dim, &f, 0, &sh->cos, &sh->sin))
         return false;
+    const ag_rope_freqs local = {(float)c->rope_local_theta, NULL, 1.0f};
+    if (AG_FW(fw, rope_tables) && c->rope_local_theta > 0.0 &&
+        !ag_rope_tables_f(ctx, "rotary_emb_local", T, (int)c->head_dim, &local, 0, &sh->cos_local, &sh->sin_local))
+        return false;
     const ag_mask_shape shape = AG_FW(fw, mask);
     bool old = shape == AG_MASK_T_T1;
     int64_t cols = old ? T + 1 : T, rows = old ? T : B * T;
@@ -198,6 +202,8 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     ag_release(mask[1]);
     ag_release(sh.cos);
     ag_release(sh.sin);
+    ag_release(sh.cos_local);
+    ag_release(sh.sin_local);
     ag_tensor *logits = head(ctx, m, n);
     // transformers: the base model's output object holds the last hidden state until the
     // causal LM's forward returns (it matters where lm_head keeps a cast of it, not it).

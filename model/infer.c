@@ -42,7 +42,7 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     const llama_config *c = g->c;
     const llama_layer *L = &g->m->layers[i];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    const ag_rope_freqs f = llama_rope_freqs(c);
+    const ag_rope_freqs f = llama_layer_rope_freqs(c, i);
     char s[96];
     ag_kv_cache *kv =
         g->kv ? g->kv[i] : ag_kv_cache_new(ctx, llama_site(s, i, "self_attn"), MP_ACTIVATION, g->B, hkv, hd);

@@ -161,6 +161,8 @@ typedef struct {
     double attn_softcap;   // attn_logit_softcapping: scores capped as c tanh(S / c) (0: none)
     double final_softcap;  // final_logit_softcapping: the logits capped alike (0: none)
     int64_t window_period; // layer i under the window unless (i + 1) % window_period == 0 (0: from window_from on)
+    double rope_local_theta; // Gemma 3: rope_local_base_freq, the sliding layers' RoPE base (default, unscaled);
+                             // 0: every layer's RoPE is the config's
 } llama_config;
 
 // The bounds of llama_config_validate, which presets and config.json files both pass through.
@@ -297,6 +299,10 @@ size_t llama_layer_first_param(const llama_config *c, int64_t i);
 float llama_embedding_scale(const llama_config *c);
 // The scale on attention's Q Kᵀ: query_pre_attn_scalar^-1/2, or 0 for 1/sqrt(head_dim).
 float llama_attention_scale(const llama_config *c);
+
+// Layer i's RoPE frequencies: Gemma 3's sliding layers' rope_local_base_freq, else the config's
+// (llama_rope_freqs).
+ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i);
 
 // The sliding window of layer i: 0 (none) or sliding_window.
 int64_t llama_layer_window(const llama_config *c, int64_t i);

@@ -269,10 +269,10 @@ static void test_plan_closed_form_sweep(void **state) {
     (void)state;
     // the tiny configs first (128 positions), then Qwen2 (biases), Qwen3 (q/k norms), Mistral's
     // window, Llama 3.1's rope_scaling, then the presets
-    enum { TINY = 9 };
-    static const char *const tiny_names[TINY] = {"tiny_tied",      "tiny_mha",       "tiny_qwen2",
-                                                 "tiny_qwen3",     "tiny_mistral",   "tiny_mixtral",
-                                                 "tiny_qwen2_moe", "tiny_qwen3_moe", "tiny_gemma2"};
+    enum { TINY = 10 };
+    static const char *const tiny_names[TINY] = {"tiny_tied",    "tiny_mha",     "tiny_qwen2",     "tiny_qwen3",
+                                                 "tiny_mistral", "tiny_mixtral", "tiny_qwen2_moe", "tiny_qwen3_moe",
+                                                 "tiny_gemma2",  "tiny_gemma3"};
     static const char *const configs[] = {"qwen2.5-0.5b", "qwen3-0.6b", "llama-3.1-8b"};
     char tiny[TINY + 3][256];
     for (int i = 0; i < TINY; i++)
@@ -292,8 +292,10 @@ static void test_plan_closed_form_sweep(void **state) {
                             tiny[9],
                             tiny[10],
                             tiny[11],
+                            tiny[12],
                             "--model smollm2-135m",
                             "--model gemma-2-9b",
+                            "--model gemma-3-1b",
                             "--model mixtral-8x7b",
                             "--model qwen3-30b-a3b",
                             "--model smollm2-360m",

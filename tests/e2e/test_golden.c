@@ -236,10 +236,14 @@ static void test_family_grads(void **s) {
 // sub-block, GeLU-tanh, the embeddings scaled, query_pre_attn_scalar, both soft-caps, sliding and
 // full layers alternating; eager attention under every framework, with and without checkpointing
 // (flash refuses a soft-cap, as its message says).
+// Gemma 3 (tests/golden/tiny_gemma3): Gemma's block with q_norm and k_norm, no caps, one full layer
+// in three, the sliding layers' RoPE on rope_local_base_freq.
 static void test_gemma2_grads(void **s) {
     (void)s;
-    for (ag_framework fw = AG_FRAMEWORK_LEAN; fw <= AG_FRAMEWORK_PYTORCH_113; fw++)
-        check_grads_as("tiny_gemma2", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD, fw, AG_ATTENTION_EAGER);
+    for (int g = 0; g < 2; g++)
+        for (ag_framework fw = AG_FRAMEWORK_LEAN; fw <= AG_FRAMEWORK_PYTORCH_113; fw++)
+            check_grads_as(g ? "tiny_gemma3" : "tiny_gemma2", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD, fw,
+                           AG_ATTENTION_EAGER);
     run r;
     run_open(&r, "tiny_gemma2", "model.safetensors");
     float l = forward_backward_opts(&r, &(llama_forward_opts){.checkpointing = true});

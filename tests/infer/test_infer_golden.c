@@ -123,6 +123,7 @@ static void test_families(void **s) {
 static void test_gemma2(void **s) {
     (void)s;
     check_solo("tiny_gemma2");
+    check_solo("tiny_gemma3"); // q_norm, k_norm, the local RoPE of the sliding layers
     it_run r;
     it_open_golden(&r, "tiny_gemma2");
     ag_ctx_set_framework(r.ctx, AG_FRAMEWORK_PYTORCH);

@@ -196,7 +196,7 @@ static void test_experts_on_dense_family(void **state) {
 // left out of the preset list.
 static void test_unmodelled_refused(void **state) {
     (void)state;
-    static const char *const types[] = {"gemma3_text", "phi3", "gpt_oss", "deepseek_v3"};
+    static const char *const types[] = {"phi3", "gpt_oss", "deepseek_v3"};
     llama_config c;
     ag_err err = {{0}};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
@@ -226,7 +226,7 @@ static void test_gemma2_config(void **state) {
     assert_true(c.head_dim == 256 && c.query_scalar == 256.0 && c.attn_softcap == 50.0 && c.final_softcap == 30.0);
     assert_true(c.max_positions == 8192 && c.sliding_window == 4096);
     for (int64_t i = 0; i < 4; i++) assert_int_equal(llama_layer_window(&c, i), i % 2 ? 0 : 4096); // the first slides
-    assert_true(llama_attention_scale(&c) == 1.0f / 16.0f);
+    assert_true(llama_attention_scale(&c) == 0.0f); // 256 = head_dim: the plain scale
     assert_int_equal(parse(HEAD
                            "\"model_type\":\"gemma2\",\"attn_logit_softcapping\":null,"
                            "\"final_logit_softcapping\":null,\"sliding_window\":null,\"query_pre_attn_scalar\":144,"
@@ -245,7 +245,7 @@ static void test_gemma2_config(void **state) {
         {HEAD "\"model_type\":\"gemma2\",\"query_pre_attn_scalar\":0}", "query_pre_attn_scalar", "positive"},
         {HEAD "\"model_type\":\"gemma2\",\"layer_types\":[\"full_attention\",\"sliding_attention\","
               "\"full_attention\",\"sliding_attention\"]}",
-         "layer_types[0]", "sliding_attention"},
+         "layer_types[1]", "full_attention"},
         {HEAD "\"model_type\":\"gemma2\",\"layer_types\":[\"sliding_attention\"]}", "layer_types", "num_hidden_layers"},
         {HEAD "\"model_type\":\"gemma2\",\"attention_dropout\":0.1}", "attention_dropout", "0"},
         {HEAD "\"model_type\":\"gemma2\",\"num_local_experts\":4}", "num_local_experts", "Gemma2ForCausalLM"},
@@ -254,6 +254,32 @@ static void test_gemma2_config(void **state) {
         assert_int_equal(parse(bad[i].json, &c, &err), -1);
         TU_MENTIONS(err.msg, bad[i].want1, bad[i].want2);
     }
+    // Gemma 3: q_norm and k_norm, no caps, one full layer in sliding_window_pattern (6), the sliding
+    // layers' RoPE on rope_local_base_freq
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\"}", &c, &err), 0);
+    assert_true(c.qk_norm && c.ff_norms && c.attn_softcap == 0.0 && c.final_softcap == 0.0 && c.rope_theta == 1e6);
+    assert_true(c.window_period == 6 && c.vocab == 100);
+    for (int64_t i = 0; i < 4; i++) assert_true(llama_layer_rope_freqs(&c, i).theta == 10000.0f); // all slide
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"sliding_window_pattern\":3}", &c, &err), 0);
+    for (int64_t i = 0; i < 4; i++) {
+        assert_int_equal(llama_layer_window(&c, i), i == 2 ? 0 : 4096);
+        assert_true(llama_layer_rope_freqs(&c, i).theta == (i == 2 ? 1e6f : 10000.0f));
+    }
+    assert_true(llama_attention_scale(&c) == 0.0f); // 256 = head_dim: the plain scale
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"layer_types\":[\"sliding_attention\","
+                                "\"full_attention\",\"sliding_attention\",\"full_attention\"]}",
+                           &c, &err),
+                     0);
+    assert_true(llama_layer_window(&c, 0) == 4096 && llama_layer_window(&c, 1) == 0);
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"layer_types\":[\"sliding_attention\","
+                                "\"full_attention\",\"full_attention\",\"full_attention\"]}",
+                           &c, &err),
+                     -1);
+    TU_MENTIONS(err.msg, "layer_types[2]", "sliding_attention");
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"use_bidirectional_attention\":true}", &c, &err), -1);
+    TU_MENTIONS(err.msg, "use_bidirectional_attention", "not modelled");
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"rope_local_base_freq\":0}", &c, &err), -1);
+    TU_MENTIONS(err.msg, "rope_local_base_freq", "from");
 }
 
 // Routings: the assumptions' counts, a recorded routing written and read back, files refused

@@ -1,4 +1,6 @@
-"""Pure-PyTorch reference of Hugging Face Gemma2ForCausalLM (transformers' modeling_gemma2.py),
+"""Pure-PyTorch reference of Hugging Face Gemma2ForCausalLM (transformers' modeling_gemma2.py) and
+Gemma3ForCausalLM (modeling_gemma3.py: q_norm and k_norm, every sliding_window_pattern-th layer
+full, the sliding ones' RoPE on rope_local_base_freq),
 its training step and greedy generation: RMSNorm with (1 + weight) in float32, the norms before and after each sub-block,
 GeLU-tanh MLP, embeddings times sqrt(hidden_size) (in their dtype), attention scaled by
 query_pre_attn_scalar^-1/2 with its scores soft-capped (tanh) before the mask, sliding layers
@@ -31,6 +33,9 @@ CONFIG = {
     "final_logit_softcapping": 3.0, "sliding_window": 3, "hidden_activation": "gelu_pytorch_tanh",
     "attention_dropout": 0.0, "attention_bias": False,
 }
+# Gemma 3: no caps, q_norm and k_norm, one full layer in 3, the local layers' RoPE base 10
+GEMMA3 = dict(CONFIG, model_type="gemma3_text", attn_logit_softcapping=None, final_logit_softcapping=None,
+              sliding_window_pattern=3, rope_theta=1000.0, rope_local_base_freq=10.0, num_hidden_layers=3)
 SEED = 2003
 WEIGHT_STD = 0.2
 NORM_STD = 0.1  # Gemma's norm weights are offsets from 1: N(0, 0.1) so that a dropped 1 + shows
@@ -48,6 +53,9 @@ def param_shapes(c):
         s[p + "self_attn.k_proj.weight"] = (nkv, h)
         s[p + "self_attn.v_proj.weight"] = (nkv, h)
         s[p + "self_attn.o_proj.weight"] = (h, nq)
+        if c["model_type"] == "gemma3_text":
+            s[p + "self_attn.q_norm.weight"] = (hd,)
+            s[p + "self_attn.k_norm.weight"] = (hd,)
         s[p + "mlp.gate_proj.weight"] = (i, h)
         s[p + "mlp.up_proj.weight"] = (i, h)
         s[p + "mlp.down_proj.weight"] = (h, i)
@@ -79,9 +87,14 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
-def rope(c, t, dtype):
+def sliding(c, layer):
+    """Gemma 2: every other layer, the first sliding; Gemma 3: all but every pattern-th."""
+    return bool((layer + 1) % c.get("sliding_window_pattern", 2))
+
+
+def rope(c, t, dtype, theta=None):
     hd = c["head_dim"]
-    inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    inv = 1.0 / ((theta or c["rope_theta"]) ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     freqs = torch.arange(t).float()[:, None] * inv[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype)[None, None], emb.sin().to(dtype)[None, None]
@@ -111,17 +124,21 @@ def forward(c, P, ids):
     eps = c["rms_norm_eps"]
     x = F.embedding(ids, P["model.embed_tokens.weight"])
     x = x * torch.tensor(h ** 0.5, dtype=x.dtype)
-    cos, sin = rope(c, t, x.dtype)
+    cos_g, sin_g = rope(c, t, x.dtype)
+    cos_l, sin_l = rope(c, t, x.dtype, c.get("rope_local_base_freq")) if "rope_local_base_freq" in c else (cos_g, sin_g)
     for layer in range(c["num_hidden_layers"]):
         p = "model.layers.%d." % layer
-        sliding = bool((layer + 1) % 2)
+        slides = sliding(c, layer)
+        cos, sin = (cos_l, sin_l) if slides else (cos_g, sin_g)
         r = x
         y = rms_norm(x, P[p + "input_layernorm.weight"], eps)
         q = F.linear(y, P[p + "self_attn.q_proj.weight"]).view(b, t, nh, hd).transpose(1, 2)
         k = F.linear(y, P[p + "self_attn.k_proj.weight"]).view(b, t, nkv, hd).transpose(1, 2)
         v = F.linear(y, P[p + "self_attn.v_proj.weight"]).view(b, t, nkv, hd).transpose(1, 2)
+        if c["model_type"] == "gemma3_text":
+            q, k = rms_norm(q, P[p + "self_attn.q_norm.weight"], eps), rms_norm(k, P[p + "self_attn.k_norm.weight"], eps)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        a = attention(c, q, k, v, c["sliding_window"] if sliding else 0)
+        a = attention(c, q, k, v, c["sliding_window"] if slides else 0)
         a = F.linear(a.transpose(1, 2).reshape(b, t, nh * hd), P[p + "self_attn.o_proj.weight"])
         x = r + rms_norm(a, P[p + "post_attention_layernorm.weight"], eps)
         r = x
@@ -165,6 +182,30 @@ def greedy(c, P, prompt):
     return torch.cat(out, dim=1)
 
 
+def write_case(out, name, c, cls, checks):
+    g = torch.Generator().manual_seed(SEED + 500)
+    ids = torch.randint(1, c["vocab_size"], (2, 7), generator=g, dtype=torch.int64)
+    P = init_params(c, SEED)
+    loss = loss_fn(c, P, ids)
+    loss.backward()
+    # each feature must move the loss, or the golden proves nothing
+    for field, value in checks:
+        with torch.no_grad():
+            moved = abs(loss_fn(dict(c, **{field: value}), P, ids).item() - loss.item())
+        if moved < 1e-4:
+            raise SystemExit("gemma_ref: %s: %s moves the loss by %.1e only" % (name, field, moved))
+    folder = os.path.join(out, name)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(dict(c, architectures=[cls]), f, indent=2, sort_keys=True)
+        f.write("\n")
+    L.st_write(os.path.join(folder, "model.safetensors"), {n: t.detach() for n, t in P.items()}, META)
+    golden = {"input_ids": ids, "loss": loss.detach().reshape(1)}
+    golden.update({"grad." + n: t.grad.detach().clone() for n, t in P.items()})
+    golden["greedy"] = greedy(c, P, ids[:1])
+    return golden, P, ids, folder, loss
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -172,27 +213,10 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     c = dict(CONFIG)
-    g = torch.Generator().manual_seed(SEED + 500)
-    ids = torch.randint(1, c["vocab_size"], (2, 7), generator=g, dtype=torch.int64)
-    P = init_params(c, SEED)
-    loss = loss_fn(c, P, ids)
-    loss.backward()
-    # the soft-caps, the (1 + w) and the window must each move the loss, or the golden proves nothing
-    for field, value in (("attn_logit_softcapping", None), ("final_logit_softcapping", None),
-                         ("sliding_window", 0), ("query_pre_attn_scalar", c["head_dim"])):
-        with torch.no_grad():
-            moved = abs(loss_fn(dict(c, **{field: value}), P, ids).item() - loss.item())
-        if moved < 1e-4:
-            raise SystemExit("gemma_ref: %s moves the loss by %.1e only" % (field, moved))
-    folder = os.path.join(args.out, "tiny_gemma2")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(dict(c, architectures=["Gemma2ForCausalLM"]), f, indent=2, sort_keys=True)
-        f.write("\n")
-    L.st_write(os.path.join(folder, "model.safetensors"), {n: t.detach() for n, t in P.items()}, META)
-    golden = {"input_ids": ids, "loss": loss.detach().reshape(1)}
-    golden.update({"grad." + n: t.grad.detach().clone() for n, t in P.items()})
-    golden["greedy"] = greedy(c, P, ids[:1])
+    golden, P, ids, folder, loss = write_case(
+        args.out, "tiny_gemma2", c, "Gemma2ForCausalLM",
+        (("attn_logit_softcapping", None), ("final_logit_softcapping", None), ("sliding_window", 0),
+         ("query_pre_attn_scalar", c["head_dim"])))
     # the attention's soft-cap and the window must change the greedy tokens (the final cap cannot:
     # tanh keeps the argmax)
     for field, value in (("attn_logit_softcapping", None), ("sliding_window", 0)):
@@ -200,6 +224,11 @@ def main():
             raise SystemExit("gemma_ref: %s leaves the greedy tokens as they are" % field)
     L.st_write(os.path.join(folder, "golden.safetensors"), golden, META)
     print("tiny_gemma2", json.dumps({"loss": loss.item()}))
+    golden, P, ids, folder, loss = write_case(
+        args.out, "tiny_gemma3", GEMMA3, "Gemma3ForCausalLM",
+        (("sliding_window", 0), ("rope_local_base_freq", GEMMA3["rope_theta"]), ("sliding_window_pattern", 2)))
+    L.st_write(os.path.join(folder, "golden.safetensors"), golden, META)
+    print("tiny_gemma3", json.dumps({"loss": loss.item()}))
 
 
 if __name__ == "__main__":
