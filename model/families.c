@@ -20,7 +20,6 @@ typedef struct {
     llama_family family;
     bool modelled;         // the forward runs; else the family is refused by name
     bool moe;              // its expert fields are its own (a dense family refuses them)
-    bool gemma;            // the soft-caps are its own; hidden_activation, not hidden_act, names its MLP's
     int64_t max_positions; // the config class's default
     int64_t head_dim;      // its default, 0: hidden_size / num_attention_heads
     double rope_theta, rms_eps;
@@ -29,30 +28,31 @@ typedef struct {
 } family_info;
 
 static const family_info families[] = {
-    {"llama", "LlamaForCausalLM", LLAMA_FAMILY_LLAMA, true, false, false, 2048, 0, 10000.0, 1e-6, false, llama_fields},
-    {"mistral", "MistralForCausalLM", LLAMA_FAMILY_MISTRAL, true, false, false, 131072, 0, 10000.0, 1e-6, false,
+    {"llama", "LlamaForCausalLM", LLAMA_FAMILY_LLAMA, true, false, 2048, 0, 10000.0, 1e-6, false, llama_fields},
+    {"mistral", "MistralForCausalLM", LLAMA_FAMILY_MISTRAL, true, false, 131072, 0, 10000.0, 1e-6, false,
      mistral_fields},
-    {"qwen2", "Qwen2ForCausalLM", LLAMA_FAMILY_QWEN2, true, false, false, 32768, 0, 10000.0, 1e-6, false, qwen2_fields},
-    {"qwen3", "Qwen3ForCausalLM", LLAMA_FAMILY_QWEN3, true, false, false, 32768, 128, 10000.0, 1e-6, false,
-     qwen3_fields},
-    {"mixtral", "MixtralForCausalLM", LLAMA_FAMILY_MIXTRAL, true, true, false, 131072, 0, 1e6, 1e-5, false,
+    {"qwen2", "Qwen2ForCausalLM", LLAMA_FAMILY_QWEN2, true, false, 32768, 0, 10000.0, 1e-6, false, qwen2_fields},
+    {"qwen3", "Qwen3ForCausalLM", LLAMA_FAMILY_QWEN3, true, false, 32768, 128, 10000.0, 1e-6, false, qwen3_fields},
+    {"mixtral", "MixtralForCausalLM", LLAMA_FAMILY_MIXTRAL, true, true, 131072, 0, 1e6, 1e-5, false,
      llama_mixtral_fields},
-    {"qwen2_moe", "Qwen2MoeForCausalLM", LLAMA_FAMILY_QWEN2_MOE, true, true, false, 32768, 0, 10000.0, 1e-6, false,
+    {"qwen2_moe", "Qwen2MoeForCausalLM", LLAMA_FAMILY_QWEN2_MOE, true, true, 32768, 0, 10000.0, 1e-6, false,
      llama_qwen2_moe_fields},
-    {"qwen3_moe", "Qwen3MoeForCausalLM", LLAMA_FAMILY_QWEN3_MOE, true, true, false, 32768, 0, 10000.0, 1e-6, false,
+    {"qwen3_moe", "Qwen3MoeForCausalLM", LLAMA_FAMILY_QWEN3_MOE, true, true, 32768, 0, 10000.0, 1e-6, false,
      llama_qwen3_moe_fields},
-    {"gemma2", "Gemma2ForCausalLM", LLAMA_FAMILY_GEMMA2, true, false, true, 8192, 256, 10000.0, 1e-6, true,
+    {"gemma2", "Gemma2ForCausalLM", LLAMA_FAMILY_GEMMA2, true, false, 8192, 256, 10000.0, 1e-6, true,
      llama_gemma_fields},
-    {"gemma3_text", "Gemma3ForCausalLM", LLAMA_FAMILY_GEMMA3, true, false, true, 131072, 256, 1e6, 1e-6, true,
+    {"gemma3_text", "Gemma3ForCausalLM", LLAMA_FAMILY_GEMMA3, true, false, 131072, 256, 1e6, 1e-6, true,
      llama_gemma_fields},
-    {"phi3", "Phi3ForCausalLM", LLAMA_FAMILY_PHI3, false, false, false, 4096, 0, 10000.0, 1e-5, false,
-     llama_phi3_fields},
-    {"gpt_oss", "GptOssForCausalLM", LLAMA_FAMILY_GPT_OSS, false, true, false, 131072, 64, 150000.0, 1e-5, false,
+    {"phi3", "Phi3ForCausalLM", LLAMA_FAMILY_PHI3, false, false, 4096, 0, 10000.0, 1e-5, false, llama_phi3_fields},
+    {"gpt_oss", "GptOssForCausalLM", LLAMA_FAMILY_GPT_OSS, false, true, 131072, 64, 150000.0, 1e-5, false,
      llama_gpt_oss_fields},
-    {"deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_FAMILY_DEEPSEEK_V3, false, true, false, 4096, 0, 10000.0, 1e-6,
-     false, llama_deepseek_v3_fields},
+    {"deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_FAMILY_DEEPSEEK_V3, false, true, 4096, 0, 10000.0, 1e-6, false,
+     llama_deepseek_v3_fields},
 };
 #define NFAMILIES (sizeof families / sizeof families[0])
+
+// Gemma's own fields: its soft-caps, and hidden_activation (not hidden_act) naming its MLP's.
+static bool gemma(llama_family f) { return f == LLAMA_FAMILY_GEMMA2 || f == LLAMA_FAMILY_GEMMA3; }
 
 static const family_info *info_of(llama_family f) {
     for (size_t i = 0; i < NFAMILIES; i++)
@@ -203,7 +203,7 @@ int llama_attention_bias(llama_config *c, const json_t *root, const char *path, 
 
 // What changes the numbers and is not modelled: refused, naming the field.
 static int refuse_unsupported(const llama_config *c, const json_t *root, const char *path, ag_err *err) {
-    const json_t *act = info_of(c->family)->gemma ? NULL : json_object_get(root, "hidden_act");
+    const json_t *act = gemma(c->family) ? NULL : json_object_get(root, "hidden_act");
     if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
         ag_err_set(err, "%s: field hidden_act must be \"silu\" (the MLP is SwiGLU)", path);
         return -1;
@@ -259,7 +259,8 @@ static int refuse_foreign(const llama_config *c, const json_t *root, const char 
         }
     }
     for (size_t i = 0; f->modelled && i < sizeof others / sizeof others[0]; i++) {
-        const json_t *v = f->gemma && strstr(others[i], "softcapping") ? NULL : json_object_get(root, others[i]);
+        const json_t *v =
+            gemma(f->family) && strstr(others[i], "softcapping") ? NULL : json_object_get(root, others[i]);
         if (v && !json_is_null(v)) {
             ag_err_set(err, "%s: field %s: model_type \"%s\" (%s) has none, and membill does not model it", path,
                        others[i], f->type, f->cls);

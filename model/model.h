@@ -28,8 +28,11 @@
 //     unless given, attention_bias optional, a sliding window as qwen2's;
 //   mixtral: mistral's attention, every MLP a mixture of experts (block_sparse_moe);
 //   qwen2_moe: qwen2's attention, mixtures of experts with a gated shared expert;
-//   qwen3_moe: qwen3's attention, mixtures of experts.
-// gemma2, gemma3_text, phi3, gpt_oss and deepseek_v3 have their parameter tables here (names,
+//   qwen3_moe: qwen3's attention, mixtures of experts;
+//   gemma2: (1 + w) norms before and after attention and MLP, GeLU-tanh, scaled embeddings,
+//     query_pre_attn_scalar, soft-capped scores and logits, sliding layers alternating;
+//   gemma3_text: gemma2's with q_norm and k_norm, a local RoPE base on its sliding layers.
+// phi3, gpt_oss and deepseek_v3 have their parameter tables here (names,
 // shapes, counts) but no forward yet: llama_config_parse and the presets refuse them by name
 // (llama_family_modelled).
 typedef enum {
