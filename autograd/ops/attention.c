@@ -216,7 +216,7 @@ ag_tensor *ag_attention_spec_run(ag_ctx *ctx, const char *site, ag_tensor *q, ag
                 ctx->attention == AG_ATTENTION_FLASH
                     ? "flash attention with a scale of its own or a soft-cap of the scores is not modelled (eager only)"
                     : "a scale and a soft-cap must be positive, or 0 for none",
-                (double)spec->scale, (double)spec->softcap);
+                (double)(spec->scale > 0.0f ? spec->scale : 1.0f / sqrtf((float)D)), (double)spec->softcap);
         return NULL;
     }
     a.scale = spec->scale, a.softcap = spec->softcap;
