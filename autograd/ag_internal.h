@@ -49,6 +49,7 @@ struct ag_ctx {
     ag_precision dtype;         // element sizes billed (meta mode); float32 by default
     const ag_framework_row *fw; // the framework's row: every framework decision the ops make
     ag_attention_kind attention;
+    const ag_device_row *dev; // the device's row: which kernel each attention is
     ag_node **tape;
     size_t ntape, cap;
     ag_status status;

@@ -10,6 +10,7 @@ ag_ctx *ag_ctx_new(void) {
         ctx->grad_enabled = true;
         ctx->dtype = ag_precision_f32();
         ctx->fw = ag_framework_row_of(AG_FRAMEWORK_LEAN);
+        ctx->dev = ag_device_row_of(AG_DEVICE_CPU);
     }
     return ctx;
 }
@@ -42,7 +43,7 @@ ag_framework ag_ctx_framework(const ag_ctx *ctx) {
 }
 
 void ag_ctx_set_attention(ag_ctx *ctx, ag_attention_kind a) {
-    if (ctx && (a == AG_ATTENTION_EAGER || a == AG_ATTENTION_FLASH)) ctx->attention = a;
+    if (ctx && (unsigned)a < AG_NATTENTION) ctx->attention = a;
 }
 
 ag_attention_kind ag_ctx_attention(const ag_ctx *ctx) { return ctx ? ctx->attention : AG_ATTENTION_EAGER; }

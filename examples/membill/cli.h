@@ -16,7 +16,14 @@ typedef struct cli_device cli_device; // device.c
 enum { EXIT_RUN_FAILED = 1, EXIT_USAGE = 2 };
 
 // The subcommands, as bits of an option's set of commands.
-typedef enum { CLI_TRAIN = 1, CLI_INFER = 2, CLI_COMPARE = 4, CLI_PLAN = 8, CLI_CHECK = 16, CLI_SNAPSHOT = 32 } cli_command_bit;
+typedef enum {
+    CLI_TRAIN = 1,
+    CLI_INFER = 2,
+    CLI_COMPARE = 4,
+    CLI_PLAN = 8,
+    CLI_CHECK = 16,
+    CLI_SNAPSHOT = 32
+} cli_command_bit;
 
 typedef struct {
     const char *name;
@@ -83,10 +90,13 @@ const char *cli_framework_choices(void);
 const char *cli_framework_help(void);
 // membill help frameworks: every field of every row, in words.
 void cli_frameworks_help(FILE *f);
+void cli_devices_help(FILE *f); // the devices and their SDPA kernels (membill help frameworks)
 // The framework a run bills when --framework is not given.
 #define CLI_DEFAULT_FRAMEWORK AG_FRAMEWORK_PYTORCH
 // --attention: "eager", "flash" (NULL is eager). False for anything else.
 bool cli_parse_attention(const char *name, ag_attention_kind *out);
+// CUDA's kernels under --device cuda or --gpu, the CPU's otherwise.
+ag_device cli_device_kind(const cli_options *o);
 const char *cli_attention_name(ag_attention_kind a);
 const char *cli_attention_text(ag_attention_kind a);
 
@@ -253,7 +263,7 @@ typedef struct {
     long batch, seq_len;
     const long *seq_lens; // --seq-lens: step s runs seq_lens[s] tokens (NULL: every step seq_len)
     long *owned_lens;     // the list when cli_train_prepare made it
-    cli_text text; // a prompt's tokenizer and ids
+    cli_text text;        // a prompt's tokenizer and ids
     optim_config ocfg;
     step_record *steps; // nsteps of them
     long nsteps;
@@ -262,6 +272,7 @@ typedef struct {
     cli_dtype dtype;      // anything but float32 needs meta
     ag_framework framework;
     ag_attention_kind attention;
+    ag_device device; // whose kernels: --device cuda or --gpu
     bool meta, checkpointing;
     uint64_t seed;
     bool dump_grads, save_weights; // through save, after the last backward / optimizer step
@@ -366,6 +377,7 @@ typedef struct {
     cli_dtype dtype; // anything but float32 needs meta
     ag_framework framework;
     ag_attention_kind attention;
+    ag_device device; // whose kernels: --device cuda or --gpu
     bool meta;
     uint64_t seed;
     cli_lora lora; // --adapter: generation through the adapters

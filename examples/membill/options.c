@@ -83,9 +83,11 @@ static const opt_spec specs[] = {
     {"--steps", "N", T_LONG, OFF(steps), TR, "1", 0, NULL, 1, 100000, NULL,
      "training steps; with 2 or more the timings are the median of steps 2..N"},
     {"--framework", "NAME", T_CHOICE, OFF(framework), TR | IN | CO | PL | CH, "pytorch", 0, NULL, 0, 0, NULL, NULL},
-    {"--attention", "NAME", T_CHOICE, OFF(attention), TR | IN | CO | PL | CH, "eager", 0, NULL, 0, 0, "eager|flash",
-     "eager (the T x T probabilities materialised, as HF's eager path) or flash (FlashAttention-2: key/value tiles "
-     "with an online softmax, no T x T tensor, as SDPA's flash kernel)"},
+    {"--attention", "NAME", T_CHOICE, OFF(attention), TR | IN | CO | PL | CH, "eager", 0, NULL, 0, 0,
+     "eager|flash|efficient|cudnn",
+     "eager (the T x T probabilities materialised, as HF's eager path) or one of SDPA's fused kernels, key/value "
+     "tiles with an online softmax and no T x T tensor: flash (FlashAttention-2), efficient and cudnn (CUDA only: "
+     "the memory-efficient and cuDNN kernels, each keeping what its own code keeps; docs/gpu.md)"},
     {"--optimizer", "NAME", T_CHOICE, OFF(optimizer), TR | CO | PL, "adam", 0, NULL, 0, 0,
      "adam|adamw|sgd|sgd-momentum|none", "the optimizer, with torch.optim's defaults"},
     {"--adam-impl", "NAME", T_CHOICE, OFF(adam_impl), TR | CO | PL, "for-loop", PL, "foreach", 0, 0,

@@ -37,6 +37,7 @@ static int meta_step(const plan_setting *s, long B, long T, step_record *steps, 
     r.checkpointing = s->checkpointing;
     r.framework = s->framework;
     r.attention = s->attention;
+    r.device = s->device;
     r.lora = s->lora;
     r.grad_accum = s->grad_accum > 1 ? s->grad_accum : 1;
     return z ? cli_zero_train_run(&r, z, err) : cli_train_run(&r, err);
@@ -55,6 +56,7 @@ static int meta_generate(const plan_setting *s, long B, long T, ag_err *err) {
     r.meta = true;
     r.framework = s->framework;
     r.attention = s->attention;
+    r.device = s->device;
     int rc = cli_infer_run(&r, err);
     cli_infer_free(&r);
     return rc;
@@ -253,6 +255,7 @@ static void plan_setting_from(const cli_options *o, plan_setting *s) {
     s->infer = o->infer;
     cli_parse_framework(o->framework, &s->framework);
     cli_parse_attention(o->attention, &s->attention);
+    s->device = cli_device_kind(o);
     optim_parse_kind(o->optimizer, &kind);
     if (s->infer) {
         ag_err e;
@@ -304,28 +307,13 @@ static int plan_report(const cli_options *o, const plan_setting *s, const plan_b
     llama_closed_form cf;
     llama_dtype_bytes d = plan_dtype_bytes(s);
     llama_closed_form_dtype(&s->cfg, s->batch, s->infer ? plan_cache_tokens(s) : s->seq_len, &d, &cf);
-    if (!s->infer && s->attention == AG_ATTENTION_FLASH) llama_closed_form_flash(&s->cfg, s->batch, s->seq_len, &cf);
+    if (!s->infer && s->attention != AG_ATTENTION_EAGER) llama_closed_form_flash(&s->cfg, s->batch, s->seq_len, &cf);
     if (s->checkpointing) llama_closed_form_checkpointing(&s->cfg, s->batch, s->seq_len, &d, &cf);
     gpu_share g = plan_per_gpu(s, b);
     bool to_stdout = o->json && strcmp(o->json, "-") == 0;
-    plan_view view = {s,
-                      b,
-                      &cf,
-                      &g,
-                      device,
-                      f->max_batch,
-                      f->max_seq,
-                      f->batch_capped,
-                      f->seq_capped,
-                      f->smallest,
-                      other,
-                      devr,
-                      !s->seq_lens,
-                      o->hub,
-                      a->gpus_auto,
-                      a->min_gpus,
-                      a->suggestions,
-                      a->nsuggestions};
+    plan_view view = {
+        s,           b,     &cf,  &g,           device, f->max_batch, f->max_seq,  f->batch_capped, f->seq_capped,
+        f->smallest, other, devr, !s->seq_lens, o->hub, a->gpus_auto, a->min_gpus, a->suggestions,  a->nsuggestions};
     if (!o->quiet && !to_stdout) plan_report_text(stdout, &view);
     json_t *root = plan_report_json(&view);
     char title[256];
@@ -388,7 +376,7 @@ int cmd_plan(const cli_options *o) {
     plan_bill other_bill, *other = NULL;
     if (rc == 0 && !s.infer) {
         plan_setting os = s;
-        os.attention = s.attention == AG_ATTENTION_FLASH ? AG_ATTENTION_EAGER : AG_ATTENTION_FLASH;
+        os.attention = plan_other_attention(s.attention);
         ag_err oe = {""};
         if (measure(&os, s.batch, s.seq_len, &other_bill, &oe) == 0) other = &other_bill;
     }

@@ -51,11 +51,12 @@ typedef struct {
     bool checkpointing; // training: every block recomputed in backward
     ag_framework framework;
     ag_attention_kind attention;
+    ag_device device;
     cli_lora lora; // rank 0: every parameter trains
     cli_device dev;
-    long nsteps;          // training steps billed: 2, or --seq-lens' lengths twice
-    long *seq_lens;       // --seq-lens repeated (NULL: every step seq_len)
-    long nlens;           // --seq-lens' own count
+    long nsteps;    // training steps billed: 2, or --seq-lens' lengths twice
+    long *seq_lens; // --seq-lens repeated (NULL: every step seq_len)
+    long nlens;     // --seq-lens' own count
 } plan_setting;
 
 // One device's share: model states as ZeRO shards them (stage 1 the optimizer state, 2 also
@@ -130,3 +131,8 @@ long plan_cache_tokens(const plan_setting *s);
 const char *plan_weight_dtype_name(const cli_dtype *d);
 void plan_report_text(FILE *out, const void *arg);
 json_t *plan_report_json(const plan_view *v);
+
+// The attention a plan sets beside its own: eager beside a fused kernel, flash beside eager.
+static inline ag_attention_kind plan_other_attention(ag_attention_kind a) {
+    return a == AG_ATTENTION_EAGER ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER;
+}

@@ -102,11 +102,10 @@ static void text_states(FILE *out, const plan_view *v) {
     uint64_t states_bytes = b->peak[MP_WEIGHT] + b->peak[MP_GRADIENT] + b->peak[MP_OPTIMIZER];
     cli_above_four_copies_text(out, "  ", b->total, b->at_peak, states_bytes, b->peak_events);
     if (v->other) {
-        bool flash = s->attention == AG_ATTENTION_FLASH;
         int64_t d = (int64_t)v->other->total - (int64_t)b->total;
         fprintf(out, "  with --attention %s instead: total peak %s (%s%s), activations at their peak %s\n",
-                flash ? "eager" : "flash", mp_format_bytes(x, sizeof x, v->other->total), d < 0 ? "-" : "+",
-                mp_format_bytes(y, sizeof y, (uint64_t)(d < 0 ? -d : d)),
+                cli_attention_name(plan_other_attention(s->attention)), mp_format_bytes(x, sizeof x, v->other->total),
+                d < 0 ? "-" : "+", mp_format_bytes(y, sizeof y, (uint64_t)(d < 0 ? -d : d)),
                 mp_format_bytes(f, sizeof f, v->other->peak[MP_ACTIVATION]));
     }
     char sum[64];
@@ -361,7 +360,7 @@ void plan_lora_closed_form(const plan_setting *s, llama_lora_closed_form *lf) {
 void plan_lora_act_form(const plan_setting *s, llama_lora_act_form *af) {
     llama_dtype_bytes d = plan_dtype_bytes(s);
     llama_closed_form_lora_activations(&s->cfg, &s->lora.cfg, s->batch, s->seq_len, &d, s->framework,
-                                       s->attention == AG_ATTENTION_FLASH, s->checkpointing, af);
+                                       s->attention != AG_ATTENTION_EAGER, s->checkpointing, af);
     // torch.autocast's casts (16-bit copies beside float32 tensors) are not in the closed form
     if (s->dt.autocast || s->dt.weight_bits != s->dt.act_bits) af->closed = false;
 }
@@ -676,7 +675,7 @@ json_t *plan_report_json(const plan_view *v) {
         if (!s->infer) json_object_set_new(root, "first_step_peak_bytes", json_integer((json_int_t)v->b->first_step));
         if (v->other) {
             json_t *oa = json_object();
-            json_object_set_new(oa, "attention", json_string(s->attention == AG_ATTENTION_FLASH ? "eager" : "flash"));
+            json_object_set_new(oa, "attention", json_string(cli_attention_name(plan_other_attention(s->attention))));
             json_object_set_new(oa, "total_peak_bytes", json_integer((json_int_t)v->other->total));
             json_object_set_new(oa, "activation_bytes", json_integer((json_int_t)v->other->peak[MP_ACTIVATION]));
             json_object_set_new(root, "other_attention", oa);

@@ -54,7 +54,14 @@ static const char *device_combinations(const cli_options *o) {
     if (o->gpu && cli_given(o, "--device-memory"))
         return "--gpu gives the device's memory: --device-memory is for a card that has no name here";
     if (!cuda && (o->cuda_alloc_conf || o->snapshot || cli_given(o, "--memory-fraction")))
-        return "--cuda-alloc-conf, --memory-fraction and --snapshot are the CUDA allocator's: add --device cuda or --gpu";
+        return "--cuda-alloc-conf, --memory-fraction and --snapshot are the CUDA allocator's: add --device cuda or "
+               "--gpu";
+    ag_attention_kind att = AG_ATTENTION_EAGER;
+    cli_parse_attention(o->attention, &att); // the table allows only known names
+    if (att != AG_ATTENTION_EAGER && !ag_device_row_of(cuda ? AG_DEVICE_CUDA : AG_DEVICE_CPU)->sdpa[att])
+        return att == AG_ATTENTION_EFFICIENT
+                   ? "--attention efficient is PyTorch's memory-efficient CUDA kernel: add --device cuda or --gpu"
+                   : "--attention cudnn is cuDNN's CUDA kernel: add --device cuda or --gpu";
     if (cli_given(o, "--memory-fraction") && !o->gpu && !cli_given(o, "--device-memory"))
         return "--memory-fraction is a share of the card's memory: name the card (--gpu or --device-memory)";
     if (o->seq_lens && (o->tokens || o->prompt || o->prompt_file))
@@ -63,7 +70,8 @@ static const char *device_combinations(const cli_options *o) {
     if (o->seq_lens && (cli_sharded(o) || (o->cmd == CLI_PLAN && (o->infer || o->gpus != 1))))
         return "--seq-lens varies one device's training steps: not with --infer, --gpus or --zero";
     if (cuda && o->cmd == CLI_TRAIN && cli_given(o, "--zero"))
-        return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's device";
+        return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's "
+               "device";
     if (o->snapshot && o->cmd == CLI_PLAN && (o->gpus > 1 || cli_given(o, "--zero")))
         return "--snapshot writes one device's whole run: the simulated rank of --gpus or --zero is not written";
     if (o->cmd == CLI_SNAPSHOT && !o->input) return "which snapshot? membill snapshot FILE.pickle";
@@ -74,7 +82,7 @@ static const char *device_combinations(const cli_options *o) {
 
 bool cli_check_combinations(const cli_options *o) {
     const char *bad = NULL;
-    char buf[600];
+    char buf[600], what[96];
     bool infer_plan = o->cmd == CLI_PLAN && o->infer;
     bool hub_id = llama_hub_is_id(o->model);
     ag_framework fw = CLI_DEFAULT_FRAMEWORK;
@@ -107,9 +115,18 @@ bool cli_check_combinations(const cli_options *o) {
     else if (o->dtype && !strcmp(o->dtype, "autocast-bf16") && !AG_FW(row, autocast))
         bad = framework_lacks(buf, sizeof buf, "--dtype autocast-bf16 is torch.autocast's semantics", AG_FWF_autocast,
                               AG_FW(row, name));
-    else if (o->attention && !strcmp(o->attention, "flash") && !AG_FW(row, flash_available))
-        bad = framework_lacks(buf, sizeof buf, "--attention flash is scaled_dot_product_attention", AG_FWF_flash,
-                              AG_FW(row, name));
+    else if (o->attention && strcmp(o->attention, "eager") != 0 && !AG_FW(row, flash_available))
+        bad = framework_lacks(
+            buf, sizeof buf,
+            (snprintf(what, sizeof what, "--attention %s is scaled_dot_product_attention", o->attention), what),
+            AG_FWF_flash, AG_FW(row, name));
+    else if (o->attention && (!strcmp(o->attention, "efficient") || !strcmp(o->attention, "cudnn")) &&
+             AG_FW(row, flash) != AG_FLASH_SDPA)
+        bad = (snprintf(buf, sizeof buf,
+                        "--attention %s is a kernel of PyTorch's SDPA: --framework %s has its own "
+                        "fused attention (--attention flash)",
+                        o->attention, AG_FW(row, name)),
+               buf);
     else if (o->cmd == CLI_INFER && o->dtype && !strcmp(o->dtype, "autocast-bf16"))
         bad = "--dtype autocast-bf16 is a training setting: a generation takes fp32, bf16 or fp16";
     else if (cli_given(o, "--group-size") && !(o->weight_dtype && strcmp(o->weight_dtype, "int4") == 0))
@@ -139,7 +156,8 @@ bool cli_check_combinations(const cli_options *o) {
     else if (o->offload && o->fsdp && !strcmp(o->offload, "optimizer"))
         bad = "FSDP's CPUOffloadPolicy moves the parameter shards with the optimizer: --offload optimizer+params";
     else if (o->cmd == CLI_PLAN && cli_given(o, "--gpus") && o->gpus == 0 && !o->device_memory && !o->gpu)
-        bad = "--gpus auto looks for the fewest GPUs whose share fits one device: add --device-memory SIZE or --gpu NAME";
+        bad =
+            "--gpus auto looks for the fewest GPUs whose share fits one device: add --device-memory SIZE or --gpu NAME";
     else if (o->cmd == CLI_TRAIN && cli_sharded(o) && o->dump_grads)
         bad = "--dump-grads writes whole gradients, which --zero and --fsdp shard or reduce in buckets: use it "
               "without them";
@@ -155,7 +173,8 @@ bool cli_check_combinations(const cli_options *o) {
     if (!bad) bad = device_combinations(o);
     if (!bad) {
         // Two outputs on stdout would interleave.
-        const char *outs[] = {o->json, o->timeline, o->svg, o->trace, o->html, o->dump_grads, o->save_weights, o->snapshot};
+        const char *outs[] = {o->json, o->timeline,   o->svg,          o->trace,
+                              o->html, o->dump_grads, o->save_weights, o->snapshot};
         int dashes = 0;
         for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) dashes += outs[i] && strcmp(outs[i], "-") == 0;
         if (dashes > 1) bad = "only one output can go to stdout ('-')";
