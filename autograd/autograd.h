@@ -97,6 +97,7 @@ struct ag_tensor {
     mp_block grad_new;      // ... and the one just written, summed with it after its node's backward
     uint32_t site;          // interned label (mp_site_name); a parameter's name
     uint64_t storage_bytes; // deferred parameters: what their storage is billed (their dtype when made)
+    bool own_bits;          // a parameter of its own dtype: its .grad and optimizer state take it too
 };
 
 // Data and its element type: what kernels take, so that one loop serves every dtype.
@@ -387,6 +388,10 @@ ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_categor
 ag_tensor *ag_tensor_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site, int bits);
 // A parameter: category weight, requires_grad, is_param, labelled with its name.
 ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name);
+// A parameter of its own float dtype (bits 32 or 16), whatever the context's (PEFT's float32
+// adapters beside a 16-bit base): its .grad and its optimizer state are of that dtype too, as
+// PyTorch makes a gradient and torch.optim its state like the parameter.
+ag_tensor *ag_param_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name, int bits);
 ag_tensor *ag_retain(ag_tensor *t);  // returns t
 void ag_release(ag_tensor *t);       // NULL is a no-op; a parameter's .grad goes with it
 void ag_zero_grad(ag_tensor *param); // frees .grad (set to none, as PyTorch)

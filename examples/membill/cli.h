@@ -54,7 +54,7 @@ typedef struct {
     const char *json, *timeline, *dump_grads, *save_weights, *svg, *trace, *html;
     long lora_rank;
     double lora_alpha, lora_dropout;
-    const char *lora_targets, *base_dtype, *adapter, *save_adapter;
+    const char *lora_targets, *base_dtype, *adapter, *save_adapter, *adapter_dtype;
     bool lora;
     const char *device, *gpu, *cuda_alloc_conf, *seq_lens, *snapshot, *against;
     double memory_fraction;

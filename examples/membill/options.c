@@ -112,6 +112,11 @@ static const opt_spec specs[] = {
     {"--base-dtype", "NAME", T_CHOICE, OFF(base_dtype), TR | CO | PL, NULL, 0, NULL, 0, 0, "nf4|int4|int8",
      "QLoRA: the frozen base's linear weights as bitsandbytes' NF4 (double-quantised absmax, about 4.127 bits), "
      "int4 (a 2-byte scale per 64) or int8 (a 4-byte scale per row, LLM.int8's), dequantised in the compute dtype"},
+    {"--adapter-dtype", "NAME", T_CHOICE, OFF(adapter_dtype), TR | IN | CO | PL, "float32", 0, NULL, 0, 0,
+     "float32|base",
+     "the adapters' dtype beside a 16-bit or quantised base: float32 (PEFT's get_peft_model and from_pretrained, "
+     "autocast_adapter_dtype=True: float32 adapters, gradients and Adam state; the input cast to float32 for "
+     "them) or base (the base's dtype: autocast_adapter_dtype=False, or the model cast after get_peft_model)"},
     {"--adapter", "DIR", T_PATH, OFF(adapter), TR | IN, NULL, 0, NULL, 0, 0, NULL,
      "a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to train on or generate with"},
     {"--lora", NULL, T_FLAG, OFF(lora), CO, NULL, 0, NULL, 0, 0, NULL,

@@ -12,10 +12,19 @@ static void row(FILE *out, const char *name, uint64_t measured, uint64_t closed,
             closed ? mp_format_bytes(b, sizeof b, closed) : "(measured only)", formula);
 }
 
+// An adapter element's bytes as weight, gradient and optimizer state: the run's, or the adapters'
+// own dtype (PEFT's float32) in every state.
+static void lora_element_bytes(const llama_lora_closed_form *lf, uint64_t *w, uint64_t *g, uint64_t *k) {
+    const uint64_t A = lf->adapter_params ? lf->adapter_params : 1;
+    *w = lf->adapter_weights / A, *g = lf->gradients / A, *k = lf->optimizer / A;
+}
+
 // The closed form's element sizes for the setting.
 llama_dtype_bytes plan_dtype_bytes(const plan_setting *s) {
+    optim_config own = s->ocfg; // a float32 parameter's own state (PEFT's float32 adapters)
+    own.state_bits = 32, own.master = false;
     llama_dtype_bytes d = {(uint64_t)s->dt.weight_bits / 8, (uint64_t)s->dt.grad_bits / 8, (uint64_t)s->dt.act_bits / 8,
-                           optim_state_bytes(&s->ocfg)};
+                           optim_state_bytes(&s->ocfg), optim_state_bytes(&own)};
     return d;
 }
 
@@ -48,11 +57,12 @@ static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *dt,
             "(B + (%llu + %llu + K)A)/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes"};
         llama_lora_closed_form lf;
         plan_lora_closed_form(s, &lf);
-        uint64_t A = lf.adapter_params;
-        w = lf.base_weights + d->weight * A, g = d->gradient * A, k = d->optimizer * A;
-        snprintf(text, len, lora_forms[stage], (unsigned long long)d->weight, (unsigned long long)d->gradient,
-                 (unsigned long long)d->optimizer, (unsigned long long)lf.adapter_params,
-                 (unsigned long long)lf.base_weights);
+        const uint64_t A = lf.adapter_params;
+        uint64_t aw, ag, ak;
+        lora_element_bytes(&lf, &aw, &ag, &ak);
+        w = lf.base_weights + aw * A, g = ag * A, k = ak * A;
+        snprintf(text, len, lora_forms[stage], (unsigned long long)aw, (unsigned long long)ag, (unsigned long long)ak,
+                 (unsigned long long)lf.adapter_params, (unsigned long long)lf.base_weights);
     }
     switch (stage) {
     case 0: return w + g + k;
@@ -371,16 +381,17 @@ static void text_states_lora(FILE *out, const plan_view *v) {
     const plan_bill *b = v->b;
     llama_lora_closed_form lf;
     plan_lora_closed_form(s, &lf);
-    llama_dtype_bytes d = plan_dtype_bytes(s);
+    uint64_t aw, ag, ak;
+    lora_element_bytes(&lf, &aw, &ag, &ak);
     char f[256], x[64], y[64], t[256];
     unsigned long long A = (unsigned long long)lf.adapter_params;
     snprintf(f, sizeof f, "frozen base %s (%s) + adapters %llu x %llu", mp_format_bytes(x, sizeof x, lf.base_weights),
-             s->lora.base_dtype ? s->lora.base_dtype : s->dt.long_name, A, (unsigned long long)d.weight);
+             s->lora.base_dtype ? s->lora.base_dtype : s->dt.long_name, A, (unsigned long long)aw);
     row(out, "weight", b->peak[MP_WEIGHT], lf.weights, f);
-    snprintf(f, sizeof f, "adapters A x %llu = %llu x %llu; none for the frozen base", (unsigned long long)d.gradient,
-             A, (unsigned long long)d.gradient);
+    snprintf(f, sizeof f, "adapters A x %llu = %llu x %llu; none for the frozen base", (unsigned long long)ag, A,
+             (unsigned long long)ag);
     row(out, "gradient", b->peak[MP_GRADIENT], lf.gradients, f);
-    snprintf(f, sizeof f, "adapters A x %llu; none for the frozen base", (unsigned long long)d.optimizer);
+    snprintf(f, sizeof f, "adapters A x %llu; none for the frozen base", (unsigned long long)ak);
     row(out, "optimizer", b->peak[MP_OPTIMIZER], lf.optimizer, f);
     llama_lora_act_form af;
     plan_lora_act_form(s, &af);
