@@ -4,7 +4,7 @@
 #include "ag_op_state.h"
 #include "autograd.h"
 
-#define AG_MAX_INPUTS 3
+#define AG_MAX_INPUTS 3 // edges a node holds inline; an op with more (the experts of a mixture) gets them on the heap
 #define AG_LABEL_MAX 256
 
 // Writes the gradients of the node's inputs from dout, the gradient of its output (its dtype is
@@ -34,7 +34,8 @@ struct ag_node {
     uint32_t site;   // the site prefix
     size_t index;    // on the tape
     int ninputs;
-    ag_edge in[AG_MAX_INPUTS];
+    ag_edge *in; // [ninputs]: in_inline, or malloc'd past AG_MAX_INPUTS
+    ag_edge in_inline[AG_MAX_INPUTS];
     ag_tensor *out; // weak: cleared when the output tensor is freed
     int64_t numel;  // of the output
     int ndim;       // and its shape, for the description of its gradient's block
@@ -136,6 +137,12 @@ bool ag_grad_get_all(ag_ctx *ctx, ag_node *n, ag_grad_dst *dst);
 // Hands the node's own gradient buffer over to input i when that input is a node with no
 // gradient yet and the same size (identity backward, as add): no copy, no new buffer.
 bool ag_grad_pass(ag_node *n, int i);
+// A gradient of input i (a node's output) that the op computed in a block of its own (billed as
+// the input's gradient, its shape and dtype), handed to the engine as PyTorch's does: it becomes
+// the input's gradient when none has arrived yet; otherwise PyTorch 1.13 sums the two out of
+// place into a new block, current PyTorch adds it in place; the part is freed either way. An
+// input that is not a node's output drops it. false with the error set.
+bool ag_grad_hand_over(ag_ctx *ctx, ag_node *n, int i, mp_block *part);
 // Backward of the nodes above `floor` only, newest first, each freed after it ran (the tape
 // below stays as it was): how a checkpoint runs its block's private part of the tape.
 ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor);

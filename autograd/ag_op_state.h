@@ -201,6 +201,110 @@ typedef struct {
 } ag_dropout_state;
 AG_SAVED_IN_A_ROW(ag_dropout_state, mask, 1);
 
+// moe_route: the router's logits to the top-k weights of each token (softmax in float32, top-k,
+// renormalised when asked).
+typedef struct {
+    union {
+        struct {
+            ag_tensor *probs; // [N, E] float32: the softmax
+            // PYTORCH: topk's int64 indices [N, k] (TopkBackward's), and with renorm the sum [N, 1]
+            // and the values before `/=` [N, k] (DivBackward's other and self); else NULL
+            ag_tensor *indices, *sum, *clone;
+        };
+        ag_tensor *saved[4];
+    };
+    int64_t N;
+    int E, k;
+    bool renorm;
+    int32_t *sel; // malloc'd: the chosen experts [N * k]; NULL in meta mode
+} ag_moe_route_state;
+AG_SAVED_IN_A_ROW(ag_moe_route_state, clone, 4);
+
+// moe_experts (LEAN): every routed pair's gate and up outputs, grouped by expert.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *x;     // [N, H]
+            ag_tensor *w;     // [N, k] the routing weights
+            ag_tensor *g, *u; // [N * k, I]: gate_e(x) and up_e(x) of each pair, expert by expert
+        };
+        ag_tensor *saved[4];
+    };
+    int64_t N, H, inter; // tokens, hidden, each expert's intermediate
+    int E, k;
+    ag_tensor **weights; // malloc'd, retained: gate[E], up[E], down[E]
+    int32_t *sel;        // malloc'd: the chosen experts [N * k]; NULL in meta mode
+    int64_t *count;      // malloc'd: the pairs each expert got [E]
+} ag_moe_experts_state;
+AG_SAVED_IN_A_ROW(ag_moe_experts_state, u, 4);
+
+// index_rows: y[n, C] = rows of src viewed as [R, C].
+typedef struct {
+    union {
+        struct {
+            ag_tensor *index; // PYTORCH: the int64 index tensor IndexBackward keeps (may be NULL)
+        };
+        ag_tensor *saved[1];
+    };
+    int64_t R, C, n;
+    int64_t *rows; // malloc'd [n]; NULL in meta mode
+} ag_index_rows_state;
+AG_SAVED_IN_A_ROW(ag_index_rows_state, index, 1);
+
+// scale_rows: y[n, C] = x[n, C] * s[n, 1].
+typedef struct {
+    union {
+        struct {
+            ag_tensor *x, *s; // x for ds, s for dx (PYTORCH's MulBackward keeps both)
+        };
+        ag_tensor *saved[2];
+    };
+    int64_t n, C;
+} ag_scale_rows_state;
+AG_SAVED_IN_A_ROW(ag_scale_rows_state, s, 2);
+
+// index_add: acc[rows[i]] += src[i], in place (PyTorch's index_add_).
+typedef struct {
+    union {
+        struct {
+            ag_tensor *src;   // PYTORCH: IndexAddBackward keeps the source
+            ag_tensor *index; // and its index
+        };
+        ag_tensor *saved[2];
+    };
+    int64_t R, C, n;
+    int64_t *rows; // malloc'd [n]; NULL in meta mode
+} ag_index_add_state;
+AG_SAVED_IN_A_ROW(ag_index_add_state, index, 2);
+
+// sigmoid_gate: y[N, C] = sigmoid(g[N, 1]) * x[N, C] (qwen2_moe's shared expert gate).
+typedef struct {
+    union {
+        struct {
+            ag_tensor *sig; // [N, 1], sigmoid(g): SigmoidBackward's result and the mul's
+            ag_tensor *x;
+        };
+        ag_tensor *saved[2];
+    };
+    int64_t N, C;
+} ag_sigmoid_gate_state;
+AG_SAVED_IN_A_ROW(ag_sigmoid_gate_state, x, 2);
+
+// moe_aux_loss: the load-balancing loss of the routers' logits (each layer's [N, E]).
+typedef struct {
+    union {
+        struct {
+            ag_tensor *probs; // [L * N, E] float32: the softmax of the concatenated logits
+        };
+        ag_tensor *saved[1];
+    };
+    int64_t rows;
+    int E, k, layers;
+    float *frac; // malloc'd: the fraction of pairs routed to each expert [E]; NULL in meta mode
+    float scale; // d loss / d mean prob factor: E / rows
+} ag_moe_aux_loss_state;
+AG_SAVED_IN_A_ROW(ag_moe_aux_loss_state, probs, 1);
+
 // One node's state: the member named after the node's op (add keeps none).
 typedef union {
     ag_tensor *saved[AG_MAX_SAVED]; // the generic view of any op's saved tensors
@@ -218,6 +322,13 @@ typedef union {
     ag_scale_state scale;
     ag_repeat_kv_state repeat_kv;
     ag_dropout_state dropout;
+    ag_moe_route_state moe_route;
+    ag_moe_experts_state moe_experts;
+    ag_index_rows_state index_rows;
+    ag_scale_rows_state scale_rows;
+    ag_index_add_state index_add;
+    ag_sigmoid_gate_state sigmoid_gate;
+    ag_moe_aux_loss_state moe_aux_loss;
 } ag_op_state;
 
 // The number of saved tensors of the state member `m`.

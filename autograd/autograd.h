@@ -176,8 +176,9 @@ ag_status ag_ctx_status(const ag_ctx *ctx);
 const char *ag_ctx_error(const ag_ctx *ctx); // NULL when there was no error
 void ag_ctx_clear_error(ag_ctx *ctx);
 // A caller's failure inside a function the tape runs (a checkpointed block's recomputation in
-// backward): the context's error becomes msg (budget status when the profiler's budget was
-// hit), unless it has one already. Returns false.
+// backward; a routing file that lacks a layer in a sparse block), so that the ops after it stop:
+// the context's error becomes msg (budget status when the profiler's budget was hit), unless it
+// has one already. Returns false.
 bool ag_ctx_fail(ag_ctx *ctx, const char *msg);
 
 // Memory semantics: the same math, with what a framework allocates, keeps for backward and frees.
@@ -209,6 +210,13 @@ typedef enum { AG_LOSS_FUSED, AG_LOSS_HF } ag_loss_ops;
 // [T, T + 1] (target length T + 1 without an attention mask), or current transformers' [B, 1, T, T]
 // (a second one for Qwen's sliding layers).
 typedef enum { AG_MASK_NONE, AG_MASK_T_T1, AG_MASK_B_T_T } ag_mask_shape;
+// A mixture of experts: the router keeping its float32 softmax and one grouped dispatch of the
+// experts keeping each routed pair's gate and up outputs (GROUPED), or transformers' sparse block
+// op by op (HF_EAGER): softmax, topk and `/=` their sum with topk's int64 indices, the sum and the
+// values before it kept; one_hot, nonzero and the eager loop over the experts hit (torch.where's
+// indices, the gathered rows, the SwiGLU, the weighting, index_add_), each op keeping what its
+// node keeps and its backward allocating what it allocates.
+typedef enum { AG_MOE_GROUPED, AG_MOE_HF_EAGER } ag_moe_ops;
 // torch.optim's foreach Adam: current PyTorch's (eps added in place, lerp_ for exp_avg), or
 // 1.13's (eps added out of place: a second list of temporaries; exp_avg by mul_ and add_).
 typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113 } ag_foreach_kind;
@@ -235,7 +243,9 @@ typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113 } ag_foreach_kind;
     X(bool, output_cache)            /* the forward's output holds a DynamicCache */                                   \
     X(bool, output_holds_hidden)     /* the base model's output holds the last hidden state */                         \
     X(ag_foreach_kind, adam_foreach) /* torch.optim's foreach Adam */                                                  \
-    X(bool, zero_grad_first)         /* zero_grad opens the step (the Trainer's loop) */
+    X(bool, zero_grad_first)         /* zero_grad opens the step (the Trainer's loop) */                               \
+    X(ag_moe_ops, moe)               /* a mixture of experts' router and experts */                                    \
+    X(bool, node_sum_out_of_place)   /* a node's gradient made apart, summed out of place */
 
 typedef enum {
 #define AG_FW_FIELD_ID(type, field) AG_FWF_##field,
@@ -543,6 +553,83 @@ ag_tensor *ag_add(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b); //
 // Next-token cross-entropy of logits[B, T, V] against ids[B*T]: position t predicts ids[t+1],
 // mean over the B*(T-1) positions (HF labels=input_ids). Returns the loss, shape [1].
 ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, const int32_t *ids);
+
+// ================================================================================================
+// Mixture of experts (ops/moe_route.c, ops/moe_experts.c, ops/moe_eager.c, ops/moe_aux_loss.c)
+//
+// A sparse block routes each of its N tokens to k of its E experts: the router's logits give the
+// weights (ag_moe_route), and each expert's SwiGLU runs over the tokens routed to it, its output
+// scaled by the token's weight and summed into the token's row (ag_moe_experts). A real run
+// routes by the logits; meta mode has no logits, so the caller says how many tokens each expert
+// gets (the routing assumption), and every bill follows from those counts.
+// ================================================================================================
+
+// Where a block's tokens went.
+typedef struct {
+    int64_t tokens;  // N
+    int k, experts;  // top-k of E
+    int32_t *expert; // [N * k]: each token's experts, in top-k order; NULL in meta mode
+    int64_t *count;  // [E]: the tokens routed to each (they sum to N * k)
+} ag_moe_routing;
+void ag_moe_routing_free(ag_moe_routing *r); // NULL is ignored; zeroes *r
+
+typedef struct {
+    int top_k;
+    bool renorm;            // norm_topk_prob: the k weights divided by their sum
+    const int64_t *assumed; // meta mode: the tokens each expert gets ([E], summing to N x k)
+} ag_moe_route_opts;
+
+// The routing weights w[N, k] of logits[.., E] (N rows): p = softmax(logits) in float32, the k
+// largest of each row (the first of equal ones), divided by their sum when renorm; w has like's
+// dtype (transformers' routing_weights.to(hidden_states.dtype)). *r gets the routing (owned by
+// the caller: ag_moe_routing_free). The node keeps p (float32); under the PyTorch frameworks also
+// topk's int64 indices and, with renorm, the sum and the values before the in-place division.
+ag_tensor *ag_moe_route(ag_ctx *ctx, const char *site, ag_tensor *logits, const ag_tensor *like,
+                        const ag_moe_route_opts *o, ag_moe_routing *r);
+
+// What transformers' eager dispatch does that changes its allocations, per family, and the
+// names of its experts' projections (the sites' labels).
+typedef struct {
+    // mixtral: the experts hit kept as a tensor [hit, 1] through the loop, and each expert's mask
+    // slice taken with one of its rows (a copy); qwen2_moe, qwen3_moe: as Python ints (a view)
+    bool hit_tensor;
+    const char *proj[3]; // gate, up, down: "w1", "w3", "w2" (mixtral) or "gate_proj", "up_proj", "down_proj"
+} ag_moe_eager;
+
+// y[.., H] = Σ_j w[t, j] down_e(silu(gate_e(x_t)) * up_e(x_t)), e the j-th expert of token t, for
+// x[.., H] (N rows), w[N, k] and the routing r. gate[e] and up[e] are [I, H], down[e] [H, I].
+// LEAN: one grouped dispatch, the pairs sorted by expert; the node keeps each pair's gate and up
+// outputs ([N k, I] each) and recomputes the rest. Under the PyTorch frameworks: transformers'
+// eager loop over the experts that got tokens, op by op (the expert mask [E, k, N] as one_hot
+// int64, each expert's torch.where indices, the gathered rows, its SwiGLU, the scaled output and
+// index_add_ into zeros), each op billed and kept as PyTorch keeps it.
+ag_tensor *ag_moe_experts(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, const ag_moe_routing *r,
+                          ag_tensor *const *gate, ag_tensor *const *up, ag_tensor *const *down, const ag_moe_eager *hf);
+
+// y[n, C] = the rows of src viewed as [R, C] (C divides src's elements): y[i] = src[rows[i]] (rows
+// copied; NULL in meta mode). index (may be NULL) is the int64 tensor holding the rows, kept for
+// backward as PyTorch's IndexBackward keeps it. Backward: a zeroed gradient of src's size into
+// which the rows' gradients accumulate.
+ag_tensor *ag_index_rows(ag_ctx *ctx, const char *site, ag_tensor *src, int64_t C, const int64_t *rows, int64_t n,
+                         ag_tensor *index);
+// y[n, C] = x[n, C] * s[n, 1] (a weight per row).
+ag_tensor *ag_scale_rows(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *s);
+// acc[rows[i]] += src[i] in place (index_add_ along dimension 0 of acc[R, C]): the result owns
+// acc's storage, and acc (taken over: the caller's reference) must not be used again. index as
+// ag_index_rows's.
+ag_tensor *ag_index_add(ag_ctx *ctx, const char *site, ag_tensor *acc, const int64_t *rows, int64_t n, ag_tensor *src,
+                        ag_tensor *index);
+// Expert parallelism's all-to-all as one rank of the group sees it: x[n, C] goes out to the other
+// ranks and y[m, C] comes in (their rows for this rank's experts); backward sends y's gradient
+// back and receives x's. Meta mode only (a simulated rank: the bill of its buffers).
+ag_tensor *ag_all_to_all(ag_ctx *ctx, const char *site, ag_tensor *x, int64_t m);
+// y[N, C] = sigmoid(g[N, 1]) * x[N, C] (qwen2_moe's shared expert gate).
+ag_tensor *ag_sigmoid_gate(ag_ctx *ctx, const char *site, ag_tensor *g, ag_tensor *x);
+// The load-balancing loss of Switch Transformer as transformers computes it
+// (load_balancing_loss_func, no attention mask): logits[l] [N, E] of each of the L sparse layers,
+// p = softmax over their concatenation, f_e the share of top-k choices that went to expert e,
+// loss = E Σ_e f_e mean(p[:, e]). A scalar [1]; its gradient reaches each layer's logits.
+ag_tensor *ag_moe_aux_loss(ag_ctx *ctx, const char *site, int layers, ag_tensor *const *logits, int top_k);
 
 // Compute threads: one pool runs every parallel loop and every large sgemm (OpenBLAS itself runs
 // single-threaded inside it). Idle threads sleep after a few microseconds, and loops are handed

@@ -29,6 +29,8 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .output_holds_hidden = false,
             .adam_foreach = AG_FOREACH_CURRENT,
             .zero_grad_first = false,
+            .moe = AG_MOE_GROUPED,
+            .node_sum_out_of_place = false,
         },
     [AG_FRAMEWORK_PYTORCH] =
         {
@@ -53,6 +55,8 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .output_holds_hidden = true,
             .adam_foreach = AG_FOREACH_CURRENT,
             .zero_grad_first = true,
+            .moe = AG_MOE_HF_EAGER,
+            .node_sum_out_of_place = false,
         },
     [AG_FRAMEWORK_PYTORCH_113] =
         {
@@ -77,6 +81,8 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .output_holds_hidden = true,
             .adam_foreach = AG_FOREACH_113,
             .zero_grad_first = true,
+            .moe = AG_MOE_HF_EAGER,
+            .node_sum_out_of_place = true,
         },
 };
 
@@ -172,6 +178,19 @@ static const field_text texts[AG_FW_NFIELDS] = {
                                 "zero_grad (set_to_none)",
                                 {"after the optimizer step",
                                  "opens the step, a phase of its own (the Trainer's loop)"}},
+    [AG_FWF_moe] =
+        {"moe",
+         "a mixture of experts' router and experts",
+         {"the router's float32 softmax kept; one grouped dispatch of the experts keeping each routed pair's "
+          "gate and up outputs, the rest recomputed in backward",
+          "transformers' sparse block op by op: topk's int64 indices, the sum and the values before `/=` "
+          "kept; one_hot, nonzero and the eager loop over the experts hit (torch.where's indices, the "
+          "gathered rows, the SwiGLU, the weighting, index_add_ keeping its source), IndexBackward's "
+          "new_zeros of the source in backward"}},
+    [AG_FWF_node_sum_out_of_place] =
+        {"node_sum_out_of_place",
+         "a node's gradient an op made apart (IndexBackward's new_zeros) when one is there",
+         {"added into it in place", "summed with it out of place (1.13's input buffer: 3 at the sum)"}},
 };
 
 const char *ag_framework_field_name(ag_framework_field f) { return (unsigned)f < AG_FW_NFIELDS ? texts[f].name : NULL; }

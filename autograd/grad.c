@@ -1,4 +1,5 @@
 // The backward pass and the gradient buffers it hands to the ops' backward functions.
+#include <stdlib.h>
 #include <string.h>
 
 #include "ag_internal.h"
@@ -133,6 +134,36 @@ bool ag_grad_get_all(ag_ctx *ctx, ag_node *n, ag_grad_dst *dst) {
     return true;
 }
 
+bool ag_grad_hand_over(ag_ctx *ctx, ag_node *n, int i, mp_block *part) {
+    ag_node *to = n->in[i].kind == AG_EDGE_NODE ? n->in[i].node : NULL;
+    if (!to) {
+        mp_free(part);
+        return true;
+    }
+    if (to->grad.bytes == 0) { // the first gradient to arrive is the buffer itself
+        to->grad = *part;
+        *part = (mp_block){0};
+        return true;
+    }
+    ag_buf old = {to->grad.data, to->grad_dtype}, add = {part->data, to->grad_dtype};
+    if (AG_FW(ctx->fw, node_sum_out_of_place)) { // old + part (1.13), out of place
+        mp_block sum = {0};
+        char label[AG_LABEL_MAX];
+        ag_label(label, mp_site_name(to->site), "grad");
+        if (!ag_alloc_shaped(ctx, &sum, to->ndim, to->shape, ag_type_traits_of(to->grad_dtype)->bits, label)) {
+            mp_free(part);
+            return false;
+        }
+        if (sum.data) ag_vec_add((ag_buf){sum.data, to->grad_dtype}, old, add, to->numel);
+        mp_free(&to->grad);
+        to->grad = sum;
+    } else if (old.p) {
+        ag_vec_acc(old, false, add, to->numel);
+    }
+    mp_free(part);
+    return true;
+}
+
 bool ag_grad_pass(ag_node *n, int i) {
     if (n->in[i].kind != AG_EDGE_NODE) return false;
     ag_node *to = n->in[i].node;
@@ -154,12 +185,16 @@ ag_status ag_run_tape_to(ag_ctx *ctx, size_t floor) {
             mp_free(&n->grad);
             leaf_grads_settle(ctx, n);
         }
-        ag_tensor *leaves[AG_MAX_INPUTS];
+        ag_tensor *inline_leaves[AG_MAX_INPUTS], **leaves = inline_leaves;
+        const bool many = n->ninputs > AG_MAX_INPUTS;
+        if (many && !(leaves = malloc((size_t)n->ninputs * sizeof *leaves)))
+            ag_fail(ctx, AG_ERR_NOMEM, "backward: out of memory listing the parameters of %s", mp_site_name(n->site));
         int nleaves = 0;
-        for (int i = 0; i < n->ninputs; i++)
+        for (int i = 0; leaves && i < n->ninputs; i++)
             if (n->in[i].kind == AG_EDGE_LEAF && ag_first_edge_to(n, i)) leaves[nleaves++] = n->in[i].leaf;
         ag_node_free(n); // the leaves live on: their owner holds them
-        if (ctx->status == AG_OK) ag_hooks_after(ctx, leaves, nleaves);
+        if (leaves && ctx->status == AG_OK) ag_hooks_after(ctx, leaves, nleaves);
+        if (many) free(leaves);
     }
     return ctx->status;
 }

@@ -34,6 +34,12 @@ ag_node *ag_record(ag_ctx *ctx, const ag_op *op, const char *base, ag_tensor *ou
     }
     node->op = op;
     node->site = mp_site_id(base);
+    node->in = n <= AG_MAX_INPUTS ? node->in_inline : calloc((size_t)n, sizeof *node->in);
+    if (!node->in) {
+        free(node);
+        ag_fail(ctx, AG_ERR_NOMEM, "%s %s: out of memory for its tape node", op->name, base);
+        return NULL;
+    }
     node->ninputs = n;
     for (int i = 0; i < n; i++) {
         node->in[i] = edge_to(ins[i]);
@@ -69,6 +75,7 @@ void ag_node_free(ag_node *n) {
         n->out->requires_grad = false;
     }
     if (n->op->release) n->op->release(&n->state);
+    if (n->in != n->in_inline) free(n->in);
     free(n);
 }
 

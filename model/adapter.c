@@ -146,22 +146,29 @@ static int parse_config(const json_t *root, const char *path, llama_lora_config 
     return -1;
 }
 
-int llama_adapter_read_config(const char *dir, llama_lora_config *l, char *base, size_t len, ag_err *err) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, LLAMA_ADAPTER_CONFIG);
-    char *text = NULL;
-    size_t n = 0;
-    if (llama_read_small_file(path, "an adapter_config.json", ADAPTER_CONFIG_MAX, &text, &n, err) != 0) return -1;
+int llama_adapter_parse_config(const char *text, size_t len, const char *origin, llama_lora_config *l, char *base,
+                               size_t base_len, ag_err *err) {
+    const char *path = origin ? origin : LLAMA_ADAPTER_CONFIG;
     json_error_t je;
-    json_t *root = json_loadb(text, n, 0, &je);
-    free(text);
+    json_t *root = json_loadb(text, len, 0, &je);
     if (!json_is_object(root)) {
         ag_err_set(err, "%s: not a JSON object (line %d: %s)", path, je.line, root ? "another value" : je.text);
         json_decref(root);
         return -1;
     }
-    int rc = parse_config(root, path, l, base, len, err);
+    int rc = parse_config(root, path, l, base, base_len, err);
     json_decref(root);
+    return rc;
+}
+
+int llama_adapter_read_config(const char *dir, llama_lora_config *l, char *base, size_t len, ag_err *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, LLAMA_ADAPTER_CONFIG);
+    char *text = NULL;
+    size_t n = 0;
+    if (llama_read_file(path, "an adapter_config.json", ADAPTER_CONFIG_MAX, &text, &n, err) != 0) return -1;
+    int rc = llama_adapter_parse_config(text, n, path, l, base, len, err);
+    free(text);
     return rc;
 }
 

@@ -12,6 +12,7 @@ const char *llama_site(char buf[96], int64_t i, const char *what) {
 
 // x[B, T, H] -> x + down(silu(gate(norm(x))) * up(norm(x))); takes ownership of x.
 ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
+    if (llama_layer_moe(c, i)) return llama_moe_block(ctx, c, L, x, i);
     char s[96];
     ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "post_attention_layernorm"), x, L->post_norm, (float)c->rms_eps);
     ag_tensor *gu[2];

@@ -20,6 +20,8 @@ ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_layer *L, ag_tensor *x, 
 // x[B, T, H] -> x + down(silu(gate(norm(x))) * up(norm(x))); takes ownership of x. Records on
 // the tape in grad mode, not otherwise.
 ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);
+// blocks_moe.c: the same for a sparse layer (the router, the routed experts, the shared expert).
+ag_tensor *llama_moe_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);
 // What a training forward shares across its blocks as transformers' LlamaModel runs it
 // (PYTORCH semantics); all NULL for the lean forward and under checkpointing.
 typedef struct {

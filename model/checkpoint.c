@@ -200,7 +200,7 @@ static int open_shards(llama_ckpt *c, const char **shards, size_t n, const opene
 static int open_index(llama_ckpt **out, const char *path, const opener *op, ag_err *err) {
     char *text;
     size_t len;
-    if (llama_read_small_file(path, "a model.safetensors.index.json", INDEX_MAX_BYTES, &text, &len, err) != 0)
+    if (llama_read_file(path, "a model.safetensors.index.json", INDEX_MAX_BYTES, &text, &len, err) != 0)
         return -1;
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -365,7 +365,7 @@ int llama_ckpt_check_params(const llama_ckpt *c, const llama_config *cfg, bool a
     for (size_t i = 0; i < total; i++) {
         char *name = store + i * LLAMA_PARAM_NAME_MAX;
         int ndim = 2;
-        int64_t shape[2] = {cfg->vocab, cfg->hidden};
+        int64_t shape[LLAMA_PARAM_MAX_DIMS] = {cfg->vocab, cfg->hidden, 1};
         if (i < n)
             llama_param_spec(cfg, i, name, LLAMA_PARAM_NAME_MAX, &ndim, shape);
         else

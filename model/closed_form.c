@@ -2,6 +2,9 @@
 // element sizes of a dtype; and the exact bytes of quantised weights.
 #include "model.h"
 
+static void moe_terms(const llama_config *c, uint64_t BT, uint64_t a, llama_closed_form *out);
+static void closed_form_peak(const llama_config *c, uint64_t BT, uint64_t a, llama_closed_form *out);
+
 void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
                              llama_closed_form *out) {
     const uint64_t B = (uint64_t)batch, T = (uint64_t)seq, H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate,
@@ -22,8 +25,44 @@ void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, 
     // The head at the start of backward: the final norm's input and output, the logits and
     // their gradient, the float32 rstd and log-sum-exp rows.
     out->act_head = (2 * BT * H + 2 * BT * V) * a + 2 * BT * f32;
-    out->activations = L * out->act_per_block + out->act_head;
     out->kv_cache = 2 * L * hkv * D * T * B * a;
+    out->closed = true;
+    moe_terms(c, BT, a, out);
+    closed_form_peak(c, BT, a, out);
+}
+
+// A sparse block's difference from a dense one, and the shared expert's share of it.
+static void moe_terms(const llama_config *c, uint64_t BT, uint64_t a, llama_closed_form *out) {
+    const llama_moe *m = &c->moe;
+    out->moe_blocks = 0;
+    out->act_moe_delta = out->act_shared_saved = out->act_experts_moment = 0;
+    if (m->experts <= 0) return;
+    for (int64_t i = 0; i < c->layers; i++) out->moe_blocks += llama_layer_moe(c, i);
+    const uint64_t H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate, E = (uint64_t)m->experts,
+                   k = (uint64_t)m->top_k, Im = (uint64_t)m->intermediate, Is = (uint64_t)m->shared_intermediate;
+    out->act_shared_saved = Is ? (4 * BT * Is + BT * (m->shared_gate ? 1 + H : 0)) * a : 0;
+    out->act_moe_delta = BT * E * 4 + BT * k * a + 2 * BT * k * Im * a + out->act_shared_saved;
+    out->act_moe_delta -= 4 * BT * I * a; // what a dense block's MLP keeps, which a sparse one does not
+}
+
+// The activation peak: the head's moment, or the last sparse block's experts backward.
+static void closed_form_peak(const llama_config *c, uint64_t BT, uint64_t a, llama_closed_form *out) {
+    const uint64_t L = (uint64_t)c->layers;
+    const uint64_t saved = L * out->act_per_block + (uint64_t)out->moe_blocks * out->act_moe_delta;
+    // the load-balancing loss's backward runs first: each sparse layer's router logits then hold
+    // their gradient until the router's own backward
+    const uint64_t aux = c->moe.aux_loss ? (uint64_t)out->moe_blocks * BT * (uint64_t)c->moe.experts * a : 0;
+    out->activations = saved + out->act_head + aux;
+    if (out->moe_blocks == 0) return;
+    int64_t last = c->layers - 1;
+    while (last > 0 && !llama_layer_moe(c, last)) last--;
+    uint64_t upto = 0; // the saved sets of the blocks up to the last sparse one
+    for (int64_t i = 0; i <= last; i++) upto += out->act_per_block + (llama_layer_moe(c, i) ? out->act_moe_delta : 0);
+    const uint64_t H = (uint64_t)c->hidden, k = (uint64_t)c->moe.top_k, Im = (uint64_t)c->moe.intermediate;
+    const bool shared = c->moe.shared_intermediate > 0;
+    out->act_experts_moment = upto - out->act_shared_saved + aux + (shared ? 3 : 2) * BT * H * a +
+                              3 * BT * k * (H + Im) * a + (shared ? 0 : BT * H * a) + BT * k * a;
+    if (out->act_experts_moment > out->activations) out->activations = out->act_experts_moment;
 }
 
 void llama_closed_form_flash(const llama_config *c, int64_t batch, int64_t seq, llama_closed_form *out) {
@@ -31,7 +70,9 @@ void llama_closed_form_flash(const llama_config *c, int64_t batch, int64_t seq, 
     out->act_lse_per_block = (uint64_t)batch * (uint64_t)c->heads * (uint64_t)seq * 4;
     out->act_per_block = out->act_per_block - out->act_probs_per_block + out->act_lse_per_block;
     out->act_probs_per_block = 0;
-    out->activations = (uint64_t)c->layers * out->act_per_block + out->act_head;
+    // the activations' element size, from the head's terms (their float32 rows set apart)
+    const uint64_t BT = (uint64_t)batch * (uint64_t)seq, rows = 2 * BT * ((uint64_t)c->hidden + (uint64_t)c->vocab);
+    closed_form_peak(c, BT, (out->act_head - 2 * BT * 4) / rows, out);
 }
 
 // Full recomputation keeps only each block's input through forward, so the activation peak is
@@ -54,6 +95,7 @@ void llama_closed_form_checkpointing(const llama_config *c, int64_t batch, int64
     out->act_recompute = out->act_per_block + (BT * I + (I > H ? BT * I : BT * H) + 1) * a;
     out->activations =
         out->act_block_inputs + (out->act_head_moment > out->act_recompute ? out->act_head_moment : out->act_recompute);
+    out->closed = out->moe_blocks == 0; // a sparse block's recomputation and backward are not closed
 }
 
 void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq, uint64_t optimizer_bytes_per_param,
@@ -68,11 +110,13 @@ void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq
 uint64_t llama_weight_bytes(const llama_config *c, int bits, int64_t group, int scale_bytes, int vector_bits) {
     uint64_t total = 0;
     for (size_t i = 0; i < llama_param_count_tensors(c); i++) {
-        char name[LLAMA_PARAM_NAME_MAX];
-        int ndim;
-        int64_t shape[2];
-        if (llama_param_spec(c, i, name, sizeof name, &ndim, shape) != 0) return 0;
-        uint64_t rows = ndim == 2 ? (uint64_t)shape[0] : 1, cols = (uint64_t)shape[ndim - 1];
+        llama_param_info p;
+        if (llama_param_info_of(c, i, &p) != 0) return 0;
+        // a matrix's rows: every dimension but the last (a stack of experts' matrices included)
+        uint64_t rows =
+                     (uint64_t)p.shape[0] * (uint64_t)p.shape[1] * (uint64_t)p.shape[2] / (uint64_t)p.shape[p.ndim - 1],
+                 cols = (uint64_t)p.shape[p.ndim - 1];
+        const int ndim = p.ndim;
         if (bits >= 16)
             total += rows * cols * (uint64_t)bits / 8;
         else if (ndim == 1)
@@ -89,14 +133,13 @@ void llama_closed_form_lora(const llama_config *c, const llama_lora_config *l, c
     out->base_params = llama_param_count(c);
     out->adapter_params = llama_lora_param_count(c, l);
     out->base_weights = 0;
-    const size_t per = llama_params_per_layer(c), n = llama_param_count_tensors(c);
+    const size_t n = llama_param_count_tensors(c);
     for (size_t i = 0; i < n; i++) {
-        char name[LLAMA_PARAM_NAME_MAX];
-        int ndim;
-        int64_t shape[2];
-        if (llama_param_spec(c, i, name, sizeof name, &ndim, shape) != 0) return;
-        const uint64_t rows = (uint64_t)shape[0], cols = (uint64_t)shape[1], numel = rows * cols;
-        const bool block_matrix = ndim == 2 && i >= 1 && i <= (size_t)c->layers * per;
+        llama_param_info p;
+        if (llama_param_info_of(c, i, &p) != 0) return;
+        const uint64_t cols = (uint64_t)p.shape[p.ndim - 1],
+                       numel = (uint64_t)p.shape[0] * (uint64_t)p.shape[1] * (uint64_t)p.shape[2], rows = numel / cols;
+        const bool block_matrix = p.matrix;
         if (!block_matrix || base_bits >= 16)
             out->base_weights += numel * (block_matrix ? (uint64_t)base_bits / 8 : d->weight);
         else if (nf4)

@@ -30,6 +30,32 @@ static int check_size(const char *field, int64_t v, int64_t max, ag_err *err) {
     return 0;
 }
 
+// The experts of a config built in code (a config.json's fields are checked as they are read,
+// each by its name): sizes in bounds, top-k within the experts.
+static int validate_moe(const llama_config *c, ag_err *err) {
+    const llama_moe *m = &c->moe;
+    if (m->experts == 0) return 0;
+    if (m->experts < 0 || m->experts > (1 << 16) || m->top_k < 1 || m->top_k > m->experts) {
+        ag_err_set(err,
+                   "the mixture of experts (%lld experts, %lld a token) must have 1 to 65536 experts and 1 to "
+                   "that many a token",
+                   (long long)m->experts, (long long)m->top_k);
+        return -1;
+    }
+    if (m->ep < 0 || (m->ep > 1 && m->experts % m->ep != 0)) {
+        ag_err_set(err, "expert parallelism over %lld ranks must divide the %lld experts", (long long)m->ep,
+                   (long long)m->experts);
+        return -1;
+    }
+    if (m->intermediate < 1 || m->intermediate > LLAMA_MAX_INTERMEDIATE || m->shared_intermediate < 0 ||
+        m->shared_intermediate > LLAMA_MAX_INTERMEDIATE || m->sparse_step < 1 || m->dense_first < 0) {
+        ag_err_set(err, "the mixture of experts' sizes (expert intermediate %lld, shared %lld) are out of bounds",
+                   (long long)m->intermediate, (long long)m->shared_intermediate);
+        return -1;
+    }
+    return 0;
+}
+
 // head_dim_derived: head_dim was not in the config.json but hidden_size / num_attention_heads,
 // which the message then names.
 static int validate(const llama_config *c, bool head_dim_derived, ag_err *err) {
@@ -92,6 +118,7 @@ static int validate(const llama_config *c, bool head_dim_derived, ag_err *err) {
         ag_err_set(err, "field rms_norm_eps (%g) must be at least %g and below 1", c->rms_eps, LLAMA_MIN_RMS_EPS);
         return -1;
     }
+    if (validate_moe(c, err) != 0) return -1;
     uint64_t total;
     if (llama_param_total(c, &total) != 0 || total > LLAMA_MAX_PARAMS) {
         ag_err_set(err, "the config describes an absurd number of parameters (more than 10^13)");
@@ -260,7 +287,8 @@ static void field_at(char *out, size_t len, const char *text, size_t n, int pos)
     out[k] = '\0';
 }
 
-int llama_config_parse(llama_config *out, const char *text, size_t len, const char *origin, ag_err *err) {
+// any: a family not modelled yet is parsed for its table, not refused.
+static int parse_text(llama_config *out, const char *text, size_t len, const char *origin, bool any, ag_err *err) {
     const char *path = origin ? origin : "config.json";
     json_error_t jerr;
     json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
@@ -276,7 +304,8 @@ int llama_config_parse(llama_config *out, const char *text, size_t len, const ch
     bool derived = false;
     if (!json_is_object(root)) {
         ag_err_set(err, "%s: expected a JSON object", path);
-    } else if (parse_config(&c, &derived, root, path, err) == 0) {
+    } else if (parse_config(&c, &derived, root, path, err) == 0 &&
+               (any || llama_family_refuse_unmodelled(&c, path, err) == 0)) {
         ag_err verr;
         if (validate(&c, derived, &verr) != 0) {
             ag_err_set(err, "%s: %s", path, verr.msg);
@@ -289,10 +318,18 @@ int llama_config_parse(llama_config *out, const char *text, size_t len, const ch
     return rc;
 }
 
+int llama_config_parse(llama_config *out, const char *text, size_t len, const char *origin, ag_err *err) {
+    return parse_text(out, text, len, origin, false, err);
+}
+
+int llama_config_parse_any(llama_config *out, const char *text, size_t len, const char *origin, ag_err *err) {
+    return parse_text(out, text, len, origin, true, err);
+}
+
 int llama_config_load(llama_config *out, const char *path, ag_err *err) {
     char *text;
     size_t len;
-    if (llama_read_small_file(path, "a config.json", CONFIG_MAX_BYTES, &text, &len, err) != 0) return -1;
+    if (llama_read_file(path, "a config.json", CONFIG_MAX_BYTES, &text, &len, err) != 0) return -1;
     int rc = llama_config_parse(out, text, len, path, err);
     free(text);
     return rc;

@@ -6,63 +6,136 @@
 
 #include "model_internal.h"
 
+typedef int (*family_fields)(llama_config *c, const json_t *root, const char *path, ag_err *err);
+
+static int llama_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+static int mistral_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+static int qwen2_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+static int qwen3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+
+// What each family is and what its transformers config class defaults to.
 typedef struct {
-    const char *type;
+    const char *type; // model_type
+    const char *cls;  // the causal LM's class
     llama_family family;
+    bool modelled;         // the forward runs; else the family is refused by name
+    bool moe;              // its expert fields are its own (a dense family refuses them)
     int64_t max_positions; // the config class's default
     int64_t head_dim;      // its default, 0: hidden_size / num_attention_heads
+    double rope_theta, rms_eps;
+    bool tied;
+    family_fields fields;
 } family_info;
 
 static const family_info families[] = {
-    {"llama", LLAMA_FAMILY_LLAMA, 2048, 0},
-    {"mistral", LLAMA_FAMILY_MISTRAL, 131072, 0},
-    {"qwen2", LLAMA_FAMILY_QWEN2, 32768, 0},
-    {"qwen3", LLAMA_FAMILY_QWEN3, 32768, 128},
+    {"llama", "LlamaForCausalLM", LLAMA_FAMILY_LLAMA, true, false, 2048, 0, 10000.0, 1e-6, false, llama_fields},
+    {"mistral", "MistralForCausalLM", LLAMA_FAMILY_MISTRAL, true, false, 131072, 0, 10000.0, 1e-6, false,
+     mistral_fields},
+    {"qwen2", "Qwen2ForCausalLM", LLAMA_FAMILY_QWEN2, true, false, 32768, 0, 10000.0, 1e-6, false, qwen2_fields},
+    {"qwen3", "Qwen3ForCausalLM", LLAMA_FAMILY_QWEN3, true, false, 32768, 128, 10000.0, 1e-6, false, qwen3_fields},
+    {"mixtral", "MixtralForCausalLM", LLAMA_FAMILY_MIXTRAL, true, true, 131072, 0, 1e6, 1e-5, false,
+     llama_mixtral_fields},
+    {"qwen2_moe", "Qwen2MoeForCausalLM", LLAMA_FAMILY_QWEN2_MOE, true, true, 32768, 0, 10000.0, 1e-6, false,
+     llama_qwen2_moe_fields},
+    {"qwen3_moe", "Qwen3MoeForCausalLM", LLAMA_FAMILY_QWEN3_MOE, true, true, 32768, 0, 10000.0, 1e-6, false,
+     llama_qwen3_moe_fields},
+    {"gemma2", "Gemma2ForCausalLM", LLAMA_FAMILY_GEMMA2, false, false, 8192, 256, 10000.0, 1e-6, true,
+     llama_gemma_fields},
+    {"gemma3_text", "Gemma3ForCausalLM", LLAMA_FAMILY_GEMMA3, false, false, 131072, 256, 1e6, 1e-6, true,
+     llama_gemma_fields},
+    {"phi3", "Phi3ForCausalLM", LLAMA_FAMILY_PHI3, false, false, 4096, 0, 10000.0, 1e-5, false, llama_phi3_fields},
+    {"gpt_oss", "GptOssForCausalLM", LLAMA_FAMILY_GPT_OSS, false, true, 131072, 64, 150000.0, 1e-5, false,
+     llama_gpt_oss_fields},
+    {"deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_FAMILY_DEEPSEEK_V3, false, true, 4096, 0, 10000.0, 1e-6, false,
+     llama_deepseek_v3_fields},
 };
 #define NFAMILIES (sizeof families / sizeof families[0])
-#define SUPPORTED "supported: \"llama\", \"mistral\", \"qwen2\", \"qwen3\""
 
-const char *llama_family_name(llama_family f) {
+static const family_info *info_of(llama_family f) {
     for (size_t i = 0; i < NFAMILIES; i++)
-        if (families[i].family == f) return families[i].type;
-    return "?";
+        if (families[i].family == f) return &families[i];
+    return NULL;
+}
+
+const llama_moe_names *llama_family_moe_names(llama_family f) {
+    // transformers' eager dispatch: experts hit kept as a tensor in every family's current code
+    static const llama_moe_names mixtral = {"block_sparse_moe", true, {"w1", "w3", "w2"}};
+    static const llama_moe_names qwen = {"mlp", true, {"gate_proj", "up_proj", "down_proj"}};
+    return f == LLAMA_FAMILY_MIXTRAL ? &mixtral : &qwen;
+}
+
+const char *llama_family_name(llama_family f) { return info_of(f) ? info_of(f)->type : "?"; }
+const char *llama_family_class(llama_family f) { return info_of(f) ? info_of(f)->cls : "?"; }
+bool llama_family_modelled(llama_family f) { return info_of(f) && info_of(f)->modelled; }
+
+// The model_types membill runs, for messages: "\"llama\", \"mistral\", ...".
+static const char *supported(void) {
+    static char list[256];
+    if (list[0]) return list;
+    size_t n = 0;
+    for (size_t i = 0; i < NFAMILIES; i++)
+        if (families[i].modelled)
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s\"%s\"", n ? ", " : "", families[i].type);
+    return list;
 }
 
 int llama_parse_family(llama_config *c, const json_t *root, const char *path, ag_err *err) {
     const json_t *mt = json_object_get(root, "model_type");
     if (!mt) {
-        ag_err_set(err, "%s: field model_type missing (" SUPPORTED ")", path);
+        ag_err_set(err, "%s: field model_type missing (supported: %s)", path, supported());
         return -1;
     }
     for (size_t i = 0; json_is_string(mt) && i < NFAMILIES; i++) {
-        if (strcmp(json_string_value(mt), families[i].type) != 0) continue;
-        c->family = families[i].family;
-        c->max_positions = families[i].max_positions;
-        c->head_dim = families[i].head_dim;
+        const family_info *f = &families[i];
+        if (strcmp(json_string_value(mt), f->type) != 0) continue;
+        c->family = f->family;
+        c->max_positions = f->max_positions;
+        c->head_dim = f->head_dim;
+        c->rope_theta = f->rope_theta;
+        c->rms_eps = f->rms_eps;
+        c->tied = f->tied;
         return 0;
     }
     if (json_is_string(mt)) {
         char shown[64];
         ag_escape(shown, sizeof shown, json_string_value(mt));
-        ag_err_set(err, "%s: field model_type is \"%s\", a family membill does not model (" SUPPORTED ")", path, shown);
+        ag_err_set(err, "%s: field model_type is \"%s\", a family membill does not model (supported: %s)", path, shown,
+                   supported());
     } else {
-        ag_err_set(err, "%s: field model_type must be a string (it is %s; " SUPPORTED ")", path, llama_json_kind(mt));
+        ag_err_set(err, "%s: field model_type must be a string (it is %s; supported: %s)", path, llama_json_kind(mt),
+                   supported());
     }
+    return -1;
+}
+
+int llama_family_refuse_unmodelled(const llama_config *c, const char *path, ag_err *err) {
+    if (llama_family_modelled(c->family)) return 0;
+    ag_err_set(err,
+               "%s: model_type \"%s\" (%s): its parameters are known but its forward is not modelled yet "
+               "(supported: %s)",
+               path, llama_family_name(c->family), llama_family_class(c->family), supported());
     return -1;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Sliding windows
 
-// sliding_window: an integer, or null (none); absent: dflt.
-static int window_field(const json_t *root, const char *path, int64_t dflt, int64_t *out, ag_err *err) {
+// sliding_window: an integer, or null (none); absent: dflt. 0 is no window size (transformers
+// would mask every key), refused when the window is used.
+int llama_window_field(const json_t *root, const char *path, int64_t dflt, bool used, int64_t *out, ag_err *err) {
     const json_t *v = json_object_get(root, "sliding_window");
     if (!v) {
         *out = dflt;
         return 0;
     }
     *out = 0;
-    return llama_json_int(root, path, "sliding_window", false, out, err) < 0 ? -1 : 0;
+    if (llama_json_int(root, path, "sliding_window", false, out, err) < 0) return -1;
+    if (used && json_is_integer(v) && *out == 0) {
+        ag_err_set(err, "%s: field sliding_window (0) must be from 1 to %d, or null for no window", path,
+                   LLAMA_MAX_POSITIONS);
+        return -1;
+    }
+    return 0;
 }
 
 // layer_types (newer transformers): each "full_attention" or "sliding_attention", the sliding
@@ -102,10 +175,11 @@ static int layer_types(llama_config *c, const json_t *root, const char *path, ag
 }
 
 // Qwen2 and Qwen3: the window from layer max_window_layers on, when use_sliding_window is true.
-static int qwen_window(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+int llama_qwen_window(llama_config *c, const json_t *root, const char *path, ag_err *err) {
     bool use = false;
     int64_t w, from = 28; // Qwen2Config's and Qwen3Config's defaults
-    if (llama_json_bool(root, path, "use_sliding_window", &use, err) < 0 || window_field(root, path, 4096, &w, err) ||
+    if (llama_json_bool(root, path, "use_sliding_window", &use, err) < 0 ||
+        llama_window_field(root, path, 4096, use, &w, err) ||
         llama_json_int(root, path, "max_window_layers", false, &from, err) < 0)
         return -1;
     c->sliding_window = use ? w : 0;
@@ -117,7 +191,7 @@ static int qwen_window(llama_config *c, const json_t *root, const char *path, ag
 // The family's own fields
 
 // attention_bias: q, k, v and o_proj biases (LlamaConfig, Qwen3Config).
-static int attention_bias(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+int llama_attention_bias(llama_config *c, const json_t *root, const char *path, ag_err *err) {
     bool b = false;
     if (llama_json_bool(root, path, "attention_bias", &b, err) < 0) return -1;
     c->qkv_bias = c->o_bias = b;
@@ -164,27 +238,66 @@ static int pad_token(llama_config *c, const json_t *root, const char *path, ag_e
     return 0;
 }
 
+// Fields another family models, which would change this one's numbers: refused by name.
+static int refuse_foreign(const llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    static const char *const experts[] = {"num_local_experts", "num_experts", "n_routed_experts"};
+    static const char *const others[] = {"q_lora_rank", "kv_lora_rank", "attn_logit_softcapping",
+                                         "final_logit_softcapping"};
+    const family_info *f = info_of(c->family);
+    for (size_t i = 0; !f->moe && i < sizeof experts / sizeof experts[0]; i++) {
+        int64_t n = 0;
+        if (llama_json_int(root, path, experts[i], false, &n, err) < 0) return -1;
+        if (n > 0) {
+            ag_err_set(err,
+                       "%s: field %s (%lld): model_type \"%s\" has no mixture of experts (%s is dense; its experts "
+                       "would be left out)",
+                       path, experts[i], (long long)n, f->type, f->cls);
+            return -1;
+        }
+    }
+    for (size_t i = 0; f->modelled && i < sizeof others / sizeof others[0]; i++) {
+        const json_t *v = json_object_get(root, others[i]);
+        if (v && !json_is_null(v)) {
+            ag_err_set(err, "%s: field %s: model_type \"%s\" (%s) has none, and membill does not model it", path,
+                       others[i], f->type, f->cls);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int llama_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    // LlamaConfig has no window: a sliding_window there changes nothing
+    return llama_attention_bias(c, root, path, err) != 0 ||
+                   llama_json_bool(root, path, "mlp_bias", &c->mlp_bias, err) < 0
+               ? -1
+               : 0;
+}
+
+static int mistral_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    c->window_from = 0; // every layer, MistralConfig's default 4096
+    return llama_window_field(root, path, 4096, true, &c->sliding_window, err);
+}
+
+static int qwen2_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    c->qkv_bias = true; // Qwen2Attention: bias=True on q, k and v; none on o_proj
+    return llama_qwen_window(c, root, path, err);
+}
+
+static int qwen3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    c->qk_norm = true;
+    return llama_attention_bias(c, root, path, err) != 0 ? -1 : llama_qwen_window(c, root, path, err);
+}
+
 int llama_parse_family_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
-    if (refuse_unsupported(root, path, err) != 0 || pad_token(c, root, path, err) != 0) return -1;
+    // a family not modelled yet is parsed for its parameter table alone, and refused as a whole
+    if ((llama_family_modelled(c->family) && refuse_unsupported(root, path, err) != 0) ||
+        refuse_foreign(c, root, path, err) != 0 || pad_token(c, root, path, err) != 0)
+        return -1;
     bool use_cache = true;
     if (llama_json_bool(root, path, "use_cache", &use_cache, err) < 0) return -1;
     c->no_cache = !use_cache;
-    switch (c->family) {
-    case LLAMA_FAMILY_LLAMA: // LlamaConfig has no window: a sliding_window there changes nothing
-        return attention_bias(c, root, path, err) != 0 || llama_json_bool(root, path, "mlp_bias", &c->mlp_bias, err) < 0
-                   ? -1
-                   : 0;
-    case LLAMA_FAMILY_MISTRAL: // every layer, MistralConfig's default 4096
-        c->window_from = 0;
-        return window_field(root, path, 4096, &c->sliding_window, err);
-    case LLAMA_FAMILY_QWEN2: // Qwen2Attention: bias=True on q, k and v; none on o_proj
-        c->qkv_bias = true;
-        return qwen_window(c, root, path, err);
-    case LLAMA_FAMILY_QWEN3:
-        c->qk_norm = true;
-        return attention_bias(c, root, path, err) != 0 ? -1 : qwen_window(c, root, path, err);
-    }
-    return 0;
+    return info_of(c->family)->fields(c, root, path, err);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -303,6 +416,13 @@ int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *pa
     snprintf(where, sizeof where, "%s: rope_scaling", path);
     if (!json_is_object(rs)) {
         ag_err_set(err, "%s: field rope_scaling must be an object or null (it is %s)", path, llama_json_kind(rs));
+        return -1;
+    }
+    if (json_object_size(rs) == 0) { // transformers reads no rope_type there and fails
+        ag_err_set(err,
+                   "%s: field rope_scaling is an empty object: give its rope_type (default, linear, dynamic, yarn, "
+                   "llama3) or null for none",
+                   path);
         return -1;
     }
     llama_rope_scaling *r = &c->rope;

@@ -2,6 +2,7 @@
 // as soon as the next op has it, so what stays alive is exactly what the tape saved. With
 // checkpointing, a block's tape is rebuilt in backward and only its input stays meanwhile.
 #include "blocks.h"
+#include "model_internal.h"
 
 #include <float.h>
 #include <stdint.h>
@@ -14,6 +15,7 @@ typedef struct {
     const llama_layer *L;
     int64_t i;
     const llama_forward_opts *o; // its part hook, NULL: none
+    int64_t forward;             // the forward it belongs to: a recomputation routes as that forward did
 } block_arg;
 
 // The recomputation in backward runs with grad mode on (the forward's run has it off): the part
@@ -26,7 +28,11 @@ static ag_tensor *block_fn(ag_ctx *ctx, const void *arg, ag_tensor *x) {
         ag_ctx_fail(ctx, e.msg);
         return NULL;
     }
-    return llama_block(ctx, a->c, a->L, NULL, x, a->i);
+    int64_t now = a->L->moe->forward;
+    a->L->moe->forward = a->forward;
+    ag_tensor *y = llama_block(ctx, a->c, a->L, NULL, x, a->i);
+    a->L->moe->forward = now;
+    return y;
 }
 
 // Block i on x, taking ownership of x; checkpointed, only x stays for backward.
@@ -35,7 +41,7 @@ static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, const llama_share
     if (!o || !o->checkpointing) return llama_block(ctx, &m->cfg, &m->layers[i], sh, x, i);
     char s[96];
     snprintf(s, sizeof s, "layers.%lld", (long long)i);
-    block_arg a = {&m->cfg, &m->layers[i], i, o};
+    block_arg a = {&m->cfg, &m->layers[i], i, o, m->moe.forward};
     ag_tensor *y = ag_checkpoint(ctx, s, block_fn, &a, sizeof a, x);
     ag_release(x);
     return y;
@@ -107,6 +113,25 @@ static bool part(part_hook *h, int64_t i, bool before) {
     return h->ok;
 }
 
+// loss + router_aux_loss_coef x the load-balancing loss of the routers' logits the sparse layers
+// kept (MixtralForCausalLM.forward with output_router_logits); the logits go with it.
+static ag_tensor *with_aux_loss(ag_ctx *ctx, llama_model *m, ag_tensor *loss) {
+    const llama_config *c = &m->cfg;
+    ag_tensor **kept = m->moe.logits, *list[c->layers];
+    int n = 0;
+    for (int64_t i = 0; i < c->layers; i++)
+        if (kept[i]) list[n++] = kept[i];
+    ag_tensor *total = loss;
+    if (loss && n > 0) {
+        ag_tensor *aux = ag_moe_aux_loss(ctx, "aux_loss", n, list, (int)c->moe.top_k);
+        ag_tensor *scaled = ag_scale(ctx, "aux_loss_scaled", aux, (float)c->moe.aux_coef);
+        total = ag_add(ctx, "loss_with_aux", loss, scaled);
+        ag_release(aux), ag_release(scaled), ag_release(loss);
+    }
+    for (int64_t i = 0; i < c->layers; i++) ag_release(kept[i]), kept[i] = NULL;
+    return total;
+}
+
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B, int64_t T, ag_err *err) {
     return llama_forward_loss_opts(ctx, m, NULL, ids, B, T, err);
 }
@@ -115,6 +140,11 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
                                    int64_t B, int64_t T, ag_err *err) {
     const llama_config *c = &m->cfg;
     const bool checkpointing = opts && opts->checkpointing;
+    if (checkpointing && m->moe.logits) {
+        ag_err_set(err, "output_router_logits with checkpointing: the routers' logits of a recomputed block are not "
+                        "kept for the load-balancing loss (membill does not model it)");
+        return NULL;
+    }
     if (B < 1 || T < 2 || T > c->max_positions) {
         ag_err_set(err,
                    "batch %lld x length %lld: a training step needs batch >= 1 and a length of 2 to %lld tokens "
@@ -157,11 +187,17 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     if (!AG_FW(ag_ctx_framework_row(ctx), output_holds_hidden)) ag_release(n), n = NULL;
     ag_tensor *loss = ag_cross_entropy(ctx, "loss", logits, ids);
     ag_release(n);
+    if (loss && !mp_is_meta() && llama_check_logits(ctx, m, logits, loss, err) != 0) {
+        hk.ok = false; // the message is set
+        ag_release(loss), loss = NULL;
+    }
+    if (m->moe.logits) loss = with_aux_loss(ctx, m, loss);
     // The output (logits and the DynamicCache) is dropped once the loss is out of it, as the
     // Trainer's compute_loss does.
     ag_release(logits);
     for (int64_t i = 0; sh.cache && i < 2 * c->layers; i++) ag_release(sh.cache[i]);
     free(sh.cache);
+    m->moe.forward++;
     if (loss && !part(&hk, c->layers + 1, false)) ag_release(loss), loss = NULL;
     if (!loss && hk.ok) ag_err_set(err, "forward: %s", ag_ctx_error(ctx) ? ag_ctx_error(ctx) : "failed");
     return loss;
@@ -178,6 +214,8 @@ ag_tensor *llama_forward_logits(ag_ctx *ctx, llama_model *m, const int32_t *ids,
     m->lora.training = false;
     ag_tensor *x = ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed, c->pad_token ? c->pad_token_id : -1);
     for (int64_t i = 0; i < c->layers && x; i++) x = llama_block(ctx, c, &m->layers[i], NULL, x, i);
+    for (int64_t i = 0; m->moe.logits && i < c->layers; i++) ag_release(m->moe.logits[i]), m->moe.logits[i] = NULL;
+    m->moe.forward++;
     ag_tensor *n = ag_rmsnorm(ctx, "norm", x, m->norm, (float)c->rms_eps);
     ag_release(x);
     ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head, NULL);

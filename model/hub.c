@@ -47,11 +47,12 @@ static bool set_path(char *dst, size_t len, const char *v) {
 
 // The stored token: the file's text, blanks around it removed ("" when there is none).
 static void read_token_file(llama_hub *h) {
-    FILE *f = fopen(h->token_file, "r");
-    if (!f) return;
-    size_t n = fread(h->token, 1, sizeof h->token - 1, f);
-    fclose(f);
-    h->token[n] = 0;
+    char *text = NULL;
+    size_t n = 0;
+    ag_err ignored; // none there, or not a regular file: no token
+    if (llama_read_file(h->token_file, "a token file", sizeof h->token - 1, &text, &n, &ignored) != 0) return;
+    memcpy(h->token, text, n + 1);
+    free(text);
     char *s = h->token;
     while (*s && isspace((unsigned char)*s)) s++;
     memmove(h->token, s, strlen(s) + 1);
@@ -164,10 +165,14 @@ static bool is_commit(const char *s) {
 static int read_ref(llama_hub_repo *r, ag_err *err) {
     char path[LLAMA_HUB_PATH_MAX + LLAMA_HUB_REV_MAX + 8], text[64];
     snprintf(path, sizeof path, "%s/refs/%s", r->dir, r->revision);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); // O_NONBLOCK: a FIFO there never blocks
-    if (fd < 0 && errno == ENOENT) return 0;                // not cached: the Hub will name the commit
-    ssize_t n = fd < 0 ? -1 : read(fd, text, sizeof text - 1);
-    if (fd >= 0) close(fd);
+    struct stat st;
+    if (stat(path, &st) != 0 && errno == ENOENT) return 0; // not cached: the Hub will name the commit
+    char *got = NULL;
+    size_t len = 0;
+    ag_err ignored; // a FIFO, a device or a file too long there: "not a commit hash" below
+    ssize_t n = llama_read_file(path, "a ref", sizeof text - 1, &got, &len, &ignored) == 0 ? (ssize_t)len : -1;
+    if (got) memcpy(text, got, len + 1);
+    free(got);
     while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ')) n--; // an editor's newline
     text[n > 0 ? n : 0] = 0;
     if (!is_commit(text)) {
@@ -372,12 +377,11 @@ static int write_ref(const llama_hub_repo *r, ag_err *err) {
     if (strcmp(r->revision, r->commit) == 0) return 0;
     char path[LLAMA_HUB_PATH_MAX + LLAMA_HUB_REV_MAX + 8], text[64] = "";
     snprintf(path, sizeof path, "%s/refs/%s", r->dir, r->revision);
-    FILE *f = fopen(path, "r");
-    if (f) {
-        size_t n = fread(text, 1, sizeof text - 1, f);
-        text[n] = 0;
-        fclose(f);
-    }
+    char *got = NULL;
+    size_t len = 0;
+    ag_err ignored; // none yet, or not a ref file: written anew
+    if (llama_read_file(path, "a ref", sizeof text - 1, &got, &len, &ignored) == 0) memcpy(text, got, len + 1);
+    free(got);
     return strcmp(text, r->commit) == 0 ? 0 : hub_write_atomic(path, r->commit, strlen(r->commit), err);
 }
 

@@ -128,7 +128,7 @@ static int read_record(const llama_hub_repo *r, const char *file, header_record 
     if (access(path, F_OK) != 0) return 1;
     char *text;
     size_t len;
-    if (llama_read_small_file(path, "a header record", HEADER_MAX + 512, &text, &len, err) != 0) return -1;
+    if (llama_read_file(path, "a header record", HEADER_MAX + 512, &text, &len, err) != 0) return -1;
     char *nl = memchr(text, '\n', len);
     unsigned long long size = 0;
     int used = 0;

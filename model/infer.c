@@ -113,12 +113,14 @@ static ag_tensor *forward(gen *g, int64_t from, bool all_positions) {
         x = attention_part(g, i, x);
         x = llama_mlp_block(g->ctx, g->c, &g->m->layers[i], x, i);
     }
+    g->m->moe.forward++; // each forward of a generation is routed on its own
     return x ? head(g, x, all_positions) : NULL;
 }
 
 // The greedy choice of each row from its last position's logits (ties: the lowest id, as
-// torch.argmax). In meta mode there are no logits: every row picks id 0.
-static void pick(gen *g, const ag_tensor *logits) {
+// torch.argmax), which must be finite: a NaN would pick id 0 as if it were an answer. In meta
+// mode there are no logits: every row picks id 0. -1 with the row and id at fault.
+static int pick(gen *g, const ag_tensor *logits, ag_err *err) {
     int64_t t = logits->shape[1], V = logits->shape[2];
     const bool f32 = logits->dtype == AG_F32; // read in place; other dtypes through a float32 row
     float *own = logits->data && !f32 ? malloc((size_t)V * sizeof(float)) : NULL;
@@ -127,9 +129,17 @@ static void pick(gen *g, const ag_tensor *logits) {
         if (!logits->data || (!f32 && !own)) continue;
         const float *row = f32 ? ag_f32(logits) + (b * t + t - 1) * V : own;
         if (!f32) ag_tensor_row_f32(logits, b * t + t - 1, own);
+        int64_t bad = llama_first_nonfinite(row, V);
+        if (bad >= 0) {
+            ag_err_set(err, "non-finite logits: %g in row %lld at id %lld (lm_head)", row[bad], (long long)b,
+                       (long long)bad);
+            free(own);
+            return -1;
+        }
         g->next[b] = (int32_t)ag_argmax(row, V);
     }
     free(own);
+    return 0;
 }
 
 // Appends the chosen ids as every row's next token: real, one position past the last.
@@ -331,9 +341,11 @@ static int step(gen *g, int64_t k, ag_err *err) {
         ag_err_set(err, "generate, %s %lld: %s", k ? "decode step" : "prefill", (long long)k, why ? why : "failed");
         return -1;
     }
-    pick(g, logits);
+    ag_err bad;
+    int rc = pick(g, logits, &bad);
+    if (rc != 0) ag_err_set(err, "generate, %s %lld: %s", k ? "decode step" : "prefill", (long long)k, bad.msg);
     ag_release(logits);
-    return 0;
+    return rc;
 }
 
 // Whether the caller's stop callback ends the generation after this forward.

@@ -54,8 +54,9 @@ const char *llama_lora_targets_text(unsigned targets, char *buf, size_t len) {
 int llama_lora_validate(const llama_lora_config *l, ag_err *err) {
     if (l->rank < 1 || l->rank > (1 << 20))
         ag_err_set(err, "LoRA rank %lld: expected 1 to %d", (long long)l->rank, 1 << 20);
-    else if (!(l->alpha > 0) || !isfinite(l->alpha))
-        ag_err_set(err, "LoRA alpha %g: expected a number > 0", l->alpha);
+    else if (!(l->alpha >= LLAMA_LORA_MIN_ALPHA && l->alpha <= LLAMA_LORA_MAX_ALPHA))
+        ag_err_set(err, "LoRA alpha %g: expected a number from %g to %g", l->alpha, LLAMA_LORA_MIN_ALPHA,
+                   LLAMA_LORA_MAX_ALPHA);
     else if (!(l->dropout >= 0 && l->dropout < 1))
         ag_err_set(err, "LoRA dropout %g: expected 0 <= p < 1", l->dropout);
     else if (!(l->targets & LLAMA_LORA_ALL) || (l->targets & ~LLAMA_LORA_ALL))
@@ -124,8 +125,23 @@ static ag_tensor *adapter_new(ag_ctx *ctx, int64_t layer, llama_proj p, const ch
     return t;
 }
 
+// PEFT matches a target by its module's name: in a sparse layer gate_proj, up_proj and down_proj
+// (Mixtral's w1, w3, w2) name every routed expert's projections, each of which would get an
+// adapter inside the experts' dispatch, which membill does not model.
+static int fits_model(const llama_config *c, const llama_lora_config *l, ag_err *err) {
+    const unsigned mlp = (1u << LLAMA_PROJ_GATE) | (1u << LLAMA_PROJ_UP) | (1u << LLAMA_PROJ_DOWN);
+    bool sparse = false;
+    for (int64_t i = 0; i < c->layers && !sparse; i++) sparse = llama_layer_moe(c, i);
+    if (!sparse || !(l->targets & mlp)) return 0;
+    ag_err_set(err,
+               "--lora-targets: %s's sparse layers would give every routed expert's projections an adapter, which "
+               "membill does not model; target the attention (q_proj,k_proj,v_proj,o_proj)",
+               llama_family_class(c->family));
+    return -1;
+}
+
 int llama_model_add_lora(llama_model *m, ag_ctx *ctx, const llama_lora_config *l, uint64_t seed, ag_err *err) {
-    if (llama_lora_validate(l, err) != 0) return -1;
+    if (llama_lora_validate(l, err) != 0 || fits_model(&m->cfg, l, err) != 0) return -1;
     if (m->adapters) {
         ag_err_set(err, "the model already has adapters");
         return -1;

@@ -19,14 +19,80 @@
 #define LLAMA_NAME_MAX 128
 
 // The families a config.json may name (model_type). They share LlamaForCausalLM's shape and
-// differ in the rows of the parameter table (layout.c) and in attention:
+// differ in the rows of the parameter table (layout.c), in attention and in the MLP:
 //   llama: attention_bias (q, k, v and o_proj biases) and mlp_bias (gate, up, down) optional;
 //   mistral: a sliding window over every layer (sliding_window, 4096 unless given, null: none);
 //   qwen2: q, k and v biases always; a sliding window from layer max_window_layers on when
 //     use_sliding_window is true;
 //   qwen3: per-head RMSNorm of q and k (q_norm, k_norm [head_dim]) before RoPE, head_dim 128
-//     unless given, attention_bias optional, a sliding window as qwen2's.
-typedef enum { LLAMA_FAMILY_LLAMA, LLAMA_FAMILY_MISTRAL, LLAMA_FAMILY_QWEN2, LLAMA_FAMILY_QWEN3 } llama_family;
+//     unless given, attention_bias optional, a sliding window as qwen2's;
+//   mixtral: mistral's attention, every MLP a mixture of experts (block_sparse_moe);
+//   qwen2_moe: qwen2's attention, mixtures of experts with a gated shared expert;
+//   qwen3_moe: qwen3's attention, mixtures of experts.
+// gemma2, gemma3_text, phi3, gpt_oss and deepseek_v3 have their parameter tables here (names,
+// shapes, counts) but no forward yet: llama_config_parse and the presets refuse them by name
+// (llama_family_modelled).
+typedef enum {
+    LLAMA_FAMILY_LLAMA,
+    LLAMA_FAMILY_MISTRAL,
+    LLAMA_FAMILY_QWEN2,
+    LLAMA_FAMILY_QWEN3,
+    LLAMA_FAMILY_MIXTRAL,
+    LLAMA_FAMILY_QWEN2_MOE,
+    LLAMA_FAMILY_QWEN3_MOE,
+    LLAMA_FAMILY_GEMMA2,
+    LLAMA_FAMILY_GEMMA3,
+    LLAMA_FAMILY_PHI3,
+    LLAMA_FAMILY_GPT_OSS,
+    LLAMA_FAMILY_DEEPSEEK_V3,
+} llama_family;
+
+// How a mixture of experts picks each token's experts from its router's logits.
+typedef enum {
+    LLAMA_ROUTER_SOFTMAX_TOPK, // mixtral, qwen: softmax over every expert (float32), top-k, renormalised
+                               // when norm_topk_prob
+    LLAMA_ROUTER_TOPK_SOFTMAX, // gpt_oss: top-k of the logits, softmax over those k
+    LLAMA_ROUTER_SIGMOID_GROUP // deepseek_v3: sigmoid scores, group-limited top-k, routed_scaling_factor
+} llama_router_kind;
+
+#define LLAMA_MAX_MLP_ONLY 64 // mlp_only_layers: at most this many layer indices
+
+// The mixture of experts of a config (experts 0: every MLP dense).
+typedef struct {
+    int64_t experts;             // routed experts per sparse layer (num_local_experts, num_experts, n_routed_experts)
+    int64_t top_k;               // num_experts_per_tok
+    int64_t intermediate;        // each routed expert's (moe_intermediate_size; mixtral: intermediate_size)
+    int64_t shared_intermediate; // the shared expert's MLP, 0: none (qwen2_moe shared_expert_intermediate_size,
+                                 // deepseek_v3 n_shared_experts x moe_intermediate_size)
+    bool shared_gate;            // qwen2_moe: sigmoid(shared_expert_gate(x)) scales the shared expert
+    bool norm_topk_prob;         // the k weights renormalised to sum to 1
+    int64_t sparse_step;         // decoder_sparse_step: layer i is sparse when (i + 1) % step == 0
+    int64_t dense_first;         // first_k_dense_replace: layers 0 .. dense_first - 1 dense
+    int n_mlp_only;              // mlp_only_layers: these layers dense
+    int32_t mlp_only[LLAMA_MAX_MLP_ONLY];
+    bool aux_loss;   // output_router_logits: the load-balancing loss joins the loss
+    double aux_coef; // router_aux_loss_coef
+    llama_router_kind router;
+    int64_t n_group, topk_group; // deepseek_v3's group-limited routing
+    double routed_scaling;       // routed_scaling_factor (1 unless given)
+    bool router_bias;            // gpt_oss: the router has a bias
+    bool expert_bias;            // gpt_oss: the experts' projections have biases
+    bool score_bias;             // deepseek_v3: e_score_correction_bias, a buffer (billed, not counted)
+    double swiglu_limit;         // gpt_oss: the clamp of the SwiGLU (0: none)
+    // Expert parallelism (plans: a simulated rank): the experts split over ep ranks; this table
+    // holds rank 0's experts / ep of each sparse layer (the router still scores all of them), and
+    // each sparse block sends its tokens to their experts' ranks and back (all-to-all). 0 or 1:
+    // every expert here.
+    int64_t ep;
+} llama_moe;
+
+// Multi-head latent attention (deepseek_v3; kv_lora_rank 0: not MLA).
+typedef struct {
+    int64_t q_lora_rank; // 0: q_proj [heads x (nope + rope), hidden]
+    int64_t kv_lora_rank;
+    int64_t qk_nope, qk_rope, v_head; // qk_nope_head_dim, qk_rope_head_dim, v_head_dim
+    int64_t nextn_layers;             // num_nextn_predict_layers (the MTP module; not billed)
+} llama_mla;
 
 // rope_scaling (transformers' modeling_rope_utils): how the inverse frequencies of RoPE, and
 // for yarn the scale of cos and sin, differ from the default ones.
@@ -81,6 +147,11 @@ typedef struct {
     bool pad_token;            // pad_token_id given: the embedding's padding_idx (no gradient to its row)
     int64_t pad_token_id;
     llama_rope_scaling rope; // rope_scaling
+    llama_moe moe;           // mixture of experts (moe.experts 0: dense)
+    llama_mla mla;           // deepseek_v3's attention
+    // Shapes of the families not modelled yet (their parameter tables): gemma2 and gemma3_text's
+    // norms before and after the MLP, phi3's fused qkv_proj and gate_up_proj, gpt_oss's sinks.
+    bool ff_norms, fused_proj, sinks;
 } llama_config;
 
 // The bounds of llama_config_validate, which presets and config.json files both pass through.
@@ -103,6 +174,15 @@ typedef struct {
 
 // The model_type of a family ("llama"...) and the name of a rope_scaling type ("default"...).
 const char *llama_family_name(llama_family f);
+// The transformers class of a family's causal LM ("MixtralForCausalLM").
+const char *llama_family_class(llama_family f);
+// Whether membill runs the family's forward (else its configs are refused by name).
+bool llama_family_modelled(llama_family f);
+// Layer i's MLP is a mixture of experts (the config's sparse layers).
+bool llama_layer_moe(const llama_config *c, int64_t i);
+// Parameters a token's forward reads: every parameter but the routed experts a token does not
+// visit (top_k of experts per sparse layer); the total for a dense config.
+uint64_t llama_active_param_count(const llama_config *c);
 const char *llama_rope_type_name(llama_rope_type t);
 
 // Built-in presets: smollm2-135m (the default), smollm2-360m, smollm2-1.7b, llama-65b, llama-2-7b,
@@ -149,7 +229,7 @@ int llama_config_validate(const llama_config *c, ag_err *err);
 // Parameters: Hugging Face names and shapes ([out, in] for linear layers), from one table
 // (layout.c), in this order:
 //   model.embed_tokens.weight                               [vocab, hidden]
-//   per layer i, the rows the config has:
+//   per layer i, the rows the config has (a family's own rows in layout.c):
 //     model.layers.{i}.input_layernorm.weight               [hidden]
 //     model.layers.{i}.self_attn.q_proj.weight              [heads * head_dim, hidden]
 //     model.layers.{i}.self_attn.q_proj.bias                [heads * head_dim]     (qkv_bias)
@@ -162,17 +242,29 @@ int llama_config_validate(const llama_config *c, ag_err *err);
 //     model.layers.{i}.self_attn.q_norm.weight              [head_dim]             (qk_norm)
 //     model.layers.{i}.self_attn.k_norm.weight              [head_dim]             (qk_norm)
 //     model.layers.{i}.post_attention_layernorm.weight      [hidden]
+//     a dense layer:
 //     model.layers.{i}.mlp.gate_proj.weight                 [intermediate, hidden]
 //     model.layers.{i}.mlp.gate_proj.bias                   [intermediate]         (mlp_bias)
 //     model.layers.{i}.mlp.up_proj.weight                   [intermediate, hidden]
 //     model.layers.{i}.mlp.up_proj.bias                     [intermediate]         (mlp_bias)
 //     model.layers.{i}.mlp.down_proj.weight                 [hidden, intermediate]
 //     model.layers.{i}.mlp.down_proj.bias                   [hidden]               (mlp_bias)
+//     a sparse layer of mixtral (e over the experts):
+//     model.layers.{i}.block_sparse_moe.gate.weight         [experts, hidden]
+//     model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight  [moe intermediate, hidden]  (gate)
+//     model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight  [hidden, moe intermediate]  (down)
+//     model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight  [moe intermediate, hidden]  (up)
+//     a sparse layer of qwen2_moe and qwen3_moe:
+//     model.layers.{i}.mlp.gate.weight                      [experts, hidden]
+//     model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight   as a dense MLP's, moe intermediate
+//     model.layers.{i}.mlp.shared_expert.{gate,up,down}_proj.weight as a dense MLP's, shared intermediate
+//     model.layers.{i}.mlp.shared_expert_gate.weight        [1, hidden]            (qwen2_moe)
 //   model.norm.weight                                       [hidden]
 //   lm_head.weight                                          [vocab, hidden]  (untied only)
 // ================================================================================================
 
 #define LLAMA_PARAM_NAME_MAX 96 // enough for any name above
+#define LLAMA_PARAM_MAX_DIMS 3  // gpt_oss's stacked experts [experts, in, out]
 
 // RoPE under rope_scaling, as transformers' modeling_rope_utils computes it (in double, then
 // float32): default 1 / theta^(2i/d); linear divides by factor; dynamic is the default at every
@@ -186,21 +278,40 @@ void llama_rope_prepare(llama_config *c);
 // the default from rope_theta.
 ag_rope_freqs llama_rope_freqs(const llama_config *c);
 
-// The tensors of one block under this config (9 for Llama, 12 for Qwen2, 11 for Qwen3).
-size_t llama_params_per_layer(const llama_config *c);
+// The tensors of block i under this config (9 for Llama, 12 for Qwen2, 11 for Qwen3, 4 + 1 + 3 x
+// experts for Mixtral's), and the index of its first one in the parameter list.
+size_t llama_layer_param_count(const llama_config *c, int64_t i);
+size_t llama_layer_first_param(const llama_config *c, int64_t i);
 
 // The sliding window of layer i: 0 (none) or sliding_window.
 int64_t llama_layer_window(const llama_config *c, int64_t i);
 
 size_t llama_param_count_tensors(const llama_config *c);
 
-// Name and shape of parameter i. shape[1] is 1 when ndim is 1. Returns -1 when i is out of
-// range or the name does not fit in name_len bytes.
-int llama_param_spec(const llama_config *c, size_t i, char *name, size_t name_len, int *ndim, int64_t shape[2]);
+// What the table says of parameter i.
+typedef struct {
+    char name[LLAMA_PARAM_NAME_MAX];
+    int ndim;
+    int64_t shape[LLAMA_PARAM_MAX_DIMS]; // 1 past ndim
+    int64_t layer;                       // its block, -1 outside the blocks
+    int64_t expert;                      // the routed expert it belongs to, -1 otherwise
+    bool matrix;                         // a block's projection (what a quantised base stores quantised)
+    bool buffer; // a buffer, not a parameter (deepseek_v3's e_score_correction_bias): loaded and
+                 // billed as weight, neither counted nor trained
+} llama_param_info;
+// -1 when i is out of range or a size overflows.
+int llama_param_info_of(const llama_config *c, size_t i, llama_param_info *out);
 
-// Sum of the parameter shapes; 0 if it would overflow (a config that passes
-// llama_config_validate never does).
+// Name and shape of parameter i (llama_param_info_of's). shape[k] is 1 past ndim. Returns -1 when
+// i is out of range or the name does not fit in name_len bytes.
+int llama_param_spec(const llama_config *c, size_t i, char *name, size_t name_len, int *ndim,
+                     int64_t shape[LLAMA_PARAM_MAX_DIMS]);
+
+// Sum of the parameter shapes (buffers left out: transformers' num_parameters()); 0 if it would
+// overflow (a config that passes llama_config_validate never does).
 uint64_t llama_param_count(const llama_config *c);
+// The elements of the buffers (deepseek_v3's e_score_correction_bias), billed as weight.
+uint64_t llama_buffer_count(const llama_config *c);
 
 // ================================================================================================
 // Input files
@@ -213,6 +324,33 @@ uint64_t llama_param_count(const llama_config *c);
 // err: "PATH: cannot open: REASON" or "PATH: not a regular file (it is a FIFO)".
 int llama_open_regular(const char *path, uint64_t *size, ag_err *err);
 
+// The whole of a regular file of at most max bytes, opened with llama_open_regular, into *out
+// (malloc'd, NUL-terminated; *len bytes without the terminator). what names the kind of file in
+// the message of one too large: "PATH: N bytes is too large for a tokenizer.json (at most M)".
+// Every file membill reads whole comes through here (config.json, an index, adapter_config.json,
+// generation_config.json, tokenizer.json, a prompt file), so that none of them can hang on a FIFO.
+int llama_read_file(const char *path, const char *what, uint64_t max, char **out, size_t *len, ag_err *err);
+
+// ================================================================================================
+// End of text (generation.c): the eos_token_id of a config.json or generation_config.json
+// ================================================================================================
+
+#define LLAMA_MAX_EOS 16
+typedef struct {
+    int32_t ids[LLAMA_MAX_EOS];
+    int n;
+} llama_eos;
+
+// Adds the "eos_token_id" of a JSON object (len bytes of text; origin names it in messages,
+// NULL: "generation_config.json") to *eos: an integer or a list of integers, each a token id from
+// 0 to vocab - 1; absent, null or [] add nothing; a repeat is dropped. Refused, naming origin and
+// the field at fault (eos_token_id[1]) with its value or kind: text that is not a JSON object, a
+// string, a real number (2.0 too), a negative id, an id past the vocabulary, a nested list, more
+// than LLAMA_MAX_EOS ids in all. *eos may hold the ids added before the one refused.
+int llama_eos_parse(const char *text, size_t len, const char *origin, int64_t vocab, llama_eos *eos, ag_err *err);
+// The same from a file, read with llama_read_file (at most 16 MiB).
+int llama_eos_load(const char *path, int64_t vocab, llama_eos *eos, ag_err *err);
+
 // ================================================================================================
 // Safetensors reading
 //
@@ -221,8 +359,9 @@ int llama_open_regular(const char *path, uint64_t *size, ag_err *err);
 // most LLAMA_ST_MAX_DIMS non-negative integers, offsets inside the data section and not
 // overlapping, and byte size equal to the product of the shape times the dtype size (every
 // product checked for overflow). "__metadata__" is ignored. Tensors are listed in the order of
-// their data in the file. The file stays open until llama_st_close; tensor data is read only when
-// asked for, with pread straight into the destination.
+// their data in the file. No descriptor is held once it is open (a checkpoint of thousands of shards
+// opens under the usual limit on open files): tensor data is read only when asked for, the file
+// opened again (and checked to be the same file) and read with pread straight into the destination.
 // ================================================================================================
 
 #define LLAMA_ST_MAX_DIMS 8
@@ -476,7 +615,10 @@ typedef struct {
 int llama_lora_parse_targets(const char *list, unsigned *out, ag_err *err);
 // The targets as "q_proj,v_proj" into buf.
 const char *llama_lora_targets_text(unsigned targets, char *buf, size_t len);
-// rank >= 1, alpha > 0, 0 <= dropout < 1, a target at least.
+// rank >= 1, alpha from LLAMA_LORA_MIN_ALPHA to LLAMA_LORA_MAX_ALPHA (a scale alpha / rank past
+// them makes every adapted output 0 or infinite), 0 <= dropout < 1, a target at least.
+#define LLAMA_LORA_MIN_ALPHA 1e-9
+#define LLAMA_LORA_MAX_ALPHA 1e9
 int llama_lora_validate(const llama_lora_config *l, ag_err *err);
 
 // What the adapted model shares with its blocks (set by llama_model_add_lora).
@@ -488,12 +630,71 @@ typedef struct {
     bool training;     // dropout applies (a training forward), not in generation
 } llama_lora_state;
 
+// ================================================================================================
+// Routing of a mixture of experts (routing.c)
+//
+// How many tokens each expert of each sparse layer gets, forward by forward. A real run routes by
+// its routers and can record what they chose; a meta run has no router output and takes the
+// counts from an assumption or from a recorded file, so that meta == real to the byte when both
+// route alike. Every bill of a sparse layer follows from these counts.
+// ================================================================================================
+
+typedef enum {
+    LLAMA_ROUTING_BALANCED, // every expert gets tokens x k / experts (the remainder to the first ones)
+    LLAMA_ROUTING_WORST,    // every token to the same k experts: each of them gets all the tokens
+    LLAMA_ROUTING_FILE,     // as a real run recorded it (llama_routing_load)
+    LLAMA_ROUTING_MEASURED, // a real run's own (llama_routing_add records it)
+} llama_routing_kind;
+
+typedef struct llama_routing llama_routing;
+
+// An empty routing of a kind (FILE: use llama_routing_load); -1 out of memory.
+int llama_routing_new(llama_routing **out, llama_routing_kind kind, ag_err *err);
+void llama_routing_free(llama_routing *r);                        // NULL is ignored
+llama_routing_kind llama_routing_kind_of(const llama_routing *r); // NULL: balanced
+// The assumption in words, for reports: "balanced (...)", "worst (...)", "recorded (FILE, ...)".
+const char *llama_routing_describe(const llama_routing *r, char *buf, size_t len);
+// The tokens each of the E experts gets in `layer` of forward `forward` (0 the first forward of
+// the run: a training step's, a generation's prefill, then each decode step), tokens routed k each.
+// -1 when a file lacks that layer or routed other sizes, naming the file.
+int llama_routing_counts(const llama_routing *r, int64_t forward, int64_t layer, int64_t tokens, int E, int k,
+                         int64_t *count, ag_err *err);
+// Records a layer's counts (a second record of the same forward and layer, a recomputation, is
+// ignored).
+int llama_routing_add(llama_routing *r, int64_t forward, int64_t layer, int64_t tokens, int E, int k,
+                      const int64_t *count, ag_err *err);
+// As JSON: {"membill_routing": 1, "experts", "top_k", "layers": [{"forward", "layer", "tokens",
+// "count": [...]}]}; llama_routing_load reads it back for a model of that config (its sparse
+// layers, experts and top-k), every count checked.
+int llama_routing_write(const llama_routing *r, FILE *f, ag_err *err);
+int llama_routing_load(llama_routing **out, const char *path, const llama_config *c, ag_err *err);
+
+// What a model's sparse layers share during a run.
+typedef struct {
+    const llama_routing *assume; // meta mode: the routing to bill (NULL: balanced)
+    llama_routing *record;       // a real run records its routing here (NULL: not recorded)
+    int64_t forward;             // the forward under way (the index of its routing)
+    ag_tensor **logits;          // [layers]: each sparse layer's router logits, kept for the aux loss
+} llama_moe_run;
+
 // One block's parameters; a row the config lacks (a bias, q_norm) is NULL.
 typedef struct {
     ag_tensor *input_norm, *q, *k, *v, *o, *post_norm, *gate, *up, *down;
     ag_tensor *q_bias, *k_bias, *v_bias, *o_bias, *q_norm, *k_norm, *gate_bias, *up_bias, *down_bias;
+    // A sparse layer: the router [experts, hidden] and each routed expert's projections
+    // ([experts] arrays, owned by the layer), the shared expert and its gate [1, hidden].
+    ag_tensor *router, *router_bias;
+    ag_tensor **expert_gate, **expert_up, **expert_down;
+    ag_tensor *shared_gate, *shared_up, *shared_down, *shared_expert_gate;
+    // The families not modelled yet: phi3's fused projections, gpt_oss's sinks and stacked
+    // experts, deepseek_v3's latent attention, gemma's norms around the MLP.
+    ag_tensor *qkv, *gate_up, *sinks;
+    ag_tensor *experts_gate_up, *experts_gate_up_bias, *experts_down, *experts_down_bias;
+    ag_tensor *q_a, *q_a_norm, *q_b, *kv_a, *kv_a_norm, *kv_b;
+    ag_tensor *pre_ff_norm, *post_ff_norm;
     ag_tensor *lora_a[LLAMA_NPROJ], *lora_b[LLAMA_NPROJ]; // NULL where the projection has no adapter
     const llama_lora_state *lora;                         // NULL without adapters
+    llama_moe_run *moe;                                   // the model's (sparse layers)
 } llama_layer;
 
 // Parameters as autograd leaves (category weight), named as Hugging Face names them.
@@ -512,6 +713,7 @@ typedef struct {
     ag_tensor **adapters; // the adapters (owned references); NULL without
     size_t nadapters;
     llama_lora_state lora;
+    llama_moe_run moe; // its sparse layers' routing (set assume and record before a run)
 } llama_model;
 
 // Allocates every parameter (no data in meta mode; contents undefined until init or load).
@@ -561,8 +763,11 @@ int llama_adapter_write_config(const llama_model *m, FILE *f, ag_err *err);
 // A saved adapter's adapter_config.json (dir/adapter_config.json) into *l; base_name (len bytes,
 // may be NULL) gets base_model_name_or_path. Settings that change what is computed and that
 // membill does not compute (DoRA, rsLoRA, fan_in_fan_out, bias, patterns, modules_to_save, a
-// peft_type other than LORA) are refused, naming the field.
+// peft_type other than LORA) are refused, naming the field; the values pass llama_lora_validate.
 int llama_adapter_read_config(const char *dir, llama_lora_config *l, char *base_name, size_t len, ag_err *err);
+// The same from the file's text (len bytes; origin names it, NULL: "adapter_config.json").
+int llama_adapter_parse_config(const char *text, size_t len, const char *origin, llama_lora_config *l, char *base_name,
+                               size_t base_len, ag_err *err);
 // Loads dir/adapter_model.safetensors into the model's adapters (F32, BF16, F16): every adapter
 // of the model there with its shape, and nothing else. A tensor of another rank, of another
 // model's sizes, missing or unknown is refused with one line naming it and what was expected.
@@ -570,6 +775,22 @@ int llama_adapter_load(llama_model *m, const char *dir, ag_err *err);
 
 // Every id in [0, vocab).
 int llama_check_tokens(const llama_config *c, const int32_t *ids, size_t n, ag_err *err);
+
+// Non-finite values (finite.c). A real training forward refuses non-finite logits or loss
+// ("non-finite logits: nan at position 3, id 17 (lm_head); the first op that saved one is linear
+// at layers.0.self_attn.q_proj.lora_B (... holds nan)"), a generation non-finite logits of the
+// position it picks from. The first of n values that is NaN or infinite, -1 if none:
+int64_t llama_first_nonfinite(const float *x, int64_t n);
+// The same over a tensor of any dtype (as float32; -1 without data), its value in *value.
+int64_t llama_tensor_nonfinite(const ag_tensor *t, float *value);
+// After a backward: the gradients that sum the whole backward are finite. Those of the 1-D
+// parameters (norms, biases: sums over every position of the gradient at their op), the rows of
+// the embedding's at the step's ids (the residual stream's gradient, every block's included),
+// and with adapters every adapter's; a non-finite value anywhere in the backward reaches one of
+// them, unless a product of finite values overflows in a weight's own gradient. They are a few
+// hundred kB whatever the model, so the check costs nothing beside a step. -1 with "non-finite
+// gradient: the gradient of NAME holds nan at element I", the last parameter first (backward order).
+int llama_check_grads(const llama_model *m, const int32_t *ids, size_t n, ag_err *err);
 
 // The training forward: embedding, the blocks, final norm, head, next-token cross-entropy of
 // ids[B*T] (labels = ids shifted by one, mean over B*(T-1) positions). Returns the loss
@@ -639,6 +860,22 @@ typedef struct {
     // row (batch x heads x s x 4) instead of the probabilities; act_probs_per_block is then 0.
     bool flash;
     uint64_t act_lse_per_block;
+    // A mixture of experts (moe_blocks of the layers sparse): a sparse block keeps, in place of
+    // the MLP's four intermediate-sized tensors, the router's float32 softmax (N x experts x 4),
+    // the routing weights (N x k), each routed pair's gate and up outputs (2 x N k x its
+    // intermediate) and the shared expert's saved set (its four, its gate's sigmoid and its
+    // output); act_moe_delta is that difference. The activation peak is the larger of the head's
+    // moment and the last sparse block's experts backward (act_experts_moment): every block's
+    // saved set up to it (the shared expert's gone), the residual's and the experts' output
+    // gradients, the grouped dispatch's scratch (gathered inputs, their gradients and the
+    // output gradient's rows: 3 x N k x hidden; the product, its gradient and up's: 3 x N k x
+    // intermediate), then the input's gradient and the weights'. With the load-balancing loss
+    // (output_router_logits) both moments also hold each sparse layer's router logits'
+    // gradient (N x experts), which its backward makes first. closed is false where the closed
+    // form does not follow the run (a mixture of experts with checkpointing).
+    int64_t moe_blocks;
+    uint64_t act_moe_delta, act_shared_saved, act_experts_moment;
+    bool closed;
 } llama_closed_form;
 
 // Float32 throughout; checkpointing: every block under ag_checkpoint (llama_forward_opts).

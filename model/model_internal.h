@@ -5,16 +5,20 @@
 
 #include "model.h"
 
-// The whole of a small regular file (opened with llama_open_regular) into *out (malloc'd, one
-// byte more than *len, for a terminator); what names the kind of file in the message when it is
-// larger than max bytes ("a config.json").
-int llama_read_small_file(const char *path, const char *what, uint64_t max, char **out, size_t *len, ag_err *err);
+// finite.c: a forward's logits and loss hold finite values only; else -1 with the first
+// non-finite value and where the forward first saved one (the tape is walked for it).
+int llama_check_logits(const ag_ctx *ctx, const llama_model *m, const ag_tensor *logits, const ag_tensor *loss,
+                       ag_err *err);
 
 // "[2, 3]" into buf (len bytes).
 void llama_format_shape(char *buf, size_t len, const int64_t *shape, int ndim);
 
-// layout.c: the slot of the j-th parameter a block has under this config (NULL past the last).
-ag_tensor **llama_layer_slot(llama_layer *L, const llama_config *c, size_t j);
+// layout.c: the slot of the j-th parameter block `layer` has under this config (NULL past the
+// last, or an expert's before llama_layer_alloc). llama_layer_alloc makes the block's arrays of
+// per-expert slots (-1 out of memory); llama_layer_release frees them.
+ag_tensor **llama_layer_slot(llama_layer *L, const llama_config *c, int64_t layer, size_t j);
+int llama_layer_alloc(llama_layer *L, const llama_config *c, int64_t layer);
+void llama_layer_release(llama_layer *L);
 // The parameter count from the table, or -1 if a size is negative or a sum or product overflows.
 int llama_param_total(const llama_config *c, uint64_t *out);
 
@@ -31,6 +35,36 @@ const char *llama_json_kind(const json_t *v); // "an integer", "a string"...
 int llama_parse_family(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_parse_family_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *path, ag_err *err);
+// What a family's sparse layers are called and how transformers loops over their experts:
+// the module ("block_sparse_moe", "mlp"), and the projections' names (gate, up, down).
+typedef struct {
+    const char *prefix;
+    bool hit_tensor; // ag_moe_eager's
+    const char *proj[3];
+} llama_moe_names;
+const llama_moe_names *llama_family_moe_names(llama_family f);
+// A family membill does not run yet: -1 with its name in err (0 for the others).
+int llama_family_refuse_unmodelled(const llama_config *c, const char *path, ag_err *err);
+// families.c, shared with the families' own fields: sliding_window (an integer or null; absent:
+// dflt); qwen2's window from max_window_layers when use_sliding_window (and layer_types);
+// attention_bias on q, k, v and o_proj.
+int llama_window_field(const json_t *root, const char *path, int64_t dflt, bool used, int64_t *out, ag_err *err);
+int llama_qwen_window(llama_config *c, const json_t *root, const char *path, ag_err *err);
+int llama_attention_bias(llama_config *c, const json_t *root, const char *path, ag_err *err);
+// families_moe.c: the mixtures of experts' fields, and the fields the parameter tables of the
+// families not modelled yet take.
+int llama_mixtral_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+int llama_qwen2_moe_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+int llama_qwen3_moe_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+int llama_gemma_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+int llama_phi3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+int llama_gpt_oss_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+int llama_deepseek_v3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+// config.c: a config.json text parsed and validated whatever its family, modelled or not (the
+// parameter tables of those not modelled yet, for tests); llama_config_parse refuses those.
+int llama_config_parse_any(llama_config *out, const char *text, size_t len, const char *origin, ag_err *err);
+// presets.c: a preset whatever its family, modelled or not (llama_config_preset refuses those).
+int llama_config_preset_any(llama_config *out, const char *name, ag_err *err);
 
 // A tensor's values as float32: its own data when it is float32, else a malloc'd copy left in
 // *own for the caller to free (NULL and err set when out of memory).

@@ -5,21 +5,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Slot of parameter i (HF order) inside the model struct.
-static ag_tensor **param_slot(llama_model *m, size_t i) {
-    size_t per = llama_params_per_layer(&m->cfg), nl = (size_t)m->cfg.layers;
-    if (i == 0) return &m->embed;
-    if (i <= nl * per) return llama_layer_slot(&m->layers[(i - 1) / per], &m->cfg, (i - 1) % per);
-    return i == nl * per + 1 ? &m->norm : &m->lm_head;
-}
-
 int llama_model_new(llama_model **out, ag_ctx *ctx, const llama_config *cfg, ag_err *err) {
     return llama_model_new_proj_dtype(out, ctx, cfg, NULL, err);
 }
 
-// Parameter i is one of a block's linear weights (a matrix inside the blocks).
-static bool is_block_matrix(const llama_config *c, size_t i, int ndim) {
-    return ndim == 2 && i >= 1 && i <= (size_t)c->layers * llama_params_per_layer(c);
+// Parameter i (Hugging Face order) into its slot: the embedding, a block's (layer, j), the norm,
+// the head.
+static ag_tensor **param_slot(llama_model *m, size_t i, int64_t layer, size_t j) {
+    if (i == 0) return &m->embed;
+    if (layer >= 0) return llama_layer_slot(&m->layers[layer], &m->cfg, layer, j);
+    return i == llama_layer_first_param(&m->cfg, m->cfg.layers) ? &m->norm : &m->lm_head;
+}
+
+// One parameter made under the context's dtype, or a block's matrix under proj when given.
+static ag_tensor *make_param(ag_ctx *ctx, const llama_param_info *p, const ag_precision *proj, ag_err *err) {
+    const ag_precision own = ag_ctx_precision(ctx);
+    bool switched = proj && p->matrix;
+    if (switched && !ag_ctx_set_precision(ctx, proj)) {
+        ag_err_set(err, "%s", ag_ctx_error(ctx));
+        return NULL;
+    }
+    ag_tensor *t = ag_param_new(ctx, p->ndim, p->shape, p->name);
+    if (switched) ag_ctx_set_precision(ctx, &own);
+    if (!t)
+        ag_err_set(err, "%s", ag_ctx_error(ctx));
+    else if (p->buffer)
+        t->requires_grad = false; // a buffer: loaded and billed, never trained
+    return t;
 }
 
 int llama_model_new_proj_dtype(llama_model **out, ag_ctx *ctx, const llama_config *cfg, const ag_precision *proj,
@@ -34,32 +46,32 @@ int llama_model_new_proj_dtype(llama_model **out, ag_ctx *ctx, const llama_confi
         m->layers = calloc((size_t)cfg->layers, sizeof *m->layers);
         m->params = calloc(n, sizeof *m->params);
     }
-    const ag_precision own = ag_ctx_precision(ctx);
-    if (!m || !m->layers || !m->params) {
+    bool ok = m && m->layers && m->params;
+    for (int64_t l = 0; ok && l < cfg->layers; l++) {
+        ok = llama_layer_alloc(&m->layers[l], cfg, l) == 0;
+        m->layers[l].moe = &m->moe;
+    }
+    // the routers' logits the load-balancing loss reads, kept from each sparse layer to the loss
+    if (ok && cfg->moe.experts > 0 && cfg->moe.aux_loss)
+        ok = (m->moe.logits = calloc((size_t)cfg->layers, sizeof *m->moe.logits)) != NULL;
+    if (!ok) {
         llama_model_free(m);
         ag_err_set(err, "out of memory building the model");
         return -1;
     }
+    int64_t layer = -1;
+    size_t j = 0;
     for (size_t i = 0; i < n; i++) {
-        char name[LLAMA_PARAM_NAME_MAX];
-        int ndim;
-        int64_t shape[2];
-        llama_param_spec(cfg, i, name, sizeof name, &ndim, shape);
-        bool switched = proj && is_block_matrix(cfg, i, ndim);
-        if (switched && !ag_ctx_set_precision(ctx, proj)) {
-            ag_err_set(err, "%s", ag_ctx_error(ctx));
+        llama_param_info p;
+        llama_param_info_of(cfg, i, &p);
+        j = p.layer == layer ? j + 1 : 0, layer = p.layer;
+        ag_tensor *t = make_param(ctx, &p, proj, err);
+        if (!t) {
             llama_model_free(m);
             return -1;
         }
-        ag_tensor *p = ag_param_new(ctx, ndim, shape, name);
-        if (switched) ag_ctx_set_precision(ctx, &own);
-        if (!p) {
-            ag_err_set(err, "%s", ag_ctx_error(ctx));
-            llama_model_free(m);
-            return -1;
-        }
-        m->params[m->nparams++] = p;
-        *param_slot(m, i) = p;
+        m->params[m->nparams++] = t;
+        *param_slot(m, i, p.layer, j) = t;
     }
     if (cfg->tied) m->lm_head = m->embed;
     m->trainable = m->params;
@@ -74,6 +86,9 @@ void llama_model_free(llama_model *m) {
     for (size_t i = 0; i < m->nadapters; i++) ag_release(m->adapters[i]);
     free(m->params);
     free(m->adapters);
+    for (int64_t l = 0; m->layers && l < m->cfg.layers; l++) llama_layer_release(&m->layers[l]);
+    for (int64_t l = 0; m->moe.logits && l < m->cfg.layers; l++) ag_release(m->moe.logits[l]);
+    free(m->moe.logits);
     free(m->layers);
     free(m);
 }

@@ -22,9 +22,13 @@
 // The most one pread asks for (Linux moves at most 0x7ffff000 bytes a call).
 #define ST_READ_CHUNK (1u << 30)
 
+// No descriptor is held between reads: a checkpoint of thousands of shards must open under the
+// usual limit on open files. Each read opens the file again and checks that it is the same one.
 struct llama_st_file {
     char *path;
-    int fd;                   // -1 once closed or before open
+    bool on_disk; // opened from path (else from a header alone: no data to read)
+    dev_t dev;    // the file that was opened and checked
+    ino_t ino;
     uint64_t data_start;      // 8 + header length
     uint64_t data_len;        // bytes after the header when the file was opened
     llama_st_tensor *tensors; // in data order
@@ -226,81 +230,8 @@ static int parse_header(llama_st_file *f, const json_t *root, ag_err *err) {
     return 0;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Input files
-
-static const char *file_kind(mode_t mode) {
-    if (S_ISDIR(mode)) return "a folder";
-    if (S_ISFIFO(mode)) return "a FIFO";
-    if (S_ISCHR(mode)) return "a character device";
-    if (S_ISBLK(mode)) return "a block device";
-    if (S_ISSOCK(mode)) return "a socket";
-    return "not a plain file";
-}
-
-int llama_open_regular(const char *path, uint64_t *size, ag_err *err) {
-    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0) {
-        ag_err_set(err, "%s: cannot open: %s", path, strerror(errno));
-        return -1;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        ag_err_set(err, "%s: cannot stat: %s", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        ag_err_set(err, "%s: not a regular file (it is %s)", path, file_kind(st.st_mode));
-        close(fd);
-        return -1;
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    if (size) *size = (uint64_t)st.st_size;
-    return fd;
-}
-
 // Reads len bytes at off into buf, retrying short reads; returns the bytes read (less than len
 // only at the end of the file), or -1 with errno set.
-int llama_read_small_file(const char *path, const char *what, uint64_t max, char **out, size_t *len, ag_err *err) {
-    uint64_t size;
-    int fd = llama_open_regular(path, &size, err);
-    if (fd < 0) return -1;
-    if (size > max) {
-        ag_err_set(err, "%s: %llu bytes is too large for %s (at most %llu)", path, (unsigned long long)size, what,
-                   (unsigned long long)max);
-        close(fd);
-        return -1;
-    }
-    size_t got = 0;
-    char *buf = malloc((size_t)size + 1);
-    if (!buf) {
-        ag_err_set(err, "%s: out of memory", path);
-        close(fd);
-        return -1;
-    }
-    int errnum = 0;
-    while (got < size) {
-        ssize_t k = read(fd, buf + got, (size_t)size - got);
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) errnum = errno;
-        if (k <= 0) break;
-        got += (size_t)k;
-    }
-    close(fd);
-    if (got != size) {
-        ag_err_set(err, "%s: read failed: %s", path, errnum ? strerror(errnum) : "the file shrank while being read");
-        free(buf);
-        return -1;
-    }
-    buf[size] = '\0';
-    *out = buf;
-    *len = (size_t)size;
-    return 0;
-}
-
 static int64_t pread_full(int fd, void *buf, uint64_t len, uint64_t off) {
     uint64_t got = 0;
     while (got < len) {
@@ -357,16 +288,13 @@ static int parse_header_text(llama_st_file *f, const char *text, ag_err *err) {
 
 static const char too_short[] = "%s: %llu bytes is too short for a safetensors file (8-byte header length first)";
 
-static int open_file(llama_st_file *f, ag_err *err) {
-    uint64_t size;
-    f->fd = llama_open_regular(f->path, &size, err);
-    if (f->fd < 0) return -1;
+static int read_header(llama_st_file *f, int fd, uint64_t size, ag_err *err) {
     if (size < 8) {
         ag_err_set(err, too_short, f->path, (unsigned long long)size);
         return -1;
     }
     uint8_t len8[8];
-    int64_t k = pread_full(f->fd, len8, 8, 0);
+    int64_t k = pread_full(fd, len8, 8, 0);
     if (k != 8) {
         ag_err_set(err, "%s: cannot read the header length: %s", f->path,
                    k < 0 ? strerror(errno) : "the file shrank while being opened");
@@ -379,7 +307,7 @@ static int open_file(llama_st_file *f, ag_err *err) {
         ag_err_set(err, "%s: out of memory for a header of %llu bytes", f->path, (unsigned long long)hlen);
         return -1;
     }
-    k = pread_full(f->fd, text, hlen, 8);
+    k = pread_full(fd, text, hlen, 8);
     if (k < 0 || (uint64_t)k != hlen) {
         ag_err_set(err, "%s: cannot read the header: %s", f->path,
                    k < 0 ? strerror(errno) : "the file shrank while being opened");
@@ -391,6 +319,29 @@ static int open_file(llama_st_file *f, ag_err *err) {
     return rc;
 }
 
+static int open_file(llama_st_file *f, ag_err *err) {
+    uint64_t size;
+    struct stat st;
+    int fd = llama_open_regular(f->path, &size, err);
+    if (fd < 0) return -1;
+    int rc = fstat(fd, &st) == 0 ? read_header(f, fd, size, err) : (ag_err_set(err, "%s: cannot stat", f->path), -1);
+    f->on_disk = rc == 0, f->dev = st.st_dev, f->ino = st.st_ino;
+    close(fd);
+    return rc;
+}
+
+// The file again, for a read: the one opened (a file put in its place since is refused).
+static int reopen(const llama_st_file *f, ag_err *err) {
+    int fd = llama_open_regular(f->path, NULL, err);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino)) {
+        ag_err_set(err, "%s: another file is at this path since it was opened", f->path);
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
 static llama_st_file *st_new(const char *path, ag_err *err) {
     llama_st_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
@@ -398,7 +349,6 @@ static llama_st_file *st_new(const char *path, ag_err *err) {
         ag_err_set(err, "%s: out of memory", path);
         return NULL;
     }
-    f->fd = -1;
     return f;
 }
 
@@ -439,7 +389,6 @@ int llama_st_open(llama_st_file **out, const char *path, ag_err *err) {
 
 void llama_st_close(llama_st_file *f) {
     if (!f) return;
-    if (f->fd >= 0) close(f->fd);
     if (f->tensors)
         for (size_t i = 0; i < f->n; i++) free((char *)f->tensors[i].name);
     free(f->tensors);
@@ -514,21 +463,26 @@ static int check_read(const llama_st_file *f, const llama_st_tensor *t, size_t c
 // The tensor's bytes into dst (t->nbytes of them). The file was checked at open to hold them:
 // a short read means it shrank since.
 static int read_raw(const llama_st_file *f, const llama_st_tensor *t, void *dst, ag_err *err) {
-    if (f->fd < 0) {
+    if (!f->on_disk) {
         ag_err_set(err, "%s: tensor %s: only the header of this file is at hand, not its data", f->path, t->name);
         return -1;
     }
     uint64_t begin = f->data_start + t->offset;
-    int64_t got = pread_full(f->fd, dst, t->nbytes, begin);
+    int fd = reopen(f, err);
+    if (fd < 0) return -1;
+    int64_t got = pread_full(fd, dst, t->nbytes, begin);
+    uint64_t now = current_size(fd);
+    int errnum = errno;
+    close(fd);
     if (got < 0) {
-        ag_err_set(err, "%s: tensor %s: read failed: %s", f->path, t->name, strerror(errno));
+        ag_err_set(err, "%s: tensor %s: read failed: %s", f->path, t->name, strerror(errnum));
         return -1;
     }
     if ((uint64_t)got != t->nbytes) {
         ag_err_set(err,
                    "%s: tensor %s: the file now ends at byte %llu, inside the tensor's "
                    "bytes [%llu, %llu) (was it truncated while open?)",
-                   f->path, t->name, (unsigned long long)current_size(f->fd), (unsigned long long)begin,
+                   f->path, t->name, (unsigned long long)now, (unsigned long long)begin,
                    (unsigned long long)(begin + t->nbytes));
         return -1;
     }
@@ -584,71 +538,6 @@ int llama_st_read_i64(const llama_st_file *f, const llama_st_tensor *t, int64_t 
             for (size_t i = 0; i < count; i++) dst[i] = (int64_t)load_le(raw + 8 * i, 8);
     } else {
         for (size_t i = 0; i < count; i++) dst[i] = (int32_t)(uint32_t)load_le(raw + 4 * i, 4);
-    }
-    return 0;
-}
-
-// ---------------------------------------------------------------------------------------------
-// --weights PATH
-
-static int join(char *out, size_t len, const char *dir, const char *file, ag_err *err) {
-    int k = snprintf(out, len, "%s/%s", dir, file);
-    if (k < 0 || (size_t)k >= len) {
-        ag_err_set(err, "%s: path too long", dir);
-        return -1;
-    }
-    return 0;
-}
-
-// A file the folder must hold: 1 absent, 0 a regular file that opens, -1 anything else (with
-// the message: a FIFO, a folder, a device, unreadable).
-static int folder_file(const char *path, ag_err *err) {
-    struct stat st;
-    if (stat(path, &st) != 0 && (errno == ENOENT || errno == ENOTDIR)) return 1;
-    int fd = llama_open_regular(path, NULL, err);
-    if (fd < 0) return -1;
-    close(fd);
-    return 0;
-}
-
-int llama_weights_resolve(const char *path, char *config_path, char *st_path, size_t len, ag_err *err) {
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        ag_err_set(err, "%s: %s", path, strerror(errno));
-        return -1;
-    }
-    if (S_ISREG(st.st_mode)) {
-        if (strlen(path) >= len) {
-            ag_err_set(err, "%s: path too long", path);
-            return -1;
-        }
-        strcpy(st_path, path);
-        if (len) config_path[0] = '\0';
-        return 0;
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        ag_err_set(err, "%s: neither a .safetensors file nor a folder (it is %s)", path, file_kind(st.st_mode));
-        return -1;
-    }
-    if (join(config_path, len, path, "config.json", err) != 0 ||
-        join(st_path, len, path, "model.safetensors", err) != 0)
-        return -1;
-    int r = folder_file(config_path, err);
-    if (r < 0) return -1;
-    if (r > 0) {
-        ag_err_set(err, "%s: folder holds no config.json", path);
-        return -1;
-    }
-    // transformers' order: the single file first, else the index of the shards
-    r = folder_file(st_path, err);
-    if (r < 0) return -1;
-    if (r == 0) return 0;
-    if (join(st_path, len, path, "model.safetensors.index.json", err) != 0) return -1;
-    r = folder_file(st_path, err);
-    if (r < 0) return -1;
-    if (r > 0) {
-        ag_err_set(err, "%s: folder holds no model.safetensors nor model.safetensors.index.json", path);
-        return -1;
     }
     return 0;
 }

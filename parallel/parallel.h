@@ -147,6 +147,10 @@ typedef struct {
     // shard_bits (32: the optimizer steps on them, no master copy) and gradients reduced at
     // reduce_bits. 0: the parameters' own dtype.
     int shard_bits, reduce_bits;
+    // A parameter that trains and that no node reached in a backward (an expert no token went to)
+    // adds zeros to its bucket's reduction and gets its .grad from it, as DDP's
+    // find_unused_parameters=True; false: it is an error.
+    bool find_unused;
 } par_zero_config;
 
 // The parameters gathered together in stage 3, a module of the model (a decoder block, the

@@ -81,14 +81,20 @@ static size_t bucket_offset(const par_zero *z, const zbucket *b, size_t j, int q
 static void copy_in(const par_zero *z, const zbucket *b, size_t j, const zslot *s) {
     float *dst = b->buf.data;
     const float *g = s->p->grad ? s->p->grad->data : NULL;
-    if (!dst || !g) return;
+    if (!dst) return;
     if (z->st->stage == 0) {
-        memcpy(dst + bucket_offset(z, b, j, 0), g + 0, s->numel * sizeof(float));
+        if (g)
+            memcpy(dst + bucket_offset(z, b, j, 0), g + 0, s->numel * sizeof(float));
+        else // unused in this backward (find_unused): zeros
+            memset(dst + bucket_offset(z, b, j, 0), 0, s->numel * sizeof(float));
         return;
     }
     for (int q = 0; q < z->N; q++) {
         size_t at = bucket_offset(z, b, j, q), len = par_part_len(s, q);
-        memcpy(dst + at, g + par_part_lo(s, q), len * sizeof(float));
+        if (g)
+            memcpy(dst + at, g + par_part_lo(s, q), len * sizeof(float));
+        else
+            memset(dst + at, 0, len * sizeof(float));
         memset(dst + at + len, 0, (par_part_cap(z, s, q) - len) * sizeof(float)); // FSDP's padding
     }
 }
@@ -120,6 +126,18 @@ static int to_grad_shard(par_zero *z, zslot *s, const float *src, float inv, ag_
     return 0;
 }
 
+// A parameter this rank's backward did not reach (find_unused) gets its .grad from the reduction,
+// as DDP's reducer defines it from the bucket for a parameter another rank used.
+static int give_grad(par_zero *z, zslot *s, ag_err *err) {
+    if (s->p->grad || !z->cfg.find_unused) return 0;
+    char label[256];
+    snprintf(label, sizeof label, "%s:grad", ag_tensor_name(s->p));
+    s->p->grad = ag_tensor_new(z->ctx, s->p->ndim, s->p->shape, MP_GRADIENT, label);
+    if (s->p->grad) return 0;
+    ag_err_set(err, "%s", ag_ctx_error(z->ctx));
+    return -1;
+}
+
 // Every gradient of the bucket final: the reduction, this rank's results into place, the bucket freed.
 static int reduce_bucket(par_zero *z, zbucket *b, ag_err *err) {
     const float inv = 1.0f / (float)z->N;
@@ -129,7 +147,8 @@ static int reduce_bucket(par_zero *z, zbucket *b, ag_err *err) {
         rc = par_all_reduce_sum(z->comm, buf, b->elems, z->reduce_bytes, err);
         for (size_t j = 0, at = 0; rc == 0 && j < b->n; at += z->slots[b->slots[j]].numel, j++) {
             zslot *s = &z->slots[b->slots[j]];
-            scale_into(s->p->grad ? s->p->grad->data : NULL, buf ? buf + at : NULL, s->numel, inv, false);
+            if ((rc = give_grad(z, s, err)) == 0)
+                scale_into(s->p->grad ? s->p->grad->data : NULL, buf ? buf + at : NULL, s->numel, inv, false);
         }
     } else {
         if (par_real(z)) {
@@ -144,7 +163,7 @@ static int reduce_bucket(par_zero *z, zbucket *b, ag_err *err) {
         for (size_t j = 0, at = 0; rc == 0 && j < b->n; j++) {
             zslot *s = &z->slots[b->slots[j]];
             const float *src = buf ? buf + at : NULL;
-            if (z->st->stage == 1)
+            if (z->st->stage == 1 && (rc = give_grad(z, s, err)) == 0)
                 scale_into(s->p->grad ? (float *)s->p->grad->data + s->lo : NULL, src, s->hi - s->lo, inv, false);
             else if (s->hi > s->lo)
                 rc = to_grad_shard(z, s, src, inv, err);
@@ -196,7 +215,9 @@ bool par_grad_ready(void *user, ag_tensor *leaf, ag_err *err) {
 int par_zero_after_backward(par_zero *z, ag_err *err) {
     bool reduced = z->sync || z->st->reduce_every_backward;
     for (size_t i = 0; reduced && i < z->n; i++)
-        if (z->slots[i].trains && !z->slots[i].ready) {
+        if (z->slots[i].trains && !z->slots[i].ready && z->cfg.find_unused) {
+            if (!par_grad_ready(z, z->slots[i].p, err)) return -1;
+        } else if (z->slots[i].trains && !z->slots[i].ready) {
             ag_err_set(err,
                        "zero: %s got no gradient in backward (every parameter that trains must take part, as DDP "
                        "without find_unused_parameters)",

@@ -243,27 +243,6 @@ tok_tokenizer *tok_parse(const char *json, size_t len, const char *origin, tok_e
     return rc == 0 ? t : fail(t);
 }
 
-tok_tokenizer *tok_load(const char *path, tok_err *err) {
-    FILE *f = fopen(path, "rb");
-    struct stat st;
-    if (!f || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        tok_err_set(err, "%s: %s", path, f ? "not a regular file" : strerror(errno));
-        if (f) fclose(f);
-        return NULL;
-    }
-    char *buf = malloc((size_t)st.st_size + 1);
-    size_t n = buf ? fread(buf, 1, (size_t)st.st_size, f) : 0;
-    fclose(f);
-    if (!buf || n != (size_t)st.st_size) {
-        tok_err_set(err, "%s: %s", path, buf ? "could not be read whole" : "out of memory");
-        free(buf);
-        return NULL;
-    }
-    tok_tokenizer *t = tok_parse(buf, n, path, err);
-    free(buf);
-    return t;
-}
-
 void tok_free(tok_tokenizer *t) {
     if (!t) return;
     tok_strmap_free(&t->vocab);

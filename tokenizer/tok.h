@@ -22,9 +22,8 @@ typedef struct {
 
 typedef struct tok_tokenizer tok_tokenizer;
 
-// A tokenizer.json file; origin names it in messages.
-tok_tokenizer *tok_load(const char *path, tok_err *err);
-// The same from the file's text (len bytes, no NUL needed).
+// A tokenizer.json from its text (len bytes, no NUL needed); origin names it in messages. Reading
+// the file is the caller's (membill reads every input through model.h's llama_read_file).
 tok_tokenizer *tok_parse(const char *json, size_t len, const char *origin, tok_err *err);
 void tok_free(tok_tokenizer *t); // NULL is ignored
 

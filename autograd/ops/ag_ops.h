@@ -54,3 +54,7 @@ struct ag_kv_cache {
 };
 // Nothing over the cache records a node: false with the error set in grad mode.
 bool ag_kv_no_grad(ag_ctx *ctx, const char *op, const char *base);
+
+// ops/moe_eager.c: ag_moe_experts under the PyTorch frameworks (inputs checked).
+ag_tensor *ag_moe_eager_experts(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tensor *w, const ag_moe_routing *r,
+                                ag_tensor *const *W[3], const ag_moe_eager *hf);

@@ -288,10 +288,11 @@ void cli_xml_escape(FILE *f, const char *s) {
 }
 
 // ---- Chrome trace-event format ----
-// Counter tracks per category, a slice per phase, and every tensor an async slice from its
-// allocation to its free on its category's track (name: the site; args: bytes, category and,
-// for tensors, shape and dtype), so
-// that Perfetto can say which tensors were live at any moment.
+// Counter tracks per category, a slice per phase on the one named thread ("phases"), and every
+// tensor an async slice from its allocation to its free (name: the site, on the process's track
+// of that name; cat and args: its category, bytes, shape and dtype), so that Perfetto can say
+// which tensors were live at any moment. Plain malloc ("other": thousands of parser and tape
+// allocations a step) is its counter track alone: as slices it would be most of the trace.
 
 // Microseconds, made strictly increasing (a nanosecond apart at least): "what was live at the
 // peak's timestamp" then has one answer even where two events share a clock tick.
@@ -314,13 +315,10 @@ static void trace_metadata(FILE *f, bool *first, const char *title) {
     fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":");
     cli_json_string(f, title ? title : "membill");
     fprintf(f, "}}");
-    for (int t = 0; t <= MP_NCATEGORIES; t++) {
-        trace_sep(f, first);
-        fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"name\":\"%s%s\"}},", t + 1,
-                t ? mp_category_name(t - 1) : "phases", t ? " tensors" : "");
-        fprintf(f, "\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
-                t + 1, t);
-    }
+    // Async slices go on the process's tracks, named by the slices: the one thread named is the
+    // one that carries slices of its own.
+    trace_sep(f, first);
+    fprintf(f, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"phases\"}}");
 }
 
 static void trace_counter(FILE *f, bool *first, int cat, double ts, int64_t live) {
@@ -348,8 +346,8 @@ static void trace_tensor(FILE *f, bool *first, const cli_lifetime *l, size_t id,
     trace_sep(f, first);
     fprintf(f, "{\"name\":");
     cli_json_string(f, mp_site_name(l->site));
-    fprintf(f, ",\"cat\":\"%s\",\"ph\":\"%s\",\"id\":%zu,\"ts\":%.3f,\"pid\":1,\"tid\":%d",
-            mp_category_name(l->category), ph, id, ts, l->category + 2);
+    fprintf(f, ",\"cat\":\"%s\",\"ph\":\"%s\",\"id\":%zu,\"ts\":%.3f,\"pid\":1,\"tid\":1",
+            mp_category_name(l->category), ph, id, ts);
     if (*ph == 'b') {
         fprintf(f, ",\"args\":{\"bytes\":%lld,\"category\":\"%s\"", (long long)l->bytes, mp_category_name(l->category));
         trace_detail(f, mp_detail_name(l->detail));
@@ -386,12 +384,14 @@ static void trace_events(FILE *f, bool *first, size_t n, const double *ts, const
         live[e->category] += e->bytes;
         trace_counter(f, first, e->category, ts[i], live[e->category]);
         size_t k = who[i];
-        if (k == SIZE_MAX || l[k].bytes < 0) continue; // a free that ended nothing recorded: no tensor
+        // a free that ended nothing recorded, or plain malloc: no slice
+        if (k == SIZE_MAX || l[k].bytes < 0 || l[k].category == MP_OTHER) continue;
         trace_tensor(f, first, &l[k], k, l[k].start == i ? "b" : "e", ts[i]);
     }
     if (phase >= 0) trace_phase(f, first, phase, phase_start, t_end);
     for (size_t k = 0; k < nl; k++) // still live when the timeline ends: the slice ends with it
-        if (l[k].end == CLI_LIVE_TO_END && l[k].bytes > 0) trace_tensor(f, first, &l[k], k, "e", t_end + 1e-3);
+        if (l[k].end == CLI_LIVE_TO_END && l[k].bytes > 0 && l[k].category != MP_OTHER)
+            trace_tensor(f, first, &l[k], k, "e", t_end + 1e-3);
 }
 
 int cli_trace_writer(FILE *f, void *title, ag_err *err) {

@@ -471,11 +471,11 @@ static int check_model(const cli_options *o, llama_config *c, cli_text *text, ch
                    o->model, cli_commas(pc, sizeof pc, llama_param_count(c)), (long long)c->layers);
         return EXIT_USAGE;
     }
-    if (o->prompt && (rc = cli_text_prepare(o, text, err)) != 0) return rc;
+    if (o->prompt && (rc = cli_text_prepare(o, c, text, err)) != 0) return rc;
     if (text->ids && text->n + 40 > c->max_positions) {
         ag_err_set(err, "--prompt gives %ld tokens: with 40 new ones that passes the model's %lld positions", text->n,
                    (long long)c->max_positions);
-        return EXIT_USAGE;
+        return EXIT_RUN_FAILED; // the tokenizer's count against the model's positions (docs/cli.md)
     }
     input = (check_input){st, text->ids, text->ids ? text->n : 25};
     return 0;

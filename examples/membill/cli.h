@@ -34,6 +34,13 @@ typedef struct {
 const cli_command *cli_find_command(const char *name); // NULL if unknown
 size_t cli_command_count(void);
 const cli_command *cli_command_at(size_t i);
+const char *cli_command_name(size_t i); // NULL past the end
+
+// "Did you mean" (suggest.c): of the count names name(i) gives, the one closest to typed (a few
+// edits at most, case aside: --seqlen, trian, llama3-8b), else NULL; and that as
+// " (did you mean NAME?)" in buf, else "".
+const char *cli_suggest(const char *typed, const char *(*name)(size_t i), size_t count);
+const char *cli_did_you_mean(char *buf, size_t len, const char *typed, const char *(*name)(size_t i), size_t count);
 
 #define CLI_MAX_OPTIONS 96
 
@@ -45,7 +52,7 @@ typedef struct {
     const char *command;
     cli_command_bit cmd;
     const char *model, *config, *weights, *tokens, *prompt, *prompt_file, *tokenizer;
-    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size, bucket_mb, prefetch_layers, grad_accum;
+    long batch, seq_len, steps, threads, new_tokens, gpus, zero, group_size, bucket_mb, prefetch_layers, grad_accum, ep;
     const char *fsdp, *offload; // NULL: none
     uint64_t seed, budget, device_memory, overhead;
     const char *optimizer, *adam_impl, *dtype, *weight_dtype, *framework, *attention;
@@ -56,6 +63,7 @@ typedef struct {
     double lora_alpha, lora_dropout;
     const char *lora_targets, *base_dtype, *adapter, *save_adapter, *adapter_dtype;
     bool lora;
+    const char *routing, *routing_out;
     const char *device, *gpu, *cuda_alloc_conf, *seq_lens, *snapshot, *against;
     double memory_fraction;
     bool list_gpus;
@@ -84,7 +92,9 @@ void cli_usage_error(const cli_options *o, const char *fmt, ...) __attribute__((
 bool cli_parse_framework(const char *name, ag_framework *out);
 const char *cli_framework_name(ag_framework f);
 // One line for reports: the name and what it means.
-const char *cli_framework_text(ag_framework f);
+// The framework line: the row's text, with the family's transformers class for the PyTorch
+// ones ("MixtralForCausalLM"), into buf.
+const char *cli_framework_text(ag_framework f, llama_family family, char *buf, size_t len);
 // --framework's choices ("pytorch|pytorch-1.13|lean", the default first) and help, from the rows.
 const char *cli_framework_choices(void);
 const char *cli_framework_help(void);
@@ -140,9 +150,10 @@ const char *cli_hub_name(const cli_hub *h);    // "org/name[@revision]"
 void cli_hub_text(FILE *f, const cli_hub *h);  // "checkpoint: ..." when its headers were read
 struct json_t *cli_hub_json(const cli_hub *h); // {"id", "revision", "commit", "snapshot", "checkpoint"}
 
-// What a run is made of (setup.c). These return an exit code: 0, EXIT_USAGE (an unknown preset,
-// a malformed id list, a length past the model's positions) or EXIT_RUN_FAILED (a file that
-// cannot be read), with the message in *err.
+// What a run is made of (setup.c). These return an exit code (docs/cli.md): 0, EXIT_USAGE when
+// the command line alone shows the fault (an unknown preset, a malformed id list) or
+// EXIT_RUN_FAILED when an input does (a file that cannot be read, an id or a length the model
+// does not have), with the message in *err.
 int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len, ag_err *err);
 // The end of a run, after its teardown: whether every tensor category is back at zero, and, for
 // a run that succeeded, plain malloc past the budget (which cannot be refused when it happens)
@@ -151,21 +162,22 @@ int cli_run_end(int rc, bool *clean, ag_err *err);
 // --seq-lens "512,2048" -> lengths (malloc'd), each from min to max; a malformed list names the
 // item at fault (EXIT_USAGE).
 int cli_parse_seq_lens(const char *text, long min, long max, long **out, long *n, ag_err *err);
-// "1,2,3" -> ids (malloc'd); a malformed list names the item at fault.
-int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err);
+// "1,2,3" -> ids (malloc'd). Returns 0, EXIT_USAGE for a malformed list or an id past any
+// vocabulary (LLAMA_MAX_VOCAB), EXIT_RUN_FAILED for an id past vocab (0: not checked), the
+// message naming the item at fault.
+int cli_parse_tokens(const char *text, int64_t vocab, int32_t **out, long *n, ag_err *err);
 
 // Text in and out (prompt.c): the tokenizer, the prompt's ids, the ids a generation stops at.
-#define CLI_MAX_EOS 16
 typedef struct {
     struct tok_tokenizer *tok; // NULL: neither --prompt, --prompt-file nor --tokenizer
     char tokenizer_path[4096];
     int32_t *ids; // the prompt's ids, one row (NULL without a prompt)
     long n;
-    int32_t eos[CLI_MAX_EOS]; // infer: eos_token_id of config.json and generation_config.json
-    int n_eos;                // 0: none known, --ignore-eos, or meta
+    llama_eos eos; // infer: eos_token_id of config.json and generation_config.json (none: --ignore-eos, meta)
 } cli_text;
-// An exit code, with the message in *err.
-int cli_text_prepare(const cli_options *o, cli_text *t, ag_err *err);
+// An exit code, with the message in *err; cfg is the run's model (its vocabulary bounds the
+// end-of-text ids).
+int cli_text_prepare(const cli_options *o, const llama_config *cfg, cli_text *t, ag_err *err);
 void cli_text_free(cli_text *t);
 bool cli_text_is_eos(const cli_text *t, int32_t id);
 struct json_t *cli_prompt_ids_json(const cli_text *t, long batch);    // the prompt per batch row
@@ -213,6 +225,7 @@ enum {
     CLI_ROLE_LOSS,
     CLI_ROLE_ROPE_COS_SIN,
     CLI_ROLE_LORA, // an adapter's own tensors (its input dropped out, A's output)
+    CLI_ROLE_MOE,  // a sparse block's router, routing and experts
     CLI_ROLE_OTHER,
     CLI_NROLES
 };
@@ -256,6 +269,23 @@ void cli_lora_params_text(FILE *f, const llama_config *cfg, const cli_lora *l);
 void cli_lora_bill_text(FILE *f, const llama_config *cfg, const cli_lora *l);
 struct json_t *cli_lora_json(const llama_config *cfg, const cli_lora *l);
 
+// --routing and --routing-out (routing_cli.c): how a meta run routes the tokens of a mixture of
+// experts, and where a real run records its routers' choices.
+typedef struct {
+    llama_routing *assume; // --routing (NULL: balanced)
+    llama_routing *record; // --routing-out
+} cli_routing;
+// From the options, for a model of config c; an exit code with the message in *err.
+int cli_routing_prepare(const cli_options *o, const llama_config *c, cli_routing *r, ag_err *err);
+// The model's sparse layers route as r says: a meta run bills the assumption, a real run records.
+void cli_routing_attach(const cli_routing *r, llama_model *m);
+void cli_routing_free(cli_routing *r);
+// The report's routing line ("routing: balanced (...)") for a mixture of experts; nothing else.
+void cli_routing_text(FILE *f, const llama_config *c, const cli_routing *r, bool meta);
+// "balanced", "worst", "file" or "measured", for the JSON report.
+const char *cli_routing_name(const cli_routing *r, bool meta);
+int cli_routing_writer(FILE *f, void *routing, ag_err *err); // arg: the llama_routing to write
+
 typedef struct {
     llama_config cfg;
     char st_path[4096]; // "" for random init
@@ -282,6 +312,7 @@ typedef struct {
     cli_lora lora;
     // --save-adapter: after the last optimizer step (NULL: none)
     int (*save_adapter)(void *arg, const llama_model *m, ag_err *err);
+    cli_routing routing; // a mixture of experts' (owned by the caller of cli_train_prepare)
 } train_run;
 
 // The model of a run in its context: built at the dtype's sizes, then loaded from st_path
@@ -326,6 +357,8 @@ typedef struct {
 // category's live bytes count as one device's share, ceil(live / divide[c]) (ZeRO's shards; 1:
 // whole), at every event; NULL counts every category whole.
 void cli_replay_steps(const train_run *r, const uint64_t *divide, step_figures *out);
+// bytes as mp_format_bytes writes them, without the exact count in parentheses.
+const char *cli_short_bytes(char *buf, size_t n, uint64_t bytes);
 // One line, when the total peak goes past the four copies (weights + gradients + optimizer
 // state, each at its own peak): by how much, and what the other categories held at the peak's
 // moment (the largest site of the largest of them, when the timeline has it); nothing otherwise.
@@ -345,8 +378,11 @@ void cli_breakdown_text(FILE *f, long layers);
 struct json_t *cli_breakdown_json(long layers);
 
 // --explain: each category's formula worked out for this model, and the lessons' claims.
-void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_len, optim_kind kind,
-                       ag_attention_kind attention);
+// The activation formula is --framework lean's saved set, said so beside another framework's
+// measured figure; the temporaries' line gives the optimizer's part (--adam-impl) and what held
+// them at their peak.
+void cli_explain_train(FILE *f, const llama_config *cfg, long batch, long seq_len, const optim_config *oc,
+                       ag_framework fw, ag_attention_kind attention);
 
 // check's Q and B claims (check_dtype.c): the distributions of the next token along float32's
 // greedy text (prompt[T], ref_new[N]) under float32 and under dt, from the same weights (st_path,
@@ -380,7 +416,8 @@ typedef struct {
     ag_device device; // whose kernels: --device cuda or --gpu
     bool meta;
     uint64_t seed;
-    cli_lora lora; // --adapter: generation through the adapters
+    cli_lora lora;       // --adapter: generation through the adapters
+    cli_routing routing; // a mixture of experts'
 } infer_run;
 
 // An exit code, as cli_load_config.
@@ -435,6 +472,12 @@ int cli_profiler_start(const cli_options *o, bool meta);
 void cli_progress_begin(const cli_options *o);
 void cli_progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_progress_end(void);
+// Where the command is, without a progress line ("writing the outputs"): what Ctrl-C reports.
+void cli_progress_where(const char *text);
+// SIGINT, SIGTERM, SIGHUP and SIGQUIT (where they have the default action) remove the output
+// temporaries and say in one line where the command stopped and that nothing was written,
+// then end it as the signal would (a shell sees 130 for Ctrl-C).
+void cli_catch_interrupts(const cli_options *o);
 
 // The report of a training run (train.c), text and JSON, as membill train prints and writes it.
 void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool failed);

@@ -2,6 +2,8 @@
 // --weight-dtype.
 #include "cli.h"
 
+#include <stdio.h>
+
 #include <string.h>
 
 // Pure 16-bit runs keep the optimizer state in the parameters' dtype (as torch.optim does);
@@ -93,9 +95,12 @@ const char *cli_framework_name(ag_framework f) {
     return r ? AG_FW(r, name) : "?";
 }
 
-const char *cli_framework_text(ag_framework f) {
+const char *cli_framework_text(ag_framework f, llama_family family, char *buf, size_t len) {
     const ag_framework_row *r = ag_framework_row_of(f);
-    return r ? AG_FW(r, text) : "?";
+    const char *text = r ? AG_FW(r, text) : "?", *at = strstr(text, "LlamaForCausalLM");
+    if (!at) return snprintf(buf, len, "%s", text), buf; // the row names no class
+    snprintf(buf, len, "%.*s%s%s", (int)(at - text), text, llama_family_class(family), at + strlen("LlamaForCausalLM"));
+    return buf;
 }
 
 // The default first, then the others in the rows' order.

@@ -1,5 +1,6 @@
 // membill infer: prefill and greedy decode with a KV cache, billed like training.
 #include "cli.h"
+#include "outputs.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -11,13 +12,13 @@ static int parse_prompts(const char *text, infer_run *r, ag_err *err) {
     for (const char *p = text; *p; p++) rows += *p == ';';
     int32_t **ids = calloc((size_t)rows, sizeof *ids);
     long *len = calloc((size_t)rows, sizeof *len);
-    int rc = ids && len ? 0 : -1;
+    int rc = ids && len ? 0 : EXIT_RUN_FAILED;
     const char *start = text;
     for (long i = 0; rc == 0 && i < rows; i++) {
         const char *end = strchr(start, ';');
         size_t n = end ? (size_t)(end - start) : strlen(start);
         char *row = strndup(start, n);
-        rc = row ? cli_parse_tokens(row, &ids[i], &len[i], err) : -1;
+        rc = row ? cli_parse_tokens(row, r->cfg.vocab, &ids[i], &len[i], err) : EXIT_RUN_FAILED;
         free(row);
         if (rc == 0 && len[i] > longest) longest = len[i];
         start = end ? end + 1 : start + n;
@@ -27,7 +28,7 @@ static int parse_prompts(const char *text, infer_run *r, ag_err *err) {
         r->seq_len = longest;
         r->ids = calloc((size_t)(rows * longest), sizeof *r->ids);
         r->mask = calloc((size_t)(rows * longest), sizeof *r->mask);
-        rc = r->ids && r->mask ? 0 : -1;
+        rc = r->ids && r->mask ? 0 : EXIT_RUN_FAILED;
         for (long i = 0; rc == 0 && i < rows; i++)
             for (long t = 0; t < len[i]; t++) {
                 r->ids[i * longest + longest - len[i] + t] = ids[i][t];
@@ -54,11 +55,11 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     if (o->cmd != CLI_INFER) cli_parse_dtype("fp32", &r->dtype);
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
     if (rc == 0 && o->cmd == CLI_INFER) rc = cli_lora_from_options(o, &r->lora, err);
-    if (rc == 0) rc = cli_text_prepare(o, &r->text, err);
+    if (rc == 0 && o->cmd == CLI_INFER) rc = cli_routing_prepare(o, &r->cfg, &r->routing, err);
+    if (rc == 0) rc = cli_text_prepare(o, &r->cfg, &r->text, err);
     if (rc != 0) return rc;
     if (o->tokens && strchr(o->tokens, ';')) {
-        if (parse_prompts(o->tokens, r, err) != 0) return EXIT_USAGE;
-        if (llama_check_tokens(&r->cfg, r->ids, (size_t)(r->batch * r->seq_len), err) != 0) return EXIT_RUN_FAILED;
+        if ((rc = parse_prompts(o->tokens, r, err)) != 0) return rc;
     } else if ((rc = cli_make_tokens(o, &r->cfg, &r->text, o->meta, &r->ids, &r->batch, &r->seq_len, err)) != 0) {
         return rc;
     }
@@ -68,12 +69,13 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
                    "a %ld-token prompt and %ld new tokens run %ld tokens through the model, past its %lld positions "
                    "(max_position_embeddings)",
                    r->seq_len, r->new_tokens, r->seq_len + r->new_tokens - 1, (long long)r->cfg.max_positions);
-        return EXIT_USAGE;
+        return EXIT_RUN_FAILED;
     }
     return 0;
 }
 
 void cli_infer_free(infer_run *r) {
+    cli_routing_free(&r->routing);
     free(r->ids);
     free(r->mask);
     free(r->out);
@@ -101,7 +103,7 @@ static bool all_ended(void *user, const llama_generate_step *s) {
         if (r->out_len[b] == s->step && !cli_text_is_eos(&r->text, last)) r->out_len[b]++;
         if (r->out_len[b] == s->step + 1 && !cli_text_is_eos(&r->text, s->next[b])) all = false;
     }
-    return r->text.n_eos > 0 && all;
+    return r->text.eos.n > 0 && all;
 }
 
 int cli_infer_run(infer_run *r, ag_err *err) {
@@ -121,6 +123,7 @@ int cli_infer_run(infer_run *r, ag_err *err) {
     ag_set_grad_enabled(ctx, false);
     mp_set_phase(MP_PHASE_LOAD);
     if (cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, &m, err) != 0) goto done;
+    cli_routing_attach(&r->routing, m);
     llama_generate_opts go = {.use_cache = r->use_cache, .on_step = on_step, .stop = all_ended, .user = r};
     cli_progress("prefill of %ld x %ld tokens", r->batch, r->seq_len);
     rc = llama_generate(ctx, m, &go, r->ids, r->mask, r->batch, r->seq_len, r->new_tokens, r->out, &r->stats, err);
@@ -164,6 +167,7 @@ static json_t *shape_json(const int64_t s[4]) {
 typedef struct {
     const cli_options *o;
     infer_run r;
+    cli_job job;
     cli_device dev;
     cli_device_result devr;
 } infer_cmd;
@@ -179,6 +183,8 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(run, "new_tokens", json_integer(r->new_tokens));
     json_object_set_new(run, "cache", json_boolean(r->use_cache));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    if (r->cfg.moe.experts > 0)
+        json_object_set_new(run, "routing", json_string(cli_routing_name(&r->routing, r->meta)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
     json_object_set_new(run, "dtype", json_string(r->dtype.name ? r->dtype.long_name : "float32"));
     json_object_set_new(run, "weight_dtype",
@@ -242,7 +248,10 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
             r->batch, r->seq_len, r->new_tokens, r->use_cache ? "with the KV cache" : "without a cache (recomputing)",
             r->dtype.name ? r->dtype.long_name : "float32", r->dtype.weight_name ? ", weights " : "",
             r->dtype.weight_name ? r->dtype.weight_name : "", r->meta ? ", meta (shapes only)" : "");
-    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
+    char fw[192];
+    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework, r->cfg.family, fw, sizeof fw),
+            cli_attention_text(r->attention));
+    cli_routing_text(f, &r->cfg, &r->routing, r->meta);
     cli_text_line(f, &r->text);
     fputc('\n', f);
     if (failed) fprintf(f, "(FAILED after %lld of %ld forwards: see below)\n\n", (long long)st->steps, r->new_tokens);
@@ -282,10 +291,13 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
     if (c->devr.done) cli_device_text(f, &c->dev, &c->devr);
 }
 
-// The generation, then (--device cuda) its allocations through the CUDA caching allocator.
+// The generation (its routing written when asked), then (--device cuda) its allocations through
+// the CUDA caching allocator.
 static int run(void *arg, ag_err *err) {
     infer_cmd *c = arg;
     int rc = cli_infer_run(&c->r, err);
+    if (rc == 0 && c->r.routing.record && c->o->routing_out)
+        rc = cli_outputs_write(c->job.outs, "--routing-out", cli_routing_writer, c->r.routing.record, err);
     if (rc != 0 || !c->dev.cuda) return rc;
     cli_device_mark *marks = NULL;
     size_t n = cli_device_marks_phases(&marks);
@@ -297,7 +309,7 @@ infer_run cli_infer_meta_copy(const infer_run *r) {
     m.meta = true;
     m.out = NULL;
     m.out_len = NULL;
-    m.text.n_eos = 0; // shapes alone choose no ids: nothing ends the generation early
+    m.text.eos.n = 0; // shapes alone choose no ids: nothing ends the generation early
     memset(&m.stats, 0, sizeof m.stats);
     return m;
 }
@@ -331,14 +343,14 @@ int cmd_infer(const cli_options *o) {
     char title[256];
     snprintf(title, sizeof title, "membill infer: %s, batch %ld x %ld tokens + %ld new, %s", c.r.cfg.name, c.r.batch,
              c.r.seq_len, c.r.new_tokens, c.r.use_cache ? "KV cache" : "no cache");
-    cli_job job = {.arg = &c,
-                   .run = run,
-                   .meta_peak = meta_peak,
-                   .text = infer_text,
-                   .json = infer_json,
-                   .title = title,
-                   .device = &c.dev};
-    rc = cli_job_main(o, &job);
+    c.job = (cli_job){.arg = &c,
+                      .run = run,
+                      .meta_peak = meta_peak,
+                      .text = infer_text,
+                      .json = infer_json,
+                      .title = title,
+                      .device = &c.dev};
+    rc = cli_job_main(o, &c.job);
     cli_device_result_free(&c.devr);
     cli_infer_free(&c.r);
     return rc;

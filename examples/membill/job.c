@@ -45,8 +45,11 @@ int cli_outputs_declare(const cli_options *o, cli_outputs **outs, ag_err *err) {
                 {"--html", o->html},
                 {"--dump-grads", o->dump_grads},
                 {"--save-weights", o->save_weights},
+                {"--routing-out", o->routing_out},
                 {"--snapshot", o->snapshot}},
-      inputs[] = {{"--config", o->config},
+      inputs[] = {{"--routing",
+                   o->routing && strcmp(o->routing, "balanced") && strcmp(o->routing, "worst") ? o->routing : NULL},
+                  {"--config", o->config},
                   {"--weights", o->weights},
                   {"--tokenizer", o->tokenizer},
                   {"--prompt-file", o->prompt_file}};
@@ -166,6 +169,7 @@ int cli_job_main(const cli_options *o, cli_job *j) {
             if (o->json) failed_json(o, j, err.msg);
             rc = EXIT_RUN_FAILED;
         } else {
+            cli_progress_where("writing the report and the outputs");
             if (!o->quiet && !to_stdout) j->text(stdout, j->arg, false);
             json_t *root = j->json(j->arg, false);
             cli_report rep = {j->title, text_ok, j, j->svg, j->svg_arg, j->html_runs, j->html_nruns, j->device};

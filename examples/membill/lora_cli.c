@@ -34,7 +34,7 @@ int cli_lora_from_options(const cli_options *o, cli_lora *l, ag_err *err) {
         if (!cli_given(o, "--lora-targets")) l->cfg.targets = file.targets;
         if (!cli_given(o, "--lora-dropout")) l->cfg.dropout = file.dropout;
     }
-    if (l->cfg.rank > 0 && llama_lora_validate(&l->cfg, err) != 0) return EXIT_USAGE;
+    if (l->cfg.rank > 0 && llama_lora_validate(&l->cfg, err) != 0) return o->adapter ? EXIT_RUN_FAILED : EXIT_USAGE;
     return 0;
 }
 

@@ -19,9 +19,11 @@ static int help(int argc, char **argv) {
     }
     const cli_command *c = cli_find_command(argv[2]);
     if (!c || argc > 3) {
+        char hint[96];
         fprintf(stderr,
-                "membill help: %s '%s' (commands: train, infer, compare, check, plan, snapshot; or frameworks)\n",
-                c ? "unexpected argument" : "unknown command", argv[c ? 3 : 2]);
+                "membill help: %s '%s'%s (commands: train, infer, compare, check, plan, snapshot; or frameworks)\n",
+                c ? "unexpected argument" : "unknown command", argv[c ? 3 : 2],
+                c ? "" : cli_did_you_mean(hint, sizeof hint, argv[2], cli_command_name, cli_command_count()));
         return EXIT_USAGE;
     }
     cli_usage(stdout, c);
@@ -41,7 +43,9 @@ int main(int argc, char **argv) {
     }
     const cli_command *cmd = cli_find_command(argv[1]);
     if (!cmd) {
-        fprintf(stderr, "membill: unknown command '%s' (see membill --help)\n", argv[1]);
+        char hint[96];
+        const char *mean = cli_did_you_mean(hint, sizeof hint, argv[1], cli_command_name, cli_command_count());
+        fprintf(stderr, "membill: unknown command '%s'%s\n", argv[1], *mean ? mean : " (see membill --help)");
         return EXIT_USAGE;
     }
     static cli_options o;
@@ -51,11 +55,12 @@ int main(int argc, char **argv) {
         return fflush(stdout) == 0 && !ferror(stdout) ? 0 : EXIT_RUN_FAILED;
     }
     if (!cli_check_combinations(&o)) return EXIT_USAGE;
+    cli_catch_interrupts(&o);
     int rc = 0;
     if (!o.list && llama_hub_is_id(o.model) && (rc = cli_hub_prepare(&o)) != 0) return rc;
     if ((rc = cli_weight_dtype_auto(&o)) != 0) return rc;
-    static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare, cmd_plan, cmd_check,
-                                                       cmd_snapshot};
+    static int (*const run[])(const cli_options *) = {cmd_train, cmd_infer, cmd_compare,
+                                                      cmd_plan,  cmd_check, cmd_snapshot};
     int i = 0;
     while ((1 << i) != (int)cmd->bit) i++;
     rc = run[i](&o);

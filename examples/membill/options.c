@@ -59,7 +59,8 @@ static const opt_spec specs[] = {
     {"--offline", NULL, T_FLAG, OFF(offline), RUNS | PL | CH, NULL, 0, NULL, 0, 0, NULL,
      "the Hugging Face cache alone, never the Hub (as HF_HUB_OFFLINE=1)"},
     {"--config", "FILE", T_PATH, OFF(config), RUNS | PL, NULL, 0, NULL, 0, 0, NULL,
-     "a Hugging Face config.json (model_type llama, mistral, qwen2 or qwen3) instead of a preset"},
+     "a Hugging Face config.json (model_type llama, mistral, qwen2, qwen3, mixtral, qwen2_moe or qwen3_moe) instead "
+     "of a preset"},
     {"--weights", "PATH", T_PATH, OFF(weights), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "a .safetensors file, a model.safetensors.index.json (sharded), or a folder with config.json and "
      "model.safetensors or the index (default: random init)"},
@@ -102,8 +103,8 @@ static const opt_spec specs[] = {
     {"--lora-rank", "R", T_LONG, OFF(lora_rank), TR | CO | PL, "0", 0, NULL, 0, 1 << 20, NULL,
      "LoRA as PEFT: freeze the model, train an adapter of rank R on each target (0: full fine-tune; compare --lora: "
      "8 unless given)"},
-    {"--lora-alpha", "A", T_DOUBLE, OFF(lora_alpha), TR | CO | PL, "8", 0, NULL, 1e-9, 1e9, NULL,
-     "LoRA's lora_alpha: the adapter's update is scaled by A / R"},
+    {"--lora-alpha", "A", T_DOUBLE, OFF(lora_alpha), TR | CO | PL, "8", 0, NULL, LLAMA_LORA_MIN_ALPHA,
+     LLAMA_LORA_MAX_ALPHA, NULL, "LoRA's lora_alpha: the adapter's update is scaled by A / R"},
     {"--lora-targets", "LIST", T_STR, OFF(lora_targets), TR | CO | PL, "q_proj,v_proj", 0, NULL, 0, 0, NULL,
      "the linear layers that get adapters, PEFT's names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj) "
      "or all-linear"},
@@ -121,6 +122,11 @@ static const opt_spec specs[] = {
      "a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to train on or generate with"},
     {"--lora", NULL, T_FLAG, OFF(lora), CO, NULL, 0, NULL, 0, 0, NULL,
      "full fine-tune, LoRA, QLoRA and inference of the same model side by side"},
+    {"--routing", "HOW", T_STR, OFF(routing), TR | IN | PL, "balanced", 0, NULL, 0, 0, NULL,
+     "how a meta run of a mixture of experts routes its tokens: balanced (tokens x k / experts each), worst (every "
+     "token to the same k experts) or FILE (a real run's --routing-out)"},
+    {"--routing-out", "FILE", T_OUT, OFF(routing_out), TR | IN, NULL, 0, NULL, 0, 0, NULL,
+     "a real run's routing of a mixture of experts: the tokens each expert got, layer by layer (for --routing)"},
     {"--no-cache", NULL, T_FLAG, OFF(no_cache), IN | CO, NULL, 0, NULL, 0, 0, NULL,
      "recompute the whole sequence at every decode step instead of keeping a KV cache"},
     {"--meta", NULL, T_FLAG, OFF(meta), RUNS, NULL, 0, NULL, 0, 0, NULL,
@@ -142,6 +148,9 @@ static const opt_spec specs[] = {
     {"--gpus", "N", T_GPUS, OFF(gpus), PL, "1", 0, NULL, 1, 1 << 20, NULL,
      "data-parallel devices (plan: one simulated rank of N); auto: the fewest, up to 4096, whose rank fits "
      "--device-memory"},
+    {"--ep", "N", T_LONG, OFF(ep), PL, "1", 0, NULL, 1, 1 << 16, NULL,
+     "expert parallelism: a mixture of experts' experts split over N of the --gpus (all-to-all of the routed "
+     "tokens), the rest data-parallel; the plan bills one rank"},
     {"--zero", "S", T_LONG, OFF(zero), TR | PL, "0", 0, NULL, 0, 3, NULL,
      "ZeRO stage: 0 DDP, 1 shards optimizer state, 2 also gradients, 3 also weights (train: a real sharded step "
      "under mpirun, MPI build)"},
@@ -199,7 +208,7 @@ static const opt_spec specs[] = {
      "both runs on one scale)"},
     {"--trace", "FILE.json", T_OUT, OFF(trace), TR | IN | PL, NULL, 0, NULL, 0, 0, NULL,
      "a Chrome trace-event file (opens in Perfetto): a counter track per category, every tensor a slice from "
-     "allocation to free"},
+     "allocation to free (plain malloc: its counter track)"},
     {"--html", "FILE.html", T_OUT, OFF(html), ALL, NULL, 0, NULL, 0, 0, NULL,
      "one self-contained page: the timeline to hover, pin and zoom (what was live at any moment), the bill"},
     {"--save-adapter", "DIR", T_STR, OFF(save_adapter), TR, NULL, 0, NULL, 0, 0, NULL,
@@ -253,6 +262,8 @@ const cli_command *cli_find_command(const char *name) {
 
 size_t cli_command_count(void) { return sizeof commands / sizeof commands[0]; }
 const cli_command *cli_command_at(size_t i) { return i < cli_command_count() ? &commands[i] : NULL; }
+const char *cli_command_name(size_t i) { return i < cli_command_count() ? commands[i].name : NULL; }
+static const char *option_name(size_t i) { return i < NSPECS ? specs[i].name : NULL; }
 
 void cli_usage_error(const cli_options *o, const char *fmt, ...) {
     char raw[1024], line[2048];
@@ -323,14 +334,32 @@ static bool set_number(const cli_options *o, const opt_spec *s, const char *v, c
     return true;
 }
 
+// A size written well but too large to hold: a number, then a unit that mp_parse_bytes knows.
+static bool well_formed_size(const char *v) {
+    char *end = NULL, one[16];
+    uint64_t x;
+    if (!((*v >= '0' && *v <= '9') || *v == '.') || !(strtod(v, &end) > 0) || end == v) return false;
+    return snprintf(one, sizeof one, "1%s", end) < (int)sizeof one && *end && mp_parse_bytes(one, &x);
+}
+
 // A size with its unit: v as typed, text as read (the GPU reading of --device-memory). A bare
-// number is ambiguous (80: bytes or GB?) unless it is zero.
+// number is ambiguous (80: bytes or GB?) unless it is zero; a size past the range says the range.
 static bool set_size(const cli_options *o, const opt_spec *s, const char *v, const char *text, char *base) {
     uint64_t x = 0;
-    bool bare = all_digits(v) && strspn(v, "0") != strlen(v);
-    if (!bare && mp_parse_bytes(text, &x) && (double)x >= s->min && (double)x <= s->max) {
+    bool bare = all_digits(v) && strspn(v, "0") != strlen(v), parsed = !bare && mp_parse_bytes(text, &x);
+    if (parsed && (double)x >= s->min && (double)x <= s->max) {
         *(uint64_t *)base = x;
         return true;
+    }
+    if (parsed || (!bare && well_formed_size(text))) {
+        char most[32];
+        cli_commas(most, sizeof most, (uint64_t)s->max);
+        if (s->type == T_DEVICE)
+            cli_usage_error(o, "%s expects a size from %.0fB to %s bytes, not '%s'", s->name, s->min, most, v);
+        else
+            cli_usage_error(o, "%s expects a size from %.0fB to %.0fTB (%s bytes), not '%s'", s->name, s->min,
+                            s->max / 1e12, most, v);
+        return false;
     }
     if (s->type == T_DEVICE)
         cli_usage_error(o,
@@ -442,7 +471,12 @@ bool cli_parse(cli_options *o, const cli_command *cmd, int argc, char **argv) {
             continue;
         }
         if (!s) {
-            if (arg[0] == '-')
+            char typed[80], hint[96];
+            snprintf(typed, sizeof typed, "%.*s", (int)(len < 79 ? len : 79), arg);
+            if (arg[0] == '-' && cli_suggest(typed, option_name, NSPECS))
+                cli_usage_error(o, "unknown option '%.*s'%s", (int)len, arg,
+                                cli_did_you_mean(hint, sizeof hint, typed, option_name, NSPECS));
+            else if (arg[0] == '-')
                 cli_usage_error(o, "unknown option '%.*s' (see membill %s --help)", (int)len, arg, o->command);
             else
                 cli_usage_error(o, "unexpected argument '%s': options start with -- (see membill %s --help)", arg,
@@ -498,7 +532,7 @@ void cli_usage_all(FILE *f) {
     fputs("usage: membill COMMAND [options]\n\n", f);
     for (size_t i = 0; i < cli_command_count(); i++) fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
     fputs("\nmembill help COMMAND (or membill COMMAND --help) lists a command's options; membill help frameworks\n"
-          "what each --framework keeps.\n",
+          "what each --framework keeps; membill --version prints the version.\n",
           f);
 }
 

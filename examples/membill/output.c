@@ -53,6 +53,12 @@ json_t *cli_model_json(const llama_config *c) {
     json_object_set_new(m, "max_positions", json_integer(c->max_positions));
     json_object_set_new(m, "tied", json_boolean(c->tied));
     json_object_set_new(m, "model_type", json_string(llama_family_name(c->family)));
+    json_object_set_new(m, "class", json_string(llama_family_class(c->family)));
+    if (c->moe.experts > 0) { // a mixture of experts: what a token's forward reads
+        json_object_set_new(m, "experts", json_integer(c->moe.experts));
+        json_object_set_new(m, "experts_per_token", json_integer(c->moe.top_k));
+        json_object_set_new(m, "active_parameters", json_integer((json_int_t)llama_active_param_count(c)));
+    }
     json_object_set_new(m, "sliding_window", json_integer(c->sliding_window)); // 0: none
     json_object_set_new(m, "rope_scaling", json_string(llama_rope_type_name(c->rope.type)));
     return m;

@@ -65,7 +65,8 @@ static struct {
     int dirfd;
     char name[TEMP_NAME_LEN];
 } slots[SLOTS];
-static atomic_int committing, pending_signal;
+static atomic_int committing, pending_signal, committed;
+static void (*interrupt_note)(int sig, bool written); // says where the command stopped
 
 void cli_outputs_remove_temporaries(void) {
     for (int i = 0; i < SLOTS; i++)
@@ -78,6 +79,7 @@ static void on_signal(int sig) {
         return;
     }
     cli_outputs_remove_temporaries();
+    if (interrupt_note) interrupt_note(sig, atomic_load(&committed) != 0);
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -100,6 +102,11 @@ static void install_handlers(void) {
         if (sigaction(cleanup_signals[i], NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL)
             sigaction(cleanup_signals[i], &sa, NULL);
     }
+}
+
+void cli_outputs_catch_signals(void (*note)(int sig, bool written)) {
+    interrupt_note = note;
+    install_handlers();
 }
 
 static int slot_take(int dirfd, const char *name) {
@@ -658,6 +665,7 @@ int cli_outputs_commit(cli_outputs *s, ag_err *err) {
         }
     }
     s->broken = rc != 0;
+    if (rc == 0) atomic_store(&committed, 1);
     atomic_store(&committing, 0);
     int sig = atomic_exchange(&pending_signal, 0);
     if (sig) on_signal(sig);

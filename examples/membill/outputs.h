@@ -75,6 +75,12 @@ void cli_outputs_free(cli_outputs *s);
 // temporary): unlinks every named temporary. Async-signal-safe.
 void cli_outputs_remove_temporaries(void);
 
+// Installs that handler now (where the signals have the default action), with note(sig, written)
+// called in it after the temporaries are gone and before the signal ends the process as it would
+// have (a shell sees 128 + sig: 130 for Ctrl-C); written says a commit had put outputs in place.
+// A signal during a commit waits for it. note must be async-signal-safe.
+void cli_outputs_catch_signals(void (*note)(int sig, bool written));
+
 // ---- Writers for the outputs membill produces ----
 
 // The report with 2-space indent, keys in order; arg is a json_t *.

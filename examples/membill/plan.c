@@ -40,6 +40,7 @@ static int meta_step(const plan_setting *s, long B, long T, step_record *steps, 
     r.device = s->device;
     r.lora = s->lora;
     r.grad_accum = s->grad_accum > 1 ? s->grad_accum : 1;
+    r.routing = s->routing;
     return z ? cli_zero_train_run(&r, z, err) : cli_train_run(&r, err);
 }
 
@@ -57,7 +58,9 @@ static int meta_generate(const plan_setting *s, long B, long T, ag_err *err) {
     r.framework = s->framework;
     r.attention = s->attention;
     r.device = s->device;
+    r.routing = s->routing;
     int rc = cli_infer_run(&r, err);
+    r.routing = (cli_routing){0}; // the plan's
     cli_infer_free(&r);
     return rc;
 }
@@ -146,7 +149,9 @@ static int measure_rank(const plan_setting *s, long B, long T, plan_bill *b, ag_
                   .fsdp = s->fsdp,
                   .offload = s->offload,
                   .comm = c};
-    int rc = steps ? meta_step(s, B, T, steps, &z, err) : (ag_err_set(err, "out of memory"), -1);
+    plan_setting ranked = *s; // expert parallelism: the rank holds its share of the experts
+    if (s->ep > 1) ranked.cfg.moe.ep = s->ep;
+    int rc = steps ? meta_step(&ranked, B, T, steps, &z, err) : (ag_err_set(err, "out of memory"), -1);
     plan_bill rank;
     plan_setting one = *s;
     one.infer = false;
@@ -245,8 +250,10 @@ static void list_presets(void) {
         llama_config c;
         ag_err e;
         if (llama_config_preset(&c, llama_preset_name(i), &e) != 0) continue;
-        printf("%-16s %20llu %8lld %8lld %6lld %4lld\n", c.name, (unsigned long long)llama_param_count(&c),
-               (long long)c.hidden, (long long)c.layers, (long long)c.heads, (long long)c.kv_heads);
+        char params[32], hidden[16]; // thousands separated, as every report writes them
+        printf("%-16s %20s %8s %8lld %6lld %4lld\n", c.name, cli_commas(params, sizeof params, llama_param_count(&c)),
+               cli_commas(hidden, sizeof hidden, (uint64_t)c.hidden), (long long)c.layers, (long long)c.heads,
+               (long long)c.kv_heads);
     }
 }
 
@@ -270,6 +277,7 @@ static void plan_setting_from(const cli_options *o, plan_setting *s) {
     s->seq_len = o->seq_len;
     s->new_tokens = s->infer ? o->new_tokens : 0;
     s->gpus = o->gpus;
+    s->ep = o->ep;
     s->zero = o->zero;
     cli_zero z;
     cli_zero_from_options(o, &z);
@@ -357,9 +365,17 @@ int cmd_plan(const cli_options *o) {
     char st_path[8];
     int rc = cli_load_config(o, &s.cfg, st_path, sizeof st_path, &err);
     if (rc == 0) rc = cli_lora_from_options(o, &s.lora, &err);
+    if (rc == 0) rc = cli_routing_prepare(o, &s.cfg, &s.routing, &err);
+    if (rc == 0 && s.ep > 1 && (s.cfg.moe.experts == 0 || s.cfg.moe.experts % s.ep != 0)) {
+        if (s.cfg.moe.experts == 0)
+            ag_err_set(&err, "--ep: %s has no experts to split", s.cfg.name);
+        else
+            ag_err_set(&err, "--ep %ld must divide %s's %lld experts", s.ep, s.cfg.name, (long long)s.cfg.moe.experts);
+        rc = EXIT_USAGE;
+    }
     if (rc == 0) rc = plan_lengths(o, &s, &err);
     if (rc == 0) rc = cli_device_prepare(o, s.infer ? 1 : s.gpus, &s.dev, &err);
-    if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_USAGE;
+    if (rc == 0 && !lengths_ok(&s, &err)) rc = EXIT_RUN_FAILED; // the model's positions decide it
     // The device: the named card's memory, else --device-memory.
     uint64_t device = s.dev.cuda && s.dev.total ? s.dev.total : o->device_memory;
     static plan_answers ans;
@@ -420,5 +436,6 @@ int cmd_plan(const cli_options *o) {
     }
     free(s.seq_lens);
     if (rc != 0) fprintf(stderr, "membill plan: %s\n", err.msg);
+    cli_routing_free(&s.routing);
     return rc;
 }

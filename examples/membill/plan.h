@@ -42,6 +42,7 @@ typedef struct {
     long batch, seq_len, gpus, zero; // gpus 0: --gpus auto, not yet resolved
     int fsdp, offload;               // parallel.h's par_fsdp, par_offload
     long grad_accum;                 // micro-batches a step
+    long ep;                         // --ep: the experts split over this many of the gpus (0 or 1: none)
     long bucket_mb, prefetch;        // the simulated rank's buckets and stage 3's prefetch
     optim_config ocfg;
     uint64_t overhead;
@@ -52,7 +53,8 @@ typedef struct {
     ag_framework framework;
     ag_attention_kind attention;
     ag_device device;
-    cli_lora lora; // rank 0: every parameter trains
+    cli_lora lora;       // rank 0: every parameter trains
+    cli_routing routing; // a mixture of experts' (the plan's own)
     cli_device dev;
     long nsteps;    // training steps billed: 2, or --seq-lens' lengths twice
     long *seq_lens; // --seq-lens repeated (NULL: every step seq_len)
@@ -136,3 +138,6 @@ json_t *plan_report_json(const plan_view *v);
 static inline ag_attention_kind plan_other_attention(ag_attention_kind a) {
     return a == AG_ATTENTION_EAGER ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER;
 }
+
+// Expert parallelism: the bytes a rank's all-to-alls send in a training step (plan_report.c).
+uint64_t plan_all_to_all_bytes(const plan_setting *s);

@@ -104,7 +104,21 @@ static void text_states(FILE *out, const plan_view *v) {
                  mp_format_bytes(x, sizeof x, v->cf->act_per_block),
                  v->cf->flash ? "log-sum-exp rows" : "probabilities",
                  mp_format_bytes(y, sizeof y, v->cf->flash ? v->cf->act_lse_per_block : v->cf->act_probs_per_block));
-    row(out, "activation", b->peak[MP_ACTIVATION], v->cf->activations, f);
+    if (v->cf->moe_blocks && !s->checkpointing) {
+        char z[64];
+        int64_t d = (int64_t)v->cf->act_moe_delta;
+        snprintf(f, sizeof f,
+                 "%lld blocks x %s, %lld of them sparse (%s%s each: router, routing, experts' gate and up), "
+                 "balanced routing; peak at %s",
+                 (long long)s->cfg.layers, mp_format_bytes(x, sizeof x, v->cf->act_per_block),
+                 (long long)v->cf->moe_blocks, d < 0 ? "-" : "+",
+                 mp_format_bytes(y, sizeof y, (uint64_t)(d < 0 ? -d : d)),
+                 v->cf->activations == v->cf->act_experts_moment
+                     ? "the last sparse block's experts backward"
+                     : (snprintf(z, sizeof z, "the head (%s)", mp_format_bytes(z + 32, 32, v->cf->act_head)), z));
+    }
+    if (!v->cf->closed) snprintf(f, sizeof f, "a sparse block's recomputation and backward are not closed");
+    row(out, "activation", b->peak[MP_ACTIVATION], v->cf->closed ? v->cf->activations : 0, f);
     row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
     fprintf(out, "  %-11s %-36s step 2, the steady state (%sgradients set to none); step 1 peak %s\n", "total peak",
             mp_format_bytes(x, sizeof x, b->total), b->peak[MP_OPTIMIZER] ? "optimizer state kept, " : "",
@@ -155,9 +169,9 @@ static uint64_t largest_layer(const llama_config *c) {
     for (size_t i = 0; i < n; i++) {
         char name[LLAMA_PARAM_NAME_MAX], next[LLAMA_PARAM_NAME_MAX];
         int ndim, nd2;
-        int64_t shape[2], sh2[2];
+        int64_t shape[LLAMA_PARAM_MAX_DIMS], sh2[LLAMA_PARAM_MAX_DIMS];
         if (llama_param_spec(c, i, name, sizeof name, &ndim, shape) != 0) continue;
-        uint64_t k = (uint64_t)shape[0] * (uint64_t)shape[1];
+        uint64_t k = (uint64_t)shape[0] * (uint64_t)shape[1] * (uint64_t)shape[2];
         size_t len = strlen(name);
         if (len > 7 && strcmp(name + len - 7, ".weight") == 0 && i + 1 < n &&
             llama_param_spec(c, i + 1, next, sizeof next, &nd2, sh2) == 0 && strncmp(next, name, len - 7) == 0 &&
@@ -375,6 +389,36 @@ void plan_lora_act_form(const plan_setting *s, llama_lora_act_form *af) {
     if (s->dt.autocast || s->dt.weight_bits != s->dt.act_bits) af->closed = false;
 }
 
+
+// The report's question answered in one line, before the detail: one device's total and, with a
+// device, whether it fits and, if not, the first setting that would.
+static void text_answer(FILE *out, const plan_view *v) {
+    char x[64], d[64];
+    const plan_setting *s = v->s;
+    if (v->b->dev_oom) // what the device holds when the allocation fails is not the run's need
+        fprintf(out, s->gpus > 1 ? "answer: out of memory on each of %ld devices" : "answer: out of memory", s->gpus);
+    else if (s->gpus > 1)
+        fprintf(out, "answer: %s on each of %ld devices", cli_short_bytes(x, sizeof x, v->g->total), s->gpus);
+    else
+        fprintf(out, "answer: %s on one device", cli_short_bytes(x, sizeof x, v->g->total));
+    if (!v->device) {
+        fprintf(out, " at the peak, %s of overhead included (--device-memory or --gpu: whether it fits)\n",
+                cli_short_bytes(d, sizeof d, s->overhead));
+        return;
+    }
+    bool fits = fits_device(v);
+    if (s->dev.cuda && s->dev.gpu)
+        fprintf(out, ": %s the %s", fits ? "fits" : "does NOT fit", s->dev.gpu->name);
+    else
+        fprintf(out, ": %s a %.4g GiB device", fits ? "fits" : "does NOT fit", (double)v->device / 1073741824.0);
+    if (!fits && !s->infer && v->nsuggestions) {
+        const plan_suggestion *g = &v->suggestions[0];
+        fprintf(out, "; what would:");
+        for (int k = 0; k < g->n; k++) fprintf(out, " %s", g->options[k]);
+        fprintf(out, " (%s)", cli_short_bytes(x, sizeof x, g->total));
+    }
+    fprintf(out, "\n");
+}
 // With adapters: the frozen base and the adapters apart; gradients and state for the adapters.
 static void text_states_lora(FILE *out, const plan_view *v) {
     const plan_setting *s = v->s;
@@ -433,7 +477,18 @@ static void report_train_text(FILE *out, const plan_view *v) {
             s->dt.long_name);
     fprintf(out,
             "measured: the training step's own code run on shapes alone (meta mode); closed form: from the shapes\n");
-    fprintf(out, "framework: %s; attention: %s\n", cli_framework_text(s->framework), cli_attention_text(s->attention));
+    char fw[192];
+    fprintf(out, "framework: %s; attention: %s\n", cli_framework_text(s->framework, s->cfg.family, fw, sizeof fw),
+            cli_attention_text(s->attention));
+    cli_routing_text(out, &s->cfg, &s->routing, true);
+    if (s->ep > 1) {
+        char x[64];
+        fprintf(out,
+                "expert parallel: %lld experts a sparse layer split over %ld ranks (%lld each), the rest data-parallel "
+                "over %ld; all-to-all: %s sent by a rank a step\n",
+                (long long)s->cfg.moe.experts, s->ep, (long long)(s->cfg.moe.experts / s->ep), s->gpus,
+                mp_format_bytes(x, sizeof x, plan_all_to_all_bytes(s)));
+    }
     if (v->hub) cli_hub_text(out, v->hub);
     if (v->gpus_auto) {
         char d[96];
@@ -452,6 +507,7 @@ static void report_train_text(FILE *out, const plan_view *v) {
         fprintf(out, "gradient accumulation: %ld micro-batches of %ld rows a step (%ld rows a device)\n", s->grad_accum,
                 s->batch, s->grad_accum * s->batch);
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
+    text_answer(out, v);
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->lora.cfg.rank)
         text_states_lora(out, v);
@@ -477,6 +533,7 @@ static void report_infer_text(FILE *out, const plan_view *v) {
         plan_weight_dtype_name(&s->dt));
     fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n");
     if (v->hub) cli_hub_text(out, v->hub);
+    text_answer(out, v);
     fputc('\n', out);
     fprintf(out, "  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->dt.weight_bits < 16)
@@ -523,7 +580,12 @@ static json_t *closed_form_json(const llama_closed_form *cf, const plan_bill *b,
     json_object_set_new(o, "weight", json_integer((json_int_t)cf->weights));
     json_object_set_new(o, "gradient", json_integer((json_int_t)cf->gradients));
     json_object_set_new(o, "optimizer", json_integer((json_int_t)cf->optimizer));
-    json_object_set_new(o, "activation", json_integer((json_int_t)cf->activations));
+    json_object_set_new(o, "activation", cf->closed ? json_integer((json_int_t)cf->activations) : json_null());
+    if (cf->moe_blocks) {
+        json_object_set_new(o, "sparse_blocks", json_integer(cf->moe_blocks));
+        json_object_set_new(o, "activation_sparse_block_delta", json_integer((json_int_t)cf->act_moe_delta));
+        json_object_set_new(o, "activation_experts_moment", json_integer((json_int_t)cf->act_experts_moment));
+    }
     json_object_set_new(o, "activation_per_block", json_integer((json_int_t)cf->act_per_block));
     json_object_set_new(o, "attention_probs_per_block", json_integer((json_int_t)cf->act_probs_per_block));
     json_object_set_new(o, "activation_head", json_integer((json_int_t)cf->act_head));
@@ -656,6 +718,11 @@ static json_t *run_json(const plan_setting *s) {
     json_object_set_new(run, "weight_dtype", json_string(plan_weight_dtype_name(&s->dt)));
     json_object_set_new(run, "meta", json_true());
     json_object_set_new(run, "framework", json_string(cli_framework_name(s->framework)));
+    if (s->cfg.moe.experts > 0) json_object_set_new(run, "routing", json_string(cli_routing_name(&s->routing, true)));
+    if (s->ep > 1) {
+        json_object_set_new(run, "ep", json_integer(s->ep));
+        json_object_set_new(run, "all_to_all_bytes_per_step", json_integer((json_int_t)plan_all_to_all_bytes(s)));
+    }
     json_object_set_new(run, "attention", json_string(cli_attention_name(s->attention)));
     if (!s->infer) json_object_set_new(run, "checkpointing", json_boolean(s->checkpointing));
     json_object_set_new(run, "gpus", json_integer(s->gpus));
@@ -761,3 +828,13 @@ json_t *plan_report_json(const plan_view *v) {
 }
 
 // The options of membill plan into a setting; a usage error prints one line and returns false.
+
+uint64_t plan_all_to_all_bytes(const plan_setting *s) {
+    // each sparse layer sends its (token, choice) rows out and their outputs back, in forward and
+    // again (their gradients) in backward; the rows of the rank's own experts stay
+    int64_t sparse = 0;
+    for (int64_t i = 0; i < s->cfg.layers; i++) sparse += llama_layer_moe(&s->cfg, i);
+    const uint64_t rows = (uint64_t)s->batch * (uint64_t)s->seq_len * (uint64_t)s->cfg.moe.top_k,
+                   row = (uint64_t)s->cfg.hidden * (uint64_t)s->dt.act_bits / 8;
+    return (uint64_t)sparse * 4 * rows * row / (uint64_t)s->ep * (uint64_t)(s->ep - 1);
+}

@@ -27,9 +27,16 @@ static void model_folder(const cli_options *o, char dir[FOLDER_MAX]) {
     }
 }
 
-static bool is_file(const char *path) {
+// Files a run reads whole: a tokenizer.json, a prompt file (besides the config.json and the
+// generation_config.json the end-of-text ids come from, at most 16 MiB each).
+#define TOKENIZER_MAX (512u << 20)
+#define PROMPT_FILE_MAX (1u << 30)
+
+// The model folder's tokenizer.json is absent (a FIFO or a device there is not "absent": reading
+// it then says what it is).
+static bool absent(const char *path) {
     struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+    return stat(path, &st) != 0 && (errno == ENOENT || errno == ENOTDIR);
 }
 
 static int load_tokenizer(const cli_options *o, cli_text *t, ag_err *err) {
@@ -39,20 +46,29 @@ static int load_tokenizer(const cli_options *o, cli_text *t, ag_err *err) {
         snprintf(t->tokenizer_path, sizeof t->tokenizer_path, "%s", o->tokenizer);
     else if (dir[0])
         snprintf(t->tokenizer_path, sizeof t->tokenizer_path, "%s/tokenizer.json", dir);
-    if (!o->tokenizer && (!dir[0] || !is_file(t->tokenizer_path))) {
-        if (dir[0])
-            ag_err_set(
-                err,
-                "a prompt needs a tokenizer: --tokenizer FILE, or tokenizer.json in the model folder (%s has none)",
-                dir);
-        else
-            ag_err_set(err,
-                       "a prompt needs a tokenizer: --tokenizer FILE, or a --weights folder holding tokenizer.json");
+    if (!o->tokenizer && !dir[0]) {
+        ag_err_set(err, "a prompt needs a tokenizer: --tokenizer FILE, or a --weights folder holding tokenizer.json");
         return EXIT_USAGE;
     }
+    if (!o->tokenizer && absent(t->tokenizer_path)) {
+        ag_err_set(err,
+                   "a prompt needs a tokenizer: --tokenizer FILE, or tokenizer.json in the model folder (%s has none)",
+                   dir);
+        return EXIT_RUN_FAILED;
+    }
+    const char *opt = o->tokenizer ? "--tokenizer " : "";
+    char *json = NULL;
+    size_t len = 0;
+    ag_err e;
+    if (llama_read_file(t->tokenizer_path, "a tokenizer.json", TOKENIZER_MAX, &json, &len, &e) != 0) {
+        ag_err_set(err, "%s%s", opt, e.msg);
+        return EXIT_RUN_FAILED;
+    }
     tok_err te;
-    if (!(t->tok = tok_load(t->tokenizer_path, &te))) {
-        ag_err_set(err, "--tokenizer %s", te.msg);
+    t->tok = tok_parse(json, len, t->tokenizer_path, &te);
+    free(json);
+    if (!t->tok) {
+        ag_err_set(err, "%s%s", opt, te.msg);
         return EXIT_RUN_FAILED;
     }
     return 0;
@@ -65,18 +81,9 @@ static int prompt_bytes(const cli_options *o, char **text, size_t *len, ag_err *
         *text = strdup(o->prompt);
         return *text ? 0 : (ag_err_set(err, "out of memory"), EXIT_RUN_FAILED);
     }
-    FILE *f = fopen(o->prompt_file, "rb");
-    struct stat st;
-    if (!f || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        ag_err_set(err, "--prompt-file %s: %s", o->prompt_file, f ? "not a regular file" : strerror(errno));
-        if (f) fclose(f);
-        return EXIT_RUN_FAILED;
-    }
-    *text = malloc((size_t)st.st_size + 1);
-    *len = *text ? fread(*text, 1, (size_t)st.st_size, f) : 0;
-    fclose(f);
-    if (!*text || *len != (size_t)st.st_size) {
-        ag_err_set(err, "--prompt-file %s: %s", o->prompt_file, *text ? "could not be read whole" : "out of memory");
+    ag_err e;
+    if (llama_read_file(o->prompt_file, "a prompt file", PROMPT_FILE_MAX, text, len, &e) != 0) {
+        ag_err_set(err, "--prompt-file %s", e.msg);
         return EXIT_RUN_FAILED;
     }
     return 0;
@@ -95,46 +102,30 @@ static int encode_prompt(const cli_options *o, cli_text *t, ag_err *err) {
     if (rc == 0 && n == 0) {
         ag_err_set(err, "%s: the prompt gives no tokens (an empty text, and a tokenizer that adds none)",
                    o->prompt ? "--prompt" : o->prompt_file);
-        rc = EXIT_USAGE;
+        rc = EXIT_RUN_FAILED;
     }
     t->n = (long)n;
     return rc;
 }
 
-// "eos_token_id": 2 or [2, 3], into the list (without repeats).
-static void add_eos(cli_text *t, json_t *v) {
-    json_t *one = v;
-    for (size_t i = 0; json_is_array(v) ? i < json_array_size(v) : i < 1; i++) {
-        if (json_is_array(v)) one = json_array_get(v, i);
-        json_int_t id = json_integer_value(one);
-        bool seen = false;
-        for (int k = 0; k < t->n_eos; k++) seen |= t->eos[k] == id;
-        if (json_is_integer(one) && id >= 0 && id <= INT32_MAX && !seen && t->n_eos < CLI_MAX_EOS)
-            t->eos[t->n_eos++] = (int32_t)id;
-    }
-}
-
-// End of text: the config's eos_token_id and the model folder's generation_config.json. A file
-// that is missing or does not parse adds nothing: the config itself was read before.
-static void find_eos(const cli_options *o, cli_text *t) {
+// End of text: the config's eos_token_id and the model folder's generation_config.json (when it
+// is there), each id checked against the vocabulary.
+static int find_eos(const cli_options *o, int64_t vocab, cli_text *t, ag_err *err) {
     char dir[FOLDER_MAX], path[FOLDER_MAX + 32];
     model_folder(o, dir);
     const char *cfg = o->config;
     if (!cfg && dir[0]) snprintf(path, sizeof path, "%s/config.json", dir), cfg = path;
-    for (int k = 0; k < 2 && cfg; k++) {
-        json_t *root = json_load_file(cfg, 0, NULL);
-        add_eos(t, json_object_get(root, "eos_token_id"));
-        json_decref(root);
-        if (!dir[0]) break;
-        snprintf(path, sizeof path, "%s/generation_config.json", dir), cfg = path;
-    }
+    if (cfg && llama_eos_load(cfg, vocab, &t->eos, err) != 0) return EXIT_RUN_FAILED;
+    if (!dir[0]) return 0;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    return absent(path) || llama_eos_load(path, vocab, &t->eos, err) == 0 ? 0 : EXIT_RUN_FAILED;
 }
 
-int cli_text_prepare(const cli_options *o, cli_text *t, ag_err *err) {
+int cli_text_prepare(const cli_options *o, const llama_config *cfg, cli_text *t, ag_err *err) {
     memset(t, 0, sizeof *t);
-    if (o->cmd == CLI_INFER && !o->ignore_eos && !o->meta) find_eos(o, t);
-    if (!o->prompt && !o->prompt_file && !o->tokenizer) return 0;
-    int rc = load_tokenizer(o, t, err);
+    int rc = o->cmd == CLI_INFER && !o->ignore_eos && !o->meta ? find_eos(o, cfg->vocab, t, err) : 0;
+    if (rc != 0 || (!o->prompt && !o->prompt_file && !o->tokenizer)) return rc;
+    rc = load_tokenizer(o, t, err);
     if (rc == 0 && (o->prompt || o->prompt_file)) rc = encode_prompt(o, t, err);
     return rc;
 }
@@ -146,8 +137,8 @@ void cli_text_free(cli_text *t) {
 }
 
 bool cli_text_is_eos(const cli_text *t, int32_t id) {
-    for (int k = 0; k < t->n_eos; k++)
-        if (t->eos[k] == id) return true;
+    for (int k = 0; k < t->eos.n; k++)
+        if (t->eos.ids[k] == id) return true;
     return false;
 }
 

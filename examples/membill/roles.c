@@ -20,6 +20,7 @@ static const char *const role_names[CLI_NROLES] = {"autocast_weight_cast",
                                                    "loss",
                                                    "rope_cos_sin",
                                                    "lora",
+                                                   "moe",
                                                    "other"};
 
 const char *cli_role_name(int role) { return role >= 0 && role < CLI_NROLES ? role_names[role] : "?"; }
@@ -37,6 +38,10 @@ static int role_of(const char *label) {
     if (strncmp(label, "layers.", 7)) return CLI_ROLE_OTHER;
     if (has(label, ".lora_")) return CLI_ROLE_LORA;
     if (has(label, "layernorm:") || has(label, "q_norm:") || has(label, "k_norm:")) return CLI_ROLE_NORM; // Qwen3's
+    // a sparse block: Mixtral's block_sparse_moe, Qwen's mlp router, experts and shared expert
+    if (has(label, ".block_sparse_moe") || has(label, ".mlp.route") || has(label, ".mlp.experts.") ||
+        has(label, ".mlp.gate:") || has(label, ".mlp.shared") || has(label, ".mlp:"))
+        return CLI_ROLE_MOE;
     if (has(label, "_residual:")) return CLI_ROLE_RESIDUAL;
     if (has(label, ".mlp.")) return CLI_ROLE_MLP;
     if (has(label, "_rope:")) return CLI_ROLE_ATTN_ROPE;

@@ -3,8 +3,10 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static bool is_f32(const char *dtype) { return !dtype || strcmp(dtype, "fp32") == 0; }
 
@@ -31,6 +33,24 @@ static const char *lora_combinations(const cli_options *o, char *buf, size_t len
     return NULL;
 }
 
+// The offset of the first byte of s that does not begin well-formed UTF-8 (no overlong forms,
+// surrogates or code points past U+10FFFF), or -1.
+static long utf8_fault(const char *text) {
+    const unsigned char *s = (const unsigned char *)text;
+    for (long i = 0; s[i];) {
+        unsigned char c = s[i];
+        int n = c < 0x80 ? 0 : c >= 0xC2 && c <= 0xDF ? 1 : (c >> 4) == 0xE ? 2 : c >= 0xF0 && c <= 0xF4 ? 3 : -1;
+        if (n < 0) return i;
+        for (int k = 1; k <= n; k++)
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+        if ((c == 0xE0 && s[i + 1] < 0xA0) || (c == 0xED && s[i + 1] >= 0xA0) || (c == 0xF0 && s[i + 1] < 0x90) ||
+            (c == 0xF4 && s[i + 1] >= 0x90))
+            return i;
+        i += n + 1;
+    }
+    return -1;
+}
+
 bool cli_sharded(const cli_options *o) { return cli_given(o, "--zero") || o->fsdp; }
 // "<what>, which --framework <name> does not have: use --framework <those that do>".
 static const char *framework_lacks(char *buf, size_t len, const char *what, ag_framework_field field,
@@ -44,8 +64,6 @@ static const char *framework_lacks(char *buf, size_t len, const char *what, ag_f
     return buf;
 }
 
-// Every rule that ties two options together, per subcommand. The table has already refused
-// options a subcommand does not take.
 // --device, --gpu and what needs the device (docs/gpu.md).
 static const char *device_combinations(const cli_options *o) {
     bool cuda = (o->device && !strcmp(o->device, "cuda")) || o->gpu;
@@ -80,6 +98,8 @@ static const char *device_combinations(const cli_options *o) {
     return NULL;
 }
 
+// Every rule that ties two options together, per subcommand. The table has already refused
+// options a subcommand does not take.
 bool cli_check_combinations(const cli_options *o) {
     const char *bad = NULL;
     char buf[600], what[96];
@@ -148,6 +168,12 @@ bool cli_check_combinations(const cli_options *o) {
     else if (o->cmd == CLI_TRAIN && !cli_sharded(o) &&
              (cli_given(o, "--bucket-mb") || cli_given(o, "--prefetch-layers")))
         bad = "--bucket-mb and --prefetch-layers set up a sharded step: add --zero or --fsdp";
+    else if (cli_given(o, "--prefetch-layers") && o->zero != 3 && !o->fsdp)
+        snprintf(buf, sizeof buf,
+                 "--prefetch-layers gathers the weights of the blocks ahead, which only --zero 3 and --fsdp shard: it "
+                 "does not apply to --zero %ld",
+                 o->zero),
+            bad = buf;
     else if (o->offload && !o->fsdp && !(cli_given(o, "--zero") && o->zero >= 2))
         bad = "--offload moves a sharded optimizer to the host: add --zero 2, --zero 3 or --fsdp";
     else if (o->offload && !strcmp(o->offload, "optimizer+params") && !o->fsdp && o->zero != 3)
@@ -169,7 +195,23 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--tokenizer reads --prompt or --prompt-file: give one of them";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
         bad = "compare trains on one prompt repeated over --batch: give one prompt";
+    else if (o->ep > 1 && (o->gpus < o->ep || o->gpus % o->ep != 0))
+        snprintf(buf, sizeof buf,
+                 "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a number, a multiple of it", o->ep,
+                 o->ep),
+            bad = buf;
+    else if (o->ep > 1 && (o->zero > 0 || o->fsdp || o->offload || o->infer))
+        bad = "--ep plans a data-parallel training step (--zero 0): its experts sharded by ZeRO or FSDP as well, and a "
+              "generation, are not modelled";
+    else if (cli_given(o, "--routing") && o->cmd != CLI_PLAN && !o->meta)
+        bad = "--routing sets how a meta run routes its tokens; a real run routes by its routers (--routing-out "
+              "records their choices): add --meta";
+    else if (o->routing_out && o->meta)
+        bad = "--routing-out records a real run's routing: --meta routes by --routing";
     if (!bad) bad = lora_combinations(o, buf, sizeof buf);
+    long fault = !bad && o->prompt ? utf8_fault(o->prompt) : -1;
+    if (fault >= 0)
+        snprintf(buf, sizeof buf, "--prompt: byte %ld is not valid UTF-8 (the text must be UTF-8)", fault), bad = buf;
     if (!bad) bad = device_combinations(o);
     if (!bad) {
         // Two outputs on stdout would interleave.
@@ -201,6 +243,34 @@ int cli_run_end(int rc, bool *clean, ag_err *err) {
     return -1;
 }
 
+// A weights file (a .safetensors or an index, not a folder) takes its config from --model or
+// --config, else the default preset: one that does not fit it is refused before the run, saying
+// where the config came from (and of a config.json beside the file, that it was not read). A file
+// that does not open is left to the run, which names why.
+static int check_weights_file(const cli_options *o, const llama_config *cfg, const char *st, ag_err *err) {
+    llama_ckpt *ck = NULL;
+    ag_err e;
+    int rc = llama_ckpt_open(&ck, st, &e) != 0 || llama_ckpt_check_params(ck, cfg, false, &e) == 0 ? 0 : -1;
+    llama_ckpt_close(ck);
+    if (rc == 0) return 0;
+    char beside[4200];
+    struct stat sb;
+    const char *slash = strrchr(st, '/');
+    snprintf(beside, sizeof beside, "%.*sconfig.json", slash ? (int)(slash - st + 1) : 0, st);
+    bool there = stat(beside, &sb) == 0;
+    if (o->config)
+        ag_err_set(err, "%s; the config is --config %s", e.msg, o->config);
+    else if (cli_given(o, "--model"))
+        ag_err_set(err, "%s; the config is --model %s", e.msg, o->model);
+    else
+        ag_err_set(err,
+                   "%s; the config is the default preset %s: a weights file takes its config from --model or "
+                   "--config%s%s%s",
+                   e.msg, o->model, there ? "; the folder's own is --config " : "", there ? beside : "",
+                   there ? ", or --weights with the folder" : "");
+    return EXIT_RUN_FAILED;
+}
+
 int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size_t st_len, ag_err *err) {
     char cfg_from_weights[4096] = "";
     st_path[0] = 0;
@@ -209,37 +279,72 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
     if (cfg_from_weights[0] && (cli_given(o, "--model") || cli_given(o, "--config"))) {
         ag_err_set(err, "--weights %s is a folder with its own config.json: %s would name the model a second time",
                    o->weights, cli_given(o, "--model") ? "--model" : "--config");
-        return EXIT_USAGE;
+        return EXIT_USAGE; // two options name the model
     }
     const char *cfg_file = o->config ? o->config : (cfg_from_weights[0] ? cfg_from_weights : NULL);
     if (cfg_file && llama_config_load(cfg, cfg_file, err) != 0) return EXIT_RUN_FAILED;
     if (cfg_file && o->hub) snprintf(cfg->name, sizeof cfg->name, "%s", cli_hub_name(o->hub));
-    if (cfg_file) return 0;
-    if (llama_config_preset(cfg, o->model, err) == 0) return 0;
-    ag_err_set(err, "--model: unknown preset '%s' (membill plan --list names them)", o->model);
-    return EXIT_USAGE;
+    if (!cfg_file) {
+        ag_err why = {{0}};
+        if (llama_config_preset(cfg, o->model, &why) != 0) {
+            char hint[96];
+            const char *mean = cli_did_you_mean(hint, sizeof hint, o->model, llama_preset_name, llama_preset_count());
+            if (strncmp(why.msg, "unknown model", 13) != 0) // a preset of a family not modelled yet: its reason
+                ag_err_set(err, "--model: %s", why.msg);
+            else
+                ag_err_set(err, "--model: unknown preset '%s'%s", o->model,
+                           *mean ? mean : " (membill plan --list names them)");
+            return EXIT_USAGE;
+        }
+    }
+    // a Hub id's files are one checkpoint: its config is the checkpoint's own
+    return st_path[0] && !cfg_from_weights[0] && !o->hub ? check_weights_file(o, cfg, st_path, err) : 0;
 }
 
-int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err) {
+// One id of an id list: digits only, any number of them (an id too large for any vocabulary is
+// still an id, and told so).
+static int parse_id(const char *p, long item, int64_t vocab, int32_t *id, const char **end, ag_err *err) {
+    const char *q = p;
+    while (*q >= '0' && *q <= '9') q++;
+    if (q == p || (*q && *q != ',')) {
+        ag_err_set(err, "--tokens: item %ld is not a token id (expected comma-separated ids such as 1,2,3)", item);
+        return EXIT_USAGE;
+    }
+    *end = q;
+    while (*p == '0' && p + 1 < q) p++; // leading zeros change nothing
+    unsigned long long v = (size_t)(q - p) <= 9 ? strtoull(p, NULL, 10) : ULLONG_MAX;
+    if (v >= LLAMA_MAX_VOCAB) {
+        ag_err_set(err, "--tokens: item %ld is id %.*s%s, past any vocabulary (ids are 0 to %d)", item,
+                   (int)(q - p > 40 ? 40 : q - p), p, q - p > 40 ? "..." : "", LLAMA_MAX_VOCAB - 1);
+        return EXIT_USAGE;
+    }
+    if (vocab && (int64_t)v >= vocab) {
+        ag_err_set(err, "--tokens: item %ld is id %llu, past the model's %lld ids (vocab_size)", item, v,
+                   (long long)vocab);
+        return EXIT_RUN_FAILED;
+    }
+    *id = (int32_t)v;
+    return 0;
+}
+
+int cli_parse_tokens(const char *text, int64_t vocab, int32_t **out, long *n, ag_err *err) {
     long cap = 16, count = 0;
     int32_t *ids = malloc((size_t)cap * sizeof *ids);
     const char *p = text;
     while (ids) {
-        char *end = NULL;
-        errno = 0;
-        long v = *p >= '0' && *p <= '9' ? strtol(p, &end, 10) : -1;
-        if (v < 0 || errno || v > INT32_MAX || (*end && *end != ',')) {
-            ag_err_set(err, "--tokens: item %ld is not a token id (expected comma-separated ids such as 1,2,3)",
-                       count + 1);
+        const char *end;
+        int32_t id;
+        int rc = parse_id(p, count + 1, vocab, &id, &end, err);
+        if (rc != 0) {
             free(ids);
-            return -1;
+            return rc;
         }
         if (count == cap) {
             int32_t *grown = realloc(ids, (size_t)(cap *= 2) * sizeof *ids);
             if (!grown) break;
             ids = grown;
         }
-        ids[count++] = (int32_t)v;
+        ids[count++] = id;
         if (!*end) {
             *out = ids;
             *n = count;
@@ -249,7 +354,7 @@ int cli_parse_tokens(const char *text, int32_t **out, long *n, ag_err *err) {
     }
     free(ids);
     ag_err_set(err, "--tokens: out of memory");
-    return -1;
+    return EXIT_RUN_FAILED;
 }
 
 int cli_make_tokens(const cli_options *o, const llama_config *cfg, const cli_text *text, bool meta, int32_t **out,
@@ -263,19 +368,20 @@ int cli_make_tokens(const cli_options *o, const llama_config *cfg, const cli_tex
     }
     if (text->ids) memcpy(row, text->ids, (size_t)text->n * sizeof *row), T = text->n;
     if (o->tokens || text->ids) {
-        if (o->tokens && cli_parse_tokens(o->tokens, &row, &T, err) != 0) return EXIT_USAGE;
+        int rc = o->tokens ? cli_parse_tokens(o->tokens, cfg->vocab, &row, &T, err) : 0;
+        if (rc != 0) return rc;
         if (cli_given(o, "--seq-len") && o->seq_len != T) {
             ag_err_set(err, "%s gives %ld ids but --seq-len says %ld", o->tokens ? "--tokens" : "the prompt", T,
                        o->seq_len);
             free(row);
-            return EXIT_USAGE;
+            return o->tokens ? EXIT_USAGE : EXIT_RUN_FAILED; // the prompt's count is the tokenizer's
         }
     }
     if (T > cfg->max_positions) {
         ag_err_set(err, "%ld tokens exceed the model's %lld positions (max_position_embeddings)", T,
                    (long long)cfg->max_positions);
         free(row);
-        return EXIT_USAGE;
+        return EXIT_RUN_FAILED;
     }
     *batch = B;
     *seq_len = T;
@@ -287,7 +393,7 @@ int cli_make_tokens(const cli_options *o, const llama_config *cfg, const cli_tex
                        "another model?",
                        i, row[i], (long long)cfg->vocab);
             free(row);
-            return EXIT_USAGE;
+            return EXIT_RUN_FAILED;
         }
     if (meta) { // a bill of shapes reads no ids
         free(row);

@@ -22,37 +22,26 @@ typedef struct {
     json_t *plan_dev; // its "device"
 } snapshot_cmd;
 
+// The whole snapshot, through llama_read_file (a FIFO or a device is refused, naming it).
 static int read_file(const char *path, uint8_t **out, size_t *n, ag_err *err) {
-    FILE *f = fopen(path, "rb");
-    struct stat st;
-    if (!f || fstat(fileno(f), &st) != 0) {
-        ag_err_set(err, "%s: cannot open: %s", path, strerror(errno));
-        if (f) fclose(f);
-        return -1;
-    }
-    if (!S_ISREG(st.st_mode) || (size_t)st.st_size > MAX_FILE) {
-        ag_err_set(err, "%s: %s", path, S_ISREG(st.st_mode) ? "larger than 2 GiB: not a snapshot membill reads" : "not a regular file");
-        fclose(f);
-        return -1;
-    }
-    uint8_t *buf = malloc((size_t)st.st_size + 1);
-    size_t got = buf ? fread(buf, 1, (size_t)st.st_size, f) : 0;
-    bool bad = !buf || got != (size_t)st.st_size || ferror(f);
-    fclose(f);
-    if (bad) {
-        ag_err_set(err, "%s: %s", path, buf ? "read failed" : "out of memory");
-        free(buf);
-        return -1;
-    }
-    *out = buf;
-    *n = got;
+    char *text = NULL;
+    if (llama_read_file(path, "a snapshot membill reads", MAX_FILE, &text, n, err) != 0) return -1;
+    *out = (uint8_t *)text;
     return 0;
 }
 
 // --against: a membill report with its device figures.
 static int read_plan(snapshot_cmd *c, ag_err *err) {
     json_error_t je;
-    c->plan = json_load_file(c->o->against, 0, &je);
+    char *text = NULL;
+    size_t len = 0;
+    ag_err e;
+    if (llama_read_file(c->o->against, "a membill report", 1u << 30, &text, &len, &e) != 0) {
+        ag_err_set(err, "--against %s", e.msg);
+        return -1;
+    }
+    c->plan = json_loadb(text, len, 0, &je);
+    free(text);
     if (!c->plan) {
         ag_err_set(err, "--against %s: not JSON (line %d: %s)", c->o->against, je.line, je.text);
         return -1;
@@ -80,8 +69,9 @@ static const char *entry_text(char *buf, size_t n, size_t entry) {
 static void text_device(FILE *f, const snapshot_cmd *c, size_t i) {
     const mp_snapshot_device *d = mp_snapshot_device_at(c->snap, i);
     char a[64], b[64], e[48];
-    fprintf(f, "\n  device %d: %llu segment%s, %zu trace entries (%llu allocations, %llu frees, %llu segments made, %llu "
-               "handed back, %llu out-of-memory)\n",
+    fprintf(f,
+            "\n  device %d: %llu segment%s, %zu trace entries (%llu allocations, %llu frees, %llu segments made, %llu "
+            "handed back, %llu out-of-memory)\n",
             d->device, (unsigned long long)d->segments, d->segments == 1 ? "" : "s", d->trace_entries,
             (unsigned long long)d->allocs, (unsigned long long)d->frees, (unsigned long long)d->segment_allocs,
             (unsigned long long)d->segment_frees, (unsigned long long)d->ooms);
@@ -109,9 +99,11 @@ static void text_device(FILE *f, const snapshot_cmd *c, size_t i) {
 static void text_diff(FILE *f, const char *what, uint64_t snap, uint64_t plan) {
     char a[64], b[64], d[64];
     int64_t diff = (int64_t)snap - (int64_t)plan;
-    fprintf(f, "    %-10s snapshot %s, plan %s: ", what, mp_format_bytes(a, sizeof a, snap), mp_format_bytes(b, sizeof b, plan));
+    fprintf(f, "    %-10s snapshot %s, plan %s: ", what, mp_format_bytes(a, sizeof a, snap),
+            mp_format_bytes(b, sizeof b, plan));
     fprintf(f, "the snapshot %s by %s (%+.2f%% of the plan's)\n", diff >= 0 ? "is higher" : "is lower",
-            mp_format_bytes(d, sizeof d, (uint64_t)(diff < 0 ? -diff : diff)), plan ? 100.0 * (double)diff / (double)plan : 0.0);
+            mp_format_bytes(d, sizeof d, (uint64_t)(diff < 0 ? -diff : diff)),
+            plan ? 100.0 * (double)diff / (double)plan : 0.0);
 }
 
 static void report_text(FILE *f, const void *arg) {
@@ -146,7 +138,8 @@ static json_t *device_json(const snapshot_cmd *c, size_t i) {
     size_t np = mp_snapshot_timeline(c->snap, i, pts, POINTS);
     for (size_t k = 0; k < np; k++) {
         json_t *p = json_object();
-        json_object_set_new(p, "after_entry", pts[k].entry == SIZE_MAX ? json_null() : json_integer((json_int_t)pts[k].entry));
+        json_object_set_new(p, "after_entry",
+                            pts[k].entry == SIZE_MAX ? json_null() : json_integer((json_int_t)pts[k].entry));
         json_object_set_new(p, "time_us", json_integer(pts[k].time_us));
         json_object_set_new(p, "requested_bytes", json_integer((json_int_t)pts[k].requested));
         json_object_set_new(p, "reserved_bytes", json_integer((json_int_t)pts[k].reserved));
@@ -186,7 +179,8 @@ static json_t *report_json(const snapshot_cmd *c) {
         json_t *a = json_object();
         json_object_set_new(a, "file", json_string(c->o->against));
         json_object_set_new(a, "reserved_peak", diff_json(d->reserved_peak_bytes, plan_u64(c, "reserved_peak_bytes")));
-        json_object_set_new(a, "requested_peak", diff_json(d->requested_peak_bytes, plan_u64(c, "requested_peak_bytes")));
+        json_object_set_new(a, "requested_peak",
+                            diff_json(d->requested_peak_bytes, plan_u64(c, "requested_peak_bytes")));
         json_object_set_new(root, "against", a);
     }
     return root;

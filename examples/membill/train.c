@@ -213,6 +213,8 @@ json_t *cli_train_json(const cli_options *o, const train_run *r, bool failed) {
     json_object_set_new(run, "steps", json_integer(r->nsteps));
     json_object_set_new(run, "optimizer", json_string(optim_kind_name(r->ocfg.kind)));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    if (r->cfg.moe.experts > 0)
+        json_object_set_new(run, "routing", json_string(cli_routing_name(&r->routing, r->meta)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
     json_object_set_new(run, "adam_impl", adam(r) ? json_string(optim_adam_impl_name(r->ocfg.adam_impl)) : json_null());
     json_object_set_new(run, "lr", json_real(o->lr));
@@ -257,6 +259,20 @@ static json_t *report_json(const void *arg, bool failed) {
         json_object_set_new(root, "device", cli_device_json(&t->dev, &t->devr));
     }
     return root;
+}
+
+// The report's question answered in one line, before the detail: do the model states make four
+// copies of the weights, and what the total peak holds beyond them.
+static void text_answer(FILE *f) {
+    char b[64], c[64], d[64];
+    uint64_t w = mp_get_counter(MP_WEIGHT).peak, g = mp_get_counter(MP_GRADIENT).peak,
+             a = mp_get_counter(MP_OPTIMIZER).peak;
+    mp_moment pk = mp_peak();
+    fprintf(f, "answer: weights + gradients + optimizer state = %s, %.3f x the weights; total peak %s",
+            cli_short_bytes(b, sizeof b, w + g + a), w ? (double)(w + g + a) / (double)w : 0.0,
+            cli_short_bytes(c, sizeof c, pk.total));
+    if (pk.total > w + g + a) fprintf(f, " (%s more)", cli_short_bytes(d, sizeof d, pk.total - (w + g + a)));
+    fprintf(f, ", in the %s phase\n", mp_phase_name(pk.phase));
 }
 
 static void text_four_copies(FILE *f) {
@@ -307,7 +323,10 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
             cli_commas(p, sizeof p, llama_param_count(&r->cfg)), r->batch, r->seq_len, optim_kind_name(r->ocfg.kind),
             impl, o->lr, r->dtype.long_name, r->meta ? ", meta (shapes only)" : "",
             failed ? " (FAILED: see below)" : "");
-    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework), cli_attention_text(r->attention));
+    char fw[192];
+    fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework, r->cfg.family, fw, sizeof fw),
+            cli_attention_text(r->attention));
+    cli_routing_text(f, &r->cfg, &r->routing, r->meta);
     if (r->checkpointing) fprintf(f, "checkpointing: each block's input kept, activations recomputed in backward\n");
     if (r->grad_accum > 1)
         fprintf(f, "gradient accumulation: %ld micro-batches of %ld rows, one optimizer step (each loss / %ld)\n",
@@ -321,6 +340,7 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
     cli_text_line(f, &r->text);
     if (!r->meta && r->steps[0].phases_done >= 1)
         fprintf(f, "loss %.4f (a random init is near ln(vocab) = %.4f)\n", r->steps[0].loss, log((double)r->cfg.vocab));
+    if (!failed && steps_completed(r) > 0) text_answer(f);
     fprintf(f, "\n");
     mp_report_text(f);
     cli_breakdown_text(f, (long)r->cfg.layers);
@@ -344,7 +364,7 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
             r->torn_down_clean ? "yes" : "NO");
     if (failed || !o->explain) return;
     if (cli_dtype_is_f32(&r->dtype))
-        cli_explain_train(f, &r->cfg, r->batch, r->seq_len, r->ocfg.kind, r->attention);
+        cli_explain_train(f, &r->cfg, r->batch, r->seq_len, &r->ocfg, r->framework, r->attention);
     else // the worked formulas are float32's; plan has each dtype's closed form
         fprintf(
             f, "\n  --explain works out the float32 formulas: membill plan --dtype %s gives this dtype's closed form\n",
@@ -379,6 +399,8 @@ static int save_adapter(void *arg, const llama_model *m, ag_err *err) {
 static int run(void *arg, ag_err *err) {
     train_cmd *t = arg;
     int rc = cli_train_run(&t->r, err);
+    if (rc == 0 && t->r.routing.record && t->o->routing_out)
+        rc = cli_outputs_write(t->job.outs, "--routing-out", cli_routing_writer, t->r.routing.record, err);
     if (rc != 0 || !t->dev.cuda) return rc;
     cli_device_mark *marks = NULL;
     size_t n = cli_device_marks_train(&t->r, &marks);

@@ -39,7 +39,7 @@ int cli_parse_seq_lens(const char *text, long min, long max, long **out, long *n
             ag_err_set(err, "--seq-lens: item %zu ('%.*s') is not a length from %ld to %ld", k + 1,
                        (int)(len < 24 ? len : 24), p, min, max);
             free(v);
-            return EXIT_USAGE;
+            return x > max ? EXIT_RUN_FAILED : EXIT_USAGE; // the model's positions decide the most (docs/cli.md)
         }
         v[k] = x;
         p = end ? end + 1 : p + len;
@@ -110,7 +110,8 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     r->saves_adapter = o->save_adapter != NULL;
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
     if (rc == 0) rc = cli_lora_from_options(o, &r->lora, err);
-    if (rc == 0) rc = cli_text_prepare(o, &r->text, err);
+    if (rc == 0) rc = cli_routing_prepare(o, &r->cfg, &r->routing, err);
+    if (rc == 0) rc = cli_text_prepare(o, &r->cfg, &r->text, err);
     cli_options rows = *o; // every micro-batch's rows, one after the other (the longest of --seq-lens)
     rows.batch = o->batch * r->grad_accum;
     if (rc == 0 && o->seq_lens && (rc = step_lengths(o, r, err)) == 0) rows.seq_len = r->seq_len;
@@ -120,7 +121,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     if (rc == 0 && r->seq_len < 2) {
         ag_err_set(err, "a training step needs at least 2 tokens (the loss predicts each next one), not %ld",
                    r->seq_len);
-        rc = EXIT_USAGE;
+        rc = r->text.ids ? EXIT_RUN_FAILED : EXIT_USAGE; // a prompt's count is the tokenizer's
     }
     if (rc == 0 && !(r->steps = calloc((size_t)r->nsteps, sizeof *r->steps))) {
         ag_err_set(err, "out of memory");
@@ -130,6 +131,7 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
 }
 
 void cli_train_free(train_run *r) {
+    cli_routing_free(&r->routing);
     free(r->ids);
     free(r->owned_lens);
     r->owned_lens = NULL;
@@ -138,6 +140,16 @@ void cli_train_free(train_run *r) {
     free(r->steps);
     r->ids = NULL;
     r->steps = NULL;
+}
+
+// A step's failure says which step and phase: "step 2, backward: ...".
+static int step_failed(long s, const char *phase, ag_err *err) {
+    char msg[sizeof err->msg];
+    const char *inner = err->msg;
+    size_t skip = strncmp(inner, phase, strlen(phase)) == 0 && inner[strlen(phase)] == ':' ? strlen(phase) + 2 : 0;
+    snprintf(msg, sizeof msg, "%s", inner + skip);
+    ag_err_set(err, "step %ld, %s: %s", s + 1, phase, msg);
+    return -1;
 }
 
 long cli_micro_batches(const train_run *r) { return r->grad_accum > 1 ? r->grad_accum : 1; }
@@ -160,7 +172,7 @@ static int micro_batch(train_run *r, ag_ctx *ctx, llama_model *m, const cli_step
     for (long j = 0; ids && r->seq_lens && j < s; j++) ids += r->batch * K * r->seq_lens[j];
     if (ids) ids += (size_t)(k * r->batch * T);
     ag_tensor *loss = llama_forward_loss_opts(ctx, m, &fo, ids, r->batch, T, err);
-    if (!loss) return -1;
+    if (!loss) return step_failed(s, "forward", err);
     float lv = NAN;
     if (loss->data) ag_tensor_row_f32(loss, 0, &lv);
     rec->loss += lv / (double)K;
@@ -168,8 +180,8 @@ static int micro_batch(train_run *r, ag_ctx *ctx, llama_model *m, const cli_step
         ag_tensor *scaled = ag_scale(ctx, "loss:accumulation_scaled", loss, 1.0f / (float)K);
         ag_release(loss);
         if (!(loss = scaled)) {
-            ag_err_set(err, "forward: %s", ag_ctx_error(ctx));
-            return -1;
+            ag_err_set(err, "%s", ag_ctx_error(ctx));
+            return step_failed(s, "forward", err);
         }
     }
     cli_saved_by_role(ctx, rec->saved_by_role); // plain malloc: it moves "other" only
@@ -184,9 +196,11 @@ static int micro_batch(train_run *r, ag_ctx *ctx, llama_model *m, const cli_step
     ag_status st = ag_backward(ctx, loss);
     ag_release(loss);
     if (st != AG_OK) {
-        ag_err_set(err, "backward: %s", ag_ctx_error(ctx));
-        return -1;
+        ag_err_set(err, "%s", ag_ctx_error(ctx));
+        return step_failed(s, "backward", err);
     }
+    if (!mp_is_meta() && llama_check_grads(m, ids, (size_t)(r->batch * T), err) != 0)
+        return step_failed(s, "backward", err);
     if (h->after_backward && h->after_backward(h->user, err) != 0) return -1;
     rec->backward_s += now_s() - t1;
     if (k == K - 1) {
@@ -274,6 +288,7 @@ int cli_train_run(train_run *r, ag_err *err) {
     mp_set_phase(MP_PHASE_LOAD);
     cli_progress("building the model");
     if (cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, &m, err) != 0) goto done;
+    cli_routing_attach(&r->routing, m);
     optim_config oc = r->ocfg; // foreach's temporaries are the framework's version's
     oc.framework = r->framework;
     opt = optim_new(&oc, m->trainable, m->ntrainable, err); // a frozen base gets no state

@@ -24,7 +24,9 @@ void cli_zero_from_options(const cli_options *o, cli_zero *z) {
 // FSDP over 16-bit weights with a float32 master (mixed precision) is MixedPrecisionPolicy(
 // param_dtype=16-bit, reduce_dtype=float32) over float32 shards.
 static par_zero_config config_of(const train_run *r, const cli_zero *zc) {
-    par_zero_config c = {zc->stage, (par_fsdp)zc->fsdp, zc->bucket_bytes, zc->prefetch, (par_offload)zc->offload, 0, 0};
+    par_zero_config c = {
+        zc->stage, (par_fsdp)zc->fsdp,    zc->bucket_bytes, zc->prefetch, (par_offload)zc->offload, 0,
+        0,         r->cfg.moe.experts > 0}; // an expert no token reached adds zeros (find_unused_parameters)
     if (zc->fsdp && r->dtype.master) c.shard_bits = c.reduce_bits = 32;
     return c;
 }
@@ -40,7 +42,7 @@ typedef struct {
 } model_units;
 
 static int make_units(llama_model *m, bool fsdp, model_units *mu, ag_err *err) {
-    size_t L = (size_t)m->cfg.layers, per = llama_params_per_layer(&m->cfg), apl = m->nadapters / (L ? L : 1);
+    size_t L = (size_t)m->cfg.layers, apl = m->nadapters / (L ? L : 1);
     mu->n = L + 2;
     mu->units = calloc(mu->n, sizeof *mu->units);
     mu->list = calloc(m->nparams + m->nadapters + 4, sizeof *mu->list);
@@ -53,9 +55,10 @@ static int make_units(llama_model *m, bool fsdp, model_units *mu, ag_err *err) {
     mu->units[0] = (par_unit){at, 1};
     *at++ = m->embed;
     for (int k = 0; fsdp && head[k]; k++) *at++ = head[k], mu->units[0].n++;
-    for (size_t i = 0; i < L; i++) {
+    for (size_t i = 0; i < L; i++) { // a sparse layer holds more tensors than a dense one
+        size_t per = llama_layer_param_count(&m->cfg, (int64_t)i);
         mu->units[i + 1] = (par_unit){at, per + apl};
-        memcpy(at, m->params + 1 + i * per, per * sizeof *at);
+        memcpy(at, m->params + llama_layer_first_param(&m->cfg, (int64_t)i), per * sizeof *at);
         if (apl) memcpy(at + per, m->adapters + i * apl, apl * sizeof *at);
         at += per + apl;
     }
@@ -105,6 +108,7 @@ static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_z
     par_zero_config zcfg = config_of(r, zc);
     int rc = zcfg.stage < 3 ? cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, m, err)
                             : build_deferred(r, ctx, m, err);
+    if (rc == 0) cli_routing_attach(&r->routing, *m);
     if (rc == 0) rc = make_units(*m, zcfg.fsdp != PAR_FSDP_NONE, mu, err);
     // Every parameter, the frozen ones first as the model holds them, then the adapters.
     ag_tensor **all = rc == 0 ? malloc(((*m)->nparams + (*m)->nadapters + 1) * sizeof *all) : NULL;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <jansson.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,16 +39,32 @@ static void slurp(const char *path, char *buf, size_t n) {
     fclose(f);
 }
 
-// membill with the arguments (a shell command line), stdin closed.
-static void membill(run_result *r, const char *args) {
-    char cmd[8192], p[512];
-    snprintf(cmd, sizeof cmd, "%s %s >%s/out 2>%s/err </dev/null", MEMBILL_BIN, args, cli_run_dir, cli_run_dir);
+// membill with the arguments (a shell command line), stdin closed; killed after `seconds` (0:
+// never) so that a run that hangs fails its test (exit 124) instead of stalling it.
+static void membill_within(run_result *r, int seconds, const char *args) {
+    char cmd[8192], p[512], limit[32] = "";
+    if (seconds > 0) snprintf(limit, sizeof limit, "timeout -s KILL %d ", seconds);
+    snprintf(cmd, sizeof cmd, "%s%s %s >%s/out 2>%s/err </dev/null", limit, MEMBILL_BIN, args, cli_run_dir,
+             cli_run_dir);
     int st = system(cmd);
     r->code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     snprintf(p, sizeof p, "%s/out", cli_run_dir);
     slurp(p, r->out, sizeof r->out);
     snprintf(p, sizeof p, "%s/err", cli_run_dir);
     slurp(p, r->err, sizeof r->err);
+}
+
+static inline void membill(run_result *r, const char *args) { membill_within(r, 0, args); }
+
+// A shell command made as printf makes text; the test fails naming it unless it succeeds.
+static inline void sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline void sh(const char *fmt, ...) {
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0) fail_msg("failed: %s", cmd);
 }
 
 static inline int count_lines(const char *s) {

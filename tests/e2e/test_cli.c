@@ -212,7 +212,7 @@ static void test_bad_input(void **state) {
     snprintf(a, sizeof a, "train --config %s/nokv.json", dir);
     expect_failure(a, 1, "num_key_value_heads");
     snprintf(a, sizeof a, "train --weights %s/tiny_tied --tokens 1,2,300", MEMBILL_GOLDEN_DIR);
-    expect_failure(a, 1, "token id 300");
+    expect_failure(a, 1, "id 300, past the model's 256 ids");
     snprintf(a, sizeof a, "train --weights %s/tiny_tied --tokens 1,x,3", MEMBILL_GOLDEN_DIR);
     expect_failure(a, 2, "--tokens");
     write_file("bad.safetensors", "\x10\x00\x00\x00\x00\x00\x00\x00{\"a\":1}");
@@ -224,7 +224,7 @@ static void test_bad_input(void **state) {
     // A failed run leaves the user's files as they were.
     write_file("keep.json", "precious");
     snprintf(a, sizeof a, "train --weights %s/tiny_tied --tokens 1,2,300 --json %s/keep.json", MEMBILL_GOLDEN_DIR, dir);
-    expect_failure(a, 1, "token id");
+    expect_failure(a, 1, "id 300");
     char path[512], buf[64];
     snprintf(path, sizeof path, "%s/keep.json", dir);
     slurp(path, buf, sizeof buf);
@@ -269,8 +269,9 @@ static void test_plan_closed_form_sweep(void **state) {
     (void)state;
     // the tiny configs first (128 positions), then Qwen2 (biases), Qwen3 (q/k norms), Mistral's
     // window, Llama 3.1's rope_scaling, then the presets
-    enum { TINY = 5 };
-    static const char *const tiny_names[TINY] = {"tiny_tied", "tiny_mha", "tiny_qwen2", "tiny_qwen3", "tiny_mistral"};
+    enum { TINY = 8 };
+    static const char *const tiny_names[TINY] = {"tiny_tied",    "tiny_mha",     "tiny_qwen2",     "tiny_qwen3",
+                                                 "tiny_mistral", "tiny_mixtral", "tiny_qwen2_moe", "tiny_qwen3_moe"};
     static const char *const configs[] = {"qwen2.5-0.5b", "qwen3-0.6b", "llama-3.1-8b"};
     char tiny[TINY + 3][256];
     for (int i = 0; i < TINY; i++)
@@ -286,7 +287,12 @@ static void test_plan_closed_form_sweep(void **state) {
                             tiny[5],
                             tiny[6],
                             tiny[7],
+                            tiny[8],
+                            tiny[9],
+                            tiny[10],
                             "--model smollm2-135m",
+                            "--model mixtral-8x7b",
+                            "--model qwen3-30b-a3b",
                             "--model smollm2-360m",
                             "--model llama-2-7b",
                             "--model mistral-7b",
@@ -299,6 +305,7 @@ static void test_plan_closed_form_sweep(void **state) {
             for (int l = 0; l < 4; l++) {
                 char a[512];
                 if (m < TINY && l > 0) continue;                                  // the tiny configs have 128 positions
+                if (ck && strstr(models[m], "tiny_mixtral")) continue;            // its aux loss refuses checkpointing
                 if (l == 3 && !strcmp(models[m], "--model llama-2-7b")) continue; // Llama-2 has 4,096
                 // The closed form is the lean framework's (what fused kernels keep).
                 snprintf(a, sizeof a, "%s --seq-len %s --batch 2%s --framework lean", models[m], lens[l],
@@ -310,6 +317,12 @@ static void test_plan_closed_form_sweep(void **state) {
                 assert_int_equal(cat_peak(root, "weight"), 4 * p);
                 assert_int_equal(cat_peak(root, "gradient"), 4 * p);
                 assert_int_equal(cat_peak(root, "optimizer"), 8 * p);
+                if (ck && json_object_get(json_object_get(root, "closed_form"), "sparse_blocks")) {
+                    // a sparse block's recomputation is not closed: said, not guessed
+                    assert_true(json_is_null(json_object_get(json_object_get(root, "closed_form"), "activation")));
+                    json_decref(root);
+                    continue;
+                }
                 double meta = (double)cat_peak(root, "activation"),
                        closed = (double)jint(root, "closed_form", "activation");
                 if (fabs(closed / meta - 1) > 0.01) print_error("%s: closed %g meta %g\n", a, closed, meta);
@@ -602,7 +615,7 @@ static json_int_t expected_weights(const char *model, int bits, long group, int 
     for (size_t i = 0; i < llama_param_count_tensors(&c); i++) {
         char name[LLAMA_PARAM_NAME_MAX];
         int ndim;
-        int64_t shape[2];
+        int64_t shape[LLAMA_PARAM_MAX_DIMS];
         assert_int_equal(llama_param_spec(&c, i, name, sizeof name, &ndim, shape), 0);
         if (ndim == 1) {
             total += shape[0] * norm_bits / 8;

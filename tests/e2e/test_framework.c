@@ -53,6 +53,26 @@ static const json_t *phase_named(const json_t *phases, const char *name) {
     return NULL;
 }
 
+// A golden's "routing" ([step][layer][expert] tokens) as membill's routing file.
+static void write_routing(const char *path, const json_t *taken, const json_t *model, int64_t tokens) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"membill_routing\": 1, \"experts\": %lld, \"top_k\": %lld, \"layers\": [",
+            (long long)num(model, "num_local_experts"), (long long)num(model, "num_experts_per_tok"));
+    size_t s, l;
+    const json_t *step, *layer;
+    bool first = true;
+    json_array_foreach((json_t *)taken, s, step) json_array_foreach((json_t *)step, l, layer) {
+        char *c = json_dumps(layer, JSON_COMPACT);
+        fprintf(f, "%s{\"forward\": %zu, \"layer\": %zu, \"tokens\": %lld, \"count\": %s}", first ? "" : ", ", s, l,
+                (long long)tokens, c);
+        free(c);
+        first = false;
+    }
+    fprintf(f, "]}\n");
+    fclose(f);
+}
+
 // One configuration of the golden set: every phase's peak and end-live of both steps within
 // 0.05%, the saved set after the forward by role within 0.1%.
 static void against_golden(const char *name, const char *extra) {
@@ -70,8 +90,17 @@ static void against_golden(const char *name, const char *extra) {
         assert_int_equal(json_dump_file(fields, cpath, 0), 0);
         snprintf(model, sizeof model, "--config %s", cpath);
     }
-    snprintf(args, sizeof args, "train --meta --framework pytorch-1.13 --steps 2 --batch %lld --seq-len %lld %s %s",
-             (long long)num(cfg, "batch"), (long long)num(cfg, "seq_len"), model, extra);
+    // a mixture of experts: the routing PyTorch's run took, for the meta run to bill
+    char routing[700] = "";
+    const json_t *taken = json_object_get(g, "routing");
+    if (taken) {
+        char rpath[512];
+        snprintf(rpath, sizeof rpath, "%s/%s.routing.json", cli_run_dir, name);
+        write_routing(rpath, taken, fields, num(cfg, "batch") * num(cfg, "seq_len"));
+        snprintf(routing, sizeof routing, "--routing %s", rpath);
+    }
+    snprintf(args, sizeof args, "train --meta --framework pytorch-1.13 --steps 2 --batch %lld --seq-len %lld %s %s %s",
+             (long long)num(cfg, "batch"), (long long)num(cfg, "seq_len"), model, extra, routing);
     json_t *m = cli_run_json(args);
     const json_t *gsteps = json_object_get(g, "steps"), *msteps = json_object_get(m, "steps");
     assert_int_equal(json_array_size(msteps), 2);
@@ -126,6 +155,12 @@ static void golden_qwen3(void **state) {
     against_golden("qwen3_135m_b1_t128_fp32_forloop", "--adam-impl for-loop");
 }
 
+// A tiny Mixtral: its router and its experts' eager loop, under the routing PyTorch's run took.
+static void golden_mixtral(void **state) {
+    (void)state;
+    against_golden("mixtral_tiny_b1_t128_fp32_forloop", "--adam-impl for-loop");
+}
+
 static void golden_16_bit(void **state) {
     (void)state;
     against_golden("smollm2_135m_b1_t128_bf16_forloop", "--adam-impl for-loop --dtype bf16");
@@ -149,17 +184,27 @@ static void lean_unchanged(void **state) {
     json_decref(j);
 }
 
-// A real run and a meta run bill every tensor category, and every phase, alike.
-static void meta_equals_real_at(const char *model_args) {
+// A real run and a meta run bill every tensor category, and every phase, alike. A mixture of
+// experts (routed) bills in meta mode the routing the real run recorded.
+static void meta_equals_real_routed(const char *model_args, bool routed) {
     static const char *const fws[] = {"pytorch", "pytorch-1.13", "lean"};
     static const char *const cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary"};
     for (int f = 0; f < 3; f++) {
-        char a[512];
+        char a[1024], rec[256] = "", use[256] = "";
         if (strstr(model_args, "flash") && f == 1) continue; // PyTorch 1.13 has no SDPA
-        snprintf(a, sizeof a, "train --framework %s --steps 2 %s", fws[f], model_args);
+        if (routed) {
+            snprintf(rec, sizeof rec, "--routing-out %s/routing.json", cli_run_dir);
+            snprintf(use, sizeof use, "--routing %s/routing.json", cli_run_dir);
+        }
+        snprintf(a, sizeof a, "train --framework %s --steps 2 %s %s", fws[f], model_args, rec);
         json_t *real = cli_run_json(a);
-        snprintf(a, sizeof a, "train --meta --framework %s --steps 2 %s", fws[f], model_args);
+        snprintf(a, sizeof a, "train --meta --framework %s --steps 2 %s %s", fws[f], model_args, use);
         json_t *meta = cli_run_json(a);
+        if (routed) {
+            assert_string_equal(json_string_value(json_object_get(json_object_get(real, "run"), "routing")),
+                                "measured");
+            assert_string_equal(json_string_value(json_object_get(json_object_get(meta, "run"), "routing")), "file");
+        }
         for (int c = 0; c < 6; c++) assert_int_equal(cat_peak(meta, cats[c]), cat_peak(real, cats[c]));
         for (size_t s = 0; s < 2; s++) {
             const json_t *rs = json_array_get(json_object_get(real, "steps"), s),
@@ -177,6 +222,8 @@ static void meta_equals_real_at(const char *model_args) {
         json_decref(meta);
     }
 }
+
+static void meta_equals_real_at(const char *model_args) { meta_equals_real_routed(model_args, false); }
 
 static const char *write_tiny_config(void) {
     static char path[256];
@@ -208,6 +255,17 @@ static void meta_equals_real_tiny(void **state) {
                      flash ? " --attention flash" : "");
             meta_equals_real_at(a);
         }
+}
+
+// The mixtures of experts: every bill follows the routing, so the meta run takes the real one's.
+static void meta_equals_real_moe(void **state) {
+    (void)state;
+    char a[512];
+    const char *families[] = {"tiny_mixtral", "tiny_qwen2_moe", "tiny_qwen3_moe"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(a, sizeof a, "--config %s/%s/config.json --seq-len 23 --batch 2", MEMBILL_GOLDEN_DIR, families[i]);
+        meta_equals_real_routed(a, true);
+    }
 }
 
 // The same math under every framework: the same losses, step after step.
@@ -297,10 +355,11 @@ static void meta_equals_real_smollm2(void **state) {
 // (MEMBILL_HEAVY set, label heavy) the real SmolLM2-135M runs.
 int main(void) {
     const struct CMUnitTest quick[] = {
-        cmocka_unit_test(golden_fp32_forloop), cmocka_unit_test(golden_fp32_foreach),
-        cmocka_unit_test(golden_16_bit),       cmocka_unit_test(golden_qwen3),
-        cmocka_unit_test(lean_unchanged),      cmocka_unit_test(meta_equals_real_tiny),
-        cmocka_unit_test(same_losses),         cmocka_unit_test(flash_memory_meta),
+        cmocka_unit_test(golden_fp32_forloop),  cmocka_unit_test(golden_fp32_foreach),
+        cmocka_unit_test(golden_16_bit),        cmocka_unit_test(golden_qwen3),
+        cmocka_unit_test(lean_unchanged),       cmocka_unit_test(meta_equals_real_tiny),
+        cmocka_unit_test(meta_equals_real_moe), cmocka_unit_test(golden_mixtral),
+        cmocka_unit_test(same_losses),          cmocka_unit_test(flash_memory_meta),
     };
     const struct CMUnitTest heavy[] = {cmocka_unit_test(meta_equals_real_smollm2), cmocka_unit_test(flash_memory_real)};
     if (getenv("MEMBILL_HEAVY")) return cmocka_run_group_tests(heavy, cli_run_make_dir, cli_run_remove_dir);

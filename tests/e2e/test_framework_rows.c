@@ -15,7 +15,7 @@
 
 #include "cli.h"
 
-static char config_path[256];
+static char config_path[256], moe_path[256];
 
 static void write_config(void) {
     snprintf(config_path, sizeof config_path, "/tmp/membill_rows_%d.json", (int)getpid());
@@ -24,6 +24,15 @@ static void write_config(void) {
     fprintf(f, "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2, "
                "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 300, "
                "\"tie_word_embeddings\": true}\n");
+    fclose(f);
+    // a mixture of experts: its router and experts
+    snprintf(moe_path, sizeof moe_path, "/tmp/membill_rows_moe_%d.json", (int)getpid());
+    f = fopen(moe_path, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"model_type\": \"mixtral\", \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2, "
+            "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 300, "
+            "\"num_local_experts\": 4, \"num_experts_per_tok\": 2}\n");
     fclose(f);
 }
 
@@ -34,7 +43,7 @@ static int run_line(const char *line) {
     char *argv[64];
     int argc = 0;
     for (char *t = strtok(buf, " "); t && argc < 63; t = strtok(NULL, " "))
-        argv[argc++] = !strcmp(t, "CONFIG") ? config_path : t;
+        argv[argc++] = !strcmp(t, "CONFIG") ? config_path : !strcmp(t, "MOE") ? moe_path : t;
     argv[argc] = NULL;
     const cli_command *cmd = cli_find_command(argv[1]);
     assert_non_null(cmd);
@@ -66,6 +75,7 @@ static const char *const lines[] = {
     "train --meta --config CONFIG --seq-len 9 --framework pytorch --lora-rank 4 --lora-dropout 0.1 --base-dtype nf4",
     "infer --meta --config CONFIG --seq-len 5 --new-tokens 3 --framework pytorch",
     "plan --config CONFIG --seq-len 9 --framework pytorch --lora-rank 4 --lora-dropout 0.1",
+    "train --meta --config MOE --seq-len 9 --framework pytorch-1.13",
 };
 
 // Refused settings read the rows too: flash where the framework has no SDPA, autocast where it
@@ -89,6 +99,7 @@ static void every_field_is_read(void **state) {
     cli_usage(null, cli_find_command("train")); // --framework's help: each row's brief
     fclose(null);
     remove(config_path);
+    remove(moe_path);
     int unread = 0;
     for (int f = 0; f < AG_FW_NFIELDS; f++)
         if (!ag_framework_field_read((ag_framework_field)f)) {

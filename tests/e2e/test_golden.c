@@ -83,10 +83,16 @@ static void check_params(const llama_model *m, const llama_st_file *g, const cha
         const ag_tensor *src = grads ? p->grad : p;
         char key[256];
         snprintf(key, sizeof key, "%s%s", prefix, ag_tensor_name(p));
-        if (!src) fail_msg("%s: no gradient", ag_tensor_name(p));
         size_t n;
         float *want = golden_f32(g, key, &n);
         assert_int_equal(n, (size_t)p->numel);
+        // an expert no token reached has no gradient (as in PyTorch): the golden's is zero
+        for (size_t j = 0; !src && j < n; j++)
+            if (want[j] != 0.0f) fail_msg("%s: no gradient where the reference has one", ag_tensor_name(p));
+        if (!src) {
+            free(want);
+            continue;
+        }
         double e = scaled_diff(src->data, want, n);
         free(want);
         note(k, e);
@@ -158,7 +164,11 @@ static float forward_backward_opts(run *r, const llama_forward_opts *opts) {
     float l = ag_f32(loss)[0];
     ag_release(loss);
     assert_int_equal(live(MP_WEIGHT), 4 * r->nparams);
-    assert_int_equal(live(MP_GRADIENT), 4 * r->nparams);
+    // every parameter the loss reached has its gradient (an expert no token reached has none)
+    uint64_t reached = 0;
+    for (size_t i = 0; i < r->m->nparams; i++) reached += r->m->params[i]->grad ? (uint64_t)r->m->params[i]->numel : 0;
+    assert_true(reached * 10 >= r->nparams * 9);
+    assert_int_equal(live(MP_GRADIENT), 4 * reached);
     assert_int_equal(live(MP_ACTIVATION), 0); // the tape gave everything back
     assert_int_equal(ag_tape_size(r->ctx), 0);
     return l;
@@ -204,10 +214,12 @@ static void test_frameworks_and_attention_grads(void **s) {
 
 // The families and RoPE variants (tests/golden/tiny_qwen2, ...): loss and every gradient under
 // every framework and attention, against the reference written from transformers' code.
-static const char *const family_folders[] = {"tiny_qwen2",       "tiny_qwen3",         "tiny_mistral",
-                                             "tiny_rope_linear", "tiny_rope_dynamic",  "tiny_rope_llama3",
-                                             "tiny_rope_yarn",   "tiny_rope_yarn_orig"};
+static const char *const family_folders[] = {"tiny_qwen2",       "tiny_qwen3",          "tiny_mistral",
+                                             "tiny_rope_linear", "tiny_rope_dynamic",   "tiny_rope_llama3",
+                                             "tiny_rope_yarn",   "tiny_rope_yarn_orig", "tiny_mixtral",
+                                             "tiny_qwen2_moe",   "tiny_qwen3_moe"};
 #define NFAMILY (sizeof family_folders / sizeof family_folders[0])
+#define NROPE_END 8 // family_folders[3 .. NROPE_END) are the RoPE variants
 
 static void test_family_grads(void **s) {
     (void)s;
@@ -223,7 +235,7 @@ static void test_family_grads(void **s) {
 // The RoPE variants' logits, eager and flash, against the reference's.
 static void test_rope_logits(void **s) {
     (void)s;
-    for (size_t f = 3; f < NFAMILY; f++)
+    for (size_t f = 3; f < NROPE_END; f++)
         for (int a = 0; a < 2; a++) {
             run r;
             run_open(&r, family_folders[f], "model.safetensors");

@@ -29,15 +29,6 @@
 static char hub[512], cache[512], endpoint[64];
 static pid_t server = -1;
 
-static void sh(const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0) fail_msg("failed: %s", cmd);
-}
-
 // A repo of the stand-in Hub: ORG/NAME/COMMIT/ with the tiny model's files, refs/main -> COMMIT.
 static void repo(const char *name, const char *commit, const char *model) {
     sh("mkdir -p %s/%s/%s %s/%s/refs && printf %s > %s/%s/refs/main", hub, name, commit, hub, name, commit, hub, name);

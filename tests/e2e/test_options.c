@@ -132,22 +132,25 @@ static void test_refused_not_ignored(void **state) {
         snprintf(prefix, sizeof prefix, "membill %s: ", cmd);
         assert_int_equal(strncmp(r.err, prefix, strlen(prefix)), 0);
     }
-    // Usage, not a failed run: an unknown preset, and a length past the model's positions in
-    // every subcommand alike.
-    const char *usage[] = {"train --model nope",
-                           "infer --model nope",
-                           "plan --model nope",
-                           "compare --model nope",
-                           "train --seq-len 9000 --meta",
-                           "infer --seq-len 9000 --meta",
-                           "compare --seq-len 9000 --meta",
-                           "plan --seq-len 9000",
-                           "infer --seq-len 8190 --new-tokens 5 --meta"};
-    for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+    // Usage (the command line alone shows it): an unknown preset. A failed run (the model shows
+    // it, docs/cli.md): a length past the model's positions, in every subcommand alike.
+    const struct {
+        const char *args;
+        int code;
+    } verdicts[] = {{"train --model nope", 2},
+                    {"infer --model nope", 2},
+                    {"plan --model nope", 2},
+                    {"compare --model nope", 2},
+                    {"train --seq-len 9000 --meta", 1},
+                    {"infer --seq-len 9000 --meta", 1},
+                    {"compare --seq-len 9000 --meta", 1},
+                    {"plan --seq-len 9000", 1},
+                    {"infer --seq-len 8190 --new-tokens 5 --meta", 1}};
+    for (size_t i = 0; i < sizeof verdicts / sizeof verdicts[0]; i++) {
         run_result r;
-        membill(&r, usage[i]);
-        if (r.code != 2) print_error("%s: exit %d, %s\n", usage[i], r.code, r.err);
-        assert_int_equal(r.code, 2);
+        membill(&r, verdicts[i].args);
+        if (r.code != verdicts[i].code) print_error("%s: exit %d, %s\n", verdicts[i].args, r.code, r.err);
+        assert_int_equal(r.code, verdicts[i].code);
         assert_int_equal(count_lines(r.err), 1);
     }
     run_result r;
@@ -190,6 +193,71 @@ static void test_readme_lists_every_option(void **state) {
     static char readme[1 << 17];
     slurp(MEMBILL_SOURCE_DIR "/README.md", readme, sizeof readme);
     if (!strstr(readme, r.out)) fail_msg("README.md does not hold the output of `membill help --markdown`");
+}
+
+// The quick start's command line that starts with prefix (inside a ```sh block), into out.
+static void readme_command(const char *readme, const char *prefix, const char *contains, char *out, size_t len) {
+    for (const char *p = strstr(readme, prefix); p; p = strstr(p + 1, prefix)) {
+        const char *end = strchr(p, '\n');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n < len && memmem(p, n, contains, strlen(contains))) {
+            memcpy(out, p, n);
+            out[n] = 0;
+            return;
+        }
+    }
+    fail_msg("README.md has no command starting '%s' with '%s'", prefix, contains);
+}
+
+// The README's two quick-start commands configure one build folder alike (the second compiles
+// only what the first did not), and CI runs the test command verbatim.
+static void test_readme_quick_start(void **state) {
+    (void)state;
+    static char readme[1 << 17], ci[1 << 14];
+    slurp(MEMBILL_SOURCE_DIR "/README.md", readme, sizeof readme);
+    slurp(MEMBILL_SOURCE_DIR "/.ci/run", ci, sizeof ci);
+    char main_job[512], tests[512];
+    readme_command(readme, "bash .ci/deps && cmake", "membill train", main_job, sizeof main_job);
+    readme_command(readme, "bash .ci/deps && cmake", "ctest", tests, sizeof tests);
+    const char *cfg_end = strstr(main_job, " && cmake --build");
+    assert_non_null(cfg_end);
+    size_t cfg_len = (size_t)(cfg_end - main_job);
+    if (strncmp(main_job, tests, cfg_len) != 0 || strncmp(tests + cfg_len, " && cmake --build", 17) != 0)
+        fail_msg("the quick start configures its two commands differently:\n%s\n%s", main_job, tests);
+    if (!strstr(ci, tests)) fail_msg(".ci/run does not run the README's test command verbatim: %s", tests);
+}
+
+// Every preset plan --list names (its counts with thousands separated, as every report writes
+// them) is in the README's list of presets; --version prints it and --help says so.
+static void test_presets_and_version(void **state) {
+    (void)state;
+    static char readme[1 << 17];
+    slurp(MEMBILL_SOURCE_DIR "/README.md", readme, sizeof readme);
+    const char *list = strstr(readme, "- `--model NAME`: a preset: ");
+    assert_non_null(list);
+    const char *end = strstr(list, ".\n");
+    assert_non_null(end);
+    run_result r;
+    membill(&r, "plan --list");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "smollm2-135m              134,515,008      576"));
+    int n = 0;
+    char *save = NULL, *line = strtok_r(r.out, "\n", &save); // the header
+    while ((line = strtok_r(NULL, "\n", &save))) {
+        char name[32];
+        assert_int_equal(sscanf(line, "%31s", name), 1);
+        bool found = false; // a whole name: llama-2-7b is not llama-2-70b
+        for (const char *at = strstr(list, name); at && at < end && !found; at = strstr(at + 1, name))
+            found = at[-1] == ' ' && strchr(",.; ", at[strlen(name)]) != NULL;
+        if (!found) fail_msg("the README's preset list leaves out %s", name);
+        n++;
+    }
+    assert_true(n >= 11);
+    membill(&r, "--version");
+    assert_int_equal(r.code, 0);
+    assert_int_equal(strncmp(r.out, "membill ", 8), 0);
+    membill(&r, "--help");
+    assert_non_null(strstr(r.out, "membill --version"));
 }
 
 static json_t *load_json(const char *text) {
@@ -380,6 +448,8 @@ int main(void) {
         cmocka_unit_test(test_refused_not_ignored),
         cmocka_unit_test(test_help_from_the_table),
         cmocka_unit_test(test_readme_lists_every_option),
+        cmocka_unit_test(test_readme_quick_start),
+        cmocka_unit_test(test_presets_and_version),
         cmocka_unit_test(test_failed_run_report),
         cmocka_unit_test(test_budget_is_the_peak),
         cmocka_unit_test(test_fit_refusal),

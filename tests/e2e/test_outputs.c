@@ -165,7 +165,8 @@ static void check_shape(json_t *e) {
 }
 
 // Sums into sum, by category, the bytes of the tensor slices live at timestamp at (begun at or
-// before it, ended after it), checking each slice on the way; returns how many slices there are.
+// before it, ended after it), checking each slice on the way (a tensor category's, on the one
+// named thread); returns how many slices there are.
 static size_t live_slices_at(json_t *ev, double at, json_int_t *sum) {
     json_t *begins = json_object(), *e;
     size_t i, slices = 0;
@@ -176,7 +177,9 @@ static size_t live_slices_at(json_t *ev, double at, json_int_t *sum) {
         if (strcmp(ph, "b") == 0) {
             assert_true(json_integer_value(json_object_get(json_object_get(e, "args"), "bytes")) > 0);
             check_shape(e);
-            assert_true(cat_index(json_string_value(json_object_get(e, "cat"))) >= 0);
+            int c = cat_index(json_string_value(json_object_get(e, "cat")));
+            assert_true(c >= 0 && c < NTENSOR); // plain malloc is its counter track alone
+            assert_int_equal(json_integer_value(json_object_get(e, "tid")), 1);
             assert_null(json_object_get(begins, id)); // ids are unique
             json_object_set(begins, id, e);
         } else if (strcmp(ph, "e") == 0) {
@@ -196,21 +199,49 @@ static size_t live_slices_at(json_t *ev, double at, json_int_t *sum) {
     return slices;
 }
 
+// The value of counter track `name` at timestamp at (its last sample at or before it).
+static json_int_t counter_at(json_t *ev, const char *name, double at) {
+    json_int_t v = -1;
+    size_t i;
+    json_t *e;
+    json_array_foreach(ev, i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "ph")), "C") == 0 &&
+            strcmp(json_string_value(json_object_get(e, "name")), name) == 0 &&
+            json_number_value(json_object_get(e, "ts")) <= at)
+            v = json_integer_value(json_object_get(json_object_get(e, "args"), "bytes"));
+    }
+    return v;
+}
+
 // Every tensor an async slice from allocation to free, with its shape and dtype; the slices live
 // at the total peak's timestamp hold the report's composition of the peak, category by
-// category, to the byte.
+// category, to the byte, and plain malloc's counter track the rest. Every thread the trace names
+// carries slices of its own (async slices are the process's: they are on no thread's track).
 static void test_trace_slices(void **state) {
     (void)state;
     json_t *t = load_output("t.json");
     assert_non_null(t);
     json_t *ev = json_object_get(t, "traceEvents");
     assert_non_null(event_named(ev, "M", "process_name"));
-    assert_non_null(event_named(ev, "M", "thread_name"));
+    size_t i, named = 0;
+    json_t *e;
+    json_array_foreach(ev, i, e) {
+        if (strcmp(json_string_value(json_object_get(e, "name")), "thread_name") != 0) continue;
+        json_int_t tid = json_integer_value(json_object_get(e, "tid"));
+        size_t j, own = 0;
+        json_t *s;
+        json_array_foreach(ev, j, s) own += !strcmp(json_string_value(json_object_get(s, "ph")), "X") &&
+                                            json_integer_value(json_object_get(s, "tid")) == tid;
+        assert_true(own > 0);
+        named++;
+    }
+    assert_int_equal(named, 1); // "phases"
     json_t *peak = json_object_get(report, "peak");
     double at = json_number_value(json_object_get(event_named(ev, "i", "total peak"), "ts"));
     assert_true(fabs(at - json_number_value(json_object_get(peak, "seconds")) * 1e6) < 1); // the same moment
     json_int_t sum[NCATS] = {0};
     assert_true(live_slices_at(ev, at, sum) > 100);
+    sum[NCATS - 1] = counter_at(ev, "other", at);
     for (int c = 0; c < NCATS; c++)
         assert_int_equal(sum[c], json_integer_value(json_object_get(json_object_get(peak, "composition"), cats[c])));
     json_decref(t);
@@ -250,9 +281,30 @@ static void test_text_breakdown_and_explain(void **state) {
     // --explain: the formulas of weight, gradient and Adam state equal the measured bytes.
     const char *e = strstr(out, "explained");
     assert_non_null(e);
-    int equal = 0;
-    for (const char *p = e; (p = strstr(p, "(equal)")); p++) equal++;
-    assert_int_equal(equal, 3);
+    const char *states[] = {"  weight     measured", "  gradient   measured", "  optimizer  measured"};
+    for (int k = 0; k < 3; k++) {
+        const char *at = strstr(e, states[k]), *formula = at ? strstr(at, "formula") : NULL;
+        assert_non_null(formula);
+        const char *eol = strchr(formula, '\n');
+        assert_true(eol && eol - 7 >= formula && strncmp(eol - 7, "(equal)", 7) == 0);
+    }
+    // under --framework pytorch it says whose saved set the activation formula is, and it
+    // explains the temporaries (for-loop Adam's, the engine's sums) with their measured peak
+    assert_non_null(
+        strstr(e, "the formula is --framework lean's (the tensors membill's fused ops save); this run bills"));
+    const char *t = strstr(e, "  temporary  measured ");
+    assert_non_null(t);
+    char digits[32], bytes[64], line[256];
+    int nd = snprintf(digits, sizeof digits, "%lld", (long long)peak_of("temporary")), k = 0;
+    for (int i = 0; i < nd; i++) {
+        if (i && (nd - i) % 3 == 0) bytes[k++] = ','; // 131,072
+        bytes[k++] = digits[i];
+    }
+    bytes[k] = 0;
+    snprintf(line, sizeof line, "%.*s", (int)(strchr(t, '\n') - t), t);
+    if (!strstr(line, bytes)) fail_msg("'%s' does not hold the temporary peak %s", line, bytes);
+    assert_non_null(strstr(t, "for-loop Adam: a parameter's sqrt and denom beside the previous one's denom"));
+    assert_non_null(strstr(t, "at the total peak it held"));
     // The breakdown in the JSON report sums to the activation peak.
     json_t *rows = json_object_get(json_object_get(report, "breakdown"), "activation_by_op");
     json_int_t sum = 0;

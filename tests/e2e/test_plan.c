@@ -186,6 +186,45 @@ static void test_device_share_is_step_2_replayed(void **state) {
 }
 
 // The text names both figures; a generation keeps its one run and its headline.
+// Each report answers its question before the detail: the line starting "answer: " comes before
+// the table of categories and says what the JSON says (the fit, the first setting that would, the
+// four copies, training over inference).
+static const char *answer_line(const char *out) {
+    const char *a = strstr(out, "\nanswer: "), *table = strstr(out, "\n  category");
+    assert_non_null(a);
+    assert_non_null(table);
+    assert_true(a < table);
+    return a + 1;
+}
+
+static void test_answer_first(void **state) {
+    (void)state;
+    static run_result r;
+    const char *fit = "plan --model llama-3-8b --lora-rank 8 --seq-len 2048 --device-memory 24GB";
+    membill(&r, fit);
+    assert_int_equal(r.code, 0);
+    const char *a = answer_line(r.out);
+    const char *want = "answer: 72.22 GB on one device: does NOT fit a 24 GiB device; what would: ";
+    assert_true(!strncmp(a, want, strlen(want)));
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "%s --dtype bf16 --checkpointing", fit);
+    json_t *root = cli_run_json(cmd);
+    assert_true(json_is_true(json_object_get(json_object_get(root, "fit"), "fits")));
+    json_decref(root);
+    assert_non_null(strstr(a, "what would: --dtype bf16 --checkpointing ("));
+    membill(&r, "plan --model smollm2-360m --seq-len 256 --gpus 4 --zero 2 --device-memory 16GB");
+    assert_true(!strncmp(answer_line(r.out), "answer: ", 8));
+    assert_non_null(strstr(answer_line(r.out), "on each of 4 devices: fits a 16 GiB device\n"));
+    membill(&r, "train --meta --seq-len 64");
+    assert_int_equal(r.code, 0);
+    a = answer_line(r.out);
+    want = "answer: weights + gradients + optimizer state = 2.15 GB, 4.000 x the weights; total peak ";
+    assert_true(!strncmp(a, want, strlen(want)));
+    membill(&r, "compare --meta --seq-len 64 --new-tokens 4");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(answer_line(r.out), "answer: training's peak "));
+}
+
 static void test_text_and_infer(void **state) {
     (void)state;
     static run_result r;
@@ -223,11 +262,59 @@ static void test_text_and_infer(void **state) {
     }
 }
 
+// The framework line and the JSON name the family's own transformers class.
+static void test_class_named(void **state) {
+    (void)state;
+    static run_result r;
+    membill(&r, "plan --model mistral-7b --framework pytorch-1.13 --seq-len 64");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "transformers' MistralForCausalLM on PyTorch 1.13"));
+    assert_null(strstr(r.out, "LlamaForCausalLM"));
+    json_t *root = cli_run_json("plan --model llama-2-7b --seq-len 64");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(root, "model"), "class")),
+                        "LlamaForCausalLM");
+    json_decref(root);
+}
+
+// --ep: a rank holds its share of every sparse layer's experts (all the rest replicated), routes
+// its tokens to the experts' ranks and back; worst routing piles every rank's tokens on rank 0's.
+static void test_expert_parallel(void **state) {
+    (void)state;
+    const json_int_t P = 30532122624LL, routed = 48LL * 128 * 3 * 2048 * 768; // Qwen3-30B-A3B
+    json_t *ep = cli_run_json("plan --model qwen3-30b-a3b --gpus 4 --ep 4 --seq-len 256");
+    json_t *dp = cli_run_json("plan --model qwen3-30b-a3b --gpus 4 --seq-len 256");
+    json_t *worst = cli_run_json("plan --model qwen3-30b-a3b --gpus 4 --ep 4 --seq-len 256 --routing worst");
+    json_t *g = json_object_get(ep, "per_gpu");
+    assert_int_equal(jget(g, "weight", NULL), 4 * (P - routed / 4 * 3));
+    assert_int_equal(jget(g, "gradient", NULL), 4 * (P - routed / 4 * 3)); // every local expert reached
+    assert_int_equal(jget(json_object_get(dp, "per_gpu"), "weight", NULL), 4 * P);
+    // the same rows through a rank's experts (4 ranks x their share), plus the all-to-all buffers
+    json_int_t a_ep = jget(json_object_get(g, "own_peak"), "activation", NULL),
+               a_dp = jget(json_object_get(json_object_get(dp, "per_gpu"), "own_peak"), "activation", NULL),
+               a_worst = jget(json_object_get(json_object_get(worst, "per_gpu"), "own_peak"), "activation", NULL);
+    assert_true(a_ep > a_dp && a_ep < a_dp * 3 / 2);
+    assert_true(a_worst > 2 * a_ep); // 8 of rank 0's experts get every rank's tokens
+    assert_int_equal(jget(json_object_get(ep, "run"), "ep", NULL), 4);
+    assert_int_equal(jget(json_object_get(ep, "run"), "all_to_all_bytes_per_step", NULL),
+                     48LL * 4 * 256 * 8 * 2048 * 4 / 4 * 3);
+    json_decref(ep), json_decref(dp), json_decref(worst);
+    static run_result r;
+    membill(&r, "plan --model qwen3-30b-a3b --gpus 4 --ep 3");
+    assert_int_equal(r.code, 2);
+    assert_non_null(strstr(r.err, "--ep 3"));
+    membill(&r, "plan --model llama-2-7b --gpus 4 --ep 4");
+    assert_int_equal(r.code, 2);
+    assert_non_null(strstr(r.err, "no experts"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_expert_parallel),
+        cmocka_unit_test(test_class_named),
         cmocka_unit_test(test_headline_is_train_step_2_for_every_preset),
         cmocka_unit_test(test_device_share_is_step_2_replayed),
         cmocka_unit_test(test_text_and_infer),
+        cmocka_unit_test(test_answer_first),
     };
     return cmocka_run_group_tests_name("plan", tests, cli_run_make_dir, cli_run_remove_dir);
 }

@@ -179,6 +179,37 @@ static void test_every_stage_matches_one_process(void **state) {
     }
 }
 
+// A mixture of experts whose ranks route to different experts (8 experts, 2 a token, 16 pairs a
+// rank: some experts get none): an expert a rank's tokens never reached adds zeros to the reduction, as DDP's
+// find_unused_parameters; every stage's SGD step equals one process's on all the rows.
+static void test_experts_unused_by_a_rank(void **state) {
+    (void)state;
+    const char *cfg = MEMBILL_GOLDEN_DIR "/tiny_qwen3_moe/config.json";
+    char a[4096], init[512], ref[512], got[512];
+    snprintf(init, sizeof init, "%s/moe_init.safetensors", dir);
+    snprintf(ref, sizeof ref, "%s/moe_ref.safetensors", dir);
+    snprintf(got, sizeof got, "%s/moe_zero.safetensors", dir);
+    snprintf(a, sizeof a,
+             "train --config %s --seq-len 4 --batch 4 --threads 1 --optimizer sgd --lr 0 --save-weights %s", cfg, init);
+    json_decref(cli_run_json(a));
+    snprintf(a, sizeof a,
+             "train --config %s --seq-len 4 --batch 4 --threads 1 --optimizer sgd --lr 0.5 --save-weights %s", cfg,
+             ref);
+    json_decref(cli_run_json(a));
+    for (int z = 0; z <= 3; z++) {
+        snprintf(a, sizeof a,
+                 "train --zero %d --config %s --seq-len 4 --batch 2 --threads 1 --optimizer sgd --lr 0.5 "
+                 "--save-weights %s",
+                 z, cfg, got);
+        json_decref(mpirun_json(2, 120, a));
+        double diff, step;
+        size_t skipped, total;
+        weight_diff(got, ref, init, NULL, 0.5, &diff, &step, &skipped, &total);
+        if (diff > 1e-5 * step) print_error("zero %d: weights differ by %g (step %g)\n", z, diff, step);
+        assert_true(step > 0 && diff <= 1e-5 * step);
+    }
+}
+
 // Each rank's bill is the plan's simulated rank, category by category, to the byte; the model
 // states shrink stage by stage as each shards one more of them.
 static void test_ranks_equal_plan(void **state) {
@@ -373,6 +404,7 @@ int main(void) {
 #ifdef MEMBILL_MPIEXEC
         cmocka_unit_test(test_every_stage_matches_one_process),
         cmocka_unit_test(test_ranks_equal_plan),
+        cmocka_unit_test(test_experts_unused_by_a_rank),
         cmocka_unit_test(test_lora_every_path_matches_one_process),
         cmocka_unit_test(test_ranks_disagree),
         cmocka_unit_test(test_bad_input_ends_the_job),

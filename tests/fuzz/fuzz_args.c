@@ -55,11 +55,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int32_t *ids = NULL;
         long n = 0;
         ag_err err = {""};
-        if (cli_parse_tokens(argv[i], &ids, &n, &err) == 0) {
+        int rc = cli_parse_tokens(argv[i], 49152, &ids, &n, &err);
+        if (rc == 0) {
             FZ_REQUIRE(n >= 1 && ids);
-            for (long k = 0; k < n; k++) FZ_REQUIRE(ids[k] >= 0);
+            for (long k = 0; k < n; k++) FZ_REQUIRE(ids[k] >= 0 && ids[k] < 49152);
             free(ids);
         } else {
+            FZ_REQUIRE(rc == EXIT_USAGE || rc == EXIT_RUN_FAILED);
             fz_check_message(err.msg, "--tokens");
         }
     }

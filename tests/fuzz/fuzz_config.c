@@ -22,10 +22,10 @@ static void check_config(const llama_config *c) {
     FZ_REQUIRE(total > 0 && total <= LLAMA_MAX_PARAMS);
     // the first tensors, one block's worth, and the last ones (a config may have 10^5 layers)
     size_t n = llama_param_count_tensors(c);
-    for (size_t i = 0; i < n; i = (i == 2 * llama_params_per_layer(c) && n > i + 4) ? n - 4 : i + 1) {
+    for (size_t i = 0; i < n; i = (i == 2 * llama_layer_param_count(c, 0) && n > i + 4) ? n - 4 : i + 1) {
         char name[LLAMA_PARAM_NAME_MAX];
         int nd;
-        int64_t shape[2];
+        int64_t shape[LLAMA_PARAM_MAX_DIMS];
         FZ_REQUIRE(llama_param_spec(c, i, name, sizeof name, &nd, shape) == 0);
         FZ_REQUIRE((nd == 1 || nd == 2) && shape[0] > 0 && shape[1] > 0);
     }

@@ -52,7 +52,7 @@ static void make_folder(void) {
         const float *data[16];
         size_t k = 0;
         for (size_t i = s ? half : 0; i < (s ? n : half); i++, k++) {
-            int64_t shape[2];
+            int64_t shape[LLAMA_PARAM_MAX_DIMS];
             FZ_REQUIRE(llama_param_spec(&tiny, i, store[k], LLAMA_PARAM_NAME_MAX, &ndims[k], shape) == 0);
             names[k] = store[k], shapes[k][0] = shape[0], shapes[k][1] = shape[1], data[k] = zeros;
         }

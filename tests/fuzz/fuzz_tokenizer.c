@@ -1,10 +1,12 @@
 // The tokenizer.json reader and the tokenizer on arbitrary files: the input up to its first NUL
-// byte is the file (tok_parse, and tok_load of the same bytes), what follows it the text to
+// byte is the file (tok_parse, and the same bytes from a file through llama_read_file, as the
+// command reads a tokenizer.json), what follows it the text to
 // encode (a fixed text without a NUL). A file that loads must encode into ids it has, decode
 // them into valid UTF-8, and refuse invalid text; every refusal is one line naming its input.
 #include <jansson.h>
 
 #include "fuzz_util.h"
+#include "model.h"
 #include "tok.h"
 
 #define ORIGIN "fuzz/tokenizer.json"
@@ -35,7 +37,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *text = nul ? (const char *)nul + 1 : fixed_text;
     size_t text_len = nul ? size - json_len - 1 : sizeof fixed_text - 1;
     if (text_len > 256) text_len = 256; // a regex's cost grows with the text; the file is the target
-    tok_err err, lerr;
+    tok_err err, lerr = {""};
     tok_tokenizer *t = tok_parse((const char *)data, json_len, ORIGIN, &err);
     if (t) {
         check_round(t, text, text_len, true);
@@ -51,7 +53,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     // from a file: the same verdict
     static fz_file file;
     fz_file_write(&file, data, json_len);
-    tok_tokenizer *l = tok_load(file.path, &lerr);
+    char *read;
+    size_t read_len;
+    ag_err rerr;
+    FZ_REQUIRE(llama_read_file(file.path, "a tokenizer.json", 1u << 30, &read, &read_len, &rerr) == 0);
+    FZ_REQUIRE(read_len == json_len && read[read_len] == 0);
+    tok_tokenizer *l = tok_parse(read, read_len, file.path, &lerr);
+    free(read);
     FZ_REQUIRE((l != NULL) == (t != NULL));
     if (!l) fz_check_message(lerr.msg, file.path);
     tok_free(l);

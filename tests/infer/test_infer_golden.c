@@ -101,13 +101,15 @@ static void test_mask_matters(void **s) {
 
 // Qwen2 (biases, a window on its second layer), Qwen3 (q/k norms, head_dim 24), Mistral (a
 // window of 3 over a 7-token prompt and 8 new tokens): the reference's tokens, solo and as a
-// padded batch, with and without the cache, eager and flash.
+// padded batch, with and without the cache, eager and flash. The mixtures of experts route every
+// token of each forward (pads included, as transformers' sparse blocks do).
 static void test_families(void **s) {
     (void)s;
-    const char *folders[] = {"tiny_qwen2", "tiny_qwen3", "tiny_mistral"};
+    const char *folders[] = {"tiny_qwen2",   "tiny_qwen3",     "tiny_mistral",
+                             "tiny_mixtral", "tiny_qwen2_moe", "tiny_qwen3_moe"};
     for (int a = 0; a < 2; a++) {
         attention = a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER;
-        for (int f = 0; f < 3; f++) {
+        for (int f = 0; f < 6; f++) {
             check_solo(folders[f]);
             check_batch(folders[f]);
         }

@@ -12,10 +12,22 @@ static const struct {
     const char *name;
     uint64_t params;
 } published[] = {
-    {"smollm2-135m", 134515008ULL}, {"smollm2-360m", 361821120ULL},  {"smollm2-1.7b", 1711376384ULL},
-    {"llama-2-7b", 6738415616ULL},  {"llama-2-13b", 13015864320ULL}, {"llama-2-70b", 68976648192ULL},
-    {"llama-3-8b", 8030261248ULL},  {"llama-3-70b", 70553706496ULL}, {"llama-3.1-405b", 405853388800ULL},
-    {"mistral-7b", 7241732096ULL},  {"llama-65b", 65285660672ULL},
+    {"smollm2-135m", 134515008ULL},
+    {"smollm2-360m", 361821120ULL},
+    {"smollm2-1.7b", 1711376384ULL},
+    {"llama-2-7b", 6738415616ULL},
+    {"llama-2-13b", 13015864320ULL},
+    {"llama-2-70b", 68976648192ULL},
+    {"llama-3-8b", 8030261248ULL},
+    {"llama-3-70b", 70553706496ULL},
+    {"llama-3.1-405b", 405853388800ULL},
+    {"mistral-7b", 7241732096ULL},
+    {"llama-65b", 65285660672ULL},
+    // the mixtures of experts (tests/model/test_families.c checks their tables)
+    {"mixtral-8x7b", 46702792704ULL},
+    {"qwen1.5-moe-a2.7b", 14315784192ULL},
+    {"qwen3-30b-a3b", 30532122624ULL},
+    {"qwen3-235b-a22b", 235093634560ULL},
 };
 #define NPUBLISHED (sizeof published / sizeof published[0])
 
@@ -42,13 +54,13 @@ static void test_count_is_sum_of_specs(void **state) {
         assert_int_equal(llama_config_preset(&c, llama_preset_name(p), NULL), 0);
         uint64_t sum = 0;
         size_t n = llama_param_count_tensors(&c);
-        assert_int_equal(n, 2 + 9 * (size_t)c.layers + (c.tied ? 0 : 1));
+        if (c.moe.experts == 0) assert_int_equal(n, 2 + 9 * (size_t)c.layers + (c.tied ? 0 : 1));
         for (size_t i = 0; i < n; i++) {
             char name[LLAMA_PARAM_NAME_MAX];
             int ndim;
-            int64_t shape[2];
+            int64_t shape[LLAMA_PARAM_MAX_DIMS];
             assert_int_equal(llama_param_spec(&c, i, name, sizeof name, &ndim, shape), 0);
-            sum += (uint64_t)shape[0] * (uint64_t)(ndim == 2 ? shape[1] : 1);
+            sum += (uint64_t)shape[0] * (uint64_t)shape[1] * (uint64_t)shape[2];
         }
         assert_int_equal(sum, llama_param_count(&c));
     }
@@ -90,7 +102,7 @@ static void expect_same_shape(const llama_config *a, const llama_config *b) {
 static void expect_spec(const llama_config *c, size_t i, const char *name, int ndim, int64_t rows, int64_t cols) {
     char got[LLAMA_PARAM_NAME_MAX];
     int nd;
-    int64_t shape[2];
+    int64_t shape[LLAMA_PARAM_MAX_DIMS];
     assert_int_equal(llama_param_spec(c, i, got, sizeof got, &nd, shape), 0);
     assert_string_equal(got, name);
     assert_int_equal(nd, ndim);
@@ -118,7 +130,7 @@ static void test_spec_order_and_shapes(void **state) {
     expect_spec(&c, 271, "model.norm.weight", 1, 576, 1);
     char name[LLAMA_PARAM_NAME_MAX];
     int nd;
-    int64_t shape[2];
+    int64_t shape[LLAMA_PARAM_MAX_DIMS];
     assert_int_equal(llama_param_spec(&c, 272, name, sizeof name, &nd, shape), -1);
     assert_int_equal(llama_param_spec(&c, 0, name, 10, &nd, shape), -1); // name does not fit
 
@@ -276,15 +288,15 @@ static void test_many_layers(void **state) {
     if (llama_config_load(&c, path, &err) != 0) fail_msg("%s", err.msg);
     assert_int_equal(c.layers, 30000);
     assert_int_equal(llama_config_validate(&c, &err), 0);
-    assert_int_equal(llama_param_count_tensors(&c), 2 + 30000 * llama_params_per_layer(&c));
-    expect_spec(&c, 1 + 29999 * llama_params_per_layer(&c) + 5, "model.layers.29999.post_attention_layernorm.weight", 1,
-                64, 1);
-    expect_spec(&c, 1 + 30000 * llama_params_per_layer(&c), "model.norm.weight", 1, 64, 1);
+    assert_int_equal(llama_param_count_tensors(&c), 2 + 30000 * llama_layer_param_count(&c, 0));
+    expect_spec(&c, 1 + 29999 * llama_layer_param_count(&c, 0) + 5,
+                "model.layers.29999.post_attention_layernorm.weight", 1, 64, 1);
+    expect_spec(&c, 1 + 30000 * llama_layer_param_count(&c, 0), "model.norm.weight", 1, 64, 1);
     uint64_t sum = 0;
     for (size_t i = 0; i < llama_param_count_tensors(&c); i++) {
         char name[LLAMA_PARAM_NAME_MAX];
         int nd;
-        int64_t shape[2];
+        int64_t shape[LLAMA_PARAM_MAX_DIMS];
         assert_int_equal(llama_param_spec(&c, i, name, sizeof name, &nd, shape), 0);
         sum += (uint64_t)(shape[0] * shape[1]);
     }
@@ -389,7 +401,7 @@ static void expect_tensor(const llama_config *c, const char *want, int ndim, int
     for (size_t i = 0; i < llama_param_count_tensors(c); i++) {
         char name[LLAMA_PARAM_NAME_MAX];
         int nd;
-        int64_t shape[2];
+        int64_t shape[LLAMA_PARAM_MAX_DIMS];
         assert_int_equal(llama_param_spec(c, i, name, sizeof name, &nd, shape), 0);
         if (strcmp(name, want) != 0) continue;
         assert_int_equal(nd, ndim);
@@ -406,13 +418,13 @@ static void test_families(void **state) {
     assert_int_equal(c.family, LLAMA_FAMILY_QWEN2);
     assert_true(c.qkv_bias && !c.o_bias && !c.qk_norm && c.tied);
     assert_int_equal(c.sliding_window, 0); // use_sliding_window false
-    assert_int_equal(llama_params_per_layer(&c), 12);
+    assert_int_equal(llama_layer_param_count(&c, 0), 12);
     assert_int_equal(llama_param_count(&c), 494032768ULL);
     expect_tensor(&c, "model.layers.23.self_attn.k_proj.bias", 1, 128);
     load_config_file(&c, "qwen3-0.6b"); // 596,049,920: 0.44B outside the embedding, as published
     assert_int_equal(c.family, LLAMA_FAMILY_QWEN3);
     assert_true(c.qk_norm && !c.qkv_bias && c.head_dim == 128);
-    assert_int_equal(llama_params_per_layer(&c), 11);
+    assert_int_equal(llama_layer_param_count(&c, 0), 11);
     assert_int_equal(llama_param_count(&c), 596049920ULL);
     assert_int_equal(llama_param_count(&c) - 151936ULL * 1024, 440467456ULL);
     expect_tensor(&c, "model.layers.0.self_attn.q_norm.weight", 1, 128);
@@ -436,12 +448,12 @@ static void test_family_fields(void **state) {
     snprintf(text, sizeof text, "%s\"model_type\":\"llama\",\"attention_bias\":true,\"mlp_bias\":true}", head);
     assert_int_equal(load_text(text, &c, &err, dir), 0);
     assert_true(c.qkv_bias && c.o_bias && c.mlp_bias);
-    assert_int_equal(llama_params_per_layer(&c), 9 + 4 + 3);
+    assert_int_equal(llama_layer_param_count(&c, 0), 9 + 4 + 3);
     expect_tensor(&c, "model.layers.3.mlp.down_proj.bias", 1, 64);
     snprintf(text, sizeof text, "%s\"model_type\":\"qwen3\",\"attention_bias\":true}", head);
     assert_int_equal(load_text(text, &c, &err, dir), 0);
     assert_int_equal(c.head_dim, 128); // Qwen3Config's default, not hidden / heads
-    assert_int_equal(llama_params_per_layer(&c), 9 + 4 + 2);
+    assert_int_equal(llama_layer_param_count(&c, 0), 9 + 4 + 2);
     // Mistral: 4096 unless given, null for none, every layer
     snprintf(text, sizeof text, "%s\"model_type\":\"mistral\"}", head);
     assert_int_equal(load_text(text, &c, &err, dir), 0);
@@ -450,6 +462,21 @@ static void test_family_fields(void **state) {
     snprintf(text, sizeof text, "%s\"model_type\":\"mistral\",\"sliding_window\":null}", head);
     assert_int_equal(load_text(text, &c, &err, dir), 0);
     assert_int_equal(llama_layer_window(&c, 3), 0);
+    // 0 is no window size (every key masked): refused where the window is used, with the range
+    snprintf(text, sizeof text, "%s\"model_type\":\"mistral\",\"sliding_window\":0}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), -1);
+    TU_MENTIONS(err.msg, "sliding_window (0)", "from 1 to 16777216, or null");
+    snprintf(text, sizeof text, "%s\"model_type\":\"qwen2\",\"use_sliding_window\":true,\"sliding_window\":0}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), -1);
+    TU_MENTIONS(err.msg, "sliding_window (0)", "from 1 to 16777216");
+    snprintf(text, sizeof text, "%s\"model_type\":\"qwen2\",\"use_sliding_window\":false,\"sliding_window\":0}",
+             head); // unused, as Qwen2Config drops it
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    assert_int_equal(llama_layer_window(&c, 3), 0);
+    // rope_scaling {}: no rope_type, which transformers cannot read either
+    snprintf(text, sizeof text, "%s\"model_type\":\"llama\",\"rope_scaling\":{}}", head);
+    assert_int_equal(load_text(text, &c, &err, dir), -1);
+    TU_MENTIONS(err.msg, "rope_scaling is an empty object", "rope_type");
     // Qwen2: from max_window_layers on, when use_sliding_window; layer_types agreeing
     const char *qwen = "\"model_type\":\"qwen2\",\"use_sliding_window\":true,\"sliding_window\":8,";
     snprintf(text, sizeof text, "%s%s\"max_window_layers\":2}", head, qwen);

@@ -68,7 +68,7 @@ static void compare_frameworks(bool tied, int64_t B, int64_t T) {
         for (size_t i = 0; i < n; i++) {
             char name[LLAMA_PARAM_NAME_MAX];
             int nd;
-            int64_t sh[2];
+            int64_t sh[LLAMA_PARAM_MAX_DIMS];
             assert_int_equal(llama_param_spec(&c, i, name, sizeof name, &nd, sh), 0);
             int64_t numel = sh[0] * sh[1];
             double mx = 0, diff = 0;

@@ -269,7 +269,7 @@ static void write_params(const char *path, const llama_config *c, int drop, int 
     assert_true(names && np && nd && shapes && data && zeros);
     for (size_t i = 0; i < n; i++) {
         if ((int)i == drop) continue;
-        int64_t sh[2];
+        int64_t sh[LLAMA_PARAM_MAX_DIMS];
         assert_int_equal(llama_param_spec(c, i, names[m], LLAMA_PARAM_NAME_MAX, &nd[m], sh), 0);
         shapes[m][0] = sh[0] + ((int)i == reshape);
         shapes[m][1] = sh[1];
@@ -354,7 +354,7 @@ static void write_params_header(const char *path, const llama_config *c, const c
     for (size_t i = 0; i < n; i++) {
         char name[LLAMA_PARAM_NAME_MAX];
         int nd;
-        int64_t sh[2];
+        int64_t sh[LLAMA_PARAM_MAX_DIMS];
         assert_int_equal(llama_param_spec(c, i, name, sizeof name, &nd, sh), 0);
         bool is_odd = strcmp(name, odd) == 0;
         uint64_t bytes = (uint64_t)(sh[0] * sh[1]) * (is_odd ? odd_size : 2);

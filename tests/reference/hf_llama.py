@@ -198,11 +198,72 @@ class LlamaAttention(nn.Module):
         return attn_output, attn_weights
 
 
+class MixtralBlockSparseTop2MLP(nn.Module):
+    """One expert: w2(silu(w1(x)) * w3(x))."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.w1 = nn.Linear(h, i, bias=False)
+        self.w2 = nn.Linear(i, h, bias=False)
+        self.w3 = nn.Linear(h, i, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, hidden_states):
+        current_hidden_states = self.act_fn(self.w1(hidden_states)) * self.w3(hidden_states)
+        return self.w2(current_hidden_states)
+
+
+# The tokens each expert got, per forward and sparse layer, when a caller asks (profile_step's
+# routing, which membill's meta run takes with --routing).
+ROUTING = None
+
+
+class MixtralSparseMoeBlock(nn.Module):
+    """transformers' MixtralSparseMoeBlock.forward (4.5x): the experts hit found with nonzero on
+    the one_hot mask, each one's rows by torch.where over its mask slice, index_add_ into zeros."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.num_experts = cfg.num_experts
+        self.top_k = cfg.num_experts_per_tok
+        self.gate = nn.Linear(cfg.hidden_size, self.num_experts, bias=False)
+        self.experts = nn.ModuleList([MixtralBlockSparseTop2MLP(cfg) for _ in range(self.num_experts)])
+
+    def forward(self, hidden_states):
+        with scope("moe"):
+            batch_size, sequence_length, hidden_dim = hidden_states.shape
+            hidden_states = hidden_states.view(-1, hidden_dim)
+            router_logits = self.gate(hidden_states)
+            routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
+            routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
+            routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+            routing_weights = routing_weights.to(hidden_states.dtype)
+            final_hidden_states = torch.zeros((batch_size * sequence_length, hidden_dim),
+                                              dtype=hidden_states.dtype, device=hidden_states.device)
+            expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).permute(2, 1, 0)
+            if ROUTING is not None:
+                ROUTING.append([int(c) for c in expert_mask.sum(dim=(-1, -2))])
+            expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+            for expert_idx in expert_hit:
+                expert_layer = self.experts[expert_idx]
+                idx, top_x = torch.where(expert_mask[expert_idx].squeeze(0))
+                current_state = hidden_states[None, top_x].reshape(-1, hidden_dim)
+                current_hidden_states = expert_layer(current_state) * routing_weights[top_x, idx, None]
+                final_hidden_states.index_add_(0, top_x, current_hidden_states.to(hidden_states.dtype))
+            final_hidden_states = final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+        return final_hidden_states, router_logits
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg, layer_idx):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, layer_idx)
-        self.mlp = LlamaMLP(cfg)
+        self.sparse = getattr(cfg, "model_type", "llama") == "mixtral"
+        if self.sparse:  # MixtralDecoderLayer
+            self.block_sparse_moe = MixtralSparseMoeBlock(cfg)
+        else:
+            self.mlp = LlamaMLP(cfg)
         self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -218,7 +279,10 @@ class LlamaDecoderLayer(nn.Module):
         residual = hidden_states
         with scope("norm"):
             hidden_states = self.post_attention_layernorm(hidden_states)
-        hidden_states = self.mlp(hidden_states)
+        if self.sparse:  # the router's logits live until the layer returns
+            hidden_states, router_logits = self.block_sparse_moe(hidden_states)
+        else:
+            hidden_states = self.mlp(hidden_states)
         with scope("residual"):
             hidden_states = residual + hidden_states
         return (hidden_states,)

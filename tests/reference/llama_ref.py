@@ -1,6 +1,7 @@
 """Pure-PyTorch reference of Hugging Face LlamaForCausalLM semantics (and of the Mistral, Qwen2
 and Qwen3 variants of it: q/k/v biases, per-head q/k RMSNorm, sliding windows; RoPE scaling as
-transformers' modeling_rope_utils computes it).
+transformers' modeling_rope_utils computes it; the mixtures of experts of Mixtral, Qwen2MoE and
+Qwen3MoE as their sparse blocks compute them, with the load-balancing loss).
 
 Self-contained (torch only): the model is a dict of leaf tensors under HF names and a set of
 functions over it, so that the same code serves training (autograd, torch.optim), float64
@@ -19,6 +20,8 @@ import torch.nn.functional as F
 
 # ---------------------------------------------------------------------------------------------
 # Config
+
+MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 
 class LlamaConfig:
@@ -42,22 +45,26 @@ class LlamaConfig:
         self.num_attention_heads = int(d["num_attention_heads"])
         self.num_key_value_heads = int(d.get("num_key_value_heads") or self.num_attention_heads)
         self.model_type = d.get("model_type", "llama")
-        if self.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
+        if self.model_type not in ("llama", "mistral", "qwen2", "qwen3") + MOE_TYPES:
             raise ValueError("config: model_type %r" % self.model_type)
+        qwen3 = self.model_type in ("qwen3", "qwen3_moe")
         hd = d.get("head_dim") or (128 if self.model_type == "qwen3" else None)
         self.head_dim = int(hd) if hd else self.hidden_size // self.num_attention_heads
         family_bias = bool(d.get("attention_bias", False))
-        self.attention_bias = family_bias if self.model_type in ("llama", "qwen3") else False
-        self.qkv_bias = self.attention_bias or self.model_type == "qwen2"
+        self.attention_bias = family_bias if self.model_type in ("llama", "qwen3", "qwen3_moe") else False
+        self.qkv_bias = self.attention_bias or self.model_type == "qwen2" or (
+            self.model_type == "qwen2_moe" and bool(d.get("qkv_bias", True)))
         self.o_bias = self.attention_bias
         self.mlp_bias = bool(d.get("mlp_bias", False)) if self.model_type == "llama" else False
-        self.qk_norm = self.model_type == "qwen3"
+        self.qk_norm = qwen3
         self.use_sliding_window = bool(d.get("use_sliding_window", False))
         self.max_window_layers = int(d.get("max_window_layers", 28))
-        self.sliding_window = d.get("sliding_window", 4096)
-        if self.model_type == "mistral":
+        self.sliding_window = d.get("sliding_window", None if self.model_type == "mixtral" else 4096)
+        self._moe_fields(d)
+        if self.model_type in ("mistral", "mixtral"):
             self.layer_windows = [self.sliding_window or 0] * int(d["num_hidden_layers"])
-        elif self.model_type in ("qwen2", "qwen3") and self.use_sliding_window and self.sliding_window:
+        elif self.model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and self.use_sliding_window \
+                and self.sliding_window:
             self.layer_windows = [self.sliding_window if i >= self.max_window_layers else 0
                                   for i in range(int(d["num_hidden_layers"]))]
         else:
@@ -74,6 +81,40 @@ class LlamaConfig:
             raise ValueError("config: num_attention_heads must be a multiple of "
                              "num_key_value_heads")
 
+    def _moe_fields(self, d):
+        """The mixture of experts of MixtralConfig, Qwen2MoeConfig and Qwen3MoeConfig (their
+        defaults): which layers are sparse, the experts, top-k, the shared expert."""
+        t = self.model_type
+        self.num_experts = 0
+        self.sparse_layers = [False] * int(d["num_hidden_layers"])
+        if t not in MOE_TYPES:
+            return
+        defaults = {"mixtral": (8, 2, None), "qwen2_moe": (60, 4, 1408), "qwen3_moe": (128, 8, 768)}[t]
+        self.num_experts = int(d.get("num_local_experts" if t == "mixtral" else "num_experts", defaults[0]))
+        self.num_experts_per_tok = int(d.get("num_experts_per_tok", defaults[1]))
+        self.moe_intermediate_size = int(d.get("moe_intermediate_size") or defaults[2] or 0) \
+            if t != "mixtral" else self.intermediate_size
+        self.norm_topk_prob = True if t == "mixtral" else bool(d.get("norm_topk_prob", False))
+        self.shared_expert_intermediate_size = int(d.get("shared_expert_intermediate_size", 5632)) \
+            if t == "qwen2_moe" else 0
+        self.decoder_sparse_step = int(d.get("decoder_sparse_step", 1)) if t != "mixtral" else 1
+        self.mlp_only_layers = list(d.get("mlp_only_layers") or []) if t != "mixtral" else []
+        self.output_router_logits = bool(d.get("output_router_logits", False))
+        self.router_aux_loss_coef = float(d.get("router_aux_loss_coef", 0.001))
+        self.sparse_layers = [
+            self.num_experts > 0 and i not in self.mlp_only_layers and (i + 1) % self.decoder_sparse_step == 0
+            for i in range(int(d["num_hidden_layers"]))]
+
+    def moe_prefix(self, layer):
+        """A sparse layer's module: block_sparse_moe (Mixtral) or mlp."""
+        return "model.layers.%d.%s." % (layer, "block_sparse_moe" if self.model_type == "mixtral" else "mlp")
+
+    def expert_names(self):
+        """gate, up, down of an expert: Mixtral's w1, w3, w2."""
+        if self.model_type == "mixtral":
+            return "w1", "w3", "w2"
+        return "gate_proj", "up_proj", "down_proj"
+
     @classmethod
     def from_json(cls, path):
         with open(path) as f:
@@ -81,7 +122,8 @@ class LlamaConfig:
 
     def to_dict(self):
         arch = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM",
+                "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[self.model_type]
         d = {
             "architectures": [arch],
             "model_type": self.model_type,
@@ -101,11 +143,24 @@ class LlamaConfig:
             "mlp_bias": self.mlp_bias,
             "torch_dtype": "float32",
         }
-        if self.model_type == "mistral":
+        if self.model_type in ("mistral", "mixtral"):
             d["sliding_window"] = self.sliding_window
-        if self.model_type in ("qwen2", "qwen3"):
+        if self.model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
             d.update(use_sliding_window=self.use_sliding_window, sliding_window=self.sliding_window,
                      max_window_layers=self.max_window_layers)
+        if self.model_type in MOE_TYPES:
+            del d["mlp_bias"]
+            d.update(num_experts_per_tok=self.num_experts_per_tok, output_router_logits=self.output_router_logits,
+                     router_aux_loss_coef=self.router_aux_loss_coef)
+            if self.model_type == "mixtral":
+                d["num_local_experts"] = self.num_experts
+            else:
+                d.update(num_experts=self.num_experts, moe_intermediate_size=self.moe_intermediate_size,
+                         norm_topk_prob=self.norm_topk_prob, decoder_sparse_step=self.decoder_sparse_step,
+                         mlp_only_layers=self.mlp_only_layers)
+            if self.model_type == "qwen2_moe":
+                d["shared_expert_intermediate_size"] = self.shared_expert_intermediate_size
+                d["qkv_bias"] = self.qkv_bias
         if self.rope_scaling is not None:
             d["rope_scaling"] = self.rope_scaling
         if self.pad_token_id is not None:
@@ -138,9 +193,12 @@ def param_shapes(cfg):
         if cfg.qk_norm:
             shapes[p + "self_attn.q_norm.weight"] = (hd,)
             shapes[p + "self_attn.k_norm.weight"] = (hd,)
-        shapes[p + "mlp.gate_proj.weight"] = (i, h)
-        shapes[p + "mlp.up_proj.weight"] = (i, h)
-        shapes[p + "mlp.down_proj.weight"] = (h, i)
+        if cfg.sparse_layers[layer]:
+            shapes.update(moe_shapes(cfg, layer))
+        else:
+            shapes[p + "mlp.gate_proj.weight"] = (i, h)
+            shapes[p + "mlp.up_proj.weight"] = (i, h)
+            shapes[p + "mlp.down_proj.weight"] = (h, i)
         if cfg.mlp_bias:
             shapes[p + "mlp.gate_proj.bias"] = (i,)
             shapes[p + "mlp.up_proj.bias"] = (i,)
@@ -150,6 +208,24 @@ def param_shapes(cfg):
     shapes["model.norm.weight"] = (h,)
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    return shapes
+
+
+def moe_shapes(cfg, layer):
+    """A sparse layer's router, routed experts and shared expert, by their checkpoint names."""
+    h, mi, si = cfg.hidden_size, cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size
+    pre, (g, u, d) = cfg.moe_prefix(layer), cfg.expert_names()
+    shapes = OrderedDict()
+    shapes[pre + "gate.weight"] = (cfg.num_experts, h)
+    for e in range(cfg.num_experts):
+        shapes[pre + "experts.%d.%s.weight" % (e, g)] = (mi, h)
+        shapes[pre + "experts.%d.%s.weight" % (e, u)] = (mi, h)
+        shapes[pre + "experts.%d.%s.weight" % (e, d)] = (h, mi)
+    if si:
+        shapes[pre + "shared_expert.gate_proj.weight"] = (si, h)
+        shapes[pre + "shared_expert.up_proj.weight"] = (si, h)
+        shapes[pre + "shared_expert.down_proj.weight"] = (h, si)
+        shapes[pre + "shared_expert_gate.weight"] = (1, h)
     return shapes
 
 
@@ -354,6 +430,59 @@ def swiglu_mlp(x, gate_w, up_w, down_w, gate_b=None, up_b=None, down_b=None):
     return F.linear(F.silu(F.linear(x, gate_w, gate_b)) * F.linear(x, up_w, up_b), down_w, down_b)
 
 
+# Every router's softmax of the last forward, kept when a caller asks (make_golden's margins).
+ROUTER_PROBS = []
+KEEP_ROUTER_PROBS = False
+
+
+def sparse_moe(cfg, params, layer, x, router_logits):
+    """MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock.forward on normed
+    x [B, T, h]: softmax in float32, top-k, renormalised (Mixtral always, Qwen when
+    norm_topk_prob), each expert's SwiGLU over its tokens, scaled by their weights and index_add_
+    into zeros; the shared expert gated by a sigmoid (Qwen2MoE). router_logits (a list, or None)
+    gets the router's logits."""
+    b, t, h = x.shape
+    pre, (gn, un, dn) = cfg.moe_prefix(layer), cfg.expert_names()
+    hs = x.reshape(-1, h)
+    logits = F.linear(hs, params[pre + "gate.weight"])
+    if router_logits is not None:
+        router_logits.append(logits)
+    weights = F.softmax(logits, dim=1, dtype=torch.float)
+    if KEEP_ROUTER_PROBS:
+        ROUTER_PROBS.append(weights.detach())
+    weights, selected = torch.topk(weights, cfg.num_experts_per_tok, dim=-1)
+    if cfg.norm_topk_prob:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights = weights.to(hs.dtype)
+    out = torch.zeros_like(hs)
+    mask = F.one_hot(selected, num_classes=cfg.num_experts).permute(2, 1, 0)
+    for e in range(cfg.num_experts):
+        idx, top_x = torch.where(mask[e])
+        if top_x.numel() == 0:
+            continue
+        w = "%sexperts.%d." % (pre, e)
+        y = swiglu_mlp(hs[top_x], params[w + gn + ".weight"], params[w + un + ".weight"], params[w + dn + ".weight"])
+        out = out.index_add(0, top_x, y * weights[top_x, idx, None])
+    if cfg.shared_expert_intermediate_size:
+        s = pre + "shared_expert."
+        shared = swiglu_mlp(hs, params[s + "gate_proj.weight"], params[s + "up_proj.weight"],
+                            params[s + "down_proj.weight"])
+        out = out + torch.sigmoid(F.linear(hs, params[pre + "shared_expert_gate.weight"])) * shared
+    return out.reshape(b, t, h)
+
+
+def load_balancing_loss(cfg, router_logits):
+    """load_balancing_loss_func without an attention mask: E Σ_e f_e mean(p_e) over every sparse
+    layer's tokens, f_e the share of the top-k choices that went to expert e."""
+    cat = torch.cat(router_logits, dim=0)
+    probs = F.softmax(cat, dim=-1)
+    _, selected = torch.topk(probs, cfg.num_experts_per_tok, dim=-1)
+    mask = F.one_hot(selected, cfg.num_experts)
+    tokens_per_expert = torch.mean(mask.float(), dim=0)
+    prob_per_expert = torch.mean(probs, dim=0)
+    return torch.sum(tokens_per_expert * prob_per_expert.unsqueeze(0)) * cfg.num_experts
+
+
 # ---------------------------------------------------------------------------------------------
 # Model
 
@@ -393,7 +522,7 @@ def cache_len(cache):
     return 0 if cache is None or cache[0][0] is None else cache[0][0].shape[2]
 
 
-def forward(cfg, params, input_ids, attention_mask=None, position_ids=None, cache=None):
+def forward(cfg, params, input_ids, attention_mask=None, position_ids=None, cache=None, router_logits=None):
     """Logits [B, T, V] for input_ids [B, T].
 
     attention_mask: [B, S] of 0/1 over past + current tokens (S = cached + T), or None.
@@ -415,6 +544,9 @@ def forward(cfg, params, input_ids, attention_mask=None, position_ids=None, cach
         x = x + attention_block(cfg, params, p + "self_attn.", hn, cos, sin, allowed,
                                 cache[layer] if cache is not None else None)
         hn = rms_norm(x, params[p + "post_attention_layernorm.weight"], eps)
+        if cfg.sparse_layers[layer]:
+            x = x + sparse_moe(cfg, params, layer, hn, router_logits)
+            continue
         m = p + "mlp."
         x = x + swiglu_mlp(hn, params[m + "gate_proj.weight"], params[m + "up_proj.weight"],
                            params[m + "down_proj.weight"], params.get(m + "gate_proj.bias"),
@@ -432,7 +564,14 @@ def causal_lm_loss(logits, input_ids):
 
 
 def loss_fn(cfg, params, input_ids):
-    return causal_lm_loss(forward(cfg, params, input_ids), input_ids)
+    """The causal LM loss; with output_router_logits, + router_aux_loss_coef x the load-balancing
+    loss (MixtralForCausalLM.forward)."""
+    aux = getattr(cfg, "output_router_logits", False) and any(cfg.sparse_layers)
+    router_logits = [] if aux else None
+    loss = causal_lm_loss(forward(cfg, params, input_ids, router_logits=router_logits), input_ids)
+    if aux:
+        loss = loss + cfg.router_aux_loss_coef * load_balancing_loss(cfg, router_logits)
+    return loss
 
 
 # ---------------------------------------------------------------------------------------------

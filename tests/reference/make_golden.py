@@ -53,7 +53,25 @@ CASES = [
     ("tiny_rope_yarn", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, 1010, "rope"),
     ("tiny_rope_yarn_orig", {"rope_scaling": {"rope_type": "yarn", "factor": 2.0, "beta_fast": 16.0,
                                               "original_max_position_embeddings": 32}}, 1011, "rope"),
+    # Mixtral: every layer sparse, 4 experts of intermediate_size, 2 a token (renormalised); the
+    # load-balancing loss on (output_router_logits), so that it reaches the routers
+    ("tiny_mixtral", {"model_type": "mixtral", "tie_word_embeddings": False, "intermediate_size": 96,
+                      "num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": True,
+                      "router_aux_loss_coef": 0.05}, 1012, "family"),
+    # Qwen2MoE: layer 0 dense (decoder_sparse_step 2), layer 1 sparse with a gated shared expert;
+    # the top-k weights not renormalised
+    ("tiny_qwen2_moe", {"model_type": "qwen2_moe", "tie_word_embeddings": False, "num_experts": 4,
+                        "num_experts_per_tok": 2, "moe_intermediate_size": 48, "shared_expert_intermediate_size": 80,
+                        "norm_topk_prob": False, "decoder_sparse_step": 2}, 1013, "family"),
+    # Qwen3MoE: q_norm and k_norm, 8 experts of 32, 2 a token renormalised; layer 0 dense
+    # (mlp_only_layers), tied
+    ("tiny_qwen3_moe", {"model_type": "qwen3_moe", "tie_word_embeddings": True, "head_dim": 24, "num_experts": 8,
+                        "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True,
+                        "mlp_only_layers": [0]}, 1014, "family"),
 ]
+# Every router's k-th and (k+1)-th probabilities must differ by this much, so that float noise in
+# another implementation cannot change which experts a token goes to.
+MIN_ROUTE_GAP = 1e-4
 META = {"format": "pt", "generator": "tests/reference/make_golden.py"}
 
 
@@ -133,6 +151,27 @@ def greedy_keys(cfg, params, ids, name):
     return keys, info
 
 
+def route_gap(cfg, params, ids):
+    """The smallest gap between the k-th and (k+1)-th router probability of any token of any
+    sparse layer, over the loss's forward and every greedy forward (1 without experts)."""
+    if not any(cfg.sparse_layers):
+        return 1.0
+    L.ROUTER_PROBS.clear()
+    L.KEEP_ROUTER_PROBS = True
+    with torch.no_grad():
+        L.forward(cfg, fresh(params), ids)
+        prompt_b, mask_b = L.left_pad([ids[0], ids[1, :4]], pad_id=0)
+        for prompt, mask in ((ids[:1], None), (ids[1:2, :4], None), (prompt_b, mask_b)):
+            L.greedy_generate(cfg, params, prompt, N_NEW, mask, use_cache=True)
+            L.greedy_generate(cfg, params, prompt, N_NEW, mask, use_cache=False)
+    L.KEEP_ROUTER_PROBS = False
+    k = cfg.num_experts_per_tok
+    gap = min((p.sort(dim=-1, descending=True).values[:, k - 1] - p.sort(dim=-1, descending=True).values[:, k])
+              .min().item() for p in L.ROUTER_PROBS)
+    L.ROUTER_PROBS.clear()
+    return gap
+
+
 def make_case(out_dir, name, overrides, seed, level):
     full = level == "full"
     cfg_dict = dict(BASE_CONFIG, **overrides)
@@ -142,6 +181,10 @@ def make_case(out_dir, name, overrides, seed, level):
         cfg_dict["pad_token_id"] = int(ids[0, 2])
     cfg = L.LlamaConfig(cfg_dict)
     params = L.init_params(cfg, seed, std=WEIGHT_STD, norm_noise=NORM_NOISE)
+    gap = route_gap(cfg, params, ids)
+    if gap < MIN_ROUTE_GAP:
+        fail("%s: two router probabilities lie %.1e apart at the top-k boundary (seed %d): pick another seed"
+             % (name, gap, seed))
 
     folder = os.path.join(out_dir, name)
     os.makedirs(folder, exist_ok=True)
@@ -156,6 +199,10 @@ def make_case(out_dir, name, overrides, seed, level):
     golden["loss"] = loss.reshape(1)
     golden.update({"grad." + n: g for n, g in grads.items()})
     info = {"loss": loss.item(), "min_rel_grad": grad_health(grads)}
+    if any(cfg.sparse_layers):
+        info["min_route_gap"] = gap
+        # an expert no token reached has no gradient: the case should reach most of them
+        info["experts_without_gradient"] = sum(1 for n, t in grads.items() if ".experts." in n and not t.any())
     if cfg.pad_token_id is not None:  # the padding row gets nothing, though the batch holds it
         if grads["model.embed_tokens.weight"][cfg.pad_token_id].abs().max().item() != 0.0:
             fail("%s: the embedding row of pad_token_id %d has a gradient" % (name, cfg.pad_token_id))

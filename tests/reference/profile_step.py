@@ -110,6 +110,13 @@ SMOLLM2_135M = {
     "tie_word_embeddings": True,
 }
 QWEN3_135M = dict(SMOLLM2_135M, model_type="qwen3", attention_bias=True)
+# A small Mixtral: 4 sparse layers of 8 experts, 2 a token (its router, its experts' eager loop)
+MIXTRAL_TINY = {
+    "model_type": "mixtral", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 4096,
+    "max_position_embeddings": 1024, "rope_theta": 1000000.0, "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False, "num_local_experts": 8, "num_experts_per_tok": 2,
+}
 SEED = 0
 LR = 1e-5
 THREADS = 2
@@ -131,6 +138,10 @@ def _configs():
     # Qwen3's attention on SmolLM2-135M's shape: q, k, v and o biases, q_norm and k_norm
     out["qwen3_135m_b1_t128_fp32_forloop"] = dict(batch=1, seq_len=128, dtype="float32", autocast=None,
                                                   adam="for-loop", model=QWEN3_135M)
+    # a mixture of experts: the routing each step took is written beside the figures ("routing"),
+    # for membill's meta run to bill the same one (--routing)
+    out["mixtral_tiny_b1_t128_fp32_forloop"] = dict(batch=1, seq_len=128, dtype="float32", autocast=None,
+                                                    adam="for-loop", model=MIXTRAL_TINY)
     return out
 
 
@@ -141,7 +152,7 @@ ROLE_OF_SCOPE = {
     "attn.qkv": "attn_qkv", "attn.rope": "attn_rope", "attn.repeat_kv": "attn_repeat_kv",
     "attn.probs": "attn_probs", "attn.context": "attn_context", "attn.o_proj": "attn_o_proj",
     "residual": "residual", "mlp": "mlp", "final_norm": "final_norm", "logits": "logits",
-    "loss": "loss",
+    "loss": "loss", "moe": "moe",
 }
 MARKS = set(PHASES) | {"step1", "step2", "drop_output"}
 
@@ -168,6 +179,8 @@ def run_config(name):
         else contextlib.nullcontext
 
     marks = {"grads": {}, "state": {}, "output": {}, "loss": {}}
+    routing = []  # per forward, each sparse layer's tokens per expert
+    sparse = spec.get("model", {}).get("model_type") == "mixtral"
     gc.collect()
     gc.disable()  # frees happen by reference count only, where the code drops the last one
     H.TRACE = True
@@ -183,7 +196,11 @@ def run_config(name):
                     opt.zero_grad(set_to_none=True)
                 with record_function("forward"):
                     with fwd_ctx():
+                        H.ROUTING = [] if sparse else None
                         out = model(ids, labels=ids)
+                        if sparse:
+                            routing.append(H.ROUTING)
+                        H.ROUTING = None
                         marks["output"][step] = _output_ptrs(out)
                         with record_function("drop_output"):
                             loss = out.loss
@@ -213,6 +230,8 @@ def run_config(name):
     doc["inputs_bytes"] = ids.numel() * ids.element_size()
     doc["untracked_bytes"] = untracked
     doc.update(result)
+    if sparse:
+        doc["routing"] = routing
     return doc, run_s
 
 
@@ -590,12 +609,19 @@ def dumps(obj, indent=0, width=100):
 
 def check_model():
     """hf_llama's LlamaForCausalLM against llama_ref on a tiny tied GQA model in float64 (the
-    loss is float32 in both: ForCausalLMLoss upcasts with .float()): same loss, same gradients."""
-    cfg = L.LlamaConfig({
-        "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
-        "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": True})
+    loss is float32 in both: ForCausalLMLoss upcasts with .float()): same loss, same gradients;
+    the same for a tiny Mixtral (its sparse blocks)."""
+    tiny = {"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+            "max_position_embeddings": 128, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": True}
+    check_one(tiny)
+    check_one(dict(tiny, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2,
+                   tie_word_embeddings=False))
+
+
+def check_one(fields):
+    cfg = L.LlamaConfig(fields)
     params = {k: v.double().detach().requires_grad_(True)
               for k, v in L.init_params(cfg, 7, std=0.1, norm_noise=0.1).items()}
     model = H.load_params(H.LlamaForCausalLM(cfg).double(), params)

@@ -42,8 +42,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: tok_dump TOKENIZER.json TEXTS.json OUT.json\n");
         return 2;
     }
-    tok_err err;
-    tok_tokenizer *t = tok_load(argv[1], &err);
+    tok_err err = {""};
+    FILE *f = fopen(argv[1], "rb");
+    static char buf[64 << 20]; // the oracle's tokenizer files are a few MB
+    size_t len = f ? fread(buf, 1, sizeof buf, f) : 0;
+    tok_tokenizer *t = f && !ferror(f) && len < sizeof buf ? tok_parse(buf, len, argv[1], &err) : NULL;
+    if (f) fclose(f);
+    if (!t && !err.msg[0]) snprintf(err.msg, sizeof err.msg, "%s: cannot be read (or larger than 64 MiB)", argv[1]);
     if (!t) {
         fprintf(stderr, "tok_dump: %s\n", err.msg);
         return 1;

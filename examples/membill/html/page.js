@@ -478,16 +478,26 @@
   }
 
   // ---- the bill's pictures: four copies, activations by op and block, claims ----
-  function barRows(host, rows, title) {
+  // The first 16 rows, then the others behind "N more" (said, not dropped); labels are never cut.
+  function barRows(host, rows, title, what) {
     if (!rows || !rows.length) return;
     host.appendChild(el('h3', {}, title));
     const max = Math.max(...rows.map((r) => r.bytes));
-    for (const r of rows.slice(0, 16)) {
-      const row = el('div', {class: 'bar-row'});
+    const row = (r) => {
+      const div = el('div', {class: 'bar-row'});
       const bar = el('span', {class: 'bar', style: 'width:' + ((r.bytes / max) * 60).toFixed(2) + '%'});
-      row.append(el('span', {class: 'bar-label'}, r.label), bar, el('span', {class: 'num'}, human(r.bytes)));
-      host.appendChild(row);
+      div.append(el('span', {class: 'bar-label'}, r.label), bar, el('span', {class: 'num'}, human(r.bytes)));
+      return div;
+    };
+    const box = el('div', {class: 'bar-rows'});
+    rows.slice(0, 16).forEach((r) => box.appendChild(row(r)));
+    if (rows.length > 16) {
+      const more = el('details', {class: 'more-rows'});
+      more.appendChild(el('summary', {}, (rows.length - 16) + ' more ' + what + ' (' + rows.length + ' in all)'));
+      rows.slice(16).forEach((r) => more.appendChild(row(r)));
+      box.appendChild(more);
     }
+    host.appendChild(box);
   }
   function fourCopies(host, f) {
     if (!f) return;
@@ -533,8 +543,8 @@
     const rep = D.report || {};
     fourCopies(host, rep.four_copies);
     const b = rep.breakdown || {};
-    barRows(host, (b.activation_by_op || []).map((r) => ({label: r.site, bytes: r.bytes})), 'activations at their peak, by op');
-    barRows(host, (b.activation_by_block || []).map((v, i) => ({label: 'block ' + i, bytes: v})), 'activations at their peak, by block');
+    barRows(host, (b.activation_by_op || []).map((r) => ({label: r.site, bytes: r.bytes})), 'activations at their peak, by op', 'ops');
+    barRows(host, (b.activation_by_block || []).map((v, i) => ({label: 'block ' + i, bytes: v})), 'activations at their peak, by block', 'blocks');
     claims(host, rep.claims);
   }
 

@@ -1,0 +1,240 @@
+// moe_route: a router's logits to each token's top-k experts and their weights (transformers'
+// MixtralSparseMoeBlock and Qwen2/3MoeSparseMoeBlock: softmax in float32, topk, `/=` their sum
+// when norm_topk_prob, `.to(hidden_states.dtype)`). Backward: the weights' gradient back through
+// the renormalisation, the top-k selection and the softmax to the logits.
+#include <stdlib.h>
+#include <string.h>
+
+#include "ag_ops.h"
+#include "kernels/ag_moe.h"
+
+void ag_moe_routing_free(ag_moe_routing *r) {
+    if (!r) return;
+    free(r->expert);
+    free(r->count);
+    memset(r, 0, sizeof *r);
+}
+
+// Row t: the softmax p[E] and its k largest (sel, first of equal ones), their weights w[k].
+// Row t: the softmax p[E] and its k largest (sel), their weights w[k].
+static void route_row(const float *z, int E, int k, bool renorm, float *p, int32_t *sel, float *w) {
+    ag_moe_softmax_row(z, E, p);
+    ag_moe_topk(p, E, k, sel);
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) sum += (w[j] = p[sel[j]]);
+    for (int j = 0; renorm && j < k; j++) w[j] /= sum;
+}
+
+typedef struct {
+    ag_buf z, w, p; // p: float32 [N, E]
+    int E, k;
+    bool renorm;
+    int32_t *sel;
+} fwd_args;
+
+static void fwd_part(void *arg, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const fwd_args *a = arg;
+    float zb[a->E], wv[a->k];
+    for (int64_t t = lo; t < hi; t++) {
+        const float *z = ag_rd(a->z, t * a->E, a->E, zb);
+        route_row(z, a->E, a->k, a->renorm, (float *)a->p.p + t * a->E, a->sel + t * a->k, wv);
+        for (int j = 0; j < a->k; j++) ag_set(a->w.p, a->w.t, t * a->k + j, wv[j]);
+    }
+}
+
+// dz (+)= the gradient of the logits of row t from dw[k]: through w = v / Σv (renorm), v = p[sel],
+// p = softmax(z).
+static void back_row(const float *p, const int32_t *sel, const float *dw, int E, int k, bool renorm, float *dp) {
+    float v[k], dv[k], sum = 0.0f;
+    for (int j = 0; j < k; j++) sum += (v[j] = p[sel[j]]);
+    double dot = 0.0; // Σ dw_j w_j
+    for (int j = 0; j < k; j++) dot += (double)dw[j] * (renorm ? v[j] / sum : v[j]);
+    for (int j = 0; j < k; j++) dv[j] = renorm ? (float)((dw[j] - dot) / sum) : dw[j];
+    memset(dp, 0, (size_t)E * sizeof *dp);
+    for (int j = 0; j < k; j++) dp[sel[j]] += dv[j];
+    ag_softmax_backward_row(dp, dp, p, E);
+}
+
+typedef struct {
+    const float *p;
+    const int32_t *sel;
+    ag_buf dw, dz;
+    bool fresh, renorm;
+    int E, k;
+} bwd_args;
+
+static void bwd_part(void *arg, int64_t lo, int64_t hi, int thread) {
+    (void)thread;
+    const bwd_args *a = arg;
+    float dw[a->k], dp[a->E], ob[a->E];
+    for (int64_t t = lo; t < hi; t++) {
+        for (int j = 0; j < a->k; j++) dw[j] = ag_get(a->dw.p, a->dw.t, t * a->k + j);
+        back_row(a->p + t * a->E, a->sel + t * a->k, dw, a->E, a->k, a->renorm, dp);
+        float *o = a->fresh ? ag_wr(a->dz, t * a->E, ob) : ag_rw(a->dz, t * a->E, a->E, ob);
+        for (int e = 0; e < a->E; e++) o[e] = a->fresh ? dp[e] : o[e] + dp[e];
+        ag_wr_end(a->dz, t * a->E, a->E, o);
+    }
+}
+
+// PyTorch's nodes between the weights and the logits, as they allocate and free (float32):
+// DivBackward (the `/=`: dself, three temporaries of dother's formula, its pre-sum and sum),
+// SumBackward (added out of place to dself), TopkBackward (zeros [N, E] scattered), then
+// SoftmaxBackward (the logits' gradient, the engine's). Each node's saved tensors go with it.
+static bool pytorch_bills(ag_ctx *ctx, ag_node *n, ag_grad_dst *d) {
+    ag_moe_route_state *st = &n->state.moe_route;
+    const int64_t N = st->N, Nk = N * st->k;
+    const char *base = mp_site_name(n->site);
+    mp_block a = {0}, t[3] = {{0}}, f = {0}, g = {0}, h = {0};
+    if (st->renorm) {
+        ag_moe_temp(ctx, &a, base, "grad_values", Nk * 4);
+        for (int i = 0; i < 3; i++) ag_moe_temp(ctx, &t[i], base, "grad_div", Nk * 4);
+        for (int i = 0; i < 3; i++) mp_free(&t[i]);
+        ag_moe_temp(ctx, &t[0], base, "grad_div", Nk * 4);
+        ag_moe_temp(ctx, &f, base, "grad_sum", N * 4);
+        mp_free(&t[0]);
+        mp_free(&n->grad); // the engine drops the weights' gradient after DivBackward
+        ag_release(st->clone), st->clone = NULL;
+        ag_release(st->sum), st->sum = NULL;
+        ag_moe_temp(ctx, &g, base, "grad_values", Nk * 4); // SumBackward's, added out of place
+        mp_free(&a);
+        mp_free(&f);
+    }
+    ag_moe_temp(ctx, &h, base, "grad_probs", N * st->E * 4); // TopkBackward's zeros
+    mp_free(&g);
+    mp_free(&n->grad);
+    ag_release(st->indices), st->indices = NULL;
+    bool ok = ag_grad_get(ctx, n, 0, d); // SoftmaxBackward's: the logits' gradient
+    mp_free(&h);
+    return ok;
+}
+
+static void route_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
+    ag_moe_route_state *st = &n->state.moe_route;
+    // the weights' gradient, read before the PyTorch frameworks' bills drop it
+    const int64_t Nk = st->N * st->k;
+    float *dw = mp_is_meta() ? NULL : malloc((size_t)Nk * sizeof *dw);
+    if (!mp_is_meta() && !dw) {
+        ag_fail(ctx, AG_ERR_NOMEM, "moe_route %s backward: out of memory", mp_site_name(n->site));
+        return;
+    }
+    for (int64_t i = 0; dw && i < Nk; i++) dw[i] = ag_get(dout, n->grad_dtype, i);
+    ag_grad_dst d;
+    bool ok = AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER ? pytorch_bills(ctx, n, &d) : ag_grad_get(ctx, n, 0, &d);
+    if (!ok || !d.needed || !dw) {
+        free(dw);
+        return;
+    }
+    bwd_args a = {ag_f32(st->probs), st->sel, ag_buf_f32(dw), ag_dst_buf(&d), d.fresh, st->renorm, st->E, st->k};
+    ag_parallel_for(st->N, AG_PAR_GRAIN_EXP / st->E + 1, bwd_part, &a);
+    free(dw);
+}
+
+static void route_release(ag_op_state *s) { free(s->moe_route.sel); }
+
+static const ag_op route_op = {
+    .name = "moe_route", .backward = route_backward, .nsaved = AG_NSAVED(moe_route), .release = route_release};
+
+// The routing's counts: measured from sel, or the caller's assumption in meta mode (which must sum
+// to N k: every token goes to k experts).
+static bool fill_routing(ag_ctx *ctx, const char *base, ag_moe_routing *r, int64_t N, int E, int k, const int32_t *sel,
+                         const int64_t *assumed) {
+    *r = (ag_moe_routing){.tokens = N, .k = k, .experts = E};
+    r->count = calloc((size_t)E, sizeof *r->count);
+    if (!r->count) return ag_fail(ctx, AG_ERR_NOMEM, "moe_route %s: out of memory", base);
+    if (sel) {
+        if (!(r->expert = malloc((size_t)(N * k) * sizeof *r->expert)))
+            return ag_fail(ctx, AG_ERR_NOMEM, "moe_route %s: out of memory", base);
+        memcpy(r->expert, sel, (size_t)(N * k) * sizeof *sel);
+        for (int64_t i = 0; i < N * k; i++) r->count[sel[i]]++;
+        return true;
+    }
+    int64_t sum = 0;
+    for (int e = 0; e < E; e++) sum += (r->count[e] = assumed ? assumed[e] : 0);
+    if (!assumed)
+        ag_moe_balanced(N, E, k, r->count);
+    else if (sum != N * k)
+        return ag_fail(ctx, AG_ERR_ARG, "moe_route %s: the assumed routing sends %lld pairs, expected %lld x %d", base,
+                       (long long)sum, (long long)N, k);
+    for (int e = 0; e < E; e++)
+        if (r->count[e] < 0 || r->count[e] > N)
+            return ag_fail(ctx, AG_ERR_ARG, "moe_route %s: expert %d gets %lld tokens, expected 0 to %lld", base, e,
+                           (long long)r->count[e], (long long)N);
+    return true;
+}
+
+// What PyTorch makes between the logits and the weights, in order: the softmax (after a float32
+// copy of 16-bit logits), topk's values (which `/=` then divides in place) and int64 indices, with
+// renorm the sum and the clone DivBackward keeps; a 16-bit model casts the values to its dtype.
+static bool pytorch_forward(ag_ctx *ctx, const ag_site *s, ag_tensor *logits, const ag_tensor *like, int64_t N, int E,
+                            int k, bool renorm, ag_moe_route_state *st, ag_tensor **w) {
+    char l[AG_LABEL_MAX];
+    ag_tensor *copy = NULL;
+    if (logits->bits < 32) {
+        ag_label(l, s->base, "logits_float");
+        copy = ag_tensor_new_f32(ctx, 2, (int64_t[]){N, E}, MP_ACTIVATION, l);
+    }
+    ag_label(l, s->base, "probs");
+    st->probs = ag_tensor_new_f32(ctx, 2, (int64_t[]){N, E}, MP_ACTIVATION, l);
+    ag_release(copy);
+    ag_label(l, s->base, "topk_values");
+    ag_tensor *values = ag_tensor_new_f32(ctx, 2, (int64_t[]){N, k}, MP_ACTIVATION, like->bits < 32 ? l : s->out);
+    st->indices = ag_moe_int64(ctx, s->base, "topk_indices", N * k);
+    if (renorm) {
+        ag_label(l, s->base, "sum");
+        st->sum = ag_tensor_new_f32(ctx, 2, (int64_t[]){N, 1}, MP_ACTIVATION, l);
+        ag_label(l, s->base, "values_before_div");
+        st->clone = ag_tensor_new_f32(ctx, 2, (int64_t[]){N, k}, MP_ACTIVATION, l);
+    }
+    *w = values;
+    if (values && like->bits < 32) { // .to(hidden_states.dtype): a copy; the float32 values go
+        *w = ag_tensor_new_bits(ctx, 2, (int64_t[]){N, k}, MP_ACTIVATION, s->out, like->bits);
+        ag_release(values);
+    }
+    return ctx->status == AG_OK;
+}
+
+ag_tensor *ag_moe_route(ag_ctx *ctx, const char *site, ag_tensor *logits, const ag_tensor *like,
+                        const ag_moe_route_opts *o, ag_moe_routing *r) {
+    ag_tensor *ins[] = {logits};
+    if (r) memset(r, 0, sizeof *r);
+    if (!ag_check_inputs(ctx, "moe_route", site, 1, ins, (const char *[]){"logits"})) return NULL;
+    ag_site s;
+    ag_site_parse(&s, site);
+    const int E = (int)logits->shape[logits->ndim - 1], k = o ? o->top_k : 0;
+    const int64_t N = logits->numel / E;
+    if (!like || !r || k < 1 || k > E) {
+        ag_fail(ctx, AG_ERR_ARG, "moe_route %s: top-k %d of %d experts (expected 1 to %d; like and routing given)",
+                s.base, k, E, E);
+        return NULL;
+    }
+    ag_moe_route_state st = {.N = N, .E = E, .k = k, .renorm = o->renorm};
+    ag_tensor *w = NULL;
+    if (AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER) {
+        pytorch_forward(ctx, &s, logits, like, N, E, k, o->renorm, &st, &w);
+    } else {
+        char l[AG_LABEL_MAX];
+        ag_label(l, s.base, "probs");
+        st.probs = ag_tensor_new_f32(ctx, 2, (int64_t[]){N, E}, MP_ACTIVATION, l);
+        w = st.probs ? ag_tensor_new_bits(ctx, 2, (int64_t[]){N, k}, MP_ACTIVATION, s.out, like->bits) : NULL;
+    }
+    const bool real = !mp_is_meta();
+    if (w && real && !(st.sel = malloc((size_t)(N * k) * sizeof *st.sel)))
+        ag_fail(ctx, AG_ERR_NOMEM, "moe_route %s: out of memory", s.base);
+    if (w && st.sel) {
+        fwd_args a = {ag_buf_of(logits), ag_buf_of(w), ag_buf_of(st.probs), E, k, o->renorm, st.sel};
+        ag_parallel_for(N, AG_PAR_GRAIN_EXP / E + 1, fwd_part, &a);
+    }
+    bool ok = w && ctx->status == AG_OK && fill_routing(ctx, s.base, r, N, E, k, st.sel, o->assumed);
+    ag_node *n = ok && ag_any_needs_grad(ctx, 1, ins) ? ag_record(ctx, &route_op, s.base, w, 1, ins) : NULL;
+    if (n) {
+        n->state.moe_route = st;
+        return w;
+    }
+    for (int i = 0; i < AG_NSAVED(moe_route); i++) ag_release(st.saved[i]);
+    free(st.sel);
+    if (ok && ctx->status == AG_OK) return w; // nothing to record (no gradient wanted)
+    ag_release(w);
+    ag_moe_routing_free(r);
+    return NULL;
+}

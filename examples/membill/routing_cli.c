@@ -1,0 +1,62 @@
+// --routing and --routing-out: how a mixture of experts' tokens are routed in a meta run, and the
+// file in which a real run records its routers' choices, so that a meta run of the same setting
+// bills what the real one allocated, byte for byte.
+#include "cli.h"
+
+#include <string.h>
+
+int cli_routing_prepare(const cli_options *o, const llama_config *c, cli_routing *r, ag_err *err) {
+    memset(r, 0, sizeof *r);
+    bool moe = c->moe.experts > 0;
+    if (!moe && (cli_given(o, "--routing") || o->routing_out)) {
+        ag_err_set(err, "%s: %s has no mixture of experts to route",
+                   cli_given(o, "--routing") ? "--routing" : "--routing-out", c->name);
+        return EXIT_USAGE;
+    }
+    if (!moe) return 0;
+    const char *how = o->routing ? o->routing : "balanced";
+    int rc = 0;
+    if (!strcmp(how, "balanced"))
+        rc = llama_routing_new(&r->assume, LLAMA_ROUTING_BALANCED, err);
+    else if (!strcmp(how, "worst"))
+        rc = llama_routing_new(&r->assume, LLAMA_ROUTING_WORST, err);
+    else {
+        ag_err why;
+        if (llama_routing_load(&r->assume, how, c, &why) != 0) {
+            ag_err_set(err, "--routing: %s", why.msg);
+            return EXIT_RUN_FAILED;
+        }
+    }
+    if (rc == 0 && o->routing_out) rc = llama_routing_new(&r->record, LLAMA_ROUTING_MEASURED, err);
+    return rc == 0 ? 0 : EXIT_RUN_FAILED;
+}
+
+void cli_routing_attach(const cli_routing *r, llama_model *m) {
+    m->moe.assume = r->assume;
+    m->moe.record = mp_is_meta() ? NULL : r->record;
+}
+
+void cli_routing_free(cli_routing *r) {
+    llama_routing_free(r->assume);
+    llama_routing_free(r->record);
+    memset(r, 0, sizeof *r);
+}
+
+const char *cli_routing_name(const cli_routing *r, bool meta) {
+    if (!meta) return "measured";
+    switch (llama_routing_kind_of(r->assume)) {
+    case LLAMA_ROUTING_WORST: return "worst";
+    case LLAMA_ROUTING_FILE: return "file";
+    default: return "balanced";
+    }
+}
+
+void cli_routing_text(FILE *f, const llama_config *c, const cli_routing *r, bool meta) {
+    if (c->moe.experts <= 0) return;
+    char b[400];
+    fprintf(f, "routing: %s; %lld experts, %lld a token\n",
+            meta ? llama_routing_describe(r->assume, b, sizeof b) : "measured (the routers' own choices)",
+            (long long)c->moe.experts, (long long)c->moe.top_k);
+}
+
+int cli_routing_writer(FILE *f, void *routing, ag_err *err) { return llama_routing_write(routing, f, err); }

@@ -1,0 +1,190 @@
+// The mixtures of experts' config fields (mixtral, qwen2_moe, qwen3_moe), with their config
+// classes' defaults; what would change the numbers and is not modelled is refused by name.
+#include <math.h>
+#include <string.h>
+
+#include "model_internal.h"
+
+#define MAX_EXPERTS (1 << 16)
+
+// An integer field: dflt when absent or null; refused below lo or above hi, naming it.
+static int int_field(const json_t *root, const char *path, const char *field, int64_t dflt, int64_t lo, int64_t hi,
+                     int64_t *out, ag_err *err) {
+    *out = dflt;
+    if (llama_json_int(root, path, field, false, out, err) < 0) return -1;
+    if (*out < lo || *out > hi) {
+        ag_err_set(err, "%s: field %s (%lld) must be from %lld to %lld", path, field, (long long)*out, (long long)lo,
+                   (long long)hi);
+        return -1;
+    }
+    return 0;
+}
+
+// The experts and their top-k: top_k at most experts.
+static int experts_fields(llama_moe *m, const json_t *root, const char *path, const char *count_field, int64_t experts,
+                          int64_t top_k, ag_err *err) {
+    if (int_field(root, path, count_field, experts, 0, MAX_EXPERTS, &m->experts, err) != 0 ||
+        int_field(root, path, "num_experts_per_tok", top_k, 1, MAX_EXPERTS, &m->top_k, err) != 0)
+        return -1;
+    if (m->experts > 0 && m->top_k > m->experts) {
+        ag_err_set(err, "%s: field num_experts_per_tok (%lld) must be at most %s (%lld)", path, (long long)m->top_k,
+                   count_field, (long long)m->experts);
+        return -1;
+    }
+    return 0;
+}
+
+// output_router_logits (the load-balancing loss joins the loss) and its coefficient.
+static int aux_fields(llama_moe *m, const json_t *root, const char *path, ag_err *err) {
+    m->aux_coef = 0.001;
+    if (llama_json_bool(root, path, "output_router_logits", &m->aux_loss, err) < 0 ||
+        llama_json_number(root, path, "router_aux_loss_coef", &m->aux_coef, err) < 0)
+        return -1;
+    if (!isfinite(m->aux_coef) || m->aux_coef < 0) {
+        ag_err_set(err, "%s: field router_aux_loss_coef (%g) must be a number of at least 0", path, m->aux_coef);
+        return -1;
+    }
+    return 0;
+}
+
+// decoder_sparse_step and mlp_only_layers: which layers are sparse (qwen2_moe, qwen3_moe).
+static int sparse_layers(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    llama_moe *m = &c->moe;
+    if (int_field(root, path, "decoder_sparse_step", 1, 1, c->layers, &m->sparse_step, err) != 0) return -1;
+    const json_t *only = json_object_get(root, "mlp_only_layers");
+    if (!only || json_is_null(only)) return 0;
+    if (!json_is_array(only) || json_array_size(only) > LLAMA_MAX_MLP_ONLY) {
+        ag_err_set(err, "%s: field mlp_only_layers must be an array of at most %d layer indices", path,
+                   LLAMA_MAX_MLP_ONLY);
+        return -1;
+    }
+    for (size_t i = 0; i < json_array_size(only); i++) {
+        const json_t *v = json_array_get(only, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= c->layers) {
+            ag_err_set(err, "%s: field mlp_only_layers[%zu] must be a layer index, 0 to %lld", path, i,
+                       (long long)c->layers - 1);
+            return -1;
+        }
+        m->mlp_only[m->n_mlp_only++] = (int32_t)json_integer_value(v);
+    }
+    return 0;
+}
+
+// What the expert parsers of every family check last: each expert's intermediate size in bounds.
+static int check_inter(const char *path, const char *field, int64_t v, ag_err *err) {
+    if (v < 1 || v > LLAMA_MAX_INTERMEDIATE) {
+        ag_err_set(err, "%s: field %s (%lld) must be from 1 to %d", path, field, (long long)v, LLAMA_MAX_INTERMEDIATE);
+        return -1;
+    }
+    return 0;
+}
+
+// MixtralConfig: every layer sparse, 8 experts, 2 a token, each expert intermediate_size wide,
+// the two weights renormalised; mistral's attention with no window unless given.
+int llama_mixtral_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    llama_moe *m = &c->moe;
+    m->intermediate = c->intermediate, m->norm_topk_prob = true, m->sparse_step = 1;
+    m->router = LLAMA_ROUTER_SOFTMAX_TOPK;
+    double jitter = 0.0;
+    if (experts_fields(m, root, path, "num_local_experts", 8, 2, err) != 0 || aux_fields(m, root, path, err) != 0 ||
+        llama_json_number(root, path, "router_jitter_noise", &jitter, err) < 0)
+        return -1;
+    if (jitter != 0.0) { // training multiplies the router's input by uniform noise
+        ag_err_set(err, "%s: field router_jitter_noise (%g) must be 0 (the router's noise is not modelled)", path,
+                   jitter);
+        return -1;
+    }
+    c->window_from = 0;
+    return llama_window_field(root, path, 0, true, &c->sliding_window, err);
+}
+
+// The experts of Qwen2MoeConfig and Qwen3MoeConfig (their defaults differ).
+static int qwen_moe(llama_config *c, const json_t *root, const char *path, int64_t experts, int64_t top_k,
+                    int64_t inter, ag_err *err) {
+    llama_moe *m = &c->moe;
+    m->router = LLAMA_ROUTER_SOFTMAX_TOPK;
+    if (experts_fields(m, root, path, "num_experts", experts, top_k, err) != 0 ||
+        int_field(root, path, "moe_intermediate_size", inter, 1, LLAMA_MAX_INTERMEDIATE, &m->intermediate, err) != 0 ||
+        llama_json_bool(root, path, "norm_topk_prob", &m->norm_topk_prob, err) < 0 ||
+        aux_fields(m, root, path, err) != 0 || sparse_layers(c, root, path, err) != 0)
+        return -1;
+    return check_inter(path, "moe_intermediate_size", m->intermediate, err);
+}
+
+// Qwen2MoeConfig: 60 experts, 4 a token, 1408 wide, a shared expert 5632 wide with its sigmoid
+// gate; q, k and v biases (qkv_bias, true unless given).
+int llama_qwen2_moe_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    c->qkv_bias = true;
+    llama_moe *m = &c->moe;
+    if (llama_json_bool(root, path, "qkv_bias", &c->qkv_bias, err) < 0 ||
+        qwen_moe(c, root, path, 60, 4, 1408, err) != 0 ||
+        int_field(root, path, "shared_expert_intermediate_size", 5632, 1, LLAMA_MAX_INTERMEDIATE,
+                  &m->shared_intermediate, err) != 0)
+        return -1;
+    m->shared_gate = true;
+    return llama_qwen_window(c, root, path, err);
+}
+
+// Qwen3MoeConfig: 128 experts, 8 a token, 768 wide; qwen3's attention.
+int llama_qwen3_moe_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    c->qk_norm = true;
+    if (llama_attention_bias(c, root, path, err) != 0 || qwen_moe(c, root, path, 128, 8, 768, err) != 0) return -1;
+    return llama_qwen_window(c, root, path, err);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The families whose parameter tables are known but whose forward is not modelled yet: the
+// fields their shapes take, nothing else (the family is refused as a whole).
+
+// Gemma2Config and Gemma3TextConfig: norms before and after the MLP; gemma3's q_norm and k_norm.
+int llama_gemma_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    c->ff_norms = true;
+    c->qk_norm = c->family == LLAMA_FAMILY_GEMMA3;
+    return llama_attention_bias(c, root, path, err);
+}
+
+// Phi3Config: qkv_proj and gate_up_proj fused.
+int llama_phi3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    (void)root, (void)path, (void)err;
+    c->fused_proj = true;
+    return 0;
+}
+
+// GptOssConfig: 128 experts, 4 a token, intermediate_size wide, stacked with biases; a router with
+// a bias; biases in attention (attention_bias, true unless given) and one sink per head.
+int llama_gpt_oss_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    llama_moe *m = &c->moe;
+    c->qkv_bias = c->o_bias = true, c->sinks = true;
+    m->intermediate = c->intermediate, m->sparse_step = 1, m->router = LLAMA_ROUTER_TOPK_SOFTMAX;
+    m->router_bias = m->expert_bias = true, m->swiglu_limit = 7.0;
+    if (llama_json_bool(root, path, "attention_bias", &c->qkv_bias, err) < 0 ||
+        experts_fields(m, root, path, "num_local_experts", 128, 4, err) != 0)
+        return -1;
+    c->o_bias = c->qkv_bias;
+    return 0;
+}
+
+// DeepseekV3Config: latent attention, 256 sigmoid-routed experts 2048 wide, 8 a token, a shared
+// expert, the first 3 layers dense; head_dim is qk_rope_head_dim.
+int llama_deepseek_v3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    llama_moe *m = &c->moe;
+    llama_mla *a = &c->mla;
+    int64_t shared;
+    const json_t *q = json_object_get(root, "q_lora_rank");
+    const bool q_lora_null = q && json_is_null(q); // null: q_proj, no low-rank query
+    m->router = LLAMA_ROUTER_SIGMOID_GROUP, m->norm_topk_prob = true, m->score_bias = true, m->sparse_step = 1;
+    if (experts_fields(m, root, path, "n_routed_experts", 256, 8, err) != 0 ||
+        int_field(root, path, "moe_intermediate_size", 2048, 1, LLAMA_MAX_INTERMEDIATE, &m->intermediate, err) != 0 ||
+        int_field(root, path, "n_shared_experts", 1, 0, 64, &shared, err) != 0 ||
+        int_field(root, path, "first_k_dense_replace", 3, 0, c->layers, &m->dense_first, err) != 0 ||
+        int_field(root, path, "q_lora_rank", q_lora_null ? 0 : 1536, 0, LLAMA_MAX_HIDDEN, &a->q_lora_rank, err) != 0 ||
+        int_field(root, path, "kv_lora_rank", 512, 1, LLAMA_MAX_HIDDEN, &a->kv_lora_rank, err) != 0 ||
+        int_field(root, path, "qk_nope_head_dim", 128, 0, AG_ROPE_MAX_HEAD_DIM, &a->qk_nope, err) != 0 ||
+        int_field(root, path, "qk_rope_head_dim", 64, 2, AG_ROPE_MAX_HEAD_DIM, &a->qk_rope, err) != 0 ||
+        int_field(root, path, "v_head_dim", 128, 1, AG_ROPE_MAX_HEAD_DIM, &a->v_head, err) != 0 ||
+        int_field(root, path, "num_nextn_predict_layers", 0, 0, 16, &a->nextn_layers, err) != 0)
+        return -1;
+    m->shared_intermediate = shared * m->intermediate;
+    c->head_dim = a->qk_rope;
+    return 0;
+}

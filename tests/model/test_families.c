@@ -1,0 +1,289 @@
+// The families beyond Llama's: parameter counts of the published configs to the unit, active
+// parameters, names and shapes from the table, expert counts on dense families refused, and the
+// families not modelled yet refused by name.
+#include <jansson.h>
+
+#include "model_internal.h"
+#include "test_util.h"
+
+// Published totals: each model's safetensors or model card (transformers' num_parameters()).
+static const struct {
+    const char *name;
+    const char *cls;
+    uint64_t params, active, buffers;
+} published[] = {
+    // 12.9B active: 2 of 8 experts
+    {"mixtral-8x7b", "MixtralForCausalLM", 46702792704ULL, 12879925248ULL, 0},
+    {"qwen1.5-moe-a2.7b", "Qwen2MoeForCausalLM", 14315784192ULL, 2689173504ULL, 0},
+    // "30.5B, 3.3B activated" (its model card)
+    {"qwen3-30b-a3b", "Qwen3MoeForCausalLM", 30532122624ULL, 3353032704ULL, 0},
+    {"qwen3-235b-a22b", "Qwen3MoeForCausalLM", 235093634560ULL, 22190763520ULL, 0},
+    {"gemma-2-9b", "Gemma2ForCausalLM", 9241705984ULL, 9241705984ULL, 0},
+    {"gemma-3-1b", "Gemma3ForCausalLM", 999885952ULL, 999885952ULL, 0},
+    {"phi-3-mini", "Phi3ForCausalLM", 3821079552ULL, 3821079552ULL, 0},
+    // 20.9B; OpenAI's 3.6B active leaves out the embedding (579,133,440 here)
+    {"gpt-oss-20b", "GptOssForCausalLM", 20914757184ULL, 4187440704ULL, 0},
+    {"gpt-oss-120b", "GptOssForCausalLM", 116829156672ULL, 5711982912ULL, 0},
+    // 671B, 37B activated; e_score_correction_bias is a buffer (58 sparse layers x 256), not counted;
+    // the MTP layer (num_nextn_predict_layers) is not in it either
+    {"deepseek-v3", "DeepseekV3ForCausalLM", 671026404352ULL, 37552282624ULL, 14848},
+};
+#define NPUBLISHED (sizeof published / sizeof published[0])
+
+static void test_published_counts(void **state) {
+    (void)state;
+    for (size_t i = 0; i < NPUBLISHED; i++) {
+        llama_config c;
+        ag_err err = {{0}};
+        if (llama_config_preset_any(&c, published[i].name, &err) != 0) fail_msg("%s", err.msg);
+        assert_string_equal(c.name, published[i].name);
+        assert_string_equal(llama_family_class(c.family), published[i].cls);
+        if (llama_param_count(&c) != published[i].params)
+            fail_msg("%s: %llu parameters, published %llu", published[i].name,
+                     (unsigned long long)llama_param_count(&c), (unsigned long long)published[i].params);
+        if (llama_active_param_count(&c) != published[i].active)
+            fail_msg("%s: %llu active", published[i].name, (unsigned long long)llama_active_param_count(&c));
+        assert_int_equal(llama_buffer_count(&c), published[i].buffers);
+        // the count is the sum over the listed shapes, buffers apart
+        uint64_t sum = 0, buffers = 0;
+        for (size_t t = 0; t < llama_param_count_tensors(&c); t++) {
+            llama_param_info p;
+            assert_int_equal(llama_param_info_of(&c, t, &p), 0);
+            uint64_t n = (uint64_t)p.shape[0] * (uint64_t)p.shape[1] * (uint64_t)p.shape[2];
+            *(p.buffer ? &buffers : &sum) += n;
+        }
+        assert_int_equal(sum, published[i].params);
+        assert_int_equal(buffers, published[i].buffers);
+    }
+}
+
+static void expect_info(const llama_config *c, size_t i, const char *name, int64_t d0, int64_t d1, int64_t d2) {
+    llama_param_info p;
+    assert_int_equal(llama_param_info_of(c, i, &p), 0);
+    assert_string_equal(p.name, name);
+    assert_int_equal(p.shape[0], d0);
+    assert_int_equal(p.shape[1], d1);
+    assert_int_equal(p.shape[2], d2);
+}
+
+// Hugging Face's names, so that checkpoints load: Mixtral's w1/w2/w3 expert by expert.
+static void test_names(void **state) {
+    (void)state;
+    llama_config c;
+    assert_int_equal(llama_config_preset_any(&c, "mixtral-8x7b", NULL), 0);
+    assert_int_equal(llama_layer_param_count(&c, 0), 6 + 1 + 3 * 8);
+    expect_info(&c, 1, "model.layers.0.input_layernorm.weight", 4096, 1, 1);
+    expect_info(&c, 7, "model.layers.0.block_sparse_moe.gate.weight", 8, 4096, 1);
+    expect_info(&c, 8, "model.layers.0.block_sparse_moe.experts.0.w1.weight", 14336, 4096, 1);
+    expect_info(&c, 9, "model.layers.0.block_sparse_moe.experts.0.w2.weight", 4096, 14336, 1);
+    expect_info(&c, 10, "model.layers.0.block_sparse_moe.experts.0.w3.weight", 14336, 4096, 1);
+    expect_info(&c, 31, "model.layers.0.block_sparse_moe.experts.7.w3.weight", 14336, 4096, 1);
+    expect_info(&c, 32, "model.layers.1.input_layernorm.weight", 4096, 1, 1);
+    llama_param_info p;
+    assert_int_equal(llama_param_info_of(&c, 31, &p), 0);
+    assert_true(p.layer == 0 && p.expert == 7 && p.matrix && !p.buffer);
+
+    assert_int_equal(llama_config_preset_any(&c, "qwen1.5-moe-a2.7b", NULL), 0);
+    size_t per = llama_layer_param_count(&c, 0); // 9 attention and norms, router, 60 x 3, shared 3 + gate
+    assert_int_equal(per, 9 + 1 + 180 + 4);
+    expect_info(&c, 1 + per - 4, "model.layers.0.mlp.shared_expert.gate_proj.weight", 5632, 2048, 1);
+    expect_info(&c, 1 + per - 1, "model.layers.0.mlp.shared_expert_gate.weight", 1, 2048, 1);
+
+    assert_int_equal(llama_config_preset_any(&c, "gpt-oss-20b", NULL), 0);
+    size_t g = llama_layer_first_param(&c, 1);
+    expect_info(&c, g - 5, "model.layers.0.mlp.router.bias", 32, 1, 1);
+    expect_info(&c, g - 4, "model.layers.0.mlp.experts.gate_up_proj", 32, 2880, 5760);
+    expect_info(&c, g - 2, "model.layers.0.mlp.experts.down_proj", 32, 2880, 2880);
+
+    assert_int_equal(llama_config_preset_any(&c, "deepseek-v3", NULL), 0);
+    assert_true(!llama_layer_moe(&c, 2) && llama_layer_moe(&c, 3));
+    expect_info(&c, 2, "model.layers.0.self_attn.q_a_proj.weight", 1536, 7168, 1);
+    expect_info(&c, 4, "model.layers.0.self_attn.q_b_proj.weight", 128 * 192, 1536, 1);
+    expect_info(&c, 5, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight", 576, 7168, 1);
+    expect_info(&c, 7, "model.layers.0.self_attn.kv_b_proj.weight", 128 * 256, 512, 1);
+    expect_info(&c, 8, "model.layers.0.self_attn.o_proj.weight", 7168, 128 * 128, 1);
+    size_t s = llama_layer_first_param(&c, 3);
+    expect_info(&c, s + 10, "model.layers.3.mlp.gate.e_score_correction_bias", 256, 1, 1);
+    assert_int_equal(llama_param_info_of(&c, s + 10, &p), 0);
+    assert_true(p.buffer);
+    expect_info(&c, s + 11 + 256 * 3, "model.layers.3.mlp.shared_experts.gate_proj.weight", 2048, 7168, 1);
+
+    assert_int_equal(llama_config_preset_any(&c, "phi-3-mini", NULL), 0);
+    expect_info(&c, 2, "model.layers.0.self_attn.qkv_proj.weight", 9216, 3072, 1);
+    expect_info(&c, 5, "model.layers.0.mlp.gate_up_proj.weight", 16384, 3072, 1);
+    assert_int_equal(llama_config_preset_any(&c, "gemma-2-9b", NULL), 0);
+    expect_info(&c, 7, "model.layers.0.pre_feedforward_layernorm.weight", 3584, 1, 1);
+    expect_info(&c, 11, "model.layers.0.post_feedforward_layernorm.weight", 3584, 1, 1);
+}
+
+static int parse(const char *text, llama_config *c, ag_err *err) {
+    return llama_config_parse(c, text, strlen(text), "config.json", err);
+}
+
+#define HEAD                                                                                                           \
+    "{\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":4,\"num_attention_heads\":4,"                  \
+    "\"num_key_value_heads\":2,\"vocab_size\":100,"
+
+// Which layers are sparse: decoder_sparse_step, mlp_only_layers; each kind's own rows.
+static void test_sparse_layers(void **state) {
+    (void)state;
+    llama_config c;
+    ag_err err = {{0}};
+    const char *text = HEAD "\"model_type\":\"qwen3_moe\",\"num_experts\":4,\"num_experts_per_tok\":2,"
+                            "\"moe_intermediate_size\":32,\"decoder_sparse_step\":2,\"mlp_only_layers\":[3]}";
+    if (llama_config_parse_any(&c, text, strlen(text), "config.json", &err) != 0) fail_msg("%s", err.msg);
+    assert_true(!llama_layer_moe(&c, 0) && llama_layer_moe(&c, 1) && !llama_layer_moe(&c, 2) &&
+                !llama_layer_moe(&c, 3));
+    assert_int_equal(llama_layer_param_count(&c, 0), 11);
+    assert_int_equal(llama_layer_param_count(&c, 1), 8 + 1 + 4 * 3);
+    assert_int_equal(llama_layer_first_param(&c, 2), 1 + 11 + 21);
+    expect_info(&c, 1 + 11 + 8, "model.layers.1.mlp.gate.weight", 4, 64, 1);
+    expect_info(&c, 1 + 11 + 9, "model.layers.1.mlp.experts.0.gate_proj.weight", 32, 64, 1);
+    expect_info(&c, 1 + 11 + 8 + 12, "model.layers.1.mlp.experts.3.down_proj.weight", 64, 32, 1);
+    expect_info(&c, 1 + 11 + 21 + 8, "model.layers.2.mlp.gate_proj.weight", 96, 64, 1);
+    // dense layers at intermediate_size, sparse ones at 4 experts of 32; 2 of 4 a token
+    uint64_t attn = 64 + 4 * 16 * 64 * 2 + 2 * 16 * 64 * 2 + 2 * 16 + 64, dense = attn + 3 * 96 * 64,
+             sparse = attn + 4 * 64 + 4 * 3 * 32 * 64;
+    assert_int_equal(llama_param_count(&c), 3 * dense + sparse + 100 * 64 * 2 + 64);
+    assert_int_equal(llama_active_param_count(&c), llama_param_count(&c) - 2 * 3 * 32 * 64);
+    // bad values named
+    const struct {
+        const char *text, *want1, *want2;
+    } bad[] = {
+        {HEAD "\"model_type\":\"qwen3_moe\",\"num_experts\":4,\"num_experts_per_tok\":5}", "num_experts_per_tok (5)",
+         "num_experts (4)"},
+        {HEAD "\"model_type\":\"qwen3_moe\",\"mlp_only_layers\":[4]}", "mlp_only_layers[0]", "0 to 3"},
+        {HEAD "\"model_type\":\"qwen3_moe\",\"mlp_only_layers\":3}", "mlp_only_layers", "array"},
+        {HEAD "\"model_type\":\"qwen3_moe\",\"decoder_sparse_step\":0}", "decoder_sparse_step (0)", "from 1"},
+        {HEAD "\"model_type\":\"qwen3_moe\",\"moe_intermediate_size\":0}", "moe_intermediate_size (0)", NULL},
+        {HEAD "\"model_type\":\"qwen2_moe\",\"shared_expert_intermediate_size\":-1}", "shared_expert_intermediate_size",
+         NULL},
+        {HEAD "\"model_type\":\"mixtral\",\"router_jitter_noise\":0.1}", "router_jitter_noise (0.1)", "must be 0"},
+        {HEAD "\"model_type\":\"mixtral\",\"router_aux_loss_coef\":\"big\"}", "router_aux_loss_coef", "number"},
+        {HEAD "\"model_type\":\"mixtral\",\"num_local_experts\":70000}", "num_local_experts (70000)", "65536"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&err, 0, sizeof err);
+        if (llama_config_parse_any(&c, bad[i].text, strlen(bad[i].text), "config.json", &err) == 0)
+            fail_msg("accepted: %s", bad[i].text);
+        TU_MENTIONS(err.msg, bad[i].want1, bad[i].want2 ? bad[i].want2 : bad[i].want1);
+    }
+}
+
+// A Mixtral config relabelled mistral was once planned as a 7.2B dense model: an expert count on
+// a dense family is refused, naming the field.
+static void test_experts_on_dense_family(void **state) {
+    (void)state;
+    llama_config c;
+    ag_err err = {{0}};
+    const char *fields[] = {"num_local_experts", "num_experts", "n_routed_experts"};
+    const char *types[] = {"llama", "mistral", "qwen2", "qwen3"};
+    for (size_t t = 0; t < 4; t++)
+        for (size_t f = 0; f < 3; f++) {
+            char text[512];
+            snprintf(text, sizeof text, HEAD "\"model_type\":\"%s\",\"%s\":8}", types[t], fields[f]);
+            assert_int_equal(parse(text, &c, &err), -1);
+            TU_MENTIONS(err.msg, fields[f], "no mixture of experts");
+        }
+    assert_int_equal(parse(HEAD "\"model_type\":\"mistral\",\"num_local_experts\":0}", &c, &err), 0);
+    assert_int_equal(parse(HEAD "\"model_type\":\"llama\",\"kv_lora_rank\":512}", &c, &err), -1);
+    TU_MENTIONS(err.msg, "kv_lora_rank", "LlamaForCausalLM");
+    assert_int_equal(parse(HEAD "\"model_type\":\"qwen2\",\"final_logit_softcapping\":30.0}", &c, &err), -1);
+    TU_MENTIONS(err.msg, "final_logit_softcapping", "Qwen2ForCausalLM");
+}
+
+// The families whose forward is not modelled: refused by name, as configs and as presets, and
+// left out of the preset list.
+static void test_unmodelled_refused(void **state) {
+    (void)state;
+    static const char *const types[] = {"gemma2", "gemma3_text", "phi3", "gpt_oss", "deepseek_v3"};
+    llama_config c;
+    ag_err err = {{0}};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        char text[512];
+        snprintf(text, sizeof text, HEAD "\"model_type\":\"%s\"}", types[t]);
+        assert_int_equal(parse(text, &c, &err), -1);
+        TU_MENTIONS(err.msg, types[t], "not modelled yet");
+        assert_int_equal(llama_config_parse_any(&c, text, strlen(text), "config.json", &err), 0);
+        assert_false(llama_family_modelled(c.family));
+    }
+    static const char *const presets[] = {"gemma-2-9b", "phi-3-mini", "gpt-oss-20b", "deepseek-v3"};
+    for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
+        assert_int_equal(llama_config_preset(&c, presets[p], &err), -1);
+        TU_MENTIONS(err.msg, "not modelled yet", "ForCausalLM");
+        for (size_t i = 0; i < llama_preset_count(); i++) assert_string_not_equal(llama_preset_name(i), presets[p]);
+    }
+}
+
+// Routings: the assumptions' counts, a recorded routing written and read back, files refused
+// naming what is wrong.
+static void test_routing(void **state) {
+    (void)state;
+    llama_config c;
+    ag_err err = {{0}};
+    const char *text = HEAD "\"model_type\":\"mixtral\",\"num_local_experts\":4,\"num_experts_per_tok\":2}";
+    assert_int_equal(parse(text, &c, &err), 0);
+    int64_t count[4];
+    llama_routing *r = NULL;
+    assert_int_equal(llama_routing_new(&r, LLAMA_ROUTING_WORST, &err), 0);
+    assert_int_equal(llama_routing_counts(r, 0, 1, 10, 4, 2, count, &err), 0);
+    assert_true(count[0] == 10 && count[1] == 10 && count[2] == 0 && count[3] == 0);
+    llama_routing_free(r);
+    assert_int_equal(llama_routing_counts(NULL, 0, 1, 11, 4, 2, count, &err), 0); // balanced: 22 pairs
+    assert_true(count[0] == 6 && count[1] == 6 && count[2] == 5 && count[3] == 5);
+    // recorded, written, read back
+    assert_int_equal(llama_routing_new(&r, LLAMA_ROUTING_MEASURED, &err), 0);
+    assert_int_equal(llama_routing_add(r, 0, 0, 10, 4, 2, (const int64_t[]){7, 3, 10, 0}, &err), 0);
+    assert_int_equal(llama_routing_add(r, 0, 1, 10, 4, 2, (const int64_t[]){5, 5, 5, 5}, &err), 0);
+    assert_int_equal(llama_routing_add(r, 0, 1, 10, 4, 2, (const int64_t[]){9, 9, 1, 1}, &err), 0); // recomputed
+    char *dir = tu_tmpdir(), path[4096];
+    snprintf(path, sizeof path, "%s/routing.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_int_equal(llama_routing_write(r, f, &err), 0);
+    fclose(f);
+    llama_routing_free(r);
+    assert_int_equal(llama_routing_load(&r, path, &c, &err), 0);
+    assert_int_equal(llama_routing_counts(r, 0, 0, 10, 4, 2, count, &err), 0);
+    assert_true(count[0] == 7 && count[2] == 10 && count[3] == 0);
+    assert_int_equal(llama_routing_counts(r, 0, 1, 10, 4, 2, count, &err), 0);
+    assert_true(count[0] == 5 && count[3] == 5); // the first record of a forward and layer
+    assert_int_equal(llama_routing_counts(r, 1, 0, 10, 4, 2, count, &err), -1);
+    TU_MENTIONS(err.msg, "no routing for forward 1, layer 0", "routing.json");
+    assert_int_equal(llama_routing_counts(r, 0, 0, 12, 4, 2, count, &err), -1);
+    TU_MENTIONS(err.msg, "routed 10 tokens", "this run has 12");
+    llama_routing_free(r);
+    const struct {
+        const char *json, *want1, *want2;
+    } bad[] = {
+        {"{\"membill_routing\":1,\"experts\":8,\"top_k\":2,\"layers\":[]}", "8 experts", "the model has 4"},
+        {"{\"membill_routing\":1,\"experts\":4,\"top_k\":2,\"layers\":[{\"forward\":0,\"layer\":0,"
+         "\"tokens\":10,\"count\":[10,10,1,0]}]}",
+         "layers[0] routes 21 pairs", "20"},
+        {"{\"membill_routing\":1,\"experts\":4,\"top_k\":2,\"layers\":[{\"forward\":0,\"layer\":0,"
+         "\"tokens\":10,\"count\":[11,9,0,0]}]}",
+         "count[0]", "0 to tokens (10)"},
+        {"{\"membill_routing\":1,\"experts\":4,\"top_k\":2,\"layers\":[{\"forward\":0,\"layer\":9,"
+         "\"tokens\":10,\"count\":[10,10,0,0]}]}",
+         "layers[0]", "a sparse layer"},
+        {"[1]", "membill_routing", "layers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        f = fopen(path, "w");
+        fputs(bad[i].json, f);
+        fclose(f);
+        memset(&err, 0, sizeof err);
+        assert_int_equal(llama_routing_load(&r, path, &c, &err), -1);
+        assert_null(r);
+        TU_MENTIONS(err.msg, bad[i].want1, bad[i].want2);
+    }
+    tu_rmtree(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_published_counts),   cmocka_unit_test(test_names),
+        cmocka_unit_test(test_sparse_layers),      cmocka_unit_test(test_experts_on_dense_family),
+        cmocka_unit_test(test_unmodelled_refused), cmocka_unit_test(test_routing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
