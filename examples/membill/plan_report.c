@@ -389,7 +389,6 @@ void plan_lora_act_form(const plan_setting *s, llama_lora_act_form *af) {
     if (s->dt.autocast || s->dt.weight_bits != s->dt.act_bits) af->closed = false;
 }
 
-
 // The report's question answered in one line, before the detail: one device's total and, with a
 // device, whether it fits and, if not, the first setting that would.
 static void text_answer(FILE *out, const plan_view *v) {
@@ -735,6 +734,26 @@ static json_t *run_json(const plan_setting *s) {
     return run;
 }
 
+// Under --gpus, the simulated rank's device: the figures of "device" (the replay runs on that
+// rank's allocations), beside the rank they are of.
+static json_t *rank_device_json(const json_t *pg, const json_t *dev) {
+    static const char *const keys[] = {"allocated_peak_bytes",
+                                       "reserved_peak_bytes",
+                                       "inactive_split_bytes_at_peak",
+                                       "context_bytes",
+                                       "nccl_bytes",
+                                       "need_bytes",
+                                       "total_bytes",
+                                       "fits"};
+    json_t *o = json_object();
+    json_object_set(o, "rank", json_object_get(pg, "rank"));
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        json_t *x = json_object_get(dev, keys[i]);
+        json_object_set(o, keys[i], x ? x : json_null());
+    }
+    return o;
+}
+
 json_t *plan_report_json(const plan_view *v) {
     const plan_setting *s = v->s;
     json_t *root = cli_report_root(&s->cfg);
@@ -798,7 +817,12 @@ json_t *plan_report_json(const plan_view *v) {
     json_t *pg = per_gpu_json(v->g, s->infer);
     if (!s->infer) rank_json(pg, v);
     json_object_set_new(root, "per_gpu", pg);
-    if (s->dev.cuda) json_object_set_new(root, "device", cli_device_json(&s->dev, v->devr ? v->devr : &v->b->dev));
+    if (s->dev.cuda) {
+        json_t *dev = cli_device_json(&s->dev, v->devr ? v->devr : &v->b->dev);
+        json_object_set_new(root, "device", dev);
+        if (json_is_true(json_object_get(pg, "simulated_rank")))
+            json_object_set_new(pg, "device", rank_device_json(pg, dev));
+    }
     if (v->device) {
         json_t *fit = json_object();
         json_object_set_new(fit, "device_memory_bytes", json_integer((json_int_t)v->device));
