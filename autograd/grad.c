@@ -216,6 +216,7 @@ static ag_status seed(ag_ctx *ctx, ag_tensor *out) {
 
 ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss) {
     if (!ctx) return AG_ERR_ARG;
+    ag_autocast_cache_clear(ctx); // the forward's autocast region has exited
     if (ctx->status == AG_OK && loss && loss->numel != 1)
         ag_fail(ctx, AG_ERR_SHAPE, "backward: %s has %lld elements, expected a scalar loss", ag_tensor_name(loss),
                 (long long)loss->numel);
@@ -228,6 +229,7 @@ ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss) {
 
 ag_status ag_backward_grad(ag_ctx *ctx, ag_tensor *out, const ag_tensor *grad) {
     if (!ctx) return AG_ERR_ARG;
+    ag_autocast_cache_clear(ctx);
     if (ctx->status == AG_OK && out && (!grad || grad->numel != out->numel))
         ag_fail(ctx, AG_ERR_SHAPE, "backward: the gradient of %s must have %lld elements", ag_tensor_name(out),
                 (long long)out->numel);
