@@ -21,6 +21,7 @@ void ag_ctx_free(ag_ctx *ctx) {
     ag_autocast_cache_clear(ctx);
     free(ctx->casts);
     free(ctx->tape);
+    free(ctx->held);
     free(ctx);
 }
 
