@@ -457,8 +457,9 @@ static void text_states_lora(FILE *out, const plan_view *v) {
                  mp_format_bytes(y, sizeof y, af.act_head));
     else if (!af.closed)
         snprintf(f, sizeof f, "%s",
-                 s->cfg.ff_norms ? "Gemma's norms and soft-caps under LoRA are not in the closed form"
-                                 : "autocast's 16-bit casts are not in the closed form");
+                 s->cfg.ff_norms        ? "Gemma's norms and soft-caps under LoRA are not in the closed form"
+                 : s->cfg.moe.experts > 0 ? "a sparse block's router and experts under LoRA are not in the closed form"
+                                          : "autocast's 16-bit casts are not in the closed form");
     else
         snprintf(f, sizeof f, "block 0 %s + %lld blocks x %s + head %s (frozen base: no input kept for its weights)%s",
                  mp_format_bytes(x, sizeof x, af.act_first_block), (long long)s->cfg.layers - 1,
