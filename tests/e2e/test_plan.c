@@ -320,6 +320,9 @@ static void test_lora_closed_form_dense_only(void **state) {
     static run_result r;
     membill(&r, "plan --model qwen1.5-moe-a2.7b --lora-rank 8 --seq-len 64");
     assert_non_null(strstr(r.out, "a sparse block's router and experts under LoRA are not in the closed form"));
+    // the routing line names what a token runs through: Qwen1.5-MoE-A2.7B's 2.7B (4 of 60 experts,
+    // the shared one, attention and both embeddings)
+    assert_non_null(strstr(r.out, "60 experts, 4 a token (2,689,173,504 of the 14,315,784,192 parameters active"));
 }
 
 int main(void) {
