@@ -103,6 +103,20 @@ typedef struct {
 } ag_attention_state;
 AG_SAVED_IN_A_ROW(ag_attention_state, probs_cast, 8);
 
+// attention_sinks (gpt_oss, eager, LEAN): what attention keeps; the sinks' gradient reads the
+// probabilities (p_sink = 1 - Σ P) and dP = dO Vᵀ.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *q, *k, *v;
+            ag_tensor *probs; // [B, Hq, Tq, Tk]
+        };
+        ag_tensor *saved[4];
+    };
+    ag_att_dims dims;
+} ag_attention_sinks_state;
+AG_SAVED_IN_A_ROW(ag_attention_sinks_state, probs, 4);
+
 // attention (flash, ops/attention_flash.c): what PyTorch's flash kernel keeps for backward.
 typedef struct {
     union {
@@ -305,6 +319,7 @@ typedef union {
     ag_rope_cs_state rope_cs;
     ag_attention_state attention;
     ag_attention_flash_state attention_flash;
+    ag_attention_sinks_state attention_sinks;
     ag_silu_state silu;
     ag_mul_state mul;
     ag_cross_entropy_state cross_entropy;

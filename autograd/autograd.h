@@ -448,6 +448,14 @@ ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_t
                                int D, int64_t window);
 ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
                                      int Hkv, int D, int64_t window);
+// Attention sinks (gpt_oss's eager_attention_forward): ag_attention_window with sinks[Hq], a
+// learned logit per query head that joins each row's softmax denominator and attends to nothing
+// (the row's probabilities sum to less than 1). Eager under the lean framework (the
+// probabilities kept, the node keeps q, k, v and them); forward and backward, the sinks'
+// gradient -Σ p_sink (dO · O) over the head's rows. Flash attention and the PyTorch frameworks'
+// op-by-op attention with sinks are refused. sinks NULL: ag_attention_window.
+ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
+                              int Hkv, int D, int64_t window, ag_tensor *sinks);
 // HF's LlamaRotaryEmbedding: cos and sin [1, T, hd] of positions pos0 .. pos0+T-1 (need no
 // gradient), made once per forward and shared by every layer's ag_rope_cs. Both are new tensors
 // owned by the caller ("<prefix>:cos", "<prefix>:sin"); false with the error set.

@@ -87,6 +87,73 @@ static void test_eager_reference(void **state) {
     }
 }
 
+// Attention sinks (gpt_oss): one more logit per head in the denominator, with no value.
+typedef struct {
+    win_case c;
+    float sink_scale; // the sinks drawn from [-sink_scale, sink_scale]
+} sink_case;
+
+static ag_tensor *g_sinks(ag_ctx *ctx, ag_tensor **in, const void *arg) {
+    const win_case *c = arg;
+    return ag_attention_sinks(ctx, SITE, in[0], in[1], in[2], c->Hq, c->Hkv, c->D, c->window, in[3]);
+}
+
+// reference() with each row's weights divided by (z + e^(sink - mx)) instead of z.
+static void reference_sinks(double *out, const float *q, const float *k, const float *v, const float *sinks,
+                            const win_case *c) {
+    reference(out, q, k, v, c);
+    int rep = c->Hq / c->Hkv;
+    for (int64_t b = 0; b < c->B; b++)
+        for (int h = 0; h < c->Hq; h++)
+            for (int64_t i = 0; i < c->T; i++) {
+                int64_t lo = c->window && i - c->window + 1 > 0 ? i - c->window + 1 : 0;
+                const float *qi = q + ((b * c->T + i) * c->Hq + h) * c->D;
+                double z = 0.0; // Σ e^s over the keys seen, against which the sink weighs
+                for (int64_t j = lo; j <= i; j++) {
+                    const float *kj = k + ((b * c->T + j) * c->Hkv + h / rep) * c->D;
+                    double sj = 0.0;
+                    for (int d = 0; d < c->D; d++) sj += (double)qi[d] * kj[d];
+                    z += exp(sj / sqrt((double)c->D));
+                }
+                double keep = z / (z + exp((double)sinks[h]));
+                double *o = out + ((b * c->T + i) * c->Hq + h) * c->D;
+                for (int d = 0; d < c->D; d++) o[d] *= keep;
+            }
+}
+
+static void test_sinks(void **state) {
+    ag_ctx *ctx = ag_fixture_ctx(state);
+    const sink_case cases[] = {{{2, 7, 4, 2, 3, 0}, 1.0f}, {{2, 7, 4, 2, 3, 2}, 2.0f}, {{1, 9, 3, 1, 4, 3}, 0.5f}};
+    for (size_t n = 0; n < sizeof cases / sizeof *cases; n++) {
+        const win_case *c = &cases[n].c;
+        ag_tensor *in[4];
+        make_inputs(ctx, c, in, true);
+        in[3] = ag_test_param(ctx, 1, (int64_t[]){c->Hq}, "sinks", 47);
+        ag_fill(in[3], 47, -cases[n].sink_scale, cases[n].sink_scale);
+        ag_tensor *o = g_sinks(ctx, in, c);
+        assert_non_null(o);
+        double ref[512], plain[512];
+        reference_sinks(ref, in[0]->data, in[1]->data, in[2]->data, in[3]->data, c);
+        reference(plain, in[0]->data, in[1]->data, in[2]->data, c);
+        assert_true(ag_max_diff(o->data, ref, o->numel) < 1e-5);
+        assert_true(ag_max_diff(o->data, plain, o->numel) > 1e-3); // the sinks do take their share
+        ag_release(o);
+        ag_tape_clear(ctx);
+        ag_fd_check(ctx, g_sinks, c, 4, in); // q, k, v and the sinks
+        for (int i = 0; i < 4; i++) ag_release(in[i]);
+    }
+    // flash attention with sinks is refused, naming the op
+    ag_ctx *f = ag_ctx_new();
+    ag_ctx_set_attention(f, AG_ATTENTION_FLASH);
+    ag_tensor *in[4];
+    make_inputs(f, &cases[0].c, in, false);
+    in[3] = ag_test_const(f, 1, (int64_t[]){cases[0].c.Hq}, "sinks", 47);
+    assert_null(g_sinks(f, in, &cases[0].c));
+    assert_non_null(strstr(ag_ctx_error(f), "sinks"));
+    for (int i = 0; i < 4; i++) ag_release(in[i]);
+    ag_ctx_free(f);
+}
+
 // Output, dq, dk, dv of one forward and backward.
 static void run(const win_case *c, ag_framework f, ag_attention_kind kind, float *res[4]) {
     ag_ctx *ctx = ag_ctx_new();
@@ -222,6 +289,7 @@ static int teardown_plain(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_eager_reference, ag_setup, ag_teardown),
+        cmocka_unit_test_setup_teardown(test_sinks, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_flash_matches_eager, setup_plain, teardown_plain),
         cmocka_unit_test_setup_teardown(test_window_zero, setup_plain, teardown_plain),
         cmocka_unit_test_setup_teardown(test_cached, setup_plain, teardown_plain),
