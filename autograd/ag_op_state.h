@@ -220,7 +220,8 @@ typedef struct {
     int64_t N;
     int E, k;
     bool renorm;
-    int32_t *sel; // malloc'd: the chosen experts [N * k]; NULL in meta mode
+    bool topk_first; // gpt_oss: probs is [N, k], the softmax of the k largest logits
+    int32_t *sel;    // malloc'd: the chosen experts [N * k]; NULL in meta mode
 } ag_moe_route_state;
 AG_SAVED_IN_A_ROW(ag_moe_route_state, clone, 4);
 
@@ -241,6 +242,25 @@ typedef struct {
     int64_t *count;      // malloc'd: the pairs each expert got [E]
 } ag_moe_experts_state;
 AG_SAVED_IN_A_ROW(ag_moe_experts_state, u, 4);
+
+// moe_experts_stacked (gpt_oss, LEAN): every routed pair's gate_up output, grouped by expert.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *x;                       // [N, H]
+            ag_tensor *w;                       // [N, k] the routing weights
+            ag_tensor *gu;                      // [N * k, 2 I]: each pair's gate_up output, expert by expert
+            ag_tensor *gu_w, *gu_b, *d_w, *d_b; // the stacked weights and biases (biases may be NULL)
+        };
+        ag_tensor *saved[7];
+    };
+    int64_t N, H, inter;
+    int E, k;
+    ag_moe_glu glu;
+    int32_t *sel;   // malloc'd: the chosen experts [N * k]; NULL in meta mode
+    int64_t *count; // malloc'd: the pairs each expert got [E]
+} ag_moe_stacked_state;
+AG_SAVED_IN_A_ROW(ag_moe_stacked_state, d_b, 7);
 
 // index_rows: y[n, C] = rows of src viewed as [R, C].
 typedef struct {
@@ -328,6 +348,7 @@ typedef union {
     ag_dropout_state dropout;
     ag_moe_route_state moe_route;
     ag_moe_experts_state moe_experts;
+    ag_moe_stacked_state moe_stacked;
     ag_index_rows_state index_rows;
     ag_scale_rows_state scale_rows;
     ag_index_add_state index_add;

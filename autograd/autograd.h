@@ -454,8 +454,8 @@ ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q
 // probabilities kept, the node keeps q, k, v and them); forward and backward, the sinks'
 // gradient -Σ p_sink (dO · O) over the head's rows. Flash attention and the PyTorch frameworks'
 // op-by-op attention with sinks are refused. sinks NULL: ag_attention_window.
-ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
-                              int Hkv, int D, int64_t window, ag_tensor *sinks);
+ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                              int D, int64_t window, ag_tensor *sinks);
 // HF's LlamaRotaryEmbedding: cos and sin [1, T, hd] of positions pos0 .. pos0+T-1 (need no
 // gradient), made once per forward and shared by every layer's ag_rope_cs. Both are new tensors
 // owned by the caller ("<prefix>:cos", "<prefix>:sin"); false with the error set.
@@ -504,6 +504,7 @@ void ag_moe_routing_free(ag_moe_routing *r); // NULL is ignored; zeroes *r
 typedef struct {
     int top_k;
     bool renorm;            // norm_topk_prob: the k weights divided by their sum
+    bool topk_first;        // gpt_oss: the k largest logits, then the softmax over those k (lean only)
     const int64_t *assumed; // meta mode: the tokens each expert gets ([E], summing to N x k)
 } ag_moe_route_opts;
 
@@ -514,6 +515,22 @@ typedef struct {
 // topk's int64 indices and, with renorm, the sum and the values before the in-place division.
 ag_tensor *ag_moe_route(ag_ctx *ctx, const char *site, ag_tensor *logits, const ag_tensor *like,
                         const ag_moe_route_opts *o, ag_moe_routing *r);
+
+// gpt_oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit),
+// (u + 1) g sigmoid(alpha g).
+typedef struct {
+    float limit, alpha;
+} ag_moe_glu;
+
+// gpt_oss's experts (GptOssExperts): y[.., H] = Σ_j w[t, j] (glu(x_t gate_up[e] + gate_up_bias[e])
+// down[e] + down_bias[e]), e the j-th expert of token t; the weights stacked along the experts,
+// gate_up [E, H, 2 I] with gate and up interleaved (even columns the gate), down [E, I, H], the
+// biases [E, 2 I] and [E, H] (NULL: none). One grouped dispatch (the lean framework; the PyTorch
+// frameworks are refused); the node keeps each pair's gate_up output ([N k, 2 I]) and recomputes
+// the rest. A stacked weight's gradient covers every expert, zeros for those no token reached.
+ag_tensor *ag_moe_experts_stacked(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, const ag_moe_routing *r,
+                                  ag_tensor *gate_up, ag_tensor *gate_up_bias, ag_tensor *down, ag_tensor *down_bias,
+                                  const ag_moe_glu *glu);
 
 // What transformers' eager dispatch does that changes its allocations, per family, and the
 // names of its experts' projections (the sites' labels).

@@ -273,8 +273,8 @@ static void sinks_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
 static const ag_op sinks_op = {
     .name = "attention_sinks", .backward = sinks_backward, .nsaved = AG_NSAVED(attention_sinks)};
 
-ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
-                              int Hkv, int D, int64_t window, ag_tensor *sinks) {
+ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                              int D, int64_t window, ag_tensor *sinks) {
     if (!sinks) return ag_attention_window(ctx, site, q, k, v, Hq, Hkv, D, window);
     ag_site s;
     ag_att_dims a;
