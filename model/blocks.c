@@ -80,8 +80,8 @@ ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama
         sh->cache[2 * i] = ag_retain(kr);
         sh->cache[2 * i + 1] = ag_retain(v);
     }
-    ag_tensor *a =
-        ag_attention_window(ctx, llama_site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd, llama_layer_window(c, i));
+    ag_tensor *a = ag_attention_sinks(ctx, llama_site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd,
+                                      llama_layer_window(c, i), L->sinks); // gpt_oss's sinks; else NULL
     REL(qr);
     REL(kr);
     REL(v);

@@ -5,6 +5,7 @@
 // before the next block runs. Padded batches follow Hugging Face's generate: position =
 // cumsum(mask) - 1 (pads at 1), and pad keys are hidden from every query.
 #include "blocks.h"
+#include "model_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,7 @@ static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, con
         return -1;
     }
     if (ids && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return -1;
+    if (llama_family_check_run(c, ctx, true, "generate", err) != 0) return -1;
     return mask && !meta ? check_mask(mask, B, T, err) : 0;
 }
 

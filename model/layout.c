@@ -467,5 +467,6 @@ uint64_t llama_active_param_count(const llama_config *c) {
 }
 
 int64_t llama_layer_window(const llama_config *c, int64_t i) {
+    if (c->sliding_window > 0 && c->full_every > 0) return (i + 1) % c->full_every ? c->sliding_window : 0;
     return c->sliding_window > 0 && i >= c->window_from ? c->sliding_window : 0;
 }

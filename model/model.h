@@ -143,6 +143,8 @@ typedef struct {
     bool qk_norm;              // qwen3's q_norm and k_norm
     int64_t sliding_window;    // 0: none; else a query sees the last sliding_window keys, itself included
     int64_t window_from;       // the first layer with the window (qwen2's max_window_layers)
+    int64_t full_every;        // layer_types alternating (gpt_oss: 2): layer i full when (i + 1) % full_every
+                               // == 0, sliding otherwise; 0: window_from says
     bool no_cache;             // use_cache false: the forward returns no DynamicCache
     bool pad_token;            // pad_token_id given: the embedding's padding_idx (no gradient to its row)
     int64_t pad_token_id;
@@ -492,10 +494,10 @@ llama_st_dtype llama_ckpt_stats_dtype(const llama_ckpt_stats *s);
 typedef void (*llama_hub_progress_fn)(void *arg, const char *file, uint64_t done, uint64_t total);
 
 typedef struct {
-    char cache[LLAMA_HUB_PATH_MAX]; // HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else HF_HOME/hub
-    char home[LLAMA_HUB_PATH_MAX];  // HF_HOME, else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface
-    char endpoint[1024];            // HF_ENDPOINT (https://huggingface.co), no trailing '/'
-    char token[1024];               // HF_TOKEN, else HUGGING_FACE_HUB_TOKEN, else the token file; "" none
+    char cache[LLAMA_HUB_PATH_MAX];      // HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else HF_HOME/hub
+    char home[LLAMA_HUB_PATH_MAX];       // HF_HOME, else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface
+    char endpoint[1024];                 // HF_ENDPOINT (https://huggingface.co), no trailing '/'
+    char token[1024];                    // HF_TOKEN, else HUGGING_FACE_HUB_TOKEN, else the token file; "" none
     char token_file[LLAMA_HUB_PATH_MAX]; // HF_TOKEN_PATH, else HF_HOME/token (read or not)
     const char *token_from;              // "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", token_file, or NULL
     bool offline;                        // HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE: the cache alone

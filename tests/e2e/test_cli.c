@@ -333,6 +333,26 @@ static void test_plan_closed_form_sweep(void **state) {
             }
 }
 
+// gpt_oss's closed form (the router's float32 softmax over the k it chose, the stacked experts'
+// gate_up gradient) against the meta bill, under the lean framework and eager attention.
+static void test_plan_closed_form_gpt_oss(void **state) {
+    (void)state;
+    char tiny[256], a[512];
+    snprintf(tiny, sizeof tiny, "--config %s/tiny_gpt_oss/config.json --seq-len 25", MEMBILL_GOLDEN_DIR);
+    const char *runs[] = {tiny, "--model gpt-oss-20b --seq-len 25", "--model gpt-oss-20b --seq-len 2048",
+                          "--model gpt-oss-120b --seq-len 1024"};
+    for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
+        snprintf(a, sizeof a, "%s --batch 2 --framework lean", runs[r]);
+        json_t *root = plan_json(a);
+        json_int_t p = jint(root, "closed_form", "parameters");
+        assert_int_equal(cat_peak(root, "weight"), 4 * p);
+        assert_int_equal(cat_peak(root, "optimizer"), 8 * p);
+        double meta = (double)cat_peak(root, "activation"), closed = (double)jint(root, "closed_form", "activation");
+        if (fabs(closed - meta) > 4) fail_msg("%s: closed %g meta %g", a, closed, meta);
+        json_decref(root);
+    }
+}
+
 static void test_plan_zero_and_fit(void **state) {
     (void)state;
     json_t *root = plan_json("--model llama-2-70b --gpus 8 --zero 3");
@@ -907,8 +927,8 @@ static void test_check_memory_claims(void **state) {
                                  : json_is_true(json_object_get(row, "pass")));
         assert_int_equal(json_is_true(json_object_get(row, "measurable")), !trained_only);
         if (trained_only)
-            assert_non_null(strstr(json_string_value(json_object_get(row, "measured_text")),
-                                   "not measurable on random weights"));
+            assert_non_null(
+                strstr(json_string_value(json_object_get(row, "measured_text")), "not measurable on random weights"));
         quant += id && (!strcmp(id, "Q1") || trained_only);
     }
     assert_int_equal(quant, 3);
@@ -1010,6 +1030,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_budget_stops_the_run),
         cmocka_unit_test(test_plan_closed_form_sweep),
+        cmocka_unit_test(test_plan_closed_form_gpt_oss),
         cmocka_unit_test(test_plan_zero_and_fit),
         cmocka_unit_test(test_plan_dtype_bytes_per_param),
         cmocka_unit_test(test_plan_zero_formulas),

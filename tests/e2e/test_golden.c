@@ -232,6 +232,14 @@ static void test_family_grads(void **s) {
             }
 }
 
+// gpt_oss (tests/reference/gpt_oss_ref.py): sinks, a window on every other layer, YaRN, the
+// top-k-then-softmax router with its bias, stacked experts through the clamped SwiGLU. The lean
+// framework with eager attention is what runs it (the others are refused: test_framework.c).
+static void test_gpt_oss_grads(void **s) {
+    (void)s;
+    check_grads("tiny_gpt_oss", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD);
+}
+
 // The RoPE variants' logits, eager and flash, against the reference's.
 static void test_rope_logits(void **s) {
     (void)s;
@@ -453,7 +461,7 @@ int main(void) {
         cmocka_unit_test(test_untied_adamw),       cmocka_unit_test(test_tied_sgdm),
         cmocka_unit_test(test_untied_sgdm),        cmocka_unit_test(test_detects_wrong_batch),
         cmocka_unit_test(test_tied_checkpointing), cmocka_unit_test(test_family_grads),
-        cmocka_unit_test(test_rope_logits),
+        cmocka_unit_test(test_gpt_oss_grads),      cmocka_unit_test(test_rope_logits),
     };
     return cmocka_run_group_tests(tests, NULL, print_worst);
 }
