@@ -123,14 +123,15 @@ typedef struct {
         struct {
             ag_tensor *q, *k, *v; // k and v at the key-value heads (autocast: their 16-bit casts)
             ag_tensor *out;       // LEAN: the op's output [B, Tq, Hq*D]; PYTORCH: SDPA's [B, Hq, Tq, D]
-            ag_tensor *lse;       // [B, Hq, Tq], float32 whatever the dtype
+            ag_tensor *lse;       // [B, Hq, Tq], float32 whatever the dtype (with sinks: the sink in it)
+            ag_tensor *sinks;     // gpt_oss's [Hq], NULL: none
         };
-        ag_tensor *saved[5];
+        ag_tensor *saved[6];
     };
     ag_att_dims dims;
     bool heads_first; // out laid out [B, Hq, Tq, D]
 } ag_attention_flash_state;
-AG_SAVED_IN_A_ROW(ag_attention_flash_state, lse, 5);
+AG_SAVED_IN_A_ROW(ag_attention_flash_state, sinks, 6);
 
 // silu: y = x * sigmoid(x).
 typedef struct {

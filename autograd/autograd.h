@@ -450,10 +450,12 @@ ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q
                                      int Hkv, int D, int64_t window);
 // Attention sinks (gpt_oss's eager_attention_forward): ag_attention_window with sinks[Hq], a
 // learned logit per query head that joins each row's softmax denominator and attends to nothing
-// (the row's probabilities sum to less than 1). Eager under the lean framework (the
-// probabilities kept, the node keeps q, k, v and them); forward and backward, the sinks'
-// gradient -Σ p_sink (dO · O) over the head's rows. Flash attention and the PyTorch frameworks'
-// op-by-op attention with sinks are refused. sinks NULL: ag_attention_window.
+// (the row's probabilities sum to less than 1). Under the lean framework, eager (the
+// probabilities kept, the node keeps q, k, v and them) or flash (the sink joins each row's
+// log-sum-exp after the pass, the output scaled by the share left to the keys; the node keeps
+// the sinks beside flash's own); forward and backward, the sinks' gradient -Σ p_sink (dO · O)
+// over the head's rows. The PyTorch frameworks' op-by-op attention with sinks is refused. sinks
+// NULL: ag_attention_window.
 ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                               int D, int64_t window, ag_tensor *sinks);
 // HF's LlamaRotaryEmbedding: cos and sin [1, T, hd] of positions pos0 .. pos0+T-1 (need no

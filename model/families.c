@@ -124,8 +124,6 @@ int llama_family_check_run(const llama_config *c, const ag_ctx *ctx, bool genera
                       : AG_FW(fw, moe) != AG_MOE_GROUPED
                           ? "this framework (transformers' GptOssExperts loop and eager attention with sinks are not "
                             "modelled op by op: --framework lean)"
-                      : ag_ctx_attention(ctx) == AG_ATTENTION_FLASH ? "flash attention (sinks are modelled in eager "
-                                                                      "attention: --attention eager)"
                       : c->moe.ep > 1 ? "--ep (stacked experts split over ranks are not modelled)"
                                       : NULL;
     if (!why) return 0;

@@ -232,7 +232,7 @@ ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q
     ag_att_dims a;
     if (!ag_attention_begin(ctx, site, q, k, v, Hq, Hkv, D, window, &s, &a)) return NULL;
     ag_tensor *ins[] = {q, k, v};
-    return ag_attention_flash_checked(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
+    return ag_attention_flash_checked(ctx, &s, q, k, v, NULL, &a, ag_any_needs_grad(ctx, 3, ins));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -279,15 +279,18 @@ ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_te
     ag_site s;
     ag_att_dims a;
     if (!ag_attention_begin(ctx, site, q, k, v, Hq, Hkv, D, window, &s, &a)) return NULL;
-    if (sinks->numel != Hq || ctx->attention == AG_ATTENTION_FLASH ||
-        AG_FW(ctx->fw, attention) != AG_ATTENTION_OPS_FUSED) {
+    const bool flash = ctx->attention == AG_ATTENTION_FLASH;
+    const bool lean =
+        flash ? AG_FW(ctx->fw, flash) == AG_FLASH_FUSED : AG_FW(ctx->fw, attention) == AG_ATTENTION_OPS_FUSED;
+    if (sinks->numel != Hq || !lean) {
         ag_fail(ctx, AG_ERR_ARG,
-                "attention %s: sinks of %lld values for %d heads (one a head; eager attention, under the lean "
-                "framework: the only attention with sinks membill computes)",
+                "attention %s: sinks of %lld values for %d heads (one a head, under the lean framework: the only "
+                "attention with sinks membill computes)",
                 s.base, (long long)sinks->numel, Hq);
         return NULL;
     }
     ag_tensor *ins[] = {q, k, v, sinks};
+    if (flash) return ag_attention_flash_checked(ctx, &s, q, k, v, sinks, &a, ag_any_needs_grad(ctx, 4, ins));
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);

@@ -169,7 +169,7 @@ typedef struct {
     const float *lse;
     out_strides os;
     float *di;        // [B, Hq, Tq]
-    ag_grad_dst d[3]; // dq, dk, dv
+    ag_grad_dst d[4]; // dq, dk, dv, and with sinks dsinks
     float *dq;        // dQ's float32 sums: d[0]'s own data, or (16 bits) a float32 buffer
     bool typed;       // some tensor is not float32
     pthread_mutex_t *locks;
@@ -283,6 +283,43 @@ static bool shared_grad(const ag_node *n, int i, int j) {
     return x->kind != AG_EDGE_NONE && x->kind == y->kind && x->node == y->node && x->leaf == y->leaf;
 }
 
+// Attention sinks (gpt_oss): the sink's probability in row r is e^(sink - lse_r) (lse with the
+// sink in it); its gradient -Σ p_sink D_r over the head's rows (D_r = rowsum(dO ∘ O)).
+static void sinks_grad(const ag_grad_dst *d, const ag_tensor *sinks, const float *lse, const float *di,
+                       const ag_att_dims *a) {
+    for (int h = 0; h < a->Hq; h++) {
+        const float sink = ag_get(sinks->data, sinks->dtype, h);
+        double g = 0.0;
+        for (int64_t b = 0; b < a->B; b++)
+            for (int64_t i = 0; i < a->Tq; i++) {
+                const int64_t r = (b * a->Hq + h) * a->Tq + i;
+                g -= exp((double)sink - lse[r]) * di[r];
+            }
+        ag_set(d->data, d->dtype, h, (float)g + (d->fresh ? 0.0f : ag_get(d->data, d->dtype, h)));
+    }
+}
+
+// The sinks join each row's softmax after the pass: lse' = log(e^lse + e^sink), O scaled by
+// e^(lse - lse') (the share of the row's mass that stays on the keys).
+static void sinks_forward(ag_buf o, out_strides os, float *lse, const ag_tensor *sinks, const ag_att_dims *a) {
+    const int D = a->D;
+    float ob[D];
+    for (int64_t b = 0; b < a->B; b++)
+        for (int h = 0; h < a->Hq; h++) {
+            const double sink = ag_get(sinks->data, sinks->dtype, h);
+            for (int64_t i = 0; i < a->Tq; i++) {
+                float *l = lse + (b * a->Hq + h) * a->Tq + i;
+                const double m = *l > sink ? *l : sink, total = m + log(exp(*l - m) + exp(sink - m));
+                const float keep = (float)exp(*l - total);
+                const int64_t at = b * os.sb + h * os.sh + i * os.st;
+                float *row = ag_rw(o, at, D, ob);
+                for (int d = 0; d < D; d++) row[d] *= keep;
+                ag_wr_end(o, at, D, row);
+                *l = (float)total;
+            }
+        }
+}
+
 static void flash_attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const ag_attention_flash_state *st = &n->state.attention_flash;
     const ag_att_dims *a = &st->dims;
@@ -313,6 +350,7 @@ static void flash_attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) 
         x.lse = st->lse->data, x.di = di.data;
         flash_backward_run(&x, ws.data, nthreads);
         if (dq.bytes) ag_vec_acc(ag_dst_buf(&x.d[0]), x.d[0].fresh, ag_buf_f32(dq.data), nq);
+        if (st->sinks && x.d[3].needed) sinks_grad(&x.d[3], st->sinks, x.lse, x.di, a);
     }
     mp_free(&ws);
     mp_free(&dq);
@@ -342,7 +380,7 @@ static void untranspose(ag_buf out, ag_buf c, const ag_att_dims *a) {
 }
 
 ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
-                                      const ag_att_dims *a, bool rec) {
+                                      ag_tensor *sinks, const ag_att_dims *a, bool rec) {
     const bool pt = AG_FW(ctx->fw, flash) == AG_FLASH_SDPA, meta = mp_is_meta();
     char label[AG_LABEL_MAX];
     ag_tensor *qs = sdpa_operand(ctx, s->base, "q_bf16", q), *ks = sdpa_operand(ctx, s->base, "k_bf16", k),
@@ -353,18 +391,21 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
         o = pt ? ag_tensor_new_bits(ctx, 4, (int64_t[]){a->B, a->Hq, a->Tq, a->D}, MP_ACTIVATION,
                                     (ag_label(label, s->base, "sdpa_out"), label), qs->bits)
                : ag_tensor_like(ctx, q, MP_ACTIVATION, s->out);
-    if (o && rec)
+    if (o && (rec || sinks)) // the sinks read each row's log-sum-exp even without a node
         lse = ag_tensor_new_f32(ctx, 3, (int64_t[]){a->B, a->Hq, a->Tq}, MP_ACTIVATION,
                                 (ag_label(label, s->base, "lse"), label));
     mp_block ws = {0};
     int nthreads = forward_threads(a);
     ag_label(label, s->base, "flash_workspace");
-    if (o && (lse || !rec) &&
+    if (o && (lse || (!rec && !sinks)) &&
         ag_alloc_exact(ctx, &ws, (size_t)nthreads * ag_flash_rows_floats(a->D) * sizeof(float), MP_ACTIVATION, label) &&
         !meta)
         flash_forward(a, ag_buf_of(qs), ag_buf_of(ks), ag_buf_of(vs), ag_buf_of(o), strides_of(a, pt),
                       lse ? lse->data : NULL, ws.data, nthreads);
     mp_free(&ws);
+    if (sinks && lse && !meta && ctx->status == AG_OK)
+        sinks_forward(ag_buf_of(o), strides_of(a, pt), lse->data, sinks, a);
+    if (sinks && !rec) ag_release(lse), lse = NULL;
     // transformers: attn_output.transpose(1, 2).contiguous(), the copy o_proj keeps.
     if (pt && o && ctx->status == AG_OK)
         out =
@@ -372,11 +413,12 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
     else if (o)
         out = ag_retain(o);
     if (pt && out && !meta) untranspose(ag_buf_of(out), ag_buf_of(o), a);
-    ag_tensor *ins[] = {q, k, v};
-    ag_node *n = out && rec && ctx->status == AG_OK ? ag_record(ctx, &flash_op, s->base, out, 3, ins) : NULL;
+    ag_tensor *ins[] = {q, k, v, sinks};
+    ag_node *n =
+        out && rec && ctx->status == AG_OK ? ag_record(ctx, &flash_op, s->base, out, sinks ? 4 : 3, ins) : NULL;
     if (n) {
-        n->state.attention_flash =
-            (ag_attention_flash_state){.q = qs, .k = ks, .v = vs, .out = o, .lse = lse, .dims = *a, .heads_first = pt};
+        n->state.attention_flash = (ag_attention_flash_state){
+            .q = qs, .k = ks, .v = vs, .out = o, .lse = lse, .sinks = ag_retain(sinks), .dims = *a, .heads_first = pt};
         return out;
     }
     ag_release(qs), ag_release(ks), ag_release(vs), ag_release(o), ag_release(lse);

@@ -142,9 +142,9 @@ static void test_sinks(void **state) {
         ag_fd_check(ctx, g_sinks, c, 4, in); // q, k, v and the sinks
         for (int i = 0; i < 4; i++) ag_release(in[i]);
     }
-    // flash attention with sinks is refused, naming the op
+    // the PyTorch frameworks' op-by-op attention with sinks is refused, naming the op
     ag_ctx *f = ag_ctx_new();
-    ag_ctx_set_attention(f, AG_ATTENTION_FLASH);
+    ag_ctx_set_framework(f, AG_FRAMEWORK_PYTORCH);
     ag_tensor *in[4];
     make_inputs(f, &cases[0].c, in, false);
     in[3] = ag_test_const(f, 1, (int64_t[]){cases[0].c.Hq}, "sinks", 47);
@@ -172,6 +172,38 @@ static const win_case CASES[] = {
     {2, 200, 4, 2, 32, 130}, // wider than two tiles
     {1, 150, 2, 2, 16, 1},   // each query sees itself alone
 };
+
+// Output, dq, dk, dv and dsinks of one forward and backward with sinks.
+static void run_sinks(const win_case *c, ag_attention_kind kind, float *res[5]) {
+    ag_ctx *ctx = ag_ctx_new();
+    ag_ctx_set_attention(ctx, kind);
+    ag_tensor *in[4];
+    make_inputs(ctx, c, in, false);
+    in[3] = ag_test_const(ctx, 1, (int64_t[]){c->Hq}, "sinks", 47);
+    ag_fill(in[3], 47, -3.0f, 3.0f);
+    in[3]->requires_grad = true;
+    ag_output_and_grads(ctx, g_sinks(ctx, in, c), in, 4, res);
+    ag_ctx_free(ctx);
+}
+
+// Flash attention with sinks (the sink added to each row's log-sum-exp after the pass) against
+// the eager op, windows and tiles included; and its sinks' gradient against central differences.
+static void test_sinks_flash(void **state) {
+    (void)state;
+    for (size_t k = 0; k < sizeof CASES / sizeof *CASES; k++) {
+        const win_case *c = &CASES[k];
+        float *eager[5], *flash[5];
+        run_sinks(c, AG_ATTENTION_EAGER, eager);
+        run_sinks(c, AG_ATTENTION_FLASH, flash);
+        int64_t nq = c->B * c->T * c->Hq * c->D, nkv = c->B * c->T * c->Hkv * c->D, n[5] = {nq, nq, nkv, nkv, c->Hq};
+        for (int i = 0; i < 5; i++) {
+            double r = ag_rel_diff(flash[i], eager[i], n[i]);
+            if (!(r < 1e-5))
+                fail_msg("case %zu: %s differs by %g", k, (const char *[]){"out", "dq", "dk", "dv", "dsinks"}[i], r);
+            free(eager[i]), free(flash[i]);
+        }
+    }
+}
 
 static void flash_matches_eager(ag_framework f, ag_framework g) {
     for (size_t k = 0; k < sizeof CASES / sizeof *CASES; k++) {
@@ -290,6 +322,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_eager_reference, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_sinks, ag_setup, ag_teardown),
+        cmocka_unit_test_setup_teardown(test_sinks_flash, setup_plain, teardown_plain),
         cmocka_unit_test_setup_teardown(test_flash_matches_eager, setup_plain, teardown_plain),
         cmocka_unit_test_setup_teardown(test_window_zero, setup_plain, teardown_plain),
         cmocka_unit_test_setup_teardown(test_cached, setup_plain, teardown_plain),

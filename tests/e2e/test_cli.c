@@ -334,13 +334,14 @@ static void test_plan_closed_form_sweep(void **state) {
 }
 
 // gpt_oss's closed form (the router's float32 softmax over the k it chose, the stacked experts'
-// gate_up gradient) against the meta bill, under the lean framework and eager attention.
+// gate_up gradient) against the meta bill, under the lean framework, eager and flash.
 static void test_plan_closed_form_gpt_oss(void **state) {
     (void)state;
     char tiny[256], a[512];
     snprintf(tiny, sizeof tiny, "--config %s/tiny_gpt_oss/config.json --seq-len 25", MEMBILL_GOLDEN_DIR);
     const char *runs[] = {tiny, "--model gpt-oss-20b --seq-len 25", "--model gpt-oss-20b --seq-len 2048",
-                          "--model gpt-oss-120b --seq-len 1024"};
+                          "--model gpt-oss-120b --seq-len 1024",
+                          "--model gpt-oss-20b --seq-len 2048 --attention flash"};
     for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
         snprintf(a, sizeof a, "%s --batch 2 --framework lean", runs[r]);
         json_t *root = plan_json(a);

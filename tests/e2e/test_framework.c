@@ -273,14 +273,17 @@ static void meta_equals_real_moe(void **state) {
 }
 
 // gpt_oss (sinks, alternating windows, the top-k-then-softmax router, stacked experts) runs under
-// lean with eager attention, meta == real under the recorded routing; the rest is refused by name.
+// lean, eager and flash, meta == real under the recorded routing; the PyTorch frameworks are
+// refused by name.
 static void meta_equals_real_gpt_oss(void **state) {
     (void)state;
     char a[512];
     snprintf(a, sizeof a, "--config %s/tiny_gpt_oss/config.json --seq-len 23 --batch 2", MEMBILL_GOLDEN_DIR);
     meta_equals_real_fws(a, true, 2);
+    snprintf(a, sizeof a, "--config %s/tiny_gpt_oss/config.json --seq-len 70 --attention flash", MEMBILL_GOLDEN_DIR);
+    meta_equals_real_fws(a, true, 2);
     static const char *const refused[][2] = {{"--framework pytorch", "GptOssExperts"},
-                                             {"--framework lean --attention flash", "flash attention"}};
+                                             {"--framework pytorch-1.13", "GptOssExperts"}};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         snprintf(a, sizeof a, "train --config %s/tiny_gpt_oss/config.json --seq-len 9 %s", MEMBILL_GOLDEN_DIR,
                  refused[i][0]);

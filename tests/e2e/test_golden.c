@@ -234,10 +234,12 @@ static void test_family_grads(void **s) {
 
 // gpt_oss (tests/reference/gpt_oss_ref.py): sinks, a window on every other layer, YaRN, the
 // top-k-then-softmax router with its bias, stacked experts through the clamped SwiGLU. The lean
-// framework with eager attention is what runs it (the others are refused: test_framework.c).
+// framework runs it, eager and flash (the others are refused: test_framework.c).
 static void test_gpt_oss_grads(void **s) {
     (void)s;
-    check_grads("tiny_gpt_oss", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD);
+    for (int a = 0; a < 2; a++)
+        check_grads_as("tiny_gpt_oss", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD, AG_FRAMEWORK_LEAN,
+                       a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER);
 }
 
 // The RoPE variants' logits, eager and flash, against the reference's.
