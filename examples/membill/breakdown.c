@@ -27,10 +27,24 @@ static int by_bytes(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
+// FNV-1a of a kind and its category: the slot where its row is looked up first.
+static size_t kind_hash(const char *kind, int category) {
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)category;
+    for (const unsigned char *p = (const unsigned char *)kind; *p; p++) h = (h ^ *p) * 1099511628211ULL;
+    return (size_t)h;
+}
+
 size_t cli_breakdown(size_t events, mp_category cat, cli_site_row *rows, size_t cap, uint64_t *per_block, long layers) {
     size_t n = mp_sites_live_at(events, cat, NULL, 0);
     mp_site_bytes *sites = n ? malloc(n * sizeof *sites) : NULL;
-    if (n && !sites) return 0;
+    // rows by (kind, category): a mixture of experts has thousands of kinds (one an expert)
+    size_t slots = 16;
+    while (slots < 2 * cap) slots *= 2;
+    size_t *index = calloc(slots, sizeof *index); // row + 1; 0: empty
+    if ((n && !sites) || !index) {
+        free(sites), free(index);
+        return 0;
+    }
     n = mp_sites_live_at(events, cat, sites, n);
     size_t nrows = 0;
     if (per_block) memset(per_block, 0, (size_t)layers * sizeof *per_block);
@@ -38,20 +52,27 @@ size_t cli_breakdown(size_t events, mp_category cat, cli_site_row *rows, size_t 
         char kind[CLI_KIND_MAX];
         long b = block_of(mp_site_name(sites[i].site), kind, sizeof kind);
         if (per_block && b >= 0 && b < layers) per_block[b] += sites[i].bytes;
-        size_t j = 0;
-        while (j < nrows && !(strcmp(rows[j].kind, kind) == 0 && rows[j].category == sites[i].category)) j++;
+        size_t slot = kind_hash(kind, sites[i].category) & (slots - 1), j = nrows;
+        for (; index[slot]; slot = (slot + 1) & (slots - 1)) {
+            const cli_site_row *r = &rows[index[slot] - 1];
+            if (r->category == sites[i].category && strcmp(r->kind, kind) == 0) {
+                j = index[slot] - 1;
+                break;
+            }
+        }
         if (j == nrows) {
             if (nrows == cap) continue;
             snprintf(rows[j].kind, sizeof rows[j].kind, "%s", kind);
             rows[j].category = sites[i].category;
             rows[j].bytes = 0;
             rows[j].sites = 0;
-            nrows++;
+            index[slot] = ++nrows;
         }
         rows[j].bytes += sites[i].bytes;
         rows[j].sites++;
     }
     free(sites);
+    free(index);
     qsort(rows, nrows, sizeof *rows, by_bytes);
     return nrows;
 }
@@ -124,7 +145,7 @@ json_t *cli_breakdown_json(long layers) {
 }
 
 // "2.38 GB": the figure without the exact count, for a line that names several.
-static const char *short_bytes(char *buf, size_t n, uint64_t bytes) {
+const char *cli_short_bytes(char *buf, size_t n, uint64_t bytes) {
     mp_format_bytes(buf, n, bytes);
     char *cut = strstr(buf, " (");
     if (cut) *cut = 0;
@@ -136,8 +157,8 @@ void cli_above_four_copies_text(FILE *f, const char *indent, uint64_t peak, cons
     if (peak <= four) return;
     static cli_site_row rows[MAX_KINDS];
     char a[64], b[64];
-    fprintf(f, "%stotal peak %s is %s above the four copies:", indent, short_bytes(a, sizeof a, peak),
-            short_bytes(b, sizeof b, peak - four));
+    fprintf(f, "%stotal peak %s is %s above the four copies:", indent, cli_short_bytes(a, sizeof a, peak),
+            cli_short_bytes(b, sizeof b, peak - four));
     // The categories beyond the model states, largest first, the first with its largest site
     // (but "other": plain malloc's one site is "malloc").
     int order[MP_NCATEGORIES], n = 0;
@@ -150,13 +171,13 @@ void cli_above_four_copies_text(FILE *f, const char *indent, uint64_t peak, cons
             order[j - 1] = t;
         }
     for (int i = 0; i < n; i++) {
-        fprintf(f, "%s %s %s", i ? "," : "", short_bytes(a, sizeof a, at_peak[order[i]]), mp_category_name(order[i]));
+        fprintf(f, "%s %s %s", i ? "," : "", cli_short_bytes(a, sizeof a, at_peak[order[i]]), mp_category_name(order[i]));
         size_t k = i == 0 && order[i] != MP_OTHER ? cli_breakdown(events, order[i], rows, MAX_KINDS, NULL, 0) : 0;
-        if (k) fprintf(f, " (largest %s, %s)", rows[0].kind, short_bytes(b, sizeof b, rows[0].bytes));
+        if (k) fprintf(f, " (largest %s, %s)", rows[0].kind, cli_short_bytes(b, sizeof b, rows[0].bytes));
     }
     uint64_t states = at_peak[MP_WEIGHT] + at_peak[MP_GRADIENT] + at_peak[MP_OPTIMIZER];
     fprintf(f, "%s held then", n ? "" : " nothing else");
     if (states < four)
-        fprintf(f, ", with the model states %s short of the four copies", short_bytes(a, sizeof a, four - states));
+        fprintf(f, ", with the model states %s short of the four copies", cli_short_bytes(a, sizeof a, four - states));
     fprintf(f, "\n");
 }

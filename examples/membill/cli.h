@@ -353,6 +353,8 @@ typedef struct {
 // category's live bytes count as one device's share, ceil(live / divide[c]) (ZeRO's shards; 1:
 // whole), at every event; NULL counts every category whole.
 void cli_replay_steps(const train_run *r, const uint64_t *divide, step_figures *out);
+// bytes as mp_format_bytes writes them, without the exact count in parentheses.
+const char *cli_short_bytes(char *buf, size_t n, uint64_t bytes);
 // One line, when the total peak goes past the four copies (weights + gradients + optimizer
 // state, each at its own peak): by how much, and what the other categories held at the peak's
 // moment (the largest site of the largest of them, when the timeline has it); nothing otherwise.

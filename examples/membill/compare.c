@@ -159,6 +159,10 @@ static void print_lora_table(FILE *f, const compare_cmd *c) {
     fprintf(f, "%s; QLoRA: the same adapters on a %s base\n", cli_lora_text(&c->lora.lora, t, sizeof t),
             c->qlora.lora.base_dtype);
     cli_lora_params_text(f, &c->lora.cfg, &c->lora.lora);
+    const double inf = (double)c->s[3].total.total;
+    fprintf(f, "answer: total peak over inference's: full %.2f x, LoRA %.2f x, QLoRA %.2f x\n",
+            inf ? (double)c->s[0].total.total / inf : 0, inf ? (double)c->s[1].total.total / inf : 0,
+            inf ? (double)c->s[2].total.total / inf : 0);
     fprintf(f, "\n  %-11s", "category");
     for (int k = 0; k < MAX_SIDES; k++) fprintf(f, " %-20s", lora_titles[k]);
     fputc('\n', f);
@@ -178,10 +182,6 @@ static void print_lora_table(FILE *f, const compare_cmd *c) {
         fprintf(f, " %-20s", st);
     }
     fprintf(f, " %-20s\n", "-");
-    const double inf = (double)c->s[3].total.total;
-    fprintf(f, "\n  total peak over inference's: full %.2f x, LoRA %.2f x, QLoRA %.2f x\n",
-            inf ? (double)c->s[0].total.total / inf : 0, inf ? (double)c->s[1].total.total / inf : 0,
-            inf ? (double)c->s[2].total.total / inf : 0);
 }
 
 static void print_table(FILE *f, const void *arg, bool failed) {
@@ -206,6 +206,9 @@ static void print_table(FILE *f, const void *arg, bool failed) {
     fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(tr->framework, tr->cfg.family, fw, sizeof fw),
             cli_attention_text(tr->attention));
     cli_text_line(f, &ir->text);
+    fprintf(f, "answer: training's peak %s is %.2f x inference's %s\n", cli_short_bytes(a, sizeof a, t->total.total),
+            g->total.total ? (double)t->total.total / (double)g->total.total : 0,
+            cli_short_bytes(b, sizeof b, g->total.total));
     fputc('\n', f);
     fprintf(f, "  %-11s %-36s %-36s\n", "category", "training step (peak)", "inference (peak)");
     for (int c = 0; c < MP_NCATEGORIES; c++)
@@ -213,8 +216,6 @@ static void print_table(FILE *f, const void *arg, bool failed) {
                 mp_format_bytes(b, sizeof b, g->peak[c]));
     fprintf(f, "  %-11s %-36s %-36s\n", "total peak", mp_format_bytes(a, sizeof a, t->total.total),
             mp_format_bytes(b, sizeof b, g->total.total));
-    fprintf(f, "\n  training needs %.2f x the memory of inference at their peaks\n",
-            g->total.total ? (double)t->total.total / (double)g->total.total : 0);
 }
 
 static json_t *side_json(const side *s) {

@@ -380,6 +380,36 @@ void plan_lora_act_form(const plan_setting *s, llama_lora_act_form *af) {
     if (s->dt.autocast || s->dt.weight_bits != s->dt.act_bits) af->closed = false;
 }
 
+
+// The report's question answered in one line, before the detail: one device's total and, with a
+// device, whether it fits and, if not, the first setting that would.
+static void text_answer(FILE *out, const plan_view *v) {
+    char x[64], d[64];
+    const plan_setting *s = v->s;
+    if (v->b->dev_oom) // what the device holds when the allocation fails is not the run's need
+        fprintf(out, s->gpus > 1 ? "answer: out of memory on each of %ld devices" : "answer: out of memory", s->gpus);
+    else if (s->gpus > 1)
+        fprintf(out, "answer: %s on each of %ld devices", cli_short_bytes(x, sizeof x, v->g->total), s->gpus);
+    else
+        fprintf(out, "answer: %s on one device", cli_short_bytes(x, sizeof x, v->g->total));
+    if (!v->device) {
+        fprintf(out, " at the peak, %s of overhead included (--device-memory or --gpu: whether it fits)\n",
+                cli_short_bytes(d, sizeof d, s->overhead));
+        return;
+    }
+    bool fits = fits_device(v);
+    if (s->dev.cuda && s->dev.gpu)
+        fprintf(out, ": %s the %s", fits ? "fits" : "does NOT fit", s->dev.gpu->name);
+    else
+        fprintf(out, ": %s a %.4g GiB device", fits ? "fits" : "does NOT fit", (double)v->device / 1073741824.0);
+    if (!fits && !s->infer && v->nsuggestions) {
+        const plan_suggestion *g = &v->suggestions[0];
+        fprintf(out, "; what would:");
+        for (int k = 0; k < g->n; k++) fprintf(out, " %s", g->options[k]);
+        fprintf(out, " (%s)", cli_short_bytes(x, sizeof x, g->total));
+    }
+    fprintf(out, "\n");
+}
 // With adapters: the frozen base and the adapters apart; gradients and state for the adapters.
 static void text_states_lora(FILE *out, const plan_view *v) {
     const plan_setting *s = v->s;
@@ -467,6 +497,7 @@ static void report_train_text(FILE *out, const plan_view *v) {
         fprintf(out, "gradient accumulation: %ld micro-batches of %ld rows a step (%ld rows a device)\n", s->grad_accum,
                 s->batch, s->grad_accum * s->batch);
     if (s->checkpointing) fprintf(out, "checkpointing: each block's input kept, activations recomputed in backward\n");
+    text_answer(out, v);
     fprintf(out, "\n  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->lora.cfg.rank)
         text_states_lora(out, v);
@@ -492,6 +523,7 @@ static void report_infer_text(FILE *out, const plan_view *v) {
         plan_weight_dtype_name(&s->dt));
     fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n");
     if (v->hub) cli_hub_text(out, v->hub);
+    text_answer(out, v);
     fputc('\n', out);
     fprintf(out, "  %-11s %-36s %-36s %s\n", "category", "meta bill (peak)", "closed form", "formula");
     if (s->dt.weight_bits < 16)

@@ -261,6 +261,20 @@ static json_t *report_json(const void *arg, bool failed) {
     return root;
 }
 
+// The report's question answered in one line, before the detail: do the model states make four
+// copies of the weights, and what the total peak holds beyond them.
+static void text_answer(FILE *f) {
+    char b[64], c[64], d[64];
+    uint64_t w = mp_get_counter(MP_WEIGHT).peak, g = mp_get_counter(MP_GRADIENT).peak,
+             a = mp_get_counter(MP_OPTIMIZER).peak;
+    mp_moment pk = mp_peak();
+    fprintf(f, "answer: weights + gradients + optimizer state = %s, %.3f x the weights; total peak %s",
+            cli_short_bytes(b, sizeof b, w + g + a), w ? (double)(w + g + a) / (double)w : 0.0,
+            cli_short_bytes(c, sizeof c, pk.total));
+    if (pk.total > w + g + a) fprintf(f, " (%s more)", cli_short_bytes(d, sizeof d, pk.total - (w + g + a)));
+    fprintf(f, ", in the %s phase\n", mp_phase_name(pk.phase));
+}
+
 static void text_four_copies(FILE *f) {
     char b[80], c[80];
     uint64_t w = mp_get_counter(MP_WEIGHT).peak, g = mp_get_counter(MP_GRADIENT).peak,
@@ -326,6 +340,7 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
     cli_text_line(f, &r->text);
     if (!r->meta && r->steps[0].phases_done >= 1)
         fprintf(f, "loss %.4f (a random init is near ln(vocab) = %.4f)\n", r->steps[0].loss, log((double)r->cfg.vocab));
+    if (!failed && steps_completed(r) > 0) text_answer(f);
     fprintf(f, "\n");
     mp_report_text(f);
     cli_breakdown_text(f, (long)r->cfg.layers);

@@ -186,6 +186,45 @@ static void test_device_share_is_step_2_replayed(void **state) {
 }
 
 // The text names both figures; a generation keeps its one run and its headline.
+// Each report answers its question before the detail: the line starting "answer: " comes before
+// the table of categories and says what the JSON says (the fit, the first setting that would, the
+// four copies, training over inference).
+static const char *answer_line(const char *out) {
+    const char *a = strstr(out, "\nanswer: "), *table = strstr(out, "\n  category");
+    assert_non_null(a);
+    assert_non_null(table);
+    assert_true(a < table);
+    return a + 1;
+}
+
+static void test_answer_first(void **state) {
+    (void)state;
+    static run_result r;
+    const char *fit = "plan --model llama-3-8b --lora-rank 8 --seq-len 2048 --device-memory 24GB";
+    membill(&r, fit);
+    assert_int_equal(r.code, 0);
+    const char *a = answer_line(r.out);
+    const char *want = "answer: 72.22 GB on one device: does NOT fit a 24 GiB device; what would: ";
+    assert_true(!strncmp(a, want, strlen(want)));
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "%s --dtype bf16 --checkpointing", fit);
+    json_t *root = cli_run_json(cmd);
+    assert_true(json_is_true(json_object_get(json_object_get(root, "fit"), "fits")));
+    json_decref(root);
+    assert_non_null(strstr(a, "what would: --dtype bf16 --checkpointing ("));
+    membill(&r, "plan --model smollm2-360m --seq-len 256 --gpus 4 --zero 2 --device-memory 16GB");
+    assert_true(!strncmp(answer_line(r.out), "answer: ", 8));
+    assert_non_null(strstr(answer_line(r.out), "on each of 4 devices: fits a 16 GiB device\n"));
+    membill(&r, "train --meta --seq-len 64");
+    assert_int_equal(r.code, 0);
+    a = answer_line(r.out);
+    want = "answer: weights + gradients + optimizer state = 2.15 GB, 4.000 x the weights; total peak ";
+    assert_true(!strncmp(a, want, strlen(want)));
+    membill(&r, "compare --meta --seq-len 64 --new-tokens 4");
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(answer_line(r.out), "answer: training's peak "));
+}
+
 static void test_text_and_infer(void **state) {
     (void)state;
     static run_result r;
@@ -275,6 +314,7 @@ int main(void) {
         cmocka_unit_test(test_headline_is_train_step_2_for_every_preset),
         cmocka_unit_test(test_device_share_is_step_2_replayed),
         cmocka_unit_test(test_text_and_infer),
+        cmocka_unit_test(test_answer_first),
     };
     return cmocka_run_group_tests_name("plan", tests, cli_run_make_dir, cli_run_remove_dir);
 }
