@@ -128,8 +128,7 @@ int llama_family_check_run(const llama_config *c, const ag_ctx *ctx, bool genera
                                       : NULL;
     if (!why) return 0;
     ag_err_set(err,
-               "%s: model_type \"gpt_oss\" (GptOssForCausalLM) runs a training step under --framework lean with "
-               "eager attention; not %s",
+               "%s: model_type \"gpt_oss\" (GptOssForCausalLM) runs a training step under --framework lean; not %s",
                what, why);
     return -1;
 }
