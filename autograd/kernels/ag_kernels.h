@@ -269,6 +269,8 @@ void ag_blas_account(double t0, int calls, double flops);
 void ag_vec_add(ag_buf dst, ag_buf a, ag_buf b, int64_t n);
 void ag_vec_mul_into(ag_buf dst, bool fresh, ag_buf a, ag_buf b, int64_t n);
 void ag_vec_acc(ag_buf dst, bool fresh, ag_buf src, int64_t n);
+// y[r, :] += b for every row r of y[M, out] (nn.Linear's addmm), rounded once.
+void ag_linear_bias_forward(ag_buf y, ag_buf b, int64_t M, int64_t out);
 // db[out] (+)= the column sums of dy[M, out], in float32 (a linear's bias gradient).
 void ag_linear_bias_backward(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out);
 // D elements of type st at src as type dt at dst (a copy, or a cast; not through the pool).

@@ -182,6 +182,25 @@ bool ag_attention_begin(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *
     return true;
 }
 
+// The eager op's output and probabilities [B, Hq, Tq, Tk], and its node when an input wants a
+// gradient (NULL otherwise); *o NULL on failure, with nothing left allocated.
+static ag_node *eager_begin(ag_ctx *ctx, const ag_site *s, const ag_att_dims *a, const ag_op *op, int nin,
+                            ag_tensor **ins, ag_tensor **o, ag_tensor **probs) {
+    char label[AG_LABEL_MAX];
+    ag_label(label, s->base, "probs");
+    *o = ag_tensor_like(ctx, ins[0], MP_ACTIVATION, s->out);
+    *probs = ag_tensor_new(ctx, 4, (int64_t[]){a->B, a->Hq, a->Tq, a->Tk}, MP_ACTIVATION, label);
+    ag_node *n = NULL;
+    if (*o && *probs && ag_any_needs_grad(ctx, nin, ins)) n = ag_record(ctx, op, s->base, *o, nin, ins);
+    if (!*o || !*probs || ctx->status != AG_OK) {
+        ag_release(*probs);
+        ag_release(*o);
+        *o = *probs = NULL;
+        return NULL;
+    }
+    return n;
+}
+
 ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                                int D, int64_t window) {
     if (ctx && ctx->attention == AG_ATTENTION_FLASH)
@@ -192,17 +211,9 @@ ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_t
     ag_tensor *ins[] = {q, k, v};
     if (AG_FW(ctx->fw, attention) == AG_ATTENTION_OPS_HF_EAGER)
         return ag_attention_eager(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
-    char label[AG_LABEL_MAX];
-    ag_label(label, s.base, "probs");
-    ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);
-    ag_tensor *probs = ag_tensor_new(ctx, 4, (int64_t[]){a.B, Hq, a.Tq, a.Tk}, MP_ACTIVATION, label);
-    ag_node *n = NULL;
-    if (o && probs && ag_any_needs_grad(ctx, 3, ins)) n = ag_record(ctx, &attention_op, s.base, o, 3, ins);
-    if (!o || !probs || ctx->status != AG_OK) {
-        ag_release(probs);
-        ag_release(o);
-        return NULL;
-    }
+    ag_tensor *o, *probs;
+    ag_node *n = eager_begin(ctx, &s, &a, &attention_op, 3, ins, &o, &probs);
+    if (!o) return NULL;
     if (!mp_is_meta() &&
         !attention_forward(ag_buf_of(o), ag_buf_of(probs), ag_buf_of(q), ag_buf_of(k), ag_buf_of(v), &a, NULL))
         ag_fail(ctx, AG_ERR_NOMEM, "attention %s: out of memory for a conversion", s.base);
@@ -291,17 +302,9 @@ ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_te
     }
     ag_tensor *ins[] = {q, k, v, sinks};
     if (flash) return ag_attention_flash_checked(ctx, &s, q, k, v, sinks, &a, ag_any_needs_grad(ctx, 4, ins));
-    char label[AG_LABEL_MAX];
-    ag_label(label, s.base, "probs");
-    ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);
-    ag_tensor *probs = ag_tensor_new(ctx, 4, (int64_t[]){a.B, Hq, a.Tq, a.Tk}, MP_ACTIVATION, label);
-    ag_node *n = NULL;
-    if (o && probs && ag_any_needs_grad(ctx, 4, ins)) n = ag_record(ctx, &sinks_op, s.base, o, 4, ins);
-    if (!o || !probs || ctx->status != AG_OK) {
-        ag_release(probs);
-        ag_release(o);
-        return NULL;
-    }
+    ag_tensor *o, *probs;
+    ag_node *n = eager_begin(ctx, &s, &a, &sinks_op, 4, ins, &o, &probs);
+    if (!o) return NULL;
     if (!mp_is_meta()) {
         float sv[Hq];
         for (int h = 0; h < Hq; h++) sv[h] = ag_get(sinks->data, sinks->dtype, h);

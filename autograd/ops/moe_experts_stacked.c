@@ -42,17 +42,6 @@ static void glu_backward(ag_buf dgu, ag_buf dm, ag_buf gu, int64_t c, int64_t Im
     }
 }
 
-// rows[c, n] += b[n] on each row.
-static void add_bias(ag_buf rows, int64_t c, int64_t n, ag_buf b) {
-    float rb[n], bb[n];
-    const float *bv = ag_rd(b, 0, n, bb);
-    for (int64_t i = 0; i < c; i++) {
-        float *o = ag_rw(rows, i * n, n, rb);
-        for (int64_t j = 0; j < n; j++) o[j] += bv[j];
-        ag_wr_end(rows, i * n, n, o);
-    }
-}
-
 typedef struct {
     ag_tensor *gu_w, *gu_b, *d_w, *d_b; // stacked weights and biases (biases may be NULL)
     int64_t H, Im;
@@ -67,11 +56,11 @@ static bool expert_forward(const stacked *w, int e, int64_t c, ag_buf xp, ag_buf
     if (!ag_gemm_buf(CblasNoTrans, CblasNoTrans, c, 2 * Im, H, 1.0f, xp, H, slice(w->gu_w, e, H * 2 * Im), 2 * Im, 0.0f,
                      GU, 2 * Im))
         return false;
-    if (w->gu_b) add_bias(GU, c, 2 * Im, slice(w->gu_b, e, 2 * Im));
+    if (w->gu_b) ag_linear_bias_forward(GU, slice(w->gu_b, e, 2 * Im), c, 2 * Im);
     glu_forward(M, GU, c, Im, f);
     if (!ag_gemm_buf(CblasNoTrans, CblasNoTrans, c, H, Im, 1.0f, M, Im, slice(w->d_w, e, Im * H), H, 0.0f, Y, H))
         return false;
-    if (w->d_b) add_bias(Y, c, H, slice(w->d_b, e, H));
+    if (w->d_b) ag_linear_bias_forward(Y, slice(w->d_b, e, H), c, H);
     return true;
 }
 
