@@ -666,6 +666,10 @@ ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, cons
 // the pads of a row come first, so between real tokens the two agree).
 ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                       const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window);
+// The same with gpt_oss's sinks [Hq] (ag_attention_sinks; NULL: none), under the lean framework.
+ag_tensor *ag_attention_cached_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                     const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window,
+                                     const ag_tensor *sinks);
 
 // ================================================================================================
 // Activation checkpointing (op_checkpoint.c)

@@ -117,19 +117,16 @@ int llama_family_refuse_unmodelled(const llama_config *c, const char *path, ag_e
     return -1;
 }
 
-int llama_family_check_run(const llama_config *c, const ag_ctx *ctx, bool generation, const char *what, ag_err *err) {
+int llama_family_check_run(const llama_config *c, const ag_ctx *ctx, const char *what, ag_err *err) {
     if (c->family != LLAMA_FAMILY_GPT_OSS) return 0;
     const ag_framework_row *fw = ag_ctx_framework_row(ctx);
-    const char *why = generation ? "a generation (the cached attention has no sinks)"
-                      : AG_FW(fw, moe) != AG_MOE_GROUPED
+    const char *why = AG_FW(fw, moe) != AG_MOE_GROUPED
                           ? "this framework (transformers' GptOssExperts loop and eager attention with sinks are not "
                             "modelled op by op: --framework lean)"
                       : c->moe.ep > 1 ? "--ep (stacked experts split over ranks are not modelled)"
                                       : NULL;
     if (!why) return 0;
-    ag_err_set(err,
-               "%s: model_type \"gpt_oss\" (GptOssForCausalLM) runs a training step under --framework lean; not %s",
-               what, why);
+    ag_err_set(err, "%s: model_type \"gpt_oss\" (GptOssForCausalLM) runs under --framework lean; not %s", what, why);
     return -1;
 }
 

@@ -56,8 +56,8 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     if (kr && v) ag_kv_cache_append(ctx, kv, kr, v);
     REL(kr);
     REL(v);
-    ag_tensor *a = ag_attention_cached_window(ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq,
-                                              llama_layer_window(c, i));
+    ag_tensor *a = ag_attention_cached_sinks(ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq,
+                                             llama_layer_window(c, i), L->sinks); // gpt_oss's; else NULL
     REL(qr);
     if (!g->kv) ag_kv_cache_free(kv);
     return llama_attention_out(ctx, L, x, a, i);
@@ -226,7 +226,7 @@ static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, con
         return -1;
     }
     if (ids && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return -1;
-    if (llama_family_check_run(c, ctx, true, "generate", err) != 0) return -1;
+    if (llama_family_check_run(c, ctx, "generate", err) != 0) return -1;
     return mask && !meta ? check_mask(mask, B, T, err) : 0;
 }
 

@@ -15,8 +15,9 @@ typedef struct {
     int Hq, Hkv, D;
     const int32_t *mask; // [B, ld] or NULL
     int64_t ld;
-    bool threaded;  // heads split between threads: chunk products by ag_sgemm_small only
-    int64_t window; // 0: none; else keys window or more cache slots back are hidden
+    bool threaded;      // heads split between threads: chunk products by ag_sgemm_small only
+    int64_t window;     // 0: none; else keys window or more cache slots back are hidden
+    const float *sinks; // gpt_oss: [Hq], one more logit in each row's denominator; NULL: none
 } cat_dims;
 
 // Eight partial sums, so that the compiler may keep them in vector registers.
@@ -120,13 +121,16 @@ static void chunk_values(float *o, int64_t ldo, const float *p, const float *vc,
 // 0 rather than NaN, and it is never read by a real query, whose mask hides it.
 // A sliding window counts cache slots, as transformers' masks do: the pads come first in a row,
 // so between real tokens that is their distance in positions.
-static void masked_softmax_row(float *row, int64_t b, int64_t i, const cat_dims *a) {
+// A sink (query head h's, when the op has them) joins the denominator and attends to nothing.
+static void masked_softmax_row(float *row, int64_t b, int64_t i, int h, const cat_dims *a) {
     int64_t n = a->Tk - a->Tq + i + 1, lo = ag_window_first(n - 1, a->window);
     const int32_t *m = a->mask ? a->mask + b * a->ld : NULL;
     float mx = -INFINITY;
     for (int64_t j = lo; j < n; j++)
         if ((!m || m[j]) && row[j] > mx) mx = row[j];
-    double sum = ag_softmax_exp(row + lo, row + lo, n - lo, mx, m ? m + lo : NULL);
+    const float *sink = a->sinks ? a->sinks + h : NULL;
+    if (sink && *sink > mx) mx = *sink;
+    double sum = ag_softmax_exp(row + lo, row + lo, n - lo, mx, m ? m + lo : NULL) + (sink ? exp(*sink - mx) : 0.0);
     float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
     for (int64_t j = lo; j < n; j++) row[j] *= inv;
     for (int64_t j = 0; j < lo; j++) row[j] = 0.0f;
@@ -186,7 +190,7 @@ typedef struct {
 // decode step's cache is a chunk per generated token, and a call per chunk and head (its output
 // stored and reloaded each time) cost more than the products.
 AG_AVX512_INLINE void decode_head_nd(float *o, float *pr, const float *qh, const ag_kv_cache *c, const cat_dims *a,
-                                     int64_t b, int g, const int nd) {
+                                     int64_t b, int h, int g, const int nd) {
     const float scale = 1.0f / sqrtf((float)a->D);
     __m512 qv[8], acc[8];
     for (int d = 0; d < nd; d++) qv[d] = _mm512_loadu_ps(qh + 16 * d), acc[d] = _mm512_setzero_ps();
@@ -206,7 +210,7 @@ AG_AVX512_INLINE void decode_head_nd(float *o, float *pr, const float *qh, const
         off += ch->t;
     }
     for (int64_t k = 0; k < np; k++) pr[off - np + k] = scale * _mm512_reduce_add_ps(t[k]);
-    masked_softmax_row(pr, b, 0, a);
+    masked_softmax_row(pr, b, 0, h, a);
     off = 0;
     for (size_t i = 0; i < c->n; i++) {
         const kv_chunk *ch = &c->chunks[i];
@@ -227,9 +231,9 @@ AG_AVX512 static void decode_head(const cached_args *x, int64_t bh) {
     const float *qh = x->q + b * ldq + (int64_t)h * a->D;
     float *o = x->o + b * ldq + (int64_t)h * a->D, *pr = x->probs + bh * a->Tk;
     if (a->D == 64)
-        decode_head_nd(o, pr, qh, x->c, a, b, g, 4);
+        decode_head_nd(o, pr, qh, x->c, a, b, h, g, 4);
     else
-        decode_head_nd(o, pr, qh, x->c, a, b, g, 8);
+        decode_head_nd(o, pr, qh, x->c, a, b, h, g, 8);
 }
 #endif
 
@@ -257,7 +261,7 @@ static void heads_part(void *p, int64_t lo, int64_t hi, int thread) {
 #endif
         float *pr = x->probs + bh * a->Tq * a->Tk;
         head_scores(pr, x->q, x->c, a, bh / a->Hq, (int)(bh % a->Hq));
-        for (int64_t i = 0; i < a->Tq; i++) masked_softmax_row(pr + i * a->Tk, bh / a->Hq, i, a);
+        for (int64_t i = 0; i < a->Tq; i++) masked_softmax_row(pr + i * a->Tk, bh / a->Hq, i, (int)(bh % a->Hq), a);
         head_values(x->o, pr, x->c, a, bh / a->Hq, (int)(bh % a->Hq));
     }
 }
@@ -266,7 +270,8 @@ static void softmax_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const cached_args *x = p;
     const cat_dims *a = x->a;
-    for (int64_t r = lo; r < hi; r++) masked_softmax_row(x->probs + r * a->Tk, r / (a->Hq * a->Tq), r % a->Tq, a);
+    for (int64_t r = lo; r < hi; r++)
+        masked_softmax_row(x->probs + r * a->Tk, r / (a->Hq * a->Tq), r % a->Tq, (int)(r / a->Tq % a->Hq), a);
 }
 
 // o[B, Tq, Hq*D]; probs [B, Hq, Tq, Tk]; q[B, Tq, Hq*D]; keys and values from the chunks.
@@ -361,6 +366,14 @@ typedef struct {
     const cat_dims *a;
 } cflash_args;
 
+// o[D] *= e^(lse - log(e^lse + e^sink)): a row normalised over its keys, rescaled for the sink.
+static void sink_scale(float *o, int D, float lse, float sink) {
+    if (lse == -INFINITY) return; // no key seen: the row is zeros already
+    const double m = lse > sink ? lse : sink, total = m + log(exp(lse - m) + exp(sink - m));
+    const float keep = (float)exp(lse - total);
+    for (int d = 0; d < D; d++) o[d] *= keep;
+}
+
 // Tasks [lo, hi): one block of queries of one head each, the last blocks (most keys) first.
 static void cflash_part(void *p, int64_t lo, int64_t hi, int thread) {
     const cflash_args *x = p;
@@ -394,11 +407,13 @@ static void cflash_part(void *p, int64_t lo, int64_t hi, int thread) {
             }
         }
         int64_t at = b * x->sb + h * x->sh + r0 * x->st;
-        if (f32) {
-            ag_flash_rows_end(&w, (float *)x->o.p + at, x->st, NULL);
-            continue;
-        }
-        ag_flash_rows_end(&w, ob, D, NULL);
+        float lse[AG_FLASH_BR];
+        float *out = f32 ? (float *)x->o.p + at : ob;
+        const int64_t ld = f32 ? x->st : D;
+        ag_flash_rows_end(&w, out, ld, a->sinks ? lse : NULL);
+        for (int64_t r = 0; a->sinks && r < nr; r++) // the sink's share of the row leaves the keys
+            sink_scale(out + r * ld, D, lse[r], a->sinks[h]);
+        if (f32) continue;
         for (int64_t r = 0; r < nr; r++) ag_vec_copy(ag_buf_at(x->o, at + r * x->st), ag_buf_f32(ob + r * D), D);
     }
 }
@@ -464,6 +479,12 @@ ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, cons
 
 ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                       const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window) {
+    return ag_attention_cached_sinks(ctx, site, q, cache, key_mask, mask_ld, Hq, window, NULL);
+}
+
+ag_tensor *ag_attention_cached_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                     const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window,
+                                     const ag_tensor *sinks) {
     ag_tensor *ins[] = {q};
     if (!ag_check_inputs(ctx, "attention_cached", site, 1, ins, (const char *[]){"q"})) return NULL;
     ag_site s;
@@ -475,9 +496,29 @@ ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *
     }
     if (!key_mask) mask_ld = cache->tokens;
     if (!cached_shapes(ctx, s.base, q, cache, Hq, mask_ld)) return NULL;
-    cat_dims a = {q->shape[0], q->shape[1], cache->tokens, Hq,    cache->Hkv,
-                  cache->D,    key_mask,    mask_ld,       false, window < 0 ? 0 : window};
-    if (ctx->attention == AG_ATTENTION_FLASH) return cached_flash(ctx, &s, q, cache, &a);
+    const bool flash = ctx->attention == AG_ATTENTION_FLASH;
+    if (sinks && (sinks->numel != Hq || (flash ? AG_FW(ctx->fw, flash) != AG_FLASH_FUSED
+                                               : AG_FW(ctx->fw, attention) != AG_ATTENTION_OPS_FUSED))) {
+        ag_fail(ctx, AG_ERR_ARG,
+                "attention_cached %s: sinks of %lld values for %d heads (one a head, under the lean framework: the "
+                "only attention with sinks membill computes)",
+                s.base, (long long)sinks->numel, Hq);
+        return NULL;
+    }
+    float sv[Hq];
+    for (int h = 0; sinks && !mp_is_meta() && h < Hq; h++) sv[h] = ag_get(sinks->data, sinks->dtype, h);
+    cat_dims a = {q->shape[0],
+                  q->shape[1],
+                  cache->tokens,
+                  Hq,
+                  cache->Hkv,
+                  cache->D,
+                  key_mask,
+                  mask_ld,
+                  false,
+                  window < 0 ? 0 : window,
+                  sinks && !mp_is_meta() ? sv : NULL};
+    if (flash) return cached_flash(ctx, &s, q, cache, &a);
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);

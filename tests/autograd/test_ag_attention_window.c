@@ -254,15 +254,21 @@ static void test_window_zero(void **state) {
 
 // The cache: a prefill of T tokens (every query) then decode steps of one, under eager and flash,
 // against the training op over the whole sequence.
-static void cached_matches(ag_framework f, ag_attention_kind kind, const win_case *c) {
-    float *train[4];
-    run(c, AG_FRAMEWORK_LEAN, AG_ATTENTION_EAGER, train);
+// sinks: gpt_oss's, against the training op with the same sinks (run_sinks').
+static void cached_matches(ag_framework f, ag_attention_kind kind, const win_case *c, bool sinks) {
+    float *train[5] = {NULL};
+    if (sinks)
+        run_sinks(c, AG_ATTENTION_EAGER, train);
+    else
+        run(c, AG_FRAMEWORK_LEAN, AG_ATTENTION_EAGER, train);
     ag_ctx *ctx = ag_ctx_new();
     ag_ctx_set_framework(ctx, f);
     ag_ctx_set_attention(ctx, kind);
     ag_set_grad_enabled(ctx, false);
-    ag_tensor *in[3];
+    ag_tensor *in[4];
     make_inputs(ctx, c, in, false);
+    in[3] = ag_test_const(ctx, 1, (int64_t[]){c->Hq}, "sinks", 47);
+    ag_fill(in[3], 47, -3.0f, 3.0f);
     const int64_t prefill = c->T - 3, wq = (int64_t)c->Hq * c->D, wk = (int64_t)c->Hkv * c->D;
     ag_kv_cache *cache = ag_kv_cache_new(ctx, SITE, MP_CACHE, c->B, c->Hkv, c->D);
     for (int64_t t0 = 0; t0 < c->T; t0 += t0 ? 1 : prefill) {
@@ -276,7 +282,8 @@ static void cached_matches(ag_framework f, ag_attention_kind kind, const win_cas
                        (size_t)(t * w) * sizeof(float));
         }
         assert_true(ag_kv_cache_append(ctx, cache, part[1], part[2]));
-        ag_tensor *o = ag_attention_cached_window(ctx, SITE, part[0], cache, NULL, 0, c->Hq, c->window);
+        ag_tensor *o =
+            ag_attention_cached_sinks(ctx, SITE, part[0], cache, NULL, 0, c->Hq, c->window, sinks ? in[3] : NULL);
         if (!o) fail_msg("attention_cached: %s", ag_ctx_error(ctx));
         for (int64_t b = 0; b < c->B; b++) {
             const float *want = train[0] + (b * c->T + t0) * wq;
@@ -289,9 +296,9 @@ static void cached_matches(ag_framework f, ag_attention_kind kind, const win_cas
         for (int i = 0; i < 3; i++) ag_release(part[i]);
     }
     ag_kv_cache_free(cache);
-    for (int i = 0; i < 3; i++) ag_release(in[i]);
+    for (int i = 0; i < 4; i++) ag_release(in[i]);
     ag_ctx_free(ctx);
-    for (int i = 0; i < 4; i++) free(train[i]);
+    for (int i = 0; i < 5; i++) free(train[i]);
 }
 
 static void test_cached(void **state) {
@@ -303,7 +310,11 @@ static void test_cached(void **state) {
         for (int f = 0; f < 2; f++)
             for (int kind = 0; kind < 2; kind++)
                 cached_matches(f ? AG_FRAMEWORK_PYTORCH : AG_FRAMEWORK_LEAN,
-                               kind ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER, &cases[k]);
+                               kind ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER, &cases[k], false);
+    // gpt_oss's sinks (lean): the decode sweep (D 64, 128), chunks and tiles, eager and flash
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++)
+        for (int kind = 0; kind < 2; kind++)
+            cached_matches(AG_FRAMEWORK_LEAN, kind ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER, &cases[k], true);
 }
 
 static int setup_plain(void **state) {

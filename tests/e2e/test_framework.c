@@ -273,8 +273,8 @@ static void meta_equals_real_moe(void **state) {
 }
 
 // gpt_oss (sinks, alternating windows, the top-k-then-softmax router, stacked experts) runs under
-// lean, eager and flash, meta == real under the recorded routing; the PyTorch frameworks are
-// refused by name.
+// lean, eager and flash, training and generation, meta == real under the recorded routing; the
+// PyTorch frameworks are refused by name.
 static void meta_equals_real_gpt_oss(void **state) {
     (void)state;
     char a[512];
@@ -282,6 +282,24 @@ static void meta_equals_real_gpt_oss(void **state) {
     meta_equals_real_fws(a, true, 2);
     snprintf(a, sizeof a, "--config %s/tiny_gpt_oss/config.json --seq-len 70 --attention flash", MEMBILL_GOLDEN_DIR);
     meta_equals_real_fws(a, true, 2);
+    // a generation (the sinks in the cached attention): meta == real under the recorded routing
+    static const char *const cats[] = {"weight", "activation", "cache", "temporary"};
+    for (int flash = 0; flash < 2; flash++) {
+        snprintf(a, sizeof a,
+                 "infer --framework lean --config %s/tiny_gpt_oss/config.json --seq-len 9 --new-tokens 5 --routing-out "
+                 "%s/routing.json%s",
+                 MEMBILL_GOLDEN_DIR, cli_run_dir, flash ? " --attention flash" : "");
+        json_t *real = cli_run_json(a);
+        snprintf(a, sizeof a,
+                 "infer --meta --framework lean --config %s/tiny_gpt_oss/config.json --seq-len 9 --new-tokens 5 "
+                 "--routing %s/routing.json%s",
+                 MEMBILL_GOLDEN_DIR, cli_run_dir, flash ? " --attention flash" : "");
+        json_t *meta = cli_run_json(a);
+        for (int c = 0; c < 4; c++) assert_int_equal(cat_peak(meta, cats[c]), cat_peak(real, cats[c]));
+        assert_true(cat_peak(real, "cache") > 0);
+        json_decref(real);
+        json_decref(meta);
+    }
     static const char *const refused[][2] = {{"--framework pytorch", "GptOssExperts"},
                                              {"--framework pytorch-1.13", "GptOssExperts"}};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {

@@ -117,10 +117,23 @@ static void test_families(void **s) {
     attention = AG_ATTENTION_EAGER;
 }
 
+// gpt_oss (tests/reference/gpt_oss_ref.py): the sinks in the cached attention, the alternating
+// window, YaRN, the stacked experts: the reference's greedy tokens, with and without the cache,
+// eager and flash (the lean framework, the context's default).
+static void test_gpt_oss(void **s) {
+    (void)s;
+    for (int a = 0; a < 2; a++) {
+        attention = a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER;
+        check_solo("tiny_gpt_oss");
+    }
+    attention = AG_ATTENTION_EAGER;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tied_solo),    cmocka_unit_test(test_untied_solo),  cmocka_unit_test(test_tied_batch),
         cmocka_unit_test(test_untied_batch), cmocka_unit_test(test_mask_matters), cmocka_unit_test(test_families),
+        cmocka_unit_test(test_gpt_oss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,7 +12,8 @@ gate_up_proj [E, H, 2I] with gate and up interleaved, the clamped SwiGLU (up + 1
 sigmoid(gate * 1.702), down_proj [E, I, H], the biases); YaRN through llama_ref's rope.
 
 Deterministic (fixed seeds, CPU float32, one thread): the files are byte-identical run to run.
-Writes config.json, model.safetensors and golden.safetensors (input_ids, loss, grad.<name>).
+Writes config.json, model.safetensors and golden.safetensors (input_ids, loss, grad.<name>, and
+greedy: the 8 tokens generate(do_sample=False) gives after the first prompt).
 """
 import argparse
 import json
@@ -40,6 +41,8 @@ CONFIG = {
 }
 SEED = 1015
 MIN_ROUTE_GAP = 1e-4  # the k-th and (k+1)-th router logits of every token lie this far apart
+N_NEW = 8  # greedy tokens after ids[0]
+MIN_MARGIN = 1e-3  # every greedy argmax wins by this much, so float noise cannot flip it
 META = {"format": "pt", "generator": "tests/reference/gpt_oss_ref.py"}
 
 
@@ -146,7 +149,8 @@ def experts(cfg, params, p, x, scores, idx, clamped):
     return out
 
 
-def loss_fn(cfg, params, ids, logits_out=None, clamped=None):
+def forward(cfg, params, ids, logits_out=None, clamped=None):
+    """Logits [B, T, V] (every token routed, as transformers' sparse blocks route them)."""
     b, t = ids.shape
     clamped = clamped if clamped is not None else [0]
     x = F.embedding(ids, params["model.embed_tokens.weight"])
@@ -161,7 +165,25 @@ def loss_fn(cfg, params, ids, logits_out=None, clamped=None):
         scores, idx = router(cfg, params, p + "mlp.", h, logits_out)
         x = x + experts(cfg, params, p + "mlp.", h, scores, idx, clamped).view(b, t, -1)
     x = L.rms_norm(x, params["model.norm.weight"], eps)
-    return L.causal_lm_loss(F.linear(x, params["lm_head.weight"]), ids)
+    return F.linear(x, params["lm_head.weight"])
+
+
+def loss_fn(cfg, params, ids, logits_out=None, clamped=None):
+    return L.causal_lm_loss(forward(cfg, params, ids, logits_out, clamped), ids)
+
+
+def greedy(cfg, params, prompt, n, logits_out):
+    """generate(do_sample=False) of n tokens, each from a whole forward of the sequence so far (the
+    uncached path: the cache's own answer must equal it); returns the tokens and the least margin
+    between the best and the second logit."""
+    seq, margin = prompt, float("inf")
+    with torch.no_grad():
+        for _ in range(n):
+            last = forward(cfg, params, seq, logits_out)[:, -1]
+            top = last.topk(2, dim=-1).values
+            margin = min(margin, (top[:, 0] - top[:, 1]).min().item())
+            seq = torch.cat([seq, last.argmax(dim=-1, keepdim=True)], dim=1)
+    return seq[:, prompt.shape[1]:], margin
 
 
 def main():
@@ -178,6 +200,9 @@ def main():
     logits, clamped = [], [0]
     loss = loss_fn(cfg, leaves, ids, logits, clamped)
     loss.backward()
+    tokens, margin = greedy(cfg, params, ids[:1], N_NEW, logits)
+    if margin < MIN_MARGIN:
+        raise SystemExit("gpt_oss_ref: a greedy argmax wins by %.1e only: pick another seed" % margin)
     k = cfg.num_experts_per_tok
     gap = min((z.sort(dim=-1, descending=True).values[:, k - 1] - z.sort(dim=-1, descending=True).values[:, k])
               .min().item() for z in logits)
@@ -191,10 +216,11 @@ def main():
         json.dump(CONFIG, f, indent=2)
         f.write("\n")
     L.st_write(os.path.join(folder, "model.safetensors"), params, META)
-    golden = {"input_ids": ids, "loss": loss.detach().reshape(1)}
+    golden = {"input_ids": ids, "loss": loss.detach().reshape(1), "greedy": tokens}
     golden.update({"grad." + n: t.grad.detach().clone() for n, t in leaves.items()})
     L.st_write(os.path.join(folder, "golden.safetensors"), golden, META)
-    print("tiny_gpt_oss", json.dumps({"loss": loss.item(), "min_route_gap": gap, "clamped": clamped[0]}))
+    print("tiny_gpt_oss", json.dumps({"loss": loss.item(), "min_route_gap": gap, "clamped": clamped[0],
+                                      "greedy": tokens.tolist(), "min_margin": margin}))
 
 
 if __name__ == "__main__":
