@@ -28,8 +28,10 @@
 //     unless given, attention_bias optional, a sliding window as qwen2's;
 //   mixtral: mistral's attention, every MLP a mixture of experts (block_sparse_moe);
 //   qwen2_moe: qwen2's attention, mixtures of experts with a gated shared expert;
-//   qwen3_moe: qwen3's attention, mixtures of experts.
-// gemma2, gemma3_text, phi3, gpt_oss and deepseek_v3 have their parameter tables here (names,
+//   qwen3_moe: qwen3's attention, mixtures of experts;
+//   gpt_oss: biases and sinks in attention, a window on every other layer, stacked experts
+//     through a clamped SwiGLU (the lean framework).
+// gemma2, gemma3_text, phi3 and deepseek_v3 have their parameter tables here (names,
 // shapes, counts) but no forward yet: llama_config_parse and the presets refuse them by name
 // (llama_family_modelled).
 typedef enum {
@@ -684,8 +686,8 @@ typedef struct {
     ag_tensor *router, *router_bias;
     ag_tensor **expert_gate, **expert_up, **expert_down;
     ag_tensor *shared_gate, *shared_up, *shared_down, *shared_expert_gate;
-    // The families not modelled yet: phi3's fused projections, gpt_oss's sinks and stacked
-    // experts, deepseek_v3's latent attention, gemma's norms around the MLP.
+    // gpt_oss's sinks and stacked experts; the families not modelled yet: phi3's fused
+    // projections, deepseek_v3's latent attention, gemma's norms around the MLP.
     ag_tensor *qkv, *gate_up, *sinks;
     ag_tensor *experts_gate_up, *experts_gate_up_bias, *experts_down, *experts_down_bias;
     ag_tensor *q_a, *q_a_norm, *q_b, *kv_a, *kv_a_norm, *kv_b;
