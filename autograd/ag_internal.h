@@ -49,6 +49,8 @@ struct ag_ctx {
     bool grad_enabled;
     ag_precision dtype;         // element sizes billed (meta mode); float32 by default
     const ag_framework_row *fw; // the framework's row: every framework decision the ops make
+    ag_tensor **held;           // what backward's nodes left for the graph's life (ag_tape_clear)
+    size_t nheld, heldcap;
     ag_attention_kind attention;
     ag_node **tape;
     size_t ntape, cap;
@@ -125,6 +127,8 @@ void ag_node_free(ag_node *n);
 bool ag_tape_push(ag_ctx *ctx, ag_node *n);
 // Frees the nodes above `floor` without running them.
 void ag_tape_clear_to(ag_ctx *ctx, size_t floor);
+// Keeps t (retained) until the graph goes: ag_tape_clear. False with the error set if out of memory.
+bool ag_graph_hold(ag_ctx *ctx, ag_tensor *t);
 
 // torch.autocast's semantics: an autocast dtype under a framework that has them.
 static inline bool ag_autocast(const ag_ctx *ctx) { return ctx->dtype.autocast && AG_FW(ctx->fw, autocast); }

@@ -89,9 +89,11 @@ typedef struct {
             ag_tensor *v;     // for dP; NULL when neither q nor k wants a gradient
             ag_tensor *probs; // [B, Hq, Tq, Tk]
             // PYTORCH (HF eager attention): q is the rope output (B = 1) or the contiguous copy the
-            // score matmul makes of it (B > 1); k and v are NULL, repeat_kv's copies kept instead.
-            ag_tensor *k_rep, *v_rep; // [B, Hq, Tk, D]
-            ag_tensor *scale;         // the float64 scalar that `* scaling` wraps: 8 bytes
+            // score matmul makes of it (B > 1); k and v are NULL, the matmuls' operands kept instead:
+            // [B, Hq, Tk, D] copies (repeat_kv's, the matmuls' own, autocast's casts), or k and v
+            // themselves [B, Tk, Hkv*D] where no copy is made.
+            ag_tensor *k_rep, *v_rep;
+            ag_tensor *scale; // the float64 scalar that `* scaling` wraps: 8 bytes
             // 16 bits (meta mode): the probabilities as `probs @ v` takes them, a 16-bit copy of
             // the float32 softmax (`.to(query.dtype)` in a 16-bit model, autocast's cast); NULL
             // when that is probs itself. k_rep, v_rep and q are then the matmuls' operands.
@@ -180,13 +182,16 @@ typedef struct {
     union {
         struct {
             ag_tensor *x;
+            ag_tensor *args[2], *tuple[2]; // what the caller handed over and the framework keeps
+            ag_tensor *rng;                // preserve_rng_state's CPU state (PYTORCH)
         };
-        ag_tensor *saved[1];
+        ag_tensor *saved[6];
     };
     ag_block_fn fn;
-    void *arg; // malloc'd copy of the block's argument; NULL when it has no bytes
+    void *arg;          // malloc'd copy of the block's argument; NULL when it has no bytes
+    unsigned char held; // bits of `saved` the node holds until the graph goes, not just to backward
 } ag_checkpoint_state;
-AG_SAVED_IN_A_ROW(ag_checkpoint_state, x, 1);
+AG_SAVED_IN_A_ROW(ag_checkpoint_state, rng, 6);
 
 // scale: y = s x; nothing saved.
 typedef struct {

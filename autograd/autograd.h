@@ -195,9 +195,15 @@ typedef enum { AG_RMSNORM_X_RSTD, AG_RMSNORM_HF, AG_RMSNORM_HF_SQUARES } ag_rmsn
 // Eager attention: one fused op keeping q, k, v and the probabilities (FUSED), or transformers'
 // eager_attention_forward op by op (HF_EAGER): the scores made three times (matmul, * scaling,
 // + mask), the float32 probabilities kept with the 8-byte scaling scalar, q kept as it is (a
-// contiguous copy when batch > 1), k and v repeated to every query head by repeat_kv's copies, the
-// context through bmm and transpose(1, 2).contiguous().
+// contiguous copy when batch > 1), the context through bmm and transpose(1, 2).contiguous().
 typedef enum { AG_ATTENTION_OPS_FUSED, AG_ATTENTION_OPS_HF_EAGER } ag_attention_ops;
+// k and v as HF_EAGER's products take them: READ, the key-value heads in place (the fused op's
+// way); REPEAT_KV, transformers' repeat_kv: copies repeated to every query head when the heads are
+// grouped, the heads themselves when each serves one query head (no grouping: repeat_kv returns
+// its input) or when there is one key-value head (expand + reshape of a size-1 dimension is a
+// view, stride 0), the score and context matmuls then making their own contiguous copies when
+// they cannot view them as a batch of matrices (batch > 1).
+typedef enum { AG_KV_READ, AG_KV_REPEAT_KV } ag_kv_heads;
 // Flash attention: the op's own output kept (FUSED), or SDPA's [B, heads, T, D] output kept beside
 // transformers' transposed copy, its operands cast under autocast (SDPA).
 typedef enum { AG_FLASH_FUSED, AG_FLASH_SDPA } ag_flash_ops;
@@ -209,6 +215,16 @@ typedef enum { AG_LOSS_FUSED, AG_LOSS_HF } ag_loss_ops;
 // [T, T + 1] (target length T + 1 without an attention mask), or current transformers' [B, 1, T, T]
 // (a second one for Qwen's sliding layers).
 typedef enum { AG_MASK_NONE, AG_MASK_T_T1, AG_MASK_B_T_T } ag_mask_shape;
+// What a checkpointed layer keeps beside its input, from what its caller hands it (the causal
+// mask, the positions, the rotary tables): NONE, the input alone (nothing else is handed over);
+// SAVED, transformers 4.4x under torch.utils.checkpoint (reentrant): its tensor arguments saved
+// for backward, released once the layer's backward ran, the (cos, sin) tuple kept by the node
+// until the graph goes; HELD, current transformers (GradientCheckpointingLayer): every argument
+// but the input bound in a partial that the node keeps until the graph goes.
+typedef enum { AG_CKPT_ARGS_NONE, AG_CKPT_ARGS_SAVED, AG_CKPT_ARGS_HELD } ag_checkpoint_args_kept;
+// torch.get_rng_state()'s bytes (CPUGeneratorImplState, the same in 1.13 and since): what
+// preserve_rng_state keeps per checkpointed layer.
+#define AG_TORCH_RNG_STATE_BYTES 5056
 // A mixture of experts: the router keeping its float32 softmax and one grouped dispatch of the
 // experts keeping each routed pair's gate and up outputs (GROUPED), or transformers' sparse block
 // op by op (HF_EAGER): softmax, topk and `/=` their sum with topk's int64 indices, the sum and the
@@ -222,29 +238,32 @@ typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113 } ag_foreach_kind;
 
 // The fields of a row, in order: X(type, field).
 #define AG_FW_FIELDS(X)                                                                                                \
-    X(const char *, name)            /* --framework NAME, run.framework */                                             \
-    X(const char *, text)            /* the report's line */                                                           \
-    X(const char *, brief)           /* --framework's help */                                                          \
-    X(bool, typed_tensors)           /* each output and gradient has its tensor's dtype */                             \
-    X(bool, leaf_sum_out_of_place)   /* a leaf reached twice: gradients summed out of place */                         \
-    X(ag_rmsnorm_saves, rmsnorm)     /* what RMSNorm keeps */                                                          \
-    X(ag_attention_ops, attention)   /* eager attention's ops */                                                       \
-    X(ag_flash_ops, flash)           /* flash attention's ops */                                                       \
-    X(bool, flash_available)         /* --attention flash runs (1.13 has no SDPA) */                                   \
-    X(ag_loss_ops, loss)             /* the loss's ops */                                                              \
-    X(bool, dropout_mask)            /* dropout keeps a one-byte mask */                                               \
-    X(bool, dequantize_whole)        /* a 4-bit base dequantised whole per product */                                  \
-    X(bool, autocast)                /* torch.autocast's casts exist */                                                \
-    X(bool, kv_cache_cat)            /* the KV cache grows by torch.cat */                                             \
-    X(bool, prefill_last_logits)     /* a prefill makes the last position's logits only */                             \
-    X(ag_mask_shape, mask)           /* the causal mask the model makes */                                             \
-    X(bool, rope_tables)             /* cos and sin made once a forward, kept by RoPE */                               \
-    X(bool, output_cache)            /* the forward's output holds a DynamicCache */                                   \
-    X(bool, output_holds_hidden)     /* the base model's output holds the last hidden state */                         \
-    X(ag_foreach_kind, adam_foreach) /* torch.optim's foreach Adam */                                                  \
-    X(bool, zero_grad_first)         /* zero_grad opens the step (the Trainer's loop) */                               \
-    X(ag_moe_ops, moe)               /* a mixture of experts' router and experts */                                    \
-    X(bool, node_sum_out_of_place)   /* a node's gradient made apart, summed out of place */
+    X(const char *, name)                       /* --framework NAME, run.framework */                                  \
+    X(const char *, text)                       /* the report's line */                                                \
+    X(const char *, brief)                      /* --framework's help */                                               \
+    X(bool, typed_tensors)                      /* each output and gradient has its tensor's dtype */                  \
+    X(bool, leaf_sum_out_of_place)              /* a leaf reached twice: gradients summed out of place */              \
+    X(ag_rmsnorm_saves, rmsnorm)                /* what RMSNorm keeps */                                               \
+    X(ag_attention_ops, attention)              /* eager attention's ops */                                            \
+    X(ag_kv_heads, kv_heads)                    /* k and v as the eager products take them */                          \
+    X(ag_flash_ops, flash)                      /* flash attention's ops */                                            \
+    X(bool, flash_available)                    /* --attention flash runs (1.13 has no SDPA) */                        \
+    X(ag_loss_ops, loss)                        /* the loss's ops */                                                   \
+    X(bool, dropout_mask)                       /* dropout keeps a one-byte mask */                                    \
+    X(bool, dequantize_whole)                   /* a 4-bit base dequantised whole per product */                       \
+    X(bool, autocast)                           /* torch.autocast's casts exist */                                     \
+    X(bool, kv_cache_cat)                       /* the KV cache grows by torch.cat */                                  \
+    X(bool, prefill_last_logits)                /* a prefill makes the last position's logits only */                  \
+    X(ag_mask_shape, mask)                      /* the causal mask the model makes */                                  \
+    X(bool, rope_tables)                        /* cos and sin made once a forward, kept by RoPE */                    \
+    X(bool, output_cache)                       /* the forward's output holds a DynamicCache */                        \
+    X(bool, output_holds_hidden)                /* the base model's output holds the last hidden state */              \
+    X(ag_checkpoint_args_kept, checkpoint_args) /* what a checkpointed layer keeps beside its input */                 \
+    X(bool, checkpoint_rng_state)               /* a CPU RNG state kept per checkpointed layer */                      \
+    X(ag_foreach_kind, adam_foreach)            /* torch.optim's foreach Adam */                                       \
+    X(bool, zero_grad_first)                    /* zero_grad opens the step (the Trainer's loop) */                    \
+    X(ag_moe_ops, moe)                          /* a mixture of experts' router and experts */                         \
+    X(bool, node_sum_out_of_place)              /* a node's gradient made apart, summed out of place */
 
 typedef enum {
 #define AG_FW_FIELD_ID(type, field) AG_FWF_##field,
@@ -267,6 +286,11 @@ const ag_framework_row *ag_ctx_framework_row(const ag_ctx *ctx);
 #define AG_FW(row, field) (ag_framework_mark(AG_FWF_##field), (row)->field)
 void ag_framework_mark(ag_framework_field f);
 bool ag_framework_field_read(ag_framework_field f); // read through AG_FW since the process began
+// What the eager attention's products take for k and v under row r (its kv_heads) at batch B with
+// Hq query and Hkv key-value heads: the heads in place, repeat_kv's copies, or the matmuls' own
+// copies (both [B, Hq, Tk, D]). The op, the cached attention and the closed form all ask here.
+typedef enum { AG_KV_IN_PLACE, AG_KV_REPEATED, AG_KV_MATMUL_COPIES } ag_kv_layout;
+ag_kv_layout ag_eager_kv_layout(const ag_framework_row *r, int64_t B, int Hq, int Hkv);
 // A field's name and what it decides, and one row's value of it in words (membill help
 // frameworks); NULL for a field out of range.
 const char *ag_framework_field_name(ag_framework_field f);
@@ -369,7 +393,9 @@ uint64_t ag_param_storage_bytes(const ag_tensor *param);
 // made by recorded ops then no longer require grad.
 ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss);
 ag_status ag_backward_grad(ag_ctx *ctx, ag_tensor *out, const ag_tensor *grad);
-void ag_tape_clear(ag_ctx *ctx); // drops the tape without backward
+// Drops the tape without backward, and what a backward's nodes left held for the graph's life
+// (ag_checkpoint_with): the loss, and the graph with it, goes.
+void ag_tape_clear(ag_ctx *ctx);
 
 // What the tape holds. saved_bytes counts the activation tensors a node keeps alive for its
 // backward (parameters it refers to are not counted: they live anyway).
@@ -691,3 +717,15 @@ typedef ag_tensor *(*ag_block_fn)(ag_ctx *ctx, const void *arg, ag_tensor *x);
 // With it on, y requires grad (the block's parameters are not known before backward). fn
 // returning NULL in backward fails the backward (with the context's error, else saying so).
 ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg, size_t arg_size, ag_tensor *x);
+// The same for a block that also receives what its caller shares between blocks: tensor
+// arguments (the causal mask, the positions) and a tuple (the rotary tables cos and sin), NULL
+// where there is none. The context's row (checkpoint_args, checkpoint_rng_state) says what the
+// node keeps of them and how long: saved tensors go once the block's backward ran; what the node
+// still holds then stays until the graph goes (ag_tape_clear), as a PyTorch node's attributes
+// stay while the loss that leads to it lives. A CPU RNG state may be kept beside them.
+typedef struct {
+    ag_tensor *tensors[2];
+    ag_tensor *tuple[2];
+} ag_checkpoint_args;
+ag_tensor *ag_checkpoint_with(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg, size_t arg_size,
+                              ag_tensor *x, const ag_checkpoint_args *args);

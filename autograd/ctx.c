@@ -18,6 +18,7 @@ void ag_ctx_free(ag_ctx *ctx) {
     if (!ctx) return;
     ag_tape_clear(ctx);
     free(ctx->tape);
+    free(ctx->held);
     free(ctx);
 }
 

@@ -15,6 +15,7 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .leaf_sum_out_of_place = false,
             .rmsnorm = AG_RMSNORM_X_RSTD,
             .attention = AG_ATTENTION_OPS_FUSED,
+            .kv_heads = AG_KV_READ,
             .flash = AG_FLASH_FUSED,
             .flash_available = true,
             .loss = AG_LOSS_FUSED,
@@ -27,6 +28,8 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .rope_tables = false,
             .output_cache = false,
             .output_holds_hidden = false,
+            .checkpoint_args = AG_CKPT_ARGS_NONE,
+            .checkpoint_rng_state = false,
             .adam_foreach = AG_FOREACH_CURRENT,
             .zero_grad_first = false,
             .moe = AG_MOE_GROUPED,
@@ -41,6 +44,7 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .leaf_sum_out_of_place = true,
             .rmsnorm = AG_RMSNORM_HF,
             .attention = AG_ATTENTION_OPS_HF_EAGER,
+            .kv_heads = AG_KV_REPEAT_KV,
             .flash = AG_FLASH_SDPA,
             .flash_available = true,
             .loss = AG_LOSS_HF,
@@ -53,6 +57,8 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .rope_tables = true,
             .output_cache = true,
             .output_holds_hidden = true,
+            .checkpoint_args = AG_CKPT_ARGS_HELD,
+            .checkpoint_rng_state = true,
             .adam_foreach = AG_FOREACH_CURRENT,
             .zero_grad_first = true,
             .moe = AG_MOE_HF_EAGER,
@@ -67,6 +73,7 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .leaf_sum_out_of_place = true,
             .rmsnorm = AG_RMSNORM_HF_SQUARES,
             .attention = AG_ATTENTION_OPS_HF_EAGER,
+            .kv_heads = AG_KV_REPEAT_KV,
             .flash = AG_FLASH_SDPA,
             .flash_available = false,
             .loss = AG_LOSS_HF,
@@ -79,6 +86,8 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .rope_tables = true,
             .output_cache = true,
             .output_holds_hidden = true,
+            .checkpoint_args = AG_CKPT_ARGS_SAVED,
+            .checkpoint_rng_state = true,
             .adam_foreach = AG_FOREACH_113,
             .zero_grad_first = true,
             .moe = AG_MOE_HF_EAGER,
@@ -87,6 +96,15 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
 };
 
 const ag_framework_row *ag_framework_row_of(ag_framework f) { return (unsigned)f < AG_NFRAMEWORKS ? &rows[f] : NULL; }
+
+ag_kv_layout ag_eager_kv_layout(const ag_framework_row *r, int64_t B, int Hq, int Hkv) {
+    if (AG_FW(r, kv_heads) == AG_KV_READ) return AG_KV_IN_PLACE;
+    // repeat_kv: expand + reshape copies, unless the expanded dimension is one head (its reshape is
+    // then a view, stride 0 along the query heads) or there is none to expand (it returns its input)
+    if (Hq > Hkv && Hkv > 1) return AG_KV_REPEATED;
+    // a matmul views that as a batch of matrices only at batch 1
+    return B > 1 ? AG_KV_MATMUL_COPIES : AG_KV_IN_PLACE;
+}
 
 // ---- the fields in words ----
 
@@ -120,7 +138,13 @@ static const field_text texts[AG_FW_NFIELDS] = {
                           {"one op: q, k, v and the probabilities kept",
                            "transformers' eager_attention_forward: the scores made three times (matmul, * scaling, "
                            "+ mask), the float32 probabilities and the 8-byte scaling scalar kept, q kept (a "
-                           "contiguous copy when batch > 1), repeat_kv's copies of k and v at every query head kept"}},
+                           "contiguous copy when batch > 1)"}},
+    [AG_FWF_kv_heads] = {"kv_heads",
+                         "k and v as the eager products take them",
+                         {"the key-value heads, read in place",
+                          "repeat_kv: copies at every query head when grouped, kept by the two matmuls; the heads "
+                          "themselves without grouping or with one key-value head (a view), the matmuls' own copies "
+                          "when batch > 1"}},
     [AG_FWF_flash] = {"flash",
                       "flash attention (--attention flash)",
                       {"q, k, v, the output and a float32 log-sum-exp a row kept",
@@ -170,6 +194,18 @@ static const field_text texts[AG_FW_NFIELDS] = {
                                     "the last hidden state",
                                     {"freed once lm_head has it",
                                      "held by the base model's output until the loss is made"}},
+    [AG_FWF_checkpoint_args] = {"checkpoint_args",
+                                "--checkpointing: what each layer keeps beside its input",
+                                {"nothing",
+                                 "transformers 4.4x: the causal mask and the positions saved (gone once the layer's "
+                                 "backward ran), cos and sin kept by the node until the loss goes",
+                                 "GradientCheckpointingLayer: the mask, the positions, cos and sin kept by the node "
+                                 "until the loss goes"}},
+    [AG_FWF_checkpoint_rng_state] = {"checkpoint_rng_state",
+                                     "--checkpointing's random state",
+                                     {"none",
+                                      "preserve_rng_state: torch.get_rng_state() (5,056 bytes) per layer, until the "
+                                      "loss goes"}},
     [AG_FWF_adam_foreach] = {"adam_foreach",
                              "--adam-impl foreach's temporaries",
                              {"current torch.optim: sqrt of every exp_avg_sq (W), divided and eps added in place",

@@ -128,6 +128,20 @@ void ag_tape_clear_to(ag_ctx *ctx, size_t floor) {
     while (ctx->ntape > floor) ag_node_free(ctx->tape[--ctx->ntape]);
 }
 
-void ag_tape_clear(ag_ctx *ctx) { ag_tape_clear_to(ctx, 0); }
+void ag_tape_clear(ag_ctx *ctx) {
+    ag_tape_clear_to(ctx, 0);
+    while (ctx->nheld) ag_release(ctx->held[--ctx->nheld]);
+}
+
+bool ag_graph_hold(ag_ctx *ctx, ag_tensor *t) {
+    if (ctx->nheld == ctx->heldcap) {
+        size_t cap = ctx->heldcap ? 2 * ctx->heldcap : 16;
+        ag_tensor **h = realloc(ctx->held, cap * sizeof *h);
+        if (!h) return ag_fail(ctx, AG_ERR_NOMEM, "out of memory keeping %s for the graph", ag_tensor_name(t));
+        ctx->held = h, ctx->heldcap = cap;
+    }
+    ctx->held[ctx->nheld++] = ag_retain(t);
+    return true;
+}
 
 size_t ag_tape_size(const ag_ctx *ctx) { return ctx->ntape; }

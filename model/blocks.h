@@ -23,11 +23,12 @@ ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer
 // blocks_moe.c: the same for a sparse layer (the router, the routed experts, the shared expert).
 ag_tensor *llama_moe_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);
 // What a training forward shares across its blocks as transformers' LlamaModel runs it
-// (PYTORCH semantics); all NULL for the lean forward and under checkpointing.
+// (PYTORCH semantics); all NULL for the lean forward.
 typedef struct {
     ag_tensor *cos, *sin; // LlamaRotaryEmbedding's tables [1, T, head_dim]: ag_rope_cs, else ag_rope
     ag_tensor **cache;    // [2 * layers]: the DynamicCache of the output (k after RoPE, v), kept
                           // until the output is dropped; NULL: none
+    ag_tensor *positions; // checkpointing: cache_position, int64 [T], handed to every layer; NULL: none
 } llama_shared;
 
 // x[B, T, H] -> x + o_proj(attention(rope(q), rope(k), v)) of norm(x); takes ownership of x.

@@ -16,8 +16,9 @@
 // - attention, lean eager: q when k needs a gradient, k when q does, v when either does, and the
 //   probabilities; lean flash and SDPA: q, k, v, the output (SDPA's own [B, heads, T, D] beside
 //   the transposed copy o_proj reads) and a float32 log-sum-exp a row; PyTorch's eager attention:
-//   q (a contiguous copy when batch > 1), k and v repeated to every query head, the float32
-//   probabilities (and their cast to a 16-bit q), and the 8-byte scaling scalar.
+//   q (a contiguous copy when batch > 1), k and v repeated to every query head (or as they are:
+//   ag_eager_kv_layout), the float32 probabilities (and their cast to a 16-bit q), and the 8-byte
+//   scaling scalar.
 // - silu keeps its input, the product each factor the other needs; add and scale nothing.
 // The peak is the largest of these moments (each with every saved set live):
 // - the head at the start of backward (the loss's gradient buffers): the usual one;
@@ -119,7 +120,13 @@ static cf_t cf_block(cf_walk *w, cf_t *x) {
             w->saved += B * hq * T * D * a; // q's contiguous copy
         else
             cf_keep(w, &qr);
-        w->saved += 2 * B * hq * T * D * a + 8; // k and v repeated to every query head, the scaling scalar
+        // k and v repeated to every query head (repeat_kv's or the matmuls' copies), or kept as
+        // they are; the scaling scalar
+        if (ag_eager_kv_layout(w->fw, (int64_t)B, (int)c->heads, (int)c->kv_heads) == AG_KV_IN_PLACE)
+            cf_keep(w, &kr), cf_keep(w, &v);
+        else
+            w->saved += 2 * B * hq * T * D * a;
+        w->saved += 8;
         // As softmax makes the float32 probabilities, the masked scores (and their float32 copy
         // in a 16-bit model) are live, and so are the block's input, q, k and v (the forward's
         // locals and the cache) where nothing keeps them.
@@ -185,7 +192,9 @@ void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_
         // the logits, kept by the loss, and their gradient; a float32 log-sum-exp per predicting
         // row; the loss and d(loss)
         w.saved += 2 * BT * V * a + B * (T - 1) * 4 + 2 * a;
-    // With checkpointing the PyTorch frameworks recompute RoPE's angles instead of sharing tables.
+    // Under checkpointing the head's moment here leaves out what the PyTorch frameworks' layers keep
+    // beside their inputs (the rotary tables, the mask and positions, an RNG state each: the row's
+    // checkpoint_args and checkpoint_rng_state); the meta run bills them.
     if (w.tables && !checkpointing) w.saved += 2 * T * D * a;
     out->act_head = w.saved;
     out->checkpointing = checkpointing;

@@ -1,6 +1,7 @@
 // The training forward of LlamaForCausalLM, one op at a time. Each intermediate is released
 // as soon as the next op has it, so what stays alive is exactly what the tape saved. With
-// checkpointing, a block's tape is rebuilt in backward and only its input stays meanwhile.
+// checkpointing, a block's tape is rebuilt in backward and only its input stays meanwhile (with
+// what the framework's row says its layers keep of their other arguments).
 #include "blocks.h"
 #include "model_internal.h"
 
@@ -15,6 +16,7 @@ typedef struct {
     const llama_layer *L;
     int64_t i;
     const llama_forward_opts *o; // its part hook, NULL: none
+    ag_tensor *cos, *sin;        // the rotary tables, kept by the checkpoint's node; NULL: none
     int64_t forward;             // the forward it belongs to: a recomputation routes as that forward did
 } block_arg;
 
@@ -28,21 +30,25 @@ static ag_tensor *block_fn(ag_ctx *ctx, const void *arg, ag_tensor *x) {
         ag_ctx_fail(ctx, e.msg);
         return NULL;
     }
+    llama_shared sh = {.cos = a->cos, .sin = a->sin};
     int64_t now = a->L->moe->forward;
     a->L->moe->forward = a->forward;
-    ag_tensor *y = llama_block(ctx, a->c, a->L, NULL, x, a->i);
+    ag_tensor *y = llama_block(ctx, a->c, a->L, a->cos ? &sh : NULL, x, a->i);
     a->L->moe->forward = now;
     return y;
 }
 
-// Block i on x, taking ownership of x; checkpointed, only x stays for backward.
-static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, const llama_shared *sh, const llama_forward_opts *o,
-                            ag_tensor *x, int64_t i) {
+// Block i on x, taking ownership of x; checkpointed, x stays for backward, and of the layer's other
+// arguments (its mask, the positions, the rotary tables) what the framework keeps.
+static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, const llama_shared *sh, ag_tensor *const mask[2],
+                            const llama_forward_opts *o, ag_tensor *x, int64_t i) {
     if (!o || !o->checkpointing) return llama_block(ctx, &m->cfg, &m->layers[i], sh, x, i);
     char s[96];
     snprintf(s, sizeof s, "layers.%lld", (long long)i);
-    block_arg a = {&m->cfg, &m->layers[i], i, o, m->moe.forward};
-    ag_tensor *y = ag_checkpoint(ctx, s, block_fn, &a, sizeof a, x);
+    block_arg a = {&m->cfg, &m->layers[i], i, o, sh->cos, sh->sin, m->moe.forward};
+    ag_tensor *layer_mask = mask[1] && llama_layer_window(&m->cfg, i) > 0 ? mask[1] : mask[0];
+    ag_checkpoint_args args = {{layer_mask, sh->positions}, {sh->cos, sh->sin}};
+    ag_tensor *y = ag_checkpoint_with(ctx, s, block_fn, &a, sizeof a, x, &args);
     ag_release(x);
     return y;
 }
@@ -69,14 +75,19 @@ static void fill_mask(ag_tensor *mask, int64_t T, int64_t window) {
 // What transformers' LlamaModel.forward makes before its first layer: the rotary tables, the 4-D
 // causal mask (PyTorch 1.13's transformers: torch.full((T, T + 1), min) then triu, target length
 // T + 1 without an attention mask; current transformers: [B, 1, T, T] from a boolean mask), and
-// the DynamicCache (use_cache defaults to true). The mask is billed and filled as transformers
+// the DynamicCache (use_cache defaults to true; checkpointing turns it off, and makes the positions
+// cache_position, int64 [T], that every checkpointed layer receives). The mask is billed and filled as transformers
 // fills it; ag_attention applies the same pattern itself. Current transformers makes one mask per
 // kind of layer: Mistral's sliding one alone, Qwen2's and Qwen3's full one and, when some layers
 // slide, the sliding one too (mask[1]).
-static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, llama_shared *sh, ag_tensor *mask[2]) {
+static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, bool checkpointing, llama_shared *sh,
+                       ag_tensor *mask[2]) {
     const llama_config *c = &m->cfg;
     const ag_rope_freqs f = llama_rope_freqs(c);
     const ag_framework_row *fw = ag_ctx_framework_row(ctx);
+    if (checkpointing && AG_FW(fw, checkpoint_args) != AG_CKPT_ARGS_NONE &&
+        !(sh->positions = ag_tensor_new_bits(ctx, 1, &T, MP_ACTIVATION, "cache_position", 64)))
+        return false;
     if (AG_FW(fw, rope_tables) && !ag_rope_tables_f(ctx, "rotary_emb", T, (int)c->head_dim, &f, 0, &sh->cos, &sh->sin))
         return false;
     const ag_mask_shape shape = AG_FW(fw, mask);
@@ -95,7 +106,7 @@ static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, 
         if (needed && !mask[k]) return false;
         if (mask[k] && !mp_is_meta()) fill_mask(mask[k], T, full || !sliding ? 0 : c->sliding_window);
     }
-    if (c->no_cache || !AG_FW(fw, output_cache)) return true; // use_cache false: no DynamicCache
+    if (checkpointing || c->no_cache || !AG_FW(fw, output_cache)) return true; // use_cache false: no DynamicCache
     sh->cache = calloc((size_t)(2 * c->layers), sizeof *sh->cache);
     return sh->cache != NULL;
 }
@@ -168,10 +179,10 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     if (x && !part(&hk, 0, false)) ag_release(x), x = NULL;
     llama_shared sh = {0};
     ag_tensor *mask[2] = {NULL, NULL};
-    if (x && !checkpointing && !hf_prepare(ctx, m, B, T, &sh, mask)) ag_release(x), x = NULL;
+    if (x && !hf_prepare(ctx, m, B, T, checkpointing, &sh, mask)) ag_release(x), x = NULL;
     for (int64_t i = 0; i < c->layers && x; i++) {
         if (!part(&hk, i + 1, true)) ag_release(x), x = NULL;
-        if (x) x = run_block(ctx, m, &sh, opts, x, i);
+        if (x) x = run_block(ctx, m, &sh, mask, opts, x, i);
         if (x && !part(&hk, i + 1, false)) ag_release(x), x = NULL;
     }
     if (x && !part(&hk, c->layers + 1, true)) ag_release(x), x = NULL;
@@ -182,6 +193,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     ag_release(mask[1]);
     ag_release(sh.cos);
     ag_release(sh.sin);
+    ag_release(sh.positions);
     ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head, NULL);
     // transformers: the base model's output object holds the last hidden state until the
     // causal LM's forward returns (it matters where lm_head keeps a cast of it, not it).

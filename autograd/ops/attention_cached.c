@@ -318,9 +318,10 @@ static bool cached_shapes(ag_ctx *ctx, const char *base, const ag_tensor *q, con
 }
 
 // PYTORCH semantics: what transformers' eager attention allocates over the cache besides the
-// probabilities and the output: repeat_kv's copies of the whole cache at every query head (made
-// here from the one chunk DynamicCache keeps), the scores, scaled and masked (two at a time),
-// and the context before its transpose. The products themselves run over the chunk.
+// probabilities and the output: repeat_kv's copies of the whole cache at every query head when
+// the heads are grouped (made here from the one chunk DynamicCache keeps; the row's kv_heads), the
+// scores, scaled and masked (two at a time), and the context before its transpose. The products
+// themselves run over the chunk.
 static bool eager_transients(ag_ctx *ctx, const char *base, const ag_kv_cache *c, const cat_dims *a) {
     const size_t kv = (size_t)(a->B * a->Hq * a->Tk * a->D) * sizeof(float),
                  sc = (size_t)(a->B * a->Hq * a->Tq * a->Tk) * sizeof(float),
@@ -332,9 +333,11 @@ static bool eager_transients(ag_ctx *ctx, const char *base, const ag_kv_cache *c
     ag_label(l[2], base, "scores");
     ag_label(l[3], base, "scores_scaled");
     ag_label(l[4], base, "context");
-    bool ok = ag_alloc_block(ctx, &kr, kv, MP_ACTIVATION, l[0]) && ag_alloc_block(ctx, &vr, kv, MP_ACTIVATION, l[1]);
+    const bool copies = ag_eager_kv_layout(ctx->fw, a->B, a->Hq, a->Hkv) == AG_KV_REPEATED;
+    bool ok = !copies ||
+              (ag_alloc_block(ctx, &kr, kv, MP_ACTIVATION, l[0]) && ag_alloc_block(ctx, &vr, kv, MP_ACTIVATION, l[1]));
     int rep = a->Hq / a->Hkv;
-    if (ok && !mp_is_meta() && c->n == 1)
+    if (ok && copies && !mp_is_meta() && c->n == 1)
         for (int64_t b = 0; b < a->B; b++)
             for (int h = 0; h < a->Hq; h++) {
                 size_t n = (size_t)(a->Tk * a->D), src = (size_t)((b * a->Hkv + h / rep) * a->Tk * a->D);

@@ -1,5 +1,6 @@
 // attention under PYTORCH semantics: transformers' eager_attention_forward, op by op, as PyTorch
-// allocates it. k and v are repeated to every query head (repeat_kv's expand + reshape copies);
+// allocates it. k and v go to the products as the row's kv_heads says (repeat_kv's copies at
+// every query head when grouped; else the heads themselves, or the matmuls' own copies);
 // the scores are materialised three times (matmul, `* scaling`, `+ causal_mask`), the softmax
 // output is kept, the context goes through bmm and transpose(1, 2).contiguous(). Backward
 // allocates what PyTorch's nodes do: dP and dV at every query head, the softmax backward, the
@@ -42,17 +43,25 @@ static ag_buf q_head(const ag_tensor *q, bool copied, const ag_att_dims *a, int6
                   : ag_buf_at(ag_buf_of(q), (b * a->Tq * a->Hq + h) * a->D);
 }
 
-// The products skip what the causal mask hides (attention_causal.c). The hidden scores are never
+// K or V of one (batch, query head) as the products read it: a [B, Hq, Tk, D] copy, or the
+// key-value heads in place [B, Tk, Hkv*D], query head h reading head h / (Hq / Hkv).
+static ag_buf kv_head(const ag_tensor *t, const ag_att_dims *a, int64_t b, int h, int64_t *ld) {
+    const bool in_place = t->ndim == 3;
+    *ld = in_place ? (int64_t)a->Hkv * a->D : a->D;
+    return in_place ? ag_buf_at(ag_buf_of(t), (b * a->Tk * a->Hkv + h / (a->Hq / a->Hkv)) * a->D)
+                    : BH(ag_buf_of(t), b, h, a->Hq, a->Tk, a->D);
+}
+
+// The products skip what the causal mask hides (kernels/causal.c). The hidden scores are never
 // read: the mask overwrites them, the probabilities there are 0, and the softmax backward writes
 // 0 there.
-static bool scores(ag_buf S, const ag_tensor *q, bool copied, ag_buf krep, const ag_att_dims *a) {
+static bool scores(ag_buf S, const ag_tensor *q, bool copied, const ag_tensor *k, const ag_att_dims *a) {
     bool ok = true;
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++) {
-            int64_t ldq;
-            ag_buf qh = q_head(q, copied, a, b, h, &ldq);
-            ok = ok && ag_causal_scores(a, 1.0f, qh, ldq, BH(krep, b, h, a->Hq, a->Tk, a->D), a->D,
-                                        BH(S, b, h, a->Hq, a->Tq, a->Tk));
+            int64_t ldq, ldk;
+            ag_buf qh = q_head(q, copied, a, b, h, &ldq), kh = kv_head(k, a, b, h, &ldk);
+            ok = ok && ag_causal_scores(a, 1.0f, qh, ldq, kh, ldk, BH(S, b, h, a->Hq, a->Tq, a->Tk));
         }
     return ok;
 }
@@ -131,25 +140,52 @@ static ag_tensor *act_bits(ag_ctx *ctx, const char *base, const char *what, cons
     return ag_tensor_new_bits(ctx, 4, shape, MP_ACTIVATION, l, bits);
 }
 
+// A [B, Hq, Tk, D] copy of k or v [B, Tk, Hkv*D] at bits an element, each query head its group's.
+static ag_tensor *kv_copy(ag_ctx *ctx, const char *base, const char *what, const ag_tensor *t, const ag_att_dims *a,
+                          int bits) {
+    ag_tensor *c = act_bits(ctx, base, what, (int64_t[]){a->B, a->Hq, a->Tk, a->D}, bits);
+    if (c && !mp_is_meta()) ag_to_heads(ag_buf_of(c), ag_buf_of(t), a->B, a->Tk, a->Hq, a->Hkv, a->D);
+    return c;
+}
+
 // An operand of a matmul under autocast: a 16-bit cast of a wider tensor (t is released), else t.
-static ag_tensor *autocast_operand(ag_ctx *ctx, const char *base, const char *what, ag_tensor *t) {
+// The key-value heads in place ([B, Tk, Hkv*D]) are cast to every query head, as casting
+// repeat_kv's view gives.
+static ag_tensor *autocast_operand(ag_ctx *ctx, const char *base, const char *what, ag_tensor *t,
+                                   const ag_att_dims *a) {
     if (!t || !ag_autocast(ctx) || t->bits <= 16) return t;
-    ag_tensor *c = act_bits(ctx, base, what, t->shape, 16);
-    if (c && !mp_is_meta()) ag_vec_copy(ag_buf_of(c), ag_buf_of(t), t->numel);
+    const bool heads = t->ndim == 3;
+    ag_tensor *c = heads ? kv_copy(ctx, base, what, t, a, 16) : act_bits(ctx, base, what, t->shape, 16);
+    if (c && !heads && !mp_is_meta()) ag_vec_copy(ag_buf_of(c), ag_buf_of(t), t->numel);
     ag_release(t);
     return c;
+}
+
+// What repeat_kv and the matmuls make of k and v (ag_eager_kv_layout): copies at every query head
+// by repeat_kv (before anything else), or by the matmuls themselves (k by the score matmul, v by
+// probs @ v), or none.
+typedef struct {
+    bool repeated, bmm_copies;
+} kv_plan;
+
+static kv_plan plan_kv(const ag_ctx *ctx, const ag_att_dims *a) {
+    ag_kv_layout l = ag_eager_kv_layout(ctx->fw, a->B, a->Hq, a->Hkv);
+    return (kv_plan){l == AG_KV_REPEATED, l == AG_KV_MATMUL_COPIES};
 }
 
 static void eager_backward(ag_ctx *ctx, ag_node *n, const void *dout);
 
 static const ag_op eager_op = {.name = "attention", .backward = eager_backward, .nsaved = AG_NSAVED(attention)};
 
-static bool context(ag_buf o, ag_buf probs, ag_buf vrep, const ag_att_dims *a) {
+static bool context(ag_buf o, ag_buf probs, const ag_tensor *v, const ag_att_dims *a) {
     bool ok = true;
     for (int64_t b = 0; b < a->B; b++)
-        for (int h = 0; h < a->Hq; h++)
-            ok = ok && ag_causal_rows(a, 1.0f, BH(probs, b, h, a->Hq, a->Tq, a->Tk), BH(vrep, b, h, a->Hq, a->Tk, a->D),
-                                      a->D, 0.0f, BH(o, b, h, a->Hq, a->Tq, a->D), a->D);
+        for (int h = 0; h < a->Hq; h++) {
+            int64_t ldv;
+            ag_buf vh = kv_head(v, a, b, h, &ldv);
+            ok = ok && ag_causal_rows(a, 1.0f, BH(probs, b, h, a->Hq, a->Tq, a->Tk), vh, ldv, 0.0f,
+                                      BH(o, b, h, a->Hq, a->Tq, a->D), a->D);
+        }
     return ok;
 }
 
@@ -174,7 +210,7 @@ static ag_tensor *eager_probs(ag_ctx *ctx, const char *base, const ag_tensor *qk
     const int64_t sh[4] = {a->B, a->Hq, a->Tq, a->Tk};
     const int sbits = ag_autocast(ctx) ? 16 : qk->bits, mbits = ag_max_bits(sbits, ctx->dtype.act_bits);
     ag_tensor *S = act_bits(ctx, base, "scores", sh, sbits);
-    if (S && !meta && !scores(ag_buf_of(S), qk, copied, ag_buf_of(krep), a))
+    if (S && !meta && !scores(ag_buf_of(S), qk, copied, krep, a))
         ag_fail(ctx, AG_ERR_NOMEM, "attention %s: out of memory for a conversion", base);
     char l[AG_LABEL_MAX];
     ag_label(l, base, "scaling");
@@ -199,22 +235,24 @@ static ag_tensor *eager_probs(ag_ctx *ctx, const char *base, const ag_tensor *qk
 ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
                               const ag_att_dims *a, bool rec) {
     const bool meta = mp_is_meta(), cast = ag_autocast(ctx);
-    const int64_t B = a->B, Hq = a->Hq, Tq = a->Tq, Tk = a->Tk, D = a->D;
-    const int64_t kv_shape[4] = {B, Hq, Tk, D}, q_shape[4] = {B, Hq, Tq, D};
-    ag_tensor *krep = act_bits(ctx, s->base, "k_repeated", kv_shape, k->bits);
-    ag_tensor *vrep = act_bits(ctx, s->base, "v_repeated", kv_shape, v->bits);
-    if (krep && vrep && !meta) {
-        ag_to_heads(ag_buf_of(krep), ag_buf_of(k), B, Tk, a->Hq, a->Hkv, a->D);
-        ag_to_heads(ag_buf_of(vrep), ag_buf_of(v), B, Tk, a->Hq, a->Hkv, a->D);
-    }
+    const int64_t B = a->B, Hq = a->Hq, Tq = a->Tq, D = a->D;
+    const int64_t q_shape[4] = {B, Hq, Tq, D};
+    const kv_plan kp = plan_kv(ctx, a);
+    ag_tensor *krep = kp.repeated ? kv_copy(ctx, s->base, "k_repeated", k, a, k->bits) : ag_retain(k);
+    ag_tensor *vrep = kp.repeated ? kv_copy(ctx, s->base, "v_repeated", v, a, v->bits) : ag_retain(v);
     // The score matmul's operands. B > 1: it cannot view q [B, Hq, Tq, D] (laid out [B, Tq, Hq, D])
-    // as a batch of matrices, so it keeps a contiguous copy instead of q (autocast's cast is one).
+    // as a batch of matrices, so it keeps a contiguous copy instead of q (autocast's cast is one),
+    // and of k where repeat_kv made none.
     const bool copied = B > 1 || (cast && q->bits > 16);
     ag_tensor *qk =
         !copied ? ag_retain(q)
                 : act_bits(ctx, s->base, cast && q->bits > 16 ? "q_bf16" : "q_bmm", q_shape, cast ? 16 : q->bits);
     if (copied && qk && !meta) ag_to_heads(ag_buf_of(qk), ag_buf_of(q), B, Tq, a->Hq, a->Hq, a->D);
-    krep = autocast_operand(ctx, s->base, "k_bf16", krep);
+    if (kp.bmm_copies && krep) {
+        ag_release(krep);
+        krep = kv_copy(ctx, s->base, "k_bmm", k, a, k->bits);
+    }
+    krep = autocast_operand(ctx, s->base, "k_bf16", krep, a);
     ag_tensor *scale = NULL,
               *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale) : NULL;
     // probs @ v: `.to(query.dtype)` casts a 16-bit model's probabilities back; autocast casts both.
@@ -222,10 +260,14 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     if (probs && (q->bits < 32 || cast))
         pc = act_bits(ctx, s->base, cast ? "probs_bf16" : "probs_to_q_dtype", probs->shape, cast ? 16 : q->bits);
     if (pc && !meta) ag_vec_copy(ag_buf_of(pc), ag_buf_of(probs), probs->numel);
-    vrep = autocast_operand(ctx, s->base, "v_bf16", vrep);
+    if (kp.bmm_copies && vrep && probs) {
+        ag_release(vrep);
+        vrep = kv_copy(ctx, s->base, "v_bmm", v, a, v->bits);
+    }
+    vrep = autocast_operand(ctx, s->base, "v_bf16", vrep, a);
     const int cbits = cast ? 16 : (pc ? pc->bits : 32);
     ag_tensor *c = probs ? act_bits(ctx, s->base, "context", q_shape, cbits) : NULL;
-    if (c && vrep && !meta && !context(ag_buf_of(c), ag_buf_of(pc ? pc : probs), ag_buf_of(vrep), a))
+    if (c && vrep && !meta && !context(ag_buf_of(c), ag_buf_of(pc ? pc : probs), vrep, a))
         ag_fail(ctx, AG_ERR_NOMEM, "attention %s: out of memory for a conversion", s->base);
     ag_tensor *out = c ? ag_tensor_new_bits(ctx, 3, (int64_t[]){B, Tq, Hq * D}, MP_ACTIVATION, s->out, cbits) : NULL;
     if (out && !meta) untranspose(ag_buf_of(out), ag_buf_of(c), a);
@@ -259,8 +301,9 @@ static bool bmm_backward(const ag_attention_state *st, ag_buf dout, ag_buf dP, a
         for (int h = 0; h < a->Hq; h++) {
             ag_buf dO = ag_buf_at(dout, (b * a->Tq * a->Hq + h) * a->D), P = BH(probs, b, h, a->Hq, a->Tq, a->Tk);
             ok = ok && ag_causal_keys(a, 1.0f, P, dO, ldo, 0.0f, BH(dV, b, h, a->Hq, a->Tk, a->D), a->D);
-            ok = ok && ag_causal_scores(a, 1.0f, dO, ldo, BH(ag_buf_of(st->v_rep), b, h, a->Hq, a->Tk, a->D), a->D,
-                                        BH(dP, b, h, a->Hq, a->Tq, a->Tk));
+            int64_t ldv;
+            ag_buf vh = kv_head(st->v_rep, a, b, h, &ldv);
+            ok = ok && ag_causal_scores(a, 1.0f, dO, ldo, vh, ldv, BH(dP, b, h, a->Hq, a->Tq, a->Tk));
         }
     return ok;
 }
@@ -273,11 +316,10 @@ static bool scores_backward(const ag_attention_state *st, ag_buf dS, const ag_gr
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++) {
             ag_buf S = BH(dS, b, h, a->Hq, a->Tq, a->Tk);
-            int64_t ldq;
-            ag_buf qh = q_head(st->q, copied, a, b, h, &ldq);
+            int64_t ldq, ldk;
+            ag_buf qh = q_head(st->q, copied, a, b, h, &ldq), kh = kv_head(st->k_rep, a, b, h, &ldk);
             if (dq->needed)
-                ok = ok && ag_causal_rows(a, 1.0f, S, BH(ag_buf_of(st->k_rep), b, h, a->Hq, a->Tk, a->D), a->D,
-                                          dq->fresh ? 0.0f : 1.0f,
+                ok = ok && ag_causal_rows(a, 1.0f, S, kh, ldk, dq->fresh ? 0.0f : 1.0f,
                                           ag_buf_at(ag_dst_buf(dq), (b * a->Tq * a->Hq + h) * a->D), ldo);
             if (dK.p) ok = ok && ag_causal_keys(a, 1.0f, S, qh, ldq, 0.0f, BH(dK, b, h, a->Hq, a->Tk, a->D), a->D);
         }

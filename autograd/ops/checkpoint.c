@@ -1,4 +1,5 @@
-// checkpoint: y = fn(x), keeping only x in forward and recomputing the block in backward.
+// checkpoint: y = fn(x), keeping x (and what the framework keeps of the block's other arguments)
+// in forward and recomputing the block in backward.
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,10 +29,18 @@ static void checkpoint_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     (void)dout; // handed over with the buffer that holds it
     const ag_checkpoint_state *st = &n->state.checkpoint;
     ag_tensor *x = st->x;
+    // What the node holds beyond its backward stays with the graph (its saved tensors go below).
+    for (int k = 0; k < AG_NSAVED(checkpoint); k++)
+        if ((st->held >> k & 1) && st->saved[k] && !ag_graph_hold(ctx, st->saved[k])) return;
     size_t floor = ctx->ntape;
+    // torch.random.fork_rng keeps the surrounding state while the block runs again
+    ag_tensor *fork =
+        st->rng ? ag_tensor_new_bits(ctx, 1, st->rng->shape, MP_ACTIVATION, ag_tensor_name(st->rng), 8) : NULL;
+    if (st->rng && !fork) return;
     bool was = ag_set_grad_enabled(ctx, true);
     ag_tensor *y = st->fn(ctx, st->arg, ag_retain(x));
     ag_set_grad_enabled(ctx, was);
+    ag_release(fork);
     if (y && seed_recomputed(ctx, n, y)) {
         ag_release(y); // its node keeps the gradient; nothing needs the value
         ag_run_tape_to(ctx, floor);
@@ -49,8 +58,29 @@ static const ag_op checkpoint_op = {.name = "checkpoint",
                                     .nsaved = AG_NSAVED(checkpoint),
                                     .release = checkpoint_release};
 
+// What the node keeps of the block's other arguments (args: the caller's), as the row says, and
+// which of them it holds until the graph goes; the RNG state made here.
+static bool keep_args(ag_ctx *ctx, const ag_site *s, const ag_checkpoint_args *args, ag_checkpoint_state *st) {
+    const ag_checkpoint_args_kept kept = AG_FW(ctx->fw, checkpoint_args);
+    for (int k = 0; args && kept != AG_CKPT_ARGS_NONE && k < 2; k++) {
+        st->args[k] = ag_retain(args->tensors[k]), st->tuple[k] = ag_retain(args->tuple[k]);
+        st->held |= (unsigned char)((kept == AG_CKPT_ARGS_HELD ? 1u << (1 + k) : 0) | 1u << (3 + k));
+    }
+    if (!AG_FW(ctx->fw, checkpoint_rng_state)) return true;
+    char l[AG_LABEL_MAX];
+    ag_label(l, s->base, "rng_state");
+    st->rng = ag_tensor_new_bits(ctx, 1, (int64_t[]){AG_TORCH_RNG_STATE_BYTES}, MP_ACTIVATION, l, 8);
+    st->held |= 1u << 5;
+    return st->rng != NULL;
+}
+
 ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg, size_t arg_size,
                          ag_tensor *x) {
+    return ag_checkpoint_with(ctx, site, fn, arg, arg_size, x, NULL);
+}
+
+ag_tensor *ag_checkpoint_with(ag_ctx *ctx, const char *site, ag_block_fn fn, const void *arg, size_t arg_size,
+                              ag_tensor *x, const ag_checkpoint_args *args) {
     ag_tensor *ins[] = {x};
     if (!ag_check_inputs(ctx, "checkpoint", site, 1, ins, (const char *[]){"x"})) return NULL;
     ag_site s;
@@ -70,19 +100,26 @@ ag_tensor *ag_checkpoint(ag_ctx *ctx, const char *site, ag_block_fn fn, const vo
         return NULL;
     }
     if (arg_size) memcpy(copy, arg, arg_size);
+    // preserve_rng_state: torch.get_rng_state() before the block runs
+    ag_checkpoint_state st = {.fn = fn, .arg = copy};
+    if (!keep_args(ctx, &s, args, &st)) {
+        free(copy);
+        for (int k = 1; k < AG_NSAVED(checkpoint); k++) ag_release(st.saved[k]);
+        return NULL;
+    }
     ag_set_grad_enabled(ctx, false);
     ag_tensor *y = fn(ctx, copy, ag_retain(x));
     ag_set_grad_enabled(ctx, true);
-    if (y && (y == x || y->node || y->requires_grad)) { // fn(x) = x, or a tensor made elsewhere:
-        free(copy);                                     // its own graph already leads to it
-        return y;
-    }
-    ag_node *n = y ? ag_record(ctx, &checkpoint_op, s.base, y, 1, ins) : NULL;
-    if (!n) {
+    ag_node *n = NULL;
+    if (y && !(y == x || y->node || y->requires_grad)) n = ag_record(ctx, &checkpoint_op, s.base, y, 1, ins);
+    if (!n) { // fn(x) = x, or a tensor made elsewhere (its own graph already leads to it); or failed
         free(copy);
+        for (int k = 1; k < AG_NSAVED(checkpoint); k++) ag_release(st.saved[k]);
+        if (y && (y == x || y->node || y->requires_grad)) return y;
         ag_release(y);
         return NULL;
     }
-    n->state.checkpoint = (ag_checkpoint_state){.x = ag_retain(x), .fn = fn, .arg = copy};
+    st.x = ag_retain(x);
+    n->state.checkpoint = st;
     return y;
 }

@@ -98,8 +98,11 @@ const char *cli_framework_text(ag_framework f, llama_family family, char *buf, s
 // --framework's choices ("pytorch|pytorch-1.13|lean", the default first) and help, from the rows.
 const char *cli_framework_choices(void);
 const char *cli_framework_help(void);
-// membill help frameworks: every field of every row, in words.
-void cli_frameworks_help(FILE *f);
+// membill help frameworks [--markdown]: every field of every row, in words (the default row
+// first), as text or as a Markdown table (a line a field, a column a framework).
+void cli_frameworks_help(FILE *f, bool markdown);
+// The same table for any rows: n rows, their names as the labels.
+void cli_frameworks_table(FILE *f, const ag_framework_row *const rows[], int n, bool markdown);
 // The framework a run bills when --framework is not given.
 #define CLI_DEFAULT_FRAMEWORK AG_FRAMEWORK_PYTORCH
 // --attention: "eager", "flash" (NULL is eager). False for anything else.
@@ -221,8 +224,10 @@ enum {
     CLI_ROLE_LOGITS,
     CLI_ROLE_LOSS,
     CLI_ROLE_ROPE_COS_SIN,
-    CLI_ROLE_LORA, // an adapter's own tensors (its input dropped out, A's output)
-    CLI_ROLE_MOE,  // a sparse block's router, routing and experts
+    CLI_ROLE_LORA,  // an adapter's own tensors (its input dropped out, A's output)
+    CLI_ROLE_CACHE, // k and v that the DynamicCache holds and the attention keeps as they are
+    CLI_ROLE_MASK,  // the causal mask and the positions (checkpointed layers keep them)
+    CLI_ROLE_MOE,   // a sparse block's router, routing and experts
     CLI_ROLE_OTHER,
     CLI_NROLES
 };

@@ -124,22 +124,45 @@ const char *cli_framework_help(void) {
     return help;
 }
 
-void cli_frameworks_help(FILE *f) {
-    fputs("What each framework allocates, keeps and frees (--framework NAME): the rows of autograd's table, one\n"
-          "field a decision. A value equal to the row above reads \"the same\".\n",
-          f);
-    for (int k = 0; k < AG_FW_NFIELDS; k++) {
-        const ag_framework_field field = (ag_framework_field)k;
-        if (field == AG_FWF_name || field == AG_FWF_brief) continue; // the text says both
+// One field of the table: its name, what it decides, each row's value ("the same" where it
+// repeats the row before), as a Markdown table row or as text.
+static void field_line(FILE *f, ag_framework_field field, const ag_framework_row *const rows[], int n, bool markdown) {
+    if (markdown)
+        fprintf(f, "| `%s` | %s |", ag_framework_field_name(field), ag_framework_field_doc(field));
+    else
         fprintf(f, "\n%s: %s\n", ag_framework_field_name(field), ag_framework_field_doc(field));
-        const char *above = NULL;
-        for (int i = 0; i < AG_NFRAMEWORKS; i++) {
-            const ag_framework_row *r = ag_framework_row_of(nth_framework(i));
-            const char *v = ag_framework_field_value(r, field);
-            fprintf(f, "  %-14s %s\n", AG_FW(r, name), above && !strcmp(above, v) ? "the same" : v);
-            above = v;
-        }
+    const char *above = NULL;
+    for (int i = 0; i < n; i++) {
+        const char *v = ag_framework_field_value(rows[i], field), *shown = above && !strcmp(above, v) ? "the same" : v;
+        if (markdown)
+            fprintf(f, " %s |", shown);
+        else
+            fprintf(f, "  %-14s %s\n", ag_framework_field_value(rows[i], AG_FWF_name), shown);
+        above = v;
     }
+    if (markdown) fputc('\n', f);
+}
+
+void cli_frameworks_table(FILE *f, const ag_framework_row *const rows[], int n, bool markdown) {
+    if (markdown) {
+        fputs("| field | decides |", f);
+        for (int i = 0; i < n; i++) fprintf(f, " `%s` |", ag_framework_field_value(rows[i], AG_FWF_name));
+        fputs("\n|---|---|", f);
+        for (int i = 0; i < n; i++) fputs("---|", f);
+        fputc('\n', f);
+    } else {
+        fputs("What each framework allocates, keeps and frees (--framework NAME): the rows of autograd's table, one\n"
+              "field a decision. A value equal to the row above reads \"the same\".\n",
+              f);
+    }
+    for (int k = 0; k < AG_FW_NFIELDS; k++)
+        if (k != AG_FWF_name) field_line(f, (ag_framework_field)k, rows, n, markdown); // the rows' own labels
+}
+
+void cli_frameworks_help(FILE *f, bool markdown) {
+    const ag_framework_row *rows[AG_NFRAMEWORKS];
+    for (int i = 0; i < AG_NFRAMEWORKS; i++) rows[i] = ag_framework_row_of(nth_framework(i));
+    cli_frameworks_table(f, rows, AG_NFRAMEWORKS, markdown);
 }
 
 bool cli_parse_attention(const char *name, ag_attention_kind *out) {

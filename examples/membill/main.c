@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-// membill help [COMMAND | frameworks | --markdown]
+// membill help [COMMAND | frameworks [--markdown] | --markdown]
 static int help(int argc, char **argv) {
     if (argc < 3) {
         cli_usage_all(stdout);
@@ -13,8 +13,13 @@ static int help(int argc, char **argv) {
         cli_options_markdown(stdout);
         return 0;
     }
-    if (strcmp(argv[2], "frameworks") == 0 && argc == 3) {
-        cli_frameworks_help(stdout);
+    if (strcmp(argv[2], "frameworks") == 0) {
+        const bool markdown = argc == 4 && strcmp(argv[3], "--markdown") == 0;
+        if (argc > 3 && !markdown) {
+            fprintf(stderr, "membill help frameworks: unexpected argument '%s' (only --markdown)\n", argv[3]);
+            return EXIT_USAGE;
+        }
+        cli_frameworks_help(stdout, markdown);
         return 0;
     }
     const cli_command *c = cli_find_command(argv[2]);

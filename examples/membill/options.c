@@ -526,7 +526,7 @@ void cli_usage_all(FILE *f) {
     fputs("usage: membill COMMAND [options]\n\n", f);
     for (size_t i = 0; i < cli_command_count(); i++) fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
     fputs("\nmembill help COMMAND (or membill COMMAND --help) lists a command's options; membill help frameworks\n"
-          "what each --framework keeps; membill --version prints the version.\n",
+          "[--markdown] what each --framework keeps; membill --version prints the version.\n",
           f);
 }
 

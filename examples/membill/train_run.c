@@ -246,6 +246,7 @@ int cli_train_step(train_run *r, ag_ctx *ctx, llama_model *m, optim *opt, long s
     rec->step_s = t3 - t0;
     rec->events[3] = mp_timeline_count();
     rec->phases_done = 3;
+    ag_tape_clear(ctx); // the Trainer's loss goes after the step, and with it what the graph still held
     return 0;
 }
 

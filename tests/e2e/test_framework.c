@@ -155,6 +155,26 @@ static void golden_qwen3(void **state) {
     against_golden("qwen3_135m_b1_t128_fp32_forloop", "--adam-impl for-loop");
 }
 
+// Head layouts SmolLM2 has not (a small untied Llama, 4 layers): multi-head attention, where
+// repeat_kv returns k and v as they are, and one key-value head, whose expand + reshape is a view
+// (no copy at batch 1; at batch 2 the matmuls copy them).
+static void golden_heads(void **state) {
+    (void)state;
+    against_golden("tiny_mha_b1_t128_fp32_forloop", "--adam-impl for-loop");
+    against_golden("tiny_mha_b2_t64_fp32_forloop", "--adam-impl for-loop");
+    against_golden("tiny_mqa_b1_t128_fp32_forloop", "--adam-impl for-loop");
+    against_golden("tiny_mqa_b2_t64_fp32_forloop", "--adam-impl for-loop");
+}
+
+// torch.utils.checkpoint (reentrant) around every layer, as transformers 4.4x calls it: each
+// layer keeps a CPU RNG state and its tensor arguments (the causal mask and the positions, until
+// its backward ran) and the rotary tables (until the loss goes), at two lengths.
+static void golden_checkpointing(void **state) {
+    (void)state;
+    against_golden("tiny_gqa_ckpt_b1_t128_fp32_forloop", "--adam-impl for-loop --checkpointing");
+    against_golden("tiny_gqa_ckpt_b1_t512_fp32_forloop", "--adam-impl for-loop --checkpointing");
+}
+
 // A tiny Mixtral: its router and its experts' eager loop, under the routing PyTorch's run took.
 static void golden_mixtral(void **state) {
     (void)state;
@@ -250,6 +270,11 @@ static void meta_equals_real_tiny(void **state) {
     snprintf(a, sizeof a, "--config %s --seq-len 6 --batch 3 --adam-impl foreach", cfg);
     meta_equals_real_at(a);
     snprintf(a, sizeof a, "--config %s --seq-len 70 --batch 2 --attention flash", cfg);
+    meta_equals_real_at(a);
+    // checkpointed layers and what each keeps beside its input (Qwen2's: the sliding layer's own mask)
+    snprintf(a, sizeof a, "--config %s --seq-len 9 --checkpointing", cfg);
+    meta_equals_real_at(a);
+    snprintf(a, sizeof a, "--config %s/tiny_qwen2/config.json --seq-len 9 --checkpointing", MEMBILL_GOLDEN_DIR);
     meta_equals_real_at(a);
     // the families: biases, q/k norms, windows (masks of both kinds; flash's past the window)
     const char *families[] = {"tiny_qwen2", "tiny_qwen3", "tiny_mistral"};
@@ -400,6 +425,7 @@ static void meta_equals_real_smollm2(void **state) {
 int main(void) {
     const struct CMUnitTest quick[] = {
         cmocka_unit_test(golden_fp32_forloop),  cmocka_unit_test(golden_fp32_foreach),
+        cmocka_unit_test(golden_heads),         cmocka_unit_test(golden_checkpointing),
         cmocka_unit_test(golden_16_bit),        cmocka_unit_test(golden_qwen3),
         cmocka_unit_test(lean_unchanged),       cmocka_unit_test(meta_equals_real_tiny),
         cmocka_unit_test(meta_equals_real_moe), cmocka_unit_test(golden_mixtral),

@@ -133,9 +133,99 @@ static void every_row_is_described(void **state) {
     assert_null(ag_framework_row_of((ag_framework)AG_NFRAMEWORKS));
 }
 
+// membill help frameworks's table for the given rows, as text or Markdown (malloc'd).
+static char *table_of(const ag_framework_row *const rows[], bool markdown) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_non_null(f);
+    cli_frameworks_table(f, rows, AG_NFRAMEWORKS, markdown);
+    assert_int_equal(fclose(f), 0);
+    return buf;
+}
+
+// One field of src into dst, whatever its type.
+static void copy_field(ag_framework_row *dst, const ag_framework_row *src, ag_framework_field f) {
+    switch (f) {
+#define COPY_FIELD(type, field)                                                                                        \
+    case AG_FWF_##field: dst->field = src->field; break;
+        AG_FW_FIELDS(COPY_FIELD)
+#undef COPY_FIELD
+    default: break;
+    }
+}
+
+// The table is printed from the rows: it names every row and every field, and giving any row
+// another row's value of any field changes it (in both forms). A field whose value is the same in
+// every row decides nothing, and fails here.
+static void help_table_follows_the_rows(void **state) {
+    (void)state;
+    const ag_framework_row *rows[AG_NFRAMEWORKS];
+    for (int r = 0; r < AG_NFRAMEWORKS; r++) rows[r] = ag_framework_row_of((ag_framework)r);
+    for (int md = 0; md < 2; md++) {
+        char *table = table_of(rows, md);
+        for (int r = 0; r < AG_NFRAMEWORKS; r++) assert_non_null(strstr(table, rows[r]->name));
+        for (int f = AG_FWF_name + 1; f < AG_FW_NFIELDS; f++) {
+            char line[128];
+            snprintf(line, sizeof line, md ? "| `%s` | %s |" : "\n%s: %s\n", ag_framework_field_name(f),
+                     ag_framework_field_doc(f));
+            if (!strstr(table, line)) print_error("the table lacks field %s\n", ag_framework_field_name(f));
+            assert_non_null(strstr(table, line));
+        }
+        for (int f = 0; f < AG_FW_NFIELDS; f++) {
+            int changes = 0;
+            for (int a = 0; a < AG_NFRAMEWORKS; a++)
+                for (int b = 0; b < AG_NFRAMEWORKS; b++) {
+                    if (!strcmp(ag_framework_field_value(rows[a], f), ag_framework_field_value(rows[b], f))) continue;
+                    ag_framework_row changed = *rows[a];
+                    copy_field(&changed, rows[b], (ag_framework_field)f);
+                    const ag_framework_row *other[AG_NFRAMEWORKS];
+                    memcpy(other, rows, sizeof other);
+                    other[a] = &changed;
+                    char *t = table_of(other, md);
+                    if (!strcmp(t, table))
+                        print_error("row %s took %s's %s, the table did not change\n", rows[a]->name, rows[b]->name,
+                                    ag_framework_field_name(f));
+                    assert_string_not_equal(t, table);
+                    free(t);
+                    changes++;
+                    break; // one other value a row
+                }
+            if (!changes) print_error("field %s has one value in every row\n", ag_framework_field_name(f));
+            assert_int_not_equal(changes, 0);
+        }
+        free(table);
+    }
+}
+
+// docs/frameworks.md holds `membill help frameworks --markdown`'s table as the rows print it now.
+static void docs_hold_the_table(void **state) {
+    (void)state;
+    FILE *doc = fopen(MEMBILL_FRAMEWORKS_DOC, "r");
+    assert_non_null(doc);
+    char *text = NULL;
+    size_t cap = 0;
+    assert_true(getdelim(&text, &cap, '\0', doc) > 0);
+    fclose(doc);
+    char *table = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&table, &len);
+    assert_non_null(f);
+    cli_frameworks_help(f, true);
+    assert_int_equal(fclose(f), 0);
+    if (!strstr(text, table))
+        print_error("%s: its table is not the rows' (write it again: membill help frameworks --markdown)\n",
+                    MEMBILL_FRAMEWORKS_DOC);
+    assert_non_null(strstr(text, table));
+    free(table);
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(docs_hold_the_table),
         cmocka_unit_test(every_row_is_described),
+        cmocka_unit_test(help_table_follows_the_rows),
         cmocka_unit_test(every_field_is_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,10 +8,14 @@ tensor PyTorch allocates, saves for backward or frees is the one transformers wo
 to measure memory (tests/reference/profile_step.py); llama_ref.py stays the numerical reference.
 
 Differences with transformers that change no allocation: no config object beyond the fields
-used, no output_attentions / output_hidden_states / gradient checkpointing / flash or sdpa paths
+used, no output_attentions / output_hidden_states / flash or sdpa paths
 (with PyTorch 1.13 transformers picks "eager" anyway: there is no scaled_dot_product_attention),
 no pretraining_tp > 1, no rope scaling, no sliding windows (the embedding's padding_idx is
-pad_token_id, as transformers sets it). The Qwen3 variant is the same module
+pad_token_id, as transformers sets it). Gradient checkpointing is transformers 4.4x's:
+LlamaModel.gradient_checkpointing set and the model in train mode turn use_cache off and run each
+layer through torch.utils.checkpoint.checkpoint(layer.__call__, hidden_states, causal_mask,
+position_ids, past_key_values, output_attentions, use_cache, cache_position, position_embeddings,
+use_reentrant=True) (Trainer's default: reentrant, preserve_rng_state). The Qwen3 variant is the same module
 tree with Qwen3Attention's differences: q, k, v and o_proj biases (attention_bias) and q_norm /
 k_norm (Qwen3RMSNorm over each head) applied to q_proj(x).view(...) before the transpose. The embedding has no padding_idx (it only zeroes one row
 of the gradient in place).
@@ -23,6 +27,7 @@ import contextlib
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 TRACE = False
@@ -267,7 +272,9 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, hidden_states, attention_mask, past_key_value, position_embeddings):
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_value=None,
+                output_attentions=False, use_cache=False, cache_position=None,
+                position_embeddings=None):
         residual = hidden_states
         with scope("norm"):
             hidden_states = self.input_layernorm(hidden_states)
@@ -308,8 +315,12 @@ class LlamaModel(nn.Module):
                                      for i in range(cfg.num_hidden_layers)])
         self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(cfg)
+        self.gradient_checkpointing = False
 
     def forward(self, input_ids, use_cache=True):
+        checkpointing = self.gradient_checkpointing and self.training
+        if checkpointing:
+            use_cache = False  # transformers warns that use_cache=True is incompatible
         with scope("embed"):
             inputs_embeds = self.embed_tokens(input_ids)
         past_key_values = DynamicCache() if use_cache else None
@@ -327,9 +338,15 @@ class LlamaModel(nn.Module):
         with scope("rope.cos_sin"):
             position_embeddings = self.rotary_emb(hidden_states, position_ids)
         for decoder_layer in self.layers:
-            layer_outputs = decoder_layer(hidden_states, attention_mask=causal_mask,
-                                          past_key_value=past_key_values,
-                                          position_embeddings=position_embeddings)
+            if checkpointing:
+                layer_outputs = torch.utils.checkpoint.checkpoint(
+                    decoder_layer.__call__, hidden_states, causal_mask, position_ids,
+                    past_key_values, False, use_cache, cache_position, position_embeddings,
+                    use_reentrant=True)
+            else:
+                layer_outputs = decoder_layer(hidden_states, attention_mask=causal_mask,
+                                              past_key_value=past_key_values,
+                                              position_embeddings=position_embeddings)
             hidden_states = layer_outputs[0]
         with scope("final_norm"):
             hidden_states = self.norm(hidden_states)

@@ -110,6 +110,16 @@ SMOLLM2_135M = {
     "tie_word_embeddings": True,
 }
 QWEN3_135M = dict(SMOLLM2_135M, model_type="qwen3", attention_bias=True)
+# A small untied Llama: the head layouts SmolLM2 does not have, whose per-layer figures a 135M
+# model's bill would hide.
+TINY = {
+    "model_type": "llama", "hidden_size": 256, "intermediate_size": 640, "num_hidden_layers": 4,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 8192,
+    "max_position_embeddings": 2048, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+}
+TINY_MHA = dict(TINY, num_key_value_heads=8)
+TINY_MQA = dict(TINY, num_key_value_heads=1)
 # A small Mixtral: 4 sparse layers of 8 experts, 2 a token (its router, its experts' eager loop)
 MIXTRAL_TINY = {
     "model_type": "mixtral", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
@@ -138,6 +148,17 @@ def _configs():
     # Qwen3's attention on SmolLM2-135M's shape: q, k, v and o biases, q_norm and k_norm
     out["qwen3_135m_b1_t128_fp32_forloop"] = dict(batch=1, seq_len=128, dtype="float32", autocast=None,
                                                   adam="for-loop", model=QWEN3_135M)
+    tiny = dict(dtype="float32", autocast=None, adam="for-loop")
+    for kind, model in (("mha", TINY_MHA), ("mqa", TINY_MQA)):
+        for batch, t in ((1, 128), (2, 64)):
+            out["tiny_%s_b%d_t%d_fp32_forloop" % (kind, batch, t)] = dict(tiny, batch=batch, seq_len=t,
+                                                                          model=model)
+    # torch.utils.checkpoint around every layer (transformers' gradient_checkpointing_enable()):
+    # what each layer keeps beside its input (the RNG state, the mask, the positions, cos and sin)
+    # at two lengths, so that the mask's T x (T + 1) growth shows
+    for t in (128, 512):
+        out["tiny_gqa_ckpt_b1_t%d_fp32_forloop" % t] = dict(tiny, batch=1, seq_len=t, model=TINY,
+                                                           checkpointing=True)
     # a mixture of experts: the routing each step took is written beside the figures ("routing"),
     # for membill's meta run to bill the same one (--routing)
     out["mixtral_tiny_b1_t128_fp32_forloop"] = dict(batch=1, seq_len=128, dtype="float32", autocast=None,
@@ -168,6 +189,7 @@ def run_config(name):
     cfg = L.LlamaConfig(spec.get("model", SMOLLM2_135M))
     model = H.init_weights(H.LlamaForCausalLM(cfg), SEED)
     model.train()
+    model.model.gradient_checkpointing = bool(spec.get("checkpointing"))
     if spec["dtype"] == "bfloat16":
         model.to(torch.bfloat16)
     params = list(model.parameters())
@@ -222,6 +244,8 @@ def run_config(name):
                   "seq_len": spec["seq_len"], "dtype": spec["dtype"],
                   "autocast": spec["autocast"], "adam": spec["adam"], "lr": LR,
                   "threads": THREADS, "seed": SEED}
+    if spec.get("checkpointing"):
+        result_cfg["checkpointing"] = True
     doc = collections.OrderedDict()
     doc["schema"] = "membill-pytorch-step/1"
     doc["config"] = result_cfg
@@ -251,7 +275,8 @@ def _ptr(t):
 
 def _output_ptrs(out):
     ptrs = {"logits": {_ptr(out.logits)}, "cache": set()}
-    for t in out.past_key_values.key_cache + out.past_key_values.value_cache:
+    cache = out.past_key_values  # None under checkpointing (use_cache turned off)
+    for t in (cache.key_cache + cache.value_cache) if cache else ():
         ptrs["cache"].add(_ptr(t))
     return ptrs
 
