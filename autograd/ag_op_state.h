@@ -55,6 +55,7 @@ typedef struct {
         ag_tensor *saved[5];
     };
     int64_t rows, hidden;
+    float offset; // the weight applied as offset + w (Gemma's 1 + w), 0 otherwise
 } ag_rmsnorm_state;
 AG_SAVED_IN_A_ROW(ag_rmsnorm_state, sq, 5);
 
@@ -85,7 +86,10 @@ typedef struct {
     union {
         struct {
             ag_tensor *q;     // for dk; NULL when k wants no gradient
-            ag_tensor *k;     // for dq; NULL when q wants no gradient
+            union {
+                ag_tensor *k;    // for dq; NULL when q wants no gradient
+                ag_tensor *tanh; // PYTORCH (k_rep kept instead of k), a soft-cap: tanh's output, TanhBackward's
+            };
             ag_tensor *v;     // for dP; NULL when neither q nor k wants a gradient
             ag_tensor *probs; // [B, Hq, Tq, Tk]
             // PYTORCH (HF eager attention): q is the rope output (B = 1) or the contiguous copy the
@@ -145,6 +149,18 @@ typedef struct {
     };
 } ag_silu_state;
 AG_SAVED_IN_A_ROW(ag_silu_state, x, 1);
+
+// softcap: y = c tanh(x / c); backward reads y (LEAN) or tanh's output (PYTORCH).
+typedef struct {
+    union {
+        struct {
+            ag_tensor *y, *tanh; // one of them, the other NULL
+        };
+        ag_tensor *saved[2];
+    };
+    float c;
+} ag_softcap_state;
+AG_SAVED_IN_A_ROW(ag_softcap_state, tanh, 2);
 
 // mul: y = a * b.
 typedef struct {
@@ -347,6 +363,7 @@ typedef union {
     ag_attention_flash_state attention_flash;
     ag_attention_sinks_state attention_sinks;
     ag_silu_state silu;
+    ag_softcap_state softcap;
     ag_mul_state mul;
     ag_cross_entropy_state cross_entropy;
     ag_checkpoint_state checkpoint;

@@ -433,6 +433,8 @@ ag_tensor *ag_embedding_padded(ag_ctx *ctx, const char *site, const int32_t *ids
 // y = x * rsqrt(mean(x², last dim) + eps) * w, as HF LlamaRMSNorm; x[..., H], w[H]. A w[D]
 // with D dividing H normalises each D-slice on its own (per-head norms: x[..., heads * D]).
 ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps);
+// The same with the weight applied as offset + w: Gemma's RMSNorm, x * rstd * (1 + w) in float32.
+ag_tensor *ag_rmsnorm_offset(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps, float offset);
 // RoPE's frequencies. The default (inv_freq NULL): inv_freq[i] = 1 / theta^(2i/hd). A scaled
 // RoPE (transformers' rope_scaling: linear, llama3, yarn...) hands its own inv_freq[hd/2], which
 // must stay alive as long as any op made with it (backward recomputes the angles), and yarn a
@@ -484,6 +486,17 @@ ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q
 // NULL: ag_attention_window.
 ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                               int D, int64_t window, ag_tensor *sinks);
+// What else an attention may take (Gemma 2): the window, the scale on Q Kᵀ (0: 1/sqrt(D); Gemma's
+// query_pre_attn_scalar^-1/2) and the scores' soft-cap, softcap tanh(S / softcap) before the mask
+// and the softmax (0: none). Eager only: LEAN's fused op recomputes a head's scores in backward
+// for the cap's derivative (a [Tq, Tk] float32 block, "<prefix>:capped_scores"); transformers'
+// eager ops add S / softcap (freed) and tanh's output, kept. Flash refuses a scale or a cap.
+typedef struct {
+    int64_t window;
+    float scale, softcap;
+} ag_attention_spec;
+ag_tensor *ag_attention_spec_run(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                                 int D, const ag_attention_spec *spec);
 // HF's LlamaRotaryEmbedding: cos and sin [1, T, hd] of positions pos0 .. pos0+T-1 (need no
 // gradient), made once per forward and shared by every layer's ag_rope_cs. Both are new tensors
 // owned by the caller ("<prefix>:cos", "<prefix>:sin"); false with the error set.
@@ -496,6 +509,12 @@ bool ag_rope_tables_f(ag_ctx *ctx, const char *site, int64_t T, int hd, const ag
 // transients (the two products, -x2 and the cat); the node keeps cos and sin.
 ag_tensor *ag_rope_cs(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int hd, ag_tensor *cos, ag_tensor *sin);
 ag_tensor *ag_silu(ag_ctx *ctx, const char *site, ag_tensor *x);
+// y = x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x³))): PyTorch's gelu(approximate="tanh"); keeps x.
+ag_tensor *ag_gelu_tanh(ag_ctx *ctx, const char *site, ag_tensor *x);
+// y = c tanh(x / c), c > 0: logit soft-capping (Gemma 2's final logits). LEAN keeps y; the
+// PyTorch frameworks bill transformers' x / c (freed at once) and keep tanh's output
+// ("<prefix>:tanh").
+ag_tensor *ag_softcap(ag_ctx *ctx, const char *site, ag_tensor *x, float c);
 // y = s x (a constant factor: LoRA's alpha / r); saves nothing.
 ag_tensor *ag_scale(ag_ctx *ctx, const char *site, ag_tensor *x, float s);
 // Training-mode dropout (nn.Dropout(p)): y = x m / (1 - p), element i kept with probability
@@ -696,6 +715,11 @@ ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *
 ag_tensor *ag_attention_cached_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                      const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window,
                                      const ag_tensor *sinks);
+// The same with ag_attention_spec's scale and soft-cap (Gemma 2), eager only; the PyTorch
+// frameworks' transients as without (transformers' S / softcap, tanh and * softcap outputs replace
+// each other two at a time, as the scaled and masked scores do).
+ag_tensor *ag_attention_cached_spec(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                    const int32_t *key_mask, int64_t mask_ld, int Hq, const ag_attention_spec *spec);
 
 // ================================================================================================
 // Activation checkpointing (op_checkpoint.c)

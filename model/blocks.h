@@ -12,11 +12,15 @@ void llama_projs_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, int n, co
                          ag_tensor **out);
 // "layers.<i>.<what>": the site prefix of an op inside block i.
 const char *llama_site(char buf[96], int64_t i, const char *what);
+// The config's RMSNorm of x (x stays the caller's): Gemma's weight as 1 + w.
+ag_tensor *llama_norm(ag_ctx *ctx, const llama_config *c, const char *site, ag_tensor *x, ag_tensor *w);
 // The attention half's two ends, shared by training and generation. llama_qkv: q, k, v of
-// norm(x) (x stays the caller's). llama_attention_out: x + o_proj(a), taking ownership of x and a.
+// norm(x) (x stays the caller's). llama_attention_out: x + o_proj(a) (Gemma 2: x + norm(o_proj(a))),
+// taking ownership of x and a.
 void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i, ag_tensor **q,
                ag_tensor **k, ag_tensor **v);
-ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_layer *L, ag_tensor *x, ag_tensor *a, int64_t i);
+ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, ag_tensor *a,
+                               int64_t i);
 // x[B, T, H] -> x + down(silu(gate(norm(x))) * up(norm(x))); takes ownership of x. Records on
 // the tape in grad mode, not otherwise.
 ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);
@@ -25,10 +29,11 @@ ag_tensor *llama_moe_block(ag_ctx *ctx, const llama_config *c, const llama_layer
 // What a training forward shares across its blocks as transformers' LlamaModel runs it
 // (PYTORCH semantics); all NULL for the lean forward.
 typedef struct {
-    ag_tensor *cos, *sin; // LlamaRotaryEmbedding's tables [1, T, head_dim]: ag_rope_cs, else ag_rope
-    ag_tensor **cache;    // [2 * layers]: the DynamicCache of the output (k after RoPE, v), kept
-                          // until the output is dropped; NULL: none
-    ag_tensor *positions; // checkpointing: cache_position, int64 [T], handed to every layer; NULL: none
+    ag_tensor *cos, *sin;             // LlamaRotaryEmbedding's tables [1, T, head_dim]: ag_rope_cs, else ag_rope
+    ag_tensor *cos_local, *sin_local; // Gemma 3's rotary_emb_local (its sliding layers'); NULL: none
+    ag_tensor **cache;                // [2 * layers]: the DynamicCache of the output (k after RoPE, v), kept
+                                      // until the output is dropped; NULL: none
+    ag_tensor *positions;             // checkpointing: cache_position, int64 [T], handed to every layer; NULL: none
 } llama_shared;
 
 // x[B, T, H] -> x + o_proj(attention(rope(q), rope(k), v)) of norm(x); takes ownership of x.

@@ -5,13 +5,23 @@
 static void moe_terms(const llama_config *c, uint64_t BT, uint64_t a, llama_closed_form *out);
 static void closed_form_peak(const llama_config *c, uint64_t BT, uint64_t a, llama_closed_form *out);
 
+// The head at the start of backward: the final norm's input and output, the logits and their
+// gradient, the float32 rstd and log-sum-exp rows. Under Gemma 2's final soft-cap, the cap's
+// backward: its output (kept), the capped logits' gradient and the raw ones' beside the loss
+// ([1]), the log-sum-exp gone.
+static uint64_t head_moment(const llama_config *c, uint64_t BT, uint64_t a) {
+    const uint64_t H = (uint64_t)c->hidden, V = (uint64_t)c->vocab, f32 = 4;
+    if (c->final_softcap > 0.0) return (2 * BT * H + 3 * BT * V + 1) * a + BT * f32;
+    return (2 * BT * H + 2 * BT * V) * a + 2 * BT * f32;
+}
+
 void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
                              llama_closed_form *out) {
     const uint64_t B = (uint64_t)batch, T = (uint64_t)seq, H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate,
-                   V = (uint64_t)c->vocab, D = (uint64_t)c->head_dim, hq = (uint64_t)c->heads,
-                   hkv = (uint64_t)c->kv_heads, L = (uint64_t)c->layers;
+                   D = (uint64_t)c->head_dim, hq = (uint64_t)c->heads, hkv = (uint64_t)c->kv_heads,
+                   L = (uint64_t)c->layers;
     const uint64_t BT = B * T, a = d->activation, f32 = 4;
-    out->params = llama_param_count(c);
+    out->params = out->grad_params = out->state_params = llama_param_count(c);
     out->weights = out->params * d->weight;
     out->gradients = out->params * d->gradient;
     out->optimizer = out->params * d->optimizer;
@@ -22,9 +32,9 @@ void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, 
         (4 * BT * H + 2 * BT * hq * D + 2 * BT * hkv * D + 4 * BT * I) * a + 2 * BT * f32 + out->act_probs_per_block;
     // Qwen3's q_norm and k_norm keep their inputs (q and k before RoPE) and an rstd per head
     if (c->qk_norm) out->act_per_block += BT * (hq + hkv) * D * a + BT * (hq + hkv) * f32;
-    // The head at the start of backward: the final norm's input and output, the logits and
-    // their gradient, the float32 rstd and log-sum-exp rows.
-    out->act_head = (2 * BT * H + 2 * BT * V) * a + 2 * BT * f32;
+    // Gemma 2's norms of the attention's and the MLP's outputs keep those and an rstd each
+    if (c->ff_norms) out->act_per_block += 2 * BT * H * a + 2 * BT * f32;
+    out->act_head = head_moment(c, BT, a);
     out->kv_cache = 2 * L * hkv * D * T * B * a;
     out->closed = true;
     moe_terms(c, BT, a, out);
@@ -90,16 +100,25 @@ void llama_closed_form_flash(const llama_config *c, int64_t batch, int64_t seq, 
 void llama_closed_form_checkpointing(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
                                      llama_closed_form *out) {
     const uint64_t B = (uint64_t)batch, T = (uint64_t)seq, a = d->activation;
-    const uint64_t BT = B * T, H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate, V = (uint64_t)c->vocab,
-                   L = (uint64_t)c->layers, f32 = 4;
+    const uint64_t BT = B * T, H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate, L = (uint64_t)c->layers;
     out->checkpointing = true;
     out->act_block_inputs = L * BT * H * a;
-    out->act_head_moment = (2 * BT * H + 2 * BT * V) * a + 2 * BT * f32;
+    out->act_head_moment = head_moment(c, BT, a);
     // The loss tensor ([1]) is still held by the caller then.
     out->act_recompute = out->act_per_block + (BT * I + (I > H ? BT * I : BT * H) + 1) * a;
+    // Gemma 2: the MLP's output norm ran its backward first, its saved input and rstd gone by then
+    if (c->ff_norms) out->act_recompute -= BT * H * a + BT * 4;
     out->activations =
         out->act_block_inputs + (out->act_head_moment > out->act_recompute ? out->act_head_moment : out->act_recompute);
     out->closed = out->moe_blocks == 0; // a sparse block's recomputation and backward are not closed
+}
+
+int llama_closed_form_routing(const llama_config *c, const llama_routing *r, int64_t tokens, int64_t steps,
+                              int64_t accum, const llama_dtype_bytes *d, llama_closed_form *out, ag_err *err) {
+    if (llama_routing_trained(r, c, tokens, steps, accum, &out->grad_params, &out->state_params, err) != 0) return -1;
+    out->gradients = out->grad_params * d->gradient;
+    out->optimizer = out->state_params * d->optimizer;
+    return 0;
 }
 
 void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq, uint64_t optimizer_bytes_per_param,

@@ -39,9 +39,9 @@ static const family_info families[] = {
      llama_qwen2_moe_fields},
     {"qwen3_moe", "Qwen3MoeForCausalLM", LLAMA_FAMILY_QWEN3_MOE, true, true, 32768, 0, 10000.0, 1e-6, false,
      llama_qwen3_moe_fields},
-    {"gemma2", "Gemma2ForCausalLM", LLAMA_FAMILY_GEMMA2, false, false, 8192, 256, 10000.0, 1e-6, true,
+    {"gemma2", "Gemma2ForCausalLM", LLAMA_FAMILY_GEMMA2, true, false, 8192, 256, 10000.0, 1e-6, true,
      llama_gemma_fields},
-    {"gemma3_text", "Gemma3ForCausalLM", LLAMA_FAMILY_GEMMA3, false, false, 131072, 256, 1e6, 1e-6, true,
+    {"gemma3_text", "Gemma3ForCausalLM", LLAMA_FAMILY_GEMMA3, true, false, 131072, 256, 1e6, 1e-6, true,
      llama_gemma_fields},
     {"phi3", "Phi3ForCausalLM", LLAMA_FAMILY_PHI3, false, false, 4096, 0, 10000.0, 1e-5, false, llama_phi3_fields},
     {"gpt_oss", "GptOssForCausalLM", LLAMA_FAMILY_GPT_OSS, true, true, 131072, 64, 150000.0, 1e-5, false,
@@ -50,6 +50,9 @@ static const family_info families[] = {
      llama_deepseek_v3_fields},
 };
 #define NFAMILIES (sizeof families / sizeof families[0])
+
+// Gemma's own fields: its soft-caps, and hidden_activation (not hidden_act) naming its MLP's.
+static bool gemma(llama_family f) { return f == LLAMA_FAMILY_GEMMA2 || f == LLAMA_FAMILY_GEMMA3; }
 
 static const family_info *info_of(llama_family f) {
     for (size_t i = 0; i < NFAMILIES; i++)
@@ -230,8 +233,8 @@ int llama_attention_bias(llama_config *c, const json_t *root, const char *path, 
 }
 
 // What changes the numbers and is not modelled: refused, naming the field.
-static int refuse_unsupported(const json_t *root, const char *path, ag_err *err) {
-    const json_t *act = json_object_get(root, "hidden_act");
+static int refuse_unsupported(const llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    const json_t *act = gemma(c->family) ? NULL : json_object_get(root, "hidden_act");
     if (act && !json_is_null(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
         ag_err_set(err, "%s: field hidden_act must be \"silu\" (the MLP is SwiGLU)", path);
         return -1;
@@ -287,7 +290,8 @@ static int refuse_foreign(const llama_config *c, const json_t *root, const char 
         }
     }
     for (size_t i = 0; f->modelled && i < sizeof others / sizeof others[0]; i++) {
-        const json_t *v = json_object_get(root, others[i]);
+        const json_t *v =
+            gemma(f->family) && strstr(others[i], "softcapping") ? NULL : json_object_get(root, others[i]);
         if (v && !json_is_null(v)) {
             ag_err_set(err, "%s: field %s: model_type \"%s\" (%s) has none, and membill does not model it", path,
                        others[i], f->type, f->cls);
@@ -322,7 +326,7 @@ static int qwen3_fields(llama_config *c, const json_t *root, const char *path, a
 
 int llama_parse_family_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
     // a family not modelled yet is parsed for its parameter table alone, and refused as a whole
-    if ((llama_family_modelled(c->family) && refuse_unsupported(root, path, err) != 0) ||
+    if ((llama_family_modelled(c->family) && refuse_unsupported(c, root, path, err) != 0) ||
         refuse_foreign(c, root, path, err) != 0 || pad_token(c, root, path, err) != 0)
         return -1;
     bool use_cache = true;

@@ -136,11 +136,97 @@ int llama_qwen3_moe_fields(llama_config *c, const json_t *root, const char *path
 // The families whose parameter tables are known but whose forward is not modelled yet: the
 // fields their shapes take, nothing else (the family is refused as a whole).
 
-// Gemma2Config and Gemma3TextConfig: norms before and after the MLP; gemma3's q_norm and k_norm.
+// A soft-cap: a positive number, or null for none; absent: dflt.
+static int softcap_field(const json_t *root, const char *path, const char *field, double dflt, double *out,
+                         ag_err *err) {
+    const json_t *v = json_object_get(root, field);
+    *out = v && json_is_null(v) ? 0.0 : dflt;
+    if (llama_json_number(root, path, field, out, err) < 0) return -1;
+    if (!(*out >= 0.0 && *out <= 1e6) || (v && !json_is_null(v) && *out == 0.0)) {
+        ag_err_set(err, "%s: field %s (%g) must be a positive number up to 1e6, or null for none", path, field, *out);
+        return -1;
+    }
+    return 0;
+}
+
+// The sliding layers: all but every period-th (Gemma 2: every other, the first sliding; Gemma 3:
+// sliding_window_pattern, 6); a layer_types given must be such a pattern.
+static int gemma_layers(llama_config *c, const json_t *root, const char *path, int64_t period, const char *pattern,
+                        ag_err *err) {
+    c->window_from = 0;
+    if (llama_window_field(root, path, 4096, true, &c->sliding_window, err) != 0) return -1;
+    if (pattern && llama_json_int(root, path, pattern, false, &period, err) < 0) return -1;
+    if (period < 1 || period > LLAMA_MAX_LAYERS + 1) {
+        ag_err_set(err, "%s: field %s (%lld) must be from 1 to %d", path, pattern, (long long)period,
+                   LLAMA_MAX_LAYERS + 1);
+        return -1;
+    }
+    const json_t *lt = json_object_get(root, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->layers) {
+            ag_err_set(err, "%s: field layer_types must be an array of num_hidden_layers (%lld) strings", path,
+                       (long long)c->layers);
+            return -1;
+        }
+        period = c->layers + 1; // every layer sliding, unless a full one says otherwise
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            const char *t = json_string_value(json_array_get(lt, i));
+            if (t && strcmp(t, "full_attention") == 0 && period == c->layers + 1) period = (int64_t)i + 1;
+        }
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            const char *t = json_string_value(json_array_get(lt, i));
+            const char *want = ((int64_t)i + 1) % period ? "sliding_attention" : "full_attention";
+            if (!t || strcmp(t, want) != 0) {
+                ag_err_set(err,
+                           "%s: field layer_types[%zu] must be \"%s\" (sliding layers with every %lld-th full is "
+                           "the pattern modelled)",
+                           path, i, want, (long long)period);
+                return -1;
+            }
+        }
+    }
+    c->window_period = c->sliding_window > 0 ? period : 0; // sliding_window null: no layer slides
+    return 0;
+}
+
+// Gemma2Config and Gemma3TextConfig: the norms around each sub-block, (1 + w) norms, GeLU-tanh, the
+// embeddings scaled, query_pre_attn_scalar (256), sliding layers (4096) between full ones. Gemma 2
+// caps the scores and the logits (50 and 30); Gemma 3 has q_norm and k_norm, no caps unless given,
+// and its sliding layers' RoPE on rope_local_base_freq (10000).
 int llama_gemma_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
-    c->ff_norms = true;
-    c->qk_norm = c->family == LLAMA_FAMILY_GEMMA3;
-    return llama_attention_bias(c, root, path, err);
+    const bool g3 = c->family == LLAMA_FAMILY_GEMMA3;
+    c->ff_norms = true, c->qk_norm = g3;
+    c->norm_offset = 1.0f, c->gelu = true, c->embed_scale = true, c->query_scalar = 256.0;
+    if (llama_attention_bias(c, root, path, err) != 0) return -1;
+    const json_t *act = json_object_get(root, "hidden_activation");
+    if (act && !json_is_null(act) &&
+        (!json_is_string(act) || strcmp(json_string_value(act), "gelu_pytorch_tanh") != 0)) {
+        ag_err_set(err, "%s: field hidden_activation must be \"gelu_pytorch_tanh\" (Gemma's MLP)", path);
+        return -1;
+    }
+    if (llama_json_number(root, path, "query_pre_attn_scalar", &c->query_scalar, err) < 0) return -1;
+    if (!(c->query_scalar >= 1e-6 && c->query_scalar <= 1e12)) {
+        ag_err_set(err, "%s: field query_pre_attn_scalar (%g) must be a positive number", path, c->query_scalar);
+        return -1;
+    }
+    if (softcap_field(root, path, "attn_logit_softcapping", g3 ? 0.0 : 50.0, &c->attn_softcap, err) != 0 ||
+        softcap_field(root, path, "final_logit_softcapping", g3 ? 0.0 : 30.0, &c->final_softcap, err) != 0)
+        return -1;
+    if (!g3) return gemma_layers(c, root, path, 2, NULL, err);
+    bool bidirectional = false;
+    if (llama_json_bool(root, path, "use_bidirectional_attention", &bidirectional, err) < 0) return -1;
+    if (bidirectional) {
+        ag_err_set(err, "%s: field use_bidirectional_attention: a bidirectional Gemma 3 is not modelled", path);
+        return -1;
+    }
+    c->rope_local_theta = 10000.0;
+    if (llama_json_number(root, path, "rope_local_base_freq", &c->rope_local_theta, err) < 0) return -1;
+    if (!(c->rope_local_theta >= LLAMA_MIN_ROPE_THETA && c->rope_local_theta <= LLAMA_MAX_ROPE_THETA)) {
+        ag_err_set(err, "%s: field rope_local_base_freq (%g) must be a number from %g to %g", path, c->rope_local_theta,
+                   LLAMA_MIN_ROPE_THETA, LLAMA_MAX_ROPE_THETA);
+        return -1;
+    }
+    return gemma_layers(c, root, path, 6, "sliding_window_pattern", err);
 }
 
 // Phi3Config: qkv_proj and gate_up_proj fused.

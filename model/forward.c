@@ -45,9 +45,12 @@ static ag_tensor *run_block(ag_ctx *ctx, const llama_model *m, const llama_share
     if (!o || !o->checkpointing) return llama_block(ctx, &m->cfg, &m->layers[i], sh, x, i);
     char s[96];
     snprintf(s, sizeof s, "layers.%lld", (long long)i);
-    block_arg a = {&m->cfg, &m->layers[i], i, o, sh->cos, sh->sin, m->moe.forward};
+    // the layer's own rotary tables: Gemma 3's sliding layers take rotary_emb_local's
+    const bool local = sh->cos_local && llama_layer_window(&m->cfg, i) > 0;
+    ag_tensor *cs = local ? sh->cos_local : sh->cos, *sn = local ? sh->sin_local : sh->sin;
+    block_arg a = {&m->cfg, &m->layers[i], i, o, cs, sn, m->moe.forward};
     ag_tensor *layer_mask = mask[1] && llama_layer_window(&m->cfg, i) > 0 ? mask[1] : mask[0];
-    ag_checkpoint_args args = {{layer_mask, sh->positions}, {sh->cos, sh->sin}};
+    ag_checkpoint_args args = {{layer_mask, sh->positions}, {cs, sn}};
     ag_tensor *y = ag_checkpoint_with(ctx, s, block_fn, &a, sizeof a, x, &args);
     ag_release(x);
     return y;
@@ -90,10 +93,14 @@ static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, 
         return false;
     if (AG_FW(fw, rope_tables) && !ag_rope_tables_f(ctx, "rotary_emb", T, (int)c->head_dim, &f, 0, &sh->cos, &sh->sin))
         return false;
+    const ag_rope_freqs local = {(float)c->rope_local_theta, NULL, 1.0f};
+    if (AG_FW(fw, rope_tables) && c->rope_local_theta > 0.0 &&
+        !ag_rope_tables_f(ctx, "rotary_emb_local", T, (int)c->head_dim, &local, 0, &sh->cos_local, &sh->sin_local))
+        return false;
     const ag_mask_shape shape = AG_FW(fw, mask);
     bool old = shape == AG_MASK_T_T1;
     int64_t cols = old ? T + 1 : T, rows = old ? T : B * T;
-    bool qwen = c->family == LLAMA_FAMILY_QWEN2 || c->family == LLAMA_FAMILY_QWEN3;
+    bool qwen = c->family == LLAMA_FAMILY_QWEN2 || c->family == LLAMA_FAMILY_QWEN3 || c->window_period > 0;
     bool sliding = c->sliding_window > 0 && c->window_from < c->layers, two = !old && qwen && sliding;
     // SDPA: without padding, transformers' sdpa_mask returns None and is_causal does the masking
     // (which also lets SDPA take GQA as it is, enable_gqa, without repeat_kv), unless a sliding
@@ -143,6 +150,25 @@ static ag_tensor *with_aux_loss(ag_ctx *ctx, llama_model *m, ag_tensor *loss) {
     return total;
 }
 
+// The embeddings of ids; Gemma 2 scales them by sqrt(hidden_size) (a new tensor; the lookup's goes).
+static ag_tensor *embed(ag_ctx *ctx, const llama_model *m, const int32_t *ids, int64_t B, int64_t T) {
+    const llama_config *c = &m->cfg;
+    ag_tensor *x = ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed, c->pad_token ? c->pad_token_id : -1);
+    if (!x || !c->embed_scale) return x;
+    ag_tensor *y = ag_scale(ctx, "embed_scale", x, llama_embedding_scale(c));
+    ag_release(x);
+    return y;
+}
+
+// logits = lm_head(x); Gemma 2 caps them (final_logit_softcapping), the raw ones freed.
+static ag_tensor *head(ag_ctx *ctx, const llama_model *m, ag_tensor *x) {
+    ag_tensor *logits = ag_linear(ctx, "lm_head:logits", x, m->lm_head, NULL);
+    if (!logits || m->cfg.final_softcap <= 0.0) return logits;
+    ag_tensor *capped = ag_softcap(ctx, "final_softcap:logits", logits, (float)m->cfg.final_softcap);
+    ag_release(logits);
+    return capped;
+}
+
 ag_tensor *llama_forward_loss(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B, int64_t T, ag_err *err) {
     return llama_forward_loss_opts(ctx, m, NULL, ids, B, T, err);
 }
@@ -173,9 +199,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     m->lora.training = true; // the adapters' dropout draws this forward's masks
     m->lora.forwards++;
     part_hook hk = {opts, err, true};
-    ag_tensor *x = part(&hk, 0, true) ? ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed,
-                                                            c->pad_token ? c->pad_token_id : -1)
-                                      : NULL;
+    ag_tensor *x = part(&hk, 0, true) ? embed(ctx, m, ids, B, T) : NULL;
     if (x && !part(&hk, 0, false)) ag_release(x), x = NULL;
     llama_shared sh = {0};
     ag_tensor *mask[2] = {NULL, NULL};
@@ -186,7 +210,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
         if (x && !part(&hk, i + 1, false)) ag_release(x), x = NULL;
     }
     if (x && !part(&hk, c->layers + 1, true)) ag_release(x), x = NULL;
-    ag_tensor *n = ag_rmsnorm(ctx, "norm", x, m->norm, (float)c->rms_eps);
+    ag_tensor *n = llama_norm(ctx, c, "norm", x, m->norm);
     ag_release(x);
     // LlamaModel.forward returns: its mask and its references to the tables go.
     ag_release(mask[0]);
@@ -194,7 +218,9 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
     ag_release(sh.cos);
     ag_release(sh.sin);
     ag_release(sh.positions);
-    ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head, NULL);
+    ag_release(sh.cos_local);
+    ag_release(sh.sin_local);
+    ag_tensor *logits = head(ctx, m, n);
     // transformers: the base model's output object holds the last hidden state until the
     // causal LM's forward returns (it matters where lm_head keeps a cast of it, not it).
     if (!AG_FW(ag_ctx_framework_row(ctx), output_holds_hidden)) ag_release(n), n = NULL;
@@ -226,13 +252,13 @@ ag_tensor *llama_forward_logits(ag_ctx *ctx, llama_model *m, const int32_t *ids,
     }
     if (!mp_is_meta() && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return NULL;
     m->lora.training = false;
-    ag_tensor *x = ag_embedding_padded(ctx, "embed_tokens", ids, B, T, m->embed, c->pad_token ? c->pad_token_id : -1);
+    ag_tensor *x = embed(ctx, m, ids, B, T);
     for (int64_t i = 0; i < c->layers && x; i++) x = llama_block(ctx, c, &m->layers[i], NULL, x, i);
     for (int64_t i = 0; m->moe.logits && i < c->layers; i++) ag_release(m->moe.logits[i]), m->moe.logits[i] = NULL;
     m->moe.forward++;
-    ag_tensor *n = ag_rmsnorm(ctx, "norm", x, m->norm, (float)c->rms_eps);
+    ag_tensor *n = llama_norm(ctx, c, "norm", x, m->norm);
     ag_release(x);
-    ag_tensor *logits = ag_linear(ctx, "lm_head:logits", n, m->lm_head, NULL);
+    ag_tensor *logits = head(ctx, m, n);
     ag_release(n);
     if (!logits) ag_err_set(err, "forward: %s", ag_ctx_error(ctx) ? ag_ctx_error(ctx) : "failed");
     return logits;

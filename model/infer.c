@@ -43,7 +43,7 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     const llama_config *c = g->c;
     const llama_layer *L = &g->m->layers[i];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    const ag_rope_freqs f = llama_rope_freqs(c);
+    const ag_rope_freqs f = llama_layer_rope_freqs(c, i);
     char s[96];
     ag_kv_cache *kv =
         g->kv ? g->kv[i] : ag_kv_cache_new(ctx, llama_site(s, i, "self_attn"), MP_ACTIVATION, g->B, hkv, hd);
@@ -56,11 +56,15 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     if (kr && v) ag_kv_cache_append(ctx, kv, kr, v);
     REL(kr);
     REL(v);
-    ag_tensor *a = ag_attention_cached_sinks(ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq,
-                                             llama_layer_window(c, i), L->sinks); // gpt_oss's; else NULL
+    const ag_attention_spec spec = {llama_layer_window(c, i), llama_attention_scale(c), (float)c->attn_softcap};
+    ag_tensor *a =
+        L->sinks // gpt_oss's sinks (no scale of its own, no cap)
+            ? ag_attention_cached_sinks(ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq, spec.window,
+                                        L->sinks)
+            : ag_attention_cached_spec(ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq, &spec);
     REL(qr);
     if (!g->kv) ag_kv_cache_free(kv);
-    return llama_attention_out(ctx, L, x, a, i);
+    return llama_attention_out(ctx, c, L, x, a, i);
 }
 
 // x[B, t, H] -> x[B, 1, H], its last position; takes ownership of x.
@@ -78,11 +82,14 @@ static ag_tensor *last_position(ag_ctx *ctx, ag_tensor *x) {
 // only (the norm is per position, so the last one is cut out before it). Takes ownership of x.
 static ag_tensor *head(gen *g, ag_tensor *x, bool all_positions) {
     if (!all_positions) x = last_position(g->ctx, x);
-    ag_tensor *n = ag_rmsnorm(g->ctx, "norm", x, g->m->norm, (float)g->c->rms_eps);
+    ag_tensor *n = llama_norm(g->ctx, g->c, "norm", x, g->m->norm);
     ag_release(x);
     ag_tensor *logits = ag_linear(g->ctx, "lm_head:logits", n, g->m->lm_head, NULL);
     ag_release(n);
-    return logits;
+    if (!logits || g->c->final_softcap <= 0.0) return logits;
+    ag_tensor *capped = ag_softcap(g->ctx, "final_softcap:logits", logits, (float)g->c->final_softcap);
+    ag_release(logits);
+    return capped;
 }
 
 // dst[B, t] = src[:, from .. from + t) of a [B, cap] array.
@@ -109,6 +116,11 @@ static ag_tensor *forward(gen *g, int64_t from, bool all_positions) {
     gather(g->step_ids, g->ids, g, from, t);
     gather(g->step_pos, g->pos, g, from, t);
     ag_tensor *x = ag_embedding(g->ctx, "embed_tokens", g->step_ids, g->B, t, g->m->embed);
+    if (x && g->c->embed_scale) { // Gemma 2: times sqrt(hidden_size)
+        ag_tensor *y = ag_scale(g->ctx, "embed_scale", x, llama_embedding_scale(g->c));
+        ag_release(x);
+        x = y;
+    }
     for (int64_t i = 0; i < g->c->layers && x; i++) {
         prefetch_after_qkv(g, i, t);
         x = attention_part(g, i, x);

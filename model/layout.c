@@ -2,6 +2,7 @@
 // some families, configs or layers have. Names, shapes, order, the tensor count, the parameter
 // count and the model struct's slots all come from it (llama_param_info_of, llama_param_count,
 // params.c).
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -466,7 +467,22 @@ uint64_t llama_active_param_count(const llama_config *c) {
     return total - idle;
 }
 
+float llama_embedding_scale(const llama_config *c) { return c->embed_scale ? (float)sqrt((double)c->hidden) : 1.0f; }
+
+float llama_attention_scale(const llama_config *c) {
+    // query_pre_attn_scalar equal to head_dim is the plain scale (Gemma-3-1B's 256)
+    return c->query_scalar > 0.0 && c->query_scalar != (double)c->head_dim ? (float)(1.0 / sqrt(c->query_scalar))
+                                                                           : 0.0f;
+}
+
+ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i) {
+    if (c->rope_local_theta > 0.0 && llama_layer_window(c, i) > 0)
+        return (ag_rope_freqs){(float)c->rope_local_theta, NULL, 1.0f};
+    return llama_rope_freqs(c);
+}
+
 int64_t llama_layer_window(const llama_config *c, int64_t i) {
     if (c->sliding_window > 0 && c->full_every > 0) return (i + 1) % c->full_every ? c->sliding_window : 0;
+    if (c->window_period > 0) return (i + 1) % c->window_period ? c->sliding_window : 0;
     return c->sliding_window > 0 && i >= c->window_from ? c->sliding_window : 0;
 }

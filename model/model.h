@@ -30,8 +30,11 @@
 //   qwen2_moe: qwen2's attention, mixtures of experts with a gated shared expert;
 //   qwen3_moe: qwen3's attention, mixtures of experts;
 //   gpt_oss: biases and sinks in attention, a window on every other layer, stacked experts
-//     through a clamped SwiGLU (the lean framework).
-// gemma2, gemma3_text, phi3 and deepseek_v3 have their parameter tables here (names,
+//     through a clamped SwiGLU (the lean framework);
+//   gemma2: (1 + w) norms before and after attention and MLP, GeLU-tanh, scaled embeddings,
+//     query_pre_attn_scalar, soft-capped scores and logits, sliding layers alternating;
+//   gemma3_text: gemma2's with q_norm and k_norm, a local RoPE base on its sliding layers.
+// phi3 and deepseek_v3 have their parameter tables here (names,
 // shapes, counts) but no forward yet: llama_config_parse and the presets refuse them by name
 // (llama_family_modelled).
 typedef enum {
@@ -156,6 +159,17 @@ typedef struct {
     // Shapes of the families not modelled yet (their parameter tables): gemma2 and gemma3_text's
     // norms before and after the MLP, phi3's fused qkv_proj and gate_up_proj, gpt_oss's sinks.
     bool ff_norms, fused_proj, sinks;
+    // Gemma 2 (ff_norms: the attention's output and the MLP's normed before their residual adds,
+    // the MLP's input by pre_feedforward_layernorm; 0 and false in the other families):
+    float norm_offset;     // every RMSNorm's weight applied as norm_offset + w (1)
+    bool gelu;             // the MLP's activation GeLU-tanh (hidden_activation gelu_pytorch_tanh), else SiLU
+    bool embed_scale;      // the embeddings times sqrt(hidden_size)
+    double query_scalar;   // query_pre_attn_scalar: attention scaled by its -1/2 power (0: head_dim's)
+    double attn_softcap;   // attn_logit_softcapping: scores capped as c tanh(S / c) (0: none)
+    double final_softcap;  // final_logit_softcapping: the logits capped alike (0: none)
+    int64_t window_period; // layer i under the window unless (i + 1) % window_period == 0 (0: from window_from on)
+    double rope_local_theta; // Gemma 3: rope_local_base_freq, the sliding layers' RoPE base (default, unscaled);
+                             // 0: every layer's RoPE is the config's
 } llama_config;
 
 // The bounds of llama_config_validate, which presets and config.json files both pass through.
@@ -286,6 +300,16 @@ ag_rope_freqs llama_rope_freqs(const llama_config *c);
 // experts for Mixtral's), and the index of its first one in the parameter list.
 size_t llama_layer_param_count(const llama_config *c, int64_t i);
 size_t llama_layer_first_param(const llama_config *c, int64_t i);
+
+// What the embeddings are multiplied by: sqrt(hidden_size) under Gemma 2 (a float32 run's
+// normalizer), else 1.
+float llama_embedding_scale(const llama_config *c);
+// The scale on attention's Q Kᵀ: query_pre_attn_scalar^-1/2, or 0 for 1/sqrt(head_dim).
+float llama_attention_scale(const llama_config *c);
+
+// Layer i's RoPE frequencies: Gemma 3's sliding layers' rope_local_base_freq, else the config's
+// (llama_rope_freqs).
+ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i);
 
 // The sliding window of layer i: 0 (none) or sliding_window.
 int64_t llama_layer_window(const llama_config *c, int64_t i);
@@ -668,6 +692,12 @@ int llama_routing_add(llama_routing *r, int64_t forward, int64_t layer, int64_t 
 // layers, experts and top-k), every count checked.
 int llama_routing_write(const llama_routing *r, FILE *f, ag_err *err);
 int llama_routing_load(llama_routing **out, const char *path, const llama_config *c, ag_err *err);
+// The parameters training's gradients and optimizer state cover under a routing: all but the
+// routed experts no token reaches (their .grad stays none, so Adam keeps no state for them).
+// steps of accum forwards each, tokens routed in each; most: the most one step's gradients
+// cover; any: those some step's cover (the optimizer's state). P for a dense config.
+int llama_routing_trained(const llama_routing *r, const llama_config *c, int64_t tokens, int64_t steps, int64_t accum,
+                          uint64_t *most, uint64_t *any, ag_err *err);
 
 // What a model's sparse layers share during a run.
 typedef struct {
@@ -876,6 +906,9 @@ typedef struct {
     int64_t moe_blocks;
     uint64_t act_moe_delta, act_shared_saved, act_experts_moment;
     bool closed;
+    // The parameters with a gradient (the most one step has) and with optimizer state: params,
+    // unless llama_closed_form_routing found routed experts no token reaches.
+    uint64_t grad_params, state_params;
 } llama_closed_form;
 
 // Float32 throughout; checkpointing: every block under ag_checkpoint (llama_forward_opts).
@@ -894,6 +927,10 @@ void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, 
 // Turns a closed form from llama_closed_form_dtype into flash attention's (call it before
 // llama_closed_form_checkpointing): the probabilities out of each block, the log-sum-exp in.
 void llama_closed_form_flash(const llama_config *c, int64_t batch, int64_t seq, llama_closed_form *out);
+// Turns gradients and optimizer into a routing's (llama_routing_trained: steps of accum forwards
+// of tokens each): an expert no token reached has neither.
+int llama_closed_form_routing(const llama_config *c, const llama_routing *r, int64_t tokens, int64_t steps,
+                              int64_t accum, const llama_dtype_bytes *d, llama_closed_form *out, ag_err *err);
 // Turns a closed form from llama_closed_form_dtype (the same arguments) into the one with
 // checkpointing: sets checkpointing, act_block_inputs, act_head_moment, act_recompute and
 // activations; the other fields stay.

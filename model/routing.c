@@ -199,3 +199,56 @@ int llama_routing_load(llama_routing **out, const char *path, const llama_config
     json_decref(root);
     return rc;
 }
+
+// ------------------------------------------------------------------------------------------------
+// What training's gradients and optimizer state cover
+
+// The parameters of the routed experts whose hit[layer x E + expert] lacks `bit`.
+static uint64_t idle_params(const llama_config *c, const unsigned char *hit, unsigned char bit) {
+    uint64_t idle = 0;
+    const size_t n = llama_param_count_tensors(c);
+    for (size_t i = 0; i < n; i++) {
+        llama_param_info p;
+        if (llama_param_info_of(c, i, &p) != 0 || p.expert < 0 || p.buffer) continue;
+        if (!(hit[p.layer * c->moe.experts + p.expert] & bit))
+            idle += (uint64_t)p.shape[0] * (uint64_t)p.shape[1] * (uint64_t)p.shape[2];
+    }
+    return idle;
+}
+
+// hit: bit 1 the step under way, bit 2 some step.
+static int step_hits(const llama_routing *r, const llama_config *c, int64_t tokens, int64_t from, int64_t accum,
+                     unsigned char *hit, int64_t *count, ag_err *err) {
+    const int E = (int)c->moe.experts, k = (int)c->moe.top_k;
+    for (int64_t l = 0; l < c->layers; l++)
+        for (int e = 0; e < E; e++) hit[l * E + e] &= 2;
+    for (int64_t f = from; f < from + accum; f++)
+        for (int64_t l = 0; l < c->layers; l++) {
+            if (!llama_layer_moe(c, l)) continue;
+            if (llama_routing_counts(r, f, l, tokens, E, k, count, err) != 0) return -1;
+            for (int e = 0; e < E; e++)
+                if (count[e] > 0) hit[l * E + e] = 3;
+        }
+    return 0;
+}
+
+int llama_routing_trained(const llama_routing *r, const llama_config *c, int64_t tokens, int64_t steps, int64_t accum,
+                          uint64_t *most, uint64_t *any, ag_err *err) {
+    const uint64_t P = llama_param_count(c);
+    *most = *any = P;
+    if (c->moe.experts <= 0) return 0;
+    unsigned char *hit = calloc((size_t)(c->layers * c->moe.experts), 1);
+    int64_t *count = malloc((size_t)c->moe.experts * sizeof *count);
+    int rc = hit && count ? 0 : -1;
+    if (rc != 0) ag_err_set(err, "out of memory for the routing's experts");
+    *most = 0;
+    for (int64_t s = 0; rc == 0 && s < steps; s++) {
+        rc = step_hits(r, c, tokens, s * accum, accum, hit, count, err);
+        uint64_t covered = P - idle_params(c, hit, 1);
+        if (rc == 0 && covered > *most) *most = covered;
+    }
+    if (rc == 0) *any = P - idle_params(c, hit, 2);
+    free(hit);
+    free(count);
+    return rc;
+}

@@ -19,6 +19,8 @@
 static void causal_softmax_row(float *row, int64_t i, const ag_att_dims *a, const float *sink) {
     int64_t n = ag_keys_seen(a, i);                 // keys 0 .. i + Tk - Tq are visible
     int64_t lo = ag_window_first(n - 1, a->window); // ... from this one on
+    if (a->softcap > 0.0f)
+        for (int64_t j = lo; j < n; j++) row[j] = a->softcap * tanhf(row[j] / a->softcap);
     float mx = row[lo];
     for (int64_t j = lo + 1; j < n; j++) mx = row[j] > mx ? row[j] : mx;
     if (sink && *sink > mx) mx = *sink;
@@ -54,7 +56,7 @@ static bool attention_forward(ag_buf o, ag_buf probs, ag_buf q, ag_buf k, ag_buf
     bool ok = true;
     int rep = a->Hq / a->Hkv;
     int64_t ldq = (int64_t)a->Hq * a->D, ldk = (int64_t)a->Hkv * a->D;
-    float scale = 1.0f / sqrtf((float)a->D);
+    float scale = ag_att_scale(a);
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
             ok =
@@ -101,15 +103,32 @@ static void softmax_backward(ag_buf dp, ag_buf p, const ag_att_dims *a, double *
     ag_parallel_for(a->Tq, AG_PAR_GRAIN / a->Tk + 1, dsoftmax_part, &(dsoftmax_args){dp, p, a, dsink});
 }
 
-// One (batch, head): dV += Pᵀ dO; dP = dO Vᵀ; dS; dQ = dS K / sqrt(D); dK += dSᵀ Q / sqrt(D).
+// The soft-cap's derivative on one head's dS (in place): 1 - tanh²(S / c) from the scores
+// recomputed into sc; 0 where the query does not look (dS is 0 there).
+static void softcap_backward(ag_buf dp, const float *sc, const ag_att_dims *a) {
+    const int64_t n = a->Tk;
+    float db[n];
+    for (int64_t i = 0; i < a->Tq; i++) {
+        const int64_t seen = ag_keys_seen(a, i), lo = ag_window_first(seen - 1, a->window);
+        float *row = ag_rw(dp, i * n, n, db);
+        for (int64_t j = lo; j < seen; j++) {
+            float t = tanhf(sc[i * n + j] / a->softcap);
+            row[j] *= 1.0f - t * t;
+        }
+        ag_wr_end(dp, i * n, n, row);
+    }
+}
+
+// One (batch, head): dV += Pᵀ dO; dP = dO Vᵀ; dS; dQ = dS K scale; dK += dSᵀ Q scale.
 // dK and dV sum over the query heads of a group: the group's first head writes, if fresh.
-// dsink: [Tq] rows' parts of the head's sink gradient, NULL without a sink.
-static bool attention_head_backward(const ag_grad_dst *d, ag_buf dout, ag_buf dp, const ag_attention_state *st,
-                                    int64_t b, int h, double *dsink) {
+// sc: a head's scores, recomputed under a soft-cap (NULL: none); dsink: [Tq] rows' parts of the
+// head's sink gradient, NULL without a sink.
+static bool attention_head_backward(const ag_grad_dst *d, ag_buf dout, ag_buf dp, float *sc,
+                                    const ag_attention_state *st, int64_t b, int h, double *dsink) {
     const ag_att_dims *a = &st->dims;
     int rep = a->Hq / a->Hkv, g = h / rep;
     int64_t ldq = (int64_t)a->Hq * a->D, ldk = (int64_t)a->Hkv * a->D;
-    float scale = 1.0f / sqrtf((float)a->D);
+    float scale = ag_att_scale(a);
     ag_buf p = PH(ag_buf_of(st->probs), *a, b, h), dO = QH(dout, *a, b, h);
     bool first = h % rep == 0, ok = true;
     if (d[2].needed)
@@ -118,6 +137,11 @@ static bool attention_head_backward(const ag_grad_dst *d, ag_buf dout, ag_buf dp
     if (!d[0].needed && !d[1].needed && !dsink) return ok;
     ok = ok && ag_causal_scores(a, 1.0f, dO, ldq, KH(ag_buf_of(st->v), *a, b, g), ldk, dp);
     if (ok) softmax_backward(dp, p, a, dsink);
+    if (ok && sc) {
+        ok = ag_causal_scores(a, scale, QH(ag_buf_of(st->q), *a, b, h), ldq, KH(ag_buf_of(st->k), *a, b, g), ldk,
+                              ag_buf_f32(sc));
+        if (ok) softcap_backward(dp, sc, a);
+    }
     if (d[0].needed)
         ok = ok && ag_causal_rows(a, scale, dp, KH(ag_buf_of(st->k), *a, b, g), ldk, d[0].fresh ? 0.0f : 1.0f,
                                   QH(ag_dst_buf(&d[0]), *a, b, h), ldq);
@@ -135,16 +159,23 @@ static void attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     ag_att_dims a = st->dims;
     ag_grad_dst d[3];
     if (!ag_grad_get_all(ctx, n, d)) return;
-    mp_block dp = {0}; // dP of one head, reused across heads
-    char label[AG_LABEL_MAX];
+    mp_block dp = {0}, sc = {0}; // dP of one head, reused across heads; its recomputed scores
+    char label[AG_LABEL_MAX], lsc[AG_LABEL_MAX];
     ag_label(label, mp_site_name(n->site), "dprobs");
+    ag_label(lsc, mp_site_name(n->site), "capped_scores");
     bool need_dp = d[0].needed || d[1].needed, ok = true;
-    if (need_dp && !ag_alloc_block(ctx, &dp, (size_t)(a.Tq * a.Tk) * sizeof(float), MP_ACTIVATION, label)) return;
+    const size_t head = (size_t)(a.Tq * a.Tk) * sizeof(float);
+    if (need_dp && !ag_alloc_block(ctx, &dp, head, MP_ACTIVATION, label)) return;
+    if (need_dp && a.softcap > 0.0f && !ag_alloc_exact(ctx, &sc, head, MP_ACTIVATION, lsc)) {
+        mp_free(&dp);
+        return;
+    }
     ag_buf dpb = {dp.data, n->grad_dtype}, dy = {(void *)dout, n->grad_dtype};
     if (!mp_is_meta())
         for (int64_t b = 0; b < a.B; b++)
-            for (int h = 0; h < a.Hq && ok; h++) ok = attention_head_backward(d, dy, dpb, st, b, h, NULL);
+            for (int h = 0; h < a.Hq && ok; h++) ok = attention_head_backward(d, dy, dpb, sc.data, st, b, h, NULL);
     if (!ok) ag_fail(ctx, AG_ERR_NOMEM, "attention %s backward: out of memory for a conversion", mp_site_name(n->site));
+    mp_free(&sc);
     mp_free(&dp);
 }
 
@@ -178,7 +209,7 @@ bool ag_attention_begin(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *
     if (!ag_check_inputs(ctx, "attention", site, 3, ins, (const char *[]){"q", "k", "v"})) return false;
     ag_site_parse(s, site);
     if (!ag_attention_shapes(ctx, s->base, q, k, v, Hq, Hkv, D)) return false;
-    *a = (ag_att_dims){q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D, window < 0 ? 0 : window};
+    *a = (ag_att_dims){q->shape[0], q->shape[1], k->shape[1], Hq, Hkv, D, window < 0 ? 0 : window, 0.0f, 0.0f};
     return true;
 }
 
@@ -203,11 +234,26 @@ static ag_node *eager_begin(ag_ctx *ctx, const ag_site *s, const ag_att_dims *a,
 
 ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                                int D, int64_t window) {
-    if (ctx && ctx->attention == AG_ATTENTION_FLASH)
-        return ag_attention_flash_window(ctx, site, q, k, v, Hq, Hkv, D, window);
+    return ag_attention_spec_run(ctx, site, q, k, v, Hq, Hkv, D, &(ag_attention_spec){window, 0.0f, 0.0f});
+}
+
+ag_tensor *ag_attention_spec_run(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
+                                 int Hkv, int D, const ag_attention_spec *spec) {
+    const bool plain = spec->scale == 0.0f && spec->softcap == 0.0f;
+    if (ctx && ctx->attention == AG_ATTENTION_FLASH && plain)
+        return ag_attention_flash_window(ctx, site, q, k, v, Hq, Hkv, D, spec->window);
     ag_site s;
     ag_att_dims a;
-    if (!ag_attention_begin(ctx, site, q, k, v, Hq, Hkv, D, window, &s, &a)) return NULL;
+    if (!ag_attention_begin(ctx, site, q, k, v, Hq, Hkv, D, spec->window, &s, &a)) return NULL;
+    if (ctx->attention == AG_ATTENTION_FLASH || spec->scale < 0.0f || spec->softcap < 0.0f) {
+        ag_fail(ctx, AG_ERR_ARG, "attention %s: %s (scale %g, soft-cap %g)", s.base,
+                ctx->attention == AG_ATTENTION_FLASH
+                    ? "flash attention with a scale of its own or a soft-cap of the scores is not modelled (eager only)"
+                    : "a scale and a soft-cap must be positive, or 0 for none",
+                (double)(spec->scale > 0.0f ? spec->scale : 1.0f / sqrtf((float)D)), (double)spec->softcap);
+        return NULL;
+    }
+    a.scale = spec->scale, a.softcap = spec->softcap;
     ag_tensor *ins[] = {q, k, v};
     if (AG_FW(ctx->fw, attention) == AG_ATTENTION_OPS_HF_EAGER)
         return ag_attention_eager(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
@@ -218,7 +264,9 @@ ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_t
         !attention_forward(ag_buf_of(o), ag_buf_of(probs), ag_buf_of(q), ag_buf_of(k), ag_buf_of(v), &a, NULL))
         ag_fail(ctx, AG_ERR_NOMEM, "attention %s: out of memory for a conversion", s.base);
     if (n) {
-        bool dq = ag_wants_grad(n, 0), dk = ag_wants_grad(n, 1);
+        // under a soft-cap, backward recomputes the scores from both q and k
+        bool dq = ag_wants_grad(n, 0) || (a.softcap > 0.0f && ag_wants_grad(n, 1)),
+             dk = ag_wants_grad(n, 1) || (a.softcap > 0.0f && ag_wants_grad(n, 0));
         n->state.attention = (ag_attention_state){
             .q = ag_retain(dk ? q : NULL),
             .k = ag_retain(dq ? k : NULL),
@@ -270,7 +318,7 @@ static void sinks_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     bool ok = rows && dsink;
     for (int64_t b = 0; b < a.B && ok; b++)
         for (int h = 0; h < a.Hq && ok; h++) {
-            ok = attention_head_backward(d, dy, dpb, &view, b, h, d[3].needed ? rows : NULL);
+            ok = attention_head_backward(d, dy, dpb, NULL, &view, b, h, d[3].needed ? rows : NULL);
             for (int64_t i = 0; ok && d[3].needed && i < a.Tq; i++) dsink[h] += rows[i];
         }
     for (int h = 0; ok && d[3].needed && h < a.Hq; h++)

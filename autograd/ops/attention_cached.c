@@ -17,8 +17,12 @@ typedef struct {
     int64_t ld;
     bool threaded;      // heads split between threads: chunk products by ag_sgemm_small only
     int64_t window;     // 0: none; else keys window or more cache slots back are hidden
+    float scale;        // on q kᵀ (0: 1 / sqrt(D))
+    float softcap;      // the scores capped as softcap tanh(s / softcap) before the softmax (0: none)
     const float *sinks; // gpt_oss: [Hq], one more logit in each row's denominator; NULL: none
 } cat_dims;
+
+static float cat_scale(const cat_dims *a) { return a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)a->D); }
 
 // Eight partial sums, so that the compiler may keep them in vector registers.
 static float dot(const float *a, const float *b, int n) {
@@ -125,6 +129,8 @@ static void chunk_values(float *o, int64_t ldo, const float *p, const float *vc,
 static void masked_softmax_row(float *row, int64_t b, int64_t i, int h, const cat_dims *a) {
     int64_t n = a->Tk - a->Tq + i + 1, lo = ag_window_first(n - 1, a->window);
     const int32_t *m = a->mask ? a->mask + b * a->ld : NULL;
+    if (a->softcap > 0.0f)
+        for (int64_t j = lo; j < n; j++) row[j] = a->softcap * tanhf(row[j] / a->softcap);
     float mx = -INFINITY;
     for (int64_t j = lo; j < n; j++)
         if ((!m || m[j]) && row[j] > mx) mx = row[j];
@@ -141,7 +147,7 @@ static void masked_softmax_row(float *row, int64_t b, int64_t i, int h, const ca
 static void head_scores(float *p, const float *q, const ag_kv_cache *c, const cat_dims *a, int64_t b, int h) {
     int rep = a->Hq / a->Hkv;
     int64_t ldq = (int64_t)a->Hq * a->D, off = 0;
-    float scale = 1.0f / sqrtf((float)a->D);
+    float scale = cat_scale(a);
     const float *qh = q + b * a->Tq * ldq + (int64_t)h * a->D;
     for (size_t i = 0; i < c->n; i++) {
         const kv_chunk *ch = &c->chunks[i];
@@ -237,10 +243,10 @@ AG_AVX512 static void decode_head(const cached_args *x, int64_t bh) {
 }
 #endif
 
-// The sweep above: one query row a head, float32, D 64 or 128.
+// The sweep above: one query row a head, float32, D 64 or 128, the plain scale and no cap.
 static bool decode_sweep(const cat_dims *a) {
 #if defined(__x86_64__)
-    return a->Tq == 1 && (a->D == 64 || a->D == 128) && ag_has_avx512();
+    return a->Tq == 1 && (a->D == 64 || a->D == 128) && a->scale == 0.0f && a->softcap == 0.0f && ag_has_avx512();
 #else
     (void)a;
     return false;
@@ -482,12 +488,30 @@ ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, cons
 
 ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                       const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window) {
-    return ag_attention_cached_sinks(ctx, site, q, cache, key_mask, mask_ld, Hq, window, NULL);
+    return ag_attention_cached_spec(ctx, site, q, cache, key_mask, mask_ld, Hq,
+                                    &(ag_attention_spec){window, 0.0f, 0.0f});
 }
+
+static ag_tensor *cached_run(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                             const int32_t *key_mask, int64_t mask_ld, int Hq, const ag_attention_spec *spec,
+                             const ag_tensor *sinks);
 
 ag_tensor *ag_attention_cached_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                      const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window,
                                      const ag_tensor *sinks) {
+    return cached_run(ctx, site, q, cache, key_mask, mask_ld, Hq, &(ag_attention_spec){window, 0.0f, 0.0f}, sinks);
+}
+
+ag_tensor *ag_attention_cached_spec(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                    const int32_t *key_mask, int64_t mask_ld, int Hq, const ag_attention_spec *spec) {
+    return cached_run(ctx, site, q, cache, key_mask, mask_ld, Hq, spec, NULL);
+}
+
+// Both entries: a spec's scale and soft-cap (eager only), gpt_oss's sinks (lean only; NULL: none).
+static ag_tensor *cached_run(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                             const int32_t *key_mask, int64_t mask_ld, int Hq, const ag_attention_spec *spec,
+                             const ag_tensor *sinks) {
+    const int64_t window = spec->window;
     ag_tensor *ins[] = {q};
     if (!ag_check_inputs(ctx, "attention_cached", site, 1, ins, (const char *[]){"q"})) return NULL;
     ag_site s;
@@ -508,19 +532,30 @@ ag_tensor *ag_attention_cached_sinks(ag_ctx *ctx, const char *site, ag_tensor *q
                 s.base, (long long)sinks->numel, Hq);
         return NULL;
     }
+    // The tiled loop (flash, and 16-bit caches) computes the plain scale without a cap
+    const bool plain = spec->scale == 0.0f && spec->softcap == 0.0f;
+    if (!plain && (flash || (!mp_is_meta() && cache->t != AG_F32))) {
+        ag_fail(ctx, AG_ERR_ARG,
+                "attention_cached %s: flash attention (or a 16-bit cache) with a scale of its own or a soft-cap of "
+                "the scores is not modelled (eager only)",
+                s.base);
+        return NULL;
+    }
     float sv[Hq];
     for (int h = 0; sinks && !mp_is_meta() && h < Hq; h++) sv[h] = ag_get(sinks->data, sinks->dtype, h);
-    cat_dims a = {q->shape[0],
-                  q->shape[1],
-                  cache->tokens,
-                  Hq,
-                  cache->Hkv,
-                  cache->D,
-                  key_mask,
-                  mask_ld,
-                  false,
-                  window < 0 ? 0 : window,
-                  sinks && !mp_is_meta() ? sv : NULL};
+    cat_dims a = {.B = q->shape[0],
+                  .Tq = q->shape[1],
+                  .Tk = cache->tokens,
+                  .Hq = Hq,
+                  .Hkv = cache->Hkv,
+                  .D = cache->D,
+                  .mask = key_mask,
+                  .ld = mask_ld,
+                  .threaded = false,
+                  .window = window < 0 ? 0 : window,
+                  .scale = spec->scale,
+                  .softcap = spec->softcap,
+                  .sinks = sinks && !mp_is_meta() ? sv : NULL};
     if (flash) return cached_flash(ctx, &s, q, cache, &a);
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");

@@ -67,25 +67,32 @@ static bool scores(ag_buf S, const ag_tensor *q, bool copied, const ag_tensor *k
 }
 
 // The row-wise passes over [B, Hq, Tq, Tk] between the products, split over the pool.
-enum { ROWS_SCALE, ROWS_MASK, ROWS_SOFTMAX_BWD };
+enum { ROWS_SCALE, ROWS_SOFTCAP, ROWS_MASK, ROWS_SOFTMAX_BWD };
 typedef struct {
     int kind;
-    ag_buf out, in, p; // p: the probabilities (ROWS_SOFTMAX_BWD)
+    ag_buf out, in, p; // p: the probabilities (ROWS_SOFTMAX_BWD); tanh's output (ROWS_SOFTCAP, and
+                       // ROWS_SOFTMAX_BWD under a soft-cap)
     const ag_att_dims *a;
     float sc;
+    ag_buf t; // ROWS_SOFTMAX_BWD under a soft-cap: tanh's output
 } rows_args;
 
 static void rows_part(void *arg, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const rows_args *x = arg;
     const int64_t n = x->a->Tk, Tq = x->a->Tq;
-    float ob[n], ib[n], pb[n];
+    float ob[n], ib[n], pb[n], tb[n];
     for (int64_t r = lo; r < hi; r++) {
         // The keys this query sees end at seen; the products left the scores past it unwritten.
         const int64_t seen = ag_keys_seen(x->a, r % Tq);
         float *o = ag_wr(x->out, r * n, ob);
-        const float *in = ag_rd(x->in, r * n, n, ib), *P = x->p.p ? ag_rd(x->p, r * n, n, pb) : NULL;
-        if (x->kind == ROWS_SCALE) { // the hidden scores become 0 (the mask overwrites them)
+        const float *in = ag_rd(x->in, r * n, n, ib),
+                    *P = x->p.p && x->kind != ROWS_SOFTCAP ? ag_rd(x->p, r * n, n, pb) : NULL;
+        if (x->kind == ROWS_SOFTCAP) { // tanh(in / c) into p, c tanh(in / c) into out
+            float *t = ag_wr(x->p, r * n, pb);
+            for (int64_t j = 0; j < n; j++) t[j] = j < seen ? tanhf(in[j] / x->sc) : 0.0f, o[j] = x->sc * t[j];
+            ag_wr_end(x->p, r * n, n, t);
+        } else if (x->kind == ROWS_SCALE) { // the hidden scores become 0 (the mask overwrites them)
             for (int64_t j = 0; j < n; j++) o[j] = j < seen ? in[j] * x->sc : 0.0f;
         } else if (x->kind == ROWS_MASK) { // scaled + the causal mask: -inf where a query may not
             // look (later keys, and keys the sliding window leaves behind)
@@ -95,6 +102,10 @@ static void rows_part(void *arg, int64_t lo, int64_t hi, int thread) {
             // 0 past seen, where the probabilities are 0
             ag_softmax_backward_row(o, in, P, seen);
             for (int64_t j = seen; j < n; j++) o[j] = 0.0f;
+            if (x->t.p) { // MulBackward (* c), TanhBackward, DivBackward (/ c): their product
+                const float *t = ag_rd(x->t, r * n, n, tb);
+                for (int64_t j = 0; j < seen; j++) o[j] *= 1.0f - t[j] * t[j];
+            }
             if (x->sc != 1.0f)
                 for (int64_t j = 0; j < seen; j++) o[j] *= x->sc;
         }
@@ -200,12 +211,27 @@ static void untranspose(ag_buf out, ag_buf c, const ag_att_dims *a) {
 
 #define SWAP_FREE(t) (ag_release(t), (t) = NULL)
 
-// The scores: S = q k_repᵀ, scaled = S * scaling (S freed), masked = scaled + mask (scaled
-// freed), probs = softmax(masked, dtype=float32) (masked freed). Returns probs (float32); *scale
-// gets the 8-byte scalar. The mask has the model's dtype, so a 16-bit S added to autocast's
-// float32 mask is float32; softmax converts a 16-bit input to float32 first.
+// Gemma 2's soft-cap of the scaled scores (taken over): / softcap (freed once tanh has it), tanh
+// (*tanh, kept by TanhBackward), * softcap (returned).
+static ag_tensor *eager_softcap(ag_ctx *ctx, const char *base, ag_tensor *scaled, ag_tensor **tanh,
+                                const ag_att_dims *a) {
+    if (!scaled) return NULL;
+    ag_tensor *div = act_bits(ctx, base, "scores_div", scaled->shape, scaled->bits);
+    *tanh = div ? act_bits(ctx, base, "scores_tanh", scaled->shape, scaled->bits) : NULL;
+    ag_release(div);
+    ag_tensor *capped = *tanh ? act_bits(ctx, base, "scores_capped", scaled->shape, scaled->bits) : NULL;
+    if (capped && !mp_is_meta())
+        rows_pass((rows_args){ROWS_SOFTCAP, ag_buf_of(capped), ag_buf_of(scaled), ag_buf_of(*tanh), a, a->softcap, {0}});
+    ag_release(scaled);
+    return capped;
+}
+
+// The scores: S = q k_repᵀ, scaled = S * scaling (S freed), [Gemma 2: capped, eager_softcap],
+// masked = scaled + mask (scaled freed), probs = softmax(masked, dtype=float32) (masked freed). Returns probs
+// (float32); *scale gets the 8-byte scalar. The mask has the model's dtype, so a 16-bit S added to autocast's float32
+// mask is float32; softmax converts a 16-bit input to float32 first.
 static ag_tensor *eager_probs(ag_ctx *ctx, const char *base, const ag_tensor *qk, bool copied, const ag_tensor *krep,
-                              const ag_att_dims *a, ag_tensor **scale) {
+                              const ag_att_dims *a, ag_tensor **scale, ag_tensor **tanh) {
     const bool meta = mp_is_meta();
     const int64_t sh[4] = {a->B, a->Hq, a->Tq, a->Tk};
     const int sbits = ag_autocast(ctx) ? 16 : qk->bits, mbits = ag_max_bits(sbits, ctx->dtype.act_bits);
@@ -216,12 +242,13 @@ static ag_tensor *eager_probs(ag_ctx *ctx, const char *base, const ag_tensor *qk
     ag_label(l, base, "scaling");
     *scale = ag_tensor_new_f32(ctx, 1, (int64_t[]){2}, MP_ACTIVATION, l); // a float64 scalar: 8 bytes
     ag_tensor *scaled = act_bits(ctx, base, "scores_scaled", sh, sbits);
-    const float sc = 1.0f / sqrtf((float)a->D);
-    if (S && scaled && !meta) rows_pass((rows_args){ROWS_SCALE, ag_buf_of(scaled), ag_buf_of(S), {0}, a, sc});
+    const float sc = ag_att_scale(a);
+    if (S && scaled && !meta) rows_pass((rows_args){ROWS_SCALE, ag_buf_of(scaled), ag_buf_of(S), {0}, a, sc, {0}});
     SWAP_FREE(S);
+    if (a->softcap > 0.0f) scaled = eager_softcap(ctx, base, scaled, tanh, a);
     ag_tensor *masked = act_bits(ctx, base, "scores_masked", sh, mbits);
     if (scaled && masked && !meta)
-        rows_pass((rows_args){ROWS_MASK, ag_buf_of(masked), ag_buf_of(scaled), {0}, a, 1.0f});
+        rows_pass((rows_args){ROWS_MASK, ag_buf_of(masked), ag_buf_of(scaled), {0}, a, 1.0f, {0}});
     SWAP_FREE(scaled);
     ag_tensor *wide = mbits < 32 ? act_bits(ctx, base, "scores_float", sh, 32) : NULL;
     ag_tensor *probs = act_bits(ctx, base, "probs", sh, 32);
@@ -253,8 +280,8 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
         krep = kv_copy(ctx, s->base, "k_bmm", k, a, k->bits);
     }
     krep = autocast_operand(ctx, s->base, "k_bf16", krep, a);
-    ag_tensor *scale = NULL,
-              *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale) : NULL;
+    ag_tensor *scale = NULL, *tanh = NULL,
+              *probs = krep && vrep && qk ? eager_probs(ctx, s->base, qk, copied, krep, a, &scale, &tanh) : NULL;
     // probs @ v: `.to(query.dtype)` casts a 16-bit model's probabilities back; autocast casts both.
     ag_tensor *pc = NULL;
     if (probs && (q->bits < 32 || cast))
@@ -275,11 +302,18 @@ ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_te
     ag_tensor *ins[] = {q, k, v};
     ag_node *n = out && vrep && rec && ctx->status == AG_OK ? ag_record(ctx, &eager_op, s->base, out, 3, ins) : NULL;
     if (n) {
-        n->state.attention = (ag_attention_state){
-            .q = qk, .probs = probs, .k_rep = krep, .v_rep = vrep, .scale = scale, .probs_cast = pc, .dims = *a};
+        n->state.attention = (ag_attention_state){.q = qk,
+                                                  .probs = probs,
+                                                  .k_rep = krep,
+                                                  .v_rep = vrep,
+                                                  .scale = scale,
+                                                  .probs_cast = pc,
+                                                  .tanh = tanh,
+                                                  .dims = *a};
         return out;
     }
     ag_release(qk), ag_release(probs), ag_release(krep), ag_release(vrep), ag_release(scale), ag_release(pc);
+    ag_release(tanh);
     if (rec || ctx->status != AG_OK) ag_release(out), out = NULL; // no node: failed, or no grad
     return out;
 }
@@ -339,8 +373,8 @@ static void eager_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     bool ok = meta || bmm_backward(st, (ag_buf){(void *)dout, n->grad_dtype}, blk(ctx, &dP), blk(ctx, &dV));
     if (!blocks(ctx, base, &dS, "dscores", scores_bytes)) goto done;
     if (!meta)
-        rows_pass((rows_args){ROWS_SOFTMAX_BWD, blk(ctx, &dS), blk(ctx, &dP), ag_buf_of(st->probs), a,
-                              1.0f / sqrtf((float)a->D)});
+        rows_pass((rows_args){ROWS_SOFTMAX_BWD, blk(ctx, &dS), blk(ctx, &dP), ag_buf_of(st->probs), a, ag_att_scale(a),
+                              ag_buf_of(st->tanh)});
     mp_free(&dP);
     if (!ag_grad_get(ctx, n, 0, &d[0]) || !ag_grad_get(ctx, n, 1, &d[1])) goto done;
     if (d[1].needed && !blocks(ctx, base, &dK, "dk_repeated", kv_bytes)) goto done;

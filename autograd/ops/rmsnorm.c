@@ -12,11 +12,19 @@ typedef struct {
     ag_buf x, w, dy;
     const float *rs;
     int64_t H, rows;
-    float eps;
+    float eps, off; // off: the weight applied as off + w
     bool fresh;
 } rms_args;
 
 static int64_t rows_grain(int64_t H) { return AG_PAR_GRAIN / H + 1; }
+
+// The weight as the rows use it: off + w (Gemma's 1 + w in float32), else w itself.
+static const float *weight(const rms_args *a, float *buf) {
+    const float *w = ag_rd(a->w, 0, a->H, buf);
+    if (a->off == 0.0f) return w;
+    for (int64_t j = 0; j < a->H; j++) buf[j] = a->off + w[j];
+    return buf;
+}
 
 // Σ x² of one row, in double (H can be 8192).
 static double sum_squares(const float *x, int64_t H) { return ag_dot_f64(x, x, H); }
@@ -26,7 +34,7 @@ static void forward_part(void *p, int64_t lo, int64_t hi, int thread) {
     const rms_args *a = p;
     int64_t H = a->H;
     float xb[H], wb[H], yb[H];
-    const float *w = ag_rd(a->w, 0, H, wb);
+    const float *w = weight(a, wb);
     for (int64_t r = lo; r < hi; r++) {
         const float *x = ag_rd(a->x, r * H, H, xb);
         float *y = ag_wr(a->out, r * H, yb);
@@ -37,8 +45,8 @@ static void forward_part(void *p, int64_t lo, int64_t hi, int thread) {
     }
 }
 
-static void rmsnorm_forward(ag_buf y, float *rstd, ag_buf x, ag_buf w, int64_t rows, int64_t H, float eps) {
-    rms_args a = {.out = y, .rstd = rstd, .x = x, .w = w, .H = H, .eps = eps};
+static void rmsnorm_forward(ag_buf y, float *rstd, ag_buf x, ag_buf w, int64_t rows, int64_t H, float eps, float off) {
+    rms_args a = {.out = y, .rstd = rstd, .x = x, .w = w, .H = H, .eps = eps, .off = off};
     ag_parallel_for(rows, rows_grain(H), forward_part, &a);
 }
 
@@ -48,7 +56,7 @@ static void dx_part(void *p, int64_t lo, int64_t hi, int thread) {
     const rms_args *a = p;
     int64_t H = a->H;
     float xb[H], wb[H], gb[H], ob[H];
-    const float *w = ag_rd(a->w, 0, H, wb);
+    const float *w = weight(a, wb);
     for (int64_t r = lo; r < hi; r++) {
         const float *xr = ag_rd(a->x, r * H, H, xb), *g = ag_rd(a->dy, r * H, H, gb);
         float *o = a->fresh ? ag_wr(a->out, r * H, ob) : ag_rw(a->out, r * H, H, ob);
@@ -63,9 +71,9 @@ static void dx_part(void *p, int64_t lo, int64_t hi, int thread) {
     }
 }
 
-static void rmsnorm_dx(ag_buf dx, bool fresh, ag_buf dy, ag_buf x, const float *rstd, ag_buf w, int64_t rows,
-                       int64_t H) {
-    rms_args a = {.out = dx, .x = x, .w = w, .dy = dy, .rs = rstd, .H = H, .fresh = fresh};
+static void rmsnorm_dx(ag_buf dx, bool fresh, ag_buf dy, ag_buf x, const float *rstd, ag_buf w, int64_t rows, int64_t H,
+                       float off) {
+    rms_args a = {.out = dx, .x = x, .w = w, .dy = dy, .rs = rstd, .H = H, .fresh = fresh, .off = off};
     ag_parallel_for(rows, rows_grain(H), dx_part, &a);
 }
 
@@ -104,7 +112,7 @@ static void rmsnorm_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     if (!ag_grad_get_all(ctx, n, d) || mp_is_meta()) return;
     ag_buf x = ag_buf_of(st->x), dy = {(void *)dout, n->grad_dtype};
     const float *rstd = st->rstd->data;
-    if (d[0].needed) rmsnorm_dx(ag_dst_buf(&d[0]), d[0].fresh, dy, x, rstd, ag_buf_of(st->w), rows, H);
+    if (d[0].needed) rmsnorm_dx(ag_dst_buf(&d[0]), d[0].fresh, dy, x, rstd, ag_buf_of(st->w), rows, H, st->offset);
     if (d[1].needed) rmsnorm_dw(ag_dst_buf(&d[1]), d[1].fresh, dy, x, rstd, rows, H);
 }
 
@@ -143,7 +151,7 @@ static void scale_part(void *p, int64_t lo, int64_t hi, int thread) {
     const rms_args *a = p;
     int64_t H = a->H;
     float xb[H], wb[H], hb[H], yb[H];
-    const float *w = ag_rd(a->w, 0, H, wb);
+    const float *w = weight(a, wb);
     for (int64_t r = lo; r < hi; r++) {
         const float *x = ag_rd(a->x, r * H, H, xb);
         float *h = ag_wr(a->out2, r * H, hb), *y = ag_wr(a->out, r * H, yb);
@@ -155,23 +163,27 @@ static void scale_part(void *p, int64_t lo, int64_t hi, int thread) {
     }
 }
 
-static void rms_scale(ag_buf y, ag_buf h, ag_buf x, const float *rstd, ag_buf w, int64_t rows, int64_t H) {
-    rms_args a = {.out = y, .out2 = h, .x = x, .w = w, .rs = rstd, .H = H};
+static void rms_scale(ag_buf y, ag_buf h, ag_buf x, const float *rstd, ag_buf w, int64_t rows, int64_t H, float off) {
+    rms_args a = {.out = y, .out2 = h, .x = x, .w = w, .rs = rstd, .H = H, .off = off};
     ag_parallel_for(rows, rows_grain(H), scale_part, &a);
 }
 
 // In a 16-bit model, `hidden_states.to(torch.float32)` first: the float32 copy is what pow and the
 // first mul keep (the 16-bit input is kept by nobody), h is float32 and freed once cast back to
-// the model's dtype, and that cast is what the weight's mul keeps.
-static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tensor *w, float eps, bool rec) {
+// the model's dtype, and that cast is what the weight's mul keeps. Gemma's norm (an offset) casts
+// after the weight's mul instead: h stays float32 (kept), y is float32 and its cast is the output
+// (its [H] 1 + w, kept by the mul, is left out as the [rows] transients are).
+static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tensor *w, float eps, float off,
+                             bool rec) {
     ag_tensor *ins[] = {x, w};
     int64_t H = w->shape[0], rows = x->numel / H;
-    const bool keep_sq = AG_FW(ctx->fw, rmsnorm) == AG_RMSNORM_HF_SQUARES && rec, half = x->bits < 32;
+    const bool keep_sq = AG_FW(ctx->fw, rmsnorm) == AG_RMSNORM_HF_SQUARES && rec, half = x->bits < 32,
+               cast_h = half && off == 0.0f;
     char l[5][AG_LABEL_MAX];
     ag_label(l[0], s->base, "float");
     ag_label(l[1], s->base, "pow");
     ag_label(l[2], s->base, "rstd");
-    ag_label(l[3], s->base, half ? "normed_float" : "normed");
+    ag_label(l[3], s->base, cast_h ? "normed_float" : "normed");
     ag_label(l[4], s->base, "normed");
     ag_tensor *xf = half ? ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l[0], 32) : ag_retain(x);
     ag_tensor *sq = ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l[1], 32);
@@ -180,19 +192,24 @@ static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_ten
     if (sq && rstd && !mp_is_meta()) rms_squares(ag_buf_of(sq), rstd->data, ag_buf_of(x), rows, H, eps);
     if (!keep_sq) ag_release(sq), sq = NULL;
     ag_tensor *h = ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l[3], 32);
-    if (half) { // h.to(input_dtype): the cast is kept, the float32 h goes
+    if (cast_h) { // h.to(input_dtype): the cast is kept, the float32 h goes
         ag_tensor *hb = ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l[4], x->bits);
         ag_release(h);
         h = hb;
     }
-    ag_tensor *y =
-        h ? ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, s->out, ag_max_bits(w->bits, h->bits)) : NULL;
+    char l32[AG_LABEL_MAX];
+    ag_label(l32, s->base, "scaled_float");
+    ag_tensor *y32 = h && half && !cast_h ? ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, l32, 32) : NULL;
+    ag_tensor *y = h ? ag_tensor_new_bits(ctx, x->ndim, x->shape, MP_ACTIVATION, s->out,
+                                          half && !cast_h ? x->bits : ag_max_bits(w->bits, h->bits))
+                     : NULL;
+    ag_release(y32); // Gemma's float32 product, freed once type_as(x) has it
     ag_node *n = y && xf && rstd && rec ? ag_record(ctx, &rmsnorm_op, s->base, y, 2, ins) : NULL;
     if (!y || !xf || !rstd || (rec && !n) || (keep_sq && !sq)) {
         ag_release(xf), ag_release(sq), ag_release(rstd), ag_release(h), ag_release(y);
         return NULL;
     }
-    if (!mp_is_meta()) rms_scale(ag_buf_of(y), ag_buf_of(h), ag_buf_of(x), rstd->data, ag_buf_of(w), rows, H);
+    if (!mp_is_meta()) rms_scale(ag_buf_of(y), ag_buf_of(h), ag_buf_of(x), rstd->data, ag_buf_of(w), rows, H, off);
     if (!n) {
         ag_release(xf), ag_release(rstd), ag_release(h);
         return y;
@@ -207,11 +224,16 @@ static ag_tensor *rmsnorm_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_ten
         .sq = sq,
         .rows = rows,
         .hidden = H,
+        .offset = off,
     };
     return y;
 }
 
 ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps) {
+    return ag_rmsnorm_offset(ctx, site, x, w, eps, 0.0f);
+}
+
+ag_tensor *ag_rmsnorm_offset(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, float eps, float offset) {
     ag_tensor *ins[] = {x, w};
     if (!ag_check_inputs(ctx, "rmsnorm", site, 2, ins, (const char *[]){"x", "w"})) return NULL;
     ag_site s;
@@ -227,7 +249,7 @@ ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w,
         return NULL;
     }
     bool rec = ag_any_needs_grad(ctx, 2, ins);
-    if (AG_FW(ctx->fw, rmsnorm) != AG_RMSNORM_X_RSTD) return rmsnorm_pt(ctx, &s, x, w, eps, rec);
+    if (AG_FW(ctx->fw, rmsnorm) != AG_RMSNORM_X_RSTD) return rmsnorm_pt(ctx, &s, x, w, eps, offset, rec);
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "rstd");
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s.out);
@@ -239,7 +261,7 @@ ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w,
         return NULL;
     }
     if (!mp_is_meta())
-        rmsnorm_forward(ag_buf_of(y), rstd ? rstd->data : NULL, ag_buf_of(x), ag_buf_of(w), rows, H, eps);
+        rmsnorm_forward(ag_buf_of(y), rstd ? rstd->data : NULL, ag_buf_of(x), ag_buf_of(w), rows, H, eps, offset);
     if (n) {
         n->state.rmsnorm = (ag_rmsnorm_state){
             .x = ag_retain(x),
@@ -247,6 +269,7 @@ ag_tensor *ag_rmsnorm(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w,
             .w = ag_retain(ag_wants_grad(n, 0) ? w : NULL),
             .rows = rows,
             .hidden = H,
+            .offset = offset,
         };
     }
     return y;

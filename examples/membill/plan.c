@@ -314,6 +314,11 @@ static int plan_report(const cli_options *o, const plan_setting *s, const plan_b
     llama_closed_form_dtype(&s->cfg, s->batch, s->infer ? plan_cache_tokens(s) : s->seq_len, &d, &cf);
     if (!s->infer && s->attention == AG_ATTENTION_FLASH) llama_closed_form_flash(&s->cfg, s->batch, s->seq_len, &cf);
     if (s->checkpointing) llama_closed_form_checkpointing(&s->cfg, s->batch, s->seq_len, &d, &cf);
+    // a mixture of experts: the experts no token reaches in the billed steps train nothing
+    if (!s->infer && !s->lora.cfg.rank && !s->seq_lens &&
+        llama_closed_form_routing(&s->cfg, s->routing.assume, s->batch * s->seq_len, s->nsteps, s->grad_accum, &d, &cf,
+                                  err) != 0)
+        return EXIT_RUN_FAILED;
     gpu_share g = plan_per_gpu(s, b);
     bool to_stdout = o->json && strcmp(o->json, "-") == 0;
     plan_view view = {

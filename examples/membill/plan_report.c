@@ -71,12 +71,21 @@ static void text_states(FILE *out, const plan_view *v) {
     snprintf(f, sizeof f, "P x %llu = %llu x %llu (%s)", (unsigned long long)d.weight, P, (unsigned long long)d.weight,
              s->dt.weight_bits == 32 ? "float32" : "16-bit");
     row(out, "weight", b->peak[MP_WEIGHT], v->cf->weights, f);
-    snprintf(f, sizeof f, "P x %llu%s", (unsigned long long)d.gradient,
-             s->dt.grad_bits > s->dt.weight_bits ? " (float32 main_grad beside 16-bit weights)"
-                                                 : ", the size of the weights");
+    // a routing that leaves experts without tokens: P' and P'' the parameters some token reached
+    bool idle = v->cf->grad_params != v->cf->params || v->cf->state_params != v->cf->params;
+    if (idle)
+        snprintf(f, sizeof f, "P' x %llu, P' = %llu of P with a gradient (an expert no token reached has none)",
+                 (unsigned long long)d.gradient, (unsigned long long)v->cf->grad_params);
+    else
+        snprintf(f, sizeof f, "P x %llu%s", (unsigned long long)d.gradient,
+                 s->dt.grad_bits > s->dt.weight_bits ? " (float32 main_grad beside 16-bit weights)"
+                                                     : ", the size of the weights");
     row(out, "gradient", b->peak[MP_GRADIENT], v->cf->gradients, f);
     int states = (int)(optim_state_bytes_per_element(s->ocfg.kind) / sizeof(float)), sb = s->dt.state_bits / 8;
-    snprintf(f, sizeof f, "P x %llu (%s%s%s)", (unsigned long long)d.optimizer,
+    int n = idle ? snprintf(f, sizeof f,
+                            "P'' = %llu with a gradient in some step: ", (unsigned long long)v->cf->state_params)
+                 : 0;
+    snprintf(f + n, sizeof f - (size_t)n, "%s x %llu (%s%s%s)", idle ? "P''" : "P", (unsigned long long)d.optimizer,
              s->ocfg.master && states ? "fp32 master 4 + "
              : s->ocfg.master         ? "fp32 master 4"
                                       : "",
@@ -125,8 +134,8 @@ static void text_states(FILE *out, const plan_view *v) {
     }
     char sum[64];
     cli_dtype_bytes_text(&s->dt, s->ocfg.kind, sum, sizeof sum);
-    fprintf(out, "\n  bytes a parameter before activations: %s = %llu", sum,
-            P ? (unsigned long long)(states_bytes / P) : 0ULL);
+    unsigned long long per = (unsigned long long)(d.weight + d.gradient + d.optimizer);
+    fprintf(out, "\n  bytes a parameter before activations: %s = %llu", sum, per);
     if (s->dt.master && s->dt.grad_bits == 16)
         fprintf(
             out,
@@ -147,9 +156,11 @@ static void text_states(FILE *out, const plan_view *v) {
     fprintf(out,
             "\n  lesson claim T7: 70e9 parameters x 16 bytes = 1,120 GB before activations;\n"
             "  this model, %s: %llu x %llu = %s before activations, %s with them (batch %ld x %ld)\n",
-            s->dt.long_name, P, P ? (unsigned long long)(states_bytes / P) : 0ULL,
-            mp_format_bytes(x, sizeof x, states_bytes),
-            mp_format_bytes(y, sizeof y, states_bytes + b->peak[MP_ACTIVATION]), s->batch, s->seq_len);
+            s->dt.long_name, P, per, mp_format_bytes(x, sizeof x, P * per),
+            mp_format_bytes(y, sizeof y, P * per + b->peak[MP_ACTIVATION]), s->batch, s->seq_len);
+    if (idle)
+        fprintf(out, "  (measured here %s before activations: the routing leaves experts without tokens)\n",
+                mp_format_bytes(x, sizeof x, states_bytes));
 }
 
 // DeepSpeed's "largest layer" (estimate_zero3_model_states_mem_needs_all_live): the most
@@ -435,7 +446,9 @@ static void text_states_lora(FILE *out, const plan_view *v) {
                  (long long)s->cfg.layers, mp_format_bytes(x, sizeof x, af.act_block_inputs),
                  mp_format_bytes(y, sizeof y, af.act_head));
     else if (!af.closed)
-        snprintf(f, sizeof f, "autocast's 16-bit casts are not in the closed form");
+        snprintf(f, sizeof f, "%s",
+                 s->cfg.ff_norms ? "Gemma's norms and soft-caps under LoRA are not in the closed form"
+                                 : "autocast's 16-bit casts are not in the closed form");
     else
         snprintf(f, sizeof f, "block 0 %s + %lld blocks x %s + head %s (frozen base: no input kept for its weights)%s",
                  mp_format_bytes(x, sizeof x, af.act_first_block), (long long)s->cfg.layers - 1,
@@ -575,6 +588,8 @@ static json_t *closed_form_json(const llama_closed_form *cf, const plan_bill *b,
         json_object_set_new(o, "sparse_blocks", json_integer(cf->moe_blocks));
         json_object_set_new(o, "activation_sparse_block_delta", json_integer((json_int_t)cf->act_moe_delta));
         json_object_set_new(o, "activation_experts_moment", json_integer((json_int_t)cf->act_experts_moment));
+        json_object_set_new(o, "parameters_with_gradient", json_integer((json_int_t)cf->grad_params));
+        json_object_set_new(o, "parameters_with_state", json_integer((json_int_t)cf->state_params));
     }
     json_object_set_new(o, "activation_per_block", json_integer((json_int_t)cf->act_per_block));
     json_object_set_new(o, "attention_probs_per_block", json_integer((json_int_t)cf->act_probs_per_block));

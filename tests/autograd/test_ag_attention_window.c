@@ -23,8 +23,10 @@ static ag_tensor *g_window(ag_ctx *ctx, ag_tensor **in, const void *arg) {
     return ag_attention_window(ctx, SITE, in[0], in[1], in[2], c->Hq, c->Hkv, c->D, c->window);
 }
 
-// out[b, i, h] = Σ_{i - W < j <= i} softmax_j(q·k / sqrt(D)) v[b, j, g]
-static void reference(double *out, const float *q, const float *k, const float *v, const win_case *c) {
+// out[b, i, h] = Σ_{i - W < j <= i} softmax_j(cap(q·k scale)) v[b, j, g]; scale 0: 1 / sqrt(D),
+// cap(s) = softcap tanh(s / softcap), or s when softcap is 0.
+static void reference_capped(double *out, const float *q, const float *k, const float *v, const win_case *c,
+                             double scale, double softcap) {
     int rep = c->Hq / c->Hkv;
     for (int64_t b = 0; b < c->B; b++)
         for (int h = 0; h < c->Hq; h++)
@@ -37,7 +39,8 @@ static void reference(double *out, const float *q, const float *k, const float *
                     const float *kj = k + ((b * c->T + j) * c->Hkv + g) * c->D;
                     s[j] = 0.0;
                     for (int d = 0; d < c->D; d++) s[j] += (double)qi[d] * kj[d];
-                    s[j] /= sqrt((double)c->D);
+                    s[j] *= scale > 0.0 ? scale : 1.0 / sqrt((double)c->D);
+                    if (softcap > 0.0) s[j] = softcap * tanh(s[j] / softcap);
                     mx = fmax(mx, s[j]);
                 }
                 for (int64_t j = lo; j <= i; j++) z += (s[j] = exp(s[j] - mx));
@@ -47,6 +50,10 @@ static void reference(double *out, const float *q, const float *k, const float *
                     for (int64_t j = lo; j <= i; j++) o[d] += s[j] / z * v[((b * c->T + j) * c->Hkv + g) * c->D + d];
                 }
             }
+}
+
+static void reference(double *out, const float *q, const float *k, const float *v, const win_case *c) {
+    reference_capped(out, q, k, v, c, 0.0, 0.0);
 }
 
 static void make_inputs(ag_ctx *ctx, const win_case *c, ag_tensor **in, bool leaves) {
@@ -329,11 +336,63 @@ static int teardown_plain(void **state) {
     return 0;
 }
 
+typedef struct {
+    win_case w;
+    ag_attention_spec spec;
+} cap_case;
+
+static ag_tensor *g_capped(ag_ctx *ctx, ag_tensor **in, const void *arg) {
+    const cap_case *c = arg;
+    return ag_attention_spec_run(ctx, SITE, in[0], in[1], in[2], c->w.Hq, c->w.Hkv, c->w.D, &c->spec);
+}
+
+// Gemma 2's attention: a scale of its own and the scores soft-capped (tanh) before the softmax,
+// with and without a window, against the reference and central differences, under LEAN (the fused
+// op recomputing the scores in backward) and PYTORCH (transformers' ops, tanh's output kept);
+// flash refuses it by name.
+static void test_softcap(void **state) {
+    ag_ctx *ctx = ag_fixture_ctx(state);
+    const cap_case cases[] = {
+        {{2, 7, 4, 2, 3, 0}, {0, 0.5f, 1.5f}},
+        {{1, 9, 2, 1, 4, 3}, {3, 0.7f, 1.0f}},
+        {{2, 6, 2, 2, 3, 0}, {0, 0.3f, 0.0f}},
+    };
+    for (int f = 0; f < 2; f++) {
+        ag_ctx_set_framework(ctx, f ? AG_FRAMEWORK_PYTORCH : AG_FRAMEWORK_LEAN);
+        for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+            const cap_case *c = &cases[k];
+            ag_tensor *in[3];
+            make_inputs(ctx, &c->w, in, true);
+            ag_tensor *o = g_capped(ctx, in, c);
+            assert_non_null(o);
+            double ref[512], plain[512];
+            reference_capped(ref, in[0]->data, in[1]->data, in[2]->data, &c->w, c->spec.scale, c->spec.softcap);
+            reference(plain, in[0]->data, in[1]->data, in[2]->data, &c->w);
+            assert_true(ag_max_diff(o->data, ref, o->numel) < 1e-5);
+            assert_true(ag_max_diff(o->data, plain, o->numel) > 1e-3); // the scale and cap change it
+            ag_release(o);
+            ag_tape_clear(ctx);
+            ag_fd_check(ctx, g_capped, c, 3, in);
+            for (int i = 0; i < 3; i++) ag_release(in[i]);
+        }
+    }
+    ag_ctx_set_framework(ctx, AG_FRAMEWORK_LEAN);
+    ag_ctx_set_attention(ctx, AG_ATTENTION_FLASH);
+    ag_tensor *in[3];
+    make_inputs(ctx, &cases[0].w, in, true);
+    assert_null(g_capped(ctx, in, &cases[0]));
+    assert_non_null(strstr(ag_ctx_error(ctx), "flash attention with a scale of its own or a soft-cap"));
+    ag_ctx_clear_error(ctx);
+    ag_ctx_set_attention(ctx, AG_ATTENTION_EAGER);
+    for (int i = 0; i < 3; i++) ag_release(in[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_eager_reference, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_sinks, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_sinks_flash, setup_plain, teardown_plain),
+        cmocka_unit_test_setup_teardown(test_softcap, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_flash_matches_eager, setup_plain, teardown_plain),
         cmocka_unit_test_setup_teardown(test_window_zero, setup_plain, teardown_plain),
         cmocka_unit_test_setup_teardown(test_cached, setup_plain, teardown_plain),

@@ -251,6 +251,35 @@ static void test_rmsnorm(void **state) {
     ag_release(w);
 }
 
+static ag_tensor *g_rmsnorm_plus_one(ag_ctx *ctx, ag_tensor **in, const void *arg) {
+    (void)arg;
+    return ag_rmsnorm_offset(ctx, "t.norm", in[0], in[1], 1e-5f, 1.0f);
+}
+
+// Gemma's norm: the weight applied as 1 + w, under both frameworks.
+static void test_rmsnorm_offset(void **state) {
+    ag_ctx *ctx = ag_fixture_ctx(state);
+    ag_tensor *x = ag_test_const(ctx, 3, (int64_t[]){2, 3, 6}, "x", 9);
+    x->requires_grad = true;
+    ag_tensor *w = ag_test_param(ctx, 1, (int64_t[]){6}, "w", 10);
+    float w1[6];
+    for (int j = 0; j < 6; j++) w1[j] = 1.0f + ag_f32(w)[j];
+    for (int f = 0; f < 2; f++) {
+        ag_ctx_set_framework(ctx, f ? AG_FRAMEWORK_PYTORCH : AG_FRAMEWORK_LEAN);
+        ag_tensor *y = ag_rmsnorm_offset(ctx, "t.norm", x, w, 1e-5f, 1.0f);
+        double ref[36];
+        rms_reference(ref, x->data, w1, 6, 6);
+        assert_true(ag_max_diff(y->data, ref, 36) < 1e-5);
+        ag_release(y);
+        ag_tape_clear(ctx);
+        ag_tensor *in[] = {x, w};
+        ag_fd_check(ctx, g_rmsnorm_plus_one, NULL, 2, in);
+    }
+    ag_ctx_set_framework(ctx, AG_FRAMEWORK_LEAN);
+    ag_release(x);
+    ag_release(w);
+}
+
 // Per-head: w[3] over x[..., 2 * 3], each head's slice normalised on its own (Qwen3's q_norm),
 // under both frameworks; a weight that does not divide the last dimension is refused.
 static void test_rmsnorm_per_head(void **state) {
@@ -351,6 +380,48 @@ static void test_silu(void **state) {
     ag_release(y);
     ag_tape_clear(ctx);
     for (int twice = 0; twice < 2; twice++) ag_fd_check(ctx, g_silu, &(bool){twice}, 1, &x);
+    ag_release(x);
+}
+
+static ag_tensor *g_gelu_tanh(ag_ctx *ctx, ag_tensor **in, const void *arg) {
+    (void)arg;
+    return ag_gelu_tanh(ctx, "t.gelu", in[0]);
+}
+
+static ag_tensor *g_softcap(ag_ctx *ctx, ag_tensor **in, const void *arg) {
+    return ag_softcap(ctx, "t.softcap", in[0], *(const float *)arg);
+}
+
+// Gemma's GeLU-tanh and logit soft-capping against their formulas in double, and their gradients
+// against central differences, under LEAN and PYTORCH (which keeps tanh's output instead of y).
+static void test_gelu_tanh_softcap(void **state) {
+    ag_ctx *ctx = ag_fixture_ctx(state);
+    ag_tensor *x = ag_test_param(ctx, 3, (int64_t[]){2, 3, 5}, "x", 15);
+    ag_fill(x, 15, -4.0f, 4.0f);
+    for (int f = 0; f < 2; f++) {
+        ag_ctx_set_framework(ctx, f ? AG_FRAMEWORK_PYTORCH : AG_FRAMEWORK_LEAN);
+        uint64_t before = mp_live_total();
+        ag_tensor *c = ag_softcap(ctx, "t.softcap", x, 3.0f);
+        // y, and under PYTORCH tanh's output kept for backward
+        assert_int_equal(mp_live_total() - before, (f ? 2 : 1) * 30 * sizeof(float));
+        ag_tensor *g = ag_gelu_tanh(ctx, "t.gelu", x);
+        double rg[30], rc[30];
+        for (int i = 0; i < 30; i++) {
+            double v = ag_f32(x)[i];
+            rg[i] = 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)));
+            rc[i] = 3.0 * tanh(v / 3.0);
+        }
+        assert_true(ag_max_diff(g->data, rg, 30) < 1e-5);
+        assert_true(ag_max_diff(c->data, rc, 30) < 1e-5);
+        ag_release(g), ag_release(c);
+        ag_tape_clear(ctx);
+        ag_fd_check(ctx, g_gelu_tanh, NULL, 1, &x);
+        ag_fd_check(ctx, g_softcap, &(float){3.0f}, 1, &x);
+        ag_fd_check(ctx, g_softcap, &(float){0.5f}, 1, &x); // saturated: the gradient near 0
+    }
+    ag_ctx_set_framework(ctx, AG_FRAMEWORK_LEAN);
+    assert_null(ag_softcap(ctx, "t.softcap", x, 0.0f));
+    assert_non_null(strstr(ag_ctx_error(ctx), "softcap t.softcap: the cap (0) must be positive"));
     ag_release(x);
 }
 
@@ -490,8 +561,10 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_tied_embedding, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_rmsnorm, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_rmsnorm_per_head, ag_setup, ag_teardown),
+        cmocka_unit_test_setup_teardown(test_rmsnorm_offset, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_rope, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_silu, ag_setup, ag_teardown),
+        cmocka_unit_test_setup_teardown(test_gelu_tanh_softcap, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_mul, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_add, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_cross_entropy, ag_setup, ag_teardown),

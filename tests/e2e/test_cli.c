@@ -269,9 +269,10 @@ static void test_plan_closed_form_sweep(void **state) {
     (void)state;
     // the tiny configs first (128 positions), then Qwen2 (biases), Qwen3 (q/k norms), Mistral's
     // window, Llama 3.1's rope_scaling, then the presets
-    enum { TINY = 8 };
+    enum { TINY = 10 };
     static const char *const tiny_names[TINY] = {"tiny_tied",    "tiny_mha",     "tiny_qwen2",     "tiny_qwen3",
-                                                 "tiny_mistral", "tiny_mixtral", "tiny_qwen2_moe", "tiny_qwen3_moe"};
+                                                 "tiny_mistral", "tiny_mixtral", "tiny_qwen2_moe", "tiny_qwen3_moe",
+                                                 "tiny_gemma2",  "tiny_gemma3"};
     static const char *const configs[] = {"qwen2.5-0.5b", "qwen3-0.6b", "llama-3.1-8b"};
     char tiny[TINY + 3][256];
     for (int i = 0; i < TINY; i++)
@@ -290,7 +291,11 @@ static void test_plan_closed_form_sweep(void **state) {
                             tiny[8],
                             tiny[9],
                             tiny[10],
+                            tiny[11],
+                            tiny[12],
                             "--model smollm2-135m",
+                            "--model gemma-2-9b",
+                            "--model gemma-3-1b",
                             "--model mixtral-8x7b",
                             "--model qwen3-30b-a3b",
                             "--model smollm2-360m",
@@ -350,6 +355,46 @@ static void test_plan_closed_form_gpt_oss(void **state) {
         assert_int_equal(cat_peak(root, "optimizer"), 8 * p);
         double meta = (double)cat_peak(root, "activation"), closed = (double)jint(root, "closed_form", "activation");
         if (fabs(closed - meta) > 4) fail_msg("%s: closed %g meta %g", a, closed, meta);
+        json_decref(root);
+    }
+}
+
+// Gemma 2 under LoRA: its norms and soft-caps are not walked by the LoRA closed form, which says so
+// (null) rather than guessing.
+static void test_plan_gemma2_lora_not_closed(void **state) {
+    (void)state;
+    json_t *root = plan_json("--model gemma-2-9b --seq-len 64 --lora-rank 8 --framework lean");
+    assert_true(json_is_null(json_object_get(json_object_get(root, "closed_form"), "activation")));
+    assert_true(cat_peak(root, "activation") > 0);
+    json_decref(root);
+}
+
+// An expert no token reached gets no gradient and no optimizer state: the closed form counts
+// the parameters each routing reaches, as the meta run bills them.
+static void test_plan_closed_form_routing(void **state) {
+    (void)state;
+    static const struct {
+        const char *args;
+        bool idle; // some expert gets no token
+    } runs[] = {
+        {"--model qwen3-30b-a3b --seq-len 64 --routing worst", true},
+        {"--model qwen3-30b-a3b --seq-len 64", false},
+        {"--model qwen3-30b-a3b --seq-len 8", true}, // balanced, 8 x 8 pairs for 128 experts
+        {"--model qwen3-30b-a3b --seq-len 8 --grad-accum 2", true},
+        {"--model mixtral-8x7b --seq-len 16 --routing worst --dtype bf16-mixed", true},
+        {"--model qwen1.5-moe-a2.7b --seq-len 16 --routing worst --optimizer sgd-momentum", true},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        char a[256];
+        snprintf(a, sizeof a, "%s --framework lean", runs[i].args);
+        json_t *root = plan_json(a);
+        json_int_t p = jint(root, "closed_form", "parameters"),
+                   g = jint(root, "closed_form", "parameters_with_gradient"),
+                   st = jint(root, "closed_form", "parameters_with_state");
+        assert_int_equal(cat_peak(root, "gradient"), jint(root, "closed_form", "gradient"));
+        assert_int_equal(cat_peak(root, "optimizer"), jint(root, "closed_form", "optimizer"));
+        assert_true(g <= st && st <= p);
+        assert_int_equal(st < p, runs[i].idle);
         json_decref(root);
     }
 }
@@ -1034,6 +1079,8 @@ int main(void) {
         cmocka_unit_test(test_budget_stops_the_run),
         cmocka_unit_test(test_plan_closed_form_sweep),
         cmocka_unit_test(test_plan_closed_form_gpt_oss),
+        cmocka_unit_test(test_plan_closed_form_routing),
+        cmocka_unit_test(test_plan_gemma2_lora_not_closed),
         cmocka_unit_test(test_plan_zero_and_fit),
         cmocka_unit_test(test_plan_dtype_bytes_per_param),
         cmocka_unit_test(test_plan_zero_formulas),

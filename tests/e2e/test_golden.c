@@ -242,6 +242,31 @@ static void test_gpt_oss_grads(void **s) {
                        a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER);
 }
 
+// Gemma 2 (tests/golden/tiny_gemma2, tests/reference/gemma_ref.py): (1 + w) norms around each
+// sub-block, GeLU-tanh, the embeddings scaled, query_pre_attn_scalar, both soft-caps, sliding and
+// full layers alternating; eager attention under every framework, with and without checkpointing
+// (flash refuses a soft-cap, as its message says).
+// Gemma 3 (tests/golden/tiny_gemma3): Gemma's block with q_norm and k_norm, no caps, one full layer
+// in three, the sliding layers' RoPE on rope_local_base_freq.
+static void test_gemma2_grads(void **s) {
+    (void)s;
+    for (int g = 0; g < 2; g++)
+        for (ag_framework fw = AG_FRAMEWORK_LEAN; fw <= AG_FRAMEWORK_PYTORCH_113; fw++)
+            check_grads_as(g ? "tiny_gemma3" : "tiny_gemma2", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD, fw,
+                           AG_ATTENTION_EAGER);
+    run r;
+    run_open(&r, "tiny_gemma2", "model.safetensors");
+    float l = forward_backward_opts(&r, &(llama_forward_opts){.checkpointing = true});
+    check_loss(l, golden_scalar(r.g, "loss", 0), W_LOSS, "loss");
+    check_params(r.m, r.g, "grad.", true, GRAD_TOL, W_GRAD);
+    for (size_t i = 0; i < r.m->nparams; i++) ag_zero_grad(r.m->params[i]);
+    ag_ctx_set_attention(r.ctx, AG_ATTENTION_FLASH);
+    ag_err err = {{0}};
+    assert_null(llama_forward_loss(r.ctx, r.m, r.ids, B, T, &err));
+    assert_non_null(strstr(err.msg, "soft-cap"));
+    run_close(&r);
+}
+
 // The RoPE variants' logits, eager and flash, against the reference's.
 static void test_rope_logits(void **s) {
     (void)s;
@@ -464,6 +489,7 @@ int main(void) {
         cmocka_unit_test(test_untied_sgdm),        cmocka_unit_test(test_detects_wrong_batch),
         cmocka_unit_test(test_tied_checkpointing), cmocka_unit_test(test_family_grads),
         cmocka_unit_test(test_gpt_oss_grads),      cmocka_unit_test(test_rope_logits),
+        cmocka_unit_test(test_rope_logits),        cmocka_unit_test(test_gemma2_grads),
     };
     return cmocka_run_group_tests(tests, NULL, print_worst);
 }

@@ -129,11 +129,33 @@ static void test_gpt_oss(void **s) {
     attention = AG_ATTENTION_EAGER;
 }
 
+// Gemma 2 (tests/reference/gemma_ref.py's greedy tokens): the embeddings scaled, the cached
+// attention's scale and soft-cap, the final soft-cap; eager under both frameworks (flash refuses a
+// soft-cap by name).
+static void test_gemma2(void **s) {
+    (void)s;
+    check_solo("tiny_gemma2");
+    check_solo("tiny_gemma3"); // q_norm, k_norm, the local RoPE of the sliding layers
+    it_run r;
+    it_open_golden(&r, "tiny_gemma2");
+    ag_ctx_set_framework(r.ctx, AG_FRAMEWORK_PYTORCH);
+    int32_t *ids = it_golden_ids(&r, "input_ids", 2, T), *want = it_golden_ids(&r, "greedy", 1, N), got[N];
+    generate(&r, true, ids, NULL, 1, T, got);
+    it_assert_ids(got, want, N, "greedy under --framework pytorch");
+    ag_ctx_set_attention(r.ctx, AG_ATTENTION_FLASH);
+    ag_err err = {{0}};
+    assert_int_equal(llama_generate(r.ctx, r.m, NULL, ids, NULL, 1, T, N, got, NULL, &err), -1);
+    assert_non_null(strstr(err.msg, "soft-cap"));
+    free(ids);
+    free(want);
+    it_close(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tied_solo),    cmocka_unit_test(test_untied_solo),  cmocka_unit_test(test_tied_batch),
         cmocka_unit_test(test_untied_batch), cmocka_unit_test(test_mask_matters), cmocka_unit_test(test_families),
-        cmocka_unit_test(test_gpt_oss),
+        cmocka_unit_test(test_gpt_oss),      cmocka_unit_test(test_gemma2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,6 +30,8 @@ static const struct {
     {"qwen3-235b-a22b", 235093634560ULL},
     {"gpt-oss-20b", 20914757184ULL},
     {"gpt-oss-120b", 116829156672ULL},
+    {"gemma-2-9b", 9241705984ULL}, // tied; two more norms a layer
+    {"gemma-3-1b", 999885952ULL},  // and q_norm, k_norm
 };
 #define NPUBLISHED (sizeof published / sizeof published[0])
 
@@ -56,7 +58,9 @@ static void test_count_is_sum_of_specs(void **state) {
         assert_int_equal(llama_config_preset(&c, llama_preset_name(p), NULL), 0);
         uint64_t sum = 0;
         size_t n = llama_param_count_tensors(&c);
-        if (c.moe.experts == 0) assert_int_equal(n, 2 + 9 * (size_t)c.layers + (c.tied ? 0 : 1));
+        if (c.moe.experts == 0)
+            assert_int_equal(n, 2 + (c.ff_norms ? 11 : 9) * (size_t)c.layers + (c.qk_norm ? 2 : 0) * (size_t)c.layers +
+                                    (c.tied ? 0 : 1));
         for (size_t i = 0; i < n; i++) {
             char name[LLAMA_PARAM_NAME_MAX];
             int ndim;

@@ -196,7 +196,7 @@ static void test_experts_on_dense_family(void **state) {
 // left out of the preset list.
 static void test_unmodelled_refused(void **state) {
     (void)state;
-    static const char *const types[] = {"gemma2", "gemma3_text", "phi3", "deepseek_v3"};
+    static const char *const types[] = {"phi3", "deepseek_v3"};
     llama_config c;
     ag_err err = {{0}};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
@@ -207,7 +207,7 @@ static void test_unmodelled_refused(void **state) {
         assert_int_equal(llama_config_parse_any(&c, text, strlen(text), "config.json", &err), 0);
         assert_false(llama_family_modelled(c.family));
     }
-    static const char *const presets[] = {"gemma-2-9b", "phi-3-mini", "deepseek-v3"};
+    static const char *const presets[] = {"phi-3-mini", "deepseek-v3"};
     for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
         assert_int_equal(llama_config_preset(&c, presets[p], &err), -1);
         TU_MENTIONS(err.msg, "not modelled yet", "ForCausalLM");
@@ -256,6 +256,73 @@ static void test_gpt_oss(void **state) {
     }
 }
 
+// Gemma 2: Gemma2Config's defaults, null soft-caps, the alternating layers, and the fields that
+// would change the numbers refused by name.
+static void test_gemma2_config(void **state) {
+    (void)state;
+    llama_config c;
+    ag_err err = {{0}};
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma2\",\"hidden_act\":\"gelu_pytorch_tanh\"}", &c, &err), 0);
+    assert_true(c.tied && c.ff_norms && c.gelu && c.embed_scale && c.norm_offset == 1.0f);
+    assert_true(c.head_dim == 256 && c.query_scalar == 256.0 && c.attn_softcap == 50.0 && c.final_softcap == 30.0);
+    assert_true(c.max_positions == 8192 && c.sliding_window == 4096);
+    for (int64_t i = 0; i < 4; i++) assert_int_equal(llama_layer_window(&c, i), i % 2 ? 0 : 4096); // the first slides
+    assert_true(llama_attention_scale(&c) == 0.0f); // 256 = head_dim: the plain scale
+    assert_int_equal(parse(HEAD
+                           "\"model_type\":\"gemma2\",\"attn_logit_softcapping\":null,"
+                           "\"final_logit_softcapping\":null,\"sliding_window\":null,\"query_pre_attn_scalar\":144,"
+                           "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\","
+                           "\"full_attention\"]}",
+                           &c, &err),
+                     0);
+    assert_true(c.attn_softcap == 0.0 && c.final_softcap == 0.0 && llama_layer_window(&c, 0) == 0);
+    assert_true(llama_attention_scale(&c) == (float)(1.0 / 12.0));
+    const struct {
+        const char *json, *want1, *want2;
+    } bad[] = {
+        {HEAD "\"model_type\":\"gemma2\",\"hidden_activation\":\"gelu\"}", "hidden_activation", "gelu_pytorch_tanh"},
+        {HEAD "\"model_type\":\"gemma2\",\"attn_logit_softcapping\":0}", "attn_logit_softcapping", "null for none"},
+        {HEAD "\"model_type\":\"gemma2\",\"final_logit_softcapping\":-1}", "final_logit_softcapping", "positive"},
+        {HEAD "\"model_type\":\"gemma2\",\"query_pre_attn_scalar\":0}", "query_pre_attn_scalar", "positive"},
+        {HEAD "\"model_type\":\"gemma2\",\"layer_types\":[\"full_attention\",\"sliding_attention\","
+              "\"full_attention\",\"sliding_attention\"]}",
+         "layer_types[1]", "full_attention"},
+        {HEAD "\"model_type\":\"gemma2\",\"layer_types\":[\"sliding_attention\"]}", "layer_types", "num_hidden_layers"},
+        {HEAD "\"model_type\":\"gemma2\",\"attention_dropout\":0.1}", "attention_dropout", "0"},
+        {HEAD "\"model_type\":\"gemma2\",\"num_local_experts\":4}", "num_local_experts", "Gemma2ForCausalLM"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(parse(bad[i].json, &c, &err), -1);
+        TU_MENTIONS(err.msg, bad[i].want1, bad[i].want2);
+    }
+    // Gemma 3: q_norm and k_norm, no caps, one full layer in sliding_window_pattern (6), the sliding
+    // layers' RoPE on rope_local_base_freq
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\"}", &c, &err), 0);
+    assert_true(c.qk_norm && c.ff_norms && c.attn_softcap == 0.0 && c.final_softcap == 0.0 && c.rope_theta == 1e6);
+    assert_true(c.window_period == 6 && c.vocab == 100);
+    for (int64_t i = 0; i < 4; i++) assert_true(llama_layer_rope_freqs(&c, i).theta == 10000.0f); // all slide
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"sliding_window_pattern\":3}", &c, &err), 0);
+    for (int64_t i = 0; i < 4; i++) {
+        assert_int_equal(llama_layer_window(&c, i), i == 2 ? 0 : 4096);
+        assert_true(llama_layer_rope_freqs(&c, i).theta == (i == 2 ? 1e6f : 10000.0f));
+    }
+    assert_true(llama_attention_scale(&c) == 0.0f); // 256 = head_dim: the plain scale
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"layer_types\":[\"sliding_attention\","
+                                "\"full_attention\",\"sliding_attention\",\"full_attention\"]}",
+                           &c, &err),
+                     0);
+    assert_true(llama_layer_window(&c, 0) == 4096 && llama_layer_window(&c, 1) == 0);
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"layer_types\":[\"sliding_attention\","
+                                "\"full_attention\",\"full_attention\",\"full_attention\"]}",
+                           &c, &err),
+                     -1);
+    TU_MENTIONS(err.msg, "layer_types[2]", "sliding_attention");
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"use_bidirectional_attention\":true}", &c, &err), -1);
+    TU_MENTIONS(err.msg, "use_bidirectional_attention", "not modelled");
+    assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"rope_local_base_freq\":0}", &c, &err), -1);
+    TU_MENTIONS(err.msg, "rope_local_base_freq", "from");
+}
+
 // Routings: the assumptions' counts, a recorded routing written and read back, files refused
 // naming what is wrong.
 static void test_routing(void **state) {
@@ -293,6 +360,33 @@ static void test_routing(void **state) {
     assert_int_equal(llama_routing_counts(r, 0, 0, 12, 4, 2, count, &err), -1);
     TU_MENTIONS(err.msg, "routed 10 tokens", "this run has 12");
     llama_routing_free(r);
+    // What trains: forward 0 leaves layer 0's experts 2 and 3 idle, forward 1 its 0 and 3
+    assert_int_equal(llama_routing_new(&r, LLAMA_ROUTING_MEASURED, &err), 0);
+    for (int64_t fw = 0; fw < 2; fw++)
+        for (int64_t l = 0; l < 4; l++)
+            assert_int_equal(llama_routing_add(r, fw, l, 10, 4, 2,
+                                               l    ? (const int64_t[]){5, 5, 5, 5}
+                                               : fw ? (const int64_t[]){0, 10, 10, 0}
+                                                    : (const int64_t[]){10, 10, 0, 0},
+                                               &err),
+                             0);
+    f = fopen(path, "w");
+    assert_int_equal(llama_routing_write(r, f, &err), 0);
+    fclose(f);
+    llama_routing_free(r);
+    assert_int_equal(llama_routing_load(&r, path, &c, &err), 0);
+    const uint64_t P = llama_param_count(&c), expert = 3 * 64 * 96;
+    uint64_t most, any;
+    assert_int_equal(llama_routing_trained(r, &c, 10, 2, 1, &most, &any, &err), 0); // two steps
+    assert_int_equal(most, P - 2 * expert);
+    assert_int_equal(any, P - expert);
+    assert_int_equal(llama_routing_trained(r, &c, 10, 1, 2, &most, &any, &err), 0); // one step of two
+    assert_true(most == P - expert && any == P - expert);
+    assert_int_equal(llama_routing_trained(r, &c, 10, 3, 1, &most, &any, &err), -1);
+    TU_MENTIONS(err.msg, "no routing for forward 2", "routing.json");
+    llama_routing_free(r);
+    assert_int_equal(llama_routing_trained(NULL, &c, 1, 1, 1, &most, &any, &err), 0); // balanced: 2 pairs
+    assert_true(most == P - 2 * 4 * expert && any == most);
     const struct {
         const char *json, *want1, *want2;
     } bad[] = {
@@ -329,6 +423,7 @@ int main(void) {
         cmocka_unit_test(test_unmodelled_refused),
         cmocka_unit_test(test_gpt_oss),
         cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_gemma2_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
