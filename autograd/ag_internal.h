@@ -52,13 +52,27 @@ struct ag_ctx {
     ag_tensor **held;           // what backward's nodes left for the graph's life (ag_tape_clear)
     size_t nheld, heldcap;
     ag_attention_kind attention;
+    const ag_device_row *dev; // the device's row: which kernel each attention is
     ag_node **tape;
     size_t ntape, cap;
     ag_status status;
     char msg[256];
     ag_leaf_hooks hooks; // hooks.c: none unless set
     bool defer_params;   // ag_param_new makes parameters without storage
+    // torch.autocast's cast cache: the 16-bit copies of float32 leaves that want a gradient, one a
+    // leaf, kept until the autocast region exits (ag_autocast_cache_clear).
+    struct ag_cast_entry {
+        ag_tensor *leaf, *cast;
+    } * casts;
+    size_t ncasts, capcasts;
 };
+
+// The cast a linear's weight gets under autocast: the cached one, or w cast now (and cached when
+// w is a float32 leaf wanting a gradient, as autocast_mode.cpp's cached_cast does). NULL: no room.
+ag_tensor *ag_autocast_weight(ag_ctx *ctx, ag_tensor *w, const char *label);
+// The autocast region exits (its outermost __exit__ clears the cache): the training forward
+// before backward, a checkpoint's recomputation before the block's backward, the context freed.
+void ag_autocast_cache_clear(ag_ctx *ctx);
 
 // A gradient destination handed to backward code.
 typedef struct {

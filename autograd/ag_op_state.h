@@ -123,21 +123,25 @@ typedef struct {
 } ag_attention_sinks_state;
 AG_SAVED_IN_A_ROW(ag_attention_sinks_state, probs, 4);
 
-// attention (flash, ops/attention_flash.c): what PyTorch's flash kernel keeps for backward.
+// attention (flash, ops/attention_flash.c): what the SDPA kernel keeps for backward (its row).
 typedef struct {
     union {
         struct {
             ag_tensor *q, *k, *v; // k and v at the key-value heads (autocast: their 16-bit casts)
-            ag_tensor *out;       // LEAN: the op's output [B, Tq, Hq*D]; PYTORCH: SDPA's [B, Hq, Tq, D]
-            ag_tensor *lse;       // [B, Hq, Tq], float32 whatever the dtype (with sinks: the sink in it)
-            ag_tensor *sinks;     // gpt_oss's [Hq], NULL: none
+            ag_tensor *out;       // the kernel's output: [B, Tq, Hq*D], or [B, Hq, Tq, D] heads first
+            ag_tensor *lse;       // [B, Hq, lse_ld], float32 whatever the dtype (with sinks: the sink in it)
+            ag_tensor *seed;      // the RNG seed and offset the kernel keeps on the device; else NULL
+            ag_tensor *offset;
+            ag_tensor *sinks; // gpt_oss's [Hq], NULL: none
         };
-        ag_tensor *saved[6];
+        ag_tensor *saved[8];
     };
     ag_att_dims dims;
-    bool heads_first; // out laid out [B, Hq, Tq, D]
+    int64_t lse_ld;               // Tq, rounded up as the kernel pads the log-sum-exp
+    const ag_sdpa_kernel *kernel; // its row
+    bool heads_first;             // out laid out [B, Hq, Tq, D]
 } ag_attention_flash_state;
-AG_SAVED_IN_A_ROW(ag_attention_flash_state, sinks, 6);
+AG_SAVED_IN_A_ROW(ag_attention_flash_state, sinks, 8);
 
 // silu: y = x * sigmoid(x).
 typedef struct {
@@ -213,6 +217,12 @@ AG_SAVED_IN_A_ROW(ag_checkpoint_state, rng, 6);
 typedef struct {
     float s;
 } ag_scale_state;
+
+// repeat_kv: x[rows, hkv * D] to [rows, hkv * rep * D]; nothing saved.
+typedef struct {
+    int64_t rows;
+    int hkv, rep, D;
+} ag_repeat_kv_state;
 
 // dropout: the one-byte mask (PYTORCH; NULL under LEAN, where backward draws it again).
 typedef struct {
@@ -368,6 +378,7 @@ typedef union {
     ag_cross_entropy_state cross_entropy;
     ag_checkpoint_state checkpoint;
     ag_scale_state scale;
+    ag_repeat_kv_state repeat_kv;
     ag_dropout_state dropout;
     ag_moe_route_state moe_route;
     ag_moe_experts_state moe_experts;

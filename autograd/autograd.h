@@ -97,6 +97,7 @@ struct ag_tensor {
     mp_block grad_new;      // ... and the one just written, summed with it after its node's backward
     uint32_t site;          // interned label (mp_site_name); a parameter's name
     uint64_t storage_bytes; // deferred parameters: what their storage is billed (their dtype when made)
+    bool own_bits;          // a parameter of its own dtype: its .grad and optimizer state take it too
 };
 
 // Data and its element type: what kernels take, so that one loop serves every dtype.
@@ -302,11 +303,80 @@ void ag_ctx_set_framework(ag_ctx *ctx, ag_framework f);
 ag_framework ag_ctx_framework(const ag_ctx *ctx);
 
 // Which attention ag_attention and ag_attention_cached compute: EAGER materialises the T x T
-// probabilities; FLASH walks key/value tiles with an online softmax and keeps a log-sum-exp
-// per query row instead (FlashAttention-2). EAGER by default.
-typedef enum { AG_ATTENTION_EAGER, AG_ATTENTION_FLASH } ag_attention_kind;
+// probabilities; the others are fused kernels (PyTorch's SDPA backends under the PyTorch
+// frameworks) that walk key/value tiles with an online softmax and keep a log-sum-exp per query
+// row instead: FLASH (FlashAttention-2), EFFICIENT (the memory-efficient kernel), CUDNN (cuDNN's).
+// What each keeps is a row of the SDPA kernel table below, by device. EAGER by default.
+typedef enum { AG_ATTENTION_EAGER, AG_ATTENTION_FLASH, AG_ATTENTION_EFFICIENT, AG_ATTENTION_CUDNN } ag_attention_kind;
+#define AG_NATTENTION 4
 void ag_ctx_set_attention(ag_ctx *ctx, ag_attention_kind a);
 ag_attention_kind ag_ctx_attention(const ag_ctx *ctx);
+
+// ---- devices and their kernels (sdpa.c) ----
+// The device the run's kernels are PyTorch's for. A device is a row: which SDPA kernel each
+// --attention names there, and torch.optim's default there; a kernel is a row of what it
+// allocates and keeps. Ops read the rows, never the device. A new device or backend is a row.
+typedef enum { AG_DEVICE_CPU, AG_DEVICE_CUDA } ag_device;
+#define AG_NDEVICES 2
+
+// How a kernel's float32 dQ sums are billed in backward: only for a 16-bit dQ, [B, Tq, Hq, D]
+// (DQ_16BIT), or always, its rows rounded up to d_rows_align and D to dq_dim_align
+// (FlashAttention-2's dq_accum).
+typedef enum { AG_DQ_16BIT, AG_DQ_ALWAYS } ag_dq_accum;
+
+// The fields of an SDPA kernel's row, in order: X(type, field).
+#define AG_SDPA_FIELDS(X)                                                                                              \
+    X(const char *, name)    /* the kernel, as the report names it */                                                  \
+    X(const char *, source)  /* the PyTorch function whose allocations the row follows */                              \
+    X(bool, out_heads_first) /* its output laid out [B, H, T, D]: transformers' transpose(1, 2).contiguous()           \
+                                copies it */                                                                           \
+    X(int, lse_align)        /* the log-sum-exp [B, H, T] float32, T rounded up to a multiple of this */               \
+    X(int, rng_bytes)        /* the RNG seed and offset the node keeps on the device, bytes each (0: host) */          \
+    X(bool, gqa)             /* k and v taken at their own heads (enable_gqa); false: repeat_kv's copies */            \
+    X(int, d_rows_align)     /* backward's float32 rowsum(dO * O) [B, H, T], T rounded up to this */                   \
+    X(ag_dq_accum, dq_accum) /* backward's float32 dQ sums */                                                          \
+    X(int, dq_dim_align)     /* their head dimension rounded up to this (AG_DQ_ALWAYS) */                              \
+    X(bool, dkv_expanded)    /* grouped heads: dK and dV made at every query head, then summed */
+
+typedef struct {
+#define AG_SDPA_MEMBER(type, field) type field;
+    AG_SDPA_FIELDS(AG_SDPA_MEMBER)
+#undef AG_SDPA_MEMBER
+} ag_sdpa_kernel;
+
+typedef enum {
+#define AG_SDPA_FIELD_ID(type, field) AG_SDPAF_##field,
+    AG_SDPA_FIELDS(AG_SDPA_FIELD_ID)
+#undef AG_SDPA_FIELD_ID
+        AG_SDPA_NFIELDS
+} ag_sdpa_field;
+
+typedef struct {
+    const char *name; // --device NAME
+    const char *text; // the report's line
+    // PyTorch's kernel behind each --attention on this device (NULL: none there; eager is no SDPA
+    // kernel). Frameworks whose flash is not SDPA (lean) use ag_sdpa_fused whatever the device.
+    const ag_sdpa_kernel *sdpa[AG_NATTENTION];
+    bool adam_foreach; // torch.optim's default Adam is foreach here (for-loop otherwise)
+} ag_device_row;
+
+const ag_device_row *ag_device_row_of(ag_device d); // NULL when d is none
+extern const ag_sdpa_kernel ag_sdpa_fused;          // membill's own fused attention (lean)
+// Reads one field of a kernel row: AG_SDPA(k, lse_align). Every read is counted, as AG_FW's.
+#define AG_SDPA(row, field) (ag_sdpa_mark(AG_SDPAF_##field), (row)->field)
+void ag_sdpa_mark(ag_sdpa_field f);
+bool ag_sdpa_field_read(ag_sdpa_field f);
+const char *ag_sdpa_field_name(ag_sdpa_field f);
+const char *ag_sdpa_field_doc(ag_sdpa_field f);
+// The kernels a device row names, each once (n of them into out, at most max); the fused one last.
+int ag_sdpa_kernels(const ag_sdpa_kernel **out, int max);
+
+// CPU by default. Applies to ops recorded afterwards.
+void ag_ctx_set_device(ag_ctx *ctx, ag_device d);
+ag_device ag_ctx_device(const ag_ctx *ctx);
+// The kernel the context's attention runs: NULL for eager, and for a fused attention the device
+// does not have (the op then fails, naming it).
+const ag_sdpa_kernel *ag_ctx_sdpa(const ag_ctx *ctx);
 
 // The precision policy: which dtype each category and op output gets, the one place a real run
 // and a meta run both take it from. Categories: weight at weight_bits (matrices under 16 bits are
@@ -352,6 +422,10 @@ ag_tensor *ag_tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_categor
 ag_tensor *ag_tensor_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site, int bits);
 // A parameter: category weight, requires_grad, is_param, labelled with its name.
 ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name);
+// A parameter of its own float dtype (bits 32 or 16), whatever the context's (PEFT's float32
+// adapters beside a 16-bit base): its .grad and its optimizer state are of that dtype too, as
+// PyTorch makes a gradient and torch.optim its state like the parameter.
+ag_tensor *ag_param_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name, int bits);
 ag_tensor *ag_retain(ag_tensor *t);  // returns t
 void ag_release(ag_tensor *t);       // NULL is a no-op; a parameter's .grad goes with it
 void ag_zero_grad(ag_tensor *param); // frees .grad (set to none, as PyTorch)
@@ -515,6 +589,12 @@ ag_tensor *ag_gelu_tanh(ag_ctx *ctx, const char *site, ag_tensor *x);
 // PyTorch frameworks bill transformers' x / c (freed at once) and keep tanh's output
 // ("<prefix>:tanh").
 ag_tensor *ag_softcap(ag_ctx *ctx, const char *site, ag_tensor *x, float c);
+// y = x.to(dtype): a copy at `bits` (32 or 16) an element, x itself when it has them already;
+// the gradient comes back at x's size. Saves nothing.
+ag_tensor *ag_cast(ag_ctx *ctx, const char *site, ag_tensor *x, int bits);
+// transformers' repeat_kv: x[B, T, hkv*D] to [B, T, hkv*rep*D], each key-value head copied to the
+// rep query heads of its group (a kernel that takes no grouped heads gets these); saves nothing.
+ag_tensor *ag_repeat_kv(ag_ctx *ctx, const char *site, ag_tensor *x, int hkv, int rep, int D);
 // y = s x (a constant factor: LoRA's alpha / r); saves nothing.
 ag_tensor *ag_scale(ag_ctx *ctx, const char *site, ag_tensor *x, float s);
 // Training-mode dropout (nn.Dropout(p)): y = x m / (1 - p), element i kept with probability

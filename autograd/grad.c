@@ -5,13 +5,20 @@
 #include "ag_internal.h"
 #include "kernels/ag_kernels.h"
 
-static ag_dtype grad_dtype(const ag_ctx *ctx) { return ag_dtype_of_bits(ctx->dtype.grad_bits, ctx->dtype.fp16); }
+// A leaf's gradient: the context's gradient dtype, or a parameter's own (ag_param_new_bits).
+static int grad_bits(const ag_ctx *ctx, const ag_tensor *leaf) {
+    return leaf && leaf->own_bits ? leaf->bits : ctx->dtype.grad_bits;
+}
+static ag_dtype grad_dtype(const ag_ctx *ctx, const ag_tensor *leaf) {
+    return ag_dtype_of_bits(grad_bits(ctx, leaf), ctx->dtype.fp16);
+}
 
 static bool leaf_grad(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
     if (!leaf->grad) {
         char label[AG_LABEL_MAX];
         ag_label(label, ag_tensor_name(leaf), "grad");
-        leaf->grad = ag_tensor_like(ctx, leaf, MP_GRADIENT, label);
+        leaf->grad = leaf->own_bits ? ag_tensor_new_bits(ctx, leaf->ndim, leaf->shape, MP_GRADIENT, label, leaf->bits)
+                                    : ag_tensor_like(ctx, leaf, MP_GRADIENT, label);
         if (!leaf->grad) return false;
         dst->fresh = true;
     }
@@ -26,24 +33,24 @@ static bool leaf_grad(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
 static bool leaf_grad_pytorch(ag_ctx *ctx, ag_tensor *leaf, ag_grad_dst *dst) {
     if (leaf->grad_new.bytes) { // a second edge of the same node: write into the same buffer
         dst->data = leaf->grad_new.data;
-        dst->dtype = grad_dtype(ctx);
+        dst->dtype = grad_dtype(ctx, leaf);
         return true;
     }
     if (leaf->grad || (leaf->tape_nodes <= 1 && !leaf->grad_wait.bytes)) return leaf_grad(ctx, leaf, dst);
     mp_block *b = leaf->grad_wait.bytes ? &leaf->grad_new : &leaf->grad_wait;
     char label[AG_LABEL_MAX];
     ag_label(label, ag_tensor_name(leaf), "grad_buffer");
-    size_t bytes = (size_t)leaf->numel * (size_t)ctx->dtype.grad_bits / 8;
+    size_t bytes = (size_t)leaf->numel * (size_t)grad_bits(ctx, leaf) / 8;
     if (!ag_alloc_exact(ctx, b, bytes, MP_TEMPORARY, label)) return false;
     dst->fresh = true;
     dst->data = b->data;
-    dst->dtype = grad_dtype(ctx);
+    dst->dtype = grad_dtype(ctx, leaf);
     return true;
 }
 
-static void add_into(ag_ctx *ctx, void *dst, const void *a, const void *b, int64_t n) {
+static void add_into(ag_ctx *ctx, const ag_tensor *leaf, void *dst, const void *a, const void *b, int64_t n) {
     if (!dst) return;
-    ag_dtype t = grad_dtype(ctx);
+    ag_dtype t = grad_dtype(ctx, leaf);
     ag_vec_add((ag_buf){dst, t}, (ag_buf){(void *)a, t}, (ag_buf){(void *)b, t}, n);
 }
 
@@ -60,16 +67,19 @@ static void leaf_grads_settle(ag_ctx *ctx, ag_node *n) {
         mp_block sum = {0};
         char label[AG_LABEL_MAX];
         ag_label(label, ag_tensor_name(leaf), last ? "grad" : "grad_buffer");
+        const size_t bytes = (size_t)leaf->numel * (size_t)grad_bits(ctx, leaf) / 8;
         if (last) {
-            leaf->grad = ag_tensor_like(ctx, leaf, MP_GRADIENT, label);
+            leaf->grad = leaf->own_bits
+                             ? ag_tensor_new_bits(ctx, leaf->ndim, leaf->shape, MP_GRADIENT, label, leaf->bits)
+                             : ag_tensor_like(ctx, leaf, MP_GRADIENT, label);
             if (leaf->grad) sum = leaf->grad->block;
         } else {
-            ag_alloc_exact(ctx, &sum, (size_t)leaf->numel * (size_t)ctx->dtype.grad_bits / 8, MP_TEMPORARY, label);
+            ag_alloc_exact(ctx, &sum, bytes, MP_TEMPORARY, label);
         }
         if (sum.bytes && leaf->grad_new.bytes)
-            add_into(ctx, sum.data, leaf->grad_wait.data, leaf->grad_new.data, leaf->numel);
+            add_into(ctx, leaf, sum.data, leaf->grad_wait.data, leaf->grad_new.data, leaf->numel);
         else if (sum.data && leaf->grad_wait.data)
-            memcpy(sum.data, leaf->grad_wait.data, (size_t)leaf->numel * (size_t)ctx->dtype.grad_bits / 8);
+            memcpy(sum.data, leaf->grad_wait.data, bytes);
         mp_free(&leaf->grad_new);
         mp_free(&leaf->grad_wait);
         if (!last) leaf->grad_wait = sum;
@@ -157,7 +167,8 @@ bool ag_grad_hand_over(ag_ctx *ctx, ag_node *n, int i, mp_block *part) {
 bool ag_grad_pass(ag_node *n, int i) {
     if (n->in[i].kind != AG_EDGE_NODE) return false;
     ag_node *to = n->in[i].node;
-    if (to->grad.bytes != 0 || to->numel != n->numel || n->grad.bytes == 0) return false;
+    if (to->grad.bytes != 0 || to->numel != n->numel || n->grad.bytes == 0 || to->grad_dtype != n->grad_dtype)
+        return false; // another dtype: the engine casts the gradient into a tensor of its own
     to->grad = n->grad;
     n->grad = (mp_block){0};
     return true;
@@ -205,6 +216,7 @@ static ag_status seed(ag_ctx *ctx, ag_tensor *out) {
 
 ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss) {
     if (!ctx) return AG_ERR_ARG;
+    ag_autocast_cache_clear(ctx); // the forward's autocast region has exited
     if (ctx->status == AG_OK && loss && loss->numel != 1)
         ag_fail(ctx, AG_ERR_SHAPE, "backward: %s has %lld elements, expected a scalar loss", ag_tensor_name(loss),
                 (long long)loss->numel);
@@ -217,6 +229,7 @@ ag_status ag_backward(ag_ctx *ctx, ag_tensor *loss) {
 
 ag_status ag_backward_grad(ag_ctx *ctx, ag_tensor *out, const ag_tensor *grad) {
     if (!ctx) return AG_ERR_ARG;
+    ag_autocast_cache_clear(ctx);
     if (ctx->status == AG_OK && out && (!grad || grad->numel != out->numel))
         ag_fail(ctx, AG_ERR_SHAPE, "backward: the gradient of %s must have %lld elements", ag_tensor_name(out),
                 (long long)out->numel);

@@ -5,7 +5,7 @@
 #include "ag_internal.h"
 
 // A parameter of that shape and name without storage (ag_ctx_defer_params).
-static ag_tensor *deferred_param(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name) {
+static ag_tensor *deferred_param(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name, int own_bits) {
     if (ctx->status != AG_OK) return NULL;
     const char *label = name && *name ? name : "anon";
     if (ndim < 1 || ndim > AG_MAX_DIMS || !shape) {
@@ -23,11 +23,15 @@ static ag_tensor *deferred_param(ag_ctx *ctx, int ndim, const int64_t *shape, co
     t->refcount = 1;
     // What ag_tensor_new would make of it now (its dtype, and the bytes its storage takes), so
     // that its storage is billed as made, whatever the context's dtype is when it comes.
-    t->bits = ctx->dtype.weight_bits < 16 && ndim == 1 ? ctx->dtype.act_bits : ctx->dtype.weight_bits;
+    t->bits = own_bits                                   ? own_bits
+              : ctx->dtype.weight_bits < 16 && ndim == 1 ? ctx->dtype.act_bits
+                                                         : ctx->dtype.weight_bits;
     t->dtype = ag_dtype_of_bits(t->bits, ctx->dtype.fp16);
     if (t->dtype == AG_Q4 && ctx->dtype.nf4) t->dtype = AG_NF4;
     if (t->dtype == AG_Q4 || t->dtype == AG_Q8) t->q_group = ctx->dtype.group;
-    t->storage_bytes = ag_billed_bytes(ctx, ndim, shape, MP_WEIGHT, label);
+    t->storage_bytes =
+        own_bits ? (uint64_t)t->numel * (uint64_t)own_bits / 8 : ag_billed_bytes(ctx, ndim, shape, MP_WEIGHT, label);
+    t->own_bits = own_bits != 0;
     t->site = mp_site_id(label);
     t->requires_grad = true;
     t->is_param = true;
@@ -35,11 +39,26 @@ static ag_tensor *deferred_param(ag_ctx *ctx, int ndim, const int64_t *shape, co
 }
 
 ag_tensor *ag_param_new(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name) {
-    ag_tensor *t = ctx && ctx->defer_params ? deferred_param(ctx, ndim, shape, name)
+    ag_tensor *t = ctx && ctx->defer_params ? deferred_param(ctx, ndim, shape, name, 0)
                                             : ag_tensor_new(ctx, ndim, shape, MP_WEIGHT, name);
     if (t) {
         t->requires_grad = true;
         t->is_param = true;
+    }
+    return t;
+}
+
+ag_tensor *ag_param_new_bits(ag_ctx *ctx, int ndim, const int64_t *shape, const char *name, int bits) {
+    if (bits != 32 && bits != 16) {
+        if (ctx) ag_fail(ctx, AG_ERR_ARG, "parameter %s: %d bits, expected 32 or 16", name ? name : "anon", bits);
+        return NULL;
+    }
+    ag_tensor *t = ctx && ctx->defer_params ? deferred_param(ctx, ndim, shape, name, bits)
+                                            : ag_tensor_new_bits(ctx, ndim, shape, MP_WEIGHT, name, bits);
+    if (t) {
+        t->requires_grad = true;
+        t->is_param = true;
+        t->own_bits = true;
     }
     return t;
 }

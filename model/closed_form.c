@@ -123,7 +123,7 @@ int llama_closed_form_routing(const llama_config *c, const llama_routing *r, int
 
 void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq, uint64_t optimizer_bytes_per_param,
                                bool checkpointing_on, llama_closed_form *out) {
-    llama_dtype_bytes d = {4, 4, 4, optimizer_bytes_per_param};
+    llama_dtype_bytes d = {4, 4, 4, optimizer_bytes_per_param, optimizer_bytes_per_param};
     llama_closed_form_dtype(c, batch, seq, &d, out);
     out->checkpointing = false;
     out->act_block_inputs = out->act_head_moment = out->act_recompute = 0;
@@ -172,8 +172,10 @@ void llama_closed_form_lora(const llama_config *c, const llama_lora_config *l, c
                 (numel * (uint64_t)base_bits + 7) / 8 +
                 (group ? rows * ((cols + (uint64_t)group - 1) / (uint64_t)group) * (uint64_t)scale_bytes : 0);
     }
-    out->adapter_weights = out->adapter_params * d->weight;
+    // adapters of their own dtype (ag_param_new_bits): weight, gradient and state of that dtype
+    const bool own = l->adapter_bits != 0;
+    out->adapter_weights = out->adapter_params * (own ? (uint64_t)l->adapter_bits / 8 : d->weight);
     out->weights = out->base_weights + out->adapter_weights;
-    out->gradients = out->adapter_params * d->gradient;
-    out->optimizer = out->adapter_params * d->optimizer;
+    out->gradients = out->adapter_params * (own ? (uint64_t)l->adapter_bits / 8 : d->gradient);
+    out->optimizer = out->adapter_params * (own ? d->own_optimizer : d->optimizer);
 }

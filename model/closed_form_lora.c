@@ -78,15 +78,23 @@ static cf_t cf_norm(cf_walk *w, cf_t *x, uint64_t rows, uint64_t width) {
 // Projection p on x [B, T, in] into [B, T, out]: the frozen base, and the adapter if p is a target.
 static cf_t cf_proj(cf_walk *w, cf_t *x, llama_proj p, uint64_t in, uint64_t out) {
     if (!(w->l->targets & (1u << p))) return cf_new(w->BT * out * w->a, x->grad);
-    cf_t d;
+    // float32 adapters beside a 16-bit base get x.to(float32), a tensor of its own; what the ops make
+    // of it is float32 where each tensor has its own dtype (typed_tensors), else the run's
+    const uint64_t cb = w->l->adapter_bits ? (uint64_t)w->l->adapter_bits / 8 : w->a,
+                   ab = AG_FW(w->fw, typed_tensors) ? cb : w->a;
+    cf_t d, cast;
     cf_t *hp = x;
+    if (cb != w->a) {
+        cast = cf_new(w->BT * in * cb, x->grad);
+        hp = &cast;
+    }
     if (w->l->dropout > 0) {
         if (AG_FW(w->fw, dropout_mask) && x->grad) w->saved += w->BT * in; // the one-byte mask
-        d = cf_new(w->BT * in * w->a, x->grad);
+        d = cf_new(w->BT * in * ab, x->grad);
         hp = &d;
     }
-    cf_keep(w, hp);                                  // A's input, for dA
-    w->saved += w->BT * (uint64_t)w->l->rank * w->a; // A's output, for dB
+    cf_keep(w, hp);                                // A's input, for dA
+    w->saved += w->BT * (uint64_t)w->l->rank * ab; // A's output, for dB
     return cf_new(w->BT * out * w->a, true);
 }
 

@@ -106,7 +106,7 @@ static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, 
     // (which also lets SDPA take GQA as it is, enable_gqa, without repeat_kv), unless a sliding
     // window shorter than the sequence needs a mask (transformers' is boolean, 1 byte an element;
     // it is billed here at the mask's own element size).
-    bool sdpa = ag_ctx_attention(ctx) == AG_ATTENTION_FLASH, sdpa_window = sdpa && window_within(c, T);
+    bool sdpa = ag_ctx_attention(ctx) != AG_ATTENTION_EAGER, sdpa_window = sdpa && window_within(c, T);
     for (int k = 0; shape != AG_MASK_NONE && k < (two ? 2 : 1); k++) {
         bool full = two && k == 0, needed = !sdpa || (!full && sdpa_window);
         mask[k] = needed ? ag_tensor_new(ctx, 2, (int64_t[]){rows, cols}, MP_ACTIVATION, "causal_mask") : NULL;

@@ -116,10 +116,11 @@ static void init_adapter(ag_tensor *a, ag_tensor *b, uint64_t seed) {
 }
 
 static ag_tensor *adapter_new(ag_ctx *ctx, int64_t layer, llama_proj p, const char *which, int64_t rows, int64_t cols,
-                              ag_err *err) {
+                              int bits, ag_err *err) {
     char name[LLAMA_PARAM_NAME_MAX + 32];
     snprintf(name, sizeof name, "model.layers.%lld.%s.%s.weight", (long long)layer, proj_modules[p], which);
-    ag_tensor *t = ag_param_new(ctx, 2, (int64_t[]){rows, cols}, name);
+    const int64_t shape[2] = {rows, cols};
+    ag_tensor *t = bits ? ag_param_new_bits(ctx, 2, shape, name, bits) : ag_param_new(ctx, 2, shape, name);
     if (!t) ag_err_set(err, "%s", ag_ctx_error(ctx));
     return t;
 }
@@ -162,9 +163,10 @@ int llama_model_add_lora(llama_model *m, ag_ctx *ctx, const llama_lora_config *l
         for (int k = 0; k < LLAMA_NPROJ; k++) {
             if (!(l->targets & (1u << k))) continue;
             const ag_tensor *w = proj_weight(L, (llama_proj)k, NULL);
-            ag_tensor *a = adapter_new(ctx, i, (llama_proj)k, "lora_A", l->rank, w->shape[1], err);
+            ag_tensor *a = adapter_new(ctx, i, (llama_proj)k, "lora_A", l->rank, w->shape[1], l->adapter_bits, err);
             if (a) m->adapters[m->nadapters++] = a;
-            ag_tensor *b = a ? adapter_new(ctx, i, (llama_proj)k, "lora_B", w->shape[0], l->rank, err) : NULL;
+            ag_tensor *b =
+                a ? adapter_new(ctx, i, (llama_proj)k, "lora_B", w->shape[0], l->rank, l->adapter_bits, err) : NULL;
             if (!b) return -1; // what was made is freed with the model
             m->adapters[m->nadapters++] = b;
             L->lora_a[k] = a, L->lora_b[k] = b;
@@ -185,8 +187,11 @@ void llama_lora_init(llama_model *m, uint64_t seed) {
         }
 }
 
-// PEFT's lora.Linear.forward: result = base(x); result + lora_B(lora_A(dropout(x))) * scaling.
-// Without an adapter, the base linear alone.
+// PEFT's lora.Linear.forward: result = base(x); x = x.to(lora_A's dtype); result + lora_B(lora_A(
+// dropout(x))) * scaling, then .to(result's dtype). Adapters of the base's dtype make both casts
+// nothing. Over a quantised base (bitsandbytes' and GPTQ's lora layers) the adapters' output is
+// cast back before it is added, and the sum is the base's dtype. Without an adapter, the base
+// linear alone.
 ag_tensor *llama_proj_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, llama_proj p, ag_tensor *x) {
     char s[96], t[128];
     ag_tensor *b, *w = proj_weight(L, p, &b);
@@ -194,26 +199,43 @@ ag_tensor *llama_proj_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, llam
     if (!L->lora || !L->lora_a[p]) return ag_linear(ctx, s, x, w, b);
     const llama_lora_state *st = L->lora;
     snprintf(t, sizeof t, "%s:base_out", s);
-    ag_tensor *y = ag_linear(ctx, t, x, w, b), *h = ag_retain(x);
-    if (st->training && st->cfg.dropout > 0) { // nn.Dropout; p = 0 is nn.Identity (no copy)
+    ag_tensor *y = ag_linear(ctx, t, x, w, b);
+    const int abits = L->lora_a[p]->bits, ybits = y ? y->bits : abits;
+    snprintf(t, sizeof t, "%s:input_to_adapter", s);
+    ag_tensor *h = y ? ag_cast(ctx, t, x, abits) : NULL;
+    if (h && st->training && st->cfg.dropout > 0) { // nn.Dropout; p = 0 is nn.Identity (no copy)
         snprintf(t, sizeof t, "%s.lora_dropout", s);
         uint64_t seed = mix(st->seed ^ mix(st->forwards * 0x9e3779b97f4a7c15ULL + (uint64_t)(i * LLAMA_NPROJ + p)));
+        ag_tensor *d = ag_dropout(ctx, t, h, (float)st->cfg.dropout, seed);
         ag_release(h);
-        h = ag_dropout(ctx, t, x, (float)st->cfg.dropout, seed);
+        h = d;
     }
     snprintf(t, sizeof t, "%s.lora_A", s);
-    ag_tensor *ha = ag_linear(ctx, t, h, L->lora_a[p], NULL);
+    ag_tensor *ha = h ? ag_linear(ctx, t, h, L->lora_a[p], NULL) : NULL;
     ag_release(h);
     snprintf(t, sizeof t, "%s.lora_B", s);
-    ag_tensor *hb = ag_linear(ctx, t, ha, L->lora_b[p], NULL);
+    ag_tensor *hb = ha ? ag_linear(ctx, t, ha, L->lora_b[p], NULL) : NULL;
     ag_release(ha);
     snprintf(t, sizeof t, "%s.lora_scale", s);
-    ag_tensor *sc = ag_scale(ctx, t, hb, st->scale);
+    ag_tensor *sc = hb ? ag_scale(ctx, t, hb, st->scale) : NULL;
     ag_release(hb);
-    snprintf(t, sizeof t, "%s:out", s);
-    ag_tensor *out = ag_add(ctx, t, y, sc);
+    const bool quantised = w->bits < 16;
+    if (sc && quantised) { // output.to(expected_dtype), then result + output
+        snprintf(t, sizeof t, "%s:adapter_out", s);
+        ag_tensor *c = ag_cast(ctx, t, sc, ybits);
+        ag_release(sc);
+        sc = c;
+    }
+    snprintf(t, sizeof t, "%s:%s", s, quantised || abits == ybits ? "out" : "sum");
+    ag_tensor *out = sc ? ag_add(ctx, t, y, sc) : NULL;
     ag_release(y);
     ag_release(sc);
+    if (out && out->bits != ybits) { // result.to(torch_result_dtype)
+        snprintf(t, sizeof t, "%s:out", s);
+        ag_tensor *c = ag_cast(ctx, t, out, ybits);
+        ag_release(out);
+        out = c;
+    }
     return out;
 }
 

@@ -629,6 +629,10 @@ typedef struct {
     double alpha;     // lora_alpha (PEFT's default 8)
     unsigned targets; // bit 1 << llama_proj per target module
     double dropout;   // lora_dropout, on the adapter's input only
+    // The adapters' element size: 0, the context's (the base's); 32, float32 beside a 16-bit base, as
+    // PEFT's get_peft_model leaves them (autocast_adapter_dtype=True, its default). The input is
+    // then cast to float32 for them, and their output back to the base's dtype.
+    int adapter_bits;
 } llama_lora_config;
 
 #define LLAMA_LORA_ALL ((1u << LLAMA_NPROJ) - 1)
@@ -920,6 +924,9 @@ void llama_closed_form_compute(const llama_config *c, int64_t batch, int64_t seq
 typedef struct {
     uint64_t weight, gradient, activation;
     uint64_t optimizer;
+    // The optimizer's bytes per element of a float32 parameter of its own dtype (PEFT's float32
+    // adapters): torch.optim's state like the parameter, no master copy.
+    uint64_t own_optimizer;
 } llama_dtype_bytes;
 
 void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,

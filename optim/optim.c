@@ -181,10 +181,10 @@ static int alloc_state(optim_slot *s, const optim_config *c, ag_err *err) {
     static const char *const names[2][2] = {{"exp_avg", "exp_avg_sq"}, {"momentum_buffer", ""}};
     int count = (int)(optim_state_bytes_per_element(c->kind) / sizeof(float));
     const char *const *nm = names[c->kind == OPTIM_SGD_MOMENTUM];
-    int rc = c->master ? alloc_one(&s->master, s->param, "master", 32, false, err) : 0;
+    int rc = c->master && !s->param->own_bits ? alloc_one(&s->master, s->param, "master", 32, false, err) : 0;
     if (rc == 0 && s->master.data) ag_tensor_to_f32(s->param, s->master.data); // made from the weights
     for (int j = 0; j < count && rc == 0; j++)
-        rc = alloc_one(&s->state[j], s->param, nm[j], optim_state_bits(c), c->state_fp16, err);
+        rc = alloc_one(&s->state[j], s->param, nm[j], optim_param_state_bits(c, s->param), c->state_fp16, err);
     if (rc != 0) {
         free_state(s);
         return -1;

@@ -25,6 +25,11 @@ struct optim {
 };
 
 static inline int optim_state_bits(const optim_config *c) { return c->state_bits ? c->state_bits : 32; }
+// A parameter's state: the configuration's dtype, or a parameter's own (ag_param_new_bits), as
+// torch.optim makes exp_avg with zeros_like(param).
+static inline int optim_param_state_bits(const optim_config *c, const ag_tensor *param) {
+    return param->own_bits ? param->bits : optim_state_bits(c);
+}
 
 // Adam's scalars for one parameter at its step count (s->step already counts this step).
 typedef struct {

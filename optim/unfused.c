@@ -63,7 +63,7 @@ static const char *const tmp_names[OPTIM_NTMP] = {"sqrt", "denom", "grad_wd"};
 // The element size of the state: what torch.optim's temporaries are made of (exp_avg_sq.sqrt()
 // has exp_avg_sq's dtype, the parameter's, or a master copy's in mixed precision).
 static size_t tmp_bytes(const pass *p, const optim_slot *s) {
-    return (size_t)s->param->numel * (size_t)optim_state_bits(&p->o->cfg) / 8;
+    return (size_t)s->param->numel * (size_t)optim_param_state_bits(&p->o->cfg, s->param) / 8;
 }
 
 static int take(pass *p, optim_slot *s, int t) {
@@ -75,7 +75,8 @@ static int take(pass *p, optim_slot *s, int t) {
     }
     char site[256], detail[128];
     snprintf(site, sizeof site, "%s:%s", ag_tensor_name(s->param), tmp_names[t]);
-    ag_describe_like(detail, sizeof detail, s->param, optim_state_bits(&p->o->cfg), p->o->cfg.state_fp16);
+    ag_describe_like(detail, sizeof detail, s->param, optim_param_state_bits(&p->o->cfg, s->param),
+                     p->o->cfg.state_fp16);
     mp_status st = mp_alloc_described(&s->tmp[t], bytes, MP_TEMPORARY, site, detail);
     if (st == MP_OK) return 0;
     ag_err_set(p->err, "optimizer: cannot allocate %s (%zu bytes, a temporary of Adam's %s step): %s", site, bytes,

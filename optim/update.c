@@ -281,7 +281,7 @@ bool optim_update_is_typed(const optim_slot *s) {
 }
 
 void optim_update_typed(const optim_config *c, optim_slot *s) {
-    const ag_dtype st = optim_state_bits(c) == 16 ? (c->state_fp16 ? AG_F16 : AG_BF16) : AG_F32;
+    const ag_dtype st = optim_param_state_bits(c, s->param) == 16 ? (c->state_fp16 ? AG_F16 : AG_BF16) : AG_F32;
     typed_args a = {.c = c, .s = s, .k = optim_adam_consts_of(c, s), .n = (size_t)s->param->numel};
     a.w = ag_buf_of(s->param), a.g = ag_buf_of(s->param->grad);
     a.m = (ag_buf){s->state[0].data, st}, a.v = (ag_buf){s->state[1].data, st};

@@ -98,6 +98,7 @@ static void make_view(ag_tensor *v, const ag_tensor *p, void *data, size_t n, in
     v->dtype = bits == 32 ? AG_F32 : p->dtype;
     v->site = p->site;
     v->requires_grad = v->is_param = true;
+    v->own_bits = p->own_bits; // its state of its own dtype too
 }
 
 static int setup(par_zero *z, ag_tensor *const *params, size_t n, const par_unit *units, size_t nunits, ag_err *err) {
@@ -188,6 +189,11 @@ int par_zero_new(par_zero **out, const par_zero_config *cfg, par_comm *c, ag_ctx
     z->N = par_size(c);
     z->rank = par_rank(c);
     z->grad_bytes = (size_t)ag_ctx_precision(ctx).grad_bits / 8;
+    for (size_t i = 0; i < n; i++) // parameters of their own dtype (float32 adapters): gradients of it
+        if (params[i]->requires_grad) {
+            if (params[i]->own_bits) z->grad_bytes = (size_t)params[i]->bits / 8;
+            break;
+        }
     z->reduce_bytes = cfg->reduce_bits ? (size_t)cfg->reduce_bits / 8 : z->grad_bytes;
     z->sync = true;
     z->bw_unit = -1;

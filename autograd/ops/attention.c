@@ -240,14 +240,14 @@ ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_t
 ag_tensor *ag_attention_spec_run(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
                                  int Hkv, int D, const ag_attention_spec *spec) {
     const bool plain = spec->scale == 0.0f && spec->softcap == 0.0f;
-    if (ctx && ctx->attention == AG_ATTENTION_FLASH && plain)
+    if (ctx && ctx->attention != AG_ATTENTION_EAGER && plain)
         return ag_attention_flash_window(ctx, site, q, k, v, Hq, Hkv, D, spec->window);
     ag_site s;
     ag_att_dims a;
     if (!ag_attention_begin(ctx, site, q, k, v, Hq, Hkv, D, spec->window, &s, &a)) return NULL;
-    if (ctx->attention == AG_ATTENTION_FLASH || spec->scale < 0.0f || spec->softcap < 0.0f) {
+    if (ctx->attention != AG_ATTENTION_EAGER || spec->scale < 0.0f || spec->softcap < 0.0f) {
         ag_fail(ctx, AG_ERR_ARG, "attention %s: %s (scale %g, soft-cap %g)", s.base,
-                ctx->attention == AG_ATTENTION_FLASH
+                ctx->attention != AG_ATTENTION_EAGER
                     ? "flash attention with a scale of its own or a soft-cap of the scores is not modelled (eager only)"
                     : "a scale and a soft-cap must be positive, or 0 for none",
                 (double)(spec->scale > 0.0f ? spec->scale : 1.0f / sqrtf((float)D)), (double)spec->softcap);
@@ -285,13 +285,35 @@ ag_tensor *ag_attention_flash(ag_ctx *ctx, const char *site, ag_tensor *q, ag_te
     return ag_attention_flash_window(ctx, site, q, k, v, Hq, Hkv, D, 0);
 }
 
+// A fused kernel: the one the context's device runs for its attention (its row). One that takes no
+// grouped heads gets k and v through transformers' repeat_kv first.
 ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
                                      int Hkv, int D, int64_t window) {
     ag_site s;
     ag_att_dims a;
     if (!ag_attention_begin(ctx, site, q, k, v, Hq, Hkv, D, window, &s, &a)) return NULL;
+    const ag_sdpa_kernel *kr = ctx->attention == AG_ATTENTION_EAGER ? &ag_sdpa_fused : ag_ctx_sdpa(ctx);
+    if (!kr) {
+        ag_fail(ctx, AG_ERR_ARG, "attention %s: PyTorch has no such fused kernel on the %s", s.base,
+                ctx->dev ? ctx->dev->name : "cpu");
+        return NULL;
+    }
     ag_tensor *ins[] = {q, k, v};
-    return ag_attention_flash_checked(ctx, &s, q, k, v, NULL, &a, ag_any_needs_grad(ctx, 3, ins));
+    if (AG_SDPA(kr, gqa) || Hq == Hkv)
+        return ag_attention_flash_checked(ctx, &s, q, k, v, NULL, &a, ag_any_needs_grad(ctx, 3, ins));
+    char l[AG_LABEL_MAX];
+    ag_label(l, s.base, "k_repeated");
+    ag_tensor *kr_ = ag_repeat_kv(ctx, l, k, Hkv, Hq / Hkv, D);
+    ag_label(l, s.base, "v_repeated");
+    ag_tensor *vr = kr_ ? ag_repeat_kv(ctx, l, v, Hkv, Hq / Hkv, D) : NULL;
+    ag_tensor *out = NULL;
+    if (vr) {
+        a.Hkv = Hq;
+        ag_tensor *rins[] = {q, kr_, vr};
+        out = ag_attention_flash_checked(ctx, &s, q, kr_, vr, NULL, &a, ag_any_needs_grad(ctx, 3, rins));
+    }
+    ag_release(kr_), ag_release(vr);
+    return out;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -338,7 +360,7 @@ ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_te
     ag_site s;
     ag_att_dims a;
     if (!ag_attention_begin(ctx, site, q, k, v, Hq, Hkv, D, window, &s, &a)) return NULL;
-    const bool flash = ctx->attention == AG_ATTENTION_FLASH;
+    const bool flash = ctx->attention != AG_ATTENTION_EAGER; // flash, or another SDPA kernel
     const bool lean =
         flash ? AG_FW(ctx->fw, flash) == AG_FLASH_FUSED : AG_FW(ctx->fw, attention) == AG_ATTENTION_OPS_FUSED;
     if (sinks->numel != Hq || !lean) {

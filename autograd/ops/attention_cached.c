@@ -434,20 +434,37 @@ static void cached_flash_run(ag_buf o, int64_t sb, int64_t sh, int64_t st, ag_bu
 }
 
 static ag_tensor *cached_flash(ag_ctx *ctx, const ag_site *s, ag_tensor *q, const ag_kv_cache *c, const cat_dims *a) {
-    const bool pt = AG_FW(ctx->fw, flash) == AG_FLASH_SDPA, meta = mp_is_meta();
+    const ag_sdpa_kernel *kr = ag_ctx_sdpa(ctx);
+    if (!kr) {
+        ag_fail(ctx, AG_ERR_ARG, "attention %s: PyTorch has no such fused kernel on the %s", s->base,
+                ctx->dev ? ctx->dev->name : "cpu");
+        return NULL;
+    }
+    const bool heads_first = AG_FW(ctx->fw, flash) == AG_FLASH_SDPA && AG_SDPA(kr, out_heads_first),
+               meta = mp_is_meta();
     const int64_t D = a->D, Hq = a->Hq, Tq = a->Tq;
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s->out);
     if (!o) return NULL;
     char l[AG_LABEL_MAX];
-    mp_block ws = {0}, sdpa = {0};
+    mp_block ws = {0}, sdpa = {0}, rep[2] = {{0}};
+    // A kernel that takes no grouped heads gets the cache through repeat_kv: k and v at every
+    // query head, for the call.
+    const bool repeat = a->Hq != a->Hkv && !AG_SDPA(kr, gqa);
+    const size_t kv_rep = (size_t)(a->B * Hq * a->Tk * D) * (size_t)o->bits / 8;
+    bool ok = true;
+    for (int i = 0; i < 2 && repeat && ok; i++)
+        ok = ag_alloc_block(ctx, &rep[i], kv_rep, MP_ACTIVATION,
+                            (ag_label(l, s->base, i ? "v_repeated" : "k_repeated"), l));
     int nthreads = ag_flash_threads(a->B * Hq * ((Tq + AG_FLASH_BR - 1) / AG_FLASH_BR),
                                     (double)a->B * Hq * (double)Tq * (double)a->Tk * (double)D);
     ag_label(l, s->base, "flash_workspace");
-    bool ok = ag_alloc_exact(ctx, &ws, (size_t)nthreads * ag_flash_rows_floats(a->D) * sizeof(float), MP_ACTIVATION, l);
+    ok =
+        ok && ag_alloc_exact(ctx, &ws, (size_t)nthreads * ag_flash_rows_floats(a->D) * sizeof(float), MP_ACTIVATION, l);
     ag_label(l, s->base, "sdpa_out");
-    ok = ok && (!pt || ag_alloc_block(ctx, &sdpa, (size_t)(a->B * Hq * Tq * D) * sizeof(float), MP_ACTIVATION, l));
+    ok = ok && (!heads_first ||
+                ag_alloc_block(ctx, &sdpa, (size_t)(a->B * Hq * Tq * D) * (size_t)o->bits / 8, MP_ACTIVATION, l));
     if (ok && !meta) {
-        if (pt) {
+        if (heads_first) {
             ag_buf src = {sdpa.data, o->dtype};
             cached_flash_run(src, Hq * Tq * D, Tq * D, D, ag_buf_of(q), c, a, ws.data, nthreads);
             for (int64_t b = 0; b < a->B; b++)
@@ -461,6 +478,8 @@ static ag_tensor *cached_flash(ag_ctx *ctx, const ag_site *s, ag_tensor *q, cons
     }
     mp_free(&sdpa);
     mp_free(&ws);
+    mp_free(&rep[1]);
+    mp_free(&rep[0]);
     if (!ok) ag_release(o), o = NULL;
     return o;
 }
@@ -523,7 +542,7 @@ static ag_tensor *cached_run(ag_ctx *ctx, const char *site, ag_tensor *q, const 
     }
     if (!key_mask) mask_ld = cache->tokens;
     if (!cached_shapes(ctx, s.base, q, cache, Hq, mask_ld)) return NULL;
-    const bool flash = ctx->attention == AG_ATTENTION_FLASH;
+    const bool flash = ctx->attention != AG_ATTENTION_EAGER; // flash, or another SDPA kernel
     if (sinks && (sinks->numel != Hq || (flash ? AG_FW(ctx->fw, flash) != AG_FLASH_FUSED
                                                : AG_FW(ctx->fw, attention) != AG_ATTENTION_OPS_FUSED))) {
         ag_fail(ctx, AG_ERR_ARG,

@@ -40,6 +40,7 @@ static double att_macs(const ag_att_dims *a) {
 }
 
 static int64_t blocks_of(int64_t n, int64_t b) { return (n + b - 1) / b; }
+static int64_t round_up(int64_t n, int64_t m) { return m > 1 ? blocks_of(n, m) * m : n; }
 
 static int forward_threads(const ag_att_dims *a) {
     return ag_flash_threads(a->B * a->Hq * blocks_of(a->Tq, BR), att_macs(a));
@@ -49,6 +50,7 @@ typedef struct {
     const ag_att_dims *a;
     ag_buf q, k, v, o;
     float *lse, *ws;
+    int64_t lse_ld; // the log-sum-exp's row of one head: Tq, rounded up as the kernel pads it
     out_strides os;
 } fwd_args;
 
@@ -82,7 +84,7 @@ static void forward_part(void *p, int64_t lo, int64_t hi, int thread) {
                                    ag_tile_f32(x->v, off, ldk, nk, D, vb), ld, nk, c0, qpos0, NULL);
             }
             const int64_t at = b * os.sb + h * os.sh + r0 * os.st;
-            float *lr = lse ? lse + (b * a->Hq + h) * a->Tq + r0 : NULL;
+            float *lr = lse ? lse + (b * a->Hq + h) * x->lse_ld + r0 : NULL;
             if (f32) {
                 ag_flash_rows_end(&w, (float *)x->o.p + at, os.st, lr);
                 continue;
@@ -94,8 +96,8 @@ static void forward_part(void *p, int64_t lo, int64_t hi, int thread) {
 }
 
 static void flash_forward(const ag_att_dims *a, ag_buf q, ag_buf k, ag_buf v, ag_buf o, out_strides os, float *lse,
-                          float *ws, int nthreads) {
-    fwd_args x = {a, q, k, v, o, lse, ws, os};
+                          int64_t lse_ld, float *ws, int nthreads) {
+    fwd_args x = {a, q, k, v, o, lse, ws, lse_ld, os};
     ag_run_tasks(nthreads, a->B * a->Hq * blocks_of(a->Tq, BR), forward_part, &x);
 }
 
@@ -167,6 +169,7 @@ typedef struct {
     const ag_att_dims *a;
     ag_buf q, k, v, o, dout;
     const float *lse;
+    int64_t lse_ld;
     out_strides os;
     float *di;        // [B, Hq, Tq]
     ag_grad_dst d[4]; // dq, dk, dv, and with sinks dsinks
@@ -206,7 +209,8 @@ static void backward_tile(const bwd_args *x, float *ws, int64_t b, int g, int64_
             const int64_t row = (b * a->Tq + r0) * ldq + (int64_t)h * D, stat = (b * a->Hq + h) * a->Tq + r0;
             const float *qi = ag_tile_f32(x->q, row, ldq, nr, D, qf), *doi = ag_tile_f32(x->dout, row, ldq, nr, D, dof);
             ag_flash_mm(nr, nc, D, scale, qi, ldqf, 1, kt, BC, p, BC, false);
-            probs(p, nr, nc, x->lse + stat, r0 + shift - c0 + 1); // query r sees keys c <= r0 + r + shift - c0
+            probs(p, nr, nc, x->lse + (b * a->Hq + h) * x->lse_ld + r0,
+                  r0 + shift - c0 + 1); // query r sees keys c <= r0 + r + shift - c0
             if (a->window > 0) window_zero(p, nr, nc, r0 + shift, c0, a->window);
             if (dv) ag_flash_mm(nc, D, nr, 1.0f, p, 1, BC, doi, ldqf, dva, D, true);
             if (!dq && !dk) continue;
@@ -285,7 +289,8 @@ static bool shared_grad(const ag_node *n, int i, int j) {
 
 // Attention sinks (gpt_oss): the sink's probability in row r is e^(sink - lse_r) (lse with the
 // sink in it); its gradient -Σ p_sink D_r over the head's rows (D_r = rowsum(dO ∘ O)).
-static void sinks_grad(const ag_grad_dst *d, const ag_tensor *sinks, const float *lse, const float *di,
+// lse's rows are lse_ld apart (the kernel's padding), di's Tq.
+static void sinks_grad(const ag_grad_dst *d, const ag_tensor *sinks, const float *lse, int64_t lse_ld, const float *di,
                        const ag_att_dims *a) {
     for (int h = 0; h < a->Hq; h++) {
         const float sink = ag_get(sinks->data, sinks->dtype, h);
@@ -293,7 +298,7 @@ static void sinks_grad(const ag_grad_dst *d, const ag_tensor *sinks, const float
         for (int64_t b = 0; b < a->B; b++)
             for (int64_t i = 0; i < a->Tq; i++) {
                 const int64_t r = (b * a->Hq + h) * a->Tq + i;
-                g -= exp((double)sink - lse[r]) * di[r];
+                g -= exp((double)sink - lse[(b * a->Hq + h) * lse_ld + i]) * di[r];
             }
         ag_set(d->data, d->dtype, h, (float)g + (d->fresh ? 0.0f : ag_get(d->data, d->dtype, h)));
     }
@@ -301,14 +306,15 @@ static void sinks_grad(const ag_grad_dst *d, const ag_tensor *sinks, const float
 
 // The sinks join each row's softmax after the pass: lse' = log(e^lse + e^sink), O scaled by
 // e^(lse - lse') (the share of the row's mass that stays on the keys).
-static void sinks_forward(ag_buf o, out_strides os, float *lse, const ag_tensor *sinks, const ag_att_dims *a) {
+static void sinks_forward(ag_buf o, out_strides os, float *lse, int64_t lse_ld, const ag_tensor *sinks,
+                          const ag_att_dims *a) {
     const int D = a->D;
     float ob[D];
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++) {
             const double sink = ag_get(sinks->data, sinks->dtype, h);
             for (int64_t i = 0; i < a->Tq; i++) {
-                float *l = lse + (b * a->Hq + h) * a->Tq + i;
+                float *l = lse + (b * a->Hq + h) * lse_ld + i;
                 const double m = *l > sink ? *l : sink, total = m + log(exp(*l - m) + exp(sink - m));
                 const float keep = (float)exp(*l - total);
                 const int64_t at = b * os.sb + h * os.sh + i * os.st;
@@ -323,26 +329,41 @@ static void sinks_forward(ag_buf o, out_strides os, float *lse, const ag_tensor 
 static void flash_attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const ag_attention_flash_state *st = &n->state.attention_flash;
     const ag_att_dims *a = &st->dims;
-    bwd_args x = {.a = a, .os = strides_of(a, st->heads_first)};
+    const ag_sdpa_kernel *kr = st->kernel;
+    bwd_args x = {.a = a, .os = strides_of(a, st->heads_first), .lse_ld = st->lse_ld};
     if (!ag_grad_get_all(ctx, n, x.d)) return;
     const char *base = mp_site_name(n->site);
     char label[AG_LABEL_MAX];
-    mp_block di = {0}, ws = {0};
+    mp_block di = {0}, ws = {0}, dq = {0}, dkv[2] = {{0}};
+    // The kernel's float32 row statistics rowsum(dO ∘ O), its rows rounded up as it pads them.
+    const int64_t rows = round_up(a->Tq, AG_SDPA(kr, d_rows_align));
     ag_label(label, base, "flash_d");
-    if (!ag_alloc_exact(ctx, &di, (size_t)(a->B * a->Hq * a->Tq) * sizeof(float), MP_ACTIVATION, label)) return;
+    if (!ag_alloc_exact(ctx, &di, (size_t)(a->B * a->Hq * rows) * sizeof(float), MP_ACTIVATION, label)) return;
     int nthreads = ag_flash_threads(a->B * a->Hkv * blocks_of(a->Tk, BC), 2.5 * att_macs(a));
     if (shared_grad(n, 0, 1) || shared_grad(n, 0, 2)) nthreads = 1;
     x.q = ag_buf_of(st->q), x.k = ag_buf_of(st->k), x.v = ag_buf_of(st->v), x.o = ag_buf_of(st->out);
     x.dout = (ag_buf){(void *)dout, n->grad_dtype};
     x.typed = x.q.t != AG_F32 || x.k.t != AG_F32 || x.v.t != AG_F32 || x.o.t != AG_F32 || x.dout.t != AG_F32 ||
               x.d[1].dtype != AG_F32 || x.d[2].dtype != AG_F32;
-    // A 16-bit dQ is summed over the key tiles in float32 (FlashAttention-2's dq_accum), then rounded.
-    mp_block dq = {0};
-    const int64_t nq = a->B * a->Tq * a->Hq * a->D;
+    // dQ summed over the key tiles in float32, then rounded: for a 16-bit dQ, or (FlashAttention-2's
+    // dq_accum) always, its rows and head dimension rounded up as the kernel lays it out.
+    const bool always = AG_SDPA(kr, dq_accum) == AG_DQ_ALWAYS;
+    const int64_t nq = a->B * a->Tq * a->Hq * a->D,
+                  nacc = always ? a->B * rows * a->Hq * round_up(a->D, AG_SDPA(kr, dq_dim_align)) : nq;
     ag_label(label, base, "flash_dq_float");
-    bool ok = !x.d[0].needed || x.d[0].dtype == AG_F32 ||
-              ag_alloc_exact(ctx, &dq, (size_t)nq * sizeof(float), MP_ACTIVATION, label);
+    bool ok = !x.d[0].needed || (x.d[0].dtype == AG_F32 && !always) ||
+              ag_alloc_exact(ctx, &dq, (size_t)nacc * sizeof(float), MP_ACTIVATION, label);
     x.dq = dq.bytes ? dq.data : x.d[0].data;
+    // Grouped heads: the kernel's dK and dV at every query head, summed into the grouped ones (the
+    // tiles here sum the group's heads themselves, into the same values).
+    const bool expand = a->Hq != a->Hkv && AG_SDPA(kr, dkv_expanded);
+    for (int i = 0; i < 2 && ok && expand; i++) {
+        ag_label(label, base, i ? "dv_expanded" : "dk_expanded");
+        ok = !x.d[1 + i].needed || ag_alloc_exact(ctx, &dkv[i],
+                                                  (size_t)(a->B * a->Tk * a->Hq * a->D) *
+                                                      (size_t)ag_type_traits_of(x.d[1 + i].dtype)->bits / 8,
+                                                  MP_ACTIVATION, label);
+    }
     ag_label(label, base, "flash_workspace");
     if (ok &&
         ag_alloc_exact(ctx, &ws, (size_t)nthreads * bwd_floats(a->D, x.typed) * sizeof(float), MP_ACTIVATION, label) &&
@@ -350,9 +371,11 @@ static void flash_attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) 
         x.lse = st->lse->data, x.di = di.data;
         flash_backward_run(&x, ws.data, nthreads);
         if (dq.bytes) ag_vec_acc(ag_dst_buf(&x.d[0]), x.d[0].fresh, ag_buf_f32(dq.data), nq);
-        if (st->sinks && x.d[3].needed) sinks_grad(&x.d[3], st->sinks, x.lse, x.di, a);
+        if (st->sinks && x.d[3].needed) sinks_grad(&x.d[3], st->sinks, x.lse, st->lse_ld, x.di, a);
     }
     mp_free(&ws);
+    mp_free(&dkv[1]);
+    mp_free(&dkv[0]);
     mp_free(&dq);
     mp_free(&di);
 }
@@ -379,49 +402,86 @@ static void untranspose(ag_buf out, ag_buf c, const ag_att_dims *a) {
                               ag_buf_at(c, ((b * a->Hq + h) * a->Tq + t) * a->D).p, c.t, a->D);
 }
 
+// The RNG seed and offset a kernel keeps on the device (cuDNN's at::zeros({1}, kLong)), kept by
+// the node; NULL when the kernel keeps them on the host.
+static ag_tensor *rng_tensor(ag_ctx *ctx, const char *base, const char *what, int bytes) {
+    if (bytes <= 0) return NULL;
+    char l[AG_LABEL_MAX];
+    ag_label(l, base, what);
+    ag_tensor *t = ag_tensor_new_bits(ctx, 1, (int64_t[]){(bytes + 3) / 4}, MP_ACTIVATION, l, 32);
+    if (t && !mp_is_meta()) memset(t->data, 0, (size_t)t->numel * sizeof(float)); // at::zeros
+    return t;
+}
+
 ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
                                       ag_tensor *sinks, const ag_att_dims *a, bool rec) {
+    const ag_sdpa_kernel *kr = ag_ctx_sdpa(ctx);
+    if (!kr) kr = &ag_sdpa_fused;
     const bool pt = AG_FW(ctx->fw, flash) == AG_FLASH_SDPA, meta = mp_is_meta();
+    // The kernel's output laid out [B, Hq, Tq, D] (transformers' .contiguous() then copies it), or
+    // [B, Tq, Hq, D] returned as a transposed view (nothing copied).
+    const bool heads_first = pt && AG_SDPA(kr, out_heads_first);
     char label[AG_LABEL_MAX];
     ag_tensor *qs = sdpa_operand(ctx, s->base, "q_bf16", q), *ks = sdpa_operand(ctx, s->base, "k_bf16", k),
               *vs = sdpa_operand(ctx, s->base, "v_bf16", v);
-    // PYTORCH: SDPA's own output [B, Hq, Tq, D] (kept by its node), at its inputs' element size.
-    ag_tensor *o = NULL, *lse = NULL, *out = NULL;
+    // SDPA's own output (kept by its node), at its inputs' element size.
+    ag_tensor *o = NULL, *lse = NULL, *out = NULL, *seed = NULL, *offset = NULL;
     if (qs && ks && vs)
-        o = pt ? ag_tensor_new_bits(ctx, 4, (int64_t[]){a->B, a->Hq, a->Tq, a->D}, MP_ACTIVATION,
-                                    (ag_label(label, s->base, "sdpa_out"), label), qs->bits)
-               : ag_tensor_like(ctx, q, MP_ACTIVATION, s->out);
+        o = heads_first ? ag_tensor_new_bits(ctx, 4, (int64_t[]){a->B, a->Hq, a->Tq, a->D}, MP_ACTIVATION,
+                                             (ag_label(label, s->base, "sdpa_out"), label), qs->bits)
+            : pt ? ag_tensor_new_bits(ctx, 3, (int64_t[]){a->B, a->Tq, (int64_t)a->Hq * a->D}, MP_ACTIVATION, s->out,
+                                      qs->bits)
+                 : ag_tensor_like(ctx, q, MP_ACTIVATION, s->out);
+    // The log-sum-exp, float32, its rows padded as the kernel pads them (the memory-efficient
+    // kernel's to a multiple of 32).
+    const int64_t lse_ld = round_up(a->Tq, AG_SDPA(kr, lse_align));
     if (o && (rec || sinks)) // the sinks read each row's log-sum-exp even without a node
-        lse = ag_tensor_new_f32(ctx, 3, (int64_t[]){a->B, a->Hq, a->Tq}, MP_ACTIVATION,
+        lse = ag_tensor_new_f32(ctx, 3, (int64_t[]){a->B, a->Hq, lse_ld}, MP_ACTIVATION,
                                 (ag_label(label, s->base, "lse"), label));
+    const int rng = AG_SDPA(kr, rng_bytes);
+    if (lse && rng > 0 &&
+        (!(seed = rng_tensor(ctx, s->base, "philox_seed", rng)) ||
+         !(offset = rng_tensor(ctx, s->base, "philox_offset", rng))))
+        ag_release(lse), lse = NULL;
     mp_block ws = {0};
     int nthreads = forward_threads(a);
     ag_label(label, s->base, "flash_workspace");
     if (o && (lse || (!rec && !sinks)) &&
         ag_alloc_exact(ctx, &ws, (size_t)nthreads * ag_flash_rows_floats(a->D) * sizeof(float), MP_ACTIVATION, label) &&
         !meta)
-        flash_forward(a, ag_buf_of(qs), ag_buf_of(ks), ag_buf_of(vs), ag_buf_of(o), strides_of(a, pt),
-                      lse ? lse->data : NULL, ws.data, nthreads);
+        flash_forward(a, ag_buf_of(qs), ag_buf_of(ks), ag_buf_of(vs), ag_buf_of(o), strides_of(a, heads_first),
+                      lse ? lse->data : NULL, lse_ld, ws.data, nthreads);
     mp_free(&ws);
     if (sinks && lse && !meta && ctx->status == AG_OK)
-        sinks_forward(ag_buf_of(o), strides_of(a, pt), lse->data, sinks, a);
+        sinks_forward(ag_buf_of(o), strides_of(a, heads_first), lse->data, lse_ld, sinks, a);
     if (sinks && !rec) ag_release(lse), lse = NULL;
     // transformers: attn_output.transpose(1, 2).contiguous(), the copy o_proj keeps.
-    if (pt && o && ctx->status == AG_OK)
+    if (heads_first && o && ctx->status == AG_OK)
         out =
             ag_tensor_new_bits(ctx, 3, (int64_t[]){a->B, a->Tq, (int64_t)a->Hq * a->D}, MP_ACTIVATION, s->out, o->bits);
     else if (o)
         out = ag_retain(o);
-    if (pt && out && !meta) untranspose(ag_buf_of(out), ag_buf_of(o), a);
+    if (heads_first && out && !meta) untranspose(ag_buf_of(out), ag_buf_of(o), a);
     ag_tensor *ins[] = {q, k, v, sinks};
     ag_node *n =
         out && rec && ctx->status == AG_OK ? ag_record(ctx, &flash_op, s->base, out, sinks ? 4 : 3, ins) : NULL;
     if (n) {
-        n->state.attention_flash = (ag_attention_flash_state){
-            .q = qs, .k = ks, .v = vs, .out = o, .lse = lse, .sinks = ag_retain(sinks), .dims = *a, .heads_first = pt};
+        n->state.attention_flash = (ag_attention_flash_state){.q = qs,
+                                                              .k = ks,
+                                                              .v = vs,
+                                                              .out = o,
+                                                              .lse = lse,
+                                                              .seed = seed,
+                                                              .offset = offset,
+                                                              .sinks = ag_retain(sinks),
+                                                              .dims = *a,
+                                                              .lse_ld = lse_ld,
+                                                              .kernel = kr,
+                                                              .heads_first = heads_first};
         return out;
     }
-    ag_release(qs), ag_release(ks), ag_release(vs), ag_release(o), ag_release(lse);
+    ag_release(qs), ag_release(ks), ag_release(vs), ag_release(o), ag_release(lse), ag_release(seed),
+        ag_release(offset);
     if (rec || ctx->status != AG_OK) ag_release(out), out = NULL; // no node: failed
     return out;
 }

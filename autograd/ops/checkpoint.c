@@ -40,6 +40,7 @@ static void checkpoint_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     bool was = ag_set_grad_enabled(ctx, true);
     ag_tensor *y = st->fn(ctx, st->arg, ag_retain(x));
     ag_set_grad_enabled(ctx, was);
+    ag_autocast_cache_clear(ctx); // the recomputation's autocast region exits inside fork_rng's
     ag_release(fork);
     if (y && seed_recomputed(ctx, n, y)) {
         ag_release(y); // its node keeps the gradient; nothing needs the value

@@ -141,7 +141,7 @@ static ag_tensor *linear_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tens
     if (cast && w->bits > 16) {
         ag_label(l, s->base, "weight_bf16");
         ag_release(wc);
-        wc = ag_tensor_new_bits(ctx, 2, w->shape, MP_ACTIVATION, l, 16);
+        wc = ag_autocast_weight(ctx, w, l);
     }
     ag_tensor *bc = NULL;
     if (cast && b && b->bits > 16) {
@@ -151,7 +151,6 @@ static ag_tensor *linear_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tens
     ag_tensor *y =
         xc && wc ? ag_tensor_new_bits(ctx, x->ndim, shape, MP_ACTIVATION, s->out, cast ? 16 : x->bits) : NULL;
     if (!mp_is_meta() && xc != x && xc) ag_vec_copy(ag_buf_of(xc), ag_buf_of(x), x->numel);
-    if (!mp_is_meta() && wc != w && wc) ag_vec_copy(ag_buf_of(wc), ag_buf_of(w), w->numel);
     if (!mp_is_meta() && bc) ag_vec_copy(ag_buf_of(bc), ag_buf_of(b), b->numel);
     if (y && !linear_compute(ctx, s, y, xc, wc, bc ? bc : b)) ag_release(y), y = NULL;
     ag_node *n = y && ag_any_needs_grad(ctx, nin, ins) ? ag_record(ctx, &linear_op, s->base, y, nin, ins) : NULL;

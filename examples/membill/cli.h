@@ -61,7 +61,7 @@ typedef struct {
     const char *json, *timeline, *dump_grads, *save_weights, *svg, *trace, *html;
     long lora_rank;
     double lora_alpha, lora_dropout;
-    const char *lora_targets, *base_dtype, *adapter, *save_adapter;
+    const char *lora_targets, *base_dtype, *adapter, *save_adapter, *adapter_dtype;
     bool lora;
     const char *routing, *routing_out;
     const char *device, *gpu, *cuda_alloc_conf, *seq_lens, *snapshot, *against;
@@ -99,14 +99,18 @@ const char *cli_framework_text(ag_framework f, llama_family family, char *buf, s
 const char *cli_framework_choices(void);
 const char *cli_framework_help(void);
 // membill help frameworks [--markdown]: every field of every row, in words (the default row
-// first), as text or as a Markdown table (a line a field, a column a framework).
+// first), as text or as a Markdown table (a line a field, a column a framework); as text, the
+// devices and their SDPA kernels after it.
 void cli_frameworks_help(FILE *f, bool markdown);
 // The same table for any rows: n rows, their names as the labels.
 void cli_frameworks_table(FILE *f, const ag_framework_row *const rows[], int n, bool markdown);
+void cli_devices_help(FILE *f); // the devices and their SDPA kernels (membill help frameworks)
 // The framework a run bills when --framework is not given.
 #define CLI_DEFAULT_FRAMEWORK AG_FRAMEWORK_PYTORCH
 // --attention: "eager", "flash" (NULL is eager). False for anything else.
 bool cli_parse_attention(const char *name, ag_attention_kind *out);
+// CUDA's kernels under --device cuda or --gpu, the CPU's otherwise.
+ag_device cli_device_kind(const cli_options *o);
 const char *cli_attention_name(ag_attention_kind a);
 const char *cli_attention_text(ag_attention_kind a);
 
@@ -304,6 +308,7 @@ typedef struct {
     cli_dtype dtype;      // anything but float32 needs meta
     ag_framework framework;
     ag_attention_kind attention;
+    ag_device device; // whose kernels: --device cuda or --gpu
     bool meta, checkpointing;
     uint64_t seed;
     bool dump_grads, save_weights; // through save, after the last backward / optimizer step
@@ -414,6 +419,7 @@ typedef struct {
     cli_dtype dtype; // anything but float32 needs meta
     ag_framework framework;
     ag_attention_kind attention;
+    ag_device device; // whose kernels: --device cuda or --gpu
     bool meta;
     uint64_t seed;
     cli_lora lora;       // --adapter: generation through the adapters

@@ -163,21 +163,62 @@ void cli_frameworks_help(FILE *f, bool markdown) {
     const ag_framework_row *rows[AG_NFRAMEWORKS];
     for (int i = 0; i < AG_NFRAMEWORKS; i++) rows[i] = ag_framework_row_of(nth_framework(i));
     cli_frameworks_table(f, rows, AG_NFRAMEWORKS, markdown);
+    if (!markdown) cli_devices_help(f);
 }
+
+// The devices (--device NAME) and the SDPA kernels each --attention names there: autograd's
+// second table, a row a kernel.
+void cli_devices_help(FILE *f) {
+    fputs("\nWhich kernel each fused --attention is, by --device (the pytorch frameworks; lean's is its own):\n", f);
+    for (int d = 0; d < AG_NDEVICES; d++) {
+        const ag_device_row *r = ag_device_row_of((ag_device)d);
+        fprintf(f, "  %s: torch.optim's default Adam %s\n", r->text, r->adam_foreach ? "foreach" : "for-loop");
+        for (int a = AG_ATTENTION_FLASH; a < AG_NATTENTION; a++)
+            fprintf(f, "    --attention %-9s %s\n", cli_attention_name((ag_attention_kind)a),
+                    r->sdpa[a] ? AG_SDPA(r->sdpa[a], name) : "(none on this device)");
+    }
+    const ag_sdpa_kernel *k[16];
+    int n = ag_sdpa_kernels(k, 16);
+    fputs("\nWhat each kernel allocates and keeps (its row):\n", f);
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "  %s: %s\n", AG_SDPA(k[i], name), AG_SDPA(k[i], source));
+        fprintf(f,
+                "    out_heads_first %d, lse_align %d, rng_bytes %d, gqa %d, d_rows_align %d, dq_accum %s, "
+                "dq_dim_align %d, dkv_expanded %d\n",
+                AG_SDPA(k[i], out_heads_first), AG_SDPA(k[i], lse_align), AG_SDPA(k[i], rng_bytes), AG_SDPA(k[i], gqa),
+                AG_SDPA(k[i], d_rows_align), AG_SDPA(k[i], dq_accum) == AG_DQ_ALWAYS ? "always" : "16-bit",
+                AG_SDPA(k[i], dq_dim_align), AG_SDPA(k[i], dkv_expanded));
+    }
+    fputs("  (fields:", f);
+    for (int i = AG_SDPAF_out_heads_first; i < AG_SDPA_NFIELDS; i++)
+        fprintf(f, "%s %s: %s", i > AG_SDPAF_out_heads_first ? ";" : "", ag_sdpa_field_name((ag_sdpa_field)i),
+                ag_sdpa_field_doc((ag_sdpa_field)i));
+    fputs(")\n", f);
+}
+
+static const char *const attention_names[AG_NATTENTION] = {"eager", "flash", "efficient", "cudnn"};
 
 bool cli_parse_attention(const char *name, ag_attention_kind *out) {
-    if (!name || strcmp(name, "eager") == 0)
-        *out = AG_ATTENTION_EAGER;
-    else if (strcmp(name, "flash") == 0)
-        *out = AG_ATTENTION_FLASH;
-    else
-        return false;
-    return true;
+    for (int a = 0; a < AG_NATTENTION; a++)
+        if (!name ? a == AG_ATTENTION_EAGER : strcmp(name, attention_names[a]) == 0) {
+            *out = (ag_attention_kind)a;
+            return true;
+        }
+    return false;
 }
 
-const char *cli_attention_name(ag_attention_kind a) { return a == AG_ATTENTION_FLASH ? "flash" : "eager"; }
+const char *cli_attention_name(ag_attention_kind a) {
+    return (unsigned)a < AG_NATTENTION ? attention_names[a] : attention_names[0];
+}
+
+ag_device cli_device_kind(const cli_options *o) {
+    return (o->device && strcmp(o->device, "cuda") == 0) || o->gpu ? AG_DEVICE_CUDA : AG_DEVICE_CPU;
+}
 
 const char *cli_attention_text(ag_attention_kind a) {
-    return a == AG_ATTENTION_FLASH ? "flash (no T x T tensor: log-sum-exp rows kept)"
-                                   : "eager (the probabilities materialised)";
+    static const char *const texts[AG_NATTENTION] = {
+        "eager (the probabilities materialised)", "flash (no T x T tensor: log-sum-exp rows kept)",
+        "efficient (PyTorch's memory-efficient kernel: log-sum-exp rows padded to 32, no grouped heads)",
+        "cudnn (cuDNN's kernel: log-sum-exp rows and its RNG seed and offset kept)"};
+    return (unsigned)a < AG_NATTENTION ? texts[a] : texts[0];
 }

@@ -46,7 +46,7 @@ void cli_explain_train(FILE *f, const llama_config *c, long B, long T, const opt
     llama_closed_form cf;
     uint64_t per = optim_state_bytes_per_element(kind);
     llama_closed_form_compute(c, B, T, per, false, &cf);
-    if (att == AG_ATTENTION_FLASH) llama_closed_form_flash(c, B, T, &cf);
+    if (att != AG_ATTENTION_EAGER) llama_closed_form_flash(c, B, T, &cf);
     char how[256], x[64];
     unsigned long long P = (unsigned long long)cf.params;
     fprintf(f, "\nexplained (P = %llu parameters, batch %ld, %ld tokens, float32 = 4 bytes):\n", P, B, T);

@@ -50,6 +50,7 @@ int cli_infer_prepare(const cli_options *o, infer_run *r, ag_err *err) {
     r->seed = o->seed;
     cli_parse_framework(o->framework, &r->framework);
     cli_parse_attention(o->attention, &r->attention);
+    r->device = cli_device_kind(o);
     if (o->cmd == CLI_INFER && !cli_infer_dtype(o, &r->dtype, err)) return EXIT_USAGE;
     if (o->cmd != CLI_INFER) cli_parse_dtype("fp32", &r->dtype);
     int rc = cli_load_config(o, &r->cfg, r->st_path, sizeof r->st_path, err);
@@ -118,6 +119,7 @@ int cli_infer_run(infer_run *r, ag_err *err) {
     }
     ag_ctx_set_framework(ctx, r->framework);
     ag_ctx_set_attention(ctx, r->attention);
+    ag_ctx_set_device(ctx, r->device);
     ag_set_grad_enabled(ctx, false);
     mp_set_phase(MP_PHASE_LOAD);
     if (cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, &m, err) != 0) goto done;

@@ -13,6 +13,12 @@ int cli_lora_from_options(const cli_options *o, cli_lora *l, ag_err *err) {
     l->cfg.alpha = o->lora_alpha;
     l->cfg.dropout = o->lora_dropout;
     l->cfg.rank = o->lora_rank;
+    // PEFT upcasts float16 and bfloat16 adapters to float32 (a float32 base's are float32 anyway);
+    // a mixed-precision engine (DeepSpeed's, Megatron's) casts the whole module, adapters too, to
+    // 16 bits and keeps the float32 master copy itself.
+    cli_dtype dt;
+    bool engine_cast = cli_parse_dtype(o->dtype, &dt) && dt.master && !cli_given(o, "--adapter-dtype");
+    l->cfg.adapter_bits = !engine_cast && (!o->adapter_dtype || strcmp(o->adapter_dtype, "float32") == 0) ? 32 : 0;
     if (o->cmd == CLI_COMPARE && !cli_given(o, "--lora-rank")) l->cfg.rank = 8;
     if (o->lora_targets && llama_lora_parse_targets(o->lora_targets, &l->cfg.targets, err) != 0) return EXIT_USAGE;
     if (!o->lora_targets) l->cfg.targets = LLAMA_LORA_DEFAULT_TARGETS;
@@ -142,6 +148,7 @@ json_t *cli_lora_json(const llama_config *cfg, const cli_lora *l) {
     json_object_set_new(o, "dropout", json_real(l->cfg.dropout));
     json_object_set_new(o, "targets", json_string(llama_lora_targets_text(l->cfg.targets, t, sizeof t)));
     json_object_set_new(o, "base_dtype", l->base_dtype ? json_string(l->base_dtype) : json_null());
+    json_object_set_new(o, "adapter_dtype", json_string(l->cfg.adapter_bits == 32 ? "float32" : "base"));
     json_object_set_new(o, "adapter", l->adapter[0] ? json_string(l->adapter) : json_null());
     json_object_set_new(o, "trainable_params", json_integer((json_int_t)ad));
     json_object_set_new(o, "frozen_params", json_integer((json_int_t)base));

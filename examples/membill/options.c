@@ -59,9 +59,8 @@ static const opt_spec specs[] = {
     {"--offline", NULL, T_FLAG, OFF(offline), RUNS | PL | CH, NULL, 0, NULL, 0, 0, NULL,
      "the Hugging Face cache alone, never the Hub (as HF_HUB_OFFLINE=1)"},
     {"--config", "FILE", T_PATH, OFF(config), RUNS | PL, NULL, 0, NULL, 0, 0, NULL,
-     "a Hugging Face config.json (model_type llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe or gpt_oss) "
-     "instead "
-     "of a preset"},
+     "a Hugging Face config.json (model_type llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma2, "
+     "gemma3_text or gpt_oss) instead of a preset"},
     {"--weights", "PATH", T_PATH, OFF(weights), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "a .safetensors file, a model.safetensors.index.json (sharded), or a folder with config.json and "
      "model.safetensors or the index (default: random init)"},
@@ -85,9 +84,11 @@ static const opt_spec specs[] = {
     {"--steps", "N", T_LONG, OFF(steps), TR, "1", 0, NULL, 1, 100000, NULL,
      "training steps; with 2 or more the timings are the median of steps 2..N"},
     {"--framework", "NAME", T_CHOICE, OFF(framework), TR | IN | CO | PL | CH, "pytorch", 0, NULL, 0, 0, NULL, NULL},
-    {"--attention", "NAME", T_CHOICE, OFF(attention), TR | IN | CO | PL | CH, "eager", 0, NULL, 0, 0, "eager|flash",
-     "eager (the T x T probabilities materialised, as HF's eager path) or flash (FlashAttention-2: key/value tiles "
-     "with an online softmax, no T x T tensor, as SDPA's flash kernel)"},
+    {"--attention", "NAME", T_CHOICE, OFF(attention), TR | IN | CO | PL | CH, "eager", 0, NULL, 0, 0,
+     "eager|flash|efficient|cudnn",
+     "eager (the T x T probabilities materialised, as HF's eager path) or one of SDPA's fused kernels, key/value "
+     "tiles with an online softmax and no T x T tensor: flash (FlashAttention-2), efficient and cudnn (CUDA only: "
+     "the memory-efficient and cuDNN kernels, each keeping what its own code keeps; docs/gpu.md)"},
     {"--optimizer", "NAME", T_CHOICE, OFF(optimizer), TR | CO | PL, "adam", 0, NULL, 0, 0,
      "adam|adamw|sgd|sgd-momentum|none", "the optimizer, with torch.optim's defaults"},
     {"--adam-impl", "NAME", T_CHOICE, OFF(adam_impl), TR | CO | PL, "for-loop", PL, "foreach", 0, 0,
@@ -112,6 +113,11 @@ static const opt_spec specs[] = {
     {"--base-dtype", "NAME", T_CHOICE, OFF(base_dtype), TR | CO | PL, NULL, 0, NULL, 0, 0, "nf4|int4|int8",
      "QLoRA: the frozen base's linear weights as bitsandbytes' NF4 (double-quantised absmax, about 4.127 bits), "
      "int4 (a 2-byte scale per 64) or int8 (a 4-byte scale per row, LLM.int8's), dequantised in the compute dtype"},
+    {"--adapter-dtype", "NAME", T_CHOICE, OFF(adapter_dtype), TR | IN | CO | PL, "float32", 0, NULL, 0, 0,
+     "float32|base",
+     "the adapters' dtype beside a 16-bit or quantised base: float32 (PEFT's get_peft_model and from_pretrained, "
+     "autocast_adapter_dtype=True: float32 adapters, gradients and Adam state; the input cast to float32 for "
+     "them) or base (the base's dtype: autocast_adapter_dtype=False, or the model cast after get_peft_model)"},
     {"--adapter", "DIR", T_PATH, OFF(adapter), TR | IN, NULL, 0, NULL, 0, 0, NULL,
      "a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to train on or generate with"},
     {"--lora", NULL, T_FLAG, OFF(lora), CO, NULL, 0, NULL, 0, 0, NULL,

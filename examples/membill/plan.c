@@ -37,6 +37,7 @@ static int meta_step(const plan_setting *s, long B, long T, step_record *steps, 
     r.checkpointing = s->checkpointing;
     r.framework = s->framework;
     r.attention = s->attention;
+    r.device = s->device;
     r.lora = s->lora;
     r.grad_accum = s->grad_accum > 1 ? s->grad_accum : 1;
     r.routing = s->routing;
@@ -56,6 +57,7 @@ static int meta_generate(const plan_setting *s, long B, long T, ag_err *err) {
     r.meta = true;
     r.framework = s->framework;
     r.attention = s->attention;
+    r.device = s->device;
     r.routing = s->routing;
     int rc = cli_infer_run(&r, err);
     r.routing = (cli_routing){0}; // the plan's
@@ -260,6 +262,7 @@ static void plan_setting_from(const cli_options *o, plan_setting *s) {
     s->infer = o->infer;
     cli_parse_framework(o->framework, &s->framework);
     cli_parse_attention(o->attention, &s->attention);
+    s->device = cli_device_kind(o);
     optim_parse_kind(o->optimizer, &kind);
     if (s->infer) {
         ag_err e;
@@ -312,7 +315,7 @@ static int plan_report(const cli_options *o, const plan_setting *s, const plan_b
     llama_closed_form cf;
     llama_dtype_bytes d = plan_dtype_bytes(s);
     llama_closed_form_dtype(&s->cfg, s->batch, s->infer ? plan_cache_tokens(s) : s->seq_len, &d, &cf);
-    if (!s->infer && s->attention == AG_ATTENTION_FLASH) llama_closed_form_flash(&s->cfg, s->batch, s->seq_len, &cf);
+    if (!s->infer && s->attention != AG_ATTENTION_EAGER) llama_closed_form_flash(&s->cfg, s->batch, s->seq_len, &cf);
     if (s->checkpointing) llama_closed_form_checkpointing(&s->cfg, s->batch, s->seq_len, &d, &cf);
     // a mixture of experts: the experts no token reaches in the billed steps train nothing
     if (!s->infer && !s->lora.cfg.rank && !s->seq_lens &&
@@ -394,7 +397,7 @@ int cmd_plan(const cli_options *o) {
     plan_bill other_bill, *other = NULL;
     if (rc == 0 && !s.infer) {
         plan_setting os = s;
-        os.attention = s.attention == AG_ATTENTION_FLASH ? AG_ATTENTION_EAGER : AG_ATTENTION_FLASH;
+        os.attention = plan_other_attention(s.attention);
         ag_err oe = {""};
         if (measure(&os, s.batch, s.seq_len, &other_bill, &oe) == 0) other = &other_bill;
     }

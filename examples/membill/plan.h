@@ -52,6 +52,7 @@ typedef struct {
     bool checkpointing; // training: every block recomputed in backward
     ag_framework framework;
     ag_attention_kind attention;
+    ag_device device;
     cli_lora lora;       // rank 0: every parameter trains
     cli_routing routing; // a mixture of experts' (the plan's own)
     cli_device dev;
@@ -132,6 +133,11 @@ long plan_cache_tokens(const plan_setting *s);
 const char *plan_weight_dtype_name(const cli_dtype *d);
 void plan_report_text(FILE *out, const void *arg);
 json_t *plan_report_json(const plan_view *v);
+
+// The attention a plan sets beside its own: eager beside a fused kernel, flash beside eager.
+static inline ag_attention_kind plan_other_attention(ag_attention_kind a) {
+    return a == AG_ATTENTION_EAGER ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER;
+}
 
 // Expert parallelism: the bytes a rank's all-to-alls send in a training step (plan_report.c).
 uint64_t plan_all_to_all_bytes(const plan_setting *s);

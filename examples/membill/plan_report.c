@@ -12,10 +12,19 @@ static void row(FILE *out, const char *name, uint64_t measured, uint64_t closed,
             closed ? mp_format_bytes(b, sizeof b, closed) : "(measured only)", formula);
 }
 
+// An adapter element's bytes as weight, gradient and optimizer state: the run's, or the adapters'
+// own dtype (PEFT's float32) in every state.
+static void lora_element_bytes(const llama_lora_closed_form *lf, uint64_t *w, uint64_t *g, uint64_t *k) {
+    const uint64_t A = lf->adapter_params ? lf->adapter_params : 1;
+    *w = lf->adapter_weights / A, *g = lf->gradients / A, *k = lf->optimizer / A;
+}
+
 // The closed form's element sizes for the setting.
 llama_dtype_bytes plan_dtype_bytes(const plan_setting *s) {
+    optim_config own = s->ocfg; // a float32 parameter's own state (PEFT's float32 adapters)
+    own.state_bits = 32, own.master = false;
     llama_dtype_bytes d = {(uint64_t)s->dt.weight_bits / 8, (uint64_t)s->dt.grad_bits / 8, (uint64_t)s->dt.act_bits / 8,
-                           optim_state_bytes(&s->ocfg)};
+                           optim_state_bytes(&s->ocfg), optim_state_bytes(&own)};
     return d;
 }
 
@@ -48,11 +57,12 @@ static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *dt,
             "(B + (%llu + %llu + K)A)/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes"};
         llama_lora_closed_form lf;
         plan_lora_closed_form(s, &lf);
-        uint64_t A = lf.adapter_params;
-        w = lf.base_weights + d->weight * A, g = d->gradient * A, k = d->optimizer * A;
-        snprintf(text, len, lora_forms[stage], (unsigned long long)d->weight, (unsigned long long)d->gradient,
-                 (unsigned long long)d->optimizer, (unsigned long long)lf.adapter_params,
-                 (unsigned long long)lf.base_weights);
+        const uint64_t A = lf.adapter_params;
+        uint64_t aw, ag, ak;
+        lora_element_bytes(&lf, &aw, &ag, &ak);
+        w = lf.base_weights + aw * A, g = ag * A, k = ak * A;
+        snprintf(text, len, lora_forms[stage], (unsigned long long)aw, (unsigned long long)ag, (unsigned long long)ak,
+                 (unsigned long long)lf.adapter_params, (unsigned long long)lf.base_weights);
     }
     switch (stage) {
     case 0: return w + g + k;
@@ -125,11 +135,10 @@ static void text_states(FILE *out, const plan_view *v) {
     uint64_t states_bytes = b->peak[MP_WEIGHT] + b->peak[MP_GRADIENT] + b->peak[MP_OPTIMIZER];
     cli_above_four_copies_text(out, "  ", b->total, b->at_peak, states_bytes, b->peak_events);
     if (v->other) {
-        bool flash = s->attention == AG_ATTENTION_FLASH;
         int64_t d = (int64_t)v->other->total - (int64_t)b->total;
         fprintf(out, "  with --attention %s instead: total peak %s (%s%s), activations at their peak %s\n",
-                flash ? "eager" : "flash", mp_format_bytes(x, sizeof x, v->other->total), d < 0 ? "-" : "+",
-                mp_format_bytes(y, sizeof y, (uint64_t)(d < 0 ? -d : d)),
+                cli_attention_name(plan_other_attention(s->attention)), mp_format_bytes(x, sizeof x, v->other->total),
+                d < 0 ? "-" : "+", mp_format_bytes(y, sizeof y, (uint64_t)(d < 0 ? -d : d)),
                 mp_format_bytes(f, sizeof f, v->other->peak[MP_ACTIVATION]));
     }
     char sum[64];
@@ -386,11 +395,10 @@ void plan_lora_closed_form(const plan_setting *s, llama_lora_closed_form *lf) {
 void plan_lora_act_form(const plan_setting *s, llama_lora_act_form *af) {
     llama_dtype_bytes d = plan_dtype_bytes(s);
     llama_closed_form_lora_activations(&s->cfg, &s->lora.cfg, s->batch, s->seq_len, &d, s->framework,
-                                       s->attention == AG_ATTENTION_FLASH, s->checkpointing, af);
+                                       s->attention != AG_ATTENTION_EAGER, s->checkpointing, af);
     // torch.autocast's casts (16-bit copies beside float32 tensors) are not in the closed form
     if (s->dt.autocast || s->dt.weight_bits != s->dt.act_bits) af->closed = false;
 }
-
 
 // The report's question answered in one line, before the detail: one device's total and, with a
 // device, whether it fits and, if not, the first setting that would.
@@ -427,16 +435,17 @@ static void text_states_lora(FILE *out, const plan_view *v) {
     const plan_bill *b = v->b;
     llama_lora_closed_form lf;
     plan_lora_closed_form(s, &lf);
-    llama_dtype_bytes d = plan_dtype_bytes(s);
+    uint64_t aw, ag, ak;
+    lora_element_bytes(&lf, &aw, &ag, &ak);
     char f[256], x[64], y[64], t[256];
     unsigned long long A = (unsigned long long)lf.adapter_params;
     snprintf(f, sizeof f, "frozen base %s (%s) + adapters %llu x %llu", mp_format_bytes(x, sizeof x, lf.base_weights),
-             s->lora.base_dtype ? s->lora.base_dtype : s->dt.long_name, A, (unsigned long long)d.weight);
+             s->lora.base_dtype ? s->lora.base_dtype : s->dt.long_name, A, (unsigned long long)aw);
     row(out, "weight", b->peak[MP_WEIGHT], lf.weights, f);
-    snprintf(f, sizeof f, "adapters A x %llu = %llu x %llu; none for the frozen base", (unsigned long long)d.gradient,
-             A, (unsigned long long)d.gradient);
+    snprintf(f, sizeof f, "adapters A x %llu = %llu x %llu; none for the frozen base", (unsigned long long)ag, A,
+             (unsigned long long)ag);
     row(out, "gradient", b->peak[MP_GRADIENT], lf.gradients, f);
-    snprintf(f, sizeof f, "adapters A x %llu; none for the frozen base", (unsigned long long)d.optimizer);
+    snprintf(f, sizeof f, "adapters A x %llu; none for the frozen base", (unsigned long long)ak);
     row(out, "optimizer", b->peak[MP_OPTIMIZER], lf.optimizer, f);
     llama_lora_act_form af;
     plan_lora_act_form(s, &af);
@@ -740,6 +749,26 @@ static json_t *run_json(const plan_setting *s) {
     return run;
 }
 
+// Under --gpus, the simulated rank's device: the figures of "device" (the replay runs on that
+// rank's allocations), beside the rank they are of.
+static json_t *rank_device_json(const json_t *pg, const json_t *dev) {
+    static const char *const keys[] = {"allocated_peak_bytes",
+                                       "reserved_peak_bytes",
+                                       "inactive_split_bytes_at_peak",
+                                       "context_bytes",
+                                       "nccl_bytes",
+                                       "need_bytes",
+                                       "total_bytes",
+                                       "fits"};
+    json_t *o = json_object();
+    json_object_set(o, "rank", json_object_get(pg, "rank"));
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        json_t *x = json_object_get(dev, keys[i]);
+        json_object_set(o, keys[i], x ? x : json_null());
+    }
+    return o;
+}
+
 json_t *plan_report_json(const plan_view *v) {
     const plan_setting *s = v->s;
     json_t *root = cli_report_root(&s->cfg);
@@ -758,7 +787,7 @@ json_t *plan_report_json(const plan_view *v) {
         if (!s->infer) json_object_set_new(root, "first_step_peak_bytes", json_integer((json_int_t)v->b->first_step));
         if (v->other) {
             json_t *oa = json_object();
-            json_object_set_new(oa, "attention", json_string(s->attention == AG_ATTENTION_FLASH ? "eager" : "flash"));
+            json_object_set_new(oa, "attention", json_string(cli_attention_name(plan_other_attention(s->attention))));
             json_object_set_new(oa, "total_peak_bytes", json_integer((json_int_t)v->other->total));
             json_object_set_new(oa, "activation_bytes", json_integer((json_int_t)v->other->peak[MP_ACTIVATION]));
             json_object_set_new(root, "other_attention", oa);
@@ -803,7 +832,12 @@ json_t *plan_report_json(const plan_view *v) {
     json_t *pg = per_gpu_json(v->g, s->infer);
     if (!s->infer) rank_json(pg, v);
     json_object_set_new(root, "per_gpu", pg);
-    if (s->dev.cuda) json_object_set_new(root, "device", cli_device_json(&s->dev, v->devr ? v->devr : &v->b->dev));
+    if (s->dev.cuda) {
+        json_t *dev = cli_device_json(&s->dev, v->devr ? v->devr : &v->b->dev);
+        json_object_set_new(root, "device", dev);
+        if (json_is_true(json_object_get(pg, "simulated_rank")))
+            json_object_set_new(pg, "device", rank_device_json(pg, dev));
+    }
     if (v->device) {
         json_t *fit = json_object();
         json_object_set_new(fit, "device_memory_bytes", json_integer((json_int_t)v->device));

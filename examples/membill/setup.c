@@ -74,6 +74,12 @@ static const char *device_combinations(const cli_options *o) {
     if (!cuda && (o->cuda_alloc_conf || o->snapshot || cli_given(o, "--memory-fraction")))
         return "--cuda-alloc-conf, --memory-fraction and --snapshot are the CUDA allocator's: add --device cuda or "
                "--gpu";
+    ag_attention_kind att = AG_ATTENTION_EAGER;
+    cli_parse_attention(o->attention, &att); // the table allows only known names
+    if (att != AG_ATTENTION_EAGER && !ag_device_row_of(cuda ? AG_DEVICE_CUDA : AG_DEVICE_CPU)->sdpa[att])
+        return att == AG_ATTENTION_EFFICIENT
+                   ? "--attention efficient is PyTorch's memory-efficient CUDA kernel: add --device cuda or --gpu"
+                   : "--attention cudnn is cuDNN's CUDA kernel: add --device cuda or --gpu";
     if (cli_given(o, "--memory-fraction") && !o->gpu && !cli_given(o, "--device-memory"))
         return "--memory-fraction is a share of the card's memory: name the card (--gpu or --device-memory)";
     if (o->seq_lens && (o->tokens || o->prompt || o->prompt_file))
@@ -96,7 +102,7 @@ static const char *device_combinations(const cli_options *o) {
 // options a subcommand does not take.
 bool cli_check_combinations(const cli_options *o) {
     const char *bad = NULL;
-    char buf[600];
+    char buf[600], what[96];
     bool infer_plan = o->cmd == CLI_PLAN && o->infer;
     bool hub_id = llama_hub_is_id(o->model);
     ag_framework fw = CLI_DEFAULT_FRAMEWORK;
@@ -129,9 +135,18 @@ bool cli_check_combinations(const cli_options *o) {
     else if (o->dtype && !strcmp(o->dtype, "autocast-bf16") && !AG_FW(row, autocast))
         bad = framework_lacks(buf, sizeof buf, "--dtype autocast-bf16 is torch.autocast's semantics", AG_FWF_autocast,
                               AG_FW(row, name));
-    else if (o->attention && !strcmp(o->attention, "flash") && !AG_FW(row, flash_available))
-        bad = framework_lacks(buf, sizeof buf, "--attention flash is scaled_dot_product_attention", AG_FWF_flash,
-                              AG_FW(row, name));
+    else if (o->attention && strcmp(o->attention, "eager") != 0 && !AG_FW(row, flash_available))
+        bad = framework_lacks(
+            buf, sizeof buf,
+            (snprintf(what, sizeof what, "--attention %s is scaled_dot_product_attention", o->attention), what),
+            AG_FWF_flash, AG_FW(row, name));
+    else if (o->attention && (!strcmp(o->attention, "efficient") || !strcmp(o->attention, "cudnn")) &&
+             AG_FW(row, flash) != AG_FLASH_SDPA)
+        bad = (snprintf(buf, sizeof buf,
+                        "--attention %s is a kernel of PyTorch's SDPA: --framework %s has its own "
+                        "fused attention (--attention flash)",
+                        o->attention, AG_FW(row, name)),
+               buf);
     else if (o->cmd == CLI_INFER && o->dtype && !strcmp(o->dtype, "autocast-bf16"))
         bad = "--dtype autocast-bf16 is a training setting: a generation takes fp32, bf16 or fp16";
     else if (cli_given(o, "--group-size") && !(o->weight_dtype && strcmp(o->weight_dtype, "int4") == 0))

@@ -36,8 +36,8 @@ int cli_parse_seq_lens(const char *text, long min, long max, long **out, long *n
             x = len <= 9 ? strtol(item, NULL, 10) : -1;
         }
         if (x < min || x > max) {
-            ag_err_set(err, "--seq-lens: item %zu ('%.*s') is not a length from %ld to %ld", k + 1, (int)(len < 24 ? len : 24),
-                       p, min, max);
+            ag_err_set(err, "--seq-lens: item %zu ('%.*s') is not a length from %ld to %ld", k + 1,
+                       (int)(len < 24 ? len : 24), p, min, max);
             free(v);
             return x > max ? EXIT_RUN_FAILED : EXIT_USAGE; // the model's positions decide the most (docs/cli.md)
         }
@@ -93,11 +93,12 @@ int cli_train_prepare(const cli_options *o, train_run *r, ag_err *err) {
     cli_parse_dtype(o->dtype, &r->dtype);
     cli_parse_framework(o->framework, &r->framework); // the table allows only known names
     cli_parse_attention(o->attention, &r->attention);
+    r->device = cli_device_kind(o);
     r->ocfg = optim_defaults(kind);
     r->ocfg.lr = (float)o->lr;
-    // torch.optim's default on CUDA is foreach (for-loop is the CPU's): --device cuda bills it
-    bool cuda = (o->device && strcmp(o->device, "cuda") == 0) || o->gpu;
-    optim_parse_adam_impl(cuda && !cli_given(o, "--adam-impl") ? "foreach" : o->adam_impl, &r->ocfg.adam_impl);
+    // torch.optim's default implementation is the device's (foreach on CUDA, for-loop on the CPU)
+    bool foreach = ag_device_row_of(r->device)->adam_foreach;
+    optim_parse_adam_impl(foreach && !cli_given(o, "--adam-impl") ? "foreach" : o->adam_impl, &r->ocfg.adam_impl);
     cli_dtype_optim(&r->dtype, &r->ocfg);
     r->nsteps = o->steps ? o->steps : 1;
     r->grad_accum = o->grad_accum > 1 ? o->grad_accum : 1;
@@ -284,6 +285,7 @@ int cli_train_run(train_run *r, ag_err *err) {
     }
     ag_ctx_set_framework(ctx, r->framework);
     ag_ctx_set_attention(ctx, r->attention);
+    ag_ctx_set_device(ctx, r->device);
     mp_set_phase(MP_PHASE_LOAD);
     cli_progress("building the model");
     if (cli_model_build_lora(ctx, &r->cfg, &r->dtype, &r->lora, r->st_path, r->seed, &m, err) != 0) goto done;

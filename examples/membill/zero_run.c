@@ -166,6 +166,7 @@ int cli_zero_train_run(train_run *r, cli_zero *zc, ag_err *err) {
     }
     ag_ctx_set_framework(ctx, r->framework);
     ag_ctx_set_attention(ctx, r->attention);
+    ag_ctx_set_device(ctx, r->device);
     mp_set_phase(MP_PHASE_LOAD);
     cli_progress("building the model, sharded");
     if (build(r, zc, ctx, &m, &z, &mu, err) != 0) goto done;

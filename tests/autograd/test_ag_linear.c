@@ -169,11 +169,47 @@ static void test_linear_group(void **state) {
     ag_assert_all_zero();
 }
 
+// torch.autocast's cast cache (autocast_mode.cpp cached_cast): a float32 leaf that wants a
+// gradient is cast once and the copy kept until the region exits, even under no_grad (a
+// checkpointed forward); a frozen weight is cast anew each time and its copy goes with its use;
+// backward starts outside the region, so the cache is dropped there.
+static void test_autocast_cast_cache(void **state) {
+    ag_ctx *ctx = ag_fixture_ctx(state);
+    ag_precision p = ag_precision_f32();
+    p.autocast = true;
+    assert_true(ag_ctx_set_precision(ctx, &p));
+    ag_ctx_set_framework(ctx, AG_FRAMEWORK_PYTORCH);
+    const int64_t M = 3, N = 6, K = 16;
+    ag_tensor *x = ag_test_param(ctx, 2, (int64_t[]){M, K}, "x", 3);
+    ag_tensor *w = ag_test_param(ctx, 2, (int64_t[]){N, K}, "w", 4);
+    ag_tensor *f = ag_test_param(ctx, 2, (int64_t[]){N, K}, "f", 5);
+    f->requires_grad = false;
+    const int64_t before = mp_get_counter(MP_ACTIVATION).live;
+    ag_set_grad_enabled(ctx, false);
+    ag_release(ag_linear(ctx, "a", x, w, NULL));
+    ag_release(ag_linear(ctx, "b", x, f, NULL));
+    assert_int_equal(mp_get_counter(MP_ACTIVATION).live - before, N * K * 2);
+    ag_tensor *y = ag_linear(ctx, "c", x, w, NULL); // the cached copy: nothing cast again
+    assert_int_equal(mp_get_counter(MP_ACTIVATION).live - before, N * K * 2 + M * N * 2);
+    ag_release(y);
+    ag_set_grad_enabled(ctx, true);
+    y = ag_linear(ctx, "d", x, w, NULL);
+    ag_tensor *dy = ag_tensor_new(ctx, 2, (int64_t[]){M, N}, MP_ACTIVATION, "dy");
+    ag_fill(dy, 9, -1, 1);
+    assert_int_equal(ag_backward_grad(ctx, y, dy), AG_OK);
+    ag_release(y), ag_release(dy);
+    assert_int_equal(mp_get_counter(MP_ACTIVATION).live, before);
+    assert_non_null(w->grad);
+    ag_release(x), ag_release(w), ag_release(f);
+    ag_assert_all_zero();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_linear_shapes, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_linear_mid_rows, ag_setup, ag_teardown),
         cmocka_unit_test_setup_teardown(test_linear_group, ag_setup, ag_teardown),
+        cmocka_unit_test_setup_teardown(test_autocast_cast_cache, ag_setup, ag_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,7 +21,8 @@ static json_int_t jint(json_t *o, const char *path) {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", path);
     json_t *v = o;
-    for (char *save = NULL, *k = strtok_r(buf, ".", &save); k; k = strtok_r(NULL, ".", &save)) v = json_object_get(v, k);
+    for (char *save = NULL, *k = strtok_r(buf, ".", &save); k; k = strtok_r(NULL, ".", &save))
+        v = json_object_get(v, k);
     if (!json_is_integer(v)) fail_msg("%s is not an integer", path);
     return json_integer_value(v);
 }
@@ -78,13 +79,14 @@ static void test_named_gpu(void **state) {
     run_result r;
     membill(&r, "plan --list-gpus");
     assert_int_equal(r.code, 0);
-    const char *names[] = {"a100-40gb", "a100-80gb", "h100-80gb", "h200", "l4", "l40s", "rtx-3090", "rtx-4090",
-                           "rtx-5090", "t4", "h20", "mi300x"};
+    const char *names[] = {"a100-40gb", "a100-80gb", "h100-80gb", "h200", "l4",  "l40s",
+                           "rtx-3090",  "rtx-4090",  "rtx-5090",  "t4",   "h20", "mi300x"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) assert_non_null(strstr(r.out, names[i]));
     json_t *p = cli_run_json("plan --gpu a100-40gb --seq-len 128");
     assert_int_equal(jint(p, "device.total_bytes"), 42298834944LL);
     assert_true(json_is_true(json_object_get(json_object_get(p, "device"), "fits")));
-    assert_int_equal(jint(p, "device.need_bytes"), jint(p, "device.reserved_peak_bytes") + jint(p, "device.context_bytes"));
+    assert_int_equal(jint(p, "device.need_bytes"),
+                     jint(p, "device.reserved_peak_bytes") + jint(p, "device.context_bytes"));
     assert_true(jint(p, "fit.largest_batch") > 1);
     json_decref(p);
     // too big for a T4: the run fails as it would there, naming the tensor that did not fit
@@ -96,6 +98,31 @@ static void test_named_gpu(void **state) {
     assert_true(json_is_false(json_object_get(json_object_get(p, "device"), "fits")));
     assert_true(json_is_object(json_object_get(json_object_get(p, "device"), "oom")));
     json_decref(p);
+}
+
+// Under --gpus, per_gpu.device has the simulated rank's device figures: ZeRO-2's shards make its
+// reserve smaller than one GPU's whole run, and its need adds NCCL's buffers.
+static void test_per_rank_device(void **state) {
+    (void)state;
+    json_t *one = cli_run_json("plan --seq-len 64 --device cuda");
+    json_t *two = cli_run_json("plan --seq-len 64 --device cuda --gpus 2 --zero 2");
+    assert_null(json_object_get(json_object_get(one, "per_gpu"), "device"));
+    assert_int_equal(jint(two, "per_gpu.device.rank"), 0);
+    const char *keys[] = {"allocated_peak_bytes", "reserved_peak_bytes", "context_bytes", "nccl_bytes", "need_bytes"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        char a[96], b[96];
+        snprintf(a, sizeof a, "per_gpu.device.%s", keys[i]);
+        snprintf(b, sizeof b, "device.%s", keys[i]);
+        assert_int_equal(jint(two, a), jint(two, b));
+    }
+    assert_true(jint(two, "per_gpu.device.reserved_peak_bytes") < jint(one, "device.reserved_peak_bytes"));
+    assert_true(jint(two, "per_gpu.device.allocated_peak_bytes") < jint(one, "device.allocated_peak_bytes"));
+    assert_true(jint(two, "per_gpu.device.nccl_bytes") > 0);
+    assert_int_equal(jint(two, "per_gpu.device.need_bytes"), jint(two, "per_gpu.device.reserved_peak_bytes") +
+                                                                 jint(two, "per_gpu.device.context_bytes") +
+                                                                 jint(two, "per_gpu.device.nccl_bytes"));
+    json_decref(one);
+    json_decref(two);
 }
 
 // Bad input: one line, exit 2, nothing written.
@@ -146,8 +173,8 @@ static void test_snapshot_round_trip(void **state) {
     char snap[300], rep[300], args[1024];
     snprintf(snap, sizeof snap, "%s/run.pickle", dir);
     snprintf(rep, sizeof rep, "%s/report.json", dir);
-    snprintf(args, sizeof args, "train --meta --steps 2 --seq-len 48 --device cuda --snapshot %s --json %s --quiet", snap,
-             rep);
+    snprintf(args, sizeof args, "train --meta --steps 2 --seq-len 48 --device cuda --snapshot %s --json %s --quiet",
+             snap, rep);
     run_result r;
     membill(&r, args);
     assert_int_equal(r.code, 0);
@@ -161,7 +188,8 @@ static void test_snapshot_round_trip(void **state) {
     assert_int_equal(jint(s, "against.reserved_peak.difference_bytes"), 0);
     assert_int_equal(jint(s, "against.requested_peak.difference_bytes"), 0);
     // the largest block at the peak names its tensor and category: the tied embedding or its state
-    const char *where = json_string_value(json_object_get(json_array_get(json_object_get(d, "largest_at_peak"), 0), "where"));
+    const char *where =
+        json_string_value(json_object_get(json_array_get(json_object_get(d, "largest_at_peak"), 0), "where"));
     assert_non_null(where);
     assert_non_null(strstr(where, "model.embed_tokens.weight"));
     json_decref(s);
@@ -223,7 +251,8 @@ static void test_seq_lens(void **state) {
     json_t *t = cli_run_json("train --meta --device cuda --seq-lens 32,96,64");
     json_t *steps = json_object_get(t, "steps");
     assert_int_equal(json_array_size(steps), 3);
-    json_t *ph = json_array_get(json_object_get(t, "device") ? json_object_get(json_object_get(t, "device"), "phases") : NULL, 5);
+    json_t *ph = json_array_get(
+        json_object_get(t, "device") ? json_object_get(json_object_get(t, "device"), "phases") : NULL, 5);
     assert_int_equal(jint(ph, "seq_len"), 96);
     json_decref(t);
     const char *lens = "--seq-lens 300,900,600,1200,450";
@@ -245,10 +274,15 @@ static void test_seq_lens(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_device_beside_the_bill),  cmocka_unit_test(test_plan_agrees_with_train),
-        cmocka_unit_test(test_named_gpu),               cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_snapshot_round_trip),     cmocka_unit_test(test_snapshot_as_torch_113_read_it),
-        cmocka_unit_test(test_snapshot_refused),        cmocka_unit_test(test_seq_lens),
+        cmocka_unit_test(test_device_beside_the_bill),
+        cmocka_unit_test(test_plan_agrees_with_train),
+        cmocka_unit_test(test_named_gpu),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_per_rank_device),
+        cmocka_unit_test(test_snapshot_round_trip),
+        cmocka_unit_test(test_snapshot_as_torch_113_read_it),
+        cmocka_unit_test(test_snapshot_refused),
+        cmocka_unit_test(test_seq_lens),
     };
     return cmocka_run_group_tests(tests, cli_run_make_dir, cli_run_remove_dir);
 }

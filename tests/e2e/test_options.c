@@ -31,6 +31,7 @@ static const char *value_for(const char *opt, const char *value) {
     if (strcmp(opt, "--weight-dtype") == 0) return "int4";
     if (strcmp(opt, "--tokens") == 0) return "1,2,3";
     if (strcmp(opt, "--base-dtype") == 0) return "nf4";
+    if (strcmp(opt, "--adapter-dtype") == 0) return "base";
     if (strcmp(opt, "--device") == 0) return "cuda";
     if (strcmp(opt, "--memory-fraction") == 0) return "0.5";
     if (strcmp(opt, "--lora-targets") == 0) return "q_proj";

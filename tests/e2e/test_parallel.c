@@ -41,13 +41,15 @@ static void test_lora_every_strategy(void **state) {
         json_t *own = json_object_get(json_object_get(root, "per_gpu"), "own_peak");
         json_int_t g = jget(own, "gradient", NULL, NULL), o = jget(own, "optimizer", NULL, NULL),
                    w = jget(own, "weight", NULL, NULL);
-        // Adam in bf16: 2 + 2 bytes of state an adapter element; gradients 2 bytes.
+        // PEFT's float32 adapters beside the bf16 base: Adam's 4 + 4 bytes of state an adapter
+        // element, gradients 4 bytes (ZeRO-2 and up: a rank's shard).
         if (k == 0) {
-            assert_int_equal(o, 4 * A);
+            assert_int_equal(o, 8 * A);
         } else {
-            assert_true(o >= 4 * A / 2 && o <= 4 * A / 2 + 4 * 256); // ceil(numel / 2) of each of 128 adapters
+            assert_true(o >= 8 * A / 2 && o <= 8 * A / 2 + 8 * 256); // ceil(numel / 2) of each of 128 adapters
         }
-        assert_true(g > 0 && g <= 2 * A);
+        assert_true(g > 0 && g <= 4 * A);
+        if (k >= 2) assert_true(g <= 4 * A * 53 / 100);
         if (k < 3) assert_true(w >= 2 * P);            // whole
         if (k == 3) assert_true(w < 2 * P * 58 / 100); // half, and the blocks gathered
         // FSDP: the root (embedding and head) whole for the whole step; shard-grad-op keeps every
@@ -56,7 +58,7 @@ static void test_lora_every_strategy(void **state) {
         if (k == 5) assert_true(w > 2 * P * 3 / 2);
         // The ZeRO paper's line counts the adapters and the frozen base's bytes.
         json_int_t paper = jget(root, "per_gpu", "zero_paper", "bytes");
-        assert_true(paper <= (k < 3 ? 2 * P + 8 * A : P + 8 * A));
+        assert_true(paper <= (k < 3 ? 2 * P + 16 * A : P + 16 * A));
         json_decref(root);
     }
     // QLoRA: ZeRO-3 shards the NF4 base (about 0.5 bytes a parameter) and gathers it block by block.

@@ -2,14 +2,15 @@
 """Plans every published GPU measurement of tests/reference/gpu/measured.json with membill and
 reports the difference: membill's figure against the one the source measured.
 
-    compare.py MEMBILL [--markdown] [--check] [--rows ID,ID,...]
+    compare.py MEMBILL [--markdown] [--check] [--rows ID,ID,...] [--bounds KIND=MEDIAN,WORST:...]
 
 The figure compared is the one the source names: max_memory_allocated against membill's device
 allocated_peak_bytes, max_memory_reserved against reserved_peak_bytes, nvidia-smi (or a figure
 the source does not name, taken as what nvidia-smi shows) against reserved + the CUDA context.
 Prints each row, then the median and worst absolute difference. --check: exit 1 when a row does
 not plan (the data file and membill's options must stay in step); it judges no difference.
---rows: those rows alone."""
+--rows: those rows alone. --bounds (with --check): exit 1 also when a kind's median or worst
+absolute difference, in percent, is above its bound (inference=3,14:lora=9,11)."""
 import json
 import os
 import statistics
@@ -42,6 +43,15 @@ def membill_bytes(row, report):
     return d["reserved_peak_bytes"] + d["context_bytes"], "reserved + context"
 
 
+def parse_bounds(text):
+    bounds = {}
+    for part in text.split(":"):
+        kind, _, vals = part.partition("=")
+        median, _, worst = vals.partition(",")
+        bounds[kind] = (float(median), float(worst))
+    return bounds
+
+
 def main(argv):
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
@@ -54,6 +64,11 @@ def main(argv):
         if len(rows) != len(keep):
             print("compare.py: --rows names a row measured.json does not have", file=sys.stderr)
             return 2
+    try:
+        bounds = parse_bounds(argv[argv.index("--bounds") + 1]) if "--bounds" in argv else {}
+    except (IndexError, ValueError):
+        print("compare.py: --bounds KIND=MEDIAN,WORST[:KIND=MEDIAN,WORST...], in percent", file=sys.stderr)
+        return 2
     diffs, kinds, failed = [], {}, 0
     if markdown:
         print("| row | measured | figure | membill | compared | difference |")
@@ -78,14 +93,22 @@ def main(argv):
         else:
             print(f"{row['id']:28} measured {want / GIB:8.2f} GiB ({fig:21}) membill {got / GIB:8.2f} GiB "
                   f"({what:18}) {100 * diff:+6.1f}%")
-    summary = []
+    summary, over = [], []
     for k, v in [("all", diffs)] + sorted(kinds.items()):
         if v:
             a = [abs(x) for x in v]
-            summary.append(f"{k}: {len(v)} rows, median |difference| {100 * statistics.median(a):.1f}%, "
-                           f"worst {100 * max(a):.1f}%, median signed {100 * statistics.median(v):+.1f}%")
-    print(("\n" if not markdown else "\n") + "\n".join(summary))
-    return 1 if check and failed else 0
+            median, worst = 100 * statistics.median(a), 100 * max(a)
+            summary.append(f"{k}: {len(v)} rows, median |difference| {median:.1f}%, "
+                           f"worst {worst:.1f}%, median signed {100 * statistics.median(v):+.1f}%")
+            if k in bounds and (median > bounds[k][0] or worst > bounds[k][1]):
+                over.append(f"{k}: median {median:.1f}% worst {worst:.1f}%, bounds {bounds[k][0]}% and {bounds[k][1]}%")
+    missing = [k for k in bounds if k not in kinds and k != "all"]
+    print("\n" + "\n".join(summary))
+    for line in over:
+        print(f"compare.py: above its bounds: {line}", file=sys.stderr)
+    for k in missing:
+        print(f"compare.py: --bounds names {k}, which no row compared has", file=sys.stderr)
+    return 1 if check and (failed or over or missing) else 0
 
 
 if __name__ == "__main__":
