@@ -95,9 +95,8 @@ static int read_targets(const json_t *t, const char *path, unsigned *out, ag_err
         json_t *v;
         list[0] = 0;
         json_array_foreach(t, i, v) {
-            if (!json_is_string(v)) break;
-            n += (size_t)snprintf(list + n, n < sizeof list ? sizeof list - n : 0, "%s%s", i ? "," : "",
-                                  json_string_value(v));
+            if (!json_is_string(v) || n >= sizeof list) break; // too long a list names no PEFT module set
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? "," : "", json_string_value(v));
         }
         if (i == json_array_size(t) && n < sizeof list && llama_lora_parse_targets(list, out, err) == 0) return 0;
     }

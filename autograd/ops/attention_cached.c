@@ -450,10 +450,11 @@ static ag_tensor *cached_flash(ag_ctx *ctx, const ag_site *s, ag_tensor *q, cons
     // A kernel that takes no grouped heads gets the cache through repeat_kv: k and v at every
     // query head, for the call.
     const bool repeat = a->Hq != a->Hkv && !AG_SDPA(kr, gqa);
+    // sizes at the output's bits, billed as they are (ag_alloc_block scales a float32 size)
     const size_t kv_rep = (size_t)(a->B * Hq * a->Tk * D) * (size_t)o->bits / 8;
     bool ok = true;
     for (int i = 0; i < 2 && repeat && ok; i++)
-        ok = ag_alloc_block(ctx, &rep[i], kv_rep, MP_ACTIVATION,
+        ok = ag_alloc_exact(ctx, &rep[i], kv_rep, MP_ACTIVATION,
                             (ag_label(l, s->base, i ? "v_repeated" : "k_repeated"), l));
     int nthreads = ag_flash_threads(a->B * Hq * ((Tq + AG_FLASH_BR - 1) / AG_FLASH_BR),
                                     (double)a->B * Hq * (double)Tq * (double)a->Tk * (double)D);
@@ -462,7 +463,7 @@ static ag_tensor *cached_flash(ag_ctx *ctx, const ag_site *s, ag_tensor *q, cons
         ok && ag_alloc_exact(ctx, &ws, (size_t)nthreads * ag_flash_rows_floats(a->D) * sizeof(float), MP_ACTIVATION, l);
     ag_label(l, s->base, "sdpa_out");
     ok = ok && (!heads_first ||
-                ag_alloc_block(ctx, &sdpa, (size_t)(a->B * Hq * Tq * D) * (size_t)o->bits / 8, MP_ACTIVATION, l));
+                ag_alloc_exact(ctx, &sdpa, (size_t)(a->B * Hq * Tq * D) * (size_t)o->bits / 8, MP_ACTIVATION, l));
     if (ok && !meta) {
         if (heads_first) {
             ag_buf src = {sdpa.data, o->dtype};
