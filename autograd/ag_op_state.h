@@ -109,24 +109,39 @@ typedef struct {
 } ag_attention_state;
 AG_SAVED_IN_A_ROW(ag_attention_state, probs_cast, 8);
 
+// attention_sinks (gpt_oss, eager, LEAN): what attention keeps; the sinks' gradient reads the
+// probabilities (p_sink = 1 - Σ P) and dP = dO Vᵀ.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *q, *k, *v;
+            ag_tensor *probs; // [B, Hq, Tq, Tk]
+        };
+        ag_tensor *saved[4];
+    };
+    ag_att_dims dims;
+} ag_attention_sinks_state;
+AG_SAVED_IN_A_ROW(ag_attention_sinks_state, probs, 4);
+
 // attention (flash, ops/attention_flash.c): what the SDPA kernel keeps for backward (its row).
 typedef struct {
     union {
         struct {
             ag_tensor *q, *k, *v; // k and v at the key-value heads (autocast: their 16-bit casts)
             ag_tensor *out;       // the kernel's output: [B, Tq, Hq*D], or [B, Hq, Tq, D] heads first
-            ag_tensor *lse;       // [B, Hq, lse_ld], float32 whatever the dtype
+            ag_tensor *lse;       // [B, Hq, lse_ld], float32 whatever the dtype (with sinks: the sink in it)
             ag_tensor *seed;      // the RNG seed and offset the kernel keeps on the device; else NULL
             ag_tensor *offset;
+            ag_tensor *sinks; // gpt_oss's [Hq], NULL: none
         };
-        ag_tensor *saved[7];
+        ag_tensor *saved[8];
     };
     ag_att_dims dims;
     int64_t lse_ld;               // Tq, rounded up as the kernel pads the log-sum-exp
     const ag_sdpa_kernel *kernel; // its row
     bool heads_first;             // out laid out [B, Hq, Tq, D]
 } ag_attention_flash_state;
-AG_SAVED_IN_A_ROW(ag_attention_flash_state, offset, 7);
+AG_SAVED_IN_A_ROW(ag_attention_flash_state, sinks, 8);
 
 // silu: y = x * sigmoid(x).
 typedef struct {
@@ -237,7 +252,8 @@ typedef struct {
     int64_t N;
     int E, k;
     bool renorm;
-    int32_t *sel; // malloc'd: the chosen experts [N * k]; NULL in meta mode
+    bool topk_first; // gpt_oss: probs is [N, k], the softmax of the k largest logits
+    int32_t *sel;    // malloc'd: the chosen experts [N * k]; NULL in meta mode
 } ag_moe_route_state;
 AG_SAVED_IN_A_ROW(ag_moe_route_state, clone, 4);
 
@@ -258,6 +274,25 @@ typedef struct {
     int64_t *count;      // malloc'd: the pairs each expert got [E]
 } ag_moe_experts_state;
 AG_SAVED_IN_A_ROW(ag_moe_experts_state, u, 4);
+
+// moe_experts_stacked (gpt_oss, LEAN): every routed pair's gate_up output, grouped by expert.
+typedef struct {
+    union {
+        struct {
+            ag_tensor *x;                       // [N, H]
+            ag_tensor *w;                       // [N, k] the routing weights
+            ag_tensor *gu;                      // [N * k, 2 I]: each pair's gate_up output, expert by expert
+            ag_tensor *gu_w, *gu_b, *d_w, *d_b; // the stacked weights and biases (biases may be NULL)
+        };
+        ag_tensor *saved[7];
+    };
+    int64_t N, H, inter;
+    int E, k;
+    ag_moe_glu glu;
+    int32_t *sel;   // malloc'd: the chosen experts [N * k]; NULL in meta mode
+    int64_t *count; // malloc'd: the pairs each expert got [E]
+} ag_moe_stacked_state;
+AG_SAVED_IN_A_ROW(ag_moe_stacked_state, d_b, 7);
 
 // index_rows: y[n, C] = rows of src viewed as [R, C].
 typedef struct {
@@ -336,6 +371,7 @@ typedef union {
     ag_rope_cs_state rope_cs;
     ag_attention_state attention;
     ag_attention_flash_state attention_flash;
+    ag_attention_sinks_state attention_sinks;
     ag_silu_state silu;
     ag_softcap_state softcap;
     ag_mul_state mul;
@@ -346,6 +382,7 @@ typedef union {
     ag_dropout_state dropout;
     ag_moe_route_state moe_route;
     ag_moe_experts_state moe_experts;
+    ag_moe_stacked_state moe_stacked;
     ag_index_rows_state index_rows;
     ag_scale_rows_state scale_rows;
     ag_index_add_state index_add;

@@ -550,6 +550,16 @@ ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_t
                                int D, int64_t window);
 ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq,
                                      int Hkv, int D, int64_t window);
+// Attention sinks (gpt_oss's eager_attention_forward): ag_attention_window with sinks[Hq], a
+// learned logit per query head that joins each row's softmax denominator and attends to nothing
+// (the row's probabilities sum to less than 1). Under the lean framework, eager (the
+// probabilities kept, the node keeps q, k, v and them) or flash (the sink joins each row's
+// log-sum-exp after the pass, the output scaled by the share left to the keys; the node keeps
+// the sinks beside flash's own); forward and backward, the sinks' gradient -Σ p_sink (dO · O)
+// over the head's rows. The PyTorch frameworks' op-by-op attention with sinks is refused. sinks
+// NULL: ag_attention_window.
+ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                              int D, int64_t window, ag_tensor *sinks);
 // What else an attention may take (Gemma 2): the window, the scale on Q Kᵀ (0: 1/sqrt(D); Gemma's
 // query_pre_attn_scalar^-1/2) and the scores' soft-cap, softcap tanh(S / softcap) before the mask
 // and the softmax (0: none). Eager only: LEAN's fused op recomputes a head's scores in backward
@@ -621,6 +631,7 @@ void ag_moe_routing_free(ag_moe_routing *r); // NULL is ignored; zeroes *r
 typedef struct {
     int top_k;
     bool renorm;            // norm_topk_prob: the k weights divided by their sum
+    bool topk_first;        // gpt_oss: the k largest logits, then the softmax over those k (lean only)
     const int64_t *assumed; // meta mode: the tokens each expert gets ([E], summing to N x k)
 } ag_moe_route_opts;
 
@@ -631,6 +642,22 @@ typedef struct {
 // topk's int64 indices and, with renorm, the sum and the values before the in-place division.
 ag_tensor *ag_moe_route(ag_ctx *ctx, const char *site, ag_tensor *logits, const ag_tensor *like,
                         const ag_moe_route_opts *o, ag_moe_routing *r);
+
+// gpt_oss's clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit),
+// (u + 1) g sigmoid(alpha g).
+typedef struct {
+    float limit, alpha;
+} ag_moe_glu;
+
+// gpt_oss's experts (GptOssExperts): y[.., H] = Σ_j w[t, j] (glu(x_t gate_up[e] + gate_up_bias[e])
+// down[e] + down_bias[e]), e the j-th expert of token t; the weights stacked along the experts,
+// gate_up [E, H, 2 I] with gate and up interleaved (even columns the gate), down [E, I, H], the
+// biases [E, 2 I] and [E, H] (NULL: none). One grouped dispatch (the lean framework; the PyTorch
+// frameworks are refused); the node keeps each pair's gate_up output ([N k, 2 I]) and recomputes
+// the rest. A stacked weight's gradient covers every expert, zeros for those no token reached.
+ag_tensor *ag_moe_experts_stacked(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, const ag_moe_routing *r,
+                                  ag_tensor *gate_up, ag_tensor *gate_up_bias, ag_tensor *down, ag_tensor *down_bias,
+                                  const ag_moe_glu *glu);
 
 // What transformers' eager dispatch does that changes its allocations, per family, and the
 // names of its experts' projections (the sites' labels).
@@ -764,6 +791,10 @@ ag_tensor *ag_attention_cached(ag_ctx *ctx, const char *site, ag_tensor *q, cons
 // the pads of a row come first, so between real tokens the two agree).
 ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                       const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window);
+// The same with gpt_oss's sinks [Hq] (ag_attention_sinks; NULL: none), under the lean framework.
+ag_tensor *ag_attention_cached_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                     const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window,
+                                     const ag_tensor *sinks);
 // The same with ag_attention_spec's scale and soft-cap (Gemma 2), eager only; the PyTorch
 // frameworks' transients as without (transformers' S / softcap, tanh and * softcap outputs replace
 // each other two at a time, as the scaled and masked scores do).

@@ -102,9 +102,11 @@ ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama
         sh->cache[2 * i] = ag_retain(kr);
         sh->cache[2 * i + 1] = ag_retain(v);
     }
-    ag_tensor *a = ag_attention_spec_run(
-        ctx, llama_site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd,
-        &(ag_attention_spec){llama_layer_window(c, i), llama_attention_scale(c), (float)c->attn_softcap});
+    const ag_attention_spec spec = {llama_layer_window(c, i), llama_attention_scale(c), (float)c->attn_softcap};
+    ag_tensor *a =
+        L->sinks // gpt_oss's sinks (no scale of its own, no cap)
+            ? ag_attention_sinks(ctx, llama_site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd, spec.window, L->sinks)
+            : ag_attention_spec_run(ctx, llama_site(s, i, "self_attn"), qr, kr, v, hq, hkv, hd, &spec);
     REL(qr);
     REL(kr);
     REL(v);

@@ -78,15 +78,30 @@ static ag_tensor *ep_experts(ag_ctx *ctx, const llama_config *c, const llama_lay
     return out;
 }
 
+// GptOssExperts' alpha, a constant of its code (not of its config).
+#define GPT_OSS_ALPHA 1.702f
+
+// gpt_oss's experts, stacked with their biases, through the clamped SwiGLU.
+static ag_tensor *stacked_experts(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *h, ag_tensor *w,
+                                  const ag_moe_routing *r, int64_t i) {
+    char s[96];
+    const ag_moe_glu glu = {(float)c->moe.swiglu_limit, GPT_OSS_ALPHA};
+    return ag_moe_experts_stacked(ctx, llama_site(s, i, "mlp.experts"), h, w, r, L->experts_gate_up,
+                                  L->experts_gate_up_bias, L->experts_down, L->experts_down_bias, &glu);
+}
+
 ag_tensor *llama_moe_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
     char s[96];
     const llama_moe_names *nm = llama_family_moe_names(c->family);
     const int E = (int)c->moe.experts, k = (int)c->moe.top_k;
     ag_tensor *h = ag_rmsnorm(ctx, llama_site(s, i, "post_attention_layernorm"), x, L->post_norm, (float)c->rms_eps);
-    ag_tensor *logits = ag_linear(ctx, moe_site(s, i, nm->prefix, "gate"), h, L->router, NULL);
+    const bool oss = c->moe.router == LLAMA_ROUTER_TOPK_SOFTMAX; // gpt_oss: mlp.router, with a bias
+    ag_tensor *logits = ag_linear(ctx, moe_site(s, i, nm->prefix, oss ? "router" : "gate"), h, L->router,
+                                  c->moe.router_bias ? L->router_bias : NULL);
     int64_t tokens = h ? h->numel / c->hidden : 0, count[E];
     ag_moe_routing r = {0};
-    ag_moe_route_opts o = {.top_k = k, .renorm = c->moe.norm_topk_prob, .assumed = mp_is_meta() ? count : NULL};
+    ag_moe_route_opts o = {
+        .top_k = k, .renorm = c->moe.norm_topk_prob, .topk_first = oss, .assumed = mp_is_meta() ? count : NULL};
     ag_tensor *w = logits && assumed_counts(ctx, c, L, i, tokens, count)
                        ? ag_moe_route(ctx, moe_site(s, i, nm->prefix, "route"), logits, h, &o, &r)
                        : NULL;
@@ -96,9 +111,10 @@ ag_tensor *llama_moe_block(ag_ctx *ctx, const llama_config *c, const llama_layer
             ag_ctx_fail(ctx, err.msg), REL(w);
     }
     ag_moe_eager hf = {.hit_tensor = nm->hit_tensor, .proj = {nm->proj[0], nm->proj[1], nm->proj[2]}};
-    ag_tensor *y = c->moe.ep > 1 ? (w ? ep_experts(ctx, c, L, h, w, &r, i) : NULL)
-                                 : ag_moe_experts(ctx, moe_site(s, i, nm->prefix, ""), h, w, &r, L->expert_gate,
-                                                  L->expert_up, L->expert_down, &hf);
+    ag_tensor *y = L->experts_gate_up ? stacked_experts(ctx, c, L, h, w, &r, i)
+                   : c->moe.ep > 1    ? (w ? ep_experts(ctx, c, L, h, w, &r, i) : NULL)
+                                      : ag_moe_experts(ctx, moe_site(s, i, nm->prefix, ""), h, w, &r, L->expert_gate,
+                                                       L->expert_up, L->expert_down, &hf);
     REL(w);
     ag_moe_routing_free(&r);
     if (L->moe && L->moe->logits && logits && ag_is_grad_enabled(ctx)) L->moe->logits[i] = ag_retain(logits);

@@ -51,7 +51,9 @@ static void moe_terms(const llama_config *c, uint64_t BT, uint64_t a, llama_clos
     const uint64_t H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate, E = (uint64_t)m->experts,
                    k = (uint64_t)m->top_k, Im = (uint64_t)m->intermediate, Is = (uint64_t)m->shared_intermediate;
     out->act_shared_saved = Is ? (4 * BT * Is + BT * (m->shared_gate ? 1 + H : 0)) * a : 0;
-    out->act_moe_delta = BT * E * 4 + BT * k * a + 2 * BT * k * Im * a + out->act_shared_saved;
+    // the router's float32 softmax: over every expert, or (gpt_oss) over the k it chose
+    const uint64_t routed = m->router == LLAMA_ROUTER_TOPK_SOFTMAX ? k : E;
+    out->act_moe_delta = BT * routed * 4 + BT * k * a + 2 * BT * k * Im * a + out->act_shared_saved;
     out->act_moe_delta -= 4 * BT * I * a; // what a dense block's MLP keeps, which a sparse one does not
 }
 
@@ -70,8 +72,10 @@ static void closed_form_peak(const llama_config *c, uint64_t BT, uint64_t a, lla
     for (int64_t i = 0; i <= last; i++) upto += out->act_per_block + (llama_layer_moe(c, i) ? out->act_moe_delta : 0);
     const uint64_t H = (uint64_t)c->hidden, k = (uint64_t)c->moe.top_k, Im = (uint64_t)c->moe.intermediate;
     const bool shared = c->moe.shared_intermediate > 0;
+    // gpt_oss's stacked experts hold the gate_up gradient (2 Im a pair) where the others hold up's (Im)
+    const uint64_t stacked = c->family == LLAMA_FAMILY_GPT_OSS ? BT * k * Im * a : 0;
     out->act_experts_moment = upto - out->act_shared_saved + aux + (shared ? 3 : 2) * BT * H * a +
-                              3 * BT * k * (H + Im) * a + (shared ? 0 : BT * H * a) + BT * k * a;
+                              3 * BT * k * (H + Im) * a + stacked + (shared ? 0 : BT * H * a) + BT * k * a;
     if (out->act_experts_moment > out->activations) out->activations = out->act_experts_moment;
 }
 

@@ -44,7 +44,7 @@ static const family_info families[] = {
     {"gemma3_text", "Gemma3ForCausalLM", LLAMA_FAMILY_GEMMA3, true, false, 131072, 256, 1e6, 1e-6, true,
      llama_gemma_fields},
     {"phi3", "Phi3ForCausalLM", LLAMA_FAMILY_PHI3, false, false, 4096, 0, 10000.0, 1e-5, false, llama_phi3_fields},
-    {"gpt_oss", "GptOssForCausalLM", LLAMA_FAMILY_GPT_OSS, false, true, 131072, 64, 150000.0, 1e-5, false,
+    {"gpt_oss", "GptOssForCausalLM", LLAMA_FAMILY_GPT_OSS, true, true, 131072, 64, 150000.0, 1e-5, false,
      llama_gpt_oss_fields},
     {"deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_FAMILY_DEEPSEEK_V3, false, true, 4096, 0, 10000.0, 1e-6, false,
      llama_deepseek_v3_fields},
@@ -120,6 +120,19 @@ int llama_family_refuse_unmodelled(const llama_config *c, const char *path, ag_e
     return -1;
 }
 
+int llama_family_check_run(const llama_config *c, const ag_ctx *ctx, const char *what, ag_err *err) {
+    if (c->family != LLAMA_FAMILY_GPT_OSS) return 0;
+    const ag_framework_row *fw = ag_ctx_framework_row(ctx);
+    const char *why = AG_FW(fw, moe) != AG_MOE_GROUPED
+                          ? "this framework (transformers' GptOssExperts loop and eager attention with sinks are not "
+                            "modelled op by op: --framework lean)"
+                      : c->moe.ep > 1 ? "--ep (stacked experts split over ranks are not modelled)"
+                                      : NULL;
+    if (!why) return 0;
+    ag_err_set(err, "%s: model_type \"gpt_oss\" (GptOssForCausalLM) runs under --framework lean; not %s", what, why);
+    return -1;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sliding windows
 
@@ -141,9 +154,24 @@ int llama_window_field(const json_t *root, const char *path, int64_t dflt, bool 
     return 0;
 }
 
-// layer_types (newer transformers): each "full_attention" or "sliding_attention", the sliding
-// ones after the full ones, which the window's first layer says.
-static int layer_types(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+// Whether layer_types alternates with a period: every p-th layer full, the others sliding
+// (gpt_oss: p 2); sets full_every.
+static bool periodic_types(llama_config *c, const json_t *lt) {
+    int64_t p = 0;
+    for (size_t i = 0; i < json_array_size(lt) && p == 0; i++)
+        if (strcmp(json_string_value(json_array_get(lt, i)), "full_attention") == 0) p = (int64_t)i + 1;
+    if (p < 2) return false;
+    for (size_t i = 0; i < json_array_size(lt); i++) {
+        bool full = strcmp(json_string_value(json_array_get(lt, i)), "full_attention") == 0;
+        if (full != (((int64_t)i + 1) % p == 0)) return false;
+    }
+    c->full_every = p, c->window_from = 0;
+    return true;
+}
+
+// layer_types (newer transformers): each "full_attention" or "sliding_attention": the sliding
+// ones after the full ones (the window's first layer says which), or every n-th layer full.
+int llama_layer_types(llama_config *c, const json_t *root, const char *path, ag_err *err) {
     const json_t *lt = json_object_get(root, "layer_types");
     if (!lt || json_is_null(lt)) return 0;
     if (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->layers) {
@@ -151,7 +179,7 @@ static int layer_types(llama_config *c, const json_t *root, const char *path, ag
                    (long long)c->layers);
         return -1;
     }
-    int64_t first = c->layers;
+    int64_t first = c->layers, full_after = -1;
     for (size_t i = 0; i < json_array_size(lt); i++) {
         const char *t = json_string_value(json_array_get(lt, i));
         bool sliding = t && strcmp(t, "sliding_attention") == 0, full = t && strcmp(t, "full_attention") == 0;
@@ -160,18 +188,21 @@ static int layer_types(llama_config *c, const json_t *root, const char *path, ag
             return -1;
         }
         if (sliding && first == c->layers) first = (int64_t)i;
-        if (full && first < c->layers) {
-            ag_err_set(err,
-                       "%s: field layer_types: layer %zu is full after sliding layer %lld (only full layers then "
-                       "sliding ones are supported)",
-                       path, i, (long long)first);
-            return -1;
-        }
+        if (full && first < c->layers && full_after < 0) full_after = (int64_t)i;
+    }
+    c->full_every = 0;
+    if (full_after >= 0 && !periodic_types(c, lt)) {
+        ag_err_set(err,
+                   "%s: field layer_types: layer %lld is full after sliding layer %lld (only full layers then "
+                   "sliding ones, or every n-th layer full, are supported)",
+                   path, (long long)full_after, (long long)first);
+        return -1;
     }
     if (first < c->layers && c->sliding_window == 0) {
         ag_err_set(err, "%s: field layer_types has sliding layers but sliding_window is null", path);
         return -1;
     }
+    if (c->full_every) return 0;
     c->window_from = first;
     if (first == c->layers) c->sliding_window = 0;
     return 0;
@@ -187,7 +218,7 @@ int llama_qwen_window(llama_config *c, const json_t *root, const char *path, ag_
         return -1;
     c->sliding_window = use ? w : 0;
     c->window_from = from < 0 ? 0 : from;
-    return layer_types(c, root, path, err);
+    return llama_layer_types(c, root, path, err);
 }
 
 // ---------------------------------------------------------------------------------------------

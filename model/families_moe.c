@@ -237,17 +237,34 @@ int llama_phi3_fields(llama_config *c, const json_t *root, const char *path, ag_
 }
 
 // GptOssConfig: 128 experts, 4 a token, intermediate_size wide, stacked with biases; a router with
-// a bias; biases in attention (attention_bias, true unless given) and one sink per head.
+// a bias (top-k of the logits, then their softmax); biases in attention (attention_bias, true
+// unless given), one sink per head, the clamped SwiGLU (swiglu_limit 7); a window of 128 on every
+// other layer (layer_types, sliding first). output_router_logits is refused: its load-balancing
+// loss reads the routers' scattered scores, which membill does not model.
 int llama_gpt_oss_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
     llama_moe *m = &c->moe;
     c->qkv_bias = c->o_bias = true, c->sinks = true;
     m->intermediate = c->intermediate, m->sparse_step = 1, m->router = LLAMA_ROUTER_TOPK_SOFTMAX;
     m->router_bias = m->expert_bias = true, m->swiglu_limit = 7.0;
     if (llama_json_bool(root, path, "attention_bias", &c->qkv_bias, err) < 0 ||
-        experts_fields(m, root, path, "num_local_experts", 128, 4, err) != 0)
+        experts_fields(m, root, path, "num_local_experts", 128, 4, err) != 0 || aux_fields(m, root, path, err) != 0 ||
+        llama_json_number(root, path, "swiglu_limit", &m->swiglu_limit, err) < 0 ||
+        llama_window_field(root, path, 128, true, &c->sliding_window, err) != 0)
         return -1;
     c->o_bias = c->qkv_bias;
-    return 0;
+    if (!isfinite(m->swiglu_limit) || m->swiglu_limit <= 0) {
+        ag_err_set(err, "%s: field swiglu_limit (%g) must be a positive number", path, m->swiglu_limit);
+        return -1;
+    }
+    if (m->aux_loss) {
+        ag_err_set(err,
+                   "%s: field output_router_logits: gpt_oss's load-balancing loss (over the routers' scattered "
+                   "scores) is not modelled",
+                   path);
+        return -1;
+    }
+    c->full_every = c->sliding_window > 0 ? 2 : 0, c->window_from = 0; // GptOssConfig's layer_types
+    return llama_layer_types(c, root, path, err);
 }
 
 // DeepseekV3Config: latent attention, 256 sigmoid-routed experts 2048 wide, 8 a token, a shared

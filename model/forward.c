@@ -182,6 +182,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
                         "kept for the load-balancing loss (membill does not model it)");
         return NULL;
     }
+    if (llama_family_check_run(c, ctx, "forward", err) != 0) return NULL;
     if (B < 1 || T < 2 || T > c->max_positions) {
         ag_err_set(err,
                    "batch %lld x length %lld: a training step needs batch >= 1 and a length of 2 to %lld tokens "
@@ -243,6 +244,7 @@ ag_tensor *llama_forward_loss_opts(ag_ctx *ctx, llama_model *m, const llama_forw
 
 ag_tensor *llama_forward_logits(ag_ctx *ctx, llama_model *m, const int32_t *ids, int64_t B, int64_t T, ag_err *err) {
     const llama_config *c = &m->cfg;
+    if (llama_family_check_run(c, ctx, "forward", err) != 0) return NULL;
     if (B < 1 || T < 1 || T > c->max_positions || B > INT32_MAX / T) {
         ag_err_set(err, "batch %lld x length %lld: expected batch >= 1 and 1 to %lld tokens", (long long)B,
                    (long long)T, (long long)c->max_positions);

@@ -5,6 +5,7 @@
 // before the next block runs. Padded batches follow Hugging Face's generate: position =
 // cumsum(mask) - 1 (pads at 1), and pad keys are hidden from every query.
 #include "blocks.h"
+#include "model_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -55,9 +56,12 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     if (kr && v) ag_kv_cache_append(ctx, kv, kr, v);
     REL(kr);
     REL(v);
-    ag_tensor *a = ag_attention_cached_spec(
-        ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq,
-        &(ag_attention_spec){llama_layer_window(c, i), llama_attention_scale(c), (float)c->attn_softcap});
+    const ag_attention_spec spec = {llama_layer_window(c, i), llama_attention_scale(c), (float)c->attn_softcap};
+    ag_tensor *a =
+        L->sinks // gpt_oss's sinks (no scale of its own, no cap)
+            ? ag_attention_cached_sinks(ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq, spec.window,
+                                        L->sinks)
+            : ag_attention_cached_spec(ctx, llama_site(s, i, "self_attn"), qr, kv, g->mask, g->cap, hq, &spec);
     REL(qr);
     if (!g->kv) ag_kv_cache_free(kv);
     return llama_attention_out(ctx, c, L, x, a, i);
@@ -234,6 +238,7 @@ static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, con
         return -1;
     }
     if (ids && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return -1;
+    if (llama_family_check_run(c, ctx, "generate", err) != 0) return -1;
     return mask && !meta ? check_mask(mask, B, T, err) : 0;
 }
 

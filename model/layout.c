@@ -482,6 +482,7 @@ ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i) {
 }
 
 int64_t llama_layer_window(const llama_config *c, int64_t i) {
+    if (c->sliding_window > 0 && c->full_every > 0) return (i + 1) % c->full_every ? c->sliding_window : 0;
     if (c->window_period > 0) return (i + 1) % c->window_period ? c->sliding_window : 0;
     return c->sliding_window > 0 && i >= c->window_from ? c->sliding_window : 0;
 }

@@ -29,10 +29,12 @@
 //   mixtral: mistral's attention, every MLP a mixture of experts (block_sparse_moe);
 //   qwen2_moe: qwen2's attention, mixtures of experts with a gated shared expert;
 //   qwen3_moe: qwen3's attention, mixtures of experts;
+//   gpt_oss: biases and sinks in attention, a window on every other layer, stacked experts
+//     through a clamped SwiGLU (the lean framework);
 //   gemma2: (1 + w) norms before and after attention and MLP, GeLU-tanh, scaled embeddings,
 //     query_pre_attn_scalar, soft-capped scores and logits, sliding layers alternating;
 //   gemma3_text: gemma2's with q_norm and k_norm, a local RoPE base on its sliding layers.
-// phi3, gpt_oss and deepseek_v3 have their parameter tables here (names,
+// phi3 and deepseek_v3 have their parameter tables here (names,
 // shapes, counts) but no forward yet: llama_config_parse and the presets refuse them by name
 // (llama_family_modelled).
 typedef enum {
@@ -146,6 +148,8 @@ typedef struct {
     bool qk_norm;              // qwen3's q_norm and k_norm
     int64_t sliding_window;    // 0: none; else a query sees the last sliding_window keys, itself included
     int64_t window_from;       // the first layer with the window (qwen2's max_window_layers)
+    int64_t full_every;        // layer_types alternating (gpt_oss: 2): layer i full when (i + 1) % full_every
+                               // == 0, sliding otherwise; 0: window_from says
     bool no_cache;             // use_cache false: the forward returns no DynamicCache
     bool pad_token;            // pad_token_id given: the embedding's padding_idx (no gradient to its row)
     int64_t pad_token_id;
@@ -516,10 +520,10 @@ llama_st_dtype llama_ckpt_stats_dtype(const llama_ckpt_stats *s);
 typedef void (*llama_hub_progress_fn)(void *arg, const char *file, uint64_t done, uint64_t total);
 
 typedef struct {
-    char cache[LLAMA_HUB_PATH_MAX]; // HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else HF_HOME/hub
-    char home[LLAMA_HUB_PATH_MAX];  // HF_HOME, else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface
-    char endpoint[1024];            // HF_ENDPOINT (https://huggingface.co), no trailing '/'
-    char token[1024];               // HF_TOKEN, else HUGGING_FACE_HUB_TOKEN, else the token file; "" none
+    char cache[LLAMA_HUB_PATH_MAX];      // HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else HF_HOME/hub
+    char home[LLAMA_HUB_PATH_MAX];       // HF_HOME, else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface
+    char endpoint[1024];                 // HF_ENDPOINT (https://huggingface.co), no trailing '/'
+    char token[1024];                    // HF_TOKEN, else HUGGING_FACE_HUB_TOKEN, else the token file; "" none
     char token_file[LLAMA_HUB_PATH_MAX]; // HF_TOKEN_PATH, else HF_HOME/token (read or not)
     const char *token_from;              // "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", token_file, or NULL
     bool offline;                        // HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE: the cache alone
@@ -716,8 +720,8 @@ typedef struct {
     ag_tensor *router, *router_bias;
     ag_tensor **expert_gate, **expert_up, **expert_down;
     ag_tensor *shared_gate, *shared_up, *shared_down, *shared_expert_gate;
-    // The families not modelled yet: phi3's fused projections, gpt_oss's sinks and stacked
-    // experts, deepseek_v3's latent attention, gemma's norms around the MLP.
+    // gpt_oss's sinks and stacked experts; the families not modelled yet: phi3's fused
+    // projections, deepseek_v3's latent attention, gemma's norms around the MLP.
     ag_tensor *qkv, *gate_up, *sinks;
     ag_tensor *experts_gate_up, *experts_gate_up_bias, *experts_down, *experts_down_bias;
     ag_tensor *q_a, *q_a_norm, *q_b, *kv_a, *kv_a_norm, *kv_b;

@@ -58,6 +58,12 @@ int llama_qwen2_moe_fields(llama_config *c, const json_t *root, const char *path
 int llama_qwen3_moe_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_gemma_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_phi3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+// What a family's forward (training or generation) does not model under this context
+// (framework, --ep): -1 with "<what>: ..." in err naming the family and the setting; 0 otherwise.
+int llama_family_check_run(const llama_config *c, const ag_ctx *ctx, const char *what, ag_err *err);
+// layer_types: full then sliding layers (window_from), or every n-th full (full_every); absent:
+// what the caller set stays.
+int llama_layer_types(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_gpt_oss_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_deepseek_v3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
 // config.c: a config.json text parsed and validated whatever its family, modelled or not (the

@@ -30,3 +30,18 @@ typedef struct {
 bool ag_moe_group(const ag_moe_routing *r, ag_moe_groups *g); // false: out of memory
 void ag_moe_groups_free(ag_moe_groups *g);
 
+// A billed block of the activations' dtype, as an ag_buf ("<base>:<what>", numel elements);
+// false with the context's error set.
+typedef struct {
+    mp_block b;
+    ag_buf v;
+} ag_moe_scratch;
+bool ag_moe_scratch_new(ag_ctx *ctx, ag_moe_scratch *s, const char *base, const char *what, int64_t numel);
+// dst[i] = src[row(pair[i])] for rows of H: token rows (t = pair / k) of x, or of dy.
+void ag_moe_gather(ag_buf dst, ag_buf src, const int64_t *pair, int64_t n, int k, int64_t H);
+// y[t] = Σ w[pair] Y[i] over each token's pairs, summed in choice order (as index_add_ adds
+// the experts' outputs one expert after another: each row gets its k terms, one per expert).
+void ag_moe_combine(ag_buf y, ag_buf Y, ag_buf w, const ag_moe_groups *g, int E, int64_t N, int k, int64_t H);
+// dx[t] (+)= dxp[i] for each pair i of token t (fresh: dx zeroed first): the gathered rows'
+// gradient back into x's rows.
+void ag_moe_scatter_add(ag_buf dx, bool fresh, ag_buf dxp, const ag_moe_groups *g, int64_t N, int k, int64_t H);

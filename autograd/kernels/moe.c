@@ -73,3 +73,52 @@ float ag_moe_softmax_row(const float *z, int E, float *p) {
     for (int e = 0; e < E; e++) p[e] *= inv;
     return mx;
 }
+
+bool ag_moe_scratch_new(ag_ctx *ctx, ag_moe_scratch *s, const char *base, const char *what, int64_t numel) {
+    const int bits = ctx->dtype.act_bits;
+    memset(s, 0, sizeof *s);
+    if (!ag_moe_temp(ctx, &s->b, base, what, numel * bits / 8)) return false;
+    s->v = (ag_buf){s->b.data, ag_dtype_of_bits(bits, ctx->dtype.fp16)};
+    return true;
+}
+
+void ag_moe_gather(ag_buf dst, ag_buf src, const int64_t *pair, int64_t n, int k, int64_t H) {
+    float b[H];
+    for (int64_t i = 0; i < n; i++) {
+        const float *r = ag_rd(src, pair[i] / k * H, H, b);
+        float *o = ag_wr(dst, i * H, b);
+        if (o != r) memcpy(o, r, (size_t)H * sizeof *o);
+        ag_wr_end(dst, i * H, H, o);
+    }
+}
+
+void ag_moe_combine(ag_buf y, ag_buf Y, ag_buf w, const ag_moe_groups *g, int E, int64_t N, int k, int64_t H) {
+    float acc[H], yb[H];
+    float *sum = calloc((size_t)(N * H), sizeof *sum);
+    if (!sum) return;
+    for (int e = 0; e < E; e++) // expert after expert, as the eager loop adds them
+        for (int64_t i = g->off[e]; i < g->off[e + 1]; i++) {
+            int64_t p = g->pair[i], t = p / k;
+            float wt = ag_get(w.p, w.t, p);
+            const float *r = ag_rd(Y, i * H, H, acc);
+            for (int64_t h = 0; h < H; h++) sum[t * H + h] += wt * r[h];
+        }
+    for (int64_t t = 0; t < N; t++) {
+        float *o = ag_wr(y, t * H, yb);
+        memcpy(o, sum + t * H, (size_t)H * sizeof *o);
+        ag_wr_end(y, t * H, H, o);
+    }
+    free(sum);
+}
+
+void ag_moe_scatter_add(ag_buf dx, bool fresh, ag_buf dxp, const ag_moe_groups *g, int64_t N, int k, int64_t H) {
+    if (fresh) memset(dx.p, 0, (size_t)(N * H) * (dx.t == AG_F32 ? 4 : 2));
+    float rb[H], ob[H];
+    for (int64_t i = 0; i < N * k; i++) {
+        int64_t t = g->pair[i] / k;
+        const float *v = ag_rd(dxp, i * H, H, rb);
+        float *o = ag_rw(dx, t * H, H, ob);
+        for (int64_t h = 0; h < H; h++) o[h] += v[h];
+        ag_wr_end(dx, t * H, H, o);
+    }
+}

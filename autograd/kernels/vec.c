@@ -113,6 +113,16 @@ float ag_row_dot(ag_buf x, ag_buf y, int64_t r, int64_t C) {
 }
 
 // db[out] (+)= the sum over the M rows of dy[M, out] (in float32): the bias needs nothing saved.
+void ag_linear_bias_forward(ag_buf y, ag_buf b, int64_t M, int64_t out) {
+    float bb[out], yb[out];
+    const float *bv = ag_rd(b, 0, out, bb);
+    for (int64_t r = 0; r < M; r++) {
+        float *o = ag_rw(y, r * out, out, yb);
+        for (int64_t j = 0; j < out; j++) o[j] += bv[j];
+        ag_wr_end(y, r * out, out, o);
+    }
+}
+
 void ag_linear_bias_backward(ag_buf db, bool fresh, ag_buf dy, int64_t M, int64_t out) {
     float acc[out], rb[out];
     if (fresh)

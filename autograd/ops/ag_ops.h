@@ -30,8 +30,9 @@ bool ag_attention_begin(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *
 ag_tensor *ag_attention_eager(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
                               const ag_att_dims *a, bool rec);
 // attention_flash.c: ag_attention when the context says FLASH (shapes already checked).
+// sinks (gpt_oss's [Hq]; NULL: none) join each row's softmax (the lean framework's semantics).
 ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
-                                      const ag_att_dims *a, bool rec);
+                                      ag_tensor *sinks, const ag_att_dims *a, bool rec);
 
 // cross_entropy_hf.c: ag_cross_entropy under PYTORCH semantics (inputs already checked).
 ag_tensor *ag_cross_entropy_hf(ag_ctx *ctx, const ag_site *s, ag_tensor *logits, const int32_t *ids, bool rec);

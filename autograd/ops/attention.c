@@ -3,6 +3,7 @@
 // reads key-value head h / (Hq/Hkv); query i sits at position i + Tk - Tq and sees keys up to it.
 //   S = Q Kᵀ / sqrt(D) (masked), P = softmax(S) rows, O = P V
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ag_ops.h"
@@ -13,15 +14,18 @@
 #define PH(base, a, b, h) ag_buf_at(base, ((b) * (a).Hq + (h)) * (a).Tq * (a).Tk)
 
 // In place over one row of scores (query i): causal softmax (within the sliding window, if
-// any); masked entries become zeros.
-static void causal_softmax_row(float *row, int64_t i, const ag_att_dims *a) {
+// any); masked entries become zeros. A sink (gpt_oss; NULL: none) is one more logit in the
+// denominator, with no value: the row's probabilities then sum to less than 1.
+static void causal_softmax_row(float *row, int64_t i, const ag_att_dims *a, const float *sink) {
     int64_t n = ag_keys_seen(a, i);                 // keys 0 .. i + Tk - Tq are visible
     int64_t lo = ag_window_first(n - 1, a->window); // ... from this one on
     if (a->softcap > 0.0f)
         for (int64_t j = lo; j < n; j++) row[j] = a->softcap * tanhf(row[j] / a->softcap);
     float mx = row[lo];
     for (int64_t j = lo + 1; j < n; j++) mx = row[j] > mx ? row[j] : mx;
-    float inv = (float)(1.0 / ag_softmax_exp(row + lo, row + lo, n - lo, mx, NULL));
+    if (sink && *sink > mx) mx = *sink;
+    double sum = ag_softmax_exp(row + lo, row + lo, n - lo, mx, NULL) + (sink ? exp((double)(*sink - mx)) : 0.0);
+    float inv = (float)(1.0 / sum);
     for (int64_t j = lo; j < n; j++) row[j] *= inv;
     for (int64_t j = 0; j < lo; j++) row[j] = 0.0f;
     for (int64_t j = n; j < a->Tk; j++) row[j] = 0.0f;
@@ -30,6 +34,7 @@ static void causal_softmax_row(float *row, int64_t i, const ag_att_dims *a) {
 typedef struct {
     ag_buf probs;
     const ag_att_dims *a;
+    const float *sinks; // [Hq] float32, NULL: none
 } softmax_args;
 
 static void softmax_part(void *p, int64_t lo, int64_t hi, int thread) {
@@ -39,14 +44,15 @@ static void softmax_part(void *p, int64_t lo, int64_t hi, int thread) {
     float buf[n];
     for (int64_t r = lo; r < hi; r++) {
         float *row = ag_rw(s->probs, r * n, n, buf);
-        causal_softmax_row(row, r % s->a->Tq, s->a);
+        causal_softmax_row(row, r % s->a->Tq, s->a, s->sinks ? s->sinks + r / s->a->Tq % s->a->Hq : NULL);
         ag_wr_end(s->probs, r * n, n, row);
     }
 }
 
 // Three phases rather than one pass per head: each product and the softmax is then one loop of
 // the pool over every head.
-static bool attention_forward(ag_buf o, ag_buf probs, ag_buf q, ag_buf k, ag_buf v, const ag_att_dims *a) {
+static bool attention_forward(ag_buf o, ag_buf probs, ag_buf q, ag_buf k, ag_buf v, const ag_att_dims *a,
+                              const float *sinks) {
     bool ok = true;
     int rep = a->Hq / a->Hkv;
     int64_t ldq = (int64_t)a->Hq * a->D, ldk = (int64_t)a->Hkv * a->D;
@@ -56,7 +62,7 @@ static bool attention_forward(ag_buf o, ag_buf probs, ag_buf q, ag_buf k, ag_buf
             ok =
                 ok && ag_causal_scores(a, scale, QH(q, *a, b, h), ldq, KH(k, *a, b, h / rep), ldk, PH(probs, *a, b, h));
     int64_t rows = a->B * a->Hq * a->Tq;
-    if (ok) ag_parallel_for(rows, AG_PAR_GRAIN_EXP / a->Tk + 1, softmax_part, &(softmax_args){probs, a});
+    if (ok) ag_parallel_for(rows, AG_PAR_GRAIN_EXP / a->Tk + 1, softmax_part, &(softmax_args){probs, a, sinks});
     for (int64_t b = 0; b < a->B; b++)
         for (int h = 0; h < a->Hq; h++)
             ok = ok &&
@@ -67,9 +73,11 @@ static bool attention_forward(ag_buf o, ag_buf probs, ag_buf q, ag_buf k, ag_buf
 typedef struct {
     ag_buf dp, p;
     const ag_att_dims *a;
+    double *dsink; // [Tq]: each row's part of its head's sink gradient; NULL: no sink
 } dsoftmax_args;
 
-// Row i of one head; past the keys it sees, dP was left unwritten and dS is 0.
+// Row i of one head; past the keys it sees, dP was left unwritten and dS is 0. With a sink,
+// whose probability is 1 - Σ P and whose value is none: dsink = -p_sink Σ P ∘ dP.
 static void dsoftmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const dsoftmax_args *x = arg;
@@ -78,15 +86,21 @@ static void dsoftmax_part(void *arg, int64_t lo, int64_t hi, int thread) {
     for (int64_t i = lo; i < hi; i++) {
         const int64_t seen = ag_keys_seen(x->a, i);
         float *dp = ag_rw(x->dp, i * n, n, db);
-        ag_softmax_backward_row(dp, dp, ag_rd(x->p, i * n, n, pb), seen);
+        const float *p = ag_rd(x->p, i * n, n, pb);
+        if (x->dsink) {
+            double total = 0.0;
+            for (int64_t j = 0; j < seen; j++) total += p[j];
+            x->dsink[i] = -(1.0 - total) * ag_dot_f64(p, dp, seen);
+        }
+        ag_softmax_backward_row(dp, dp, p, seen);
         for (int64_t j = seen; j < n; j++) dp[j] = 0.0f;
         ag_wr_end(x->dp, i * n, n, dp);
     }
 }
 
 // In place over one head: dP -> dS = P ∘ (dP - rowsum(P ∘ dP)), the softmax backward.
-static void softmax_backward(ag_buf dp, ag_buf p, const ag_att_dims *a) {
-    ag_parallel_for(a->Tq, AG_PAR_GRAIN / a->Tk + 1, dsoftmax_part, &(dsoftmax_args){dp, p, a});
+static void softmax_backward(ag_buf dp, ag_buf p, const ag_att_dims *a, double *dsink) {
+    ag_parallel_for(a->Tq, AG_PAR_GRAIN / a->Tk + 1, dsoftmax_part, &(dsoftmax_args){dp, p, a, dsink});
 }
 
 // The soft-cap's derivative on one head's dS (in place): 1 - tanh²(S / c) from the scores
@@ -107,9 +121,10 @@ static void softcap_backward(ag_buf dp, const float *sc, const ag_att_dims *a) {
 
 // One (batch, head): dV += Pᵀ dO; dP = dO Vᵀ; dS; dQ = dS K scale; dK += dSᵀ Q scale.
 // dK and dV sum over the query heads of a group: the group's first head writes, if fresh.
-// sc: a head's scores, recomputed under a soft-cap (NULL: none).
+// sc: a head's scores, recomputed under a soft-cap (NULL: none); dsink: [Tq] rows' parts of the
+// head's sink gradient, NULL without a sink.
 static bool attention_head_backward(const ag_grad_dst *d, ag_buf dout, ag_buf dp, float *sc,
-                                    const ag_attention_state *st, int64_t b, int h) {
+                                    const ag_attention_state *st, int64_t b, int h, double *dsink) {
     const ag_att_dims *a = &st->dims;
     int rep = a->Hq / a->Hkv, g = h / rep;
     int64_t ldq = (int64_t)a->Hq * a->D, ldk = (int64_t)a->Hkv * a->D;
@@ -119,9 +134,9 @@ static bool attention_head_backward(const ag_grad_dst *d, ag_buf dout, ag_buf dp
     if (d[2].needed)
         ok = ag_causal_keys(a, 1.0f, p, dO, ldq, first && d[2].fresh ? 0.0f : 1.0f, KH(ag_dst_buf(&d[2]), *a, b, g),
                             ldk);
-    if (!d[0].needed && !d[1].needed) return ok;
+    if (!d[0].needed && !d[1].needed && !dsink) return ok;
     ok = ok && ag_causal_scores(a, 1.0f, dO, ldq, KH(ag_buf_of(st->v), *a, b, g), ldk, dp);
-    if (ok) softmax_backward(dp, p, a);
+    if (ok) softmax_backward(dp, p, a, dsink);
     if (ok && sc) {
         ok = ag_causal_scores(a, scale, QH(ag_buf_of(st->q), *a, b, h), ldq, KH(ag_buf_of(st->k), *a, b, g), ldk,
                               ag_buf_f32(sc));
@@ -158,7 +173,7 @@ static void attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     ag_buf dpb = {dp.data, n->grad_dtype}, dy = {(void *)dout, n->grad_dtype};
     if (!mp_is_meta())
         for (int64_t b = 0; b < a.B; b++)
-            for (int h = 0; h < a.Hq && ok; h++) ok = attention_head_backward(d, dy, dpb, sc.data, st, b, h);
+            for (int h = 0; h < a.Hq && ok; h++) ok = attention_head_backward(d, dy, dpb, sc.data, st, b, h, NULL);
     if (!ok) ag_fail(ctx, AG_ERR_NOMEM, "attention %s backward: out of memory for a conversion", mp_site_name(n->site));
     mp_free(&sc);
     mp_free(&dp);
@@ -198,6 +213,25 @@ bool ag_attention_begin(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *
     return true;
 }
 
+// The eager op's output and probabilities [B, Hq, Tq, Tk], and its node when an input wants a
+// gradient (NULL otherwise); *o NULL on failure, with nothing left allocated.
+static ag_node *eager_begin(ag_ctx *ctx, const ag_site *s, const ag_att_dims *a, const ag_op *op, int nin,
+                            ag_tensor **ins, ag_tensor **o, ag_tensor **probs) {
+    char label[AG_LABEL_MAX];
+    ag_label(label, s->base, "probs");
+    *o = ag_tensor_like(ctx, ins[0], MP_ACTIVATION, s->out);
+    *probs = ag_tensor_new(ctx, 4, (int64_t[]){a->B, a->Hq, a->Tq, a->Tk}, MP_ACTIVATION, label);
+    ag_node *n = NULL;
+    if (*o && *probs && ag_any_needs_grad(ctx, nin, ins)) n = ag_record(ctx, op, s->base, *o, nin, ins);
+    if (!*o || !*probs || ctx->status != AG_OK) {
+        ag_release(*probs);
+        ag_release(*o);
+        *o = *probs = NULL;
+        return NULL;
+    }
+    return n;
+}
+
 ag_tensor *ag_attention_window(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                                int D, int64_t window) {
     return ag_attention_spec_run(ctx, site, q, k, v, Hq, Hkv, D, &(ag_attention_spec){window, 0.0f, 0.0f});
@@ -223,19 +257,11 @@ ag_tensor *ag_attention_spec_run(ag_ctx *ctx, const char *site, ag_tensor *q, ag
     ag_tensor *ins[] = {q, k, v};
     if (AG_FW(ctx->fw, attention) == AG_ATTENTION_OPS_HF_EAGER)
         return ag_attention_eager(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
-    char label[AG_LABEL_MAX];
-    ag_label(label, s.base, "probs");
-    ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);
-    ag_tensor *probs = ag_tensor_new(ctx, 4, (int64_t[]){a.B, Hq, a.Tq, a.Tk}, MP_ACTIVATION, label);
-    ag_node *n = NULL;
-    if (o && probs && ag_any_needs_grad(ctx, 3, ins)) n = ag_record(ctx, &attention_op, s.base, o, 3, ins);
-    if (!o || !probs || ctx->status != AG_OK) {
-        ag_release(probs);
-        ag_release(o);
-        return NULL;
-    }
+    ag_tensor *o, *probs;
+    ag_node *n = eager_begin(ctx, &s, &a, &attention_op, 3, ins, &o, &probs);
+    if (!o) return NULL;
     if (!mp_is_meta() &&
-        !attention_forward(ag_buf_of(o), ag_buf_of(probs), ag_buf_of(q), ag_buf_of(k), ag_buf_of(v), &a))
+        !attention_forward(ag_buf_of(o), ag_buf_of(probs), ag_buf_of(q), ag_buf_of(k), ag_buf_of(v), &a, NULL))
         ag_fail(ctx, AG_ERR_NOMEM, "attention %s: out of memory for a conversion", s.base);
     if (n) {
         // under a soft-cap, backward recomputes the scores from both q and k
@@ -274,7 +300,7 @@ ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q
     }
     ag_tensor *ins[] = {q, k, v};
     if (AG_SDPA(kr, gqa) || Hq == Hkv)
-        return ag_attention_flash_checked(ctx, &s, q, k, v, &a, ag_any_needs_grad(ctx, 3, ins));
+        return ag_attention_flash_checked(ctx, &s, q, k, v, NULL, &a, ag_any_needs_grad(ctx, 3, ins));
     char l[AG_LABEL_MAX];
     ag_label(l, s.base, "k_repeated");
     ag_tensor *kr_ = ag_repeat_kv(ctx, l, k, Hkv, Hq / Hkv, D);
@@ -284,8 +310,80 @@ ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q
     if (vr) {
         a.Hkv = Hq;
         ag_tensor *rins[] = {q, kr_, vr};
-        out = ag_attention_flash_checked(ctx, &s, q, kr_, vr, &a, ag_any_needs_grad(ctx, 3, rins));
+        out = ag_attention_flash_checked(ctx, &s, q, kr_, vr, NULL, &a, ag_any_needs_grad(ctx, 3, rins));
     }
     ag_release(kr_), ag_release(vr);
     return out;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Attention sinks (gpt_oss): the same eager attention with one more logit per query head in each
+// row's softmax denominator.
+
+// The sinks' gradient: for each (batch, head), the rows' parts summed into dsinks[h].
+static void sinks_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
+    const ag_attention_sinks_state *st = &n->state.attention_sinks;
+    const ag_att_dims a = st->dims;
+    ag_grad_dst d[4];
+    if (!ag_grad_get_all(ctx, n, d)) return;
+    const ag_attention_state view = {.q = st->q, .k = st->k, .v = st->v, .probs = st->probs, .dims = a};
+    mp_block dp = {0};
+    char label[AG_LABEL_MAX];
+    ag_label(label, mp_site_name(n->site), "dprobs");
+    if (!ag_alloc_block(ctx, &dp, (size_t)(a.Tq * a.Tk) * sizeof(float), MP_ACTIVATION, label)) return;
+    if (mp_is_meta()) {
+        mp_free(&dp);
+        return;
+    }
+    double *rows = malloc((size_t)a.Tq * sizeof *rows), *dsink = calloc((size_t)a.Hq, sizeof *dsink);
+    ag_buf dpb = {dp.data, n->grad_dtype}, dy = {(void *)dout, n->grad_dtype};
+    bool ok = rows && dsink;
+    for (int64_t b = 0; b < a.B && ok; b++)
+        for (int h = 0; h < a.Hq && ok; h++) {
+            ok = attention_head_backward(d, dy, dpb, NULL, &view, b, h, d[3].needed ? rows : NULL);
+            for (int64_t i = 0; ok && d[3].needed && i < a.Tq; i++) dsink[h] += rows[i];
+        }
+    for (int h = 0; ok && d[3].needed && h < a.Hq; h++)
+        ag_set(d[3].data, d[3].dtype, h, (float)dsink[h] + (d[3].fresh ? 0.0f : ag_get(d[3].data, d[3].dtype, h)));
+    if (!ok) ag_fail(ctx, AG_ERR_NOMEM, "attention %s backward: out of memory", mp_site_name(n->site));
+    free(rows);
+    free(dsink);
+    mp_free(&dp);
+}
+
+static const ag_op sinks_op = {
+    .name = "attention_sinks", .backward = sinks_backward, .nsaved = AG_NSAVED(attention_sinks)};
+
+ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
+                              int D, int64_t window, ag_tensor *sinks) {
+    if (!sinks) return ag_attention_window(ctx, site, q, k, v, Hq, Hkv, D, window);
+    ag_site s;
+    ag_att_dims a;
+    if (!ag_attention_begin(ctx, site, q, k, v, Hq, Hkv, D, window, &s, &a)) return NULL;
+    const bool flash = ctx->attention != AG_ATTENTION_EAGER; // flash, or another SDPA kernel
+    const bool lean =
+        flash ? AG_FW(ctx->fw, flash) == AG_FLASH_FUSED : AG_FW(ctx->fw, attention) == AG_ATTENTION_OPS_FUSED;
+    if (sinks->numel != Hq || !lean) {
+        ag_fail(ctx, AG_ERR_ARG,
+                "attention %s: sinks of %lld values for %d heads (one a head, under the lean framework: the only "
+                "attention with sinks membill computes)",
+                s.base, (long long)sinks->numel, Hq);
+        return NULL;
+    }
+    ag_tensor *ins[] = {q, k, v, sinks};
+    if (flash) return ag_attention_flash_checked(ctx, &s, q, k, v, sinks, &a, ag_any_needs_grad(ctx, 4, ins));
+    ag_tensor *o, *probs;
+    ag_node *n = eager_begin(ctx, &s, &a, &sinks_op, 4, ins, &o, &probs);
+    if (!o) return NULL;
+    if (!mp_is_meta()) {
+        float sv[Hq];
+        for (int h = 0; h < Hq; h++) sv[h] = ag_get(sinks->data, sinks->dtype, h);
+        if (!attention_forward(ag_buf_of(o), ag_buf_of(probs), ag_buf_of(q), ag_buf_of(k), ag_buf_of(v), &a, sv))
+            ag_fail(ctx, AG_ERR_NOMEM, "attention %s: out of memory for a conversion", s.base);
+    }
+    if (n) // backward reads every one of them (dP for the sinks' gradient needs v)
+        n->state.attention_sinks = (ag_attention_sinks_state){
+            .q = ag_retain(q), .k = ag_retain(k), .v = ag_retain(v), .probs = ag_retain(probs), .dims = a};
+    ag_release(probs);
+    return o;
 }

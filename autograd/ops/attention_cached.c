@@ -15,10 +15,11 @@ typedef struct {
     int Hq, Hkv, D;
     const int32_t *mask; // [B, ld] or NULL
     int64_t ld;
-    bool threaded;  // heads split between threads: chunk products by ag_sgemm_small only
-    int64_t window; // 0: none; else keys window or more cache slots back are hidden
-    float scale;    // on q kᵀ (0: 1 / sqrt(D))
-    float softcap;  // the scores capped as softcap tanh(s / softcap) before the softmax (0: none)
+    bool threaded;      // heads split between threads: chunk products by ag_sgemm_small only
+    int64_t window;     // 0: none; else keys window or more cache slots back are hidden
+    float scale;        // on q kᵀ (0: 1 / sqrt(D))
+    float softcap;      // the scores capped as softcap tanh(s / softcap) before the softmax (0: none)
+    const float *sinks; // gpt_oss: [Hq], one more logit in each row's denominator; NULL: none
 } cat_dims;
 
 static float cat_scale(const cat_dims *a) { return a->scale > 0.0f ? a->scale : 1.0f / sqrtf((float)a->D); }
@@ -124,7 +125,8 @@ static void chunk_values(float *o, int64_t ldo, const float *p, const float *vc,
 // 0 rather than NaN, and it is never read by a real query, whose mask hides it.
 // A sliding window counts cache slots, as transformers' masks do: the pads come first in a row,
 // so between real tokens that is their distance in positions.
-static void masked_softmax_row(float *row, int64_t b, int64_t i, const cat_dims *a) {
+// A sink (query head h's, when the op has them) joins the denominator and attends to nothing.
+static void masked_softmax_row(float *row, int64_t b, int64_t i, int h, const cat_dims *a) {
     int64_t n = a->Tk - a->Tq + i + 1, lo = ag_window_first(n - 1, a->window);
     const int32_t *m = a->mask ? a->mask + b * a->ld : NULL;
     if (a->softcap > 0.0f)
@@ -132,7 +134,9 @@ static void masked_softmax_row(float *row, int64_t b, int64_t i, const cat_dims 
     float mx = -INFINITY;
     for (int64_t j = lo; j < n; j++)
         if ((!m || m[j]) && row[j] > mx) mx = row[j];
-    double sum = ag_softmax_exp(row + lo, row + lo, n - lo, mx, m ? m + lo : NULL);
+    const float *sink = a->sinks ? a->sinks + h : NULL;
+    if (sink && *sink > mx) mx = *sink;
+    double sum = ag_softmax_exp(row + lo, row + lo, n - lo, mx, m ? m + lo : NULL) + (sink ? exp(*sink - mx) : 0.0);
     float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
     for (int64_t j = lo; j < n; j++) row[j] *= inv;
     for (int64_t j = 0; j < lo; j++) row[j] = 0.0f;
@@ -192,7 +196,7 @@ typedef struct {
 // decode step's cache is a chunk per generated token, and a call per chunk and head (its output
 // stored and reloaded each time) cost more than the products.
 AG_AVX512_INLINE void decode_head_nd(float *o, float *pr, const float *qh, const ag_kv_cache *c, const cat_dims *a,
-                                     int64_t b, int g, const int nd) {
+                                     int64_t b, int h, int g, const int nd) {
     const float scale = 1.0f / sqrtf((float)a->D);
     __m512 qv[8], acc[8];
     for (int d = 0; d < nd; d++) qv[d] = _mm512_loadu_ps(qh + 16 * d), acc[d] = _mm512_setzero_ps();
@@ -212,7 +216,7 @@ AG_AVX512_INLINE void decode_head_nd(float *o, float *pr, const float *qh, const
         off += ch->t;
     }
     for (int64_t k = 0; k < np; k++) pr[off - np + k] = scale * _mm512_reduce_add_ps(t[k]);
-    masked_softmax_row(pr, b, 0, a);
+    masked_softmax_row(pr, b, 0, h, a);
     off = 0;
     for (size_t i = 0; i < c->n; i++) {
         const kv_chunk *ch = &c->chunks[i];
@@ -233,9 +237,9 @@ AG_AVX512 static void decode_head(const cached_args *x, int64_t bh) {
     const float *qh = x->q + b * ldq + (int64_t)h * a->D;
     float *o = x->o + b * ldq + (int64_t)h * a->D, *pr = x->probs + bh * a->Tk;
     if (a->D == 64)
-        decode_head_nd(o, pr, qh, x->c, a, b, g, 4);
+        decode_head_nd(o, pr, qh, x->c, a, b, h, g, 4);
     else
-        decode_head_nd(o, pr, qh, x->c, a, b, g, 8);
+        decode_head_nd(o, pr, qh, x->c, a, b, h, g, 8);
 }
 #endif
 
@@ -263,7 +267,7 @@ static void heads_part(void *p, int64_t lo, int64_t hi, int thread) {
 #endif
         float *pr = x->probs + bh * a->Tq * a->Tk;
         head_scores(pr, x->q, x->c, a, bh / a->Hq, (int)(bh % a->Hq));
-        for (int64_t i = 0; i < a->Tq; i++) masked_softmax_row(pr + i * a->Tk, bh / a->Hq, i, a);
+        for (int64_t i = 0; i < a->Tq; i++) masked_softmax_row(pr + i * a->Tk, bh / a->Hq, i, (int)(bh % a->Hq), a);
         head_values(x->o, pr, x->c, a, bh / a->Hq, (int)(bh % a->Hq));
     }
 }
@@ -272,7 +276,8 @@ static void softmax_part(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const cached_args *x = p;
     const cat_dims *a = x->a;
-    for (int64_t r = lo; r < hi; r++) masked_softmax_row(x->probs + r * a->Tk, r / (a->Hq * a->Tq), r % a->Tq, a);
+    for (int64_t r = lo; r < hi; r++)
+        masked_softmax_row(x->probs + r * a->Tk, r / (a->Hq * a->Tq), r % a->Tq, (int)(r / a->Tq % a->Hq), a);
 }
 
 // o[B, Tq, Hq*D]; probs [B, Hq, Tq, Tk]; q[B, Tq, Hq*D]; keys and values from the chunks.
@@ -370,6 +375,14 @@ typedef struct {
     const cat_dims *a;
 } cflash_args;
 
+// o[D] *= e^(lse - log(e^lse + e^sink)): a row normalised over its keys, rescaled for the sink.
+static void sink_scale(float *o, int D, float lse, float sink) {
+    if (lse == -INFINITY) return; // no key seen: the row is zeros already
+    const double m = lse > sink ? lse : sink, total = m + log(exp(lse - m) + exp(sink - m));
+    const float keep = (float)exp(lse - total);
+    for (int d = 0; d < D; d++) o[d] *= keep;
+}
+
 // Tasks [lo, hi): one block of queries of one head each, the last blocks (most keys) first.
 static void cflash_part(void *p, int64_t lo, int64_t hi, int thread) {
     const cflash_args *x = p;
@@ -403,11 +416,13 @@ static void cflash_part(void *p, int64_t lo, int64_t hi, int thread) {
             }
         }
         int64_t at = b * x->sb + h * x->sh + r0 * x->st;
-        if (f32) {
-            ag_flash_rows_end(&w, (float *)x->o.p + at, x->st, NULL);
-            continue;
-        }
-        ag_flash_rows_end(&w, ob, D, NULL);
+        float lse[AG_FLASH_BR];
+        float *out = f32 ? (float *)x->o.p + at : ob;
+        const int64_t ld = f32 ? x->st : D;
+        ag_flash_rows_end(&w, out, ld, a->sinks ? lse : NULL);
+        for (int64_t r = 0; a->sinks && r < nr; r++) // the sink's share of the row leaves the keys
+            sink_scale(out + r * ld, D, lse[r], a->sinks[h]);
+        if (f32) continue;
         for (int64_t r = 0; r < nr; r++) ag_vec_copy(ag_buf_at(x->o, at + r * x->st), ag_buf_f32(ob + r * D), D);
     }
 }
@@ -497,8 +512,25 @@ ag_tensor *ag_attention_cached_window(ag_ctx *ctx, const char *site, ag_tensor *
                                     &(ag_attention_spec){window, 0.0f, 0.0f});
 }
 
+static ag_tensor *cached_run(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                             const int32_t *key_mask, int64_t mask_ld, int Hq, const ag_attention_spec *spec,
+                             const ag_tensor *sinks);
+
+ag_tensor *ag_attention_cached_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                     const int32_t *key_mask, int64_t mask_ld, int Hq, int64_t window,
+                                     const ag_tensor *sinks) {
+    return cached_run(ctx, site, q, cache, key_mask, mask_ld, Hq, &(ag_attention_spec){window, 0.0f, 0.0f}, sinks);
+}
+
 ag_tensor *ag_attention_cached_spec(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                     const int32_t *key_mask, int64_t mask_ld, int Hq, const ag_attention_spec *spec) {
+    return cached_run(ctx, site, q, cache, key_mask, mask_ld, Hq, spec, NULL);
+}
+
+// Both entries: a spec's scale and soft-cap (eager only), gpt_oss's sinks (lean only; NULL: none).
+static ag_tensor *cached_run(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                             const int32_t *key_mask, int64_t mask_ld, int Hq, const ag_attention_spec *spec,
+                             const ag_tensor *sinks) {
     const int64_t window = spec->window;
     ag_tensor *ins[] = {q};
     if (!ag_check_inputs(ctx, "attention_cached", site, 1, ins, (const char *[]){"q"})) return NULL;
@@ -511,18 +543,40 @@ ag_tensor *ag_attention_cached_spec(ag_ctx *ctx, const char *site, ag_tensor *q,
     }
     if (!key_mask) mask_ld = cache->tokens;
     if (!cached_shapes(ctx, s.base, q, cache, Hq, mask_ld)) return NULL;
-    cat_dims a = {q->shape[0], q->shape[1], cache->tokens,           Hq,          cache->Hkv,   cache->D, key_mask,
-                  mask_ld,     false,       window < 0 ? 0 : window, spec->scale, spec->softcap};
+    const bool flash = ctx->attention != AG_ATTENTION_EAGER; // flash, or another SDPA kernel
+    if (sinks && (sinks->numel != Hq || (flash ? AG_FW(ctx->fw, flash) != AG_FLASH_FUSED
+                                               : AG_FW(ctx->fw, attention) != AG_ATTENTION_OPS_FUSED))) {
+        ag_fail(ctx, AG_ERR_ARG,
+                "attention_cached %s: sinks of %lld values for %d heads (one a head, under the lean framework: the "
+                "only attention with sinks membill computes)",
+                s.base, (long long)sinks->numel, Hq);
+        return NULL;
+    }
     // The tiled loop (flash, and 16-bit caches) computes the plain scale without a cap
     const bool plain = spec->scale == 0.0f && spec->softcap == 0.0f;
-    if (!plain && (ctx->attention != AG_ATTENTION_EAGER || (!mp_is_meta() && cache->t != AG_F32))) {
+    if (!plain && (flash || (!mp_is_meta() && cache->t != AG_F32))) {
         ag_fail(ctx, AG_ERR_ARG,
                 "attention_cached %s: flash attention (or a 16-bit cache) with a scale of its own or a soft-cap of "
                 "the scores is not modelled (eager only)",
                 s.base);
         return NULL;
     }
-    if (ctx->attention != AG_ATTENTION_EAGER) return cached_flash(ctx, &s, q, cache, &a);
+    float sv[Hq];
+    for (int h = 0; sinks && !mp_is_meta() && h < Hq; h++) sv[h] = ag_get(sinks->data, sinks->dtype, h);
+    cat_dims a = {.B = q->shape[0],
+                  .Tq = q->shape[1],
+                  .Tk = cache->tokens,
+                  .Hq = Hq,
+                  .Hkv = cache->Hkv,
+                  .D = cache->D,
+                  .mask = key_mask,
+                  .ld = mask_ld,
+                  .threaded = false,
+                  .window = window < 0 ? 0 : window,
+                  .scale = spec->scale,
+                  .softcap = spec->softcap,
+                  .sinks = sinks && !mp_is_meta() ? sv : NULL};
+    if (flash) return cached_flash(ctx, &s, q, cache, &a);
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "probs");
     ag_tensor *o = ag_tensor_like(ctx, q, MP_ACTIVATION, s.out);

@@ -172,7 +172,7 @@ typedef struct {
     int64_t lse_ld;
     out_strides os;
     float *di;        // [B, Hq, Tq]
-    ag_grad_dst d[3]; // dq, dk, dv
+    ag_grad_dst d[4]; // dq, dk, dv, and with sinks dsinks
     float *dq;        // dQ's float32 sums: d[0]'s own data, or (16 bits) a float32 buffer
     bool typed;       // some tensor is not float32
     pthread_mutex_t *locks;
@@ -287,6 +287,45 @@ static bool shared_grad(const ag_node *n, int i, int j) {
     return x->kind != AG_EDGE_NONE && x->kind == y->kind && x->node == y->node && x->leaf == y->leaf;
 }
 
+// Attention sinks (gpt_oss): the sink's probability in row r is e^(sink - lse_r) (lse with the
+// sink in it); its gradient -Σ p_sink D_r over the head's rows (D_r = rowsum(dO ∘ O)).
+// lse's rows are lse_ld apart (the kernel's padding), di's Tq.
+static void sinks_grad(const ag_grad_dst *d, const ag_tensor *sinks, const float *lse, int64_t lse_ld, const float *di,
+                       const ag_att_dims *a) {
+    for (int h = 0; h < a->Hq; h++) {
+        const float sink = ag_get(sinks->data, sinks->dtype, h);
+        double g = 0.0;
+        for (int64_t b = 0; b < a->B; b++)
+            for (int64_t i = 0; i < a->Tq; i++) {
+                const int64_t r = (b * a->Hq + h) * a->Tq + i;
+                g -= exp((double)sink - lse[(b * a->Hq + h) * lse_ld + i]) * di[r];
+            }
+        ag_set(d->data, d->dtype, h, (float)g + (d->fresh ? 0.0f : ag_get(d->data, d->dtype, h)));
+    }
+}
+
+// The sinks join each row's softmax after the pass: lse' = log(e^lse + e^sink), O scaled by
+// e^(lse - lse') (the share of the row's mass that stays on the keys).
+static void sinks_forward(ag_buf o, out_strides os, float *lse, int64_t lse_ld, const ag_tensor *sinks,
+                          const ag_att_dims *a) {
+    const int D = a->D;
+    float ob[D];
+    for (int64_t b = 0; b < a->B; b++)
+        for (int h = 0; h < a->Hq; h++) {
+            const double sink = ag_get(sinks->data, sinks->dtype, h);
+            for (int64_t i = 0; i < a->Tq; i++) {
+                float *l = lse + (b * a->Hq + h) * lse_ld + i;
+                const double m = *l > sink ? *l : sink, total = m + log(exp(*l - m) + exp(sink - m));
+                const float keep = (float)exp(*l - total);
+                const int64_t at = b * os.sb + h * os.sh + i * os.st;
+                float *row = ag_rw(o, at, D, ob);
+                for (int d = 0; d < D; d++) row[d] *= keep;
+                ag_wr_end(o, at, D, row);
+                *l = (float)total;
+            }
+        }
+}
+
 static void flash_attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const ag_attention_flash_state *st = &n->state.attention_flash;
     const ag_att_dims *a = &st->dims;
@@ -332,6 +371,7 @@ static void flash_attention_backward(ag_ctx *ctx, ag_node *n, const void *dout) 
         x.lse = st->lse->data, x.di = di.data;
         flash_backward_run(&x, ws.data, nthreads);
         if (dq.bytes) ag_vec_acc(ag_dst_buf(&x.d[0]), x.d[0].fresh, ag_buf_f32(dq.data), nq);
+        if (st->sinks && x.d[3].needed) sinks_grad(&x.d[3], st->sinks, x.lse, st->lse_ld, x.di, a);
     }
     mp_free(&ws);
     mp_free(&dkv[1]);
@@ -374,7 +414,7 @@ static ag_tensor *rng_tensor(ag_ctx *ctx, const char *base, const char *what, in
 }
 
 ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *q, ag_tensor *k, ag_tensor *v,
-                                      const ag_att_dims *a, bool rec) {
+                                      ag_tensor *sinks, const ag_att_dims *a, bool rec) {
     const ag_sdpa_kernel *kr = ag_ctx_sdpa(ctx);
     if (!kr) kr = &ag_sdpa_fused;
     const bool pt = AG_FW(ctx->fw, flash) == AG_FLASH_SDPA, meta = mp_is_meta();
@@ -395,7 +435,7 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
     // The log-sum-exp, float32, its rows padded as the kernel pads them (the memory-efficient
     // kernel's to a multiple of 32).
     const int64_t lse_ld = round_up(a->Tq, AG_SDPA(kr, lse_align));
-    if (o && rec)
+    if (o && (rec || sinks)) // the sinks read each row's log-sum-exp even without a node
         lse = ag_tensor_new_f32(ctx, 3, (int64_t[]){a->B, a->Hq, lse_ld}, MP_ACTIVATION,
                                 (ag_label(label, s->base, "lse"), label));
     const int rng = AG_SDPA(kr, rng_bytes);
@@ -406,12 +446,15 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
     mp_block ws = {0};
     int nthreads = forward_threads(a);
     ag_label(label, s->base, "flash_workspace");
-    if (o && (lse || !rec) &&
+    if (o && (lse || (!rec && !sinks)) &&
         ag_alloc_exact(ctx, &ws, (size_t)nthreads * ag_flash_rows_floats(a->D) * sizeof(float), MP_ACTIVATION, label) &&
         !meta)
         flash_forward(a, ag_buf_of(qs), ag_buf_of(ks), ag_buf_of(vs), ag_buf_of(o), strides_of(a, heads_first),
                       lse ? lse->data : NULL, lse_ld, ws.data, nthreads);
     mp_free(&ws);
+    if (sinks && lse && !meta && ctx->status == AG_OK)
+        sinks_forward(ag_buf_of(o), strides_of(a, heads_first), lse->data, lse_ld, sinks, a);
+    if (sinks && !rec) ag_release(lse), lse = NULL;
     // transformers: attn_output.transpose(1, 2).contiguous(), the copy o_proj keeps.
     if (heads_first && o && ctx->status == AG_OK)
         out =
@@ -419,8 +462,9 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
     else if (o)
         out = ag_retain(o);
     if (heads_first && out && !meta) untranspose(ag_buf_of(out), ag_buf_of(o), a);
-    ag_tensor *ins[] = {q, k, v};
-    ag_node *n = out && rec && ctx->status == AG_OK ? ag_record(ctx, &flash_op, s->base, out, 3, ins) : NULL;
+    ag_tensor *ins[] = {q, k, v, sinks};
+    ag_node *n =
+        out && rec && ctx->status == AG_OK ? ag_record(ctx, &flash_op, s->base, out, sinks ? 4 : 3, ins) : NULL;
     if (n) {
         n->state.attention_flash = (ag_attention_flash_state){.q = qs,
                                                               .k = ks,
@@ -429,6 +473,7 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
                                                               .lse = lse,
                                                               .seed = seed,
                                                               .offset = offset,
+                                                              .sinks = ag_retain(sinks),
                                                               .dims = *a,
                                                               .lse_ld = lse_ld,
                                                               .kernel = kr,

@@ -4,17 +4,6 @@
 
 #include "ag_ops.h"
 
-// y[r, :] += b for every row (nn.Linear's addmm), rounded once.
-static void bias_forward(ag_buf y, ag_buf b, int64_t M, int64_t out) {
-    float bb[out], yb[out];
-    const float *bv = ag_rd(b, 0, out, bb);
-    for (int64_t r = 0; r < M; r++) {
-        float *o = ag_rw(y, r * out, out, yb);
-        for (int64_t j = 0; j < out; j++) o[j] += bv[j];
-        ag_wr_end(y, r * out, out, o);
-    }
-}
-
 // dx = dy · w needs w; dw = dyᵀ · x needs x. Each is kept only when the other side wants its
 // gradient, so a frozen weight saves no activation at all.
 // Under autocast: MmBackward's 16-bit gradients of the two casts, then each ToCopyBackward's
@@ -129,7 +118,7 @@ static bool linear_compute(ag_ctx *ctx, const ag_site *s, ag_tensor *y, ag_tenso
     int64_t in = w->shape[1], out = w->shape[0], M = x->numel / in;
     if (!linear_forward(ag_buf_of(y), ag_buf_of(x), w, M, out, in))
         return ag_fail(ctx, AG_ERR_NOMEM, "linear %s: out of memory for a conversion", s->base);
-    if (b) bias_forward(ag_buf_of(y), ag_buf_of(b), M, out);
+    if (b) ag_linear_bias_forward(ag_buf_of(y), ag_buf_of(b), M, out);
     return true;
 }
 
@@ -281,7 +270,7 @@ static void group_compute(int n, ag_tensor *x, ag_tensor *const w[], ag_tensor *
         ag_q4_linear_group(x->data, M, K, n, q, (float *const *)yd);
     }
     for (int i = 0; i < n; i++)
-        if (b[i]) bias_forward(ag_buf_of(y[i]), ag_buf_of(b[i]), M, N[i]);
+        if (b[i]) ag_linear_bias_forward(ag_buf_of(y[i]), ag_buf_of(b[i]), M, N[i]);
 }
 
 bool ag_linear_group(ag_ctx *ctx, int n, const char *const sites[], ag_tensor *x, ag_tensor *const w[],

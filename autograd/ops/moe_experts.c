@@ -9,31 +9,6 @@
 #include "ag_ops.h"
 #include "kernels/ag_moe.h"
 
-// A billed block of the activations' dtype, as an ag_buf.
-typedef struct {
-    mp_block b;
-    ag_buf v;
-} scratch;
-
-static bool scratch_new(ag_ctx *ctx, scratch *s, const char *base, const char *what, int64_t numel) {
-    const int bits = ctx->dtype.act_bits;
-    memset(s, 0, sizeof *s);
-    if (!ag_moe_temp(ctx, &s->b, base, what, numel * bits / 8)) return false;
-    s->v = (ag_buf){s->b.data, ag_dtype_of_bits(bits, ctx->dtype.fp16)};
-    return true;
-}
-
-// dst[i] = src[row(pair[i])] for rows of H: token rows (t = pair / k) of x, or of dy.
-static void gather(ag_buf dst, ag_buf src, const int64_t *pair, int64_t n, int k, int64_t H) {
-    float b[H];
-    for (int64_t i = 0; i < n; i++) {
-        const float *r = ag_rd(src, pair[i] / k * H, H, b);
-        float *o = ag_wr(dst, i * H, b);
-        if (o != r) memcpy(o, r, (size_t)H * sizeof *o);
-        ag_wr_end(dst, i * H, H, o);
-    }
-}
-
 // m = silu(g) * u over n elements (the SwiGLU product).
 static void swiglu(ag_buf m, ag_buf g, ag_buf u, int64_t n) {
     float gb[AG_BLK], ub[AG_BLK], ob[AG_BLK];
@@ -72,27 +47,6 @@ static bool forward_products(const experts_ref *x, ag_buf xp, ag_buf G, ag_buf U
         ok = product(ag_buf_at(Y, o * x->H), ag_buf_at(M, o * x->inter), x->down[e], c, true, 0.0f);
     }
     return ok;
-}
-
-// y[t] = Σ w[pair] Y[i] over each token's pairs, summed in choice order (as index_add_ adds
-// the experts' outputs one expert after another: each row gets its k terms, one per expert).
-static void combine(ag_buf y, ag_buf Y, ag_buf w, const ag_moe_groups *g, int E, int64_t N, int k, int64_t H) {
-    float acc[H], yb[H];
-    float *sum = calloc((size_t)(N * H), sizeof *sum);
-    if (!sum) return;
-    for (int e = 0; e < E; e++) // expert after expert, as the eager loop adds them
-        for (int64_t i = g->off[e]; i < g->off[e + 1]; i++) {
-            int64_t p = g->pair[i], t = p / k;
-            float wt = ag_get(w.p, w.t, p);
-            const float *r = ag_rd(Y, i * H, H, acc);
-            for (int64_t h = 0; h < H; h++) sum[t * H + h] += wt * r[h];
-        }
-    for (int64_t t = 0; t < N; t++) {
-        float *o = ag_wr(y, t * H, yb);
-        memcpy(o, sum + t * H, (size_t)H * sizeof *o);
-        ag_wr_end(y, t * H, H, o);
-    }
-    free(sum);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -171,33 +125,25 @@ static void experts_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
         ag_fail(ctx, AG_ERR_NOMEM, "moe_experts %s backward: out of memory", base);
         return;
     }
-    scratch xp, dyp, M, dM, dU, dxp;
+    ag_moe_scratch xp, dyp, M, dM, dU, dxp;
     float *dw = mp_is_meta() ? NULL : calloc((size_t)Nk, sizeof *dw);
-    bool ok = (mp_is_meta() || dw) && scratch_new(ctx, &xp, base, "gathered", Nk * H) &&
-              scratch_new(ctx, &dyp, base, "grad_gathered", Nk * H) && scratch_new(ctx, &M, base, "product", Nk * Im) &&
-              scratch_new(ctx, &dM, base, "grad_product", Nk * Im) && scratch_new(ctx, &dU, base, "grad_up", Nk * Im) &&
-              scratch_new(ctx, &dxp, base, "grad_input", Nk * H);
+    bool ok = (mp_is_meta() || dw) && ag_moe_scratch_new(ctx, &xp, base, "gathered", Nk * H) &&
+              ag_moe_scratch_new(ctx, &dyp, base, "grad_gathered", Nk * H) &&
+              ag_moe_scratch_new(ctx, &M, base, "product", Nk * Im) &&
+              ag_moe_scratch_new(ctx, &dM, base, "grad_product", Nk * Im) &&
+              ag_moe_scratch_new(ctx, &dU, base, "grad_up", Nk * Im) &&
+              ag_moe_scratch_new(ctx, &dxp, base, "grad_input", Nk * H);
     if (ok && !mp_is_meta()) {
-        gather(xp.v, ag_buf_of(st->x), g.pair, Nk, st->k, H);
-        gather(dyp.v, (ag_buf){(void *)dout, n->grad_dtype}, g.pair, Nk, st->k, H);
+        ag_moe_gather(xp.v, ag_buf_of(st->x), g.pair, Nk, st->k, H);
+        ag_moe_gather(dyp.v, (ag_buf){(void *)dout, n->grad_dtype}, g.pair, Nk, st->k, H);
         swiglu(M.v, ag_buf_of(st->g), ag_buf_of(st->u), Nk * Im);
     }
     back_ctx b = {ctx, n, st, &g, {(void *)dout, n->grad_dtype}};
     for (int e = 0; ok && e < st->E; e++)
         if (st->count[e] > 0) expert_backward(&b, e, xp.v, dyp.v, M.v, dM.v, dU.v, dxp.v, dw);
     ag_grad_dst dx, dwd;
-    if (ok && ag_grad_get(ctx, n, 0, &dx) && dx.needed && !mp_is_meta()) {
-        ag_buf d = ag_dst_buf(&dx);
-        if (dx.fresh) memset(d.p, 0, (size_t)(N * H) * (d.t == AG_F32 ? 4 : 2));
-        float rb[H], ob[H];
-        for (int64_t i = 0; i < Nk; i++) {
-            int64_t t = g.pair[i] / st->k;
-            const float *v = ag_rd(dxp.v, i * H, H, rb);
-            float *o = ag_rw(d, t * H, H, ob);
-            for (int64_t h = 0; h < H; h++) o[h] += v[h];
-            ag_wr_end(d, t * H, H, o);
-        }
-    }
+    if (ok && ag_grad_get(ctx, n, 0, &dx) && dx.needed && !mp_is_meta())
+        ag_moe_scatter_add(ag_dst_buf(&dx), dx.fresh, dxp.v, &g, N, st->k, H);
     if (ok && ag_grad_get(ctx, n, 1, &dwd) && dwd.needed && dw)
         for (int64_t p = 0; p < Nk; p++)
             ag_set(dwd.data, dwd.dtype, p, dwd.fresh ? dw[p] : ag_get(dwd.data, dwd.dtype, p) + dw[p]);
@@ -278,18 +224,19 @@ static ag_tensor *lean_experts(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_t
     }
     char l[AG_LABEL_MAX];
     ag_tensor *y = ag_tensor_like(ctx, x, MP_ACTIVATION, s->out), *G = NULL, *U = NULL;
-    scratch xp = {0}, M = {0}, Y = {0};
+    ag_moe_scratch xp = {0}, M = {0}, Y = {0};
     ag_label(l, s->base, "gate_out");
     if (y) G = ag_tensor_new(ctx, 2, (int64_t[]){Nk, Im}, MP_ACTIVATION, l);
     ag_label(l, s->base, "up_out");
     if (G) U = ag_tensor_new(ctx, 2, (int64_t[]){Nk, Im}, MP_ACTIVATION, l);
-    bool ok = U && scratch_new(ctx, &xp, s->base, "gathered", Nk * H) &&
-              scratch_new(ctx, &M, s->base, "product", Nk * Im) && scratch_new(ctx, &Y, s->base, "expert_out", Nk * H);
+    bool ok = U && ag_moe_scratch_new(ctx, &xp, s->base, "gathered", Nk * H) &&
+              ag_moe_scratch_new(ctx, &M, s->base, "product", Nk * Im) &&
+              ag_moe_scratch_new(ctx, &Y, s->base, "expert_out", Nk * H);
     if (ok && !mp_is_meta()) {
-        gather(xp.v, ag_buf_of(x), g.pair, Nk, k, H);
+        ag_moe_gather(xp.v, ag_buf_of(x), g.pair, Nk, k, H);
         experts_ref ref = {W[0], W[1], W[2], &g, H, Im};
         ok = forward_products(&ref, xp.v, ag_buf_of(G), ag_buf_of(U), M.v, Y.v, E);
-        if (ok) combine(ag_buf_of(y), Y.v, ag_buf_of(w), &g, E, N, k, H);
+        if (ok) ag_moe_combine(ag_buf_of(y), Y.v, ag_buf_of(w), &g, E, N, k, H);
         if (!ok) ag_fail(ctx, AG_ERR_NOMEM, "moe_experts %s: out of memory for a conversion", s->base);
     }
     mp_free(&xp.b), mp_free(&M.b), mp_free(&Y.b);

@@ -16,8 +16,16 @@ void ag_moe_routing_free(ag_moe_routing *r) {
 }
 
 // Row t: the softmax p[E] and its k largest (sel, first of equal ones), their weights w[k].
-// Row t: the softmax p[E] and its k largest (sel), their weights w[k].
-static void route_row(const float *z, int E, int k, bool renorm, float *p, int32_t *sel, float *w) {
+// topk_first (gpt_oss): the k largest logits, and p[k] (= w) their softmax.
+static void route_row(const float *z, int E, int k, bool renorm, bool topk_first, float *p, int32_t *sel, float *w) {
+    if (topk_first) {
+        float zk[k];
+        ag_moe_topk(z, E, k, sel);
+        for (int j = 0; j < k; j++) zk[j] = z[sel[j]];
+        ag_moe_softmax_row(zk, k, p);
+        memcpy(w, p, (size_t)k * sizeof *w);
+        return;
+    }
     ag_moe_softmax_row(z, E, p);
     ag_moe_topk(p, E, k, sel);
     float sum = 0.0f;
@@ -26,9 +34,9 @@ static void route_row(const float *z, int E, int k, bool renorm, float *p, int32
 }
 
 typedef struct {
-    ag_buf z, w, p; // p: float32 [N, E]
+    ag_buf z, w, p; // p: float32 [N, E] ([N, k] when topk_first)
     int E, k;
-    bool renorm;
+    bool renorm, topk_first;
     int32_t *sel;
 } fwd_args;
 
@@ -38,7 +46,8 @@ static void fwd_part(void *arg, int64_t lo, int64_t hi, int thread) {
     float zb[a->E], wv[a->k];
     for (int64_t t = lo; t < hi; t++) {
         const float *z = ag_rd(a->z, t * a->E, a->E, zb);
-        route_row(z, a->E, a->k, a->renorm, (float *)a->p.p + t * a->E, a->sel + t * a->k, wv);
+        const int64_t width = a->topk_first ? a->k : a->E;
+        route_row(z, a->E, a->k, a->renorm, a->topk_first, (float *)a->p.p + t * width, a->sel + t * a->k, wv);
         for (int j = 0; j < a->k; j++) ag_set(a->w.p, a->w.t, t * a->k + j, wv[j]);
     }
 }
@@ -60,9 +69,17 @@ typedef struct {
     const float *p;
     const int32_t *sel;
     ag_buf dw, dz;
-    bool fresh, renorm;
+    bool fresh, renorm, topk_first;
     int E, k;
 } bwd_args;
+
+// topk_first: dz[sel[j]] = p_j (dw_j - Σ p dw), zero elsewhere (p: the k weights).
+static void back_row_topk_first(const float *p, const int32_t *sel, const float *dw, int E, int k, float *dp) {
+    double dot = 0.0;
+    for (int j = 0; j < k; j++) dot += (double)dw[j] * p[j];
+    memset(dp, 0, (size_t)E * sizeof *dp);
+    for (int j = 0; j < k; j++) dp[sel[j]] = p[j] * (float)(dw[j] - dot);
+}
 
 static void bwd_part(void *arg, int64_t lo, int64_t hi, int thread) {
     (void)thread;
@@ -70,7 +87,10 @@ static void bwd_part(void *arg, int64_t lo, int64_t hi, int thread) {
     float dw[a->k], dp[a->E], ob[a->E];
     for (int64_t t = lo; t < hi; t++) {
         for (int j = 0; j < a->k; j++) dw[j] = ag_get(a->dw.p, a->dw.t, t * a->k + j);
-        back_row(a->p + t * a->E, a->sel + t * a->k, dw, a->E, a->k, a->renorm, dp);
+        if (a->topk_first)
+            back_row_topk_first(a->p + t * a->k, a->sel + t * a->k, dw, a->E, a->k, dp);
+        else
+            back_row(a->p + t * a->E, a->sel + t * a->k, dw, a->E, a->k, a->renorm, dp);
         float *o = a->fresh ? ag_wr(a->dz, t * a->E, ob) : ag_rw(a->dz, t * a->E, a->E, ob);
         for (int e = 0; e < a->E; e++) o[e] = a->fresh ? dp[e] : o[e] + dp[e];
         ag_wr_end(a->dz, t * a->E, a->E, o);
@@ -125,7 +145,8 @@ static void route_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
         free(dw);
         return;
     }
-    bwd_args a = {ag_f32(st->probs), st->sel, ag_buf_f32(dw), ag_dst_buf(&d), d.fresh, st->renorm, st->E, st->k};
+    bwd_args a = {ag_f32(st->probs), st->sel,        ag_buf_f32(dw), ag_dst_buf(&d), d.fresh,
+                  st->renorm,        st->topk_first, st->E,          st->k};
     ag_parallel_for(st->N, AG_PAR_GRAIN_EXP / st->E + 1, bwd_part, &a);
     free(dw);
 }
@@ -208,21 +229,29 @@ ag_tensor *ag_moe_route(ag_ctx *ctx, const char *site, ag_tensor *logits, const 
                 s.base, k, E, E);
         return NULL;
     }
-    ag_moe_route_state st = {.N = N, .E = E, .k = k, .renorm = o->renorm};
+    ag_moe_route_state st = {
+        .N = N, .E = E, .k = k, .renorm = o->renorm && !o->topk_first, .topk_first = o->topk_first};
     ag_tensor *w = NULL;
+    if (o->topk_first && AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER) {
+        ag_fail(ctx, AG_ERR_ARG,
+                "moe_route %s: top-k then softmax (gpt_oss's router) runs under the lean framework only (transformers' "
+                "GptOssTopKRouter is not modelled op by op)",
+                s.base);
+        return NULL;
+    }
     if (AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER) {
         pytorch_forward(ctx, &s, logits, like, N, E, k, o->renorm, &st, &w);
     } else {
         char l[AG_LABEL_MAX];
         ag_label(l, s.base, "probs");
-        st.probs = ag_tensor_new_f32(ctx, 2, (int64_t[]){N, E}, MP_ACTIVATION, l);
+        st.probs = ag_tensor_new_f32(ctx, 2, (int64_t[]){N, o->topk_first ? k : E}, MP_ACTIVATION, l);
         w = st.probs ? ag_tensor_new_bits(ctx, 2, (int64_t[]){N, k}, MP_ACTIVATION, s.out, like->bits) : NULL;
     }
     const bool real = !mp_is_meta();
     if (w && real && !(st.sel = malloc((size_t)(N * k) * sizeof *st.sel)))
         ag_fail(ctx, AG_ERR_NOMEM, "moe_route %s: out of memory", s.base);
     if (w && st.sel) {
-        fwd_args a = {ag_buf_of(logits), ag_buf_of(w), ag_buf_of(st.probs), E, k, o->renorm, st.sel};
+        fwd_args a = {ag_buf_of(logits), ag_buf_of(w), ag_buf_of(st.probs), E, k, st.renorm, st.topk_first, st.sel};
         ag_parallel_for(N, AG_PAR_GRAIN_EXP / E + 1, fwd_part, &a);
     }
     bool ok = w && ctx->status == AG_OK && fill_routing(ctx, s.base, r, N, E, k, st.sel, o->assumed);

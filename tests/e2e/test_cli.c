@@ -338,6 +338,27 @@ static void test_plan_closed_form_sweep(void **state) {
             }
 }
 
+// gpt_oss's closed form (the router's float32 softmax over the k it chose, the stacked experts'
+// gate_up gradient) against the meta bill, under the lean framework, eager and flash.
+static void test_plan_closed_form_gpt_oss(void **state) {
+    (void)state;
+    char tiny[256], a[512];
+    snprintf(tiny, sizeof tiny, "--config %s/tiny_gpt_oss/config.json --seq-len 25", MEMBILL_GOLDEN_DIR);
+    const char *runs[] = {tiny, "--model gpt-oss-20b --seq-len 25", "--model gpt-oss-20b --seq-len 2048",
+                          "--model gpt-oss-120b --seq-len 1024",
+                          "--model gpt-oss-20b --seq-len 2048 --attention flash"};
+    for (size_t r = 0; r < sizeof runs / sizeof *runs; r++) {
+        snprintf(a, sizeof a, "%s --batch 2 --framework lean", runs[r]);
+        json_t *root = plan_json(a);
+        json_int_t p = jint(root, "closed_form", "parameters");
+        assert_int_equal(cat_peak(root, "weight"), 4 * p);
+        assert_int_equal(cat_peak(root, "optimizer"), 8 * p);
+        double meta = (double)cat_peak(root, "activation"), closed = (double)jint(root, "closed_form", "activation");
+        if (fabs(closed - meta) > 4) fail_msg("%s: closed %g meta %g", a, closed, meta);
+        json_decref(root);
+    }
+}
+
 // Gemma 2 under LoRA: its norms and soft-caps are not walked by the LoRA closed form, which says so
 // (null) rather than guessing.
 static void test_plan_gemma2_lora_not_closed(void **state) {
@@ -1057,6 +1078,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_budget_stops_the_run),
         cmocka_unit_test(test_plan_closed_form_sweep),
+        cmocka_unit_test(test_plan_closed_form_gpt_oss),
         cmocka_unit_test(test_plan_closed_form_routing),
         cmocka_unit_test(test_plan_gemma2_lora_not_closed),
         cmocka_unit_test(test_plan_zero_and_fit),

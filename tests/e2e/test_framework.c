@@ -206,10 +206,10 @@ static void lean_unchanged(void **state) {
 
 // A real run and a meta run bill every tensor category, and every phase, alike. A mixture of
 // experts (routed) bills in meta mode the routing the real run recorded.
-static void meta_equals_real_routed(const char *model_args, bool routed) {
+static void meta_equals_real_fws(const char *model_args, bool routed, int f0) {
     static const char *const fws[] = {"pytorch", "pytorch-1.13", "lean"};
     static const char *const cats[] = {"weight", "gradient", "optimizer", "activation", "cache", "temporary"};
-    for (int f = 0; f < 3; f++) {
+    for (int f = f0; f < 3; f++) {
         char a[1024], rec[256] = "", use[256] = "";
         if (strstr(model_args, "flash") && f == 1) continue; // PyTorch 1.13 has no SDPA
         if (routed) {
@@ -241,6 +241,10 @@ static void meta_equals_real_routed(const char *model_args, bool routed) {
         json_decref(real);
         json_decref(meta);
     }
+}
+
+static void meta_equals_real_routed(const char *model_args, bool routed) {
+    meta_equals_real_fws(model_args, routed, 0);
 }
 
 static void meta_equals_real_at(const char *model_args) { meta_equals_real_routed(model_args, false); }
@@ -297,6 +301,46 @@ static void meta_equals_real_moe(void **state) {
     for (int i = 0; i < 3; i++) {
         snprintf(a, sizeof a, "--config %s/%s/config.json --seq-len 23 --batch 2", MEMBILL_GOLDEN_DIR, families[i]);
         meta_equals_real_routed(a, true);
+    }
+}
+
+// gpt_oss (sinks, alternating windows, the top-k-then-softmax router, stacked experts) runs under
+// lean, eager and flash, training and generation, meta == real under the recorded routing; the
+// PyTorch frameworks are refused by name.
+static void meta_equals_real_gpt_oss(void **state) {
+    (void)state;
+    char a[512];
+    snprintf(a, sizeof a, "--config %s/tiny_gpt_oss/config.json --seq-len 23 --batch 2", MEMBILL_GOLDEN_DIR);
+    meta_equals_real_fws(a, true, 2);
+    snprintf(a, sizeof a, "--config %s/tiny_gpt_oss/config.json --seq-len 70 --attention flash", MEMBILL_GOLDEN_DIR);
+    meta_equals_real_fws(a, true, 2);
+    // a generation (the sinks in the cached attention): meta == real under the recorded routing
+    static const char *const cats[] = {"weight", "activation", "cache", "temporary"};
+    for (int flash = 0; flash < 2; flash++) {
+        snprintf(a, sizeof a,
+                 "infer --framework lean --config %s/tiny_gpt_oss/config.json --seq-len 9 --new-tokens 5 --routing-out "
+                 "%s/routing.json%s",
+                 MEMBILL_GOLDEN_DIR, cli_run_dir, flash ? " --attention flash" : "");
+        json_t *real = cli_run_json(a);
+        snprintf(a, sizeof a,
+                 "infer --meta --framework lean --config %s/tiny_gpt_oss/config.json --seq-len 9 --new-tokens 5 "
+                 "--routing %s/routing.json%s",
+                 MEMBILL_GOLDEN_DIR, cli_run_dir, flash ? " --attention flash" : "");
+        json_t *meta = cli_run_json(a);
+        for (int c = 0; c < 4; c++) assert_int_equal(cat_peak(meta, cats[c]), cat_peak(real, cats[c]));
+        assert_true(cat_peak(real, "cache") > 0);
+        json_decref(real);
+        json_decref(meta);
+    }
+    static const char *const refused[][2] = {{"--framework pytorch", "GptOssExperts"},
+                                             {"--framework pytorch-1.13", "GptOssExperts"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(a, sizeof a, "train --config %s/tiny_gpt_oss/config.json --seq-len 9 %s", MEMBILL_GOLDEN_DIR,
+                 refused[i][0]);
+        static run_result r;
+        membill(&r, a);
+        assert_int_equal(r.code, 1);
+        if (!strstr(r.err, "gpt_oss") || !strstr(r.err, refused[i][1])) fail_msg("%s: %s", refused[i][0], r.err);
     }
 }
 
@@ -392,7 +436,8 @@ int main(void) {
         cmocka_unit_test(golden_16_bit),        cmocka_unit_test(golden_qwen3),
         cmocka_unit_test(lean_unchanged),       cmocka_unit_test(meta_equals_real_tiny),
         cmocka_unit_test(meta_equals_real_moe), cmocka_unit_test(golden_mixtral),
-        cmocka_unit_test(same_losses),          cmocka_unit_test(flash_memory_meta),
+        cmocka_unit_test(same_losses),          cmocka_unit_test(meta_equals_real_gpt_oss),
+        cmocka_unit_test(flash_memory_meta),
     };
     const struct CMUnitTest heavy[] = {cmocka_unit_test(meta_equals_real_smollm2), cmocka_unit_test(flash_memory_real)};
     if (getenv("MEMBILL_HEAVY")) return cmocka_run_group_tests(heavy, cli_run_make_dir, cli_run_remove_dir);

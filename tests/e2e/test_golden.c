@@ -232,6 +232,16 @@ static void test_family_grads(void **s) {
             }
 }
 
+// gpt_oss (tests/reference/gpt_oss_ref.py): sinks, a window on every other layer, YaRN, the
+// top-k-then-softmax router with its bias, stacked experts through the clamped SwiGLU. The lean
+// framework runs it, eager and flash (the others are refused: test_framework.c).
+static void test_gpt_oss_grads(void **s) {
+    (void)s;
+    for (int a = 0; a < 2; a++)
+        check_grads_as("tiny_gpt_oss", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD, AG_FRAMEWORK_LEAN,
+                       a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER);
+}
+
 // Gemma 2 (tests/golden/tiny_gemma2, tests/reference/gemma_ref.py): (1 + w) norms around each
 // sub-block, GeLU-tanh, the embeddings scaled, query_pre_attn_scalar, both soft-caps, sliding and
 // full layers alternating; eager attention under every framework, with and without checkpointing
@@ -478,6 +488,7 @@ int main(void) {
         cmocka_unit_test(test_untied_adamw),       cmocka_unit_test(test_tied_sgdm),
         cmocka_unit_test(test_untied_sgdm),        cmocka_unit_test(test_detects_wrong_batch),
         cmocka_unit_test(test_tied_checkpointing), cmocka_unit_test(test_family_grads),
+        cmocka_unit_test(test_gpt_oss_grads),      cmocka_unit_test(test_rope_logits),
         cmocka_unit_test(test_rope_logits),        cmocka_unit_test(test_gemma2_grads),
     };
     return cmocka_run_group_tests(tests, NULL, print_worst);

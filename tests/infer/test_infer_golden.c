@@ -117,6 +117,18 @@ static void test_families(void **s) {
     attention = AG_ATTENTION_EAGER;
 }
 
+// gpt_oss (tests/reference/gpt_oss_ref.py): the sinks in the cached attention, the alternating
+// window, YaRN, the stacked experts: the reference's greedy tokens, with and without the cache,
+// eager and flash (the lean framework, the context's default).
+static void test_gpt_oss(void **s) {
+    (void)s;
+    for (int a = 0; a < 2; a++) {
+        attention = a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER;
+        check_solo("tiny_gpt_oss");
+    }
+    attention = AG_ATTENTION_EAGER;
+}
+
 // Gemma 2 (tests/reference/gemma_ref.py's greedy tokens): the embeddings scaled, the cached
 // attention's scale and soft-cap, the final soft-cap; eager under both frameworks (flash refuses a
 // soft-cap by name).
@@ -143,7 +155,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tied_solo),    cmocka_unit_test(test_untied_solo),  cmocka_unit_test(test_tied_batch),
         cmocka_unit_test(test_untied_batch), cmocka_unit_test(test_mask_matters), cmocka_unit_test(test_families),
-        cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_gpt_oss),      cmocka_unit_test(test_gemma2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,6 +28,8 @@ static const struct {
     {"qwen1.5-moe-a2.7b", 14315784192ULL},
     {"qwen3-30b-a3b", 30532122624ULL},
     {"qwen3-235b-a22b", 235093634560ULL},
+    {"gpt-oss-20b", 20914757184ULL},
+    {"gpt-oss-120b", 116829156672ULL},
     {"gemma-2-9b", 9241705984ULL}, // tied; two more norms a layer
     {"gemma-3-1b", 999885952ULL},  // and q_norm, k_norm
 };
@@ -492,7 +494,11 @@ static void test_family_fields(void **state) {
     assert_int_equal(load_text(text, &c, &err, dir), 0);
     assert_int_equal(llama_layer_window(&c, 0), 0);
     assert_int_equal(llama_layer_window(&c, 1), 8);
+    // every other layer full (gpt_oss's pattern, any family's layer_types): alternating windows
     snprintf(text, sizeof text, "%s%s\"layer_types\":[%s,%s,%s,%s]}", head, qwen, slide, full, slide, full);
+    assert_int_equal(load_text(text, &c, &err, dir), 0);
+    for (int64_t i = 0; i < 4; i++) assert_int_equal(llama_layer_window(&c, i), i % 2 ? 0 : 8);
+    snprintf(text, sizeof text, "%s%s\"layer_types\":[%s,%s,%s,%s]}", head, qwen, slide, full, full, slide);
     assert_int_equal(load_text(text, &c, &err, dir), -1);
     TU_MENTIONS(err.msg, "layer_types", "layer 1 is full");
     // use_cache false is kept; a llama config's sliding_window changes nothing (LlamaConfig has none)

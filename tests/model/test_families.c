@@ -196,7 +196,7 @@ static void test_experts_on_dense_family(void **state) {
 // left out of the preset list.
 static void test_unmodelled_refused(void **state) {
     (void)state;
-    static const char *const types[] = {"phi3", "gpt_oss", "deepseek_v3"};
+    static const char *const types[] = {"phi3", "deepseek_v3"};
     llama_config c;
     ag_err err = {{0}};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
@@ -207,11 +207,52 @@ static void test_unmodelled_refused(void **state) {
         assert_int_equal(llama_config_parse_any(&c, text, strlen(text), "config.json", &err), 0);
         assert_false(llama_family_modelled(c.family));
     }
-    static const char *const presets[] = {"phi-3-mini", "gpt-oss-20b", "deepseek-v3"};
+    static const char *const presets[] = {"phi-3-mini", "deepseek-v3"};
     for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
         assert_int_equal(llama_config_preset(&c, presets[p], &err), -1);
         TU_MENTIONS(err.msg, "not modelled yet", "ForCausalLM");
         for (size_t i = 0; i < llama_preset_count(); i++) assert_string_not_equal(llama_preset_name(i), presets[p]);
+    }
+}
+
+// gpt_oss: GptOssConfig's defaults (a window of 128 on every other layer, sliding first; the
+// clamp 7), layer_types alternating or not, its fields refused by name; the presets listed.
+static void test_gpt_oss(void **state) {
+    (void)state;
+    llama_config c;
+    ag_err err = {{0}};
+    assert_int_equal(parse(HEAD "\"model_type\":\"gpt_oss\",\"num_local_experts\":4}", &c, &err), 0);
+    assert_true(c.sinks && c.qkv_bias && c.o_bias && c.moe.router_bias && c.moe.expert_bias);
+    assert_true(c.moe.router == LLAMA_ROUTER_TOPK_SOFTMAX && c.moe.swiglu_limit == 7.0);
+    for (int64_t i = 0; i < c.layers; i++) assert_int_equal(llama_layer_window(&c, i), i % 2 == 0 ? 128 : 0);
+        // layer_types: every third layer full; full then sliding (as qwen2's); an irregular list refused
+#define TYPES(a, b, c, d)                                                                                              \
+    "\"layer_types\":[\"" a "_attention\",\"" b "_attention\",\"" c "_attention\",\"" d "_attention\"]}"
+    assert_int_equal(parse(HEAD "\"model_type\":\"gpt_oss\",\"sliding_window\":8,\"swiglu_limit\":3.5," TYPES(
+                               "sliding", "sliding", "full", "sliding"),
+                           &c, &err),
+                     0);
+    for (int64_t i = 0; i < 4; i++) assert_int_equal(llama_layer_window(&c, i), (i + 1) % 3 ? 8 : 0);
+    assert_true(c.moe.swiglu_limit == 3.5);
+    assert_int_equal(
+        parse(HEAD "\"model_type\":\"gpt_oss\",\"sliding_window\":8," TYPES("full", "sliding", "sliding", "sliding"),
+              &c, &err),
+        0);
+    for (int64_t i = 0; i < 4; i++) assert_int_equal(llama_layer_window(&c, i), i ? 8 : 0);
+    assert_int_equal(parse(HEAD "\"model_type\":\"gpt_oss\"," TYPES("sliding", "full", "full", "sliding"), &c, &err),
+                     -1);
+    TU_MENTIONS(err.msg, "layer_types", "every n-th layer full");
+#undef TYPES
+    assert_int_equal(parse(HEAD "\"model_type\":\"gpt_oss\",\"output_router_logits\":true}", &c, &err), -1);
+    TU_MENTIONS(err.msg, "output_router_logits", "not modelled");
+    assert_int_equal(parse(HEAD "\"model_type\":\"gpt_oss\",\"swiglu_limit\":0}", &c, &err), -1);
+    TU_MENTIONS(err.msg, "swiglu_limit", "positive");
+    static const char *const presets[] = {"gpt-oss-20b", "gpt-oss-120b"};
+    for (size_t p = 0; p < 2; p++) {
+        assert_int_equal(llama_config_preset(&c, presets[p], &err), 0);
+        bool listed = false;
+        for (size_t i = 0; i < llama_preset_count(); i++) listed |= strcmp(llama_preset_name(i), presets[p]) == 0;
+        assert_true(listed);
     }
 }
 
@@ -375,9 +416,13 @@ static void test_routing(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_published_counts),   cmocka_unit_test(test_names),
-        cmocka_unit_test(test_sparse_layers),      cmocka_unit_test(test_experts_on_dense_family),
-        cmocka_unit_test(test_unmodelled_refused), cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_published_counts),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_sparse_layers),
+        cmocka_unit_test(test_experts_on_dense_family),
+        cmocka_unit_test(test_unmodelled_refused),
+        cmocka_unit_test(test_gpt_oss),
+        cmocka_unit_test(test_routing),
         cmocka_unit_test(test_gemma2_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
