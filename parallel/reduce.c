@@ -138,13 +138,31 @@ static int give_grad(par_zero *z, zslot *s, ag_err *err) {
     return -1;
 }
 
+// A simulated rank counts what a real bucket's reduction moves: each group's part of the bucket
+// reduced over its own ranks (a bucket of dense parameters alone: one call over every rank).
+static void count_reduction(par_zero *z, const zbucket *b, par_collective k) {
+    for (int g = 0; g < PAR_NGROUPS; g++) {
+        uint64_t elems = 0;
+        for (size_t j = 0; j < b->n; j++) {
+            const zslot *s = &z->slots[b->slots[j]];
+            if (s->grp != &z->groups[g]) continue;
+            if (z->st->stage == 0) elems += s->numel;
+            for (int q = 0; z->st->stage > 0 && q < s->grp->size; q++) elems += par_part_cap(z, s, q);
+        }
+        if (elems) par_count_over(z->comm, k, elems * z->reduce_bytes, z->groups[g].size, 0);
+    }
+}
+
 // Every gradient of the bucket final: the reduction, this rank's results into place, the bucket freed.
 static int reduce_bucket(par_zero *z, zbucket *b, ag_err *err) {
     const float inv = 1.0f / (float)z->N;
     float *buf = b->buf.data;
     int rc = 0;
     if (z->st->stage == 0) {
-        rc = par_all_reduce_sum(z->comm, buf, b->elems, z->reduce_bytes, err);
+        if (par_real(z))
+            rc = par_all_reduce_sum(z->comm, buf, b->elems, z->reduce_bytes, err);
+        else
+            count_reduction(z, b, PAR_ALL_REDUCE);
         for (size_t j = 0, at = 0; rc == 0 && j < b->n; at += z->slots[b->slots[j]].numel, j++) {
             zslot *s = &z->slots[b->slots[j]];
             if ((rc = give_grad(z, s, err)) == 0)
@@ -158,7 +176,7 @@ static int reduce_bucket(par_zero *z, zbucket *b, ag_err *err) {
             }
             rc = par_reduce_scatter_sum(z->comm, buf, z->counts, z->reduce_bytes, err);
         } else { // counted whole, as a real bucket's reduce-scatter moves it
-            par_count(z->comm, PAR_REDUCE_SCATTER, (uint64_t)b->elems * z->reduce_bytes, 0);
+            count_reduction(z, b, PAR_REDUCE_SCATTER);
         }
         for (size_t j = 0, at = 0; rc == 0 && j < b->n; j++) {
             zslot *s = &z->slots[b->slots[j]];
