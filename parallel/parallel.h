@@ -125,11 +125,12 @@ void par_abort(par_comm *c, int code);
 // groups are runs of ep consecutive ranks, rank r's expert-data-parallel group is r mod ep,
 // r mod ep + ep, ..., r at place r / ep in it). Their optimizer state (stage 1) and gradients
 // (stage 2) are sharded, and their buckets' parts reduced and their updated shards gathered, over
-// that group; they share the buckets of the dense parameters (DeepSpeed's one bucket, each
-// parameter's slices reduced over its own group), and every gradient is averaged over every rank
-// (DeepSpeed divides the whole bucket by the data-parallel world size). Stages 0 to 2; stage 3
-// and FSDP are refused (DeepSpeed's own MoE layers refuse stage 3), and so is a real run over
-// several ranks (the groups are simulated: membill plan --ep).
+// that group; under stages 0 to 2 they share the buckets of the dense parameters (DeepSpeed's
+// one bucket, each parameter's slices reduced over its own group), and every gradient is averaged over every rank
+// (DeepSpeed divides the whole bucket by the data-parallel world size). Stage 3 shards the
+// experts' weights over their group too and closes a bucket where the group changes (DeepSpeed's
+// stage 3, under AutoEP: its own MoE layers refuse stage 3). FSDP is refused, and so is a real run
+// over several ranks (the groups are simulated: membill plan --ep).
 typedef enum { PAR_GROUP_DATA, PAR_GROUP_EXPERT_DATA, PAR_NGROUPS } par_group_kind;
 
 // A group of ranks a parameter is partitioned over: its size and this rank's place in it.
@@ -155,6 +156,8 @@ typedef struct {
     bool root_stays;            // the first unit gathered from the forward's start to the backward's end
     bool unit_reduce;           // gradients reduce-scattered per unit when its backward is done; else buckets
     bool reduce_every_backward; // with accumulation: reduced at each micro-batch (else the last only)
+    bool group_buckets;         // a bucket holds one group's gradients, closed where the group changes
+                                // (DeepSpeed's stage 3); else the groups share it, each part reduced apart
 } par_strategy;
 
 const par_strategy *par_strategy_of(int stage, par_fsdp fsdp);

@@ -25,12 +25,17 @@ static int new_bucket(par_zero *z, const size_t *order, size_t n, ag_err *err) {
     return 0;
 }
 
-// DDP's assignment: what trains in reverse parameter order, a bucket closed once it reaches the cap.
+// DDP's assignment: what trains in reverse parameter order, a bucket closed once it reaches the cap
+// (or, group_buckets, before a parameter of another group).
 static int by_size(par_zero *z, size_t *order, ag_err *err) {
     size_t bytes = 0, k = 0;
     for (size_t i = z->n; i-- > 0;) {
         const zslot *s = &z->slots[i];
         if (!s->trains) continue;
+        if (k && z->st->group_buckets && s->grp != z->slots[order[k - 1]].grp) {
+            if (new_bucket(z, order, k, err) != 0) return -1;
+            k = bytes = 0;
+        }
         order[k++] = i;
         bytes += s->numel * z->reduce_bytes;
         if (bytes >= z->cfg.bucket_bytes) {

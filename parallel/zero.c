@@ -155,9 +155,9 @@ static bool config_ok(const par_zero_config *c, ag_err *err) {
         bad = "the parameters offload with stage 3 (or FSDP)";
     else if (c->fsdp && c->offload == PAR_OFFLOAD_OPTIMIZER)
         bad = "FSDP's CPUOffloadPolicy moves the parameters with the optimizer (optimizer+params)";
-    else if (c->ep < 0 || (c->ep > 1 && c->stage == 3))
-        bad = "expert parallelism shards the experts over their data-parallel group under stages 0 to 2 (DeepSpeed's "
-              "MoE refuses stage 3; FSDP is not modelled)";
+    else if (c->ep < 0 || (c->ep > 1 && c->fsdp))
+        bad = "expert parallelism shards the experts over their data-parallel group under ZeRO (FSDP's is not "
+              "modelled)";
     if (bad)
         ag_err_set(err, "zero: stage %d, FSDP %s, offload %s, prefetch %d, bucket %zu bytes: %s", c->stage,
                    par_fsdp_name(c->fsdp), par_offload_name(c->offload), c->prefetch, c->bucket_bytes, bad);

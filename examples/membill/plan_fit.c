@@ -140,7 +140,7 @@ static void qlora_apply(plan_setting *s, plan_suggestion *g) {
     s->lora.base_dtype = "nf4";
     add(g, "--base-dtype", "nf4");
 }
-static bool shard_applies(const plan_setting *s) { return s->gpus > 1 && s->zero < 3 && !s->fsdp && s->ep <= 1; }
+static bool shard_applies(const plan_setting *s) { return s->gpus > 1 && s->zero < 3 && !s->fsdp; }
 static void shard_apply(plan_setting *s, plan_suggestion *g) {
     s->zero = 3;
     add(g, "--zero", "3");

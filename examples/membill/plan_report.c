@@ -54,11 +54,12 @@ static uint64_t expert_params(const llama_config *c) {
 
 // Under --ep the rank holds the dense parameters D and its experts' X = E / ep; the sharded
 // states are split over N for D and over the M = N / ep ranks of its expert-data-parallel group
-// for X: stage 0 (w+g+K)(D+X); 1 (w+g)(D+X) + K(D/N + X/M); 2 w(D+X) + (g+K)(D/N + X/M).
+// for X: stage 0 (w+g+K)(D+X); 1 (w+g)(D+X) + K(D/N + X/M); 2 w(D+X) + (g+K)(D/N + X/M);
+// 3 (w+g+K)(D/N + X/M).
 static uint64_t zero_formula_ep(const plan_setting *s, const llama_dtype_bytes *d, uint64_t P, char *text, size_t len) {
-    static const char *const forms[] = {"(%llu + %llu + K)(Psi_d + Psi_e)",
-                                        "(%llu + %llu)(Psi_d + Psi_e) + K(Psi_d/N + Psi_e/M)",
-                                        "%llu(Psi_d + Psi_e) + (%llu + K)(Psi_d/N + Psi_e/M)"};
+    static const char *const forms[] = {
+        "(%llu + %llu + K)(Psi_d + Psi_e)", "(%llu + %llu)(Psi_d + Psi_e) + K(Psi_d/N + Psi_e/M)",
+        "%llu(Psi_d + Psi_e) + (%llu + K)(Psi_d/N + Psi_e/M)", "(%llu + %llu + K)(Psi_d/N + Psi_e/M)"};
     const uint64_t N = (uint64_t)s->gpus, M = N / (uint64_t)s->ep, X = expert_params(&s->cfg) / (uint64_t)s->ep,
                    D = P - X * (uint64_t)s->ep, w = d->weight, g = d->gradient, k = d->optimizer;
     int at = snprintf(text, len, forms[s->zero], (unsigned long long)w, (unsigned long long)g);
@@ -69,13 +70,13 @@ static uint64_t zero_formula_ep(const plan_setting *s, const llama_dtype_bytes *
     switch (s->zero) {
     case 0: return (w + g + k) * (D + X);
     case 1: return (w + g) * (D + X) + k * D / N + k * X / M;
-    default: return w * (D + X) + (g + k) * D / N + (g + k) * X / M;
+    case 2: return w * (D + X) + (g + k) * D / N + (g + k) * X / M;
+    default: return (w + g + k) * D / N + (w + g + k) * X / M;
     }
 }
 
 static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *dt, uint64_t P, char *text, size_t len) {
-    if (s->ep > 1 && !s->lora.cfg.rank && !s->infer && !s->fsdp && s->zero < 3)
-        return zero_formula_ep(s, dt, P, text, len);
+    if (s->ep > 1 && !s->lora.cfg.rank && !s->infer && !s->fsdp) return zero_formula_ep(s, dt, P, text, len);
     llama_dtype_bytes fsdp = *dt; // FSDP's mixed precision: float32 shards and gradient shards, no master
     if (s->fsdp && s->dt.master) fsdp.weight = 4, fsdp.gradient = 4, fsdp.optimizer -= 4;
     const llama_dtype_bytes *d = s->fsdp ? &fsdp : dt;
@@ -540,12 +541,13 @@ static void report_train_text(FILE *out, const plan_view *v) {
                 "over %ld; all-to-all: %s sent by a rank a step\n",
                 (long long)s->cfg.moe.experts, s->ep, (long long)(s->cfg.moe.experts / s->ep), s->gpus,
                 mp_format_bytes(x, sizeof x, plan_all_to_all_bytes(s)));
+        static const char *const sharded[] = {"", "optimizer state", "optimizer state and gradients",
+                                              "weights, gradients and optimizer state"};
         if (s->zero > 0)
             fprintf(out,
                     "  %s: the dense parameters' %s sharded over all %ld ranks, each rank's experts' over the %ld "
                     "that hold the same experts (DeepSpeed's expert-data-parallel group)\n",
-                    plan_strategy_name(s), s->zero == 1 ? "optimizer state" : "optimizer state and gradients", s->gpus,
-                    s->gpus / s->ep);
+                    plan_strategy_name(s), sharded[s->zero], s->gpus, s->gpus / s->ep);
     }
     if (v->hub) cli_hub_text(out, v->hub);
     if (v->gpus_auto) {

@@ -200,9 +200,9 @@ bool cli_check_combinations(const cli_options *o) {
                  "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a number, a multiple of it", o->ep,
                  o->ep),
             bad = buf;
-    else if (o->ep > 1 && (o->zero == 3 || o->fsdp))
-        bad = "--ep shards the experts over their expert-data-parallel group under --zero 0, 1 or 2: --zero 3 and "
-              "--fsdp with experts split are not modelled (DeepSpeed's MoE layers refuse ZeRO stage 3)";
+    else if (o->ep > 1 && o->fsdp)
+        bad = "--ep shards each rank's experts over their expert-data-parallel group under --zero (DeepSpeed's): "
+              "--fsdp with experts split is not modelled";
     else if (o->ep > 1 && o->infer)
         bad = "--ep plans a training step: a generation with its experts split is not modelled";
     else if (cli_given(o, "--routing") && o->cmd != CLI_PLAN && !o->meta)

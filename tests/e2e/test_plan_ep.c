@@ -22,10 +22,15 @@ typedef struct {
     bool expert;
 } tensors;
 
+// zero3_buckets: ZeRO-3's buckets (closed where the group changes, in reverse parameter order);
+// gathered: the parameters of the two units ZeRO-3 holds at once at its weights' peak (a block and
+// the next, prefetched), the rank's experts only.
 typedef struct {
     const char *name, *json;
     int experts;
     tensors t[12];
+    int zero3_buckets;
+    uint64_t gathered;
 } moe_config;
 
 // 2 layers, hidden 64, 4 heads of 16 (2 for k and v), 4 experts of 96 (w1, w3, w2), vocab 256.
@@ -35,12 +40,15 @@ static const moe_config mixtral = {
     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":256,\"max_position_embeddings\":128,"
     "\"tie_word_embeddings\":false,\"num_local_experts\":4,\"num_experts_per_tok\":2}",
     4,
-    {{256 * 64, 2, false},         // embed_tokens, lm_head
-     {64, 1 + 2 * 2, false},       // norm, each layer's two
-     {64 * 64, 2 * 2, false},      // q_proj, o_proj
-     {32 * 64, 2 * 2, false},      // k_proj, v_proj
-     {4 * 64, 2, false},           // the routers
-     {96 * 64, 2 * 4 * 3, true}}}; // w1, w3, w2 of each expert
+    {{256 * 64, 2, false},        // embed_tokens, lm_head
+     {64, 1 + 2 * 2, false},      // norm, each layer's two
+     {64 * 64, 2 * 2, false},     // q_proj, o_proj
+     {32 * 64, 2 * 2, false},     // k_proj, v_proj
+     {4 * 64, 2, false},          // the routers
+     {96 * 64, 2 * 4 * 3, true}}, // w1, w3, w2 of each expert
+    // the head and the final norm; layer 1's experts; layer 1's rest; layer 0's experts; the rest
+    5,
+    2 * (2 * 64 * 64 + 2 * 32 * 64 + 2 * 64 + 4 * 64 + 2 * 3 * 96 * 64)}; // both blocks
 
 // qwen2_moe: layer 0 dense (mlp_only_layers), layer 1 sparse with a gated shared expert (dense
 // parameters: only the routed experts are split), q, k and v with biases.
@@ -55,11 +63,15 @@ static const moe_config qwen2_moe = {
      {64, 1 + 2 * 2 + 2 + 1, false}, // norms, q biases, the shared expert's gate [1, 64]
      {64 * 64, 2 * 2, false},
      {32 * 64, 2 * 2, false},
-     {32, 2 * 2, false},       // k and v biases
-     {96 * 64, 3, false},      // layer 0's MLP
-     {4 * 64, 1, false},       // layer 1's router
-     {48 * 64, 3, false},      // its shared expert
-     {32 * 64, 4 * 3, true}}}; // its routed experts
+     {32, 2 * 2, false},      // k and v biases
+     {96 * 64, 3, false},     // layer 0's MLP
+     {4 * 64, 1, false},      // layer 1's router
+     {48 * 64, 3, false},     // its shared expert
+     {32 * 64, 4 * 3, true}}, // its routed experts
+    // the head, the final norm and the shared expert; the experts; everything else
+    3,
+    2 * (2 * 64 * 64 + 2 * 32 * 64 + 64 + 2 * 32 + 2 * 64) + 3 * 96 * 64 + 4 * 64 + 3 * 48 * 64 + 64 +
+        2 * 3 * 32 * 64}; // both blocks
 
 static uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
@@ -108,8 +120,10 @@ static json_t *plan(const moe_config *c, long G, long ep, int stage, const char 
 }
 
 // Float32 Adam: 4 bytes of weight and of gradient, 8 of state a parameter. Stage 0 keeps the
-// rank's parameters whole; stage 1 its shards of the state; stage 2 of the gradients too. The
-// rank's one bucket holds both groups' gradients and is reduced over each group apart.
+// rank's parameters whole; stage 1 its shards of the state; stage 2 of the gradients too; stage 3
+// of the weights, two blocks gathered at once. Below stage 3 the rank's one bucket holds both
+// groups' gradients and is reduced over each group apart; stage 3 closes a bucket at a change of
+// group.
 static void check_rank(const moe_config *c, long G, long ep, int stage) {
     json_t *root = plan(c, G, ep, stage, "");
     rank_sums r = sums(c, (uint64_t)G, (uint64_t)ep, 4);
@@ -119,23 +133,28 @@ static void check_rank(const moe_config *c, long G, long ep, int stage) {
         print_error("%s G %ld ep %ld stage %d: optimizer %lld, shards %llu, dense %llu experts %llu\n", c->name, G, ep,
                     stage, (long long)jint(g, "own_peak", "optimizer", NULL), (unsigned long long)r.shards,
                     (unsigned long long)D, (unsigned long long)X);
-    assert_int_equal(jint(g, "own_peak", "weight", NULL), 4 * (D + X));
+    assert_int_equal(jint(g, "own_peak", "weight", NULL), 4 * (stage == 3 ? r.shards + c->gathered : D + X));
     assert_int_equal(jint(g, "own_peak", "optimizer", NULL), 8 * (stage ? r.shards : D + X));
-    assert_int_equal(jint(g, "own_peak", "gradient", NULL), 4 * (stage == 2 ? r.shards : D + X));
+    if (stage < 3) // stage 3's buckets reduce during the backward: some whole gradients beside the shards
+        assert_int_equal(jint(g, "own_peak", "gradient", NULL), 4 * (stage == 2 ? r.shards : D + X));
+    else
+        assert_true((uint64_t)jint(g, "own_peak", "gradient", NULL) >= 4 * r.shards);
     assert_int_equal(jint(g, "expert_data_parallel_ranks", NULL, NULL), G / ep);
     // the ZeRO paper's line for the rank: D over G, the rank's experts X over M
     const uint64_t paper[] = {16 * (D + X), 8 * (D + X) + 8 * D / (uint64_t)G + 8 * X / M,
-                              4 * (D + X) + 12 * D / (uint64_t)G + 12 * X / M};
+                              4 * (D + X) + 12 * D / (uint64_t)G + 12 * X / M, 16 * D / (uint64_t)G + 16 * X / M};
     assert_int_equal(jint(g, "zero_paper", "bytes", NULL), paper[stage]);
     // collectives a step: one bucket, a call per group
     const char *reduce = stage ? "reduce_scatter" : "all_reduce";
     json_t *coll = json_object_get(g, "collectives_per_step");
     uint64_t sent = 4 * D / (uint64_t)G * (uint64_t)(G - 1) + 4 * X / M * (M - 1);
-    assert_int_equal(jint(coll, reduce, "calls", NULL), 2);
+    assert_int_equal(jint(coll, reduce, "calls", NULL), stage == 3 ? c->zero3_buckets : 2);
     assert_int_equal(jint(coll, reduce, "bytes", NULL), 4 * (D + X));
     assert_int_equal(jint(coll, reduce, "sent_bytes", NULL), stage ? sent : 2 * sent);
-    assert_int_equal(jint(coll, "all_gather", "calls", NULL), stage ? r.tensors : 0);
-    assert_int_equal(jint(coll, "all_gather", "sent_bytes", NULL), stage ? r.gather_sent : 0);
+    // stages 1 and 2 gather each updated shard; stage 3 each parameter for the forward and the backward
+    const uint64_t gathers = stage == 0 ? 0 : stage < 3 ? 1 : 2;
+    assert_int_equal(jint(coll, "all_gather", "calls", NULL), gathers * r.tensors);
+    assert_int_equal(jint(coll, "all_gather", "sent_bytes", NULL), gathers * r.gather_sent);
     json_decref(root);
 }
 
@@ -143,23 +162,27 @@ static void test_zero_over_expert_groups(void **state) {
     (void)state;
     const moe_config *cs[] = {&mixtral, &qwen2_moe};
     for (int k = 0; k < 2; k++)
-        for (int stage = 0; stage <= 2; stage++) {
+        for (int stage = 0; stage <= 3; stage++) {
             check_rank(cs[k], 4, 2, stage); // experts over G / N = 2
             check_rank(cs[k], 2, 2, stage); // G / N = 1: experts whole, the dense sharded over 2
         }
     check_rank(&mixtral, 8, 2, 2); // over 4
+    check_rank(&mixtral, 8, 2, 3);
 }
 
-// --offload optimizer: the master copies, the state and the gradient shards on the host, each
-// over its own group.
+// --offload: the master copies, the state and the gradient shards on the host (and with params,
+// the weight shards), each over its own group.
 static void test_offload(void **state) {
     (void)state;
-    json_t *root = plan(&mixtral, 4, 2, 2, "--offload optimizer");
     rank_sums r = sums(&mixtral, 4, 2, 4);
-    json_t *host = json_object_get(json_object_get(root, "per_gpu"), "host");
-    assert_int_equal(jint(host, "optimizer", NULL, NULL), 12 * r.shards);
-    assert_int_equal(jint(host, "gradient", NULL, NULL), 4 * r.shards);
-    json_decref(root);
+    for (int stage = 2; stage <= 3; stage++) {
+        json_t *root = plan(&mixtral, 4, 2, stage, stage == 2 ? "--offload optimizer" : "--offload optimizer+params");
+        json_t *host = json_object_get(json_object_get(root, "per_gpu"), "host");
+        assert_int_equal(jint(host, "optimizer", NULL, NULL), 12 * r.shards);
+        assert_int_equal(jint(host, "gradient", NULL, NULL), 4 * r.shards);
+        assert_int_equal(jint(host, "weight", NULL, NULL), stage == 3 ? 4 * r.shards : 0);
+        json_decref(root);
+    }
 }
 
 static void test_text_and_refusals(void **state) {
@@ -172,12 +195,12 @@ static void test_text_and_refusals(void **state) {
     assert_non_null(strstr(r.out, "ZeRO-1: the dense parameters' optimizer state sharded over all 8 ranks, each "
                                   "rank's experts' over the 4 that hold the same experts"));
     assert_non_null(strstr(r.out, "Psi_d = 58176 dense parameters, Psi_e = 73728 of this rank's experts"));
-    const char *refused[] = {"--zero 3", "--fsdp full-shard"};
+    const char *refused[] = {"--fsdp full-shard", "--fsdp shard-grad-op"};
     for (int k = 0; k < 2; k++) {
         snprintf(a, sizeof a, "plan --config %s --seq-len 32 --gpus 4 --ep 2 %s", config_path(&mixtral), refused[k]);
         membill(&r, a);
         assert_int_equal(r.code, 2);
-        assert_non_null(strstr(r.err, "--zero 3 and --fsdp with experts split are not modelled"));
+        assert_non_null(strstr(r.err, "--fsdp with experts split is not modelled"));
         assert_int_equal(count_lines(r.err), 1);
     }
 }
