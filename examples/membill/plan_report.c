@@ -93,7 +93,9 @@ static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *dt,
             "B + %lluA + (%llu + K)A/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes",
             "(B + (%llu + %llu + K)A)/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes"};
         llama_lora_closed_form lf;
-        plan_lora_closed_form(s, &lf);
+        plan_setting rank = *s; // --ep: the frozen base of the rank, its own experts
+        if (s->ep > 1) rank.cfg.moe.ep = s->ep;
+        plan_lora_closed_form(&rank, &lf);
         const uint64_t A = lf.adapter_params;
         uint64_t aw, ag, ak;
         lora_element_bytes(&lf, &aw, &ag, &ak);

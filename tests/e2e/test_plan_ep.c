@@ -185,6 +185,20 @@ static void test_offload(void **state) {
     }
 }
 
+// LoRA under --ep: the frozen base is the rank's (its own experts), whole under stage 2; the
+// adapters (q and v, rank 4: 2 layers x (4 x 64 + 64 x 4 + 4 x 64 + 32 x 4)) are dense.
+static void test_lora(void **state) {
+    (void)state;
+    json_t *root = plan(&mixtral, 4, 2, 2, "--lora-rank 4");
+    rank_sums r = sums(&mixtral, 4, 2, 4);
+    const uint64_t A = 2 * (4 * 64 + 64 * 4 + 4 * 64 + 32 * 4), base = 4 * (r.dense + r.experts);
+    json_t *g = json_object_get(root, "per_gpu");
+    assert_int_equal(jint(g, "own_peak", "weight", NULL), base + 4 * A);
+    assert_int_equal(jint(g, "own_peak", "optimizer", NULL), 8 * A / 4);
+    assert_int_equal(jint(g, "zero_paper", "bytes", NULL), base + 4 * A + 12 * A / 4);
+    json_decref(root);
+}
+
 static void test_text_and_refusals(void **state) {
     (void)state;
     static run_result r;
@@ -209,6 +223,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zero_over_expert_groups),
         cmocka_unit_test(test_offload),
+        cmocka_unit_test(test_lora),
         cmocka_unit_test(test_text_and_refusals),
     };
     return cmocka_run_group_tests_name("plan_ep", tests, cli_run_make_dir, cli_run_remove_dir);
