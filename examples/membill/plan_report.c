@@ -555,11 +555,15 @@ static void report_train_text(FILE *out, const plan_view *v) {
     if (v->gpus_auto) {
         char d[96];
         plan_device_text(d, sizeof d, v->device);
+        const long step = plan_gpus_step(s), less = v->min_gpus - step;
+        char of[48] = "";
+        if (step > 1) snprintf(of, sizeof of, " (a multiple of --ep %ld)", step);
         if (v->min_gpus)
             fprintf(out,
-                    "--gpus auto: %ld GPU%s of %s (%s, batch %ld each), the fewest whose rank fits; %ld do%s not\n",
-                    v->min_gpus, v->min_gpus > 1 ? "s" : "", d, plan_strategy_name(s), s->batch, v->min_gpus - 1,
-                    v->min_gpus - 1 == 1 ? "es" : "");
+                    "--gpus auto: %ld GPU%s of %s (%s, batch %ld each), the fewest%s whose rank fits; %ld do%s "
+                    "not\n",
+                    v->min_gpus, v->min_gpus > 1 ? "s" : "", d, plan_strategy_name(s), s->batch, of, less,
+                    less == 1 ? "es" : "");
         else
             fprintf(out,
                     "--gpus auto: no number of GPUs up to %d of %s fits this setting (%s); the bill below is %d's\n",

@@ -195,9 +195,9 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--tokenizer reads --prompt or --prompt-file: give one of them";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
         bad = "compare trains on one prompt repeated over --batch: give one prompt";
-    else if (o->ep > 1 && (o->gpus < o->ep || o->gpus % o->ep != 0))
+    else if (o->ep > 1 && o->gpus != 0 && (o->gpus < o->ep || o->gpus % o->ep != 0))
         snprintf(buf, sizeof buf,
-                 "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a number, a multiple of it", o->ep,
+                 "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a multiple of it (or auto)", o->ep,
                  o->ep),
             bad = buf;
     else if (o->ep > 1 && o->fsdp)

@@ -114,7 +114,9 @@ static const char *config_path(const moe_config *c) {
 
 static json_t *plan(const moe_config *c, long G, long ep, int stage, const char *more) {
     char a[1024];
-    snprintf(a, sizeof a, "plan --config %s --seq-len 32 --gpus %ld --ep %ld --zero %d %s", config_path(c), G, ep,
+    char gpus[32] = "auto";
+    if (G) snprintf(gpus, sizeof gpus, "%ld", G);
+    snprintf(a, sizeof a, "plan --config %s --seq-len 32 --gpus %s --ep %ld --zero %d %s", config_path(c), gpus, ep,
              stage, more);
     return cli_run_json(a);
 }
@@ -199,6 +201,20 @@ static void test_lora(void **state) {
     json_decref(root);
 }
 
+// --gpus auto under --ep looks among the multiples of --ep: a 2,000,000-byte device holds the rank
+// of 6 GPUs (1,954,508 bytes) and not that of 4 (2,091,540).
+static void test_gpus_auto(void **state) {
+    (void)state;
+    json_t *root = plan(&mixtral, 0, 2, 2, "--overhead 0 --device-memory 2000000B");
+    assert_int_equal(jint(root, "fit", "min_gpus", NULL), 6);
+    assert_int_equal(jint(root, "per_gpu", "ranks", NULL), 6);
+    assert_int_equal(jint(root, "per_gpu", "total_bytes", NULL), 1954508);
+    json_decref(root);
+    root = plan(&mixtral, 4, 2, 2, "--overhead 0");
+    assert_int_equal(jint(root, "per_gpu", "total_bytes", NULL), 2091540);
+    json_decref(root);
+}
+
 static void test_text_and_refusals(void **state) {
     (void)state;
     static run_result r;
@@ -224,6 +240,7 @@ int main(void) {
         cmocka_unit_test(test_zero_over_expert_groups),
         cmocka_unit_test(test_offload),
         cmocka_unit_test(test_lora),
+        cmocka_unit_test(test_gpus_auto),
         cmocka_unit_test(test_text_and_refusals),
     };
     return cmocka_run_group_tests_name("plan_ep", tests, cli_run_make_dir, cli_run_remove_dir);
