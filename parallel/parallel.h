@@ -123,14 +123,14 @@ void par_abort(par_comm *c, int code);
 // experts) over every rank, as without experts; a rank's experts over its expert-data-parallel
 // group, the size / ep ranks that hold the same experts (DeepSpeed's layout: expert-parallel
 // groups are runs of ep consecutive ranks, rank r's expert-data-parallel group is r mod ep,
-// r mod ep + ep, ..., r at place r / ep in it). Their optimizer state (stage 1) and gradients
-// (stage 2) are sharded, and their buckets' parts reduced and their updated shards gathered, over
-// that group; under stages 0 to 2 they share the buckets of the dense parameters (DeepSpeed's
-// one bucket, each parameter's slices reduced over its own group), and every gradient is averaged over every rank
-// (DeepSpeed divides the whole bucket by the data-parallel world size). Stage 3 shards the
-// experts' weights over their group too and closes a bucket where the group changes (DeepSpeed's
-// stage 3, under AutoEP: its own MoE layers refuse stage 3). FSDP is refused, and so is a real run
-// over several ranks (the groups are simulated: membill plan --ep).
+// r mod ep + ep, ..., r at place r / ep in it). Their optimizer state (stage 1), gradients
+// (stage 2) and weights (stage 3) are sharded over that group, and their parts of a bucket
+// reduced and their shards gathered over it. Under stages 0 to 2 they share the buckets of the
+// dense parameters (DeepSpeed's one bucket, each parameter's slices reduced over its own group);
+// stage 3 closes a bucket where the group changes (DeepSpeed's stage 3 under AutoEP; its own MoE
+// layers refuse stage 3). Every gradient is averaged over every rank (DeepSpeed divides the whole
+// bucket by the data-parallel world size). FSDP is refused, and so is a real run over several
+// ranks (the groups are simulated: membill plan --ep).
 typedef enum { PAR_GROUP_DATA, PAR_GROUP_EXPERT_DATA, PAR_NGROUPS } par_group_kind;
 
 // A group of ranks a parameter is partitioned over: its size and this rank's place in it.
