@@ -36,9 +36,6 @@ static uint64_t infer_weight_bytes(const plan_setting *s) {
 // Tokens the cache holds at the end: the prompt, and every new token but the last (only chosen).
 long plan_cache_tokens(const plan_setting *s) { return s->seq_len + s->new_tokens - 1; }
 
-// ZeRO's model states a device holds (ZeRO paper, section 5: Psi parameters, K bytes of
-// optimizer state each, N devices): stage 0 (w+g+K)Psi; 1 wPsi + gPsi + KPsi/N; 2 wPsi +
-// (g+K)Psi/N; 3 (w+g+K)Psi/N. The paper's mixed-precision Adam has w = g = 2, K = 12.
 // The routed experts' parameters of every sparse layer (all the experts, whatever --ep).
 static uint64_t expert_params(const llama_config *c) {
     uint64_t e = 0;
@@ -75,6 +72,9 @@ static uint64_t zero_formula_ep(const plan_setting *s, const llama_dtype_bytes *
     }
 }
 
+// ZeRO's model states a device holds (ZeRO paper, section 5: Psi parameters, K bytes of
+// optimizer state each, N devices): stage 0 (w+g+K)Psi; 1 wPsi + gPsi + KPsi/N; 2 wPsi +
+// (g+K)Psi/N; 3 (w+g+K)Psi/N. The paper's mixed-precision Adam has w = g = 2, K = 12.
 static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *dt, uint64_t P, char *text, size_t len) {
     if (s->ep > 1 && !s->lora.cfg.rank && !s->infer && !s->fsdp) return zero_formula_ep(s, dt, P, text, len);
     llama_dtype_bytes fsdp = *dt; // FSDP's mixed precision: float32 shards and gradient shards, no master
