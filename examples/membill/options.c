@@ -150,7 +150,8 @@ static const opt_spec specs[] = {
      "--device-memory"},
     {"--ep", "N", T_LONG, OFF(ep), PL, "1", 0, NULL, 1, 1 << 16, NULL,
      "expert parallelism: a mixture of experts' experts split over N of the --gpus (all-to-all of the routed "
-     "tokens), the rest data-parallel; the plan bills one rank"},
+     "tokens), the rest data-parallel; --zero 1 to 3 shard each rank's experts over the --gpus / N ranks that "
+     "hold the same ones; the plan bills one rank"},
     {"--zero", "S", T_LONG, OFF(zero), TR | PL, "0", 0, NULL, 0, 3, NULL,
      "ZeRO stage: 0 DDP, 1 shards optimizer state, 2 also gradients, 3 also weights (train: a real sharded step "
      "under mpirun, MPI build)"},

@@ -36,10 +36,47 @@ static uint64_t infer_weight_bytes(const plan_setting *s) {
 // Tokens the cache holds at the end: the prompt, and every new token but the last (only chosen).
 long plan_cache_tokens(const plan_setting *s) { return s->seq_len + s->new_tokens - 1; }
 
+// The routed experts' parameters of every sparse layer (all the experts, whatever --ep).
+static uint64_t expert_params(const llama_config *c) {
+    uint64_t e = 0;
+    for (size_t i = 0, n = llama_param_count_tensors(c); i < n; i++) {
+        llama_param_info p;
+        if (llama_param_info_of(c, i, &p) != 0 || p.expert < 0 || p.buffer) continue;
+        uint64_t k = 1;
+        for (int d = 0; d < p.ndim; d++) k *= (uint64_t)p.shape[d];
+        e += k;
+    }
+    return e;
+}
+
+// Under --ep the rank holds the dense parameters D and its experts' X = E / ep; the sharded
+// states are split over N for D and over the M = N / ep ranks of its expert-data-parallel group
+// for X: stage 0 (w+g+K)(D+X); 1 (w+g)(D+X) + K(D/N + X/M); 2 w(D+X) + (g+K)(D/N + X/M);
+// 3 (w+g+K)(D/N + X/M).
+static uint64_t zero_formula_ep(const plan_setting *s, const llama_dtype_bytes *d, uint64_t P, char *text, size_t len) {
+    static const char *const forms[] = {
+        "(%llu + %llu + K)(Psi_d + Psi_e)", "(%llu + %llu)(Psi_d + Psi_e) + K(Psi_d/N + Psi_e/M)",
+        "%llu(Psi_d + Psi_e) + (%llu + K)(Psi_d/N + Psi_e/M)", "(%llu + %llu + K)(Psi_d/N + Psi_e/M)"};
+    const uint64_t N = (uint64_t)s->gpus, M = N / (uint64_t)s->ep, X = expert_params(&s->cfg) / (uint64_t)s->ep,
+                   D = P - X * (uint64_t)s->ep, w = d->weight, g = d->gradient, k = d->optimizer;
+    int at = snprintf(text, len, forms[s->zero], (unsigned long long)w, (unsigned long long)g);
+    if (at > 0 && (size_t)at < len)
+        snprintf(text + at, len - (size_t)at,
+                 ", K = %llu, Psi_d = %llu dense parameters, Psi_e = %llu of this rank's experts, M = N / ep = %llu",
+                 (unsigned long long)k, (unsigned long long)D, (unsigned long long)X, (unsigned long long)M);
+    switch (s->zero) {
+    case 0: return (w + g + k) * (D + X);
+    case 1: return (w + g) * (D + X) + k * D / N + k * X / M;
+    case 2: return w * (D + X) + (g + k) * D / N + (g + k) * X / M;
+    default: return (w + g + k) * D / N + (w + g + k) * X / M;
+    }
+}
+
 // ZeRO's model states a device holds (ZeRO paper, section 5: Psi parameters, K bytes of
 // optimizer state each, N devices): stage 0 (w+g+K)Psi; 1 wPsi + gPsi + KPsi/N; 2 wPsi +
 // (g+K)Psi/N; 3 (w+g+K)Psi/N. The paper's mixed-precision Adam has w = g = 2, K = 12.
 static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *dt, uint64_t P, char *text, size_t len) {
+    if (s->ep > 1 && !s->lora.cfg.rank && !s->infer && !s->fsdp) return zero_formula_ep(s, dt, P, text, len);
     llama_dtype_bytes fsdp = *dt; // FSDP's mixed precision: float32 shards and gradient shards, no master
     if (s->fsdp && s->dt.master) fsdp.weight = 4, fsdp.gradient = 4, fsdp.optimizer -= 4;
     const llama_dtype_bytes *d = s->fsdp ? &fsdp : dt;
@@ -56,7 +93,9 @@ static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *dt,
             "B + %lluA + (%llu + K)A/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes",
             "(B + (%llu + %llu + K)A)/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes"};
         llama_lora_closed_form lf;
-        plan_lora_closed_form(s, &lf);
+        plan_setting rank = *s; // --ep: the frozen base of the rank, its own experts
+        if (s->ep > 1) rank.cfg.moe.ep = s->ep;
+        plan_lora_closed_form(&rank, &lf);
         const uint64_t A = lf.adapter_params;
         uint64_t aw, ag, ak;
         lora_element_bytes(&lf, &aw, &ag, &ak);
@@ -200,6 +239,10 @@ static uint64_t deepspeed_formula(const plan_setting *s, uint64_t P, char *text,
     uint64_t N = (uint64_t)s->gpus;
     if (s->fsdp) {
         snprintf(text, len, "none for FSDP (DeepSpeed's estimators are ZeRO's)");
+        return 0;
+    }
+    if (s->ep > 1) {
+        snprintf(text, len, "none for --ep (its estimators take one data-parallel group, not the experts' own)");
         return 0;
     }
     if (s->lora.cfg.rank && s->zero > 0) { // the frozen base B at its own bytes, the adapters A in its terms
@@ -502,16 +545,27 @@ static void report_train_text(FILE *out, const plan_view *v) {
                 "over %ld; all-to-all: %s sent by a rank a step\n",
                 (long long)s->cfg.moe.experts, s->ep, (long long)(s->cfg.moe.experts / s->ep), s->gpus,
                 mp_format_bytes(x, sizeof x, plan_all_to_all_bytes(s)));
+        static const char *const sharded[] = {"", "optimizer state", "optimizer state and gradients",
+                                              "weights, gradients and optimizer state"};
+        if (s->zero > 0)
+            fprintf(out,
+                    "  %s: the dense parameters' %s sharded over all %ld ranks, each rank's experts' over the %ld "
+                    "that hold the same experts (DeepSpeed's expert-data-parallel group)\n",
+                    plan_strategy_name(s), sharded[s->zero], s->gpus, s->gpus / s->ep);
     }
     if (v->hub) cli_hub_text(out, v->hub);
     if (v->gpus_auto) {
         char d[96];
         plan_device_text(d, sizeof d, v->device);
+        const long step = plan_gpus_step(s), less = v->min_gpus - step;
+        char of[48] = "";
+        if (step > 1) snprintf(of, sizeof of, " (a multiple of --ep %ld)", step);
         if (v->min_gpus)
             fprintf(out,
-                    "--gpus auto: %ld GPU%s of %s (%s, batch %ld each), the fewest whose rank fits; %ld do%s not\n",
-                    v->min_gpus, v->min_gpus > 1 ? "s" : "", d, plan_strategy_name(s), s->batch, v->min_gpus - 1,
-                    v->min_gpus - 1 == 1 ? "es" : "");
+                    "--gpus auto: %ld GPU%s of %s (%s, batch %ld each), the fewest%s whose rank fits; %ld do%s "
+                    "not\n",
+                    v->min_gpus, v->min_gpus > 1 ? "s" : "", d, plan_strategy_name(s), s->batch, of, less,
+                    less == 1 ? "es" : "");
         else
             fprintf(out,
                     "--gpus auto: no number of GPUs up to %d of %s fits this setting (%s); the bill below is %d's\n",
@@ -645,7 +699,7 @@ static void rank_json(json_t *pg, const plan_view *v) {
         json_object_set_new(c, par_collective_name(k), e);
     }
     json_object_set_new(pg, "collectives_per_step", c);
-    char f[160];
+    char f[256];
     llama_dtype_bytes d = plan_dtype_bytes(s);
     uint64_t paper = zero_formula(s, &d, v->cf->params, f, sizeof f);
     json_object_set_new(pg, "zero_paper", formula_json(paper, f, paper_why));
@@ -656,6 +710,8 @@ static void rank_json(json_t *pg, const plan_view *v) {
     json_object_set_new(pg, "offload",
                         s->offload ? json_string(par_offload_name((par_offload)s->offload)) : json_null());
     json_object_set_new(pg, "largest_layer_params", json_integer((json_int_t)largest_layer(&s->cfg)));
+    // --ep: the ranks a rank's experts are data-parallel (and sharded) over
+    json_object_set_new(pg, "expert_data_parallel_ranks", s->ep > 1 ? json_integer(s->gpus / s->ep) : json_null());
 }
 
 static json_t *per_gpu_json(const gpu_share *g, bool infer) {

@@ -195,14 +195,16 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--tokenizer reads --prompt or --prompt-file: give one of them";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
         bad = "compare trains on one prompt repeated over --batch: give one prompt";
-    else if (o->ep > 1 && (o->gpus < o->ep || o->gpus % o->ep != 0))
+    else if (o->ep > 1 && o->gpus != 0 && (o->gpus < o->ep || o->gpus % o->ep != 0))
         snprintf(buf, sizeof buf,
-                 "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a number, a multiple of it", o->ep,
+                 "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a multiple of it (or auto)", o->ep,
                  o->ep),
             bad = buf;
-    else if (o->ep > 1 && (o->zero > 0 || o->fsdp || o->offload || o->infer))
-        bad = "--ep plans a data-parallel training step (--zero 0): its experts sharded by ZeRO or FSDP as well, and a "
-              "generation, are not modelled";
+    else if (o->ep > 1 && o->fsdp)
+        bad = "--ep shards each rank's experts over their expert-data-parallel group under --zero (DeepSpeed's): "
+              "--fsdp with experts split is not modelled";
+    else if (o->ep > 1 && o->infer)
+        bad = "--ep plans a training step: a generation with its experts split is not modelled";
     else if (cli_given(o, "--routing") && o->cmd != CLI_PLAN && !o->meta)
         bad = "--routing sets how a meta run routes its tokens; a real run routes by its routers (--routing-out "
               "records their choices): add --meta";
