@@ -88,7 +88,7 @@ void cli_options_markdown(FILE *f);
 // "membill <command>: <message>" on stderr, control characters escaped.
 void cli_usage_error(const cli_options *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-// --framework: "pytorch", "pytorch-1.13", "lean" (NULL is pytorch). False for anything else.
+// --framework: "pytorch", "pytorch-1.13", "pytorch-2.0", "lean" (NULL is pytorch). False for anything else.
 bool cli_parse_framework(const char *name, ag_framework *out);
 const char *cli_framework_name(ag_framework f);
 // One line for reports: the name and what it means.
