@@ -547,6 +547,10 @@ struct cli_device {
     uint64_t total, context, nccl, overhead;
     uint64_t cublas_workspace; // one per cuBLAS handle and stream, through the caching allocator
     long gpus;
+    // A snapshot already written (a simulated rank's, whose run is no longer the profiler's): what
+    // --snapshot writes instead of replaying the profiler's timeline. NULL: replay it.
+    const char *snapshot;
+    size_t snapshot_len;
 };
 // From the options (and PYTORCH_CUDA_ALLOC_CONF); an exit code, the message in err.
 int cli_device_prepare(const cli_options *o, long gpus, cli_device *d, ag_err *err);

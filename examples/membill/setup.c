@@ -90,8 +90,6 @@ static const char *device_combinations(const cli_options *o) {
     if (cuda && o->cmd == CLI_TRAIN && cli_given(o, "--zero"))
         return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's "
                "device";
-    if (o->snapshot && o->cmd == CLI_PLAN && (o->gpus > 1 || cli_given(o, "--zero")))
-        return "--snapshot writes one device's whole run: the simulated rank of --gpus or --zero is not written";
     if (o->cmd == CLI_SNAPSHOT && !o->input) return "which snapshot? membill snapshot FILE.pickle";
     if (o->list_gpus && (o->list || cli_given(o, "--model") || o->config))
         return "--list-gpus lists the named GPUs: nothing to plan with it";

@@ -196,6 +196,43 @@ static void test_snapshot_round_trip(void **state) {
     json_decref(report);
 }
 
+// plan --gpus N with a ZeRO stage: the snapshot is the simulated rank's own run (its sharded state),
+// read back with the rank's figures of the report; the whole run's (one device) is larger.
+static void test_snapshot_rank_round_trip(void **state) {
+    (void)state;
+    char snap[300], rep[300], args[1024];
+    snprintf(snap, sizeof snap, "%s/rank.pickle", dir);
+    snprintf(rep, sizeof rep, "%s/rank.json", dir);
+    for (int zero = 1; zero <= 3; zero++) {
+        snprintf(args, sizeof args, "plan --seq-len 64 --gpus 2 --zero %d --device cuda --snapshot %s --json %s --quiet",
+                 zero, snap, rep);
+        run_result r;
+        membill(&r, args);
+        assert_int_equal(r.code, 0);
+        json_t *report = json_load_file(rep, 0, NULL);
+        assert_non_null(report);
+        snprintf(args, sizeof args, "snapshot %s --against %s", snap, rep);
+        json_t *s = cli_run_json(args);
+        json_t *d = json_array_get(json_object_get(s, "devices"), 0);
+        assert_int_equal(jint(d, "reserved_peak_bytes"), jint(report, "per_gpu.device.reserved_peak_bytes"));
+        assert_int_equal(jint(d, "reserved_peak_bytes"), jint(report, "device.reserved_peak_bytes"));
+        assert_int_equal(jint(d, "requested_peak_bytes"), jint(report, "device.requested_peak_bytes"));
+        assert_int_equal(jint(s, "against.reserved_peak.difference_bytes"), 0);
+        const json_int_t rank_reserved = jint(report, "device.reserved_peak_bytes");
+        json_decref(s);
+        json_decref(report);
+        // one device's whole run (no rank): the unsharded state, a larger reserve
+        snprintf(args, sizeof args, "plan --seq-len 64 --device cuda --snapshot %s --quiet", snap);
+        membill(&r, args);
+        assert_int_equal(r.code, 0);
+        snprintf(args, sizeof args, "snapshot %s", snap);
+        s = cli_run_json(args);
+        d = json_array_get(json_object_get(s, "devices"), 0);
+        assert_true(jint(d, "reserved_peak_bytes") > rank_reserved);
+        json_decref(s);
+    }
+}
+
 // PyTorch 1.13's torch.cuda._memory_viz.stats read this run's segment list (the golden): membill
 // reads the same segments, reserved and allocated bytes.
 static void test_snapshot_as_torch_113_read_it(void **state) {
@@ -280,6 +317,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_per_rank_device),
         cmocka_unit_test(test_snapshot_round_trip),
+        cmocka_unit_test(test_snapshot_rank_round_trip),
         cmocka_unit_test(test_snapshot_as_torch_113_read_it),
         cmocka_unit_test(test_snapshot_refused),
         cmocka_unit_test(test_seq_lens),
