@@ -285,7 +285,8 @@ static void text_per_gpu(FILE *out, const plan_view *v) {
     const char *names[] = {"weights", "gradients", "optimizer", "activations", "temporary", "overhead allowance"};
     const uint64_t vals[] = {g->weights, g->gradients, g->optimizer, g->activations, g->temporary, g->overhead};
     for (int i = 0; i < 6; i++) fprintf(out, "    %-19s %s\n", names[i], mp_format_bytes(x, sizeof x, vals[i]));
-    fprintf(out, "    %-19s %s\n", "total", mp_format_bytes(x, sizeof x, g->total));
+    fprintf(out, "    %-19s %s%s\n", "total", mp_format_bytes(x, sizeof x, g->total),
+            v->b->dev_oom ? " at least (the card ran out before the peak)" : "");
     if (s->offload) { // the rank's host memory, apart from the device's total
         fprintf(out, "    host memory (offload, each category at its own peak): %s",
                 mp_format_bytes(x, sizeof x, g->host_total));
