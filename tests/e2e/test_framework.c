@@ -446,6 +446,27 @@ static void torch20_foreach_temporaries(void **state) {
     assert_int_equal(r.code, 2);
 }
 
+// torch.autocast over a bf16 model without float32 tensors casts nothing: every product runs on its
+// bf16 operands as without autocast, and the ops of autocast's float32 list get transformers'
+// float32 already. --dtype bf16-autocast bills what --dtype bf16 does, category by category.
+static void bf16_autocast_casts_nothing_in_bf16(void **state) {
+    (void)state;
+    static const char *const extra[] = {"", "--attention flash", "--checkpointing"};
+    for (int e = 0; e < 3; e++) {
+        char a[256];
+        json_t *j[2];
+        for (int k = 0; k < 2; k++) {
+            snprintf(a, sizeof a, "train --meta --seq-len 16 --steps 2 --dtype %s %s", k ? "bf16-autocast" : "bf16",
+                     extra[e]);
+            j[k] = cli_run_json(a);
+        }
+        static const char *const cats[] = {"weight", "gradient", "optimizer", "activation", "temporary"};
+        for (int c = 0; c < 5; c++) assert_int_equal(cat_peak(j[0], cats[c]), cat_peak(j[1], cats[c]));
+        json_decref(j[0]);
+        json_decref(j[1]);
+    }
+}
+
 static void flash_memory_real(void **state) {
     (void)state;
     flash_against_eager_at("--adam-impl fused", false);
@@ -469,6 +490,7 @@ int main(void) {
         cmocka_unit_test(meta_equals_real_moe), cmocka_unit_test(golden_mixtral),
         cmocka_unit_test(same_losses),          cmocka_unit_test(meta_equals_real_gpt_oss),
         cmocka_unit_test(flash_memory_meta),    cmocka_unit_test(torch20_foreach_temporaries),
+        cmocka_unit_test(bf16_autocast_casts_nothing_in_bf16),
     };
     const struct CMUnitTest heavy[] = {cmocka_unit_test(meta_equals_real_smollm2), cmocka_unit_test(flash_memory_real)};
     if (getenv("MEMBILL_HEAVY")) return cmocka_run_group_tests(heavy, cli_run_make_dir, cli_run_remove_dir);
