@@ -32,6 +32,7 @@ typedef struct {
     };
     int64_t rows, in, out;
     bool bias; // a third input, b[out]: db = the column sums of dy
+    bool cast; // autocast cast an operand (x, w or b): backward goes through the casts' ToCopyBackward
 } ag_linear_state;
 AG_SAVED_IN_A_ROW(ag_linear_state, bc, 3);
 

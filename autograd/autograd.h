@@ -184,10 +184,10 @@ bool ag_ctx_fail(ag_ctx *ctx, const char *msg);
 // Memory semantics: the same math, with what a framework allocates, keeps for backward and frees.
 // LEAN is membill's minimal saved sets (what fused kernels keep); PYTORCH is PyTorch's eager ops as
 // Hugging Face transformers composes them, on current PyTorch; PYTORCH_113 the same on PyTorch
-// 1.13. Each is one row of fields (framework.c): every decision a framework makes is a field, and
-// ops, the model, the closed form, the optimizer and the command read the row, never the name.
-typedef enum { AG_FRAMEWORK_LEAN, AG_FRAMEWORK_PYTORCH, AG_FRAMEWORK_PYTORCH_113 } ag_framework;
-#define AG_NFRAMEWORKS 3
+// 1.13; PYTORCH_20 1.13's row on PyTorch 2.0. Each is one row of fields (framework.c): every
+// decision a framework makes is a field, and ops, the model, the closed form, the optimizer and the command read the row, never the name.
+typedef enum { AG_FRAMEWORK_LEAN, AG_FRAMEWORK_PYTORCH, AG_FRAMEWORK_PYTORCH_113, AG_FRAMEWORK_PYTORCH_20 } ag_framework;
+#define AG_NFRAMEWORKS 4
 
 // What RMSNorm keeps for backward: x and a float32 rstd a row (a fused norm); HF: also x * rstd
 // (the weight's mul) and w * x (the next linear's input), and x.to(float32) in a 16-bit model;
@@ -233,9 +233,10 @@ typedef enum { AG_CKPT_ARGS_NONE, AG_CKPT_ARGS_SAVED, AG_CKPT_ARGS_HELD } ag_che
 // indices, the gathered rows, the SwiGLU, the weighting, index_add_), each op keeping what its
 // node keeps and its backward allocating what it allocates.
 typedef enum { AG_MOE_GROUPED, AG_MOE_HF_EAGER } ag_moe_ops;
-// torch.optim's foreach Adam: current PyTorch's (eps added in place, lerp_ for exp_avg), or
-// 1.13's (eps added out of place: a second list of temporaries; exp_avg by mul_ and add_).
-typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113 } ag_foreach_kind;
+// torch.optim's foreach Adam: current PyTorch's (eps added in place, lerp_ for exp_avg), 1.13's
+// (eps added out of place: a second list of temporaries; exp_avg by mul_ and add_), or 2.0's (as
+// 1.13, and Adam's L2 sum a list of its own instead of into .grad).
+typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113, AG_FOREACH_20 } ag_foreach_kind;
 
 // The fields of a row, in order: X(type, field).
 #define AG_FW_FIELDS(X)                                                                                                \

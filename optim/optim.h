@@ -33,7 +33,8 @@ typedef enum { OPTIM_ADAM, OPTIM_ADAMW, OPTIM_SGD, OPTIM_SGD_MOMENTUM, OPTIM_NON
 //             decay first makes grad + wd x param for every parameter (W, freed before the sqrt).
 //             Under a framework whose adam_foreach is AG_FOREACH_113, PyTorch 1.13's: the eps sum is out of place, a
 //             second list (2W), L2 weight decay is added into .grad in place (no temporary; here .grad is left alone),
-//             and exp_avg is updated as exp_avg·b1 + (1-b1)·g instead of lerp_.
+//             and exp_avg is updated as exp_avg·b1 + (1-b1)·g instead of lerp_. AG_FOREACH_20, PyTorch 2.0's:
+//             the same, but L2 weight decay makes grad + wd x param a list of its own (W), alive to the end (3W).
 // All compute the update from their temporaries in torch's order of operations; the results
 // equal the fused pass's to float32 rounding (w + (-lr/bc1·m)/denom against w - lr/bc1·(m/denom)).
 typedef enum { OPTIM_ADAM_FUSED = 0, OPTIM_ADAM_FOR_LOOP, OPTIM_ADAM_FOREACH } optim_adam_impl;

@@ -30,6 +30,14 @@
 //   exp_avg_sq_sqrt, eps)` (out of place: a second list), l. 523 `torch._foreach_addcdiv_(
 //   params_, exp_avgs, denom, step_size)`, both lists freed on return; adamw.py
 //   _multi_tensor_adamw l. 355 `torch._foreach_mul_(params, 1 - lr * weight_decay)`, l. 418-422.
+// - foreach, PyTorch 2.0 adam.py _multi_tensor_adam (v2.0.0; as S-Lab-System-Group/Hydro's
+//   hydro/optim/adam.py copies it): `device_grads = torch._foreach_add(device_grads,
+//   device_params, alpha=weight_decay)` (L2 only: a new list, no `del`: alive to the return), the
+//   moments as mul_ then add_ / addcmul_, `exp_avg_sq_sqrt = torch._foreach_sqrt(...)`, `_foreach_div_`,
+//   `denom = torch._foreach_add(exp_avg_sq_sqrt, eps)` (out of place, as 1.13), `_foreach_addcdiv_(
+//   device_params, device_exp_avgs, denom, step_size)`; adamw.py _multi_tensor_adamw (the
+//   Trainer's adamw_torch): `torch._foreach_mul_(device_params, 1 - lr * weight_decay)`, the same
+//   moments, sqrt, div_ and out-of-place denom: 2W at the addcdiv_, 3W for Adam with L2.
 // On the CPU each _foreach_ op loops over the tensors (its slow path), so a new list's tensors
 // are made in parameter order; a list is freed from its last tensor to its first (CPython's
 // list_dealloc). The 0-dim step tensors and bias-correction scalars torch makes on the way are
@@ -270,9 +278,12 @@ static int foreach_now(pass *p) {
     return 0;
 }
 
-static int foreach_113(pass *p) {
+// PyTorch 1.13's and 2.0's: the eps sum out of place (a second list); 2.0 also makes Adam's L2
+// sum a list of its own (grad_list), where 1.13 adds it into .grad in place.
+static int foreach_eps_out_of_place(pass *p, bool grad_list) {
     optim *o = p->o;
-    const bool l2 = l2_decay(&o->cfg);
+    const bool l2 = l2_decay(&o->cfg), own_grads = l2 && grad_list;
+    if (own_grads) EACH(s) if (take(p, s, OPTIM_TMP_GRAD) != 0) return -1;
     EACH(s) if (take(p, s, OPTIM_TMP_SQRT) != 0) return -1;
     EACH(s) if (take(p, s, OPTIM_TMP_DENOM) != 0) return -1;
     if (p->apply) EACH(s) begin(p, s);
@@ -281,17 +292,28 @@ static int foreach_113(pass *p) {
             const size_t n = (size_t)s->param->numel;
             float *w = s->param->data, *m = data(&s->state[0]), *v = data(&s->state[1]);
             float *t = data(&s->tmp[OPTIM_TMP_SQRT]), *d = data(&s->tmp[OPTIM_TMP_DENOM]);
-            k_moments(&k, true, w, s->param->grad->data, l2 ? k.wd : 0, m, v, n);
+            const float *g = s->param->grad->data;
+            if (own_grads) {
+                k_grad_wd(data(&s->tmp[OPTIM_TMP_GRAD]), g, w, k.wd, n);
+                g = data(&s->tmp[OPTIM_TMP_GRAD]);
+            }
+            k_moments(&k, true, w, g, l2 && !own_grads ? k.wd : 0, m, v, n);
             k_sqrt(t, v, n);
             k_div(t, t, k.bc2_sqrt, n);
             k_add(d, t, k.eps, n);
             k_addcdiv(w, m, d, -k.step_size, n);
         }
-    EACH_REVERSED(s) give(p, s, OPTIM_TMP_SQRT); // the locals go in order: exp_avg_sq_sqrt, denom
+    // the locals go in the order they were bound: device_grads, exp_avg_sq_sqrt, denom
+    if (own_grads) EACH_REVERSED(s) give(p, s, OPTIM_TMP_GRAD);
+    EACH_REVERSED(s) give(p, s, OPTIM_TMP_SQRT);
     EACH_REVERSED(s) give(p, s, OPTIM_TMP_DENOM);
     if (p->apply) EACH(s) s->fresh = false;
     return 0;
 }
+
+static int foreach_113(pass *p) { return foreach_eps_out_of_place(p, false); }
+
+static int foreach_20(pass *p) { return foreach_eps_out_of_place(p, true); }
 
 static void free_temporaries(optim *o) {
     for (size_t i = 0; i < o->n; i++)
@@ -299,9 +321,11 @@ static void free_temporaries(optim *o) {
 }
 
 int optim_adam_unfused(optim *o, bool *changed, ag_err *err) {
-    int (*seq)(pass *) = o->cfg.adam_impl == OPTIM_ADAM_FOR_LOOP                                        ? for_loop
-                         : AG_FW(ag_framework_row_of(o->cfg.framework), adam_foreach) == AG_FOREACH_113 ? foreach_113
-                                                                                                        : foreach_now;
+    static int (*const foreach[])(pass *) = {[AG_FOREACH_CURRENT] = foreach_now, [AG_FOREACH_113] = foreach_113,
+                                             [AG_FOREACH_20] = foreach_20};
+    int (*seq)(pass *) = o->cfg.adam_impl == OPTIM_ADAM_FOR_LOOP
+                             ? for_loop
+                             : foreach[AG_FW(ag_framework_row_of(o->cfg.framework), adam_foreach)];
     *changed = false;
     pass dry = {.o = o, .dry = true, .base = mp_live_total(), .budget = mp_budget(), .err = err};
     seq(&dry);

@@ -56,7 +56,7 @@ static void linear_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
         ag_qlinear_backward(ctx, n, dy);
         return;
     }
-    if (ag_autocast(ctx)) {
+    if (ag_autocast(ctx) && st->cast) { // 16-bit operands autocast left as they were: a plain product
         linear_backward_autocast(ctx, n, dy);
         return;
     }
@@ -163,6 +163,7 @@ static ag_tensor *linear_pt(ag_ctx *ctx, const ag_site *s, ag_tensor *x, ag_tens
             .in = in,
             .out = out,
             .bias = b != NULL,
+            .cast = xc != x || wc != w || bc,
         };
     ag_release(xc), ag_release(wc), ag_release(bc);
     if (y && !n && ctx->status != AG_OK) ag_release(y), y = NULL;

@@ -88,7 +88,7 @@ void cli_options_markdown(FILE *f);
 // "membill <command>: <message>" on stderr, control characters escaped.
 void cli_usage_error(const cli_options *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-// --framework: "pytorch", "pytorch-1.13", "lean" (NULL is pytorch). False for anything else.
+// --framework: "pytorch", "pytorch-1.13", "pytorch-2.0", "lean" (NULL is pytorch). False for anything else.
 bool cli_parse_framework(const char *name, ag_framework *out);
 const char *cli_framework_name(ag_framework f);
 // One line for reports: the name and what it means.
@@ -547,6 +547,10 @@ struct cli_device {
     uint64_t total, context, nccl, overhead;
     uint64_t cublas_workspace; // one per cuBLAS handle and stream, through the caching allocator
     long gpus;
+    // A snapshot already written (a simulated rank's, whose run is no longer the profiler's): what
+    // --snapshot writes instead of replaying the profiler's timeline. NULL: replay it.
+    const char *snapshot;
+    size_t snapshot_len;
 };
 // From the options (and PYTORCH_CUDA_ALLOC_CONF); an exit code, the message in err.
 int cli_device_prepare(const cli_options *o, long gpus, cli_device *d, ag_err *err);

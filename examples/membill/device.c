@@ -412,6 +412,7 @@ void cli_device_text(FILE *f, const cli_device *d, const cli_device_result *r) {
 
 int cli_snapshot_writer(FILE *f, void *arg, ag_err *err) {
     const cli_device *d = arg;
+    if (d->snapshot) return fwrite(d->snapshot, 1, d->snapshot_len, f) == d->snapshot_len ? 0 : -1;
     mp_cuda *c = NULL;
     mp_cuda_conf conf = d->conf;
     conf.record_history = true;

@@ -20,6 +20,10 @@ static const cli_dtype dtypes[] = {
     // torch.autocast(bfloat16) over a float32 model: float32 parameters, gradients and Adam state;
     // each op's output in the dtype autocast gives it (ag_precision.autocast).
     {"autocast-bf16", "float32 under torch.autocast(bfloat16)", 32, 32, 32, 32, false, 0, 0, NULL, true},
+    // The same region over a model cast to bfloat16 (the Trainer's bf16=True over a bf16 checkpoint):
+    // the bf16 tensors' products run as they are; float32 ones (PEFT's adapters, their inputs) are
+    // cast to bfloat16, a trained weight's cast kept in the cast cache.
+    {"bf16-autocast", "bfloat16 under torch.autocast(bfloat16)", 16, 16, 16, 16, false, 0, 0, NULL, true},
 };
 
 bool cli_parse_dtype(const char *name, cli_dtype *out) {

@@ -132,10 +132,11 @@ static const opt_spec specs[] = {
     {"--meta", NULL, T_FLAG, OFF(meta), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "shapes only: the same allocations and bill, no data, no compute"},
     {"--dtype", "NAME", T_CHOICE, OFF(dtype), TR | IN | PL, "fp32", 0, NULL, 0, 0,
-     "fp32|bf16|fp16|bf16-mixed|fp16-mixed|bf16-mixed-fp32-grads|autocast-bf16",
+     "fp32|bf16|fp16|bf16-mixed|fp16-mixed|bf16-mixed-fp32-grads|autocast-bf16|bf16-autocast",
      "what weights, gradients, state and activations are stored in (bf16: the model cast, as "
      "model.to(torch.bfloat16); autocast-bf16: float32 parameters under torch.autocast, with a pytorch "
-     "framework); real runs compute every one but fp16 training (loss scaling: --meta only); a generation takes fp32, "
+     "framework; bf16-autocast: the bf16 model under torch.autocast, as the Trainer's bf16=True runs a bf16 "
+     "checkpoint); real runs compute every one but fp16 training (loss scaling: --meta only); a generation takes fp32, "
      "bf16 or fp16"},
     {"--weight-dtype", "NAME", T_CHOICE, OFF(weight_dtype), IN | PL, NULL, 0, NULL, 0, 0,
      "fp32|bf16|fp16|int8|int4|auto",

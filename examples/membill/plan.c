@@ -131,6 +131,16 @@ static void read_bill(const plan_setting *s, const step_record *steps, plan_bill
     free(whole);
 }
 
+// The simulated rank's snapshot, while its run is the profiler's: into b->snapshot.
+static int rank_snapshot(const plan_setting *s, plan_bill *b, ag_err *err) {
+    FILE *f = open_memstream(&b->snapshot, &b->snapshot_len);
+    if (!f) return ag_err_set(err, "out of memory for the snapshot"), -1;
+    int rc = cli_snapshot_writer(f, (void *)&s->dev, err);
+    if (fclose(f) != 0 && rc == 0) rc = -1, ag_err_set(err, "out of memory for the snapshot");
+    if (rc != 0) free(b->snapshot), b->snapshot = NULL;
+    return rc;
+}
+
 // One device as a simulated rank: rank 0 of --gpus running membill train --zero's step in meta
 // mode, its collectives counted and skipped. Its own bill fills the device's figures of *b.
 static int measure_rank(const plan_setting *s, long B, long T, plan_bill *b, ag_err *err) {
@@ -156,6 +166,7 @@ static int measure_rank(const plan_setting *s, long B, long T, plan_bill *b, ag_
     plan_setting one = *s;
     one.infer = false;
     if (steps) read_bill(&one, steps, &rank);
+    if (steps && rc == 0 && s->rank_snapshot && rank_snapshot(s, b, err) != 0) rc = -1;
     free(steps);
     mp_shutdown();
     if (!steps) {
@@ -408,8 +419,11 @@ int cmd_plan(const cli_options *o) {
         if (measure(&os, s.batch, s.seq_len, &other_bill, &oe) == 0) other = &other_bill;
     }
     plan_bill rank = {0};
+    s.rank_snapshot = o->snapshot != NULL;
     if (rc == 0 && plan_simulates_rank(&s) && measure_rank(&s, s.batch, s.seq_len, &rank, &err) != 0)
         rc = EXIT_RUN_FAILED;
+    s.rank_snapshot = false;
+    s.dev.snapshot = rank.snapshot, s.dev.snapshot_len = rank.snapshot_len; // written by the rank's run
     if (rc == 0) {
         mp_options mo = {.meta = true, .keep_timeline = true};
         if (mp_init(&mo) != MP_OK) {
@@ -446,6 +460,7 @@ int cmd_plan(const cli_options *o) {
         }
     }
     free(s.seq_lens);
+    free(rank.snapshot);
     if (rc != 0) fprintf(stderr, "membill plan: %s\n", err.msg);
     cli_routing_free(&s.routing);
     return rc;

@@ -35,6 +35,10 @@ typedef struct {
     // report replays its own run again for them); dev_oom: an allocation did not fit the card
     cli_device_result dev;
     bool dev_oom;
+    // --snapshot of a simulated rank: its snapshot, written while its run was the profiler's (the
+    // caller frees it; NULL unless asked by plan_setting.rank_snapshot)
+    char *snapshot;
+    size_t snapshot_len;
 } plan_bill;
 
 typedef struct {
@@ -50,6 +54,7 @@ typedef struct {
     bool infer;
     long new_tokens;    // --infer: tokens generated after the prompt (the cache ends at seq + new - 1)
     bool checkpointing; // training: every block recomputed in backward
+    bool rank_snapshot; // the simulated rank's run writes its snapshot into the bill (--snapshot)
     ag_framework framework;
     ag_attention_kind attention;
     ag_device device;

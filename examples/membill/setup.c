@@ -90,8 +90,6 @@ static const char *device_combinations(const cli_options *o) {
     if (cuda && o->cmd == CLI_TRAIN && cli_given(o, "--zero"))
         return "--zero runs real ranks on this machine: membill plan --gpus N --zero S --device cuda bills a rank's "
                "device";
-    if (o->snapshot && o->cmd == CLI_PLAN && (o->gpus > 1 || cli_given(o, "--zero")))
-        return "--snapshot writes one device's whole run: the simulated rank of --gpus or --zero is not written";
     if (o->cmd == CLI_SNAPSHOT && !o->input) return "which snapshot? membill snapshot FILE.pickle";
     if (o->list_gpus && (o->list || cli_given(o, "--model") || o->config))
         return "--list-gpus lists the named GPUs: nothing to plan with it";
@@ -108,6 +106,8 @@ bool cli_check_combinations(const cli_options *o) {
     ag_framework fw = CLI_DEFAULT_FRAMEWORK;
     cli_parse_framework(o->framework, &fw); // the table allows only known names
     const ag_framework_row *row = ag_framework_row_of(fw);
+    cli_dtype dt = {0};
+    const bool autocast = cli_parse_dtype(o->dtype, &dt) && dt.autocast;
     if (cli_given(o, "--model") && cli_given(o, "--config"))
         bad = "--model and --config both name a model: give one";
     else if ((o->download || o->offline) && !hub_id)
@@ -132,9 +132,10 @@ bool cli_check_combinations(const cli_options *o) {
                  "--meta",
                  o->dtype),
             bad = buf;
-    else if (o->dtype && !strcmp(o->dtype, "autocast-bf16") && !AG_FW(row, autocast))
-        bad = framework_lacks(buf, sizeof buf, "--dtype autocast-bf16 is torch.autocast's semantics", AG_FWF_autocast,
-                              AG_FW(row, name));
+    else if (autocast && !AG_FW(row, autocast))
+        bad = framework_lacks(buf, sizeof buf,
+                              (snprintf(what, sizeof what, "--dtype %s is torch.autocast's semantics", o->dtype), what),
+                              AG_FWF_autocast, AG_FW(row, name));
     else if (o->attention && strcmp(o->attention, "eager") != 0 && !AG_FW(row, flash_available))
         bad = framework_lacks(
             buf, sizeof buf,
@@ -147,8 +148,10 @@ bool cli_check_combinations(const cli_options *o) {
                         "fused attention (--attention flash)",
                         o->attention, AG_FW(row, name)),
                buf);
-    else if (o->cmd == CLI_INFER && o->dtype && !strcmp(o->dtype, "autocast-bf16"))
-        bad = "--dtype autocast-bf16 is a training setting: a generation takes fp32, bf16 or fp16";
+    else if (o->cmd == CLI_INFER && autocast)
+        snprintf(buf, sizeof buf, "--dtype %s is a training setting: a generation takes fp32, bf16 or fp16",
+                 o->dtype),
+            bad = buf;
     else if (cli_given(o, "--group-size") && !(o->weight_dtype && strcmp(o->weight_dtype, "int4") == 0))
         bad = "--group-size sets the elements per scale of --weight-dtype int4";
     else if (cli_given(o, "--lr") && o->optimizer && strcmp(o->optimizer, "none") == 0)

@@ -415,6 +415,58 @@ static void flash_memory_meta(void **state) {
     }
 }
 
+// torch.optim's foreach AdamW by framework, at its step: current PyTorch's sqrt list (W, eps added
+// in place), 1.13's and 2.0's a second list for the out-of-place eps sum (2W), W the trained
+// parameters' bytes: the whole model, or PEFT's float32 adapters beside a bf16 base. PyTorch 2.0
+// has SDPA (--attention flash runs), 1.13 has not.
+static void torch20_foreach_temporaries(void **state) {
+    (void)state;
+    static const struct {
+        const char *fw;
+        int64_t lists;
+    } fws[] = {{"pytorch", 1}, {"pytorch-1.13", 2}, {"pytorch-2.0", 2}};
+    for (int f = 0; f < 3; f++) {
+        char a[256];
+        snprintf(a, sizeof a, "train --meta --seq-len 9 --framework %s --adam-impl foreach --optimizer adamw", fws[f].fw);
+        json_t *j = cli_run_json(a);
+        assert_int_equal(cat_peak(j, "temporary"), fws[f].lists * 4 * num(json_object_get(j, "model"), "parameters"));
+        json_decref(j);
+        snprintf(a, sizeof a,
+                 "train --meta --seq-len 9 --framework %s --adam-impl foreach --optimizer adamw --dtype bf16 "
+                 "--lora-rank 4",
+                 fws[f].fw);
+        j = cli_run_json(a);
+        assert_int_equal(cat_peak(j, "temporary"),
+                         fws[f].lists * 4 * num(json_object_get(j, "lora"), "trainable_params"));
+        json_decref(j);
+    }
+    json_decref(cli_run_json("train --meta --seq-len 9 --framework pytorch-2.0 --attention flash"));
+    run_result r;
+    membill(&r, "train --meta --seq-len 9 --framework pytorch-1.13 --attention flash");
+    assert_int_equal(r.code, 2);
+}
+
+// torch.autocast over a bf16 model without float32 tensors casts nothing: every product runs on its
+// bf16 operands as without autocast, and the ops of autocast's float32 list get transformers'
+// float32 already. --dtype bf16-autocast bills what --dtype bf16 does, category by category.
+static void bf16_autocast_casts_nothing_in_bf16(void **state) {
+    (void)state;
+    static const char *const extra[] = {"", "--attention flash", "--checkpointing"};
+    for (int e = 0; e < 3; e++) {
+        char a[256];
+        json_t *j[2];
+        for (int k = 0; k < 2; k++) {
+            snprintf(a, sizeof a, "train --meta --seq-len 16 --steps 2 --dtype %s %s", k ? "bf16-autocast" : "bf16",
+                     extra[e]);
+            j[k] = cli_run_json(a);
+        }
+        static const char *const cats[] = {"weight", "gradient", "optimizer", "activation", "temporary"};
+        for (int c = 0; c < 5; c++) assert_int_equal(cat_peak(j[0], cats[c]), cat_peak(j[1], cats[c]));
+        json_decref(j[0]);
+        json_decref(j[1]);
+    }
+}
+
 static void flash_memory_real(void **state) {
     (void)state;
     flash_against_eager_at("--adam-impl fused", false);
@@ -437,7 +489,8 @@ int main(void) {
         cmocka_unit_test(lean_unchanged),       cmocka_unit_test(meta_equals_real_tiny),
         cmocka_unit_test(meta_equals_real_moe), cmocka_unit_test(golden_mixtral),
         cmocka_unit_test(same_losses),          cmocka_unit_test(meta_equals_real_gpt_oss),
-        cmocka_unit_test(flash_memory_meta),
+        cmocka_unit_test(flash_memory_meta),    cmocka_unit_test(torch20_foreach_temporaries),
+        cmocka_unit_test(bf16_autocast_casts_nothing_in_bf16),
     };
     const struct CMUnitTest heavy[] = {cmocka_unit_test(meta_equals_real_smollm2), cmocka_unit_test(flash_memory_real)};
     if (getenv("MEMBILL_HEAVY")) return cmocka_run_group_tests(heavy, cli_run_make_dir, cli_run_remove_dir);

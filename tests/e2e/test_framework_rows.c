@@ -83,6 +83,8 @@ static const char *const lines[] = {
 static const char *const refused[] = {
     "train --meta --config CONFIG --framework pytorch-1.13 --attention flash",
     "train --meta --config CONFIG --framework lean --dtype autocast-bf16",
+    "train --meta --config CONFIG --framework lean --dtype bf16-autocast",
+    "infer --meta --config CONFIG --framework pytorch --dtype bf16-autocast",
 };
 
 static void every_field_is_read(void **state) {

@@ -169,6 +169,26 @@ static void write_file(const char *path, const void *p, size_t n) {
     fclose(f);
 }
 
+// `membill <run> --snapshot SNAP --json REP` (run names both), then `membill snapshot SNAP --against
+// REP`: the same reserved and requested peaks, no difference. Returns the snapshot's reading (*report
+// the run's report; the caller frees both).
+static json_t *write_and_read(const char *run, const char *snap, const char *rep, json_t **report) {
+    char args[1024];
+    run_result r;
+    membill(&r, run);
+    assert_int_equal(r.code, 0);
+    *report = json_load_file(rep, 0, NULL);
+    assert_non_null(*report);
+    snprintf(args, sizeof args, "snapshot %s --against %s", snap, rep);
+    json_t *s = cli_run_json(args);
+    json_t *d = json_array_get(json_object_get(s, "devices"), 0);
+    assert_int_equal(jint(d, "reserved_peak_bytes"), jint(*report, "device.reserved_peak_bytes"));
+    assert_int_equal(jint(d, "requested_peak_bytes"), jint(*report, "device.requested_peak_bytes"));
+    assert_int_equal(jint(s, "against.reserved_peak.difference_bytes"), 0);
+    assert_int_equal(jint(s, "against.requested_peak.difference_bytes"), 0);
+    return s;
+}
+
 // membill writes, membill reads: the same peaks; --against sets the report beside it.
 static void test_snapshot_round_trip(void **state) {
     (void)state;
@@ -177,18 +197,8 @@ static void test_snapshot_round_trip(void **state) {
     snprintf(rep, sizeof rep, "%s/report.json", dir);
     snprintf(args, sizeof args, "train --meta --steps 2 --seq-len 48 --device cuda --snapshot %s --json %s --quiet",
              snap, rep);
-    run_result r;
-    membill(&r, args);
-    assert_int_equal(r.code, 0);
-    json_t *report = json_load_file(rep, 0, NULL);
-    assert_non_null(report);
-    snprintf(args, sizeof args, "snapshot %s --against %s", snap, rep);
-    json_t *s = cli_run_json(args);
+    json_t *report, *s = write_and_read(args, snap, rep, &report);
     json_t *d = json_array_get(json_object_get(s, "devices"), 0);
-    assert_int_equal(jint(d, "reserved_peak_bytes"), jint(report, "device.reserved_peak_bytes"));
-    assert_int_equal(jint(d, "requested_peak_bytes"), jint(report, "device.requested_peak_bytes"));
-    assert_int_equal(jint(s, "against.reserved_peak.difference_bytes"), 0);
-    assert_int_equal(jint(s, "against.requested_peak.difference_bytes"), 0);
     // the largest block at the peak names its tensor and category: the tied embedding or its state
     const char *where =
         json_string_value(json_object_get(json_array_get(json_object_get(d, "largest_at_peak"), 0), "where"));
@@ -196,6 +206,31 @@ static void test_snapshot_round_trip(void **state) {
     assert_non_null(strstr(where, "model.embed_tokens.weight"));
     json_decref(s);
     json_decref(report);
+}
+
+// plan --gpus N with a ZeRO stage: the snapshot is the simulated rank's own run (its sharded state),
+// read back with the rank's figures of the report; one device's whole run has a larger reserve.
+static void test_snapshot_rank_round_trip(void **state) {
+    (void)state;
+    char snap[300], rep[300], args[1024];
+    snprintf(snap, sizeof snap, "%s/rank.pickle", dir);
+    snprintf(rep, sizeof rep, "%s/rank.json", dir);
+    snprintf(args, sizeof args, "plan --seq-len 64 --device cuda --snapshot %s --json %s --quiet", snap, rep);
+    json_t *whole, *s = write_and_read(args, snap, rep, &whole);
+    const json_int_t whole_reserved = jint(whole, "device.reserved_peak_bytes");
+    json_decref(s);
+    json_decref(whole);
+    for (int zero = 1; zero <= 3; zero++) {
+        snprintf(args, sizeof args, "plan --seq-len 64 --gpus 2 --zero %d --device cuda --snapshot %s --json %s --quiet",
+                 zero, snap, rep);
+        json_t *report;
+        s = write_and_read(args, snap, rep, &report);
+        json_t *d = json_array_get(json_object_get(s, "devices"), 0);
+        assert_int_equal(jint(d, "reserved_peak_bytes"), jint(report, "per_gpu.device.reserved_peak_bytes"));
+        assert_true(jint(d, "reserved_peak_bytes") < whole_reserved);
+        json_decref(s);
+        json_decref(report);
+    }
 }
 
 // PyTorch 1.13's torch.cuda._memory_viz.stats read this run's segment list (the golden): membill
@@ -282,6 +317,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_per_rank_device),
         cmocka_unit_test(test_snapshot_round_trip),
+        cmocka_unit_test(test_snapshot_rank_round_trip),
         cmocka_unit_test(test_snapshot_as_torch_113_read_it),
         cmocka_unit_test(test_snapshot_refused),
         cmocka_unit_test(test_seq_lens),

@@ -10,6 +10,11 @@
 // and over a quantised base (bnb.py's Linear4bit, gptq.py) the adapters' output is cast back to
 // the base's dtype before the sum, which stays 16-bit. Sizes from the tiny model; the real run's
 // loss and gradients against the float32 reference (tests/golden/tiny_lora) at bfloat16's precision.
+// Under torch.autocast(bfloat16) over the bf16 base (the Trainer's bf16=True, --dtype bf16-autocast)
+// the base's product runs as it is; the float32 copy of x goes through dropout, and lora_A's matmul
+// casts it to bf16 (the copy it keeps for backward: the float32 one is freed) and takes its weight's
+// cached bf16 cast (autocast_mode.cpp cached_cast: a float32 leaf that requires grad), as lora_B
+// does; their outputs, the scaling and the sum are bf16, so result.to(bfloat16) copies nothing.
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -44,7 +49,7 @@ static ag_precision bf16(int weight_bits) {
     return p;
 }
 
-static void run_open(run *r, bool meta, int adapter_bits, int base_bits) {
+static void run_open_as(run *r, bool meta, int adapter_bits, int base_bits, bool autocast) {
     memset(r, 0, sizeof *r);
     assert_int_equal(mp_init(&(mp_options){.meta = meta, .keep_timeline = true}), MP_OK);
     r->ctx = ag_ctx_new();
@@ -55,6 +60,7 @@ static void run_open(run *r, bool meta, int adapter_bits, int base_bits) {
     snprintf(path, sizeof path, "%s/tiny_untied/config.json", MEMBILL_GOLDEN_DIR);
     if (llama_config_load(&cfg, path, &err) != 0) fail_msg("%s", err.msg);
     ag_precision p = bf16(16), proj = bf16(base_bits);
+    p.autocast = autocast;
     assert_true(ag_ctx_set_precision(r->ctx, &p));
     if (llama_model_new_proj_dtype(&r->m, r->ctx, &cfg, base_bits < 16 ? &proj : NULL, &err) != 0)
         fail_msg("%s", err.msg);
@@ -63,6 +69,10 @@ static void run_open(run *r, bool meta, int adapter_bits, int base_bits) {
     llama_lora_config l = {.rank = RANK, .alpha = 8.0, .targets = LLAMA_LORA_ALL, .adapter_bits = adapter_bits};
     if (llama_model_add_lora(r->m, r->ctx, &l, 7, &err) != 0) fail_msg("%s", err.msg);
     if (!meta && llama_adapter_load(r->m, MEMBILL_GOLDEN_DIR "/tiny_lora", &err) != 0) fail_msg("%s", err.msg);
+}
+
+static void run_open(run *r, bool meta, int adapter_bits, int base_bits) {
+    run_open_as(r, meta, adapter_bits, base_bits, false);
 }
 
 static void run_close(run *r) {
@@ -94,9 +104,9 @@ static void expect_allocs(const alloc *want, size_t n, size_t from) {
     assert_int_equal(k, n);
 }
 
-static void projection(int adapter_bits, int base_bits, const alloc *want, size_t n, int out_bits) {
+static void projection_as(int adapter_bits, int base_bits, bool autocast, const alloc *want, size_t n, int out_bits) {
     run r;
-    run_open(&r, true, adapter_bits, base_bits);
+    run_open_as(&r, true, adapter_bits, base_bits, autocast);
     const int64_t in = r.m->cfg.hidden;
     ag_tensor *x = ag_tensor_new(r.ctx, 3, (int64_t[]){B, T, in}, MP_ACTIVATION, "x");
     x->requires_grad = true;
@@ -105,10 +115,19 @@ static void projection(int adapter_bits, int base_bits, const alloc *want, size_
     assert_non_null(y);
     assert_int_equal(y->bits, out_bits);
     expect_allocs(want, n, from);
+    // the float32 copy of x outlives the projection only when lora_A keeps it (no autocast)
+    bool freed = false;
+    for (size_t i = from; i < mp_timeline_count(); i++)
+        freed = freed || (mp_timeline_get(i)->bytes < 0 && strstr(mp_site_name(mp_timeline_get(i)->site), "input_to_adapter"));
+    assert_int_equal(freed, autocast && adapter_bits == 32);
     ag_release(y);
     ag_tape_clear(r.ctx);
     ag_release(x);
     run_close(&r);
+}
+
+static void projection(int adapter_bits, int base_bits, const alloc *want, size_t n, int out_bits) {
+    projection_as(adapter_bits, base_bits, false, want, n, out_bits);
 }
 
 // gate_proj of the tiny model: in = hidden, out = intermediate.
@@ -132,6 +151,13 @@ static void test_projection_bill(void **s) {
                           {".lora_scale:out", BT * out * 2},
                           {":out", BT * out * 2}};
     projection(0, 16, same, 5, 16);
+    // Under autocast: lora_A's bf16 copy of its input and the adapters' cached bf16 casts.
+    const alloc autocast[] = {{":base_out", BT * out * 2},         {":input_to_adapter", BT * in * 4},
+                              {".lora_A:input_bf16", BT * in * 2}, {".lora_A:weight_bf16", RANK * in * 2},
+                              {".lora_A:out", BT * RANK * 2},      {".lora_B:weight_bf16", out * RANK * 2},
+                              {".lora_B:out", BT * out * 2},       {".lora_scale:out", BT * out * 2},
+                              {":sum", BT * out * 2}};
+    projection_as(32, 16, true, autocast, 9, 16);
 }
 
 // Over an NF4 base: output.to(bfloat16) before the sum, which stays 16-bit.
@@ -195,11 +221,11 @@ static void test_states_float32(void **s) {
     run_close(&r);
 }
 
-// A real step: loss and adapter gradients as the float32 reference's, within bfloat16's error.
-static void test_real_step(void **s) {
-    (void)s;
+// A real step: loss and adapter gradients as the float32 reference's, within bfloat16's error,
+// without autocast and under it.
+static void real_step(bool autocast) {
     run r;
-    run_open(&r, false, 32, 16);
+    run_open_as(&r, false, 32, 16, autocast);
     llama_st_file *g = NULL;
     ag_err err = {{0}};
     if (llama_st_open(&g, MEMBILL_GOLDEN_DIR "/tiny_lora/golden.safetensors", &err) != 0) fail_msg("%s", err.msg);
@@ -229,6 +255,12 @@ static void test_real_step(void **s) {
     }
     llama_st_close(g);
     run_close(&r);
+}
+
+static void test_real_step(void **s) {
+    (void)s;
+    real_step(false);
+    real_step(true);
 }
 
 int main(void) {

@@ -804,20 +804,21 @@ static void test_budget(void **state) {
 
 typedef struct {
     optim_adam_impl impl;
-    bool t113;
+    ag_framework fw; // whose torch.optim
     const char *name;
 } impl_case;
 
-static const impl_case impls[] = {{OPTIM_ADAM_FUSED, false, "fused"},
-                                  {OPTIM_ADAM_FOR_LOOP, false, "for-loop"},
-                                  {OPTIM_ADAM_FOREACH, false, "foreach"},
-                                  {OPTIM_ADAM_FOREACH, true, "foreach (1.13)"}};
+static const impl_case impls[] = {{OPTIM_ADAM_FUSED, AG_FRAMEWORK_PYTORCH, "fused"},
+                                  {OPTIM_ADAM_FOR_LOOP, AG_FRAMEWORK_PYTORCH, "for-loop"},
+                                  {OPTIM_ADAM_FOREACH, AG_FRAMEWORK_PYTORCH, "foreach"},
+                                  {OPTIM_ADAM_FOREACH, AG_FRAMEWORK_PYTORCH_113, "foreach (1.13)"},
+                                  {OPTIM_ADAM_FOREACH, AG_FRAMEWORK_PYTORCH_20, "foreach (2.0)"}};
 #define NIMPLS (sizeof impls / sizeof impls[0])
 
 static optim_config impl_cfg(optim_kind kind, const impl_case *ic) {
     optim_config c = cfg_of(kind, 0.1f);
     c.adam_impl = ic->impl;
-    c.framework = ic->t113 ? AG_FRAMEWORK_PYTORCH_113 : AG_FRAMEWORK_PYTORCH;
+    c.framework = ic->fw;
     return c;
 }
 
@@ -902,17 +903,19 @@ static void impl_peak_run(bool meta, optim_kind kind, const impl_case *ic, float
 
 // With b_k the k-th parameter's elements and W their sum: for-loop max_k (b_{k-1} + 2 b_k), the
 // last denom living until the next one replaces it (2 x the largest when it comes first);
-// foreach W; PyTorch 1.13's foreach 2W; fused none. Adam's L2 weight decay adds grad + wd x
-// param: for-loop one b_k more (b_{k-1} + 3 b_k), foreach a list W freed before the sqrt list.
+// foreach W; PyTorch 1.13's and 2.0's foreach 2W; fused none. Adam's L2 weight decay adds grad +
+// wd x param: for-loop one b_k more (b_{k-1} + 3 b_k), foreach a list W freed before the sqrt
+// list, 2.0's foreach a list W kept to the return (3W).
 static void test_impl_temporaries(void **state) {
     (void)state;
     const int64_t largest_first[3] = {1000, 8, 300}, largest_second[3] = {8, 1000, 3};
     const char *const seq[NIMPLS] = {
         "", "+a:sqrt +a:denom -a:sqrt +b:sqrt +b:denom -b:sqrt -a:denom +c:sqrt +c:denom -c:sqrt -b:denom -c:denom",
         "+a:sqrt +b:sqrt +c:sqrt -c:sqrt -b:sqrt -a:sqrt",
+        "+a:sqrt +b:sqrt +c:sqrt +a:denom +b:denom +c:denom -c:sqrt -b:sqrt -a:sqrt -c:denom -b:denom -a:denom",
         "+a:sqrt +b:sqrt +c:sqrt +a:denom +b:denom +c:denom -c:sqrt -b:sqrt -a:sqrt -c:denom -b:denom -a:denom"};
-    const uint64_t first[NIMPLS] = {0, 2 * 1000, 1308, 2 * 1308};
-    const uint64_t second[NIMPLS] = {0, 8 + 2 * 1000, 1011, 2 * 1011};
+    const uint64_t first[NIMPLS] = {0, 2 * 1000, 1308, 2 * 1308, 2 * 1308};
+    const uint64_t second[NIMPLS] = {0, 8 + 2 * 1000, 1011, 2 * 1011, 2 * 1011};
     for (int meta = 0; meta < 2; meta++)
         for (size_t k = 0; k < NIMPLS; k++) {
             impl_peak_run(meta, OPTIM_ADAM, &impls[k], -1, largest_first, first[k], seq[k]);
@@ -927,8 +930,10 @@ static void test_impl_temporaries(void **state) {
         "+c:grad_wd +c:sqrt +c:denom -c:sqrt -b:denom -c:grad_wd -c:denom",
         "+a:grad_wd +b:grad_wd +c:grad_wd -c:grad_wd -b:grad_wd -a:grad_wd +a:sqrt +b:sqrt +c:sqrt -c:sqrt -b:sqrt "
         "-a:sqrt",
-        seq[3]};
-    const uint64_t l2[NIMPLS] = {0, 8 + 3 * 1000, 1011, 2 * 1011};
+        seq[3],
+        "+a:grad_wd +b:grad_wd +c:grad_wd +a:sqrt +b:sqrt +c:sqrt +a:denom +b:denom +c:denom -c:grad_wd -b:grad_wd "
+        "-a:grad_wd -c:sqrt -b:sqrt -a:sqrt -c:denom -b:denom -a:denom"};
+    const uint64_t l2[NIMPLS] = {0, 8 + 3 * 1000, 1011, 2 * 1011, 3 * 1011};
     for (int meta = 0; meta < 2; meta++)
         for (size_t k = 0; k < NIMPLS; k++)
             impl_peak_run(meta, OPTIM_ADAM, &impls[k], 0.5f, largest_second, l2[k], seq_l2[k]);
@@ -1136,7 +1141,8 @@ static void impl_budget_run(bool meta, optim_kind kind, const impl_case *ic, flo
 static void test_impl_budget(void **state) {
     (void)state;
     // a 1 KiB, b 4 KiB: for-loop a:sqrt a:denom, a:sqrt goes, b:sqrt b:denom = 1 + 4 + 4 KiB;
-    // foreach 1 + 4; 1.13 2 x (1 + 4); L2 for-loop 1 + 3 x 4, L2 foreach its grad list 1 + 4.
+    // foreach 1 + 4; 1.13 2 x (1 + 4); L2 for-loop 1 + 3 x 4, L2 foreach its grad list 1 + 4, L2
+    // 2.0 foreach 3 x (1 + 4).
     for (int meta = 0; meta < 2; meta++)
         for (int later = 0; later < 2; later++) {
             impl_budget_run(meta, OPTIM_ADAM, &impls[1], -1, later, 256 + 2 * 1024, "b:denom");
@@ -1144,6 +1150,7 @@ static void test_impl_budget(void **state) {
             impl_budget_run(meta, OPTIM_ADAM, &impls[3], -1, later, 2 * (256 + 1024), "b:denom");
             impl_budget_run(meta, OPTIM_ADAM, &impls[1], 0.25f, later, 256 + 3 * 1024, "b:denom");
             impl_budget_run(meta, OPTIM_ADAM, &impls[2], 0.25f, later, 256 + 1024, "b:grad_wd");
+            impl_budget_run(meta, OPTIM_ADAM, &impls[4], 0.25f, later, 3 * (256 + 1024), "b:denom");
         }
 }
 
