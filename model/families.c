@@ -43,7 +43,7 @@ static const family_info families[] = {
      llama_gemma_fields},
     {"gemma3_text", "Gemma3ForCausalLM", LLAMA_FAMILY_GEMMA3, true, false, 131072, 256, 1e6, 1e-6, true,
      llama_gemma_fields},
-    {"phi3", "Phi3ForCausalLM", LLAMA_FAMILY_PHI3, false, false, 4096, 0, 10000.0, 1e-5, false, llama_phi3_fields},
+    {"phi3", "Phi3ForCausalLM", LLAMA_FAMILY_PHI3, true, false, 4096, 0, 10000.0, 1e-5, false, llama_phi3_fields},
     {"gpt_oss", "GptOssForCausalLM", LLAMA_FAMILY_GPT_OSS, true, true, 131072, 64, 150000.0, 1e-5, false,
      llama_gpt_oss_fields},
     {"deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_FAMILY_DEEPSEEK_V3, false, true, 4096, 0, 10000.0, 1e-6, false,

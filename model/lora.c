@@ -66,9 +66,11 @@ int llama_lora_validate(const llama_lora_config *l, ag_err *err) {
     return -1;
 }
 
-// A block's weight and bias of projection p.
+// A block's weight and bias of projection p (phi3: q_proj's place holds qkv_proj, gate_proj's
+// gate_up_proj).
 static ag_tensor *proj_weight(const llama_layer *L, llama_proj p, ag_tensor **bias) {
-    ag_tensor *const w[LLAMA_NPROJ] = {L->q, L->k, L->v, L->o, L->gate, L->up, L->down};
+    ag_tensor *const w[LLAMA_NPROJ] = {L->qkv ? L->qkv : L->q, L->k, L->v, L->o, L->gate_up ? L->gate_up : L->gate,
+                                       L->up, L->down};
     ag_tensor *const b[LLAMA_NPROJ] = {L->q_bias,    L->k_bias,  L->v_bias,   L->o_bias,
                                        L->gate_bias, L->up_bias, L->down_bias};
     if (bias) *bias = b[p];
@@ -192,14 +194,32 @@ void llama_lora_init(llama_model *m, uint64_t seed) {
 // nothing. Over a quantised base (bitsandbytes' and GPTQ's lora layers) the adapters' output is
 // cast back before it is added, and the sum is the base's dtype. Without an adapter, the base
 // linear alone.
+// The linear of a projection: a fused one's output laid out part after part (ag_linear_parts).
+static ag_tensor *proj_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, ag_tensor *b,
+                              const llama_parts *parts) {
+    return parts ? ag_linear_parts(ctx, site, x, w, parts->n, parts->rows) : ag_linear(ctx, site, x, w, b);
+}
+
+// A fused projection's module: phi3's qkv_proj and gate_up_proj in q_proj's and gate_proj's places.
+static const char *module_of(const llama_layer *L, llama_proj p) {
+    if (p == LLAMA_PROJ_Q && L->qkv) return "self_attn.qkv_proj";
+    if (p == LLAMA_PROJ_GATE && L->gate_up) return "mlp.gate_up_proj";
+    return proj_modules[p];
+}
+
 ag_tensor *llama_proj_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, llama_proj p, ag_tensor *x) {
+    return llama_proj_forward_parts(ctx, L, i, p, x, NULL);
+}
+
+ag_tensor *llama_proj_forward_parts(ag_ctx *ctx, const llama_layer *L, int64_t i, llama_proj p, ag_tensor *x,
+                                    const llama_parts *parts) {
     char s[96], t[128];
     ag_tensor *b, *w = proj_weight(L, p, &b);
-    llama_site(s, i, proj_modules[p]);
-    if (!L->lora || !L->lora_a[p]) return ag_linear(ctx, s, x, w, b);
+    llama_site(s, i, module_of(L, p));
+    if (!L->lora || !L->lora_a[p]) return proj_linear(ctx, s, x, w, b, parts);
     const llama_lora_state *st = L->lora;
     snprintf(t, sizeof t, "%s:base_out", s);
-    ag_tensor *y = ag_linear(ctx, t, x, w, b);
+    ag_tensor *y = proj_linear(ctx, t, x, w, b, parts);
     const int abits = L->lora_a[p]->bits, ybits = y ? y->bits : abits;
     snprintf(t, sizeof t, "%s:input_to_adapter", s);
     ag_tensor *h = y ? ag_cast(ctx, t, x, abits) : NULL;
@@ -214,7 +234,7 @@ ag_tensor *llama_proj_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, llam
     ag_tensor *ha = h ? ag_linear(ctx, t, h, L->lora_a[p], NULL) : NULL;
     ag_release(h);
     snprintf(t, sizeof t, "%s.lora_B", s);
-    ag_tensor *hb = ha ? ag_linear(ctx, t, ha, L->lora_b[p], NULL) : NULL;
+    ag_tensor *hb = ha ? proj_linear(ctx, t, ha, L->lora_b[p], NULL, parts) : NULL;
     ag_release(ha);
     snprintf(t, sizeof t, "%s.lora_scale", s);
     ag_tensor *sc = hb ? ag_scale(ctx, t, hb, st->scale) : NULL;
