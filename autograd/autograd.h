@@ -485,7 +485,7 @@ typedef struct {
     const char *op;   // "linear", "attention", ...
     const char *site; // the node's site prefix
     int nsaved;
-    const ag_tensor *saved[AG_MAX_SAVED];
+    const ag_tensor *saved[AG_MAX_SAVED]; // a view's base in its place (the tensor whose block it keeps)
     uint64_t saved_bytes;
 } ag_node_info;
 size_t ag_tape_size(const ag_ctx *ctx);

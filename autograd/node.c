@@ -79,22 +79,21 @@ void ag_node_free(ag_node *n) {
     free(n);
 }
 
+// The tensor whose block holds t's data: its base for a view.
+static const ag_tensor *storage_of(const ag_tensor *t) { return t && t->base ? t->base : t; }
+
 bool ag_tape_node(const ag_ctx *ctx, size_t i, ag_node_info *info) {
     if (i >= ctx->ntape) return false;
     const ag_node *n = ctx->tape[i];
     *info = (ag_node_info){.op = n->op->name, .site = mp_site_name(n->site)};
     for (int j = 0; j < n->op->nsaved; j++) {
-        const ag_tensor *t = n->state.saved[j];
+        const ag_tensor *t = storage_of(n->state.saved[j]); // a view keeps its base's block
         if (!t) continue;
         info->saved[info->nsaved++] = t;
-        if (t->base) t = t->base; // a view keeps its base's block
         if (t->block.category == MP_ACTIVATION) info->saved_bytes += t->block.bytes;
     }
     return true;
 }
-
-// The tensor whose block holds t's data: its base for a view.
-static const ag_tensor *storage_of(const ag_tensor *t) { return t && t->base ? t->base : t; }
 
 // Whether t is saved by an earlier slot than (node i, slot j): shared tensors (and views of one
 // base) count once.

@@ -10,9 +10,7 @@ static void shape_with(const ag_tensor *h, int64_t n, int64_t *shape) {
     shape[h->ndim - 1] = n;
 }
 
-static bool hf_split(const ag_ctx *ctx) {
-    return AG_FW(ag_ctx_framework_row(ctx), fused_split) == AG_FUSED_SPLIT_HF;
-}
+static bool hf_split(const ag_ctx *ctx) { return AG_FW(ag_ctx_framework_row(ctx), fused_split) == AG_FUSED_SPLIT_HF; }
 
 void llama_fused_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *h, int64_t i, ag_tensor **q,
                      ag_tensor **k, ag_tensor **v) {
@@ -27,9 +25,9 @@ void llama_fused_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, a
     ag_tensor *y = llama_proj_forward_parts(ctx, L, i, LLAMA_PROJ_Q, h, &parts);
     if (!y) return;
     // qkv[..., :Q], then K, then V: SliceBackward makes each gradient qkv-sized
-    *q = ag_part(ctx, llama_site(s, i, "self_attn.q"), y, 0, h->ndim, sq, hf ? AG_PART_SLICE : AG_PART_VIEW);
-    *k = ag_part(ctx, llama_site(s, i, "self_attn.k"), y, M * Q, h->ndim, skv, hf ? AG_PART_SLICE : AG_PART_VIEW);
-    *v = ag_part(ctx, llama_site(s, i, "self_attn.v"), y, M * (Q + KV), h->ndim, skv,
+    *q = ag_part(ctx, llama_site(s, i, "self_attn.q_proj"), y, 0, h->ndim, sq, hf ? AG_PART_SLICE : AG_PART_VIEW);
+    *k = ag_part(ctx, llama_site(s, i, "self_attn.k_proj"), y, M * Q, h->ndim, skv, hf ? AG_PART_SLICE : AG_PART_VIEW);
+    *v = ag_part(ctx, llama_site(s, i, "self_attn.v_proj"), y, M * (Q + KV), h->ndim, skv,
                  hf ? AG_PART_SLICE : AG_PART_COPY);
     ag_release(y);
 }
@@ -42,8 +40,8 @@ ag_tensor *llama_fused_glu(ag_ctx *ctx, const llama_config *c, const llama_layer
     int64_t shape[AG_MAX_DIMS];
     shape_with(h, I, shape);
     ag_tensor *y = llama_proj_forward_parts(ctx, L, i, LLAMA_PROJ_GATE, h, &parts);
-    ag_tensor *g = y ? ag_part(ctx, llama_site(s, i, "mlp.gate"), y, 0, h->ndim, shape, AG_PART_VIEW) : NULL;
-    ag_tensor *u = g ? ag_part(ctx, llama_site(s, i, "mlp.up"), y, M * I, h->ndim, shape, AG_PART_VIEW) : NULL;
+    ag_tensor *g = y ? ag_part(ctx, llama_site(s, i, "mlp.gate_proj"), y, 0, h->ndim, shape, AG_PART_VIEW) : NULL;
+    ag_tensor *u = g ? ag_part(ctx, llama_site(s, i, "mlp.up_proj"), y, M * I, h->ndim, shape, AG_PART_VIEW) : NULL;
     ag_release(y);
     ag_tensor *a = u ? ag_silu(ctx, llama_site(s, i, "mlp.act"), g) : NULL;
     ag_release(g);

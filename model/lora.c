@@ -69,8 +69,8 @@ int llama_lora_validate(const llama_lora_config *l, ag_err *err) {
 // A block's weight and bias of projection p (phi3: q_proj's place holds qkv_proj, gate_proj's
 // gate_up_proj).
 static ag_tensor *proj_weight(const llama_layer *L, llama_proj p, ag_tensor **bias) {
-    ag_tensor *const w[LLAMA_NPROJ] = {L->qkv ? L->qkv : L->q, L->k, L->v, L->o, L->gate_up ? L->gate_up : L->gate,
-                                       L->up, L->down};
+    ag_tensor *const w[LLAMA_NPROJ] = {
+        L->qkv ? L->qkv : L->q, L->k, L->v, L->o, L->gate_up ? L->gate_up : L->gate, L->up, L->down};
     ag_tensor *const b[LLAMA_NPROJ] = {L->q_bias,    L->k_bias,  L->v_bias,   L->o_bias,
                                        L->gate_bias, L->up_bias, L->down_bias};
     if (bias) *bias = b[p];

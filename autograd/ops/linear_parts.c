@@ -58,8 +58,7 @@ static bool parts_fit(ag_ctx *ctx, const ag_site *s, const ag_tensor *x, const a
     return true;
 }
 
-ag_tensor *ag_linear_parts(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, int nparts,
-                           const int64_t *rows) {
+ag_tensor *ag_linear_parts(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, int nparts, const int64_t *rows) {
     ag_tensor *ins[] = {x, w};
     if (!ag_check_inputs(ctx, "linear", site, 2, ins, (const char *[]){"x", "w"})) return NULL;
     ag_site s;
@@ -68,8 +67,9 @@ ag_tensor *ag_linear_parts(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tenso
     int64_t shape[AG_MAX_DIMS], in = w->shape[1], M = x->numel / in;
     for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
     shape[x->ndim - 1] = w->shape[0];
-    ag_tensor *y = AG_FW(ctx->fw, typed_tensors) ? ag_tensor_new_bits(ctx, x->ndim, shape, MP_ACTIVATION, s.out, x->bits)
-                                                 : ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s.out);
+    ag_tensor *y = AG_FW(ctx->fw, typed_tensors)
+                       ? ag_tensor_new_bits(ctx, x->ndim, shape, MP_ACTIVATION, s.out, x->bits)
+                       : ag_tensor_new(ctx, x->ndim, shape, MP_ACTIVATION, s.out);
     if (!y) return NULL;
     bool ok = true;
     int64_t r0 = 0, at = 0;
