@@ -94,7 +94,7 @@ ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama
                                  ag_tensor *x, int64_t i) {
     char s[96];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    const ag_rope_freqs f = llama_layer_rope_freqs(c, i);
+    const ag_rope_freqs f = llama_layer_rope_freqs(c, i, x->shape[x->ndim - 2]); // from position 0
     ag_tensor *q, *k, *v, *qr, *kr;
     llama_qkv(ctx, c, L, x, i, &q, &k, &v);
     if (sh && sh->cos) { // Gemma 3's sliding layers: the local tables

@@ -106,7 +106,8 @@ typedef enum {
     LLAMA_ROPE_LINEAR,
     LLAMA_ROPE_DYNAMIC,
     LLAMA_ROPE_YARN,
-    LLAMA_ROPE_LLAMA3
+    LLAMA_ROPE_LLAMA3,
+    LLAMA_ROPE_LONGROPE
 } llama_rope_type;
 
 typedef struct {
@@ -118,11 +119,15 @@ typedef struct {
     double beta_fast, beta_slow;              // yarn: 32 and 1 unless given
     double mscale, mscale_all_dim;            // yarn: 0 when not given
     bool truncate;                            // yarn: floor / ceil of the correction range (true)
+    // longrope: a factor a frequency [head_dim / 2], short_factor while a sequence stays within
+    // original_max_positions (rope_scaling's, else the config's), long_factor past it
+    double short_factor[AG_ROPE_MAX_HEAD_DIM / 2], long_factor[AG_ROPE_MAX_HEAD_DIM / 2];
     // What the ops use, filled by llama_rope_prepare (llama_model_new does it for the model's
     // own copy of the config): the inverse frequencies [head_dim / 2] and the factor on cos and
     // sin (yarn's attention factor, else 1).
     bool prepared;
     float inv_freq[AG_ROPE_MAX_HEAD_DIM / 2];
+    float long_inv_freq[AG_ROPE_MAX_HEAD_DIM / 2]; // longrope's past original_max_positions
     float scale;
 } llama_rope_scaling;
 
@@ -295,6 +300,9 @@ void llama_rope_prepare(llama_config *c);
 // The frequencies the ops take: the config's table once prepared (it must outlive the ops), else
 // the default from rope_theta.
 ag_rope_freqs llama_rope_freqs(const llama_config *c);
+// The same for a forward over positions 0 .. positions - 1: longrope's long factors past
+// original_max_position_embeddings (transformers' longrope_frequency_update).
+ag_rope_freqs llama_rope_freqs_at(const llama_config *c, int64_t positions);
 
 // The tensors of block i under this config (9 for Llama, 12 for Qwen2, 11 for Qwen3, 4 + 1 + 3 x
 // experts for Mixtral's), and the index of its first one in the parameter list.
@@ -307,9 +315,9 @@ float llama_embedding_scale(const llama_config *c);
 // The scale on attention's Q Kᵀ: query_pre_attn_scalar^-1/2, or 0 for 1/sqrt(head_dim).
 float llama_attention_scale(const llama_config *c);
 
-// Layer i's RoPE frequencies: Gemma 3's sliding layers' rope_local_base_freq, else the config's
-// (llama_rope_freqs).
-ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i);
+// Layer i's RoPE frequencies in a forward over positions 0 .. positions - 1: Gemma 3's sliding
+// layers' rope_local_base_freq, else the config's (llama_rope_freqs_at).
+ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i, int64_t positions);
 
 // The sliding window of layer i: 0 (none) or sliding_window.
 int64_t llama_layer_window(const llama_config *c, int64_t i);

@@ -273,7 +273,7 @@ static void test_gemma2_grads(void **s) {
 // tests/golden/tiny_phi3_longrope: rope_scaling longrope past original_max_position_embeddings.
 static void test_phi3_grads(void **s) {
     (void)s;
-    for (int g = 0; g < 1; g++)
+    for (int g = 0; g < 2; g++)
         for (ag_framework fw = AG_FRAMEWORK_LEAN; fw <= AG_FRAMEWORK_PYTORCH_113; fw++)
             for (int a = 0; a < (fw == AG_FRAMEWORK_PYTORCH_113 ? 1 : 2); a++)
                 check_grads_as(g ? "tiny_phi3_longrope" : "tiny_phi3", "model.safetensors", "loss", "grad.", W_LOSS,
