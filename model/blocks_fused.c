@@ -14,6 +14,8 @@ static bool hf_split(const ag_ctx *ctx) { return AG_FW(ag_ctx_framework_row(ctx)
 
 void llama_fused_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *h, int64_t i, ag_tensor **q,
                      ag_tensor **k, ag_tensor **v) {
+    *q = *k = *v = NULL;
+    if (!h) return; // an earlier op failed: the context holds its error
     const int64_t Q = c->heads * c->head_dim, KV = c->kv_heads * c->head_dim, M = h->numel / h->shape[h->ndim - 1];
     const llama_parts parts = {3, {Q, KV, KV}};
     const bool hf = hf_split(ctx);
@@ -21,8 +23,7 @@ void llama_fused_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, a
     int64_t sq[AG_MAX_DIMS], skv[AG_MAX_DIMS];
     shape_with(h, Q, sq);
     shape_with(h, KV, skv);
-    *q = *k = *v = NULL;
-    ag_tensor *y = llama_proj_forward_parts(ctx, L, i, LLAMA_PROJ_Q, h, &parts);
+    ag_tensor *y = llama_proj_forward_parts(ctx, L, i, LLAMA_PROJ_QKV, h, &parts);
     if (!y) return;
     // qkv[..., :Q], then K, then V: SliceBackward makes each gradient qkv-sized
     *q = ag_part(ctx, llama_site(s, i, "self_attn.q_proj"), y, 0, h->ndim, sq, hf ? AG_PART_SLICE : AG_PART_VIEW);
@@ -34,12 +35,13 @@ void llama_fused_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, a
 
 // Phi3MLP: gate, up = gate_up_proj(h).chunk(2); up * act(gate) (chunk's one SplitBackward).
 ag_tensor *llama_fused_glu(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *h, int64_t i) {
+    if (!h) return NULL;
     const int64_t I = c->intermediate, M = h->numel / h->shape[h->ndim - 1];
     const llama_parts parts = {2, {I, I}};
     char s[96];
     int64_t shape[AG_MAX_DIMS];
     shape_with(h, I, shape);
-    ag_tensor *y = llama_proj_forward_parts(ctx, L, i, LLAMA_PROJ_GATE, h, &parts);
+    ag_tensor *y = llama_proj_forward_parts(ctx, L, i, LLAMA_PROJ_GATE_UP, h, &parts);
     ag_tensor *g = y ? ag_part(ctx, llama_site(s, i, "mlp.gate_proj"), y, 0, h->ndim, shape, AG_PART_VIEW) : NULL;
     ag_tensor *u = g ? ag_part(ctx, llama_site(s, i, "mlp.up_proj"), y, M * I, h->ndim, shape, AG_PART_VIEW) : NULL;
     ag_release(y);

@@ -121,6 +121,14 @@ int llama_family_refuse_unmodelled(const llama_config *c, const char *path, ag_e
 }
 
 int llama_family_check_run(const llama_config *c, const ag_ctx *ctx, const char *what, ag_err *err) {
+    if (c->fused_proj) { // ag_linear_parts: float weights, no autocast casts
+        const ag_precision p = ag_ctx_precision(ctx);
+        const bool autocast = p.autocast && AG_FW(ag_ctx_framework_row(ctx), autocast);
+        if (!autocast && p.weight_bits >= 16) return 0;
+        ag_err_set(err, "%s: phi3's fused qkv_proj and gate_up_proj %s are not modelled", what,
+                   autocast ? "under autocast (--dtype autocast-bf16)" : "over a quantised base (--base-dtype)");
+        return -1;
+    }
     if (c->family != LLAMA_FAMILY_GPT_OSS) return 0;
     const ag_framework_row *fw = ag_ctx_framework_row(ctx);
     const char *why = AG_FW(fw, moe) != AG_MOE_GROUPED

@@ -614,7 +614,8 @@ int llama_st_write_f32_file(FILE *f, size_t n, const char *const *names, const i
 
 #include "autograd.h"
 
-// The linear layers of a block, by PEFT's module names.
+// The linear layers of a block, by PEFT's module names (phi3 has qkv_proj and gate_up_proj in
+// place of q, k, v_proj and gate, up_proj).
 typedef enum {
     LLAMA_PROJ_Q,
     LLAMA_PROJ_K,
@@ -623,11 +624,13 @@ typedef enum {
     LLAMA_PROJ_GATE,
     LLAMA_PROJ_UP,
     LLAMA_PROJ_DOWN,
+    LLAMA_PROJ_QKV,
+    LLAMA_PROJ_GATE_UP,
     LLAMA_NPROJ
 } llama_proj;
 
-const char *llama_proj_name(llama_proj p);   // "q_proj", ..., "down_proj"
-const char *llama_proj_module(llama_proj p); // "self_attn.q_proj", ..., "mlp.down_proj"
+const char *llama_proj_name(llama_proj p);   // "q_proj", ..., "down_proj", "qkv_proj", "gate_up_proj"
+const char *llama_proj_module(llama_proj p); // "self_attn.q_proj", ..., "mlp.gate_up_proj"
 
 // LoRA as PEFT's LoraConfig sets it (init_lora_weights=True, bias "none", no DoRA or rsLoRA):
 // each target's frozen weight W [out, in] gains A [rank, in] (Kaiming-uniform, a = sqrt(5)) and
@@ -643,7 +646,13 @@ typedef struct {
     int adapter_bits;
 } llama_lora_config;
 
-#define LLAMA_LORA_ALL ((1u << LLAMA_NPROJ) - 1)
+// all-linear: a Llama block's seven; on phi3 its four (llama_model_add_lora resolves it).
+#define LLAMA_LORA_ALL ((1u << LLAMA_PROJ_QKV) - 1)
+#define LLAMA_LORA_FUSED                                                                                               \
+    ((1u << LLAMA_PROJ_QKV) | (1u << LLAMA_PROJ_O) | (1u << LLAMA_PROJ_GATE_UP) | (1u << LLAMA_PROJ_DOWN))
+#define LLAMA_LORA_ANY ((1u << LLAMA_NPROJ) - 1) // every module name membill knows
+// The targets under this config: all-linear (LLAMA_LORA_ALL) is phi3's four on phi3.
+unsigned llama_lora_targets_of(const llama_config *c, unsigned targets);
 #define LLAMA_LORA_DEFAULT_TARGETS ((1u << LLAMA_PROJ_Q) | (1u << LLAMA_PROJ_V)) // PEFT's for Llama
 
 // "q_proj,v_proj" (PEFT's names, any order, each once) or "all-linear" into a bit set; the

@@ -7,7 +7,11 @@ sequence stays within original_max_position_embeddings, long_factor past it, cos
 by sqrt(1 + ln(factor) / ln(original)), factor = max_position_embeddings / original).
 
 Writes the goldens of two tiny configs (config.json, model.safetensors, golden.safetensors:
-input_ids, loss, every gradient and the greedy tokens of the first row) as gemma_ref.py does:
+input_ids, loss, every gradient and the greedy tokens of the first row) as gemma_ref.py does, and
+tests/golden/tiny_phi3_lora: PEFT's LoRA on tiny_phi3 with the fused matrices as targets
+(qkv_proj, o_proj, gate_up_proj, down_proj: each adapter's B as wide as the fused output), as
+lora_ref.py writes tiny_lora (adapter_config.json, adapter_model.safetensors with PEFT's names,
+golden.safetensors: the loss and the gradient of every adapter tensor):
 
     /usr/bin/python3 tests/reference/phi3_ref.py [--out tests/golden]
 """
@@ -103,7 +107,21 @@ def rope(c, t, dtype):
     return (emb.cos() * scale).to(dtype)[None, None], (emb.sin() * scale).to(dtype)[None, None]
 
 
-def forward(c, P, ids):
+RANK, ALPHA, B_STD = 4, 8.0, 0.05
+TARGETS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+PREFIX = "base_model.model."
+
+
+def linear(P, ad, mod, x):
+    """nn.Linear, or PEFT's lora.Linear (dropout 0) where mod has an adapter."""
+    y = F.linear(x, P[mod + ".weight"])
+    if ad and mod in ad:
+        a, b = ad[mod]
+        y = y + F.linear(F.linear(x, a), b) * (ALPHA / RANK)
+    return y
+
+
+def forward(c, P, ids, ad=None):
     b, t = ids.shape
     hd, nq, nkv = dims(c)
     nh, kvh, eps = c["num_attention_heads"], c["num_key_value_heads"], c["rms_norm_eps"]
@@ -113,7 +131,7 @@ def forward(c, P, ids):
     for layer in range(c["num_hidden_layers"]):
         p = "model.layers.%d." % layer
         y = L.rms_norm(x, P[p + "input_layernorm.weight"], eps)
-        qkv = F.linear(y, P[p + "self_attn.qkv_proj.weight"])
+        qkv = linear(P, ad, p + "self_attn.qkv_proj", y)
         q = qkv[..., :nq].view(b, t, nh, hd).transpose(1, 2)
         k = qkv[..., nq:nq + nkv].view(b, t, kvh, hd).transpose(1, 2)
         v = qkv[..., nq + nkv:].view(b, t, kvh, hd).transpose(1, 2)
@@ -121,17 +139,17 @@ def forward(c, P, ids):
         k = k * cos + L.rotate_half(k) * sin
         rep = nh // kvh
         a = L.attention(q, L.repeat_kv(k, rep), L.repeat_kv(v, rep), allowed)
-        x = x + F.linear(a.transpose(1, 2).reshape(b, t, nq), P[p + "self_attn.o_proj.weight"])
+        x = x + linear(P, ad, p + "self_attn.o_proj", a.transpose(1, 2).reshape(b, t, nq))
         y = L.rms_norm(x, P[p + "post_attention_layernorm.weight"], eps)
-        gate, up = F.linear(y, P[p + "mlp.gate_up_proj.weight"]).chunk(2, dim=-1)
-        x = x + F.linear(up * F.silu(gate), P[p + "mlp.down_proj.weight"])
+        gate, up = linear(P, ad, p + "mlp.gate_up_proj", y).chunk(2, dim=-1)
+        x = x + linear(P, ad, p + "mlp.down_proj", up * F.silu(gate))
     x = L.rms_norm(x, P["model.norm.weight"], eps)
     return F.linear(x, P["lm_head.weight"])
 
 
-def loss_fn(c, P, ids):
+def loss_fn(c, P, ids, ad=None):
     v = c["vocab_size"]
-    logits = forward(c, P, ids)
+    logits = forward(c, P, ids, ad)
     return F.cross_entropy(logits[:, :-1].reshape(-1, v).float(), ids[:, 1:].reshape(-1))
 
 
@@ -178,6 +196,45 @@ def write_case(out, name, c, checks):
     print(name, json.dumps({"loss": loss.item()}))
 
 
+def write_lora(out, c):
+    """PEFT's adapters on the fused matrices of tiny_phi3: A as kaiming_uniform_(a=sqrt(5)), B drawn
+    non-zero (PEFT starts it at zero, which would leave A's gradient zero)."""
+    g = torch.Generator().manual_seed(SEED + 7)
+    P = {n: t.detach() for n, t in init_params(c, SEED).items()}
+    ids = torch.randint(1, c["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(SEED + 500),
+                        dtype=torch.int64)
+    ad = {}
+    for layer in range(c["num_hidden_layers"]):
+        for t in TARGETS:
+            mod = "model.layers.%d.%s%s" % (layer, "mlp." if t in ("gate_up_proj", "down_proj") else "self_attn.", t)
+            out_f, in_f = P[mod + ".weight"].shape
+            a = (torch.rand((RANK, in_f), generator=g) * 2 - 1) / math.sqrt(in_f)
+            ad[mod] = (a.requires_grad_(True), (torch.randn((out_f, RANK), generator=g) * B_STD).requires_grad_(True))
+    loss = loss_fn(c, P, ids, ad)
+    loss.backward()
+    with torch.no_grad():  # the adapters must move the loss, and the fused B's every part
+        if abs(loss_fn(c, P, ids).item() - loss.item()) < 1e-3:
+            raise SystemExit("phi3_ref: the adapters barely move the loss")
+    folder = os.path.join(out, "tiny_phi3_lora")
+    os.makedirs(folder, exist_ok=True)
+    named = {}
+    for m, (a, b) in ad.items():
+        named[PREFIX + m + ".lora_A.weight"] = a
+        named[PREFIX + m + ".lora_B.weight"] = b
+    L.st_write(os.path.join(folder, "adapter_model.safetensors"), {n: t.detach() for n, t in named.items()}, META)
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": "tiny_phi3", "r": RANK,
+              "lora_alpha": ALPHA, "lora_dropout": 0.0, "target_modules": TARGETS, "bias": "none",
+              "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True, "use_rslora": False,
+              "use_dora": False}
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+        f.write("\n")
+    golden = {"input_ids": ids, "loss": loss.detach().reshape(1)}
+    golden.update({"grad." + n: t.grad.detach().clone() for n, t in named.items()})
+    L.st_write(os.path.join(folder, "golden.safetensors"), golden, META)
+    print("tiny_phi3_lora", json.dumps({"loss": loss.item()}))
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -185,6 +242,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     write_case(args.out, "tiny_phi3", dict(CONFIG), (("sliding_window", None),))
+    write_lora(args.out, dict(CONFIG))
     short = dict(LONGROPE["rope_scaling"], long_factor=LONGROPE["rope_scaling"]["short_factor"])
     write_case(args.out, "tiny_phi3_longrope", dict(LONGROPE),
                (("rope_scaling", None), ("rope_scaling", short), ("max_position_embeddings", 4)))
