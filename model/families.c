@@ -505,7 +505,7 @@ int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *pa
     if (json_object_size(rs) == 0) { // transformers reads no rope_type there and fails
         ag_err_set(err,
                    "%s: field rope_scaling is an empty object: give its rope_type (default, linear, dynamic, yarn, "
-                   "llama3) or null for none",
+                   "llama3, longrope) or null for none",
                    path);
         return -1;
     }
