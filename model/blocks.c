@@ -24,11 +24,13 @@ static ag_tensor *post_norm(ag_ctx *ctx, const llama_config *c, const char *what
     return n;
 }
 
-// act(gate(h)) * up(h), act SiLU or Gemma's GeLU-tanh (h stays the caller's).
+// act(gate(h)) * up(h), act SiLU or Gemma's GeLU-tanh; takes ownership of h (freed once the
+// projections have it).
 static ag_tensor *gated(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *h, int64_t i) {
     char s[96];
     ag_tensor *gu[2];
     llama_projs_forward(ctx, L, i, 2, (const llama_proj[]){LLAMA_PROJ_GATE, LLAMA_PROJ_UP}, h, gu);
+    REL(h);
     ag_tensor *g = gu[0], *u = gu[1];
     ag_tensor *a =
         c->gelu ? ag_gelu_tanh(ctx, llama_site(s, i, "mlp.act"), g) : ag_silu(ctx, llama_site(s, i, "mlp.act"), g);
@@ -47,7 +49,6 @@ ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer
     ag_tensor *h = c->ff_norms ? llama_norm(ctx, c, llama_site(s, i, "pre_feedforward_layernorm"), x, L->pre_ff_norm)
                                : llama_norm(ctx, c, llama_site(s, i, "post_attention_layernorm"), x, L->post_norm);
     ag_tensor *m = c->fused_proj ? llama_fused_glu(ctx, c, L, h, i) : gated(ctx, c, L, h, i);
-    REL(h);
     ag_tensor *d = llama_proj_forward(ctx, L, i, LLAMA_PROJ_DOWN, m);
     REL(m);
     d = post_norm(ctx, c, "post_feedforward_layernorm", L->post_ff_norm, d, i);

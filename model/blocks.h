@@ -36,7 +36,8 @@ ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer
 // blocks_moe.c: the same for a sparse layer (the router, the routed experts, the shared expert).
 ag_tensor *llama_moe_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i);
 // blocks_fused.c: phi3's fused projections split into their parts as the framework's row says
-// (fused_split). q, k and v of h (h stays the caller's); act(gate) * up of h, before down_proj.
+// (fused_split). q, k and v of h (h stays the caller's); act(gate) * up of h, before down_proj
+// (taking ownership of h, freed once the product has it).
 void llama_fused_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *h, int64_t i, ag_tensor **q,
                      ag_tensor **k, ag_tensor **v);
 ag_tensor *llama_fused_glu(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *h, int64_t i);

@@ -37,13 +37,15 @@ void llama_fused_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, a
 ag_tensor *llama_fused_glu(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *h, int64_t i) {
     if (!h) return NULL;
     const int64_t I = c->intermediate, M = h->numel / h->shape[h->ndim - 1];
+    const int nd = h->ndim;
     const llama_parts parts = {2, {I, I}};
     char s[96];
     int64_t shape[AG_MAX_DIMS];
     shape_with(h, I, shape);
     ag_tensor *y = llama_proj_forward_parts(ctx, L, i, LLAMA_PROJ_GATE_UP, h, &parts);
-    ag_tensor *g = y ? ag_part(ctx, llama_site(s, i, "mlp.gate_proj"), y, 0, h->ndim, shape, AG_PART_VIEW) : NULL;
-    ag_tensor *u = g ? ag_part(ctx, llama_site(s, i, "mlp.up_proj"), y, M * I, h->ndim, shape, AG_PART_VIEW) : NULL;
+    ag_release(h);
+    ag_tensor *g = y ? ag_part(ctx, llama_site(s, i, "mlp.gate_proj"), y, 0, nd, shape, AG_PART_VIEW) : NULL;
+    ag_tensor *u = g ? ag_part(ctx, llama_site(s, i, "mlp.up_proj"), y, M * I, nd, shape, AG_PART_VIEW) : NULL;
     ag_release(y);
     ag_tensor *a = u ? ag_silu(ctx, llama_site(s, i, "mlp.act"), g) : NULL;
     ag_release(g);
