@@ -144,6 +144,28 @@ typedef struct {
 } ag_attention_flash_state;
 AG_SAVED_IN_A_ROW(ag_attention_flash_state, sinks, 8);
 
+// linear_parts: y = x · wᵀ laid out part after part (a fused projection).
+#define AG_LINEAR_MAX_PARTS 4
+typedef struct {
+    union {
+        struct {
+            ag_tensor *x; // for dw; NULL when w wants no gradient
+            ag_tensor *w; // for dx; NULL when x wants no gradient
+        };
+        ag_tensor *saved[2];
+    };
+    int64_t rows, in;
+    int nparts;
+    int64_t part[AG_LINEAR_MAX_PARTS]; // w's rows of each part
+} ag_linear_parts_state;
+AG_SAVED_IN_A_ROW(ag_linear_parts_state, w, 2);
+
+// part: elements [offset, offset + numel) of its input; nothing saved.
+typedef struct {
+    int64_t offset;
+    int kind; // ag_part_kind
+} ag_part_state;
+
 // silu: y = x * sigmoid(x).
 typedef struct {
     union {
@@ -374,6 +396,8 @@ typedef union {
     ag_attention_flash_state attention_flash;
     ag_attention_sinks_state attention_sinks;
     ag_silu_state silu;
+    ag_linear_parts_state linear_parts;
+    ag_part_state part;
     ag_softcap_state softcap;
     ag_mul_state mul;
     ag_cross_entropy_state cross_entropy;

@@ -98,6 +98,8 @@ struct ag_tensor {
     uint32_t site;          // interned label (mp_site_name); a parameter's name
     uint64_t storage_bytes; // deferred parameters: what their storage is billed (their dtype when made)
     bool own_bits;          // a parameter of its own dtype: its .grad and optimizer state take it too
+    ag_tensor *base;        // a view (ag_part): the tensor whose block holds its data, retained; its own
+                            // block is empty
 };
 
 // Data and its element type: what kernels take, so that one loop serves every dtype.
@@ -237,6 +239,11 @@ typedef enum { AG_MOE_GROUPED, AG_MOE_HF_EAGER } ag_moe_ops;
 // (eps added out of place: a second list of temporaries; exp_avg by mul_ and add_), or 2.0's (as
 // 1.13, and Adam's L2 sum a list of its own instead of into .grad).
 typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113, AG_FOREACH_20 } ag_foreach_kind;
+// A fused projection's output (Phi-3's qkv_proj, gate_up_proj) split into its parts: views sharing
+// one gradient, the value part copied out so that attention keeps it alone (KERNEL); or transformers'
+// slices and chunk (HF): views keeping the whole output alive, each slice's gradient base-sized
+// (SliceBackward), the chunk's one (SplitBackward).
+typedef enum { AG_FUSED_SPLIT_KERNEL, AG_FUSED_SPLIT_HF } ag_fused_split;
 
 // The fields of a row, in order: X(type, field).
 #define AG_FW_FIELDS(X)                                                                                                \
@@ -265,7 +272,8 @@ typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113, AG_FOREACH_20 } ag_foreach_ki
     X(ag_foreach_kind, adam_foreach)            /* torch.optim's foreach Adam */                                       \
     X(bool, zero_grad_first)                    /* zero_grad opens the step (the Trainer's loop) */                    \
     X(ag_moe_ops, moe)                          /* a mixture of experts' router and experts */                         \
-    X(bool, node_sum_out_of_place)              /* a node's gradient made apart, summed out of place */
+    X(bool, node_sum_out_of_place)              /* a node's gradient made apart, summed out of place */                \
+    X(ag_fused_split, fused_split)              /* a fused projection's output split into its parts */
 
 typedef enum {
 #define AG_FW_FIELD_ID(type, field) AG_FWF_##field,
@@ -478,7 +486,7 @@ typedef struct {
     const char *op;   // "linear", "attention", ...
     const char *site; // the node's site prefix
     int nsaved;
-    const ag_tensor *saved[AG_MAX_SAVED];
+    const ag_tensor *saved[AG_MAX_SAVED]; // a view's base in its place (the tensor whose block it keeps)
     uint64_t saved_bytes;
 } ag_node_info;
 size_t ag_tape_size(const ag_ctx *ctx);
@@ -499,6 +507,20 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, 
 // ag_linear gives it, bit for bit. On failure every out[i] is NULL and the error is set.
 bool ag_linear_group(ag_ctx *ctx, int n, const char *const sites[], ag_tensor *x, ag_tensor *const w[],
                      ag_tensor *const b[], ag_tensor *out[]);
+// A fused projection (Phi-3's qkv_proj, gate_up_proj): y = x · wᵀ, w's rows in nparts blocks of
+// rows[p] (summing to w's rows), y laid out part after part (part p a contiguous [M, rows[p]]), so
+// that ag_part views each; billed, saved and typed as ag_linear's y (no bias, no quantised or
+// autocast weight: refused).
+ag_tensor *ag_linear_parts(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, int nparts,
+                           const int64_t *rows);
+// How ag_part takes its elements: VIEW, a view of the base (no block of its own; the base lives as
+// long as it does), its gradient written into the base's; SLICE, the same view with PyTorch's
+// SliceBackward (a base-sized gradient of its own, zeros but its part, summed into the base's by
+// the engine); COPY, its own block (a fused kernel writing its outputs apart).
+typedef enum { AG_PART_VIEW, AG_PART_SLICE, AG_PART_COPY } ag_part_kind;
+// The base's elements [offset, offset + numel of shape) as a tensor of that shape.
+ag_tensor *ag_part(ag_ctx *ctx, const char *site, ag_tensor *base, int64_t offset, int ndim, const int64_t *shape,
+                   ag_part_kind kind);
 // y[B, T, H] = table[ids[b*T + t]]; ids are copied.
 ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T, ag_tensor *table);
 // The same as nn.Embedding(padding_idx): positions holding padding_idx add nothing to the

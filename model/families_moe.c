@@ -229,11 +229,20 @@ int llama_gemma_fields(llama_config *c, const json_t *root, const char *path, ag
     return gemma_layers(c, root, path, 6, "sliding_window_pattern", err);
 }
 
-// Phi3Config: qkv_proj and gate_up_proj fused.
+// Phi3Config: qkv_proj and gate_up_proj fused; a window on every layer when sliding_window is given
+// (none by default: create_causal_mask); resid_pdrop and embd_pdrop are dropout, refused unless 0.
 int llama_phi3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
-    (void)root, (void)path, (void)err;
-    c->fused_proj = true;
-    return 0;
+    static const char *const drops[] = {"resid_pdrop", "embd_pdrop"};
+    c->fused_proj = true, c->window_from = 0;
+    for (size_t i = 0; i < sizeof drops / sizeof drops[0]; i++) {
+        double v = 0;
+        if (llama_json_number(root, path, drops[i], &v, err) < 0) return -1;
+        if (v != 0) {
+            ag_err_set(err, "%s: field %s (%g) must be 0 (dropout is not modelled)", path, drops[i], v);
+            return -1;
+        }
+    }
+    return llama_window_field(root, path, 0, true, &c->sliding_window, err);
 }
 
 // GptOssConfig: 128 experts, 4 a token, intermediate_size wide, stacked with biases; a router with

@@ -43,7 +43,7 @@ static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
     const llama_config *c = g->c;
     const llama_layer *L = &g->m->layers[i];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    const ag_rope_freqs f = llama_layer_rope_freqs(c, i);
+    const ag_rope_freqs f = llama_layer_rope_freqs(c, i, g->cap - 1); // the last forward's positions
     char s[96];
     ag_kv_cache *kv =
         g->kv ? g->kv[i] : ag_kv_cache_new(ctx, llama_site(s, i, "self_attn"), MP_ACTIVATION, g->B, hkv, hd);
@@ -239,6 +239,18 @@ static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, con
     }
     if (ids && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return -1;
     if (llama_family_check_run(c, ctx, "generate", err) != 0) return -1;
+    // longrope: transformers switches to the long factors once a forward passes the original
+    // context, and then recomputes the whole cache (Phi3ForCausalLM.prepare_inputs_for_generation)
+    const llama_rope_scaling *r = &c->rope;
+    const int64_t orig = r->original_max_positions > 0 ? r->original_max_positions : c->max_positions;
+    if (r->type == LLAMA_ROPE_LONGROPE && T <= orig && T + n - 1 > orig) {
+        ag_err_set(err,
+                   "generate: a prompt of %lld tokens and %lld new tokens cross longrope's original context "
+                   "(original_max_position_embeddings %lld), where transformers recomputes the cache with the long "
+                   "factors: not modelled (stay within it, or start past it)",
+                   (long long)T, (long long)n, (long long)orig);
+        return -1;
+    }
     return mask && !meta ? check_mask(mask, B, T, err) : 0;
 }
 

@@ -475,10 +475,10 @@ float llama_attention_scale(const llama_config *c) {
                                                                            : 0.0f;
 }
 
-ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i) {
+ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i, int64_t positions) {
     if (c->rope_local_theta > 0.0 && llama_layer_window(c, i) > 0)
         return (ag_rope_freqs){(float)c->rope_local_theta, NULL, 1.0f};
-    return llama_rope_freqs(c);
+    return llama_rope_freqs_at(c, positions);
 }
 
 int64_t llama_layer_window(const llama_config *c, int64_t i) {

@@ -267,7 +267,7 @@ int cli_lora_from_options(const cli_options *o, cli_lora *l, ag_err *err);
 // The frozen base's linear weights under base_dtype over the run's dtype; false for none.
 bool cli_lora_base_dtype(const cli_lora *l, const cli_dtype *d, ag_precision *out);
 // "LoRA r 8, alpha 16 (scale 2), dropout 0, targets q_proj,v_proj" (and the base's dtype).
-const char *cli_lora_text(const cli_lora *l, char *buf, size_t len);
+const char *cli_lora_text(const llama_config *cfg, const cli_lora *l, char *buf, size_t len);
 // PEFT's print_trainable_parameters line and the frozen share, for a model of cfg under l.
 void cli_lora_params_text(FILE *f, const llama_config *cfg, const cli_lora *l);
 // The adapters' weights, gradients and optimizer state by site (each category at its own peak),

@@ -60,7 +60,7 @@ static const opt_spec specs[] = {
      "the Hugging Face cache alone, never the Hub (as HF_HUB_OFFLINE=1)"},
     {"--config", "FILE", T_PATH, OFF(config), RUNS | PL, NULL, 0, NULL, 0, 0, NULL,
      "a Hugging Face config.json (model_type llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma2, "
-     "gemma3_text or gpt_oss) instead of a preset"},
+     "gemma3_text, phi3 or gpt_oss) instead of a preset"},
     {"--weights", "PATH", T_PATH, OFF(weights), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "a .safetensors file, a model.safetensors.index.json (sharded), or a folder with config.json and "
      "model.safetensors or the index (default: random init)"},
@@ -106,8 +106,8 @@ static const opt_spec specs[] = {
     {"--lora-alpha", "A", T_DOUBLE, OFF(lora_alpha), TR | CO | PL, "8", 0, NULL, LLAMA_LORA_MIN_ALPHA,
      LLAMA_LORA_MAX_ALPHA, NULL, "LoRA's lora_alpha: the adapter's update is scaled by A / R"},
     {"--lora-targets", "LIST", T_STR, OFF(lora_targets), TR | CO | PL, "q_proj,v_proj", 0, NULL, 0, 0, NULL,
-     "the linear layers that get adapters, PEFT's names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj) "
-     "or all-linear"},
+     "the linear layers that get adapters, PEFT's names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; "
+     "phi3: qkv_proj,o_proj,gate_up_proj,down_proj) or all-linear"},
     {"--lora-dropout", "P", T_DOUBLE, OFF(lora_dropout), TR | CO | PL, "0", 0, NULL, 0, 0.999, NULL,
      "dropout on each adapter's input (PEFT's lora_dropout), with the mask it keeps for backward"},
     {"--base-dtype", "NAME", T_CHOICE, OFF(base_dtype), TR | CO | PL, NULL, 0, NULL, 0, 0, "nf4|int4|int8",

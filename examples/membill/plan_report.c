@@ -500,8 +500,9 @@ static void text_states_lora(FILE *out, const plan_view *v) {
                  mp_format_bytes(y, sizeof y, af.act_head));
     else if (!af.closed)
         snprintf(f, sizeof f, "%s",
-                 s->cfg.ff_norms        ? "Gemma's norms and soft-caps under LoRA are not in the closed form"
+                 s->cfg.ff_norms          ? "Gemma's norms and soft-caps under LoRA are not in the closed form"
                  : s->cfg.moe.experts > 0 ? "a sparse block's router and experts under LoRA are not in the closed form"
+                 : s->cfg.fused_proj      ? "phi3's fused projections under LoRA are not in the closed form"
                                           : "autocast's 16-bit casts are not in the closed form");
     else
         snprintf(f, sizeof f, "block 0 %s + %lld blocks x %s + head %s (frozen base: no input kept for its weights)%s",
@@ -515,7 +516,7 @@ static void text_states_lora(FILE *out, const plan_view *v) {
     row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
     fprintf(out, "  %-11s %-36s step 2, the steady state; step 1 peak %s\n", "total peak",
             mp_format_bytes(x, sizeof x, b->total), mp_format_bytes(y, sizeof y, b->first_step));
-    fprintf(out, "\n  %s\n", cli_lora_text(&s->lora, t, sizeof t));
+    fprintf(out, "\n  %s\n", cli_lora_text(&s->cfg, &s->lora, t, sizeof t));
     cli_lora_params_text(out, &s->cfg, &s->lora);
     uint64_t four = lf.adapter_weights + lf.gradients + lf.optimizer;
     fprintf(out, "  four copies of what trains: %s = %.3f x the adapters; the frozen base adds %s\n",

@@ -333,7 +333,7 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
                 r->grad_accum, r->batch, r->grad_accum);
     char lt[256];
     if (r->lora.cfg.rank) {
-        fprintf(f, "%s%s%s\n", cli_lora_text(&r->lora, lt, sizeof lt), r->lora.adapter[0] ? "; loaded from " : "",
+        fprintf(f, "%s%s%s\n", cli_lora_text(&r->cfg, &r->lora, lt, sizeof lt), r->lora.adapter[0] ? "; loaded from " : "",
                 r->lora.adapter);
         cli_lora_params_text(f, &r->cfg, &r->lora);
     }

@@ -269,10 +269,10 @@ static void test_plan_closed_form_sweep(void **state) {
     (void)state;
     // the tiny configs first (128 positions), then Qwen2 (biases), Qwen3 (q/k norms), Mistral's
     // window, Llama 3.1's rope_scaling, then the presets
-    enum { TINY = 10 };
+    enum { TINY = 11 };
     static const char *const tiny_names[TINY] = {"tiny_tied",    "tiny_mha",     "tiny_qwen2",     "tiny_qwen3",
                                                  "tiny_mistral", "tiny_mixtral", "tiny_qwen2_moe", "tiny_qwen3_moe",
-                                                 "tiny_gemma2",  "tiny_gemma3"};
+                                                 "tiny_gemma2",  "tiny_gemma3",  "tiny_phi3"};
     static const char *const configs[] = {"qwen2.5-0.5b", "qwen3-0.6b", "llama-3.1-8b"};
     char tiny[TINY + 3][256];
     for (int i = 0; i < TINY; i++)
@@ -293,7 +293,9 @@ static void test_plan_closed_form_sweep(void **state) {
                             tiny[10],
                             tiny[11],
                             tiny[12],
+                            tiny[13],
                             "--model smollm2-135m",
+                            "--model phi-3-mini",
                             "--model gemma-2-9b",
                             "--model gemma-3-1b",
                             "--model mixtral-8x7b",
@@ -309,9 +311,10 @@ static void test_plan_closed_form_sweep(void **state) {
         for (int m = 0; m < nmodels; m++)
             for (int l = 0; l < 4; l++) {
                 char a[512];
-                if (m < TINY && l > 0) continue;                                  // the tiny configs have 128 positions
-                if (ck && strstr(models[m], "tiny_mixtral")) continue;            // its aux loss refuses checkpointing
-                if (l == 3 && !strcmp(models[m], "--model llama-2-7b")) continue; // Llama-2 has 4,096
+                if (m < TINY && l > 0) continue;                       // the tiny configs have 128 positions
+                if (ck && strstr(models[m], "tiny_mixtral")) continue; // its aux loss refuses checkpointing
+                if (l == 3 && (!strcmp(models[m], "--model llama-2-7b") || !strcmp(models[m], "--model phi-3-mini")))
+                    continue; // Llama-2 and Phi-3-mini have 4,096
                 // The closed form is the lean framework's (what fused kernels keep).
                 snprintf(a, sizeof a, "%s --seq-len %s --batch 2%s --framework lean", models[m], lens[l],
                          ck ? " --checkpointing" : "");

@@ -267,6 +267,25 @@ static void test_gemma2_grads(void **s) {
     run_close(&r);
 }
 
+// Phi-3 (tests/golden/tiny_phi3, tests/reference/phi3_ref.py): the fused qkv_proj sliced into q,
+// k and v, the fused gate_up_proj chunked into gate and up, a window on every layer; every
+// framework (each splits the fused outputs its own way), eager and flash, and with checkpointing.
+// tests/golden/tiny_phi3_longrope: rope_scaling longrope past original_max_position_embeddings.
+static void test_phi3_grads(void **s) {
+    (void)s;
+    for (int g = 0; g < 2; g++)
+        for (ag_framework fw = AG_FRAMEWORK_LEAN; fw <= AG_FRAMEWORK_PYTORCH_113; fw++)
+            for (int a = 0; a < (fw == AG_FRAMEWORK_PYTORCH_113 ? 1 : 2); a++)
+                check_grads_as(g ? "tiny_phi3_longrope" : "tiny_phi3", "model.safetensors", "loss", "grad.", W_LOSS,
+                               W_GRAD, fw, a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER);
+    run r;
+    run_open(&r, "tiny_phi3", "model.safetensors");
+    float l = forward_backward_opts(&r, &(llama_forward_opts){.checkpointing = true});
+    check_loss(l, golden_scalar(r.g, "loss", 0), W_LOSS, "loss");
+    check_params(r.m, r.g, "grad.", true, GRAD_TOL, W_GRAD);
+    run_close(&r);
+}
+
 // The RoPE variants' logits, eager and flash, against the reference's.
 static void test_rope_logits(void **s) {
     (void)s;
@@ -490,6 +509,7 @@ int main(void) {
         cmocka_unit_test(test_tied_checkpointing), cmocka_unit_test(test_family_grads),
         cmocka_unit_test(test_gpt_oss_grads),      cmocka_unit_test(test_rope_logits),
         cmocka_unit_test(test_rope_logits),        cmocka_unit_test(test_gemma2_grads),
+        cmocka_unit_test(test_phi3_grads),
     };
     return cmocka_run_group_tests(tests, NULL, print_worst);
 }

@@ -92,6 +92,23 @@ static void test_headline_is_train_step_2_for_every_preset(void **state) {
         }
 }
 
+// Phi-3-mini (the every-preset test above plans it too): the class, the count to the unit, and LoRA
+// r 16 on all-linear, which on phi3 is the fused qkv_proj and gate_up_proj with o_proj and
+// down_proj: PEFT's print_trainable_parameters for it says 25,165,824 of 3,846,245,376.
+static void test_phi3_mini(void **state) {
+    (void)state;
+    json_t *plan = cli_run_json("plan --model phi-3-mini --seq-len 256 --lora-rank 16 --lora-targets all-linear");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(plan, "model"), "class")), "Phi3ForCausalLM");
+    assert_int_equal(jget(plan, "model", "parameters"), 3821079552LL);
+    assert_int_equal(jget(plan, "lora", "trainable_params"), 25165824LL);
+    assert_int_equal(jget(plan, "lora", "all_params"), 3846245376LL);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(plan, "lora"), "targets")),
+                        "o_proj,down_proj,qkv_proj,gate_up_proj");
+    // the adapters' float32 gradients alone: none for the frozen base
+    assert_int_equal(jget(json_object_get(plan, "categories"), "gradient", "peak_bytes"), 4 * 25165824LL);
+    json_decref(plan);
+}
+
 // A ZeRO device's share of a category's live bytes, rounded up.
 static uint64_t share(long long live, int c, int zero, long gpus) {
     bool sharded = (c == 0 && zero >= 3) || (c == 1 && zero >= 2) || (c == 2 && zero >= 1);
@@ -333,6 +350,7 @@ int main(void) {
         cmocka_unit_test(test_class_named),
         cmocka_unit_test(test_lora_closed_form_dense_only),
         cmocka_unit_test(test_headline_is_train_step_2_for_every_preset),
+        cmocka_unit_test(test_phi3_mini),
         cmocka_unit_test(test_device_share_is_step_2_replayed),
         cmocka_unit_test(test_text_and_infer),
         cmocka_unit_test(test_answer_first),

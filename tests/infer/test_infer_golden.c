@@ -151,11 +151,37 @@ static void test_gemma2(void **s) {
     it_close(&r);
 }
 
+// Phi-3 (tests/reference/phi3_ref.py's greedy tokens): the fused projections split in the cached
+// forward, the window; longrope's long factors (a prompt past the original context), with and
+// without the cache, eager and flash, lean and pytorch. A generation crossing the original context
+// is refused.
+static void test_phi3(void **s) {
+    (void)s;
+    for (int a = 0; a < 2; a++) {
+        attention = a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER;
+        check_solo("tiny_phi3");
+        check_solo("tiny_phi3_longrope");
+    }
+    attention = AG_ATTENTION_EAGER;
+    it_run r;
+    it_open_golden(&r, "tiny_phi3_longrope");
+    ag_ctx_set_framework(r.ctx, AG_FRAMEWORK_PYTORCH);
+    int32_t *ids = it_golden_ids(&r, "input_ids", 2, T), *want = it_golden_ids(&r, "greedy", 1, N), got[N];
+    generate(&r, true, ids, NULL, 1, T, got);
+    it_assert_ids(got, want, N, "greedy under --framework pytorch");
+    ag_err err = {{0}};
+    assert_int_equal(llama_generate(r.ctx, r.m, NULL, ids, NULL, 1, 3, 4, got, NULL, &err), -1);
+    assert_non_null(strstr(err.msg, "longrope"));
+    free(ids);
+    free(want);
+    it_close(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tied_solo),    cmocka_unit_test(test_untied_solo),  cmocka_unit_test(test_tied_batch),
         cmocka_unit_test(test_untied_batch), cmocka_unit_test(test_mask_matters), cmocka_unit_test(test_families),
-        cmocka_unit_test(test_gpt_oss),      cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_gpt_oss),      cmocka_unit_test(test_gemma2),       cmocka_unit_test(test_phi3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
