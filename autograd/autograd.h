@@ -560,6 +560,20 @@ ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q
 // NULL: ag_attention_window.
 ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                               int D, int64_t window, ag_tensor *sinks);
+// DeepSeek-V3's multi-head latent attention: causal attention of q and k [B, T, H*D] and values of
+// their own head size, v [B, T, H*Dv] -> [B, T, H*Dv], at the given scale (attention_mla.c). The
+// lean framework's eager attention only (one op keeping q, k, v and the probabilities); any
+// other framework or attention is refused by name.
+ag_tensor *ag_attention_mla(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int H, int D,
+                            int Dv, float scale);
+// Columns [off, off + width) of each of the nh heads of x[.., nh*stride], contiguous, y[.., nh*width]
+// (torch.split then a copy); deinterleave: even columns first, then odd (DeepSeek's interleaved
+// RoPE layout made rotate_half's). Backward scatters dy into zeros.
+ag_tensor *ag_head_slice(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int stride, int off, int width,
+                         bool deinterleave);
+// Each head's a[.., nh*da] columns then b's [.., nh*db] (torch.cat on the last dimension); b may
+// hold one head of db that every head reads (expand), its gradient then summed over the heads.
+ag_tensor *ag_head_cat(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b, int nh, int da, int db);
 // What else an attention may take (Gemma 2): the window, the scale on Q Kᵀ (0: 1/sqrt(D); Gemma's
 // query_pre_attn_scalar^-1/2) and the scores' soft-cap, softcap tanh(S / softcap) before the mask
 // and the softmax (0: none). Eager only: LEAN's fused op recomputes a head's scores in backward
@@ -628,10 +642,21 @@ typedef struct {
 } ag_moe_routing;
 void ag_moe_routing_free(ag_moe_routing *r); // NULL is ignored; zeroes *r
 
+// DeepSeek-V3's router (DeepseekV3TopkRouter): sigmoid scores s; the choice by s + bias (bias:
+// e_score_correction_bias [E], float32, NULL in meta mode), within the topk_group of n_group groups
+// whose two best choices sum highest (the other experts' choices 0); the weights s of the chosen,
+// divided by their sum (+ 1e-20) when renorm, times scaling. The bias takes no gradient.
+typedef struct {
+    int n_group, topk_group;
+    float scaling;
+    const float *bias;
+} ag_moe_sigmoid_group;
+
 typedef struct {
     int top_k;
     bool renorm;            // norm_topk_prob: the k weights divided by their sum
     bool topk_first;        // gpt_oss: the k largest logits, then the softmax over those k (lean only)
+    const ag_moe_sigmoid_group *group; // deepseek_v3 (lean only); NULL: none
     const int64_t *assumed; // meta mode: the tokens each expert gets ([E], summing to N x k)
 } ag_moe_route_opts;
 

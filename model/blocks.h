@@ -39,6 +39,10 @@ typedef struct {
 // x[B, T, H] -> x + o_proj(attention(rope(q), rope(k), v)) of norm(x); takes ownership of x.
 ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, const llama_shared *sh,
                                  ag_tensor *x, int64_t i);
+// blocks_mla.c: deepseek_v3's latent attention half, x + o_proj(attention) of norm(x); takes
+// ownership of x.
+ag_tensor *llama_mla_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
+                                     int64_t i);
 // One decoder block, the attention half then the MLP half; takes ownership of x. sh may be NULL.
 ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, const llama_shared *sh, ag_tensor *x,
                        int64_t i);

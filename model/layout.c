@@ -475,6 +475,16 @@ float llama_attention_scale(const llama_config *c) {
                                                                            : 0.0f;
 }
 
+float llama_mla_scale(const llama_config *c) {
+    const llama_rope_scaling *r = &c->rope;
+    double scale = 1.0 / sqrt((double)(c->mla.qk_nope + c->mla.qk_rope));
+    if (r->type != LLAMA_ROPE_DEFAULT && r->mscale_all_dim != 0.0 && r->factor > 1.0) {
+        const double m = 0.1 * r->mscale_all_dim * log(r->factor) + 1.0;
+        scale *= m * m;
+    }
+    return (float)scale;
+}
+
 ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i) {
     if (c->rope_local_theta > 0.0 && llama_layer_window(c, i) > 0)
         return (ag_rope_freqs){(float)c->rope_local_theta, NULL, 1.0f};
