@@ -344,6 +344,31 @@ static void meta_equals_real_gpt_oss(void **state) {
     }
 }
 
+// deepseek_v3 (latent attention, the sigmoid router with group-limited top-k, shared experts, a
+// dense first layer) runs under lean with eager attention: meta == real under the recorded
+// routing, with checkpointing too; the PyTorch frameworks, flash and generation refused by name.
+static void meta_equals_real_deepseek_v3(void **state) {
+    (void)state;
+    char a[512];
+    for (int ck = 0; ck < 2; ck++) {
+        snprintf(a, sizeof a, "--config %s/tiny_deepseek_v3/config.json --seq-len 23 --batch 2%s", MEMBILL_GOLDEN_DIR,
+                 ck ? " --checkpointing" : "");
+        meta_equals_real_fws(a, true, 2);
+    }
+    static const char *const refused[][2] = {{"train --framework pytorch", "DeepseekV3Attention"},
+                                             {"train --framework pytorch-1.13", "DeepseekV3Attention"},
+                                             {"train --framework lean --attention flash", "--attention"},
+                                             {"infer --framework lean", "generation"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(a, sizeof a, "%s --config %s/tiny_deepseek_v3/config.json --seq-len 9", refused[i][0],
+                 MEMBILL_GOLDEN_DIR);
+        static run_result r;
+        membill(&r, a);
+        assert_int_equal(r.code, 1);
+        if (!strstr(r.err, "deepseek_v3") || !strstr(r.err, refused[i][1])) fail_msg("%s: %s", refused[i][0], r.err);
+    }
+}
+
 // The same math under every framework: the same losses, step after step.
 static void same_losses(void **state) {
     (void)state;
@@ -431,12 +456,19 @@ static void meta_equals_real_smollm2(void **state) {
 // (MEMBILL_HEAVY set, label heavy) the real SmolLM2-135M runs.
 int main(void) {
     const struct CMUnitTest quick[] = {
-        cmocka_unit_test(golden_fp32_forloop),  cmocka_unit_test(golden_fp32_foreach),
-        cmocka_unit_test(golden_heads),         cmocka_unit_test(golden_checkpointing),
-        cmocka_unit_test(golden_16_bit),        cmocka_unit_test(golden_qwen3),
-        cmocka_unit_test(lean_unchanged),       cmocka_unit_test(meta_equals_real_tiny),
-        cmocka_unit_test(meta_equals_real_moe), cmocka_unit_test(golden_mixtral),
-        cmocka_unit_test(same_losses),          cmocka_unit_test(meta_equals_real_gpt_oss),
+        cmocka_unit_test(golden_fp32_forloop),
+        cmocka_unit_test(golden_fp32_foreach),
+        cmocka_unit_test(golden_heads),
+        cmocka_unit_test(golden_checkpointing),
+        cmocka_unit_test(golden_16_bit),
+        cmocka_unit_test(golden_qwen3),
+        cmocka_unit_test(lean_unchanged),
+        cmocka_unit_test(meta_equals_real_tiny),
+        cmocka_unit_test(meta_equals_real_moe),
+        cmocka_unit_test(golden_mixtral),
+        cmocka_unit_test(same_losses),
+        cmocka_unit_test(meta_equals_real_gpt_oss),
+        cmocka_unit_test(meta_equals_real_deepseek_v3),
         cmocka_unit_test(flash_memory_meta),
     };
     const struct CMUnitTest heavy[] = {cmocka_unit_test(meta_equals_real_smollm2), cmocka_unit_test(flash_memory_real)};
