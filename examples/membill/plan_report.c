@@ -78,8 +78,12 @@ static void text_states(FILE *out, const plan_view *v) {
     char f[200], x[64], y[64];
     unsigned long long P = (unsigned long long)v->cf->params;
     llama_dtype_bytes d = plan_dtype_bytes(s);
-    snprintf(f, sizeof f, "P x %llu = %llu x %llu (%s)", (unsigned long long)d.weight, P, (unsigned long long)d.weight,
-             s->dt.weight_bits == 32 ? "float32" : "16-bit");
+    const unsigned long long buf = (unsigned long long)(v->cf->weights / d.weight) - P; // deepseek_v3's buffers
+    int nw = snprintf(f, sizeof f, "P x %llu = %llu x %llu (%s)", (unsigned long long)d.weight, P,
+                     (unsigned long long)d.weight, s->dt.weight_bits == 32 ? "float32" : "16-bit");
+    if (buf && nw > 0 && (size_t)nw < sizeof f)
+        snprintf(f + nw, sizeof f - (size_t)nw, ", + %llu x %llu (buffers: e_score_correction_bias)", buf,
+                 (unsigned long long)d.weight);
     row(out, "weight", b->peak[MP_WEIGHT], v->cf->weights, f);
     // a routing that leaves experts without tokens: P' and P'' the parameters some token reached
     bool idle = v->cf->grad_params != v->cf->params || v->cf->state_params != v->cf->params;

@@ -359,6 +359,32 @@ static void test_plan_closed_form_gpt_oss(void **state) {
     }
 }
 
+// deepseek_v3's closed form (the latent attention's saved set, the sigmoid router's float32
+// scores, the shared experts, the bias buffers billed as weight) against the meta bill, under the
+// lean framework; with checkpointing a sparse block is not closed (null).
+static void test_plan_closed_form_deepseek_v3(void **state) {
+    (void)state;
+    char tiny[256], a[512];
+    snprintf(tiny, sizeof tiny, "--config %s/tiny_deepseek_v3/config.json --seq-len 25", MEMBILL_GOLDEN_DIR);
+    const char *runs[] = {tiny, "--model deepseek-v3 --seq-len 25", "--model deepseek-v3 --seq-len 1024"};
+    for (size_t r = 0; r < sizeof runs / sizeof *runs; r++)
+        for (int ck = 0; ck < 2; ck++) {
+            snprintf(a, sizeof a, "%s --batch 2 --framework lean%s", runs[r], ck ? " --checkpointing" : "");
+            json_t *root = plan_json(a);
+            json_int_t p = jint(root, "closed_form", "parameters");
+            assert_int_equal(cat_peak(root, "weight"), jint(root, "closed_form", "weight"));
+            assert_true(cat_peak(root, "weight") > 4 * p); // the e_score_correction_bias buffers
+            if (ck) {
+                assert_true(json_is_null(json_object_get(json_object_get(root, "closed_form"), "activation")));
+            } else {
+                double meta = (double)cat_peak(root, "activation"),
+                       closed = (double)jint(root, "closed_form", "activation");
+                if (fabs(closed - meta) > 4) fail_msg("%s: closed %g meta %g", a, closed, meta);
+            }
+            json_decref(root);
+        }
+}
+
 // Gemma 2 under LoRA: its norms and soft-caps are not walked by the LoRA closed form, which says so
 // (null) rather than guessing.
 static void test_plan_gemma2_lora_not_closed(void **state) {
@@ -1078,7 +1104,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_budget_stops_the_run),
         cmocka_unit_test(test_plan_closed_form_sweep),
-        cmocka_unit_test(test_plan_closed_form_gpt_oss),
+        cmocka_unit_test(test_plan_closed_form_gpt_oss), cmocka_unit_test(test_plan_closed_form_deepseek_v3),
         cmocka_unit_test(test_plan_closed_form_routing),
         cmocka_unit_test(test_plan_gemma2_lora_not_closed),
         cmocka_unit_test(test_plan_zero_and_fit),
