@@ -288,6 +288,10 @@ void cli_routing_attach(const cli_routing *r, llama_model *m);
 void cli_routing_free(cli_routing *r);
 // The report's routing line ("routing: balanced (...)") for a mixture of experts; nothing else.
 void cli_routing_text(FILE *f, const llama_config *c, const cli_routing *r, bool meta);
+// deepseek_v3's num_nextn_predict_layers, not billed: a line of the report (cli_routing_text
+// prints it), and run.mtp_layers_not_billed in the JSON; nothing when the config has none.
+void cli_mtp_text(FILE *f, const llama_config *c);
+void cli_mtp_json(struct json_t *run, const llama_config *c);
 // "balanced", "worst", "file" or "measured", for the JSON report.
 const char *cli_routing_name(const cli_routing *r, bool meta);
 int cli_routing_writer(FILE *f, void *routing, ag_err *err); // arg: the llama_routing to write

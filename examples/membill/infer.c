@@ -183,6 +183,7 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(run, "new_tokens", json_integer(r->new_tokens));
     json_object_set_new(run, "cache", json_boolean(r->use_cache));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    cli_mtp_json(run, &r->cfg);
     if (r->cfg.moe.experts > 0)
         json_object_set_new(run, "routing", json_string(cli_routing_name(&r->routing, r->meta)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));

@@ -736,6 +736,7 @@ static json_t *run_json(const plan_setting *s) {
     json_object_set_new(run, "weight_dtype", json_string(plan_weight_dtype_name(&s->dt)));
     json_object_set_new(run, "meta", json_true());
     json_object_set_new(run, "framework", json_string(cli_framework_name(s->framework)));
+    cli_mtp_json(run, &s->cfg);
     if (s->cfg.moe.experts > 0) json_object_set_new(run, "routing", json_string(cli_routing_name(&s->routing, true)));
     if (s->ep > 1) {
         json_object_set_new(run, "ep", json_integer(s->ep));

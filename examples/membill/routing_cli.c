@@ -3,6 +3,7 @@
 // bills what the real one allocated, byte for byte.
 #include "cli.h"
 
+#include <jansson.h>
 #include <string.h>
 
 int cli_routing_prepare(const cli_options *o, const llama_config *c, cli_routing *r, ag_err *err) {
@@ -57,6 +58,20 @@ void cli_routing_text(FILE *f, const llama_config *c, const cli_routing *r, bool
     fprintf(f, "routing: %s; %lld experts, %lld a token\n",
             meta ? llama_routing_describe(r->assume, b, sizeof b) : "measured (the routers' own choices)",
             (long long)c->moe.experts, (long long)c->moe.top_k);
+    cli_mtp_text(f, c);
+}
+
+// deepseek_v3's num_nextn_predict_layers: the multi-token-prediction layers a checkpoint may hold,
+// which transformers' DeepseekV3ForCausalLM does not build (nor membill bill); said either way.
+void cli_mtp_text(FILE *f, const llama_config *c) {
+    if (c->mla.nextn_layers > 0)
+        fprintf(f, "mtp: num_nextn_predict_layers %lld (the multi-token-prediction module) is not billed\n",
+                (long long)c->mla.nextn_layers);
+}
+
+void cli_mtp_json(struct json_t *run, const llama_config *c) {
+    if (c->mla.nextn_layers > 0)
+        json_object_set_new(run, "mtp_layers_not_billed", json_integer((json_int_t)c->mla.nextn_layers));
 }
 
 int cli_routing_writer(FILE *f, void *routing, ag_err *err) { return llama_routing_write(routing, f, err); }

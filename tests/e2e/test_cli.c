@@ -385,6 +385,27 @@ static void test_plan_closed_form_deepseek_v3(void **state) {
         }
 }
 
+// num_nextn_predict_layers (DeepSeek-V3's multi-token prediction) is not billed, and the report
+// says so in one line and in run.mtp_layers_not_billed; a config without it says nothing.
+static void test_deepseek_v3_mtp_said(void **state) {
+    (void)state;
+    char tiny[512];
+    snprintf(tiny, sizeof tiny, "plan --framework lean --config %s/tiny_deepseek_v3/config.json", MEMBILL_GOLDEN_DIR);
+    const char *runs[] = {"plan --framework lean --model deepseek-v3", tiny};
+    for (int i = 0; i < 2; i++) {
+        run_result r;
+        membill(&r, runs[i]);
+        assert_int_equal(r.code, 0);
+        const char *line = strstr(r.out, "mtp: num_nextn_predict_layers 1 (the multi-token-prediction module) is not "
+                                         "billed\n");
+        assert_true(i == 0 ? line != NULL : line == NULL && !strstr(r.out, "mtp:"));
+        json_t *root = plan_json(runs[i] + 5);
+        const json_t *n = json_object_get(json_object_get(root, "run"), "mtp_layers_not_billed");
+        assert_true(i == 0 ? json_integer_value(n) == 1 : n == NULL);
+        json_decref(root);
+    }
+}
+
 // Gemma 2 under LoRA: its norms and soft-caps are not walked by the LoRA closed form, which says so
 // (null) rather than guessing.
 static void test_plan_gemma2_lora_not_closed(void **state) {
@@ -1104,7 +1125,9 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_budget_stops_the_run),
         cmocka_unit_test(test_plan_closed_form_sweep),
-        cmocka_unit_test(test_plan_closed_form_gpt_oss), cmocka_unit_test(test_plan_closed_form_deepseek_v3),
+        cmocka_unit_test(test_plan_closed_form_gpt_oss),
+        cmocka_unit_test(test_plan_closed_form_deepseek_v3),
+        cmocka_unit_test(test_deepseek_v3_mtp_said),
         cmocka_unit_test(test_plan_closed_form_routing),
         cmocka_unit_test(test_plan_gemma2_lora_not_closed),
         cmocka_unit_test(test_plan_zero_and_fit),
