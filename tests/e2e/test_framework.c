@@ -355,17 +355,20 @@ static void meta_equals_real_deepseek_v3(void **state) {
                  ck ? " --checkpointing" : "");
         meta_equals_real_fws(a, true, 2);
     }
-    static const char *const refused[][2] = {{"train --framework pytorch", "DeepseekV3Attention"},
-                                             {"train --framework pytorch-1.13", "DeepseekV3Attention"},
-                                             {"train --framework lean --attention flash", "--attention"},
-                                             {"infer --framework lean", "generation"}};
+    static const char *const refused[][2] = {
+        {"train --framework pytorch", "DeepseekV3Attention"},
+        {"train --framework pytorch-1.13", "DeepseekV3Attention"},
+        {"train --framework lean --attention flash", "--attention"},
+        {"infer --framework lean", "generation"},
+        {"train --framework lean --lora-rank 2", "q_proj"},
+        {"train --framework lean --lora-rank 2 --lora-targets o_proj --base-dtype nf4", "--base-dtype"}};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         snprintf(a, sizeof a, "%s --config %s/tiny_deepseek_v3/config.json --seq-len 9", refused[i][0],
                  MEMBILL_GOLDEN_DIR);
         static run_result r;
         membill(&r, a);
         assert_int_equal(r.code, 1);
-        if (!strstr(r.err, "deepseek_v3") || !strstr(r.err, refused[i][1])) fail_msg("%s: %s", refused[i][0], r.err);
+        if (!strstr(r.err, "DeepseekV3") || !strstr(r.err, refused[i][1])) fail_msg("%s: %s", refused[i][0], r.err);
     }
 }
 
