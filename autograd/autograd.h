@@ -788,6 +788,9 @@ typedef struct ag_kv_cache ag_kv_cache;
 // labels "<site>:k_cache" and "<site>:v_cache" for MP_CACHE, "<site>:keys" and
 // "<site>:values" for any other category (a forward that keeps no cache). NULL on error.
 ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv, int D);
+// The same with values of their own head size Dv (DeepSeek's expanded cache: keys at nope + rope,
+// values at v_head_dim), appended as v [B, t, Hkv*Dv]; read by ag_attention_mla_cached alone.
+ag_kv_cache *ag_kv_cache_new_dv(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv, int D, int Dv);
 void ag_kv_cache_free(ag_kv_cache *c); // NULL is ignored; frees every chunk
 // Appends the keys and values of t new tokens, k and v [B, t, Hkv*D] (keys after RoPE), as
 // one chunk each. The inputs are copied: the caller may release them at once.
@@ -823,6 +826,12 @@ ag_tensor *ag_attention_cached_sinks(ag_ctx *ctx, const char *site, ag_tensor *q
 // The same with ag_attention_spec's scale and soft-cap (Gemma 2), eager only; the PyTorch
 // frameworks' transients as without (transformers' S / softcap, tanh and * softcap outputs replace
 // each other two at a time, as the scaled and masked scores do).
+// DeepSeek-V3's latent attention of q[B, Tq, H*D] over a cache of ag_kv_cache_new_dv (H heads,
+// keys at D, values at Dv), at the given scale; returns [B, Tq, H*Dv]. Eager under the lean
+// framework only (the rest refused by name); the probabilities a temporary, as in
+// ag_attention_cached.
+ag_tensor *ag_attention_mla_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                   const int32_t *key_mask, int64_t mask_ld, float scale);
 ag_tensor *ag_attention_cached_spec(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                     const int32_t *key_mask, int64_t mask_ld, int Hq, const ag_attention_spec *spec);
 

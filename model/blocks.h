@@ -39,6 +39,10 @@ typedef struct {
 // x[B, T, H] -> x + o_proj(attention(rope(q), rope(k), v)) of norm(x); takes ownership of x.
 ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, const llama_shared *sh,
                                  ag_tensor *x, int64_t i);
+// blocks_mla.c: deepseek_v3's q and k [B, t, heads*(nope + rope)] and v [B, t, heads*v_head] of
+// norm(x) (x stays the caller's), RoPE at the given positions (NULL: 0 .. t-1).
+void llama_mla_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i,
+                   const int32_t *pos, ag_tensor **qf, ag_tensor **kf, ag_tensor **v);
 // blocks_mla.c: deepseek_v3's latent attention half, x + o_proj(attention) of norm(x); takes
 // ownership of x.
 ag_tensor *llama_mla_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,

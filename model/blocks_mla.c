@@ -6,26 +6,24 @@
 // head of its own; o_proj.
 #include "blocks.h"
 
-#include <string.h>
 
 #include "model_internal.h"
 
 #define REL(t) (ag_release(t), (t) = NULL)
 
 int llama_deepseek_v3_check_run(const llama_config *c, const ag_ctx *ctx, const char *what, ag_err *err) {
-    (void)c;
+    (void)c, (void)what;
     const ag_framework_row *fw = ag_ctx_framework_row(ctx);
     const char *why = AG_FW(fw, moe) != AG_MOE_GROUPED || AG_FW(fw, attention) != AG_ATTENTION_OPS_FUSED
                           ? "this framework (transformers' DeepseekV3Attention and DeepseekV3TopkRouter are not "
                             "modelled op by op: --framework lean)"
                       : ag_ctx_attention(ctx) != AG_ATTENTION_EAGER
                           ? "this --attention (the latent attention's value head differs from its key head: eager)"
-                      : strcmp(what, "generate") == 0 ? "generation (the latent attention's KV cache is not modelled)"
-                                                      : NULL;
+                                                          : NULL;
     if (!why) return 0;
     ag_err_set(err,
                "%s: model_type \"deepseek_v3\" (DeepseekV3ForCausalLM) runs under --framework lean with eager "
-               "attention, training and plans; not %s",
+               "attention; not %s",
                what, why);
     return -1;
 }
@@ -49,8 +47,8 @@ static ag_tensor *mla_cat(ag_ctx *ctx, const llama_config *c, const char *site, 
     return y;
 }
 
-ag_tensor *llama_mla_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
-                                     int64_t i) {
+void llama_mla_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i,
+                   const int32_t *pos, ag_tensor **qf, ag_tensor **kf, ag_tensor **v) {
     char s[96];
     const llama_mla *m = &c->mla;
     const int H = (int)c->heads, nope = (int)m->qk_nope, R = (int)m->qk_rope, Dv = (int)m->v_head;
@@ -72,14 +70,25 @@ ag_tensor *llama_mla_attention_block(ag_ctx *ctx, const llama_config *c, const l
     ag_tensor *kv = ckn ? ag_linear(ctx, llama_site(s, i, "self_attn.kv_b_proj"), ckn, L->kv_b, NULL) : NULL;
     REL(ckn);
     ag_tensor *k_nope = ag_head_slice(ctx, llama_site(s, i, "self_attn.k_nope"), kv, H, nope + Dv, 0, nope, false);
-    ag_tensor *v = ag_head_slice(ctx, llama_site(s, i, "self_attn.value"), kv, H, nope + Dv, nope, Dv, false);
+    *v = ag_head_slice(ctx, llama_site(s, i, "self_attn.value"), kv, H, nope + Dv, nope, Dv, false);
     REL(kv);
-    ag_tensor *q_r = ag_rope_f(ctx, llama_site(s, i, "self_attn.q_rope"), q_pe, H, R, &f, 0);
-    ag_tensor *k_r = ag_rope_f(ctx, llama_site(s, i, "self_attn.k_rope"), k_pe, 1, R, &f, 0);
+    ag_tensor *q_r = pos ? ag_rope_positions_f(ctx, llama_site(s, i, "self_attn.q_rope"), q_pe, H, R, &f, pos)
+                         : ag_rope_f(ctx, llama_site(s, i, "self_attn.q_rope"), q_pe, H, R, &f, 0);
+    ag_tensor *k_r = pos ? ag_rope_positions_f(ctx, llama_site(s, i, "self_attn.k_rope"), k_pe, 1, R, &f, pos)
+                         : ag_rope_f(ctx, llama_site(s, i, "self_attn.k_rope"), k_pe, 1, R, &f, 0);
     REL(q_pe), REL(k_pe);
-    ag_tensor *qf = mla_cat(ctx, c, llama_site(s, i, "self_attn.query"), q_nope, q_r);
-    ag_tensor *kf = mla_cat(ctx, c, llama_site(s, i, "self_attn.key"), k_nope, k_r);
-    ag_tensor *a = ag_attention_mla(ctx, llama_site(s, i, "self_attn"), qf, kf, v, H, Dq, Dv, llama_mla_scale(c));
+    *qf = mla_cat(ctx, c, llama_site(s, i, "self_attn.query"), q_nope, q_r);
+    *kf = mla_cat(ctx, c, llama_site(s, i, "self_attn.key"), k_nope, k_r);
+}
+
+ag_tensor *llama_mla_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
+                                     int64_t i) {
+    char s[96];
+    const int H = (int)c->heads, Dq = (int)(c->mla.qk_nope + c->mla.qk_rope);
+    ag_tensor *qf, *kf, *v;
+    llama_mla_qkv(ctx, c, L, x, i, NULL, &qf, &kf, &v);
+    ag_tensor *a =
+        ag_attention_mla(ctx, llama_site(s, i, "self_attn"), qf, kf, v, H, Dq, (int)c->mla.v_head, llama_mla_scale(c));
     REL(qf), REL(kf), REL(v);
     if (!a) {
         ag_release(x);

@@ -346,7 +346,8 @@ static void meta_equals_real_gpt_oss(void **state) {
 
 // deepseek_v3 (latent attention, the sigmoid router with group-limited top-k, shared experts, a
 // dense first layer) runs under lean with eager attention: meta == real under the recorded
-// routing, with checkpointing too; the PyTorch frameworks, flash and generation refused by name.
+// routing, training (with checkpointing too) and generation; the PyTorch frameworks and flash
+// refused by name.
 static void meta_equals_real_deepseek_v3(void **state) {
     (void)state;
     char a[512];
@@ -355,11 +356,28 @@ static void meta_equals_real_deepseek_v3(void **state) {
                  ck ? " --checkpointing" : "");
         meta_equals_real_fws(a, true, 2);
     }
+    // a generation over transformers' expanded cache: meta == real under the recorded routing
+    static const char *const cats[] = {"weight", "activation", "cache", "temporary"};
+    snprintf(a, sizeof a,
+             "infer --framework lean --config %s/tiny_deepseek_v3/config.json --seq-len 9 --new-tokens 5 --batch 2 "
+             "--routing-out %s/routing.json",
+             MEMBILL_GOLDEN_DIR, cli_run_dir);
+    json_t *real = cli_run_json(a);
+    snprintf(a, sizeof a,
+             "infer --meta --framework lean --config %s/tiny_deepseek_v3/config.json --seq-len 9 --new-tokens 5 "
+             "--batch 2 --routing %s/routing.json",
+             MEMBILL_GOLDEN_DIR, cli_run_dir);
+    json_t *meta = cli_run_json(a);
+    for (int c = 0; c < 4; c++) assert_int_equal(cat_peak(meta, cats[c]), cat_peak(real, cats[c]));
+    // 3 layers x 2 rows x 13 tokens x 4 heads x (nope 8 + rope 4 keys, 10 values) x 4 bytes
+    assert_int_equal(cat_peak(real, "cache"), 3 * 2 * 13 * 4 * (12 + 10) * 4);
+    json_decref(real);
+    json_decref(meta);
     static const char *const refused[][2] = {
         {"train --framework pytorch", "DeepseekV3Attention"},
         {"train --framework pytorch-1.13", "DeepseekV3Attention"},
         {"train --framework lean --attention flash", "--attention"},
-        {"infer --framework lean", "generation"},
+        {"infer --framework lean --attention flash", "--attention"},
         {"train --framework lean --lora-rank 2", "q_proj"},
         {"train --framework lean --lora-rank 2 --lora-targets o_proj --base-dtype nf4", "--base-dtype"}};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {

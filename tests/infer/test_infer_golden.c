@@ -129,6 +129,14 @@ static void test_gpt_oss(void **s) {
     attention = AG_ATTENTION_EAGER;
 }
 
+// deepseek_v3 (tests/reference/deepseek_ref.py): the latent attention over transformers' expanded
+// cache (keys at nope + rope, values at v_head_dim), the sigmoid router: the reference's greedy
+// tokens, with and without the cache (eager, the lean framework).
+static void test_deepseek_v3(void **s) {
+    (void)s;
+    check_solo("tiny_deepseek_v3");
+}
+
 // Gemma 2 (tests/reference/gemma_ref.py's greedy tokens): the embeddings scaled, the cached
 // attention's scale and soft-cap, the final soft-cap; eager under both frameworks (flash refuses a
 // soft-cap by name).
@@ -155,7 +163,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tied_solo),    cmocka_unit_test(test_untied_solo),  cmocka_unit_test(test_tied_batch),
         cmocka_unit_test(test_untied_batch), cmocka_unit_test(test_mask_matters), cmocka_unit_test(test_families),
-        cmocka_unit_test(test_gpt_oss),      cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_gpt_oss),      cmocka_unit_test(test_gemma2),       cmocka_unit_test(test_deepseek_v3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,8 +14,9 @@ groups, the unbiased scores renormalised and times routed_scaling_factor); Deeps
 over the experts and the shared experts (no gate).
 
 Deterministic (fixed seeds, CPU float32, one thread): the files are byte-identical run to run.
-Writes config.json, model.safetensors and golden.safetensors (input_ids, loss, grad.<name>; the
-buffer e_score_correction_bias has no gradient: zeros).
+Writes config.json, model.safetensors and golden.safetensors (input_ids, loss, grad.<name>, the
+buffer e_score_correction_bias's gradient zeros (it has none); greedy: the 8 tokens
+generate(do_sample=False) gives after the first prompt).
 """
 import argparse
 import json
@@ -36,12 +37,14 @@ CONFIG = {
     "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "beta_fast": 32,
                      "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
     "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "hidden_act": "silu", "q_lora_rank": 24,
-    "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 12, "n_routed_experts": 8,
+    "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 10, "n_routed_experts": 8,
     "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2,
     "routed_scaling_factor": 2.5, "norm_topk_prob": True, "rope_interleave": True, "attention_bias": False,
     "torch_dtype": "float32",
 }
 SEED = 3103
+N_NEW = 8  # greedy tokens after ids[0]
+MIN_MARGIN = 1e-3  # every greedy argmax wins by this much, so float noise cannot flip it
 MIN_ROUTE_GAP = 1e-4  # the k-th and (k+1)-th choices, and the chosen groups' boundary, this far apart
 META = {"format": "pt", "generator": "tests/reference/deepseek_ref.py"}
 BUFFER = "mlp.gate.e_score_correction_bias"
@@ -208,6 +211,20 @@ def forward(cfg, params, ids, gaps):
     return F.linear(x, params["lm_head.weight"])
 
 
+def greedy(cfg, params, prompt, n, gaps):
+    """generate(do_sample=False) of n tokens, each from a whole forward of the sequence so far (the
+    uncached path: the cache's own answer must equal it); the tokens and the least margin between
+    the best and the second logit."""
+    seq, margin = prompt, float("inf")
+    with torch.no_grad():
+        for _ in range(n):
+            last = forward(cfg, params, seq, gaps)[:, -1]
+            top = last.topk(2, dim=-1).values
+            margin = min(margin, (top[:, 0] - top[:, 1]).min().item())
+            seq = torch.cat([seq, last.argmax(dim=-1, keepdim=True)], dim=1)
+    return seq[:, prompt.shape[1]:], margin
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -222,6 +239,9 @@ def main():
     gaps = []
     loss = L.causal_lm_loss(forward(cfg, leaves, ids, gaps), ids)
     loss.backward()
+    tokens, margin = greedy(cfg, params, ids[:1], N_NEW, gaps)
+    if margin < MIN_MARGIN:
+        raise SystemExit("deepseek_ref: a greedy argmax wins by %.1e only: pick another seed" % margin)
     if min(gaps) < MIN_ROUTE_GAP:
         raise SystemExit("deepseek_ref: routing choices %.1e apart at a boundary: pick another seed" % min(gaps))
     folder = os.path.join(args.out, "tiny_deepseek_v3")
@@ -230,11 +250,12 @@ def main():
         json.dump(CONFIG, f, indent=2)
         f.write("\n")
     L.st_write(os.path.join(folder, "model.safetensors"), params, META)
-    golden = {"input_ids": ids, "loss": loss.detach().reshape(1)}
+    golden = {"input_ids": ids, "loss": loss.detach().reshape(1), "greedy": tokens}
     golden.update({"grad." + n: (t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t))
                    for n, t in leaves.items()})
     L.st_write(os.path.join(folder, "golden.safetensors"), golden, META)
-    print("tiny_deepseek_v3", json.dumps({"loss": loss.item(), "min_route_gap": min(gaps)}))
+    print("tiny_deepseek_v3", json.dumps({"loss": loss.item(), "min_route_gap": min(gaps), "greedy": tokens.tolist(),
+                                          "min_margin": margin}))
 
 
 if __name__ == "__main__":
