@@ -310,6 +310,11 @@ size_t llama_layer_first_param(const llama_config *c, int64_t i);
 float llama_embedding_scale(const llama_config *c);
 // The scale on attention's Q Kᵀ: query_pre_attn_scalar^-1/2, or 0 for 1/sqrt(head_dim).
 float llama_attention_scale(const llama_config *c);
+// The KV cache's elements a token of one row holds over every layer: 2 x layers x kv_heads x
+// head_dim, or deepseek_v3's transformers cache, layers x heads x (nope + rope + v_head); and the
+// same as a formula in words ("2 x 30 layers x 3 kv heads x 64") into buf.
+uint64_t llama_kv_cache_elems_per_token(const llama_config *c);
+const char *llama_kv_cache_formula(const llama_config *c, char *buf, size_t cap);
 // deepseek_v3's attention scale: (qk_nope + qk_rope)^-1/2, times yarn's mscale squared when
 // rope_scaling gives mscale_all_dim (0.1 mscale_all_dim ln(factor) + 1, factor above 1).
 float llama_mla_scale(const llama_config *c);

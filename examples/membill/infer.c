@@ -149,7 +149,7 @@ static int act_bytes(const infer_run *r) { return r->dtype.name ? r->dtype.act_b
 
 static uint64_t cache_per_token(const infer_run *r) {
     const llama_config *c = &r->cfg;
-    return (uint64_t)(2 * c->layers * c->kv_heads * c->head_dim * act_bytes(r));
+    return llama_kv_cache_elems_per_token(c) * (uint64_t)act_bytes(r);
 }
 
 // The tokens of the forwards that ran (fewer than asked when end-of-text stopped them) a second.
@@ -259,9 +259,9 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
     mp_report_text(f);
     cli_breakdown_text(f, (long)r->cfg.layers);
     uint64_t per = cache_per_token(r);
-    fprintf(f, "\n  KV cache: 2 x %lld layers x %lld kv heads x %lld x %d bytes = %llu bytes a token per row\n",
-            (long long)r->cfg.layers, (long long)r->cfg.kv_heads, (long long)r->cfg.head_dim, act_bytes(r),
-            (unsigned long long)per);
+    char kf[160];
+    fprintf(f, "\n  KV cache: %s x %d bytes = %llu bytes a token per row\n",
+            llama_kv_cache_formula(&r->cfg, kf, sizeof kf), act_bytes(r), (unsigned long long)per);
     if (r->use_cache && st->steps > 0) {
         const int64_t *s0 = st->cache_shape[0], *s1 = st->cache_shape[st->steps - 1];
         fprintf(f, "    after the prompt %s, each block's keys (%lld, %lld, %lld, %lld)\n",

@@ -80,7 +80,7 @@ static void text_states(FILE *out, const plan_view *v) {
     llama_dtype_bytes d = plan_dtype_bytes(s);
     const unsigned long long buf = (unsigned long long)(v->cf->weights / d.weight) - P; // deepseek_v3's buffers
     int nw = snprintf(f, sizeof f, "P x %llu = %llu x %llu (%s)", (unsigned long long)d.weight, P,
-                     (unsigned long long)d.weight, s->dt.weight_bits == 32 ? "float32" : "16-bit");
+                      (unsigned long long)d.weight, s->dt.weight_bits == 32 ? "float32" : "16-bit");
     if (buf && nw > 0 && (size_t)nw < sizeof f)
         snprintf(f + nw, sizeof f - (size_t)nw, ", + %llu x %llu (buffers: e_score_correction_bias)", buf,
                  (unsigned long long)d.weight);
@@ -561,9 +561,9 @@ static void report_infer_text(FILE *out, const plan_view *v) {
     if (s->dt.weight_bits < 16 && !s->dt.group)
         snprintf(f, sizeof f, "P x 1 (no scales billed), norms at %d bits", s->dt.act_bits);
     row(out, "weight", b->peak[MP_WEIGHT], infer_weight_bytes(s), f);
-    snprintf(f, sizeof f, "2 x %lld layers x %lld kv heads x %lld x %d bytes x %ld tokens x batch %ld",
-             (long long)s->cfg.layers, (long long)s->cfg.kv_heads, (long long)s->cfg.head_dim, s->dt.act_bits / 8,
-             plan_cache_tokens(s), s->batch);
+    char kf[160];
+    snprintf(f, sizeof f, "%s x %d bytes x %ld tokens x batch %ld", llama_kv_cache_formula(&s->cfg, kf, sizeof kf),
+             s->dt.act_bits / 8, plan_cache_tokens(s), s->batch);
     row(out, "cache", b->peak[MP_CACHE], v->cf->kv_cache, f);
     row(out, "activation", b->peak[MP_ACTIVATION], 0, "the prefill's peak (the logits of every prompt position)");
     row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);

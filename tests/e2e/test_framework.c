@@ -371,6 +371,8 @@ static void meta_equals_real_deepseek_v3(void **state) {
     for (int c = 0; c < 4; c++) assert_int_equal(cat_peak(meta, cats[c]), cat_peak(real, cats[c]));
     // 3 layers x 2 rows x 13 tokens x 4 heads x (nope 8 + rope 4 keys, 10 values) x 4 bytes
     assert_int_equal(cat_peak(real, "cache"), 3 * 2 * 13 * 4 * (12 + 10) * 4);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(real, "cache"), "bytes_per_token")),
+                     3 * 4 * (12 + 10) * 4);
     json_decref(real);
     json_decref(meta);
     static const char *const refused[][2] = {
