@@ -789,7 +789,8 @@ typedef struct ag_kv_cache ag_kv_cache;
 // "<site>:values" for any other category (a forward that keeps no cache). NULL on error.
 ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv, int D);
 // The same with values of their own head size Dv (DeepSeek's expanded cache: keys at nope + rope,
-// values at v_head_dim), appended as v [B, t, Hkv*Dv]; read by ag_attention_mla_cached alone.
+// values at v_head_dim), appended as v [B, t, Hkv*Dv]; read by ag_attention_mla_cached alone. Dv 0:
+// keys alone, appended with v NULL (DeepSeek's latent cache, read by ag_attention_mla_latent).
 ag_kv_cache *ag_kv_cache_new_dv(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv, int D, int Dv);
 void ag_kv_cache_free(ag_kv_cache *c); // NULL is ignored; frees every chunk
 // Appends the keys and values of t new tokens, k and v [B, t, Hkv*D] (keys after RoPE), as
@@ -831,6 +832,14 @@ ag_tensor *ag_attention_cached_sinks(ag_ctx *ctx, const char *site, ag_tensor *q
 // framework only (the rest refused by name); the probabilities a temporary, as in
 // ag_attention_cached.
 ag_tensor *ag_attention_mla_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                   const int32_t *key_mask, int64_t mask_ld, float scale);
+// The same over DeepSeek's latent cache (ag_kv_cache_new_dv with one head of kv_lora + rope and
+// Dv 0: the normed compressed kv and the rotated k_pe a token), kv_b_proj [H*(nope + v_head),
+// kv_lora] absorbed into the query and the output: q_nope [B, Tq, H*nope], q_pe [B, Tq, H*rope]
+// (rotated) -> [B, Tq, H*v_head]. Temporaries: the absorbed query and the latent output [B, Tq, H,
+// kv_lora] and the probabilities, freed before returning. Eager, lean, a float or 16-bit kv_b.
+ag_tensor *ag_attention_mla_latent(ag_ctx *ctx, const char *site, ag_tensor *q_nope, ag_tensor *q_pe,
+                                   const ag_kv_cache *cache, ag_tensor *kv_b, int H, int v_head,
                                    const int32_t *key_mask, int64_t mask_ld, float scale);
 ag_tensor *ag_attention_cached_spec(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                     const int32_t *key_mask, int64_t mask_ld, int Hq, const ag_attention_spec *spec);

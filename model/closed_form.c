@@ -29,8 +29,7 @@ static uint64_t mla_saved(const llama_config *c, uint64_t BT, uint64_t a) {
 void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
                              llama_closed_form *out) {
     const uint64_t B = (uint64_t)batch, T = (uint64_t)seq, H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate,
-                   D = (uint64_t)c->head_dim, hq = (uint64_t)c->heads, hkv = (uint64_t)c->kv_heads,
-                   L = (uint64_t)c->layers, Dqk = (uint64_t)(c->mla.qk_nope + c->mla.qk_rope);
+                   D = (uint64_t)c->head_dim, hq = (uint64_t)c->heads, hkv = (uint64_t)c->kv_heads;
     const uint64_t BT = B * T, a = d->activation, f32 = 4;
     out->params = out->grad_params = out->state_params = llama_param_count(c);
     out->weights = (out->params + llama_buffer_count(c)) * d->weight; // deepseek_v3's bias buffers billed as weight
@@ -46,8 +45,7 @@ void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, 
     // Gemma 2's norms of the attention's and the MLP's outputs keep those and an rstd each
     if (c->ff_norms) out->act_per_block += 2 * BT * H * a + 2 * BT * f32;
     out->act_head = head_moment(c, BT, a);
-    out->kv_cache = c->mla.kv_lora_rank ? L * hq * (Dqk + (uint64_t)c->mla.v_head) * T * B * a // k and v expanded
-                                        : 2 * L * hkv * D * T * B * a;
+    out->kv_cache = llama_kv_cache_elems_per_token(c) * T * B * a;
     out->closed = true;
     moe_terms(c, BT, a, out);
     closed_form_peak(c, BT, a, out);

@@ -43,6 +43,9 @@ static double now(void) {
 static ag_kv_cache *new_cache(gen *g, int64_t i, mp_category cat) {
     char s[96];
     const llama_config *c = g->c;
+    if (c->mla.kv_lora_rank > 0 && c->mla.latent_cache) // one head of kv_lora + rope, keys alone
+        return ag_kv_cache_new_dv(g->ctx, llama_site(s, i, "self_attn"), cat, g->B, 1,
+                                  (int)(c->mla.kv_lora_rank + c->mla.qk_rope), 0);
     if (c->mla.kv_lora_rank > 0)
         return ag_kv_cache_new_dv(g->ctx, llama_site(s, i, "self_attn"), cat, g->B, (int)c->heads,
                                   (int)(c->mla.qk_nope + c->mla.qk_rope), (int)c->mla.v_head);
@@ -55,14 +58,21 @@ static ag_tensor *mla_attention_part(gen *g, int64_t i, ag_tensor *x) {
     const llama_layer *L = &g->m->layers[i];
     char s[96];
     ag_kv_cache *kv = g->kv ? g->kv[i] : new_cache(g, i, MP_ACTIVATION);
-    ag_tensor *q, *k, *v;
-    llama_mla_qkv(ctx, g->c, L, x, i, g->step_pos, &q, &k, &v);
-    if (k && v) ag_kv_cache_append(ctx, kv, k, v);
-    REL(k);
-    REL(v);
-    ag_tensor *a = ag_attention_mla_cached(ctx, llama_site(s, i, "self_attn"), q, kv, g->mask, g->cap,
-                                           llama_mla_scale(g->c));
-    REL(q);
+    ag_tensor *q, *k, *v = NULL, *a = NULL;
+    if (g->c->mla.latent_cache) { // DeepSeek's own: the latent cached, kv_b_proj absorbed
+        llama_mla_latent(ctx, g->c, L, x, i, g->step_pos, &q, &k, &v);
+        if (v && ag_kv_cache_append(ctx, kv, v, NULL))
+            a = ag_attention_mla_latent(ctx, llama_site(s, i, "self_attn"), q, k, kv, L->kv_b, (int)g->c->heads,
+                                        (int)g->c->mla.v_head, g->mask, g->cap, llama_mla_scale(g->c));
+        REL(q), REL(k), REL(v);
+    } else {
+        llama_mla_qkv(ctx, g->c, L, x, i, g->step_pos, &q, &k, &v);
+        if (k && v) ag_kv_cache_append(ctx, kv, k, v);
+        REL(k);
+        REL(v);
+        a = ag_attention_mla_cached(ctx, llama_site(s, i, "self_attn"), q, kv, g->mask, g->cap, llama_mla_scale(g->c));
+        REL(q);
+    }
     if (!g->kv) ag_kv_cache_free(kv);
     return llama_attention_out(ctx, g->c, L, x, a, i);
 }

@@ -477,6 +477,7 @@ float llama_attention_scale(const llama_config *c) {
 
 uint64_t llama_kv_cache_elems_per_token(const llama_config *c) {
     const llama_mla *m = &c->mla;
+    if (m->kv_lora_rank > 0 && m->latent_cache) return (uint64_t)c->layers * (uint64_t)(m->kv_lora_rank + m->qk_rope);
     if (m->kv_lora_rank > 0)
         return (uint64_t)c->layers * (uint64_t)c->heads * (uint64_t)(m->qk_nope + m->qk_rope + m->v_head);
     return 2 * (uint64_t)c->layers * (uint64_t)c->kv_heads * (uint64_t)c->head_dim;
@@ -484,7 +485,10 @@ uint64_t llama_kv_cache_elems_per_token(const llama_config *c) {
 
 const char *llama_kv_cache_formula(const llama_config *c, char *buf, size_t cap) {
     const llama_mla *m = &c->mla;
-    if (m->kv_lora_rank > 0)
+    if (m->kv_lora_rank > 0 && m->latent_cache)
+        snprintf(buf, cap, "%lld layers x (%lld latent + %lld rope keys)", (long long)c->layers,
+                 (long long)m->kv_lora_rank, (long long)m->qk_rope);
+    else if (m->kv_lora_rank > 0)
         snprintf(buf, cap, "%lld layers x %lld heads x (%lld + %lld keys + %lld values)", (long long)c->layers,
                  (long long)c->heads, (long long)m->qk_nope, (long long)m->qk_rope, (long long)m->v_head);
     else

@@ -101,6 +101,10 @@ typedef struct {
     int64_t qk_nope, qk_rope, v_head; // qk_nope_head_dim, qk_rope_head_dim, v_head_dim
     int64_t nextn_layers;             // num_nextn_predict_layers (the MTP module; not billed)
     bool rope_interleave;             // rope_interleave: q_pe and k_pe de-interleaved before RoPE (true)
+    // A generation's cache (--mla-cache): false, transformers' (each head's keys at nope + rope and
+    // values at v_head_dim); true, DeepSeek's own latent one (the normed compressed kv and the
+    // rotated k_pe a token, kv_lora_rank + qk_rope_head_dim), attended with kv_b_proj absorbed.
+    bool latent_cache;
 } llama_mla;
 
 // rope_scaling (transformers' modeling_rope_utils): how the inverse frequencies of RoPE, and
@@ -313,7 +317,7 @@ float llama_attention_scale(const llama_config *c);
 // The KV cache's elements a token of one row holds over every layer: 2 x layers x kv_heads x
 // head_dim, or deepseek_v3's transformers cache, layers x heads x (nope + rope + v_head); and the
 // same as a formula in words ("2 x 30 layers x 3 kv heads x 64") into buf.
-uint64_t llama_kv_cache_elems_per_token(const llama_config *c);
+uint64_t llama_kv_cache_elems_per_token(const llama_config *c); // latent_cache: layers x (kv_lora + rope)
 const char *llama_kv_cache_formula(const llama_config *c, char *buf, size_t cap);
 // deepseek_v3's attention scale: (qk_nope + qk_rope)^-1/2, times yarn's mscale squared when
 // rope_scaling gives mscale_all_dim (0.1 mscale_all_dim ln(factor) + 1, factor above 1).

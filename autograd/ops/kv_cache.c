@@ -43,7 +43,7 @@ ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int
 
 ag_kv_cache *ag_kv_cache_new_dv(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv, int D, int Dv) {
     ag_kv_cache *c = ag_kv_cache_new(ctx, site, cat, B, Hkv, D > Dv ? D : Dv);
-    if (c) c->D = D, c->Dv = Dv;
+    if (c) c->D = D, c->Dv = Dv < 0 ? 0 : Dv;
     return c;
 }
 
@@ -59,6 +59,9 @@ void ag_kv_cache_free(ag_kv_cache *c) {
 
 static bool append_shapes(ag_ctx *ctx, const ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v) {
     char sk[64], sv[64];
+    if (c->Dv == 0 && !v && k->ndim == 3 && k->shape[0] == c->B && k->shape[2] == (int64_t)c->Hkv * c->D)
+        return true; // keys alone (DeepSeek's latent cache)
+    if (!v) return ag_fail(ctx, AG_ERR_ARG, "kv cache append %s: v is NULL", c->k_label);
     bool ok = k->ndim == 3 && v->ndim == 3 && k->shape[0] == c->B && k->shape[2] == (int64_t)c->Hkv * c->D &&
               v->shape[0] == k->shape[0] && v->shape[1] == k->shape[1] && v->shape[2] == (int64_t)c->Hkv * c->Dv;
     if (!ok)
@@ -104,8 +107,7 @@ static bool append_cat(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const ag
 
 bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v) {
     if (!ctx || ctx->status != AG_OK) return false;
-    if (!c || !k || !v)
-        return ag_fail(ctx, AG_ERR_ARG, "kv cache append: %s is NULL", !c ? "the cache" : !k ? "k" : "v");
+    if (!c || !k) return ag_fail(ctx, AG_ERR_ARG, "kv cache append: %s is NULL", !c ? "the cache" : "k");
     if (!ag_kv_no_grad(ctx, "kv cache append", c->k_label) || !append_shapes(ctx, c, k, v)) return false;
     if (c->n == c->cap) { // the list of chunks grows, never the chunks
         size_t cap = c->cap ? 2 * c->cap : 64;
@@ -124,13 +126,13 @@ bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const a
     }
     kv_chunk ch = {.t = k->shape[1]};
     if (!ag_alloc_block(ctx, &ch.k, (size_t)k->numel * sizeof(float), c->cat, c->k_label)) return false;
-    if (!ag_alloc_block(ctx, &ch.v, (size_t)v->numel * sizeof(float), c->cat, c->v_label)) {
+    if (v && !ag_alloc_block(ctx, &ch.v, (size_t)v->numel * sizeof(float), c->cat, c->v_label)) {
         mp_free(&ch.k);
         return false;
     }
     if (!mp_is_meta()) {
         ag_to_heads((ag_buf){ch.k.data, c->t}, ag_buf_of(k), c->B, ch.t, c->Hkv, c->Hkv, c->D);
-        ag_to_heads((ag_buf){ch.v.data, c->t}, ag_buf_of(v), c->B, ch.t, c->Hkv, c->Hkv, c->Dv);
+        if (v) ag_to_heads((ag_buf){ch.v.data, c->t}, ag_buf_of(v), c->B, ch.t, c->Hkv, c->Hkv, c->Dv);
     }
     c->chunks[c->n++] = ch;
     c->tokens += ch.t;
@@ -156,7 +158,7 @@ uint64_t ag_kv_cache_bytes(const ag_kv_cache *c, uint64_t *usable) {
 }
 
 bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst) {
-    if (!c || !dst || mp_is_meta()) return false;
+    if (!c || !dst || mp_is_meta() || (values && c->Dv == 0)) return false;
     int64_t row = (int64_t)(values ? c->Dv : c->D), off = 0;
     for (size_t i = 0; i < c->n; i++) {
         const kv_chunk *ch = &c->chunks[i];

@@ -184,6 +184,7 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(run, "cache", json_boolean(r->use_cache));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
     cli_mtp_json(run, &r->cfg);
+    cli_mla_cache_json(run, &r->cfg);
     if (r->cfg.moe.experts > 0)
         json_object_set_new(run, "routing", json_string(cli_routing_name(&r->routing, r->meta)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
@@ -253,6 +254,7 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
     fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework, r->cfg.family, fw, sizeof fw),
             cli_attention_text(r->attention));
     cli_routing_text(f, &r->cfg, &r->routing, r->meta);
+    cli_mla_cache_text(f, &r->cfg);
     cli_text_line(f, &r->text);
     fputc('\n', f);
     if (failed) fprintf(f, "(FAILED after %lld of %ld forwards: see below)\n\n", (long long)st->steps, r->new_tokens);

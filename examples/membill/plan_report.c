@@ -548,6 +548,8 @@ static void report_infer_text(FILE *out, const plan_view *v) {
         s->cfg.name, P, s->batch, s->seq_len, s->new_tokens, s->new_tokens > 1 ? "s" : "", s->dt.long_name,
         plan_weight_dtype_name(&s->dt));
     fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n");
+    cli_mla_cache_text(out, &s->cfg);
+    cli_mtp_text(out, &s->cfg);
     if (v->hub) cli_hub_text(out, v->hub);
     text_answer(out, v);
     fputc('\n', out);
@@ -737,6 +739,7 @@ static json_t *run_json(const plan_setting *s) {
     json_object_set_new(run, "meta", json_true());
     json_object_set_new(run, "framework", json_string(cli_framework_name(s->framework)));
     cli_mtp_json(run, &s->cfg);
+    if (s->infer) cli_mla_cache_json(run, &s->cfg);
     if (s->cfg.moe.experts > 0) json_object_set_new(run, "routing", json_string(cli_routing_name(&s->routing, true)));
     if (s->ep > 1) {
         json_object_set_new(run, "ep", json_integer(s->ep));

@@ -74,4 +74,21 @@ void cli_mtp_json(struct json_t *run, const llama_config *c) {
         json_object_set_new(run, "mtp_layers_not_billed", json_integer((json_int_t)c->mla.nextn_layers));
 }
 
+void cli_mla_cache_text(FILE *f, const llama_config *c) {
+    if (c->mla.kv_lora_rank <= 0) return;
+    if (c->mla.latent_cache)
+        fprintf(f, "cache: latent (DeepSeek's own: kv_lora_rank %lld + qk_rope_head_dim %lld a token and layer, "
+                   "kv_b_proj absorbed)\n",
+                (long long)c->mla.kv_lora_rank, (long long)c->mla.qk_rope);
+    else
+        fprintf(f, "cache: expanded (transformers' DynamicCache: every head's keys at %lld and values at %lld; "
+                   "--mla-cache latent for DeepSeek's own)\n",
+                (long long)(c->mla.qk_nope + c->mla.qk_rope), (long long)c->mla.v_head);
+}
+
+void cli_mla_cache_json(struct json_t *run, const llama_config *c) {
+    if (c->mla.kv_lora_rank > 0)
+        json_object_set_new(run, "mla_cache", json_string(c->mla.latent_cache ? "latent" : "expanded"));
+}
+
 int cli_routing_writer(FILE *f, void *routing, ag_err *err) { return llama_routing_write(routing, f, err); }

@@ -406,6 +406,13 @@ static void test_deepseek_v3_mtp_said(void **state) {
     }
 }
 
+// --mla-cache latent on a family without latent attention is a usage error naming the option.
+static void test_mla_cache_refused(void **state) {
+    (void)state;
+    expect_failure("infer --meta --model smollm2-135m --mla-cache latent", 2, "--mla-cache latent");
+    expect_failure("infer --meta --model smollm2-135m --mla-cache compressed", 2, "--mla-cache");
+}
+
 // Gemma 2 under LoRA: its norms and soft-caps are not walked by the LoRA closed form, which says so
 // (null) rather than guessing.
 static void test_plan_gemma2_lora_not_closed(void **state) {
@@ -1128,6 +1135,7 @@ int main(void) {
         cmocka_unit_test(test_plan_closed_form_gpt_oss),
         cmocka_unit_test(test_plan_closed_form_deepseek_v3),
         cmocka_unit_test(test_deepseek_v3_mtp_said),
+        cmocka_unit_test(test_mla_cache_refused),
         cmocka_unit_test(test_plan_closed_form_routing),
         cmocka_unit_test(test_plan_gemma2_lora_not_closed),
         cmocka_unit_test(test_plan_zero_and_fit),
