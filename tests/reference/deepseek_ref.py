@@ -211,20 +211,6 @@ def forward(cfg, params, ids, gaps):
     return F.linear(x, params["lm_head.weight"])
 
 
-def greedy(cfg, params, prompt, n, gaps):
-    """generate(do_sample=False) of n tokens, each from a whole forward of the sequence so far (the
-    uncached path: the cache's own answer must equal it); the tokens and the least margin between
-    the best and the second logit."""
-    seq, margin = prompt, float("inf")
-    with torch.no_grad():
-        for _ in range(n):
-            last = forward(cfg, params, seq, gaps)[:, -1]
-            top = last.topk(2, dim=-1).values
-            margin = min(margin, (top[:, 0] - top[:, 1]).min().item())
-            seq = torch.cat([seq, last.argmax(dim=-1, keepdim=True)], dim=1)
-    return seq[:, prompt.shape[1]:], margin
-
-
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -239,7 +225,7 @@ def main():
     gaps = []
     loss = L.causal_lm_loss(forward(cfg, leaves, ids, gaps), ids)
     loss.backward()
-    tokens, margin = greedy(cfg, params, ids[:1], N_NEW, gaps)
+    tokens, margin = L.greedy_uncached(lambda seq: forward(cfg, params, seq, gaps), ids[:1], N_NEW)
     if margin < MIN_MARGIN:
         raise SystemExit("deepseek_ref: a greedy argmax wins by %.1e only: pick another seed" % margin)
     if min(gaps) < MIN_ROUTE_GAP:
