@@ -174,7 +174,8 @@ void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_
     cf_walk w = {c, l, BT, B, T, a, ag_framework_row_of(fw), flash, checkpointing, 0, false, 0, 0, 0};
     const bool hf_loss = AG_FW(w.fw, loss) == AG_LOSS_HF;
     // Gemma 2's norms around each sub-block and its soft-caps are not walked here: said, not guessed
-    out->closed = !checkpointing && !c->ff_norms;
+    // nor a sparse block's router and experts under adapters
+    out->closed = !checkpointing && !c->ff_norms && c->moe.experts <= 0;
     // Block 0 on the embedding's output (no gradient), then a block on the residual stream.
     cf_t x0 = cf_new(BT * H * a, false);
     cf_t x1 = cf_block(&w, &x0);

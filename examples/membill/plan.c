@@ -210,8 +210,13 @@ gpu_share plan_per_gpu(const plan_setting *s, const plan_bill *b) {
     g.total = g.overhead + at[MP_OTHER]; // "other" is not tracked in meta mode: 0
     g.total += g.weights + g.gradients + g.optimizer + g.activations + g.cache + g.temporary;
     if (s->dev.cuda && b->dev.done) { // the card holds the allocator's reserve, the context and NCCL
+        const uint64_t tensors = g.total - g.overhead;
         g.overhead = s->dev.overhead;
         g.total = cli_device_need(&s->dev, &b->dev);
+        // Out of memory the replay stops at the failure, so its reserve is not the run's need; that
+        // is at least the tensors' bytes at the peak beside the context and NCCL.
+        const uint64_t least = tensors + s->dev.context + s->dev.nccl + s->dev.overhead;
+        if (b->dev_oom && least > g.total) g.total = least;
     }
     return g;
 }

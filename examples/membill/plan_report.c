@@ -289,7 +289,8 @@ static void text_per_gpu(FILE *out, const plan_view *v) {
     const char *names[] = {"weights", "gradients", "optimizer", "activations", "temporary", "overhead allowance"};
     const uint64_t vals[] = {g->weights, g->gradients, g->optimizer, g->activations, g->temporary, g->overhead};
     for (int i = 0; i < 6; i++) fprintf(out, "    %-19s %s\n", names[i], mp_format_bytes(x, sizeof x, vals[i]));
-    fprintf(out, "    %-19s %s\n", "total", mp_format_bytes(x, sizeof x, g->total));
+    fprintf(out, "    %-19s %s%s\n", "total", mp_format_bytes(x, sizeof x, g->total),
+            v->b->dev_oom ? " at least (the card ran out before the peak)" : "");
     if (s->offload) { // the rank's host memory, apart from the device's total
         fprintf(out, "    host memory (offload, each category at its own peak): %s",
                 mp_format_bytes(x, sizeof x, g->host_total));
@@ -460,8 +461,9 @@ static void text_states_lora(FILE *out, const plan_view *v) {
                  mp_format_bytes(y, sizeof y, af.act_head));
     else if (!af.closed)
         snprintf(f, sizeof f, "%s",
-                 s->cfg.ff_norms ? "Gemma's norms and soft-caps under LoRA are not in the closed form"
-                                 : "autocast's 16-bit casts are not in the closed form");
+                 s->cfg.ff_norms        ? "Gemma's norms and soft-caps under LoRA are not in the closed form"
+                 : s->cfg.moe.experts > 0 ? "a sparse block's router and experts under LoRA are not in the closed form"
+                                          : "autocast's 16-bit casts are not in the closed form");
     else
         snprintf(f, sizeof f, "block 0 %s + %lld blocks x %s + head %s (frozen base: no input kept for its weights)%s",
                  mp_format_bytes(x, sizeof x, af.act_first_block), (long long)s->cfg.layers - 1,

@@ -54,10 +54,12 @@ const char *cli_routing_name(const cli_routing *r, bool meta) {
 
 void cli_routing_text(FILE *f, const llama_config *c, const cli_routing *r, bool meta) {
     if (c->moe.experts <= 0) return;
-    char b[400];
-    fprintf(f, "routing: %s; %lld experts, %lld a token\n",
+    char b[400], active[32], all[32];
+    fprintf(f, "routing: %s; %lld experts, %lld a token (%s of the %s parameters active a token)\n",
             meta ? llama_routing_describe(r->assume, b, sizeof b) : "measured (the routers' own choices)",
-            (long long)c->moe.experts, (long long)c->moe.top_k);
+            (long long)c->moe.experts, (long long)c->moe.top_k,
+            cli_commas(active, sizeof active, llama_active_param_count(c)),
+            cli_commas(all, sizeof all, llama_param_count(c)));
     cli_mtp_text(f, c);
 }
 

@@ -97,6 +97,8 @@ static void test_named_gpu(void **state) {
     p = cli_run_json("plan --model smollm2-1.7b --seq-len 1024 --gpu t4");
     assert_true(json_is_false(json_object_get(json_object_get(p, "device"), "fits")));
     assert_true(json_is_object(json_object_get(json_object_get(p, "device"), "oom")));
+    // the replay stopped at the failure: the device's total is the run's need, not the card's reserve then
+    assert_true(jint(p, "per_gpu.total_bytes") >= jint(p, "peak.total_bytes") + jint(p, "device.context_bytes"));
     json_decref(p);
 }
 

@@ -310,10 +310,29 @@ static void test_expert_parallel(void **state) {
     assert_non_null(strstr(r.err, "no experts"));
 }
 
+// LoRA's closed form walks dense blocks only: over a mixture of experts it gives no activation
+// figure and says why, where a dense model's equals the meta bill.
+static void test_lora_closed_form_dense_only(void **state) {
+    (void)state;
+    json_t *moe = cli_run_json("plan --model qwen1.5-moe-a2.7b --lora-rank 8 --seq-len 64");
+    json_t *dense = cli_run_json("plan --model mistral-7b --lora-rank 8 --seq-len 64");
+    assert_true(json_is_null(json_object_get(json_object_get(moe, "closed_form"), "activation")));
+    assert_int_equal(jget(json_object_get(dense, "closed_form"), "activation", NULL),
+                     jget(json_object_get(dense, "categories"), "activation", "peak_bytes"));
+    json_decref(moe), json_decref(dense);
+    static run_result r;
+    membill(&r, "plan --model qwen1.5-moe-a2.7b --lora-rank 8 --seq-len 64");
+    assert_non_null(strstr(r.out, "a sparse block's router and experts under LoRA are not in the closed form"));
+    // the routing line names what a token runs through: Qwen1.5-MoE-A2.7B's 2.7B (4 of 60 experts,
+    // the shared one, attention and both embeddings)
+    assert_non_null(strstr(r.out, "60 experts, 4 a token (2,689,173,504 of the 14,315,784,192 parameters active"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_expert_parallel),
         cmocka_unit_test(test_class_named),
+        cmocka_unit_test(test_lora_closed_form_dense_only),
         cmocka_unit_test(test_headline_is_train_step_2_for_every_preset),
         cmocka_unit_test(test_device_share_is_step_2_replayed),
         cmocka_unit_test(test_text_and_infer),
