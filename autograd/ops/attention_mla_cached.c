@@ -24,11 +24,12 @@ static void mla_cached_forward(ag_tensor *o, ag_tensor *probs, const ag_tensor *
                                const int32_t *mask, int64_t ld, float scale) {
     const int64_t B = q->shape[0], Tq = q->shape[1], Tk = c->tokens, D = c->D, Dv = c->Dv;
     const int H = c->Hkv;
-    float qr[D], kr[D > Dv ? D : Dv];
+    float qr[D], kr[D > Dv ? D : Dv], pb[Tk]; // pb: a row of 16-bit probabilities as float32
     for (int64_t b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int64_t i = 0; i < Tq; i++) {
-                float *p = ag_f32(probs) + ((b * H + h) * Tq + i) * Tk;
+                const int64_t off = ((b * H + h) * Tq + i) * Tk;
+                float *p = ag_wr(ag_buf_of(probs), off, pb);
                 const float *qv = ag_rd(ag_buf_of(q), (b * Tq + i) * H * D + (int64_t)h * D, D, qr);
                 const int64_t seen = Tk - Tq + i + 1;
                 float mx = -INFINITY;
@@ -54,6 +55,7 @@ static void mla_cached_forward(ag_tensor *o, ag_tensor *probs, const ag_tensor *
                 }
                 for (int64_t d = 0; d < Dv; d++)
                     ag_set(o->data, o->dtype, (b * Tq + i) * H * Dv + (int64_t)h * Dv + d, (float)acc[d]);
+                ag_wr_end(ag_buf_of(probs), off, Tk, p);
             }
 }
 

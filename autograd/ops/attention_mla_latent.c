@@ -112,11 +112,15 @@ ag_tensor *ag_attention_mla_latent(ag_ctx *ctx, const char *site, ag_tensor *q_n
     if (o && !mp_is_meta()) {
         const latent_dims d = {H, nope, R, v_head, Lk, scale, key_mask, mask_ld};
         double qd[Lk], od[Lk];
+        float pb[cache->tokens]; // a row of 16-bit probabilities as float32
         for (int64_t bb = 0; bb < B; bb++)
             for (int64_t i = 0; i < Tq; i++)
-                for (int h = 0; h < H; h++)
-                    latent_query(&d, q_nope, q_pe, kv_b, cache, bb, i, h,
-                                 ag_f32(probs) + ((bb * H + h) * Tq + i) * cache->tokens, qd, od, o);
+                for (int h = 0; h < H; h++) {
+                    const int64_t off = ((bb * H + h) * Tq + i) * cache->tokens;
+                    float *p = ag_wr(ag_buf_of(probs), off, pb);
+                    latent_query(&d, q_nope, q_pe, kv_b, cache, bb, i, h, p, qd, od, o);
+                    ag_wr_end(ag_buf_of(probs), off, cache->tokens, p);
+                }
     }
     ag_release(qa), ag_release(probs), ag_release(ol);
     return o;

@@ -359,25 +359,27 @@ static void meta_equals_real_deepseek_v3(void **state) {
     // a generation over transformers' expanded cache and over the latent one: meta == real under
     // the recorded routing, each cache to the byte
     static const char *const cats[] = {"weight", "activation", "cache", "temporary"};
-    for (int latent = 0; latent < 2; latent++) {
-        const char *mc = latent ? "latent" : "expanded";
+    for (int run = 0; run < 4; run++) { // each cache in float32, then in bfloat16 (16-bit probabilities)
+        const int latent = run % 2;
+        const char *mc = latent ? "latent" : "expanded", *dt = run < 2 ? "fp32" : "bf16";
         snprintf(a, sizeof a,
                  "infer --framework lean --config %s/tiny_deepseek_v3/config.json --seq-len 9 --new-tokens 5 --batch 2 "
-                 "--mla-cache %s --routing-out %s/routing.json",
-                 MEMBILL_GOLDEN_DIR, mc, cli_run_dir);
+                 "--mla-cache %s --dtype %s --routing-out %s/routing.json",
+                 MEMBILL_GOLDEN_DIR, mc, dt, cli_run_dir);
         json_t *real = cli_run_json(a);
         snprintf(a, sizeof a,
                  "infer --meta --framework lean --config %s/tiny_deepseek_v3/config.json --seq-len 9 --new-tokens 5 "
-                 "--batch 2 --mla-cache %s --routing %s/routing.json",
-                 MEMBILL_GOLDEN_DIR, mc, cli_run_dir);
+                 "--batch 2 --mla-cache %s --dtype %s --routing %s/routing.json",
+                 MEMBILL_GOLDEN_DIR, mc, dt, cli_run_dir);
         json_t *meta = cli_run_json(a);
         for (int c = 0; c < 4; c++) assert_int_equal(cat_peak(meta, cats[c]), cat_peak(real, cats[c]));
         // 3 layers x 2 rows x 13 tokens x: 4 heads x (nope 8 + rope 4 keys, 10 values), or the latent
         // 16 + the rope key 4; x 4 bytes
         const int per = latent ? 16 + 4 : 4 * (12 + 10);
-        assert_int_equal(cat_peak(real, "cache"), 3 * 2 * 13 * per * 4);
+        const int bytes = run < 2 ? 4 : 2;
+        assert_int_equal(cat_peak(real, "cache"), 3 * 2 * 13 * per * bytes);
         assert_int_equal(json_integer_value(json_object_get(json_object_get(real, "cache"), "bytes_per_token")),
-                         3 * per * 4);
+                         3 * per * bytes);
         assert_string_equal(json_string_value(json_object_get(json_object_get(real, "run"), "mla_cache")), mc);
         json_decref(real);
         json_decref(meta);
