@@ -64,7 +64,10 @@ static bool append_shapes(ag_ctx *ctx, const ag_kv_cache *c, const ag_tensor *k,
     if (!v) return ag_fail(ctx, AG_ERR_ARG, "kv cache append %s: v is NULL", c->k_label);
     bool ok = k->ndim == 3 && v->ndim == 3 && k->shape[0] == c->B && k->shape[2] == (int64_t)c->Hkv * c->D &&
               v->shape[0] == k->shape[0] && v->shape[1] == k->shape[1] && v->shape[2] == (int64_t)c->Hkv * c->Dv;
-    if (!ok)
+    if (!ok && c->Dv == c->D)
+        ag_fail(ctx, AG_ERR_SHAPE, "kv cache append %s: k %s, v %s (expected both [%lld, t, %lld])", c->k_label,
+                ag_shape_str(k, sk), ag_shape_str(v, sv), (long long)c->B, (long long)c->Hkv * c->D);
+    else if (!ok)
         ag_fail(ctx, AG_ERR_SHAPE, "kv cache append %s: k %s, v %s (expected [%lld, t, %lld] and [%lld, t, %lld])",
                 c->k_label, ag_shape_str(k, sk), ag_shape_str(v, sv), (long long)c->B, (long long)c->Hkv * c->D,
                 (long long)c->B, (long long)c->Hkv * c->Dv);
