@@ -93,6 +93,7 @@ ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_config *c, const llama_l
 // x[B, T, H] -> x + attention(norm(x)); takes ownership of x.
 ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, const llama_shared *sh,
                                  ag_tensor *x, int64_t i) {
+    if (c->mla.kv_lora_rank > 0) return llama_mla_attention_block(ctx, c, L, x, i);
     char s[96];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
     const ag_rope_freqs f = llama_layer_rope_freqs(c, i, x->shape[x->ndim - 2]); // from position 0

@@ -54,6 +54,20 @@ typedef struct {
 // x[B, T, H] -> x + o_proj(attention(rope(q), rope(k), v)) of norm(x); takes ownership of x.
 ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, const llama_shared *sh,
                                  ag_tensor *x, int64_t i);
+// blocks_mla.c: deepseek_v3's q and k [B, t, heads*(nope + rope)] and v [B, t, heads*v_head] of
+// norm(x) (x stays the caller's), RoPE at the given positions (NULL: 0 .. t-1) of a run of
+// `positions` in all (longrope picks its factors by it).
+void llama_mla_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i,
+                   const int32_t *pos, int64_t positions, ag_tensor **qf, ag_tensor **kf, ag_tensor **v);
+// The same for DeepSeek's latent cache: q_nope [B, t, heads*nope], the rotated q_pe [B, t,
+// heads*rope] and a token's latent [B, t, kv_lora + rope] (the normed compressed kv, the rotated k_pe).
+void llama_mla_latent(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i,
+                      const int32_t *pos, int64_t positions, ag_tensor **q_nope, ag_tensor **q_pe,
+                      ag_tensor **latent);
+// blocks_mla.c: deepseek_v3's latent attention half, x + o_proj(attention) of norm(x); takes
+// ownership of x.
+ag_tensor *llama_mla_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x,
+                                     int64_t i);
 // One decoder block, the attention half then the MLP half; takes ownership of x. sh may be NULL.
 ag_tensor *llama_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, const llama_shared *sh, ag_tensor *x,
                        int64_t i);

@@ -46,7 +46,7 @@ static const family_info families[] = {
     {"phi3", "Phi3ForCausalLM", LLAMA_FAMILY_PHI3, true, false, 4096, 0, 10000.0, 1e-5, false, llama_phi3_fields},
     {"gpt_oss", "GptOssForCausalLM", LLAMA_FAMILY_GPT_OSS, true, true, 131072, 64, 150000.0, 1e-5, false,
      llama_gpt_oss_fields},
-    {"deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_FAMILY_DEEPSEEK_V3, false, true, 4096, 0, 10000.0, 1e-6, false,
+    {"deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_FAMILY_DEEPSEEK_V3, true, true, 4096, 0, 10000.0, 1e-6, false,
      llama_deepseek_v3_fields},
 };
 #define NFAMILIES (sizeof families / sizeof families[0])
@@ -129,6 +129,7 @@ int llama_family_check_run(const llama_config *c, const ag_ctx *ctx, const char 
                    autocast ? "under autocast (--dtype autocast-bf16)" : "over a quantised base (--base-dtype)");
         return -1;
     }
+    if (c->family == LLAMA_FAMILY_DEEPSEEK_V3) return llama_deepseek_v3_check_run(c, ctx, what, err);
     if (c->family != LLAMA_FAMILY_GPT_OSS) return 0;
     const ag_framework_row *fw = ag_ctx_framework_row(ctx);
     const char *why = AG_FW(fw, moe) != AG_MOE_GROUPED
@@ -297,7 +298,8 @@ static int refuse_foreign(const llama_config *c, const json_t *root, const char 
             return -1;
         }
     }
-    for (size_t i = 0; f->modelled && i < sizeof others / sizeof others[0]; i++) {
+    for (size_t i = f->family == LLAMA_FAMILY_DEEPSEEK_V3 ? 2 : 0; f->modelled && i < sizeof others / sizeof others[0];
+         i++) {
         const json_t *v =
             gemma(f->family) && strstr(others[i], "softcapping") ? NULL : json_object_get(root, others[i]);
         if (v && !json_is_null(v)) {

@@ -139,6 +139,14 @@ static ag_tensor *adapter_new(ag_ctx *ctx, int64_t layer, llama_proj p, const ch
 // adapter inside the experts' dispatch, which membill does not model.
 static int fits_model(const llama_config *c, const llama_lora_config *l, ag_err *err) {
     const unsigned mlp = (1u << LLAMA_PROJ_GATE) | (1u << LLAMA_PROJ_UP) | (1u << LLAMA_PROJ_DOWN);
+    const unsigned qkv = (1u << LLAMA_PROJ_Q) | (1u << LLAMA_PROJ_K) | (1u << LLAMA_PROJ_V);
+    if (c->mla.kv_lora_rank > 0 && (l->targets & qkv)) { // deepseek_v3: no k_proj, v_proj; q_proj unwired
+        ag_err_set(err,
+                   "--lora-targets: %s's latent attention has no q_proj, k_proj, v_proj adapters membill models "
+                   "(q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj are not targets); target o_proj",
+                   llama_family_class(c->family));
+        return -1;
+    }
     bool sparse = false;
     for (int64_t i = 0; i < c->layers && !sparse; i++) sparse = llama_layer_moe(c, i);
     if (!sparse || !(l->targets & mlp)) return 0;

@@ -34,7 +34,10 @@
 //   gemma2: (1 + w) norms before and after attention and MLP, GeLU-tanh, scaled embeddings,
 //     query_pre_attn_scalar, soft-capped scores and logits, sliding layers alternating;
 //   gemma3_text: gemma2's with q_norm and k_norm, a local RoPE base on its sliding layers.
-// phi3 and deepseek_v3 have their parameter tables here (names,
+//   deepseek_v3: multi-head latent attention (low-rank q and kv, RoPE on a part of each head, a
+//     value head of its own), sigmoid routing with group-limited top-k, shared experts, the first
+//     layers dense (the lean framework, eager attention, training and plans).
+// phi3 has its parameter table here (names,
 // shapes, counts) but no forward yet: llama_config_parse and the presets refuse them by name
 // (llama_family_modelled).
 typedef enum {
@@ -97,6 +100,11 @@ typedef struct {
     int64_t kv_lora_rank;
     int64_t qk_nope, qk_rope, v_head; // qk_nope_head_dim, qk_rope_head_dim, v_head_dim
     int64_t nextn_layers;             // num_nextn_predict_layers (the MTP module; not billed)
+    bool rope_interleave;             // rope_interleave: q_pe and k_pe de-interleaved before RoPE (true)
+    // A generation's cache (--mla-cache): false, transformers' (each head's keys at nope + rope and
+    // values at v_head_dim); true, DeepSeek's own latent one (the normed compressed kv and the
+    // rotated k_pe a token, kv_lora_rank + qk_rope_head_dim), attended with kv_b_proj absorbed.
+    bool latent_cache;
 } llama_mla;
 
 // rope_scaling (transformers' modeling_rope_utils): how the inverse frequencies of RoPE, and
@@ -314,6 +322,14 @@ size_t llama_layer_first_param(const llama_config *c, int64_t i);
 float llama_embedding_scale(const llama_config *c);
 // The scale on attention's Q Kᵀ: query_pre_attn_scalar^-1/2, or 0 for 1/sqrt(head_dim).
 float llama_attention_scale(const llama_config *c);
+// The KV cache's elements a token of one row holds over every layer: 2 x layers x kv_heads x
+// head_dim, or deepseek_v3's transformers cache, layers x heads x (nope + rope + v_head); and the
+// same as a formula in words ("2 x 30 layers x 3 kv heads x 64") into buf.
+uint64_t llama_kv_cache_elems_per_token(const llama_config *c); // latent_cache: layers x (kv_lora + rope)
+const char *llama_kv_cache_formula(const llama_config *c, char *buf, size_t cap);
+// deepseek_v3's attention scale: (qk_nope + qk_rope)^-1/2, times yarn's mscale squared when
+// rope_scaling gives mscale_all_dim (0.1 mscale_all_dim ln(factor) + 1, factor above 1).
+float llama_mla_scale(const llama_config *c);
 
 // Layer i's RoPE frequencies in a forward over positions 0 .. positions - 1: Gemma 3's sliding
 // layers' rope_local_base_freq, else the config's (llama_rope_freqs_at).

@@ -60,7 +60,7 @@ static const opt_spec specs[] = {
      "the Hugging Face cache alone, never the Hub (as HF_HUB_OFFLINE=1)"},
     {"--config", "FILE", T_PATH, OFF(config), RUNS | PL, NULL, 0, NULL, 0, 0, NULL,
      "a Hugging Face config.json (model_type llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma2, "
-     "gemma3_text, phi3 or gpt_oss) instead of a preset"},
+     "gemma3_text, phi3, gpt_oss or deepseek_v3) instead of a preset"},
     {"--weights", "PATH", T_PATH, OFF(weights), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "a .safetensors file, a model.safetensors.index.json (sharded), or a folder with config.json and "
      "model.safetensors or the index (default: random init)"},
@@ -129,6 +129,9 @@ static const opt_spec specs[] = {
      "a real run's routing of a mixture of experts: the tokens each expert got, layer by layer (for --routing)"},
     {"--no-cache", NULL, T_FLAG, OFF(no_cache), IN | CO, NULL, 0, NULL, 0, 0, NULL,
      "recompute the whole sequence at every decode step instead of keeping a KV cache"},
+    {"--mla-cache", "KIND", T_CHOICE, OFF(mla_cache), IN | CO | PL, "expanded", 0, NULL, 0, 0, "expanded|latent",
+     "deepseek_v3's KV cache: expanded (transformers': every head's keys and values after kv_b_proj) or latent "
+     "(DeepSeek's own: the compressed kv and the rope key a token, kv_b_proj absorbed into the attention)"},
     {"--meta", NULL, T_FLAG, OFF(meta), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "shapes only: the same allocations and bill, no data, no compute"},
     {"--dtype", "NAME", T_CHOICE, OFF(dtype), TR | IN | PL, "fp32", 0, NULL, 0, 0,

@@ -117,8 +117,12 @@ static void text_states(FILE *out, const plan_view *v) {
     char f[200], x[64], y[64];
     unsigned long long P = (unsigned long long)v->cf->params;
     llama_dtype_bytes d = plan_dtype_bytes(s);
-    snprintf(f, sizeof f, "P x %llu = %llu x %llu (%s)", (unsigned long long)d.weight, P, (unsigned long long)d.weight,
-             s->dt.weight_bits == 32 ? "float32" : "16-bit");
+    const unsigned long long buf = (unsigned long long)(v->cf->weights / d.weight) - P; // deepseek_v3's buffers
+    int nw = snprintf(f, sizeof f, "P x %llu = %llu x %llu (%s)", (unsigned long long)d.weight, P,
+                      (unsigned long long)d.weight, s->dt.weight_bits == 32 ? "float32" : "16-bit");
+    if (buf && nw > 0 && (size_t)nw < sizeof f)
+        snprintf(f + nw, sizeof f - (size_t)nw, ", + %llu x %llu (buffers: e_score_correction_bias)", buf,
+                 (unsigned long long)d.weight);
     row(out, "weight", b->peak[MP_WEIGHT], v->cf->weights, f);
     // a routing that leaves experts without tokens: P' and P'' the parameters some token reached
     bool idle = v->cf->grad_params != v->cf->params || v->cf->state_params != v->cf->params;
@@ -601,6 +605,8 @@ static void report_infer_text(FILE *out, const plan_view *v) {
         s->cfg.name, P, s->batch, s->seq_len, s->new_tokens, s->new_tokens > 1 ? "s" : "", s->dt.long_name,
         plan_weight_dtype_name(&s->dt));
     fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n");
+    cli_mla_cache_text(out, &s->cfg);
+    cli_mtp_text(out, &s->cfg);
     if (v->hub) cli_hub_text(out, v->hub);
     text_answer(out, v);
     fputc('\n', out);
@@ -614,9 +620,9 @@ static void report_infer_text(FILE *out, const plan_view *v) {
     if (s->dt.weight_bits < 16 && !s->dt.group)
         snprintf(f, sizeof f, "P x 1 (no scales billed), norms at %d bits", s->dt.act_bits);
     row(out, "weight", b->peak[MP_WEIGHT], infer_weight_bytes(s), f);
-    snprintf(f, sizeof f, "2 x %lld layers x %lld kv heads x %lld x %d bytes x %ld tokens x batch %ld",
-             (long long)s->cfg.layers, (long long)s->cfg.kv_heads, (long long)s->cfg.head_dim, s->dt.act_bits / 8,
-             plan_cache_tokens(s), s->batch);
+    char kf[160];
+    snprintf(f, sizeof f, "%s x %d bytes x %ld tokens x batch %ld", llama_kv_cache_formula(&s->cfg, kf, sizeof kf),
+             s->dt.act_bits / 8, plan_cache_tokens(s), s->batch);
     row(out, "cache", b->peak[MP_CACHE], v->cf->kv_cache, f);
     row(out, "activation", b->peak[MP_ACTIVATION], 0, "the prefill's peak (the logits of every prompt position)");
     row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
@@ -791,6 +797,8 @@ static json_t *run_json(const plan_setting *s) {
     json_object_set_new(run, "weight_dtype", json_string(plan_weight_dtype_name(&s->dt)));
     json_object_set_new(run, "meta", json_true());
     json_object_set_new(run, "framework", json_string(cli_framework_name(s->framework)));
+    cli_mtp_json(run, &s->cfg);
+    if (s->infer) cli_mla_cache_json(run, &s->cfg);
     if (s->cfg.moe.experts > 0) json_object_set_new(run, "routing", json_string(cli_routing_name(&s->routing, true)));
     if (s->ep > 1) {
         json_object_set_new(run, "ep", json_integer(s->ep));

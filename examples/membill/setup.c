@@ -302,6 +302,14 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
             return EXIT_USAGE;
         }
     }
+    if (o->mla_cache && strcmp(o->mla_cache, "latent") == 0) {
+        if (cfg->mla.kv_lora_rank <= 0) {
+            ag_err_set(err, "--mla-cache latent: model_type \"%s\" has no latent attention (deepseek_v3 has)",
+                       llama_family_name(cfg->family));
+            return EXIT_USAGE;
+        }
+        cfg->mla.latent_cache = true;
+    }
     // a Hub id's files are one checkpoint: its config is the checkpoint's own
     return st_path[0] && !cfg_from_weights[0] && !o->hub ? check_weights_file(o, cfg, st_path, err) : 0;
 }

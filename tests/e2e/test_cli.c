@@ -362,6 +362,60 @@ static void test_plan_closed_form_gpt_oss(void **state) {
     }
 }
 
+// deepseek_v3's closed form (the latent attention's saved set, the sigmoid router's float32
+// scores, the shared experts, the bias buffers billed as weight) against the meta bill, under the
+// lean framework; with checkpointing a sparse block is not closed (null).
+static void test_plan_closed_form_deepseek_v3(void **state) {
+    (void)state;
+    char tiny[256], a[512];
+    snprintf(tiny, sizeof tiny, "--config %s/tiny_deepseek_v3/config.json --seq-len 25", MEMBILL_GOLDEN_DIR);
+    const char *runs[] = {tiny, "--model deepseek-v3 --seq-len 25", "--model deepseek-v3 --seq-len 1024"};
+    for (size_t r = 0; r < sizeof runs / sizeof *runs; r++)
+        for (int ck = 0; ck < 2; ck++) {
+            snprintf(a, sizeof a, "%s --batch 2 --framework lean%s", runs[r], ck ? " --checkpointing" : "");
+            json_t *root = plan_json(a);
+            json_int_t p = jint(root, "closed_form", "parameters");
+            assert_int_equal(cat_peak(root, "weight"), jint(root, "closed_form", "weight"));
+            assert_true(cat_peak(root, "weight") > 4 * p); // the e_score_correction_bias buffers
+            if (ck) {
+                assert_true(json_is_null(json_object_get(json_object_get(root, "closed_form"), "activation")));
+            } else {
+                double meta = (double)cat_peak(root, "activation"),
+                       closed = (double)jint(root, "closed_form", "activation");
+                if (fabs(closed - meta) > 4) fail_msg("%s: closed %g meta %g", a, closed, meta);
+            }
+            json_decref(root);
+        }
+}
+
+// num_nextn_predict_layers (DeepSeek-V3's multi-token prediction) is not billed, and the report
+// says so in one line and in run.mtp_layers_not_billed; a config without it says nothing.
+static void test_deepseek_v3_mtp_said(void **state) {
+    (void)state;
+    char tiny[512];
+    snprintf(tiny, sizeof tiny, "plan --framework lean --config %s/tiny_deepseek_v3/config.json", MEMBILL_GOLDEN_DIR);
+    const char *runs[] = {"plan --framework lean --model deepseek-v3", tiny};
+    for (int i = 0; i < 2; i++) {
+        run_result r;
+        membill(&r, runs[i]);
+        assert_int_equal(r.code, 0);
+        const char *line = strstr(r.out, "mtp: num_nextn_predict_layers 1 (the multi-token-prediction module) is not "
+                                         "billed\n");
+        assert_true(i == 0 ? line != NULL : line == NULL && !strstr(r.out, "mtp:"));
+        json_t *root = plan_json(runs[i] + 5);
+        const json_t *n = json_object_get(json_object_get(root, "run"), "mtp_layers_not_billed");
+        assert_true(i == 0 ? json_integer_value(n) == 1 : n == NULL);
+        json_decref(root);
+    }
+}
+
+// --mla-cache latent on a family without latent attention is a usage error naming the option.
+static void test_mla_cache_refused(void **state) {
+    (void)state;
+    expect_failure("infer --meta --model smollm2-135m --mla-cache latent", 2, "--mla-cache latent");
+    expect_failure("infer --meta --model smollm2-135m --mla-cache compressed", 2, "--mla-cache");
+}
+
 // Gemma 2 under LoRA: its norms and soft-caps are not walked by the LoRA closed form, which says so
 // (null) rather than guessing.
 static void test_plan_gemma2_lora_not_closed(void **state) {
@@ -1082,6 +1136,9 @@ int main(void) {
         cmocka_unit_test(test_budget_stops_the_run),
         cmocka_unit_test(test_plan_closed_form_sweep),
         cmocka_unit_test(test_plan_closed_form_gpt_oss),
+        cmocka_unit_test(test_plan_closed_form_deepseek_v3),
+        cmocka_unit_test(test_deepseek_v3_mtp_said),
+        cmocka_unit_test(test_mla_cache_refused),
         cmocka_unit_test(test_plan_closed_form_routing),
         cmocka_unit_test(test_plan_gemma2_lora_not_closed),
         cmocka_unit_test(test_plan_zero_and_fit),

@@ -402,6 +402,63 @@ static void meta_equals_real_gpt_oss(void **state) {
     }
 }
 
+// deepseek_v3 (latent attention, the sigmoid router with group-limited top-k, shared experts, a
+// dense first layer) runs under lean with eager attention: meta == real under the recorded
+// routing, training (with checkpointing too) and generation; the PyTorch frameworks and flash
+// refused by name.
+static void meta_equals_real_deepseek_v3(void **state) {
+    (void)state;
+    char a[512];
+    for (int ck = 0; ck < 2; ck++) {
+        snprintf(a, sizeof a, "--config %s/tiny_deepseek_v3/config.json --seq-len 23 --batch 2%s", MEMBILL_GOLDEN_DIR,
+                 ck ? " --checkpointing" : "");
+        meta_equals_real_fws(a, true, 2);
+    }
+    // a generation over transformers' expanded cache and over the latent one: meta == real under
+    // the recorded routing, each cache to the byte
+    static const char *const cats[] = {"weight", "activation", "cache", "temporary"};
+    for (int run = 0; run < 4; run++) { // each cache in float32, then in bfloat16 (16-bit probabilities)
+        const int latent = run % 2;
+        const char *mc = latent ? "latent" : "expanded", *dt = run < 2 ? "fp32" : "bf16";
+        snprintf(a, sizeof a,
+                 "infer --framework lean --config %s/tiny_deepseek_v3/config.json --seq-len 9 --new-tokens 5 --batch 2 "
+                 "--mla-cache %s --dtype %s --routing-out %s/routing.json",
+                 MEMBILL_GOLDEN_DIR, mc, dt, cli_run_dir);
+        json_t *real = cli_run_json(a);
+        snprintf(a, sizeof a,
+                 "infer --meta --framework lean --config %s/tiny_deepseek_v3/config.json --seq-len 9 --new-tokens 5 "
+                 "--batch 2 --mla-cache %s --dtype %s --routing %s/routing.json",
+                 MEMBILL_GOLDEN_DIR, mc, dt, cli_run_dir);
+        json_t *meta = cli_run_json(a);
+        for (int c = 0; c < 4; c++) assert_int_equal(cat_peak(meta, cats[c]), cat_peak(real, cats[c]));
+        // 3 layers x 2 rows x 13 tokens x: 4 heads x (nope 8 + rope 4 keys, 10 values), or the latent
+        // 16 + the rope key 4; x 4 bytes
+        const int per = latent ? 16 + 4 : 4 * (12 + 10);
+        const int bytes = run < 2 ? 4 : 2;
+        assert_int_equal(cat_peak(real, "cache"), 3 * 2 * 13 * per * bytes);
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(real, "cache"), "bytes_per_token")),
+                         3 * per * bytes);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(real, "run"), "mla_cache")), mc);
+        json_decref(real);
+        json_decref(meta);
+    }
+    static const char *const refused[][2] = {
+        {"train --framework pytorch", "DeepseekV3Attention"},
+        {"train --framework pytorch-1.13", "DeepseekV3Attention"},
+        {"train --framework lean --attention flash", "--attention"},
+        {"infer --framework lean --attention flash", "--attention"},
+        {"train --framework lean --lora-rank 2", "q_proj"},
+        {"train --framework lean --lora-rank 2 --lora-targets o_proj --base-dtype nf4", "--base-dtype"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(a, sizeof a, "%s --config %s/tiny_deepseek_v3/config.json --seq-len 9", refused[i][0],
+                 MEMBILL_GOLDEN_DIR);
+        static run_result r;
+        membill(&r, a);
+        assert_int_equal(r.code, 1);
+        if (!strstr(r.err, "DeepseekV3") || !strstr(r.err, refused[i][1])) fail_msg("%s: %s", refused[i][0], r.err);
+    }
+}
+
 // The same math under every framework: the same losses, step after step.
 static void same_losses(void **state) {
     (void)state;
@@ -549,7 +606,7 @@ int main(void) {
         cmocka_unit_test(meta_equals_real_moe),  cmocka_unit_test(golden_mixtral),
         cmocka_unit_test(same_losses),           cmocka_unit_test(meta_equals_real_gpt_oss),
         cmocka_unit_test(flash_memory_meta),     cmocka_unit_test(torch20_foreach_temporaries),
-        cmocka_unit_test(bf16_autocast_casts_nothing_in_bf16),
+        cmocka_unit_test(bf16_autocast_casts_nothing_in_bf16), cmocka_unit_test(meta_equals_real_deepseek_v3),
     };
     const struct CMUnitTest heavy[] = {cmocka_unit_test(meta_equals_real_smollm2), cmocka_unit_test(flash_memory_real)};
     if (getenv("MEMBILL_HEAVY")) return cmocka_run_group_tests(heavy, cli_run_make_dir, cli_run_remove_dir);

@@ -60,8 +60,9 @@ static void test_headline_is_train_step_2_for_every_preset(void **state) {
     for (int p = 0; p < n; p++)
         for (size_t k = 0; k < sizeof settings / sizeof *settings; k++) {
             char a[512];
-            // gpt-oss runs under the lean framework alone (docs/models.md)
-            const char *fw = strncmp(names[p], "gpt-oss", 7) == 0 ? " --framework lean" : "";
+            // gpt-oss and deepseek-v3 run under the lean framework alone (docs/models.md)
+            const char *fw =
+                strncmp(names[p], "gpt-oss", 7) == 0 || strncmp(names[p], "deepseek", 8) == 0 ? " --framework lean" : "";
             assert_true(snprintf(a, sizeof a, "plan --model %s %s%s", names[p], settings[k], fw) < (int)sizeof a);
             json_t *plan = cli_run_json(a);
             assert_true(snprintf(a, sizeof a, "train --meta --steps 2 --model %s %s%s", names[p], settings[k], fw) <
