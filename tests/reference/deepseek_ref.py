@@ -18,7 +18,6 @@ Writes config.json, model.safetensors and golden.safetensors (input_ids, loss, g
 buffer e_score_correction_bias's gradient zeros (it has none); greedy: the 8 tokens
 generate(do_sample=False) gives after the first prompt).
 """
-import argparse
 import json
 import math
 import os
@@ -212,11 +211,7 @@ def forward(cfg, params, ids, gaps):
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(here, "..", "golden"))
-    args = ap.parse_args()
-    torch.set_num_threads(1)
+    args = L.golden_args(__doc__)
     cfg = Config(CONFIG)
     params = init_params(cfg, SEED)
     ids = torch.randint(1, cfg.vocab_size, (2, 7), generator=torch.Generator().manual_seed(SEED + 500),
@@ -230,15 +225,8 @@ def main():
         raise SystemExit("deepseek_ref: a greedy argmax wins by %.1e only: pick another seed" % margin)
     if min(gaps) < MIN_ROUTE_GAP:
         raise SystemExit("deepseek_ref: routing choices %.1e apart at a boundary: pick another seed" % min(gaps))
-    folder = os.path.join(args.out, "tiny_deepseek_v3")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2)
-        f.write("\n")
-    L.st_write(os.path.join(folder, "model.safetensors"), params, META)
-    golden = {"input_ids": ids, "loss": loss.detach().reshape(1), "greedy": tokens}
-    golden.update({"grad." + n: (t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t))
-                   for n, t in leaves.items()})
+    folder = L.write_model_folder(args.out, "tiny_deepseek_v3", CONFIG, params, META)
+    golden = dict(L.loss_golden(ids, loss, leaves), greedy=tokens)
     L.st_write(os.path.join(folder, "golden.safetensors"), golden, META)
     print("tiny_deepseek_v3", json.dumps({"loss": loss.item(), "min_route_gap": min(gaps), "greedy": tokens.tolist(),
                                           "min_margin": margin}))

@@ -15,7 +15,6 @@ Deterministic (fixed seeds, CPU float32, one thread): the files are byte-identic
 Writes config.json, model.safetensors and golden.safetensors (input_ids, loss, grad.<name>, and
 greedy: the 8 tokens generate(do_sample=False) gives after the first prompt).
 """
-import argparse
 import json
 import os
 import sys
@@ -187,11 +186,7 @@ def greedy(cfg, params, prompt, n, logits_out):
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(here, "..", "golden"))
-    args = ap.parse_args()
-    torch.set_num_threads(1)
+    args = L.golden_args(__doc__)
     cfg = Config(CONFIG)
     params = init_params(cfg, SEED)
     ids = torch.randint(1, cfg.vocab_size, (2, 7), generator=torch.Generator().manual_seed(SEED + 500),
@@ -210,14 +205,8 @@ def main():
         raise SystemExit("gpt_oss_ref: router logits %.1e apart at the top-k boundary: pick another seed" % gap)
     if clamped[0] == 0:
         raise SystemExit("gpt_oss_ref: the SwiGLU clamp is never reached: lower swiglu_limit")
-    folder = os.path.join(args.out, "tiny_gpt_oss")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2)
-        f.write("\n")
-    L.st_write(os.path.join(folder, "model.safetensors"), params, META)
-    golden = {"input_ids": ids, "loss": loss.detach().reshape(1), "greedy": tokens}
-    golden.update({"grad." + n: t.grad.detach().clone() for n, t in leaves.items()})
+    folder = L.write_model_folder(args.out, "tiny_gpt_oss", CONFIG, params, META)
+    golden = dict(L.loss_golden(ids, loss, leaves), greedy=tokens)
     L.st_write(os.path.join(folder, "golden.safetensors"), golden, META)
     print("tiny_gpt_oss", json.dumps({"loss": loss.item(), "min_route_gap": gap, "clamped": clamped[0],
                                       "greedy": tokens.tolist(), "min_margin": margin}))

@@ -8,6 +8,7 @@ functions over it, so that the same code serves training (autograd, torch.optim)
 gradcheck, and greedy generation with or without a KV cache, padded batches included.
 Also holds a small safetensors reader and writer (F32, F16, BF16, I64).
 """
+import argparse
 import json
 import math
 import os
@@ -729,3 +730,41 @@ def load_model(folder_or_file, config_path=None, dtype=torch.float32):
     for name in param_shapes(cfg):
         params[name] = raw[name].to(dtype).requires_grad_(True)
     return cfg, params
+
+
+# ---- a golden case's files, as every family's reference writes them ----
+
+def golden_args(doc):
+    """--out (default tests/golden), one thread: the references are deterministic on one."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "golden"))
+    torch.set_num_threads(1)
+    return ap.parse_args()
+
+
+def check_moves(tag, name, loss, loss_of, checks):
+    """Each feature (a config field set to a value) must move the loss, or the golden proves nothing."""
+    for field, value in checks:
+        with torch.no_grad():
+            moved = abs(loss_of(field, value).item() - loss.item())
+        if moved < 1e-4:
+            raise SystemExit("%s: %s: %s moves the loss by %.1e only" % (tag, name, field, moved))
+
+
+def write_model_folder(out, name, config, params, meta, sort_keys=False):
+    """out/name with config.json and model.safetensors (the parameters detached); returns the folder."""
+    folder = os.path.join(out, name)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=sort_keys)
+        f.write("\n")
+    st_write(os.path.join(folder, "model.safetensors"), {n: t.detach() for n, t in params.items()}, meta)
+    return folder
+
+
+def loss_golden(ids, loss, leaves):
+    """input_ids, the loss and grad.<name> of every leaf (zeros where none reached it)."""
+    golden = {"input_ids": ids, "loss": loss.detach().reshape(1)}
+    golden.update({"grad." + n: (t.grad.detach().clone() if t.grad is not None else torch.zeros_like(t))
+                   for n, t in leaves.items()})
+    return golden

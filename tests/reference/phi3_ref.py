@@ -15,7 +15,6 @@ golden.safetensors: the loss and the gradient of every adapter tensor):
 
     /usr/bin/python3 tests/reference/phi3_ref.py [--out tests/golden]
 """
-import argparse
 import json
 import math
 import os
@@ -178,19 +177,9 @@ def write_case(out, name, c, checks):
     P = init_params(c, SEED)
     loss = loss_fn(c, P, ids)
     loss.backward()
-    for field, value in checks:  # each feature must move the loss, or the golden proves nothing
-        with torch.no_grad():
-            moved = abs(loss_fn(dict(c, **{field: value}), P, ids).item() - loss.item())
-        if moved < 1e-4:
-            raise SystemExit("phi3_ref: %s: %s moves the loss by %.1e only" % (name, field, moved))
-    folder = os.path.join(out, name)
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(dict(c, architectures=["Phi3ForCausalLM"]), f, indent=2, sort_keys=True)
-        f.write("\n")
-    L.st_write(os.path.join(folder, "model.safetensors"), {n: t.detach() for n, t in P.items()}, META)
-    golden = {"input_ids": ids, "loss": loss.detach().reshape(1)}
-    golden.update({"grad." + n: t.grad.detach().clone() for n, t in P.items()})
+    L.check_moves("phi3_ref", name, loss, lambda f, v: loss_fn(dict(c, **{f: v}), P, ids), checks)
+    folder = L.write_model_folder(out, name, dict(c, architectures=["Phi3ForCausalLM"]), P, META, sort_keys=True)
+    golden = L.loss_golden(ids, loss, P)
     golden["greedy"] = greedy(c, P, ids[:1])
     L.st_write(os.path.join(folder, "golden.safetensors"), golden, META)
     print(name, json.dumps({"loss": loss.item()}))
@@ -236,11 +225,7 @@ def write_lora(out, c):
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(here, "..", "golden"))
-    args = ap.parse_args()
-    torch.set_num_threads(1)
+    args = L.golden_args(__doc__)
     write_case(args.out, "tiny_phi3", dict(CONFIG), (("sliding_window", None),))
     write_lora(args.out, dict(CONFIG))
     short = dict(LONGROPE["rope_scaling"], long_factor=LONGROPE["rope_scaling"]["short_factor"])
