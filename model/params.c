@@ -38,9 +38,11 @@ int llama_model_new_proj_dtype(llama_model **out, ag_ctx *ctx, const llama_confi
                                ag_err *err) {
     *out = NULL;
     if (llama_config_validate(cfg, err) != 0) return -1;
-    if (proj && proj->weight_bits < 16 && cfg->mla.kv_lora_rank > 0) { // not built nor checked for deepseek_v3
-        ag_err_set(err, "--base-dtype: a quantised base of %s is not modelled (a float or 16-bit base is)",
-                   llama_family_class(cfg->family));
+    // not built nor checked for deepseek_v3's latent attention and gpt_oss's stacked experts (which
+    // bitsandbytes leaves unquantised: they are no nn.Linear)
+    if (proj && proj->weight_bits < 16 && (cfg->mla.kv_lora_rank > 0 || cfg->family == LLAMA_FAMILY_GPT_OSS)) {
+        ag_err_set(err, "--base-dtype: a quantised base of model_type \"%s\" (%s) is not modelled (a float or 16-bit "
+                   "base is)", llama_family_name(cfg->family), llama_family_class(cfg->family));
         return -1;
     }
     llama_model *m = calloc(1, sizeof *m);

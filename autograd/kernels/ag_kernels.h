@@ -269,6 +269,11 @@ void ag_blas_account(double t0, int calls, double flops);
 void ag_vec_add(ag_buf dst, ag_buf a, ag_buf b, int64_t n);
 void ag_vec_mul_into(ag_buf dst, bool fresh, ag_buf a, ag_buf b, int64_t n);
 void ag_vec_acc(ag_buf dst, bool fresh, ag_buf src, int64_t n);
+// qtiles.c: y[M, out] = x[M, in] · wᵀ and dx[M, in] (+)= dy[M, out] · w for a quantised w
+// [out, in], its rows dequantised to the other operand's dtype a tile at a time; false: out of
+// memory.
+bool ag_qgemm_tiles(ag_buf y, ag_buf x, const ag_tensor *w, int64_t M);
+bool ag_qgemm_tiles_dx(ag_buf dx, bool fresh, ag_buf dy, const ag_tensor *w, int64_t M);
 // dst[r, :] (+)= x[r, :] s[r] over rows of C: each row times its own factor (a gate, a routing
 // weight), in float32.
 void ag_rows_scale(ag_buf dst, bool fresh, ag_buf x, ag_buf s, int64_t rows, int64_t C);

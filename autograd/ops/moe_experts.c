@@ -24,6 +24,8 @@ static void swiglu(ag_buf m, ag_buf g, ag_buf u, int64_t n) {
 // One expert's rows [c, in] through w [out, in] into y [c, out] (beta 0), or y (+)= x · w.
 static bool product(ag_buf y, ag_buf x, const ag_tensor *w, int64_t c, bool trans_w, float beta) {
     int64_t out = w->shape[0], in = w->shape[1];
+    if (ag_type_traits_of(w->dtype)->quantised) // a quantised base: its rows dequantised a tile at a time
+        return trans_w ? beta == 0.0f && ag_qgemm_tiles(y, x, w, c) : ag_qgemm_tiles_dx(y, beta == 0.0f, x, w, c);
     if (trans_w) return ag_gemm_buf(CblasNoTrans, CblasTrans, c, out, in, 1.0f, x, in, ag_buf_of(w), in, beta, y, out);
     return ag_gemm_buf(CblasNoTrans, CblasNoTrans, c, in, out, 1.0f, x, out, ag_buf_of(w), in, beta, y, in);
 }

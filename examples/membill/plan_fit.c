@@ -201,7 +201,9 @@ int plan_suggest(const plan_setting *s, uint64_t device, plan_suggestion *out, i
             plan_setting t;
             if (covered || !apply_all(s, mask, &t, &out[*n])) continue;
             bool ok;
-            if (fits(&t, t.batch, t.seq_len, device, &ok, &out[*n].total, err) != 0) return -1;
+            // a change the model refuses (flash attention or a quantised base where it is not
+            // modelled, the default LoRA targets where a block has none of them) is no suggestion
+            if (fits(&t, t.batch, t.seq_len, device, &ok, &out[*n].total, err) != 0) err->msg[0] = 0, ok = false;
             if (ok) found[(*n)++] = mask;
         }
     return 0;

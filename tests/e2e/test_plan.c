@@ -345,11 +345,27 @@ static void test_lora_closed_form_dense_only(void **state) {
     assert_non_null(strstr(r.out, "60 experts, 4 a token (2,689,173,504 of the 14,315,784,192 parameters active"));
 }
 
+// The changes "what would fit" tries are only those the model runs: a suggestion the model
+// refuses (flash attention and the default LoRA targets for deepseek_v3) is passed over, never
+// the plan's failure.
+static void test_suggestions_skip_refused(void **state) {
+    (void)state;
+    static run_result r;
+    char a[512];
+    snprintf(a, sizeof a, "plan --framework lean --config %s/tiny_deepseek_v3/config.json --seq-len 64 --device-memory 1MB",
+             MEMBILL_GOLDEN_DIR);
+    membill(&r, a);
+    assert_int_equal(r.code, 0);
+    assert_non_null(strstr(r.out, "does NOT fit"));
+    assert_null(strstr(r.out, "--attention flash"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_expert_parallel),
         cmocka_unit_test(test_class_named),
         cmocka_unit_test(test_lora_closed_form_dense_only),
+        cmocka_unit_test(test_suggestions_skip_refused),
         cmocka_unit_test(test_headline_is_train_step_2_for_every_preset),
         cmocka_unit_test(test_phi3_mini),
         cmocka_unit_test(test_device_share_is_step_2_replayed),
