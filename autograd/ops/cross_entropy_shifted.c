@@ -28,7 +28,8 @@ static void sh_rows(void *p, int64_t lo, int64_t hi, int thread) {
     (void)thread;
     const sh_args *a = p;
     const int64_t V = a->V;
-    float xb[V], ob[V], gb[a->grad.p ? V : 1];
+    // row buffers only for 16-bit data (ag_rd and ag_wr hand float32 rows over in place)
+    float xb[a->in.t == AG_F32 ? 1 : V], ob[a->out.t == AG_F32 ? 1 : V], gb[a->grad.p && a->grad.t != AG_F32 ? V : 1];
     for (int64_t r = lo; r < hi; r++) {
         const float *x = ag_rd(a->in, (a->shifted_in ? src_row(r, a->T) : r) * V, V, xb);
         float *o = ag_wr(a->out, r * V, ob);
