@@ -124,6 +124,30 @@ typedef struct {
 } ag_attention_sinks_state;
 AG_SAVED_IN_A_ROW(ag_attention_sinks_state, probs, 4);
 
+// attention_mla: attention's saved set with values of a head size of their own (dims.D is q's and
+// k's; dims.Hq = Hkv).
+typedef struct {
+    union {
+        struct {
+            ag_tensor *q, *k, *v;
+            ag_tensor *probs; // [B, H, Tq, Tk]
+        };
+        ag_tensor *saved[4];
+    };
+    ag_att_dims dims;
+    int Dv;
+} ag_attention_mla_state;
+AG_SAVED_IN_A_ROW(ag_attention_mla_state, probs, 4);
+
+// head_slice and head_cat (DeepSeek's split and cat of heads' columns): sizes only.
+typedef struct {
+    int64_t rows, nh, stride, off, width;
+    bool deinterleave;
+} ag_head_slice_state;
+typedef struct {
+    int64_t rows, nh, da, db, b_heads;
+} ag_head_cat_state;
+
 // attention (flash, ops/attention_flash.c): what the SDPA kernel keeps for backward (its row).
 typedef struct {
     union {
@@ -143,6 +167,28 @@ typedef struct {
     bool heads_first;             // out laid out [B, Hq, Tq, D]
 } ag_attention_flash_state;
 AG_SAVED_IN_A_ROW(ag_attention_flash_state, sinks, 8);
+
+// linear_parts: y = x · wᵀ laid out part after part (a fused projection).
+#define AG_LINEAR_MAX_PARTS 4
+typedef struct {
+    union {
+        struct {
+            ag_tensor *x; // for dw; NULL when w wants no gradient
+            ag_tensor *w; // for dx; NULL when x wants no gradient
+        };
+        ag_tensor *saved[2];
+    };
+    int64_t rows, in;
+    int nparts;
+    int64_t part[AG_LINEAR_MAX_PARTS]; // w's rows of each part
+} ag_linear_parts_state;
+AG_SAVED_IN_A_ROW(ag_linear_parts_state, w, 2);
+
+// part: elements [offset, offset + numel) of its input; nothing saved.
+typedef struct {
+    int64_t offset;
+    int kind; // ag_part_kind
+} ag_part_state;
 
 // silu: y = x * sigmoid(x).
 typedef struct {
@@ -255,6 +301,8 @@ typedef struct {
     bool renorm;
     bool topk_first; // gpt_oss: probs is [N, k], the softmax of the k largest logits
     int32_t *sel;    // malloc'd: the chosen experts [N * k]; NULL in meta mode
+    bool group;    // deepseek_v3: probs the sigmoid scores [N, E], the weights times scaling
+    float scaling;
 } ag_moe_route_state;
 AG_SAVED_IN_A_ROW(ag_moe_route_state, clone, 4);
 
@@ -373,7 +421,12 @@ typedef union {
     ag_attention_state attention;
     ag_attention_flash_state attention_flash;
     ag_attention_sinks_state attention_sinks;
+    ag_attention_mla_state attention_mla;
+    ag_head_slice_state head_slice;
+    ag_head_cat_state head_cat;
     ag_silu_state silu;
+    ag_linear_parts_state linear_parts;
+    ag_part_state part;
     ag_softcap_state softcap;
     ag_mul_state mul;
     ag_cross_entropy_state cross_entropy;

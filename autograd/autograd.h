@@ -98,6 +98,8 @@ struct ag_tensor {
     uint32_t site;          // interned label (mp_site_name); a parameter's name
     uint64_t storage_bytes; // deferred parameters: what their storage is billed (their dtype when made)
     bool own_bits;          // a parameter of its own dtype: its .grad and optimizer state take it too
+    ag_tensor *base;        // a view (ag_part): the tensor whose block holds its data, retained; its own
+                            // block is empty
 };
 
 // Data and its element type: what kernels take, so that one loop serves every dtype.
@@ -247,6 +249,11 @@ typedef enum { AG_MOE_GROUPED, AG_MOE_HF_EAGER } ag_moe_ops;
 // (eps added out of place: a second list of temporaries; exp_avg by mul_ and add_), or 2.0's (as
 // 1.13, and Adam's L2 sum a list of its own instead of into .grad).
 typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113, AG_FOREACH_20 } ag_foreach_kind;
+// A fused projection's output (Phi-3's qkv_proj, gate_up_proj) split into its parts: views sharing
+// one gradient, the value part copied out so that attention keeps it alone (KERNEL); or transformers'
+// slices and chunk (HF): views keeping the whole output alive, each slice's gradient base-sized
+// (SliceBackward), the chunk's one (SplitBackward).
+typedef enum { AG_FUSED_SPLIT_KERNEL, AG_FUSED_SPLIT_HF } ag_fused_split;
 
 // The fields of a row, in order: X(type, field).
 #define AG_FW_FIELDS(X)                                                                                                \
@@ -275,7 +282,8 @@ typedef enum { AG_FOREACH_CURRENT, AG_FOREACH_113, AG_FOREACH_20 } ag_foreach_ki
     X(ag_foreach_kind, adam_foreach)            /* torch.optim's foreach Adam */                                       \
     X(bool, zero_grad_first)                    /* zero_grad opens the step (the Trainer's loop) */                    \
     X(ag_moe_ops, moe)                          /* a mixture of experts' router and experts */                         \
-    X(bool, node_sum_out_of_place)              /* a node's gradient made apart, summed out of place */
+    X(bool, node_sum_out_of_place)              /* a node's gradient made apart, summed out of place */                \
+    X(ag_fused_split, fused_split)              /* a fused projection's output split into its parts */
 
 typedef enum {
 #define AG_FW_FIELD_ID(type, field) AG_FWF_##field,
@@ -488,7 +496,7 @@ typedef struct {
     const char *op;   // "linear", "attention", ...
     const char *site; // the node's site prefix
     int nsaved;
-    const ag_tensor *saved[AG_MAX_SAVED];
+    const ag_tensor *saved[AG_MAX_SAVED]; // a view's base in its place (the tensor whose block it keeps)
     uint64_t saved_bytes;
 } ag_node_info;
 size_t ag_tape_size(const ag_ctx *ctx);
@@ -509,6 +517,20 @@ ag_tensor *ag_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, 
 // ag_linear gives it, bit for bit. On failure every out[i] is NULL and the error is set.
 bool ag_linear_group(ag_ctx *ctx, int n, const char *const sites[], ag_tensor *x, ag_tensor *const w[],
                      ag_tensor *const b[], ag_tensor *out[]);
+// A fused projection (Phi-3's qkv_proj, gate_up_proj): y = x · wᵀ, w's rows in nparts blocks of
+// rows[p] (summing to w's rows), y laid out part after part (part p a contiguous [M, rows[p]]), so
+// that ag_part views each; billed, saved and typed as ag_linear's y (no bias, no quantised or
+// autocast weight: refused).
+ag_tensor *ag_linear_parts(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, int nparts,
+                           const int64_t *rows);
+// How ag_part takes its elements: VIEW, a view of the base (no block of its own; the base lives as
+// long as it does), its gradient written into the base's; SLICE, the same view with PyTorch's
+// SliceBackward (a base-sized gradient of its own, zeros but its part, summed into the base's by
+// the engine); COPY, its own block (a fused kernel writing its outputs apart).
+typedef enum { AG_PART_VIEW, AG_PART_SLICE, AG_PART_COPY } ag_part_kind;
+// The base's elements [offset, offset + numel of shape) as a tensor of that shape.
+ag_tensor *ag_part(ag_ctx *ctx, const char *site, ag_tensor *base, int64_t offset, int ndim, const int64_t *shape,
+                   ag_part_kind kind);
 // y[B, T, H] = table[ids[b*T + t]]; ids are copied.
 ag_tensor *ag_embedding(ag_ctx *ctx, const char *site, const int32_t *ids, int64_t B, int64_t T, ag_tensor *table);
 // The same as nn.Embedding(padding_idx): positions holding padding_idx add nothing to the
@@ -571,6 +593,20 @@ ag_tensor *ag_attention_flash_window(ag_ctx *ctx, const char *site, ag_tensor *q
 // NULL: ag_attention_window.
 ag_tensor *ag_attention_sinks(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int Hq, int Hkv,
                               int D, int64_t window, ag_tensor *sinks);
+// DeepSeek-V3's multi-head latent attention: causal attention of q and k [B, T, H*D] and values of
+// their own head size, v [B, T, H*Dv] -> [B, T, H*Dv], at the given scale (attention_mla.c). The
+// lean framework's eager attention only (one op keeping q, k, v and the probabilities); any
+// other framework or attention is refused by name.
+ag_tensor *ag_attention_mla(ag_ctx *ctx, const char *site, ag_tensor *q, ag_tensor *k, ag_tensor *v, int H, int D,
+                            int Dv, float scale);
+// Columns [off, off + width) of each of the nh heads of x[.., nh*stride], contiguous, y[.., nh*width]
+// (torch.split then a copy); deinterleave: even columns first, then odd (DeepSeek's interleaved
+// RoPE layout made rotate_half's). Backward scatters dy into zeros.
+ag_tensor *ag_head_slice(ag_ctx *ctx, const char *site, ag_tensor *x, int nh, int stride, int off, int width,
+                         bool deinterleave);
+// Each head's a[.., nh*da] columns then b's [.., nh*db] (torch.cat on the last dimension); b may
+// hold one head of db that every head reads (expand), its gradient then summed over the heads.
+ag_tensor *ag_head_cat(ag_ctx *ctx, const char *site, ag_tensor *a, ag_tensor *b, int nh, int da, int db);
 // What else an attention may take (Gemma 2): the window, the scale on Q Kᵀ (0: 1/sqrt(D); Gemma's
 // query_pre_attn_scalar^-1/2) and the scores' soft-cap, softcap tanh(S / softcap) before the mask
 // and the softmax (0: none). Eager only: LEAN's fused op recomputes a head's scores in backward
@@ -639,10 +675,21 @@ typedef struct {
 } ag_moe_routing;
 void ag_moe_routing_free(ag_moe_routing *r); // NULL is ignored; zeroes *r
 
+// DeepSeek-V3's router (DeepseekV3TopkRouter): sigmoid scores s; the choice by s + bias (bias:
+// e_score_correction_bias [E], float32, NULL in meta mode), within the topk_group of n_group groups
+// whose two best choices sum highest (the other experts' choices 0); the weights s of the chosen,
+// divided by their sum (+ 1e-20) when renorm, times scaling. The bias takes no gradient.
+typedef struct {
+    int n_group, topk_group;
+    float scaling;
+    const float *bias;
+} ag_moe_sigmoid_group;
+
 typedef struct {
     int top_k;
     bool renorm;            // norm_topk_prob: the k weights divided by their sum
     bool topk_first;        // gpt_oss: the k largest logits, then the softmax over those k (lean only)
+    const ag_moe_sigmoid_group *group; // deepseek_v3 (lean only); NULL: none
     const int64_t *assumed; // meta mode: the tokens each expert gets ([E], summing to N x k)
 } ag_moe_route_opts;
 
@@ -774,6 +821,10 @@ typedef struct ag_kv_cache ag_kv_cache;
 // labels "<site>:k_cache" and "<site>:v_cache" for MP_CACHE, "<site>:keys" and
 // "<site>:values" for any other category (a forward that keeps no cache). NULL on error.
 ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv, int D);
+// The same with values of their own head size Dv (DeepSeek's expanded cache: keys at nope + rope,
+// values at v_head_dim), appended as v [B, t, Hkv*Dv]; read by ag_attention_mla_cached alone. Dv 0:
+// keys alone, appended with v NULL (DeepSeek's latent cache, read by ag_attention_mla_latent).
+ag_kv_cache *ag_kv_cache_new_dv(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv, int D, int Dv);
 void ag_kv_cache_free(ag_kv_cache *c); // NULL is ignored; frees every chunk
 // Appends the keys and values of t new tokens, k and v [B, t, Hkv*D] (keys after RoPE), as
 // one chunk each. The inputs are copied: the caller may release them at once.
@@ -809,6 +860,20 @@ ag_tensor *ag_attention_cached_sinks(ag_ctx *ctx, const char *site, ag_tensor *q
 // The same with ag_attention_spec's scale and soft-cap (Gemma 2), eager only; the PyTorch
 // frameworks' transients as without (transformers' S / softcap, tanh and * softcap outputs replace
 // each other two at a time, as the scaled and masked scores do).
+// DeepSeek-V3's latent attention of q[B, Tq, H*D] over a cache of ag_kv_cache_new_dv (H heads,
+// keys at D, values at Dv), at the given scale; returns [B, Tq, H*Dv]. Eager under the lean
+// framework only (the rest refused by name); the probabilities a temporary, as in
+// ag_attention_cached.
+ag_tensor *ag_attention_mla_cached(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
+                                   const int32_t *key_mask, int64_t mask_ld, float scale);
+// The same over DeepSeek's latent cache (ag_kv_cache_new_dv with one head of kv_lora + rope and
+// Dv 0: the normed compressed kv and the rotated k_pe a token), kv_b_proj [H*(nope + v_head),
+// kv_lora] absorbed into the query and the output: q_nope [B, Tq, H*nope], q_pe [B, Tq, H*rope]
+// (rotated) -> [B, Tq, H*v_head]. Temporaries: the absorbed query and the latent output [B, Tq, H,
+// kv_lora] and the probabilities, freed before returning. Eager, lean, a float or 16-bit kv_b.
+ag_tensor *ag_attention_mla_latent(ag_ctx *ctx, const char *site, ag_tensor *q_nope, ag_tensor *q_pe,
+                                   const ag_kv_cache *cache, ag_tensor *kv_b, int H, int v_head,
+                                   const int32_t *key_mask, int64_t mask_ld, float scale);
 ag_tensor *ag_attention_cached_spec(ag_ctx *ctx, const char *site, ag_tensor *q, const ag_kv_cache *cache,
                                     const int32_t *key_mask, int64_t mask_ld, int Hq, const ag_attention_spec *spec);
 

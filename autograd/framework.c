@@ -34,6 +34,7 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .zero_grad_first = false,
             .moe = AG_MOE_GROUPED,
             .node_sum_out_of_place = false,
+            .fused_split = AG_FUSED_SPLIT_KERNEL,
         },
     [AG_FRAMEWORK_PYTORCH] =
         {
@@ -63,6 +64,7 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .zero_grad_first = true,
             .moe = AG_MOE_HF_EAGER,
             .node_sum_out_of_place = false,
+            .fused_split = AG_FUSED_SPLIT_HF,
         },
     [AG_FRAMEWORK_PYTORCH_113] =
         {
@@ -92,6 +94,7 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .zero_grad_first = true,
             .moe = AG_MOE_HF_EAGER,
             .node_sum_out_of_place = true,
+            .fused_split = AG_FUSED_SPLIT_HF,
         },
     [AG_FRAMEWORK_PYTORCH_20] =
         {
@@ -121,6 +124,7 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .zero_grad_first = true,
             .moe = AG_MOE_HF_EAGER,
             .node_sum_out_of_place = true,
+            .fused_split = AG_FUSED_SPLIT_HF,
         },
     [AG_FRAMEWORK_PYTORCH_20_QWEN] =
         {
@@ -150,6 +154,7 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .zero_grad_first = true,
             .moe = AG_MOE_HF_EAGER,
             .node_sum_out_of_place = true,
+            .fused_split = AG_FUSED_SPLIT_HF,
         },
 };
 
@@ -290,6 +295,13 @@ static const field_text texts[AG_FW_NFIELDS] = {
         {"node_sum_out_of_place",
          "a node's gradient an op made apart (IndexBackward's new_zeros) when one is there",
          {"added into it in place", "summed with it out of place (1.13's input buffer: 3 at the sum)"}},
+    [AG_FWF_fused_split] = {"fused_split",
+                            "a fused projection's output (Phi-3's qkv_proj, gate_up_proj) split into its parts",
+                            {"views sharing one gradient; the value part copied out, so that attention keeps it "
+                             "alone",
+                             "transformers' slices and chunk: views keeping the whole output alive while any is "
+                             "kept; each slice's gradient output-sized (SliceBackward), the chunk's one "
+                             "(SplitBackward)"}},
 };
 
 const char *ag_framework_field_name(ag_framework_field f) { return (unsigned)f < AG_FW_NFIELDS ? texts[f].name : NULL; }

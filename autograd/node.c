@@ -79,12 +79,15 @@ void ag_node_free(ag_node *n) {
     free(n);
 }
 
+// The tensor whose block holds t's data: its base for a view.
+static const ag_tensor *storage_of(const ag_tensor *t) { return t && t->base ? t->base : t; }
+
 bool ag_tape_node(const ag_ctx *ctx, size_t i, ag_node_info *info) {
     if (i >= ctx->ntape) return false;
     const ag_node *n = ctx->tape[i];
     *info = (ag_node_info){.op = n->op->name, .site = mp_site_name(n->site)};
     for (int j = 0; j < n->op->nsaved; j++) {
-        const ag_tensor *t = n->state.saved[j];
+        const ag_tensor *t = storage_of(n->state.saved[j]); // a view keeps its base's block
         if (!t) continue;
         info->saved[info->nsaved++] = t;
         if (t->block.category == MP_ACTIVATION) info->saved_bytes += t->block.bytes;
@@ -92,11 +95,12 @@ bool ag_tape_node(const ag_ctx *ctx, size_t i, ag_node_info *info) {
     return true;
 }
 
-// Whether t is saved by an earlier slot than (node i, slot j): shared tensors count once.
+// Whether t is saved by an earlier slot than (node i, slot j): shared tensors (and views of one
+// base) count once.
 static bool saved_before(const ag_ctx *ctx, const ag_tensor *t, size_t i, int j) {
     for (size_t a = 0; a <= i; a++)
         for (int b = 0; b < (a == i ? j : ctx->tape[a]->op->nsaved); b++)
-            if (ctx->tape[a]->state.saved[b] == t) return true;
+            if (storage_of(ctx->tape[a]->state.saved[b]) == t) return true;
     return false;
 }
 
@@ -104,7 +108,7 @@ uint64_t ag_tape_saved_bytes(const ag_ctx *ctx) {
     uint64_t bytes = 0;
     for (size_t i = 0; i < ctx->ntape; i++)
         for (int j = 0; j < ctx->tape[i]->op->nsaved; j++) {
-            const ag_tensor *t = ctx->tape[i]->state.saved[j];
+            const ag_tensor *t = storage_of(ctx->tape[i]->state.saved[j]);
             if (t && t->block.category == MP_ACTIVATION && !saved_before(ctx, t, i, j)) bytes += t->block.bytes;
         }
     return bytes;

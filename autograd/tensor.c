@@ -214,6 +214,7 @@ void ag_release(ag_tensor *t) {
     mp_free(&t->grad_wait);
     mp_free(&t->grad_new);
     mp_free(&t->block);
+    ag_release(t->base);
     free(t);
 }
 

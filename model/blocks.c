@@ -24,6 +24,23 @@ static ag_tensor *post_norm(ag_ctx *ctx, const llama_config *c, const char *what
     return n;
 }
 
+// act(gate(h)) * up(h), act SiLU or Gemma's GeLU-tanh; takes ownership of h (freed once the
+// projections have it).
+static ag_tensor *gated(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *h, int64_t i) {
+    char s[96];
+    ag_tensor *gu[2];
+    llama_projs_forward(ctx, L, i, 2, (const llama_proj[]){LLAMA_PROJ_GATE, LLAMA_PROJ_UP}, h, gu);
+    REL(h);
+    ag_tensor *g = gu[0], *u = gu[1];
+    ag_tensor *a =
+        c->gelu ? ag_gelu_tanh(ctx, llama_site(s, i, "mlp.act"), g) : ag_silu(ctx, llama_site(s, i, "mlp.act"), g);
+    REL(g);
+    ag_tensor *m = ag_mul(ctx, llama_site(s, i, "mlp.act_mul_up"), a, u);
+    REL(a);
+    REL(u);
+    return m;
+}
+
 // x[B, T, H] -> x + down(act(gate(norm(x))) * up(norm(x))), act SiLU or Gemma's GeLU-tanh (whose
 // output is normed again, post_feedforward_layernorm); takes ownership of x.
 ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *x, int64_t i) {
@@ -31,16 +48,7 @@ ag_tensor *llama_mlp_block(ag_ctx *ctx, const llama_config *c, const llama_layer
     char s[96];
     ag_tensor *h = c->ff_norms ? llama_norm(ctx, c, llama_site(s, i, "pre_feedforward_layernorm"), x, L->pre_ff_norm)
                                : llama_norm(ctx, c, llama_site(s, i, "post_attention_layernorm"), x, L->post_norm);
-    ag_tensor *gu[2];
-    llama_projs_forward(ctx, L, i, 2, (const llama_proj[]){LLAMA_PROJ_GATE, LLAMA_PROJ_UP}, h, gu);
-    ag_tensor *g = gu[0], *u = gu[1];
-    REL(h);
-    ag_tensor *a =
-        c->gelu ? ag_gelu_tanh(ctx, llama_site(s, i, "mlp.act"), g) : ag_silu(ctx, llama_site(s, i, "mlp.act"), g);
-    REL(g);
-    ag_tensor *m = ag_mul(ctx, llama_site(s, i, "mlp.act_mul_up"), a, u);
-    REL(a);
-    REL(u);
+    ag_tensor *m = c->fused_proj ? llama_fused_glu(ctx, c, L, h, i) : gated(ctx, c, L, h, i);
     ag_tensor *d = llama_proj_forward(ctx, L, i, LLAMA_PROJ_DOWN, m);
     REL(m);
     d = post_norm(ctx, c, "post_feedforward_layernorm", L->post_ff_norm, d, i);
@@ -55,7 +63,10 @@ void llama_qkv(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tens
     char s[96];
     ag_tensor *h = llama_norm(ctx, c, llama_site(s, i, "input_layernorm"), x, L->input_norm);
     ag_tensor *qkv[3];
-    llama_projs_forward(ctx, L, i, 3, (const llama_proj[]){LLAMA_PROJ_Q, LLAMA_PROJ_K, LLAMA_PROJ_V}, h, qkv);
+    if (c->fused_proj)
+        llama_fused_qkv(ctx, c, L, h, i, &qkv[0], &qkv[1], &qkv[2]);
+    else
+        llama_projs_forward(ctx, L, i, 3, (const llama_proj[]){LLAMA_PROJ_Q, LLAMA_PROJ_K, LLAMA_PROJ_V}, h, qkv);
     *q = qkv[0], *k = qkv[1], *v = qkv[2];
     ag_release(h);
     if (!c->qk_norm) return;
@@ -82,9 +93,10 @@ ag_tensor *llama_attention_out(ag_ctx *ctx, const llama_config *c, const llama_l
 // x[B, T, H] -> x + attention(norm(x)); takes ownership of x.
 ag_tensor *llama_attention_block(ag_ctx *ctx, const llama_config *c, const llama_layer *L, const llama_shared *sh,
                                  ag_tensor *x, int64_t i) {
+    if (c->mla.kv_lora_rank > 0) return llama_mla_attention_block(ctx, c, L, x, i);
     char s[96];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    const ag_rope_freqs f = llama_layer_rope_freqs(c, i);
+    const ag_rope_freqs f = llama_layer_rope_freqs(c, i, x->shape[x->ndim - 2]); // from position 0
     ag_tensor *q, *k, *v, *qr, *kr;
     llama_qkv(ctx, c, L, x, i, &q, &k, &v);
     if (sh && sh->cos) { // Gemma 3's sliding layers: the local tables

@@ -31,13 +31,15 @@ static bool assumed_counts(ag_ctx *ctx, const llama_config *c, const llama_layer
 // The shared expert (qwen2_moe): down(silu(gate(h)) * up(h)), scaled by sigmoid(shared_expert_gate(h)).
 static ag_tensor *shared_expert(ag_ctx *ctx, const llama_config *c, const llama_layer *L, ag_tensor *h, int64_t i) {
     char s[96];
-    ag_tensor *g = ag_linear(ctx, moe_site(s, i, "mlp", "shared_expert.gate_proj"), h, L->shared_gate, NULL);
-    ag_tensor *a = ag_silu(ctx, moe_site(s, i, "mlp", "shared_expert.act"), g);
+    // deepseek_v3's module is mlp.shared_experts (no gate), qwen2_moe's mlp.shared_expert
+    const char *pre = c->family == LLAMA_FAMILY_DEEPSEEK_V3 ? "mlp.shared_experts" : "mlp.shared_expert";
+    ag_tensor *g = ag_linear(ctx, moe_site(s, i, pre, "gate_proj"), h, L->shared_gate, NULL);
+    ag_tensor *a = ag_silu(ctx, moe_site(s, i, pre, "act"), g);
     REL(g);
-    ag_tensor *u = ag_linear(ctx, moe_site(s, i, "mlp", "shared_expert.up_proj"), h, L->shared_up, NULL);
-    ag_tensor *m = ag_mul(ctx, moe_site(s, i, "mlp", "shared_expert.act_mul_up"), a, u);
+    ag_tensor *u = ag_linear(ctx, moe_site(s, i, pre, "up_proj"), h, L->shared_up, NULL);
+    ag_tensor *m = ag_mul(ctx, moe_site(s, i, pre, "act_mul_up"), a, u);
     REL(a), REL(u);
-    ag_tensor *d = ag_linear(ctx, moe_site(s, i, "mlp", "shared_expert.down_proj"), m, L->shared_down, NULL);
+    ag_tensor *d = ag_linear(ctx, moe_site(s, i, pre, "down_proj"), m, L->shared_down, NULL);
     REL(m);
     if (!c->moe.shared_gate) return d;
     ag_tensor *gl = ag_linear(ctx, moe_site(s, i, "mlp", "shared_expert_gate"), h, L->shared_expert_gate, NULL);
@@ -100,8 +102,16 @@ ag_tensor *llama_moe_block(ag_ctx *ctx, const llama_config *c, const llama_layer
                                   c->moe.router_bias ? L->router_bias : NULL);
     int64_t tokens = h ? h->numel / c->hidden : 0, count[E];
     ag_moe_routing r = {0};
-    ag_moe_route_opts o = {
-        .top_k = k, .renorm = c->moe.norm_topk_prob, .topk_first = oss, .assumed = mp_is_meta() ? count : NULL};
+    float bias[E]; // deepseek_v3's e_score_correction_bias, for the choice alone
+    for (int e = 0; L->router_bias && L->router_bias->data && e < E; e++)
+        bias[e] = ag_get(L->router_bias->data, L->router_bias->dtype, e);
+    const ag_moe_sigmoid_group group = {(int)c->moe.n_group, (int)c->moe.topk_group, (float)c->moe.routed_scaling,
+                                        L->router_bias && L->router_bias->data ? bias : NULL};
+    ag_moe_route_opts o = {.top_k = k,
+                           .renorm = c->moe.norm_topk_prob,
+                           .topk_first = oss,
+                           .group = c->moe.router == LLAMA_ROUTER_SIGMOID_GROUP ? &group : NULL,
+                           .assumed = mp_is_meta() ? count : NULL};
     ag_tensor *w = logits && assumed_counts(ctx, c, L, i, tokens, count)
                        ? ag_moe_route(ctx, moe_site(s, i, nm->prefix, "route"), logits, h, &o, &r)
                        : NULL;

@@ -15,27 +15,37 @@ static uint64_t head_moment(const llama_config *c, uint64_t BT, uint64_t a) {
     return (2 * BT * H + 2 * BT * V) * a + 2 * BT * f32;
 }
 
+// deepseek_v3's latent attention keeps, where a block keeps q, k, v and the attention's output: q
+// and k at nope + rope a head and v and the output at v_head_dim (the attention's and o_proj's),
+// the compressed kv (kv_a_layernorm's input) and its norm (kv_b_proj's input) with a float32 rstd
+// a row, and with q_lora_rank q_a_proj's output and its norm alike.
+static uint64_t mla_saved(const llama_config *c, uint64_t BT, uint64_t a) {
+    const llama_mla *m = &c->mla;
+    const uint64_t H = (uint64_t)c->heads, Dq = (uint64_t)(m->qk_nope + m->qk_rope), Dv = (uint64_t)m->v_head,
+                   Lk = (uint64_t)m->kv_lora_rank, Qr = (uint64_t)m->q_lora_rank;
+    return (2 * BT * H * Dq + 2 * BT * H * Dv + 2 * BT * Lk + 2 * BT * Qr) * a + (Qr ? 2 : 1) * BT * 4;
+}
+
 void llama_closed_form_dtype(const llama_config *c, int64_t batch, int64_t seq, const llama_dtype_bytes *d,
                              llama_closed_form *out) {
     const uint64_t B = (uint64_t)batch, T = (uint64_t)seq, H = (uint64_t)c->hidden, I = (uint64_t)c->intermediate,
-                   D = (uint64_t)c->head_dim, hq = (uint64_t)c->heads, hkv = (uint64_t)c->kv_heads,
-                   L = (uint64_t)c->layers;
+                   D = (uint64_t)c->head_dim, hq = (uint64_t)c->heads, hkv = (uint64_t)c->kv_heads;
     const uint64_t BT = B * T, a = d->activation, f32 = 4;
     out->params = out->grad_params = out->state_params = llama_param_count(c);
-    out->weights = out->params * d->weight;
+    out->weights = (out->params + llama_buffer_count(c)) * d->weight; // deepseek_v3's bias buffers billed as weight
     out->gradients = out->params * d->gradient;
     out->optimizer = out->params * d->optimizer;
     out->act_probs_per_block = B * hq * T * T * a;
     out->flash = false; // llama_closed_form_flash turns it into flash attention's
     out->act_lse_per_block = 0;
-    out->act_per_block =
-        (4 * BT * H + 2 * BT * hq * D + 2 * BT * hkv * D + 4 * BT * I) * a + 2 * BT * f32 + out->act_probs_per_block;
+    out->act_per_block = (4 * BT * H + 4 * BT * I) * a + 2 * BT * f32 + out->act_probs_per_block +
+                         (c->mla.kv_lora_rank ? mla_saved(c, BT, a) : (2 * BT * hq * D + 2 * BT * hkv * D) * a);
     // Qwen3's q_norm and k_norm keep their inputs (q and k before RoPE) and an rstd per head
     if (c->qk_norm) out->act_per_block += BT * (hq + hkv) * D * a + BT * (hq + hkv) * f32;
     // Gemma 2's norms of the attention's and the MLP's outputs keep those and an rstd each
     if (c->ff_norms) out->act_per_block += 2 * BT * H * a + 2 * BT * f32;
     out->act_head = head_moment(c, BT, a);
-    out->kv_cache = 2 * L * hkv * D * T * B * a;
+    out->kv_cache = llama_kv_cache_elems_per_token(c) * T * B * a;
     out->closed = true;
     moe_terms(c, BT, a, out);
     closed_form_peak(c, BT, a, out);

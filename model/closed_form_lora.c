@@ -175,8 +175,9 @@ void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_
     const ag_loss_ops loss = AG_FW(w.fw, loss);
     const bool hf_loss = loss == AG_LOSS_HF;
     const uint64_t N = B * (T - 1);
-    // Gemma 2's norms around each sub-block and its soft-caps are not walked here: said, not guessed
-    out->closed = !checkpointing && !c->ff_norms;
+    // Gemma 2's norms around each sub-block and its soft-caps, phi3's fused projections, a sparse
+    // block's router and experts under adapters are not walked here: said, not guessed
+    out->closed = !checkpointing && !c->ff_norms && !c->fused_proj && c->moe.experts <= 0;
     // Block 0 on the embedding's output (no gradient), then a block on the residual stream.
     cf_t x0 = cf_new(BT * H * a, false);
     cf_t x1 = cf_block(&w, &x0);

@@ -43,10 +43,10 @@ static const family_info families[] = {
      llama_gemma_fields},
     {"gemma3_text", "Gemma3ForCausalLM", LLAMA_FAMILY_GEMMA3, true, false, 131072, 256, 1e6, 1e-6, true,
      llama_gemma_fields},
-    {"phi3", "Phi3ForCausalLM", LLAMA_FAMILY_PHI3, false, false, 4096, 0, 10000.0, 1e-5, false, llama_phi3_fields},
+    {"phi3", "Phi3ForCausalLM", LLAMA_FAMILY_PHI3, true, false, 4096, 0, 10000.0, 1e-5, false, llama_phi3_fields},
     {"gpt_oss", "GptOssForCausalLM", LLAMA_FAMILY_GPT_OSS, true, true, 131072, 64, 150000.0, 1e-5, false,
      llama_gpt_oss_fields},
-    {"deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_FAMILY_DEEPSEEK_V3, false, true, 4096, 0, 10000.0, 1e-6, false,
+    {"deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_FAMILY_DEEPSEEK_V3, true, true, 4096, 0, 10000.0, 1e-6, false,
      llama_deepseek_v3_fields},
 };
 #define NFAMILIES (sizeof families / sizeof families[0])
@@ -121,6 +121,15 @@ int llama_family_refuse_unmodelled(const llama_config *c, const char *path, ag_e
 }
 
 int llama_family_check_run(const llama_config *c, const ag_ctx *ctx, const char *what, ag_err *err) {
+    if (c->fused_proj) { // ag_linear_parts: float weights, no autocast casts
+        const ag_precision p = ag_ctx_precision(ctx);
+        const bool autocast = p.autocast && AG_FW(ag_ctx_framework_row(ctx), autocast);
+        if (!autocast && p.weight_bits >= 16) return 0;
+        ag_err_set(err, "%s: phi3's fused qkv_proj and gate_up_proj %s are not modelled", what,
+                   autocast ? "under autocast (--dtype autocast-bf16)" : "over a quantised base (--base-dtype)");
+        return -1;
+    }
+    if (c->family == LLAMA_FAMILY_DEEPSEEK_V3) return llama_deepseek_v3_check_run(c, ctx, what, err);
     if (c->family != LLAMA_FAMILY_GPT_OSS) return 0;
     const ag_framework_row *fw = ag_ctx_framework_row(ctx);
     const char *why = AG_FW(fw, moe) != AG_MOE_GROUPED
@@ -289,7 +298,8 @@ static int refuse_foreign(const llama_config *c, const json_t *root, const char 
             return -1;
         }
     }
-    for (size_t i = 0; f->modelled && i < sizeof others / sizeof others[0]; i++) {
+    for (size_t i = f->family == LLAMA_FAMILY_DEEPSEEK_V3 ? 2 : 0; f->modelled && i < sizeof others / sizeof others[0];
+         i++) {
         const json_t *v =
             gemma(f->family) && strstr(others[i], "softcapping") ? NULL : json_object_get(root, others[i]);
         if (v && !json_is_null(v)) {
@@ -343,7 +353,7 @@ static const struct {
     llama_rope_type type;
 } rope_types[] = {
     {"default", LLAMA_ROPE_DEFAULT}, {"linear", LLAMA_ROPE_LINEAR}, {"dynamic", LLAMA_ROPE_DYNAMIC},
-    {"yarn", LLAMA_ROPE_YARN},       {"llama3", LLAMA_ROPE_LLAMA3},
+    {"yarn", LLAMA_ROPE_YARN},       {"llama3", LLAMA_ROPE_LLAMA3}, {"longrope", LLAMA_ROPE_LONGROPE},
 };
 #define NROPE (sizeof rope_types / sizeof rope_types[0])
 
@@ -387,7 +397,7 @@ static int rope_type_of(const json_t *rs, const char *path, llama_rope_type *typ
     ag_escape(shown, sizeof shown, name);
     ag_err_set(err,
                "%s: field rope_type is \"%s\", which membill does not compute (supported: default, linear, dynamic, "
-               "yarn, llama3)",
+               "yarn, llama3, longrope)",
                path, shown);
     return -1;
 }
@@ -416,6 +426,47 @@ static int rope_yarn(llama_rope_scaling *r, const json_t *rs, const char *path, 
         rope_number(rs, path, "mscale_all_dim", false, &r->mscale_all_dim, err) != 0 ||
         llama_json_int(rs, path, "original_max_position_embeddings", false, &r->original_max_positions, err) < 0 ||
         llama_json_bool(rs, path, "truncate", &r->truncate, err) < 0)
+        return -1;
+    if (r->original_max_positions < 0) {
+        ag_err_set(err, "%s: field original_max_position_embeddings must be positive", path);
+        return -1;
+    }
+    return 0;
+}
+
+// One of longrope's lists: head_dim / 2 factors from ROPE_MIN to ROPE_MAX.
+static int rope_factors(const json_t *rs, const char *path, const char *field, int64_t half, double *out, ag_err *err) {
+    const json_t *a = json_object_get(rs, field);
+    if (!json_is_array(a) || (int64_t)json_array_size(a) != half) {
+        ag_err_set(err, "%s: field %s must be a list of head_dim / 2 = %lld numbers", path, field, (long long)half);
+        return -1;
+    }
+    for (int64_t i = 0; i < half; i++) {
+        const json_t *v = json_array_get(a, (size_t)i);
+        out[i] = json_is_number(v) ? json_number_value(v) : 0.0;
+        if (!(out[i] >= ROPE_MIN && out[i] <= ROPE_MAX)) {
+            ag_err_set(err, "%s: field %s: item %lld must be a number from %g to %g", path, field, (long long)i,
+                       ROPE_MIN, ROPE_MAX);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+// longrope (Phi-3's 128k configs): short_factor and long_factor, the original context from
+// rope_scaling, else from the config (Phi3Config's original_max_position_embeddings, 4096), an
+// attention_factor when given; factor is not read (transformers takes max_position_embeddings /
+// original).
+static int rope_longrope(llama_config *c, const json_t *root, const json_t *rs, const char *path, ag_err *err) {
+    llama_rope_scaling *r = &c->rope;
+    const int64_t half = c->head_dim / 2;
+    if (half < 1 || half > AG_ROPE_MAX_HEAD_DIM / 2) return 0; // head_dim itself is refused after
+    if (c->family == LLAMA_FAMILY_PHI3) r->original_max_positions = 4096;
+    if (rope_factors(rs, path, "short_factor", half, r->short_factor, err) != 0 ||
+        rope_factors(rs, path, "long_factor", half, r->long_factor, err) != 0 ||
+        rope_number(rs, path, "attention_factor", false, &r->attention_factor, err) != 0 ||
+        llama_json_int(root, path, "original_max_position_embeddings", false, &r->original_max_positions, err) < 0 ||
+        llama_json_int(rs, path, "original_max_position_embeddings", false, &r->original_max_positions, err) < 0)
         return -1;
     if (r->original_max_positions < 0) {
         ag_err_set(err, "%s: field original_max_position_embeddings must be positive", path);
@@ -456,7 +507,7 @@ int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *pa
     if (json_object_size(rs) == 0) { // transformers reads no rope_type there and fails
         ag_err_set(err,
                    "%s: field rope_scaling is an empty object: give its rope_type (default, linear, dynamic, yarn, "
-                   "llama3) or null for none",
+                   "llama3, longrope) or null for none",
                    path);
         return -1;
     }
@@ -465,6 +516,7 @@ int llama_parse_rope_scaling(llama_config *c, const json_t *root, const char *pa
     r->factor = 1.0;
     if (rope_type_of(rs, where, &r->type, err) != 0) return -1;
     if (r->type == LLAMA_ROPE_DEFAULT) return 0;
+    if (r->type == LLAMA_ROPE_LONGROPE) return rope_longrope(c, root, rs, where, err);
     if (rope_number(rs, where, "factor", true, &r->factor, err) != 0) return -1;
     if (r->type == LLAMA_ROPE_LLAMA3) return rope_llama3(r, rs, where, err);
     if (r->type == LLAMA_ROPE_YARN) return rope_yarn(r, rs, where, err);

@@ -229,11 +229,20 @@ int llama_gemma_fields(llama_config *c, const json_t *root, const char *path, ag
     return gemma_layers(c, root, path, 6, "sliding_window_pattern", err);
 }
 
-// Phi3Config: qkv_proj and gate_up_proj fused.
+// Phi3Config: qkv_proj and gate_up_proj fused; a window on every layer when sliding_window is given
+// (none by default: create_causal_mask); resid_pdrop and embd_pdrop are dropout, refused unless 0.
 int llama_phi3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
-    (void)root, (void)path, (void)err;
-    c->fused_proj = true;
-    return 0;
+    static const char *const drops[] = {"resid_pdrop", "embd_pdrop"};
+    c->fused_proj = true, c->window_from = 0;
+    for (size_t i = 0; i < sizeof drops / sizeof drops[0]; i++) {
+        double v = 0;
+        if (llama_json_number(root, path, drops[i], &v, err) < 0) return -1;
+        if (v != 0) {
+            ag_err_set(err, "%s: field %s (%g) must be 0 (dropout is not modelled)", path, drops[i], v);
+            return -1;
+        }
+    }
+    return llama_window_field(root, path, 0, true, &c->sliding_window, err);
 }
 
 // GptOssConfig: 128 experts, 4 a token, intermediate_size wide, stacked with biases; a router with
@@ -267,6 +276,43 @@ int llama_gpt_oss_fields(llama_config *c, const json_t *root, const char *path, 
     return llama_layer_types(c, root, path, err);
 }
 
+// DeepseekV3Config's routing and the attention fields its forward reads: n_group 8, topk_group 4,
+// routed_scaling_factor 2.5, norm_topk_prob true, rope_interleave true; attention_bias (biases on
+// q_a_proj, kv_a_proj_with_mqa and o_proj) and key-value heads other than the query heads (which
+// transformers' repeat_kv would repeat again) are refused by name.
+static int deepseek_v3_routing(llama_config *c, const json_t *root, const char *path, ag_err *err) {
+    llama_moe *m = &c->moe;
+    bool bias = false;
+    m->routed_scaling = 2.5, c->mla.rope_interleave = true;
+    if (int_field(root, path, "n_group", 8, 1, MAX_EXPERTS, &m->n_group, err) != 0 ||
+        int_field(root, path, "topk_group", 4, 1, MAX_EXPERTS, &m->topk_group, err) != 0 ||
+        llama_json_number(root, path, "routed_scaling_factor", &m->routed_scaling, err) < 0 ||
+        llama_json_bool(root, path, "norm_topk_prob", &m->norm_topk_prob, err) < 0 ||
+        llama_json_bool(root, path, "rope_interleave", &c->mla.rope_interleave, err) < 0 ||
+        llama_json_bool(root, path, "attention_bias", &bias, err) < 0)
+        return -1;
+    if (!isfinite(m->routed_scaling) || m->routed_scaling <= 0) {
+        ag_err_set(err, "%s: field routed_scaling_factor (%g) must be a positive number", path, m->routed_scaling);
+        return -1;
+    }
+    const char *why = bias ? "attention_bias: biases on deepseek_v3's latent projections are not modelled"
+                      : c->kv_heads != c->heads
+                          ? "num_key_value_heads: deepseek_v3's keys have one head a query head (num_attention_heads)"
+                      : c->mla.qk_nope < 1 ? "qk_nope_head_dim: 0 (no position-free part of a head) is not modelled"
+                      : c->mla.qk_rope % 2 ? "qk_rope_head_dim: an odd RoPE part is not rotated by pairs"
+                      : m->experts > 0 && (m->experts % m->n_group || m->experts / m->n_group < 2 ||
+                                           m->topk_group > m->n_group ||
+                                           m->topk_group * (m->experts / m->n_group) < m->top_k)
+                          ? "n_group: n_routed_experts in n_group groups of at least 2, topk_group of them holding "
+                            "at least num_experts_per_tok, are what the router takes"
+                          : NULL;
+    if (why) {
+        ag_err_set(err, "%s: field %s", path, why);
+        return -1;
+    }
+    return 0;
+}
+
 // DeepseekV3Config: latent attention, 256 sigmoid-routed experts 2048 wide, 8 a token, a shared
 // expert, the first 3 layers dense; head_dim is qk_rope_head_dim.
 int llama_deepseek_v3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err) {
@@ -289,5 +335,5 @@ int llama_deepseek_v3_fields(llama_config *c, const json_t *root, const char *pa
         return -1;
     m->shared_intermediate = shared * m->intermediate;
     c->head_dim = a->qk_rope;
-    return 0;
+    return deepseek_v3_routing(c, root, path, err);
 }

@@ -86,7 +86,7 @@ static void fill_mask(ag_tensor *mask, int64_t T, int64_t window) {
 static bool hf_prepare(ag_ctx *ctx, const llama_model *m, int64_t B, int64_t T, bool checkpointing, llama_shared *sh,
                        ag_tensor *mask[2]) {
     const llama_config *c = &m->cfg;
-    const ag_rope_freqs f = llama_rope_freqs(c);
+    const ag_rope_freqs f = llama_rope_freqs_at(c, T);
     const ag_framework_row *fw = ag_ctx_framework_row(ctx);
     if (checkpointing && AG_FW(fw, checkpoint_args) != AG_CKPT_ARGS_NONE &&
         !(sh->positions = ag_tensor_new_bits(ctx, 1, &T, MP_ACTIVATION, "cache_position", 64)))

@@ -38,12 +38,52 @@ static double now(void) {
 // x[B, t, H] -> x + attention(norm(x)); takes ownership of x. The t new tokens' keys and values
 // (after RoPE) join kv; without a cache they go to a cache of this block alone (activations),
 // freed before returning.
+// deepseek_v3's cache: the expanded keys (nope + rope a head) and values (v_head_dim), as
+// transformers' DynamicCache keeps them.
+static ag_kv_cache *new_cache(gen *g, int64_t i, mp_category cat) {
+    char s[96];
+    const llama_config *c = g->c;
+    if (c->mla.kv_lora_rank > 0 && c->mla.latent_cache) // one head of kv_lora + rope, keys alone
+        return ag_kv_cache_new_dv(g->ctx, llama_site(s, i, "self_attn"), cat, g->B, 1,
+                                  (int)(c->mla.kv_lora_rank + c->mla.qk_rope), 0);
+    if (c->mla.kv_lora_rank > 0)
+        return ag_kv_cache_new_dv(g->ctx, llama_site(s, i, "self_attn"), cat, g->B, (int)c->heads,
+                                  (int)(c->mla.qk_nope + c->mla.qk_rope), (int)c->mla.v_head);
+    return ag_kv_cache_new(g->ctx, llama_site(s, i, "self_attn"), cat, g->B, (int)c->kv_heads, (int)c->head_dim);
+}
+
+// deepseek_v3's attention half over its cache (the latent attention, eager).
+static ag_tensor *mla_attention_part(gen *g, int64_t i, ag_tensor *x) {
+    ag_ctx *ctx = g->ctx;
+    const llama_layer *L = &g->m->layers[i];
+    char s[96];
+    ag_kv_cache *kv = g->kv ? g->kv[i] : new_cache(g, i, MP_ACTIVATION);
+    ag_tensor *q, *k, *v = NULL, *a = NULL;
+    if (g->c->mla.latent_cache) { // DeepSeek's own: the latent cached, kv_b_proj absorbed
+        llama_mla_latent(ctx, g->c, L, x, i, g->step_pos, g->cap - 1, &q, &k, &v);
+        if (v && ag_kv_cache_append(ctx, kv, v, NULL))
+            a = ag_attention_mla_latent(ctx, llama_site(s, i, "self_attn"), q, k, kv, L->kv_b, (int)g->c->heads,
+                                        (int)g->c->mla.v_head, g->mask, g->cap, llama_mla_scale(g->c));
+        REL(q), REL(k), REL(v);
+    } else {
+        llama_mla_qkv(ctx, g->c, L, x, i, g->step_pos, g->cap - 1, &q, &k, &v);
+        if (k && v) ag_kv_cache_append(ctx, kv, k, v);
+        REL(k);
+        REL(v);
+        a = ag_attention_mla_cached(ctx, llama_site(s, i, "self_attn"), q, kv, g->mask, g->cap, llama_mla_scale(g->c));
+        REL(q);
+    }
+    if (!g->kv) ag_kv_cache_free(kv);
+    return llama_attention_out(ctx, g->c, L, x, a, i);
+}
+
 static ag_tensor *attention_part(gen *g, int64_t i, ag_tensor *x) {
+    if (g->c->mla.kv_lora_rank > 0) return mla_attention_part(g, i, x);
     ag_ctx *ctx = g->ctx;
     const llama_config *c = g->c;
     const llama_layer *L = &g->m->layers[i];
     const int hq = (int)c->heads, hkv = (int)c->kv_heads, hd = (int)c->head_dim;
-    const ag_rope_freqs f = llama_layer_rope_freqs(c, i);
+    const ag_rope_freqs f = llama_layer_rope_freqs(c, i, g->cap - 1); // the last forward's positions
     char s[96];
     ag_kv_cache *kv =
         g->kv ? g->kv[i] : ag_kv_cache_new(ctx, llama_site(s, i, "self_attn"), MP_ACTIVATION, g->B, hkv, hd);
@@ -239,6 +279,18 @@ static int check_args(ag_ctx *ctx, const llama_model *m, const int32_t *ids, con
     }
     if (ids && llama_check_tokens(c, ids, (size_t)(B * T), err) != 0) return -1;
     if (llama_family_check_run(c, ctx, "generate", err) != 0) return -1;
+    // longrope: transformers switches to the long factors once a forward passes the original
+    // context, and then recomputes the whole cache (Phi3ForCausalLM.prepare_inputs_for_generation)
+    const llama_rope_scaling *r = &c->rope;
+    const int64_t orig = r->original_max_positions > 0 ? r->original_max_positions : c->max_positions;
+    if (r->type == LLAMA_ROPE_LONGROPE && T <= orig && T + n - 1 > orig) {
+        ag_err_set(err,
+                   "generate: a prompt of %lld tokens and %lld new tokens cross longrope's original context "
+                   "(original_max_position_embeddings %lld), where transformers recomputes the cache with the long "
+                   "factors: not modelled (stay within it, or start past it)",
+                   (long long)T, (long long)n, (long long)orig);
+        return -1;
+    }
     return mask && !meta ? check_mask(mask, B, T, err) : 0;
 }
 
@@ -281,10 +333,8 @@ static int gen_init(gen *g, ag_ctx *ctx, llama_model *m, bool use_cache, const i
             g->pos[r] = g->mask[r] ? (int32_t)(real - 1) : 1; // cumsum(mask) - 1; pads at 1
         }
     }
-    char s[96];
     for (int64_t i = 0; ok && use_cache && i < g->c->layers; i++) {
-        g->kv[i] =
-            ag_kv_cache_new(ctx, llama_site(s, i, "self_attn"), MP_CACHE, B, (int)g->c->kv_heads, (int)g->c->head_dim);
+        g->kv[i] = new_cache(g, i, MP_CACHE);
         ok = g->kv[i] != NULL;
     }
     if (!ok) {

@@ -475,10 +475,42 @@ float llama_attention_scale(const llama_config *c) {
                                                                            : 0.0f;
 }
 
-ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i) {
+uint64_t llama_kv_cache_elems_per_token(const llama_config *c) {
+    const llama_mla *m = &c->mla;
+    if (m->kv_lora_rank > 0 && m->latent_cache) return (uint64_t)c->layers * (uint64_t)(m->kv_lora_rank + m->qk_rope);
+    if (m->kv_lora_rank > 0)
+        return (uint64_t)c->layers * (uint64_t)c->heads * (uint64_t)(m->qk_nope + m->qk_rope + m->v_head);
+    return 2 * (uint64_t)c->layers * (uint64_t)c->kv_heads * (uint64_t)c->head_dim;
+}
+
+const char *llama_kv_cache_formula(const llama_config *c, char *buf, size_t cap) {
+    const llama_mla *m = &c->mla;
+    if (m->kv_lora_rank > 0 && m->latent_cache)
+        snprintf(buf, cap, "%lld layers x (%lld latent + %lld rope keys)", (long long)c->layers,
+                 (long long)m->kv_lora_rank, (long long)m->qk_rope);
+    else if (m->kv_lora_rank > 0)
+        snprintf(buf, cap, "%lld layers x %lld heads x (%lld + %lld keys + %lld values)", (long long)c->layers,
+                 (long long)c->heads, (long long)m->qk_nope, (long long)m->qk_rope, (long long)m->v_head);
+    else
+        snprintf(buf, cap, "2 x %lld layers x %lld kv heads x %lld", (long long)c->layers, (long long)c->kv_heads,
+                 (long long)c->head_dim);
+    return buf;
+}
+
+float llama_mla_scale(const llama_config *c) {
+    const llama_rope_scaling *r = &c->rope;
+    double scale = 1.0 / sqrt((double)(c->mla.qk_nope + c->mla.qk_rope));
+    if (r->type != LLAMA_ROPE_DEFAULT && r->mscale_all_dim != 0.0 && r->factor > 1.0) {
+        const double m = 0.1 * r->mscale_all_dim * log(r->factor) + 1.0;
+        scale *= m * m;
+    }
+    return (float)scale;
+}
+
+ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i, int64_t positions) {
     if (c->rope_local_theta > 0.0 && llama_layer_window(c, i) > 0)
         return (ag_rope_freqs){(float)c->rope_local_theta, NULL, 1.0f};
-    return llama_rope_freqs(c);
+    return llama_rope_freqs_at(c, positions);
 }
 
 int64_t llama_layer_window(const llama_config *c, int64_t i) {

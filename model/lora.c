@@ -7,11 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const proj_names[LLAMA_NPROJ] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                                    "gate_proj", "up_proj", "down_proj"};
-static const char *const proj_modules[LLAMA_NPROJ] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                      "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                                      "mlp.down_proj"};
+static const char *const proj_names[LLAMA_NPROJ] = {"q_proj",  "k_proj",    "v_proj",   "o_proj",      "gate_proj",
+                                                    "up_proj", "down_proj", "qkv_proj", "gate_up_proj"};
+static const char *const proj_modules[LLAMA_NPROJ] = {"self_attn.q_proj", "self_attn.k_proj",   "self_attn.v_proj",
+                                                      "self_attn.o_proj", "mlp.gate_proj",      "mlp.up_proj",
+                                                      "mlp.down_proj",    "self_attn.qkv_proj", "mlp.gate_up_proj"};
+// A projection's place in the adapters' seeds: layer x 7 + projection, as before phi3's two were
+// added (theirs, 7 and 8, fall on the next layer's q and k_proj, which a phi3 block lacks).
+#define SEED_STRIDE 7
 
 const char *llama_proj_name(llama_proj p) { return (unsigned)p < LLAMA_NPROJ ? proj_names[p] : "?"; }
 const char *llama_proj_module(llama_proj p) { return (unsigned)p < LLAMA_NPROJ ? proj_modules[p] : "?"; }
@@ -30,7 +33,8 @@ int llama_lora_parse_targets(const char *list, unsigned *out, ag_err *err) {
         if (k == LLAMA_NPROJ || (t & (1u << k))) {
             ag_err_set(err,
                        "--lora-targets: item %d '%.*s' is %s (expected PEFT's module names q_proj, k_proj, v_proj, "
-                       "o_proj, gate_proj, up_proj, down_proj, comma-separated, or all-linear)",
+                       "o_proj, gate_proj, up_proj, down_proj, or phi3's qkv_proj and gate_up_proj, comma-separated, "
+                       "or all-linear)",
                        item, (int)n, p, k == LLAMA_NPROJ ? "not a linear layer of the model" : "given twice");
             return -1;
         }
@@ -59,29 +63,34 @@ int llama_lora_validate(const llama_lora_config *l, ag_err *err) {
                    LLAMA_LORA_MAX_ALPHA);
     else if (!(l->dropout >= 0 && l->dropout < 1))
         ag_err_set(err, "LoRA dropout %g: expected 0 <= p < 1", l->dropout);
-    else if (!(l->targets & LLAMA_LORA_ALL) || (l->targets & ~LLAMA_LORA_ALL))
-        ag_err_set(err, "LoRA targets: expected at least one of the seven linear layers");
+    else if (!(l->targets & LLAMA_LORA_ANY) || (l->targets & ~LLAMA_LORA_ANY))
+        ag_err_set(err, "LoRA targets: expected at least one of the linear layers");
     else
         return 0;
     return -1;
 }
 
-// A block's weight and bias of projection p.
+// A block's weight and bias of projection p (NULL: the block has none).
 static ag_tensor *proj_weight(const llama_layer *L, llama_proj p, ag_tensor **bias) {
-    ag_tensor *const w[LLAMA_NPROJ] = {L->q, L->k, L->v, L->o, L->gate, L->up, L->down};
-    ag_tensor *const b[LLAMA_NPROJ] = {L->q_bias,    L->k_bias,  L->v_bias,   L->o_bias,
-                                       L->gate_bias, L->up_bias, L->down_bias};
+    ag_tensor *const w[LLAMA_NPROJ] = {L->q, L->k, L->v, L->o, L->gate, L->up, L->down, L->qkv, L->gate_up};
+    ag_tensor *const b[LLAMA_NPROJ] = {L->q_bias,  L->k_bias,    L->v_bias, L->o_bias, L->gate_bias,
+                                       L->up_bias, L->down_bias, NULL,      NULL};
     if (bias) *bias = b[p];
     return w[p];
+}
+
+unsigned llama_lora_targets_of(const llama_config *c, unsigned targets) {
+    return c->fused_proj && targets == LLAMA_LORA_ALL ? LLAMA_LORA_FUSED : targets;
 }
 
 uint64_t llama_lora_param_count(const llama_config *c, const llama_lora_config *l) {
     const uint64_t H = (uint64_t)c->hidden, Q = (uint64_t)(c->heads * c->head_dim),
                    KV = (uint64_t)(c->kv_heads * c->head_dim), I = (uint64_t)c->intermediate;
-    const uint64_t in_out[LLAMA_NPROJ] = {H + Q, H + KV, H + KV, Q + H, H + I, H + I, I + H};
+    const uint64_t in_out[LLAMA_NPROJ] = {H + Q, H + KV, H + KV, Q + H, H + I, H + I, I + H, H + Q + 2 * KV, H + 2 * I};
     uint64_t per = 0;
+    const unsigned targets = llama_lora_targets_of(c, l->targets);
     for (int k = 0; k < LLAMA_NPROJ; k++)
-        if (l->targets & (1u << k)) per += in_out[k];
+        if (targets & (1u << k)) per += in_out[k];
     return per * (uint64_t)l->rank * (uint64_t)c->layers;
 }
 
@@ -130,6 +139,14 @@ static ag_tensor *adapter_new(ag_ctx *ctx, int64_t layer, llama_proj p, const ch
 // adapter inside the experts' dispatch, which membill does not model.
 static int fits_model(const llama_config *c, const llama_lora_config *l, ag_err *err) {
     const unsigned mlp = (1u << LLAMA_PROJ_GATE) | (1u << LLAMA_PROJ_UP) | (1u << LLAMA_PROJ_DOWN);
+    const unsigned qkv = (1u << LLAMA_PROJ_Q) | (1u << LLAMA_PROJ_K) | (1u << LLAMA_PROJ_V);
+    if (c->mla.kv_lora_rank > 0 && (l->targets & qkv)) { // deepseek_v3: no k_proj, v_proj; q_proj unwired
+        ag_err_set(err,
+                   "--lora-targets: %s's latent attention has no q_proj, k_proj, v_proj adapters membill models "
+                   "(q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj are not targets); target o_proj",
+                   llama_family_class(c->family));
+        return -1;
+    }
     bool sparse = false;
     for (int64_t i = 0; i < c->layers && !sparse; i++) sparse = llama_layer_moe(c, i);
     if (!sparse || !(l->targets & mlp)) return 0;
@@ -140,8 +157,27 @@ static int fits_model(const llama_config *c, const llama_lora_config *l, ag_err 
     return -1;
 }
 
-int llama_model_add_lora(llama_model *m, ag_ctx *ctx, const llama_lora_config *l, uint64_t seed, ag_err *err) {
-    if (llama_lora_validate(l, err) != 0 || fits_model(&m->cfg, l, err) != 0) return -1;
+// The targets a block of this model has: all-linear is every one of them (the seven named
+// explicitly read as all-linear too); a named module the block lacks is refused, as PEFT refuses a
+// target it does not find (phi3's fused projections).
+static int resolve_targets(const llama_model *m, llama_lora_config *l, ag_err *err) {
+    const unsigned present = m->cfg.fused_proj ? LLAMA_LORA_FUSED : LLAMA_LORA_ALL;
+    l->targets = llama_lora_targets_of(&m->cfg, l->targets);
+    unsigned absent = l->targets & ~present;
+    if (!absent) return 0;
+    char names[128], have[128];
+    ag_err_set(err, "--lora-targets: %s %s no module of %s (its linear layers: %s)%s",
+               llama_lora_targets_text(absent, names, sizeof names), absent & (absent - 1) ? "are" : "is",
+               llama_family_class(m->cfg.family), llama_lora_targets_text(present, have, sizeof have),
+               m->cfg.fused_proj ? "; PEFT has no default targets for phi3: name them" : "");
+    return -1;
+}
+
+int llama_model_add_lora(llama_model *m, ag_ctx *ctx, const llama_lora_config *lc, uint64_t seed, ag_err *err) {
+    llama_lora_config resolved = *lc;
+    const llama_lora_config *l = &resolved;
+    if (llama_lora_validate(l, err) != 0 || resolve_targets(m, &resolved, err) != 0 || fits_model(&m->cfg, l, err) != 0)
+        return -1;
     if (m->adapters) {
         ag_err_set(err, "the model already has adapters");
         return -1;
@@ -183,7 +219,7 @@ void llama_lora_init(llama_model *m, uint64_t seed) {
         for (int k = 0; k < LLAMA_NPROJ; k++) {
             ag_tensor *a = m->layers[i].lora_a[k], *b = m->layers[i].lora_b[k];
             if (a && b && a->data && b->data)
-                init_adapter(a, b, mix(seed * 0x9e3779b97f4a7c15ULL + (uint64_t)(i * LLAMA_NPROJ + k)));
+                init_adapter(a, b, mix(seed * 0x9e3779b97f4a7c15ULL + (uint64_t)(i * SEED_STRIDE + k)));
         }
 }
 
@@ -192,20 +228,31 @@ void llama_lora_init(llama_model *m, uint64_t seed) {
 // nothing. Over a quantised base (bitsandbytes' and GPTQ's lora layers) the adapters' output is
 // cast back before it is added, and the sum is the base's dtype. Without an adapter, the base
 // linear alone.
+// The linear of a projection: a fused one's output laid out part after part (ag_linear_parts).
+static ag_tensor *proj_linear(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor *w, ag_tensor *b,
+                              const llama_parts *parts) {
+    return parts ? ag_linear_parts(ctx, site, x, w, parts->n, parts->rows) : ag_linear(ctx, site, x, w, b);
+}
+
 ag_tensor *llama_proj_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, llama_proj p, ag_tensor *x) {
+    return llama_proj_forward_parts(ctx, L, i, p, x, NULL);
+}
+
+ag_tensor *llama_proj_forward_parts(ag_ctx *ctx, const llama_layer *L, int64_t i, llama_proj p, ag_tensor *x,
+                                    const llama_parts *parts) {
     char s[96], t[128];
     ag_tensor *b, *w = proj_weight(L, p, &b);
     llama_site(s, i, proj_modules[p]);
-    if (!L->lora || !L->lora_a[p]) return ag_linear(ctx, s, x, w, b);
+    if (!L->lora || !L->lora_a[p]) return proj_linear(ctx, s, x, w, b, parts);
     const llama_lora_state *st = L->lora;
     snprintf(t, sizeof t, "%s:base_out", s);
-    ag_tensor *y = ag_linear(ctx, t, x, w, b);
+    ag_tensor *y = proj_linear(ctx, t, x, w, b, parts);
     const int abits = L->lora_a[p]->bits, ybits = y ? y->bits : abits;
     snprintf(t, sizeof t, "%s:input_to_adapter", s);
     ag_tensor *h = y ? ag_cast(ctx, t, x, abits) : NULL;
     if (h && st->training && st->cfg.dropout > 0) { // nn.Dropout; p = 0 is nn.Identity (no copy)
         snprintf(t, sizeof t, "%s.lora_dropout", s);
-        uint64_t seed = mix(st->seed ^ mix(st->forwards * 0x9e3779b97f4a7c15ULL + (uint64_t)(i * LLAMA_NPROJ + p)));
+        uint64_t seed = mix(st->seed ^ mix(st->forwards * 0x9e3779b97f4a7c15ULL + (uint64_t)(i * SEED_STRIDE + p)));
         ag_tensor *d = ag_dropout(ctx, t, h, (float)st->cfg.dropout, seed);
         ag_release(h);
         h = d;
@@ -214,7 +261,7 @@ ag_tensor *llama_proj_forward(ag_ctx *ctx, const llama_layer *L, int64_t i, llam
     ag_tensor *ha = h ? ag_linear(ctx, t, h, L->lora_a[p], NULL) : NULL;
     ag_release(h);
     snprintf(t, sizeof t, "%s.lora_B", s);
-    ag_tensor *hb = ha ? ag_linear(ctx, t, ha, L->lora_b[p], NULL) : NULL;
+    ag_tensor *hb = ha ? proj_linear(ctx, t, ha, L->lora_b[p], NULL, parts) : NULL;
     ag_release(ha);
     snprintf(t, sizeof t, "%s.lora_scale", s);
     ag_tensor *sc = hb ? ag_scale(ctx, t, hb, st->scale) : NULL;

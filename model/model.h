@@ -34,7 +34,10 @@
 //   gemma2: (1 + w) norms before and after attention and MLP, GeLU-tanh, scaled embeddings,
 //     query_pre_attn_scalar, soft-capped scores and logits, sliding layers alternating;
 //   gemma3_text: gemma2's with q_norm and k_norm, a local RoPE base on its sliding layers.
-// phi3 and deepseek_v3 have their parameter tables here (names,
+//   deepseek_v3: multi-head latent attention (low-rank q and kv, RoPE on a part of each head, a
+//     value head of its own), sigmoid routing with group-limited top-k, shared experts, the first
+//     layers dense (the lean framework, eager attention, training and plans).
+// phi3 has its parameter table here (names,
 // shapes, counts) but no forward yet: llama_config_parse and the presets refuse them by name
 // (llama_family_modelled).
 typedef enum {
@@ -97,6 +100,11 @@ typedef struct {
     int64_t kv_lora_rank;
     int64_t qk_nope, qk_rope, v_head; // qk_nope_head_dim, qk_rope_head_dim, v_head_dim
     int64_t nextn_layers;             // num_nextn_predict_layers (the MTP module; not billed)
+    bool rope_interleave;             // rope_interleave: q_pe and k_pe de-interleaved before RoPE (true)
+    // A generation's cache (--mla-cache): false, transformers' (each head's keys at nope + rope and
+    // values at v_head_dim); true, DeepSeek's own latent one (the normed compressed kv and the
+    // rotated k_pe a token, kv_lora_rank + qk_rope_head_dim), attended with kv_b_proj absorbed.
+    bool latent_cache;
 } llama_mla;
 
 // rope_scaling (transformers' modeling_rope_utils): how the inverse frequencies of RoPE, and
@@ -106,7 +114,8 @@ typedef enum {
     LLAMA_ROPE_LINEAR,
     LLAMA_ROPE_DYNAMIC,
     LLAMA_ROPE_YARN,
-    LLAMA_ROPE_LLAMA3
+    LLAMA_ROPE_LLAMA3,
+    LLAMA_ROPE_LONGROPE
 } llama_rope_type;
 
 typedef struct {
@@ -118,11 +127,15 @@ typedef struct {
     double beta_fast, beta_slow;              // yarn: 32 and 1 unless given
     double mscale, mscale_all_dim;            // yarn: 0 when not given
     bool truncate;                            // yarn: floor / ceil of the correction range (true)
+    // longrope: a factor a frequency [head_dim / 2], short_factor while a sequence stays within
+    // original_max_positions (rope_scaling's, else the config's), long_factor past it
+    double short_factor[AG_ROPE_MAX_HEAD_DIM / 2], long_factor[AG_ROPE_MAX_HEAD_DIM / 2];
     // What the ops use, filled by llama_rope_prepare (llama_model_new does it for the model's
     // own copy of the config): the inverse frequencies [head_dim / 2] and the factor on cos and
     // sin (yarn's attention factor, else 1).
     bool prepared;
     float inv_freq[AG_ROPE_MAX_HEAD_DIM / 2];
+    float long_inv_freq[AG_ROPE_MAX_HEAD_DIM / 2]; // longrope's past original_max_positions
     float scale;
 } llama_rope_scaling;
 
@@ -295,6 +308,9 @@ void llama_rope_prepare(llama_config *c);
 // The frequencies the ops take: the config's table once prepared (it must outlive the ops), else
 // the default from rope_theta.
 ag_rope_freqs llama_rope_freqs(const llama_config *c);
+// The same for a forward over positions 0 .. positions - 1: longrope's long factors past
+// original_max_position_embeddings (transformers' longrope_frequency_update).
+ag_rope_freqs llama_rope_freqs_at(const llama_config *c, int64_t positions);
 
 // The tensors of block i under this config (9 for Llama, 12 for Qwen2, 11 for Qwen3, 4 + 1 + 3 x
 // experts for Mixtral's), and the index of its first one in the parameter list.
@@ -306,10 +322,18 @@ size_t llama_layer_first_param(const llama_config *c, int64_t i);
 float llama_embedding_scale(const llama_config *c);
 // The scale on attention's Q Kᵀ: query_pre_attn_scalar^-1/2, or 0 for 1/sqrt(head_dim).
 float llama_attention_scale(const llama_config *c);
+// The KV cache's elements a token of one row holds over every layer: 2 x layers x kv_heads x
+// head_dim, or deepseek_v3's transformers cache, layers x heads x (nope + rope + v_head); and the
+// same as a formula in words ("2 x 30 layers x 3 kv heads x 64") into buf.
+uint64_t llama_kv_cache_elems_per_token(const llama_config *c); // latent_cache: layers x (kv_lora + rope)
+const char *llama_kv_cache_formula(const llama_config *c, char *buf, size_t cap);
+// deepseek_v3's attention scale: (qk_nope + qk_rope)^-1/2, times yarn's mscale squared when
+// rope_scaling gives mscale_all_dim (0.1 mscale_all_dim ln(factor) + 1, factor above 1).
+float llama_mla_scale(const llama_config *c);
 
-// Layer i's RoPE frequencies: Gemma 3's sliding layers' rope_local_base_freq, else the config's
-// (llama_rope_freqs).
-ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i);
+// Layer i's RoPE frequencies in a forward over positions 0 .. positions - 1: Gemma 3's sliding
+// layers' rope_local_base_freq, else the config's (llama_rope_freqs_at).
+ag_rope_freqs llama_layer_rope_freqs(const llama_config *c, int64_t i, int64_t positions);
 
 // The sliding window of layer i: 0 (none) or sliding_window.
 int64_t llama_layer_window(const llama_config *c, int64_t i);
@@ -606,7 +630,8 @@ int llama_st_write_f32_file(FILE *f, size_t n, const char *const *names, const i
 
 #include "autograd.h"
 
-// The linear layers of a block, by PEFT's module names.
+// The linear layers of a block, by PEFT's module names (phi3 has qkv_proj and gate_up_proj in
+// place of q, k, v_proj and gate, up_proj).
 typedef enum {
     LLAMA_PROJ_Q,
     LLAMA_PROJ_K,
@@ -615,11 +640,13 @@ typedef enum {
     LLAMA_PROJ_GATE,
     LLAMA_PROJ_UP,
     LLAMA_PROJ_DOWN,
+    LLAMA_PROJ_QKV,
+    LLAMA_PROJ_GATE_UP,
     LLAMA_NPROJ
 } llama_proj;
 
-const char *llama_proj_name(llama_proj p);   // "q_proj", ..., "down_proj"
-const char *llama_proj_module(llama_proj p); // "self_attn.q_proj", ..., "mlp.down_proj"
+const char *llama_proj_name(llama_proj p);   // "q_proj", ..., "down_proj", "qkv_proj", "gate_up_proj"
+const char *llama_proj_module(llama_proj p); // "self_attn.q_proj", ..., "mlp.gate_up_proj"
 
 // LoRA as PEFT's LoraConfig sets it (init_lora_weights=True, bias "none", no DoRA or rsLoRA):
 // each target's frozen weight W [out, in] gains A [rank, in] (Kaiming-uniform, a = sqrt(5)) and
@@ -635,7 +662,13 @@ typedef struct {
     int adapter_bits;
 } llama_lora_config;
 
-#define LLAMA_LORA_ALL ((1u << LLAMA_NPROJ) - 1)
+// all-linear: a Llama block's seven; on phi3 its four (llama_model_add_lora resolves it).
+#define LLAMA_LORA_ALL ((1u << LLAMA_PROJ_QKV) - 1)
+#define LLAMA_LORA_FUSED                                                                                               \
+    ((1u << LLAMA_PROJ_QKV) | (1u << LLAMA_PROJ_O) | (1u << LLAMA_PROJ_GATE_UP) | (1u << LLAMA_PROJ_DOWN))
+#define LLAMA_LORA_ANY ((1u << LLAMA_NPROJ) - 1) // every module name membill knows
+// The targets under this config: all-linear (LLAMA_LORA_ALL) is phi3's four on phi3.
+unsigned llama_lora_targets_of(const llama_config *c, unsigned targets);
 #define LLAMA_LORA_DEFAULT_TARGETS ((1u << LLAMA_PROJ_Q) | (1u << LLAMA_PROJ_V)) // PEFT's for Llama
 
 // "q_proj,v_proj" (PEFT's names, any order, each once) or "all-linear" into a bit set; the

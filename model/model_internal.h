@@ -65,6 +65,8 @@ int llama_family_check_run(const llama_config *c, const ag_ctx *ctx, const char 
 // what the caller set stays.
 int llama_layer_types(llama_config *c, const json_t *root, const char *path, ag_err *err);
 int llama_gpt_oss_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
+// What deepseek_v3 runs under (blocks_mla.c): the lean framework, eager attention.
+int llama_deepseek_v3_check_run(const llama_config *c, const ag_ctx *ctx, const char *what, ag_err *err);
 int llama_deepseek_v3_fields(llama_config *c, const json_t *root, const char *path, ag_err *err);
 // config.c: a config.json text parsed and validated whatever its family, modelled or not (the
 // parameter tables of those not modelled yet, for tests); llama_config_parse refuses those.

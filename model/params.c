@@ -38,6 +38,11 @@ int llama_model_new_proj_dtype(llama_model **out, ag_ctx *ctx, const llama_confi
                                ag_err *err) {
     *out = NULL;
     if (llama_config_validate(cfg, err) != 0) return -1;
+    if (proj && proj->weight_bits < 16 && cfg->mla.kv_lora_rank > 0) { // not built nor checked for deepseek_v3
+        ag_err_set(err, "--base-dtype: a quantised base of %s is not modelled (a float or 16-bit base is)",
+                   llama_family_class(cfg->family));
+        return -1;
+    }
     llama_model *m = calloc(1, sizeof *m);
     size_t n = llama_param_count_tensors(cfg);
     if (m) {

@@ -141,8 +141,12 @@ static const char *json_of(const char *name) {
 // Parses a JSON preset, modelled or not (any), under its own name.
 static int json_preset(llama_config *out, const char *name, bool any, ag_err *err) {
     const char *j = json_of(name);
+    if (!j) { // a name json_of knows; said for the optimiser, which cannot see it
+        ag_err_set(err, "no preset %s", name ? name : "(none)");
+        return -1;
+    }
     char origin[LLAMA_NAME_MAX];
-    snprintf(origin, sizeof origin, "preset %s", name);
+    snprintf(origin, sizeof origin, "preset %s", name ? name : "");
     int rc = any ? llama_config_parse_any(out, j, strlen(j), origin, err)
                  : llama_config_parse(out, j, strlen(j), origin, err);
     if (rc == 0) snprintf(out->name, sizeof out->name, "%s", name);

@@ -57,6 +57,27 @@ static double yarn(double *inv, int half, int dim, double base, const llama_conf
     return att;
 }
 
+// The original context of longrope: rope_scaling's, else the config's
+// original_max_position_embeddings (0: max_position_embeddings).
+static int64_t longrope_original(const llama_config *c) {
+    return c->rope.original_max_positions > 0 ? c->rope.original_max_positions : c->max_positions;
+}
+
+// LongRoPE (_compute_longrope_parameters): each default frequency divided by its factor, short or
+// long; returns the attention factor, sqrt(1 + ln(factor) / ln(original)) unless given, factor
+// being max_position_embeddings / original.
+static double longrope(double *inv, float *long_inv, int half, int dim, double base, const llama_config *c) {
+    const llama_rope_scaling *r = &c->rope;
+    const double orig = (double)longrope_original(c), factor = (double)c->max_positions / orig;
+    for (int i = 0; i < half; i++) {
+        double f = pow(base, (double)(2 * i) / dim);
+        long_inv[i] = (float)(1.0 / (r->long_factor[i] * f));
+        inv[i] = 1.0 / (r->short_factor[i] * f);
+    }
+    if (r->attention_factor > 0.0) return r->attention_factor;
+    return factor <= 1.0 ? 1.0 : sqrt(1.0 + log(factor) / log(orig));
+}
+
 void llama_rope_prepare(llama_config *c) {
     const int dim = (int)c->head_dim, half = dim / 2;
     double inv[AG_ROPE_MAX_HEAD_DIM / 2], scale = 1.0;
@@ -71,6 +92,7 @@ void llama_rope_prepare(llama_config *c) {
         break;
     case LLAMA_ROPE_LLAMA3: llama3(inv, half, r); break;
     case LLAMA_ROPE_YARN: scale = yarn(inv, half, dim, c->rope_theta, c); break;
+    case LLAMA_ROPE_LONGROPE: scale = longrope(inv, r->long_inv_freq, half, dim, c->rope_theta, c); break;
     }
     for (int i = 0; i < half; i++) r->inv_freq[i] = (float)inv[i];
     r->scale = (float)scale;
@@ -82,4 +104,11 @@ ag_rope_freqs llama_rope_freqs(const llama_config *c) {
     if (!c->rope.prepared || c->rope.type == LLAMA_ROPE_DEFAULT || c->rope.type == LLAMA_ROPE_DYNAMIC)
         return (ag_rope_freqs){(float)c->rope_theta, NULL, 1.0f};
     return (ag_rope_freqs){(float)c->rope_theta, c->rope.inv_freq, c->rope.scale};
+}
+
+ag_rope_freqs llama_rope_freqs_at(const llama_config *c, int64_t positions) {
+    ag_rope_freqs f = llama_rope_freqs(c);
+    if (c->rope.prepared && c->rope.type == LLAMA_ROPE_LONGROPE && positions > longrope_original(c))
+        f.inv_freq = c->rope.long_inv_freq;
+    return f;
 }

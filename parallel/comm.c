@@ -45,6 +45,11 @@ void par_comm_free(par_comm *c) {
     free(c);
 }
 
+par_group par_expert_data_group(const par_comm *c, int ep) {
+    if (ep <= 1 || c->size % ep != 0) return (par_group){c->size, c->rank};
+    return (par_group){c->size / ep, c->rank / ep};
+}
+
 int par_rank(const par_comm *c) { return c->rank; }
 int par_size(const par_comm *c) { return c->size; }
 bool par_is_simulated(const par_comm *c) { return c->simulated; }
@@ -61,14 +66,18 @@ const char *par_collective_name(par_collective k) {
     return (unsigned)k < PAR_NCOLLECTIVES ? names[k] : "?";
 }
 
-// A ring all-reduce sends 2 (N-1)/N of the buffer from each rank, reduce-scatter and
-// all-gather (N-1)/N.
-void par_count(par_comm *c, par_collective k, uint64_t bytes, double seconds) {
-    uint64_t n = (uint64_t)c->size, sent = n > 1 ? bytes / n * (n - 1) : 0;
+// A ring all-reduce over n ranks sends 2 (n-1)/n of the buffer from each rank, reduce-scatter
+// and all-gather (n-1)/n.
+void par_count_over(par_comm *c, par_collective k, uint64_t bytes, int ranks, double seconds) {
+    uint64_t n = (uint64_t)ranks, sent = n > 1 ? bytes / n * (n - 1) : 0;
     c->stats.calls[k]++;
     c->stats.bytes[k] += bytes;
     c->stats.sent_bytes[k] += k == PAR_ALL_REDUCE ? 2 * sent : sent;
     c->stats.seconds[k] += seconds;
+}
+
+void par_count(par_comm *c, par_collective k, uint64_t bytes, double seconds) {
+    par_count_over(c, k, bytes, c->size, seconds);
 }
 
 // Whether a collective moves data: a real communicator of several ranks, a buffer with data.

@@ -27,7 +27,7 @@ static int gather_slot(par_zero *z, zslot *s, ag_err *err) {
     if (s->p->data && s->shard.data)
         memcpy((char *)s->p->data + s->lo * s->gsize, s->shard.data, (s->hi - s->lo) * s->gsize);
     if (!par_real(z)) { // a simulated rank counts what a real one would move
-        par_count(z->comm, PAR_ALL_GATHER, (uint64_t)s->numel * s->gsize, 0);
+        par_count_over(z->comm, PAR_ALL_GATHER, (uint64_t)s->numel * s->gsize, s->grp->size, 0);
         return 0;
     }
     set_parts(z, s);

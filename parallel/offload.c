@@ -58,7 +58,7 @@ int par_zero_after_step(par_zero *z, ag_err *err) {
         zslot *s = &z->slots[i];
         if (!s->trains) continue;
         if (!par_real(z)) {
-            par_count(z->comm, PAR_ALL_GATHER, (uint64_t)s->numel * s->gsize, 0);
+            par_count_over(z->comm, PAR_ALL_GATHER, (uint64_t)s->numel * s->gsize, s->grp->size, 0);
             continue;
         }
         for (int q = 0; q < z->N; q++)

@@ -117,6 +117,31 @@ void par_abort(par_comm *c, int code);
 // 2, 3 and FSDP, the gradient shards accumulating.
 // ================================================================================================
 
+// Expert parallelism (DeepSpeed-MoE's groups): with ep > 1 the experts of each sparse layer are
+// split over ep ranks, each rank holding its own. The parameters are partitioned over groups of
+// ranks, a group per parameter: the dense ones (attention, norms, embeddings, routers, shared
+// experts) over every rank, as without experts; a rank's experts over its expert-data-parallel
+// group, the size / ep ranks that hold the same experts (DeepSpeed's layout: expert-parallel
+// groups are runs of ep consecutive ranks, rank r's expert-data-parallel group is r mod ep,
+// r mod ep + ep, ..., r at place r / ep in it). Their optimizer state (stage 1), gradients
+// (stage 2) and weights (stage 3) are sharded over that group, and their parts of a bucket
+// reduced and their shards gathered over it. Under stages 0 to 2 they share the buckets of the
+// dense parameters (DeepSpeed's one bucket, each parameter's slices reduced over its own group);
+// stage 3 closes a bucket where the group changes (DeepSpeed's stage 3 under AutoEP; its own MoE
+// layers refuse stage 3). Every gradient is averaged over every rank (DeepSpeed divides the whole
+// bucket by the data-parallel world size). FSDP is refused, and so is a real run over several
+// ranks (the groups are simulated: membill plan --ep).
+typedef enum { PAR_GROUP_DATA, PAR_GROUP_EXPERT_DATA, PAR_NGROUPS } par_group_kind;
+
+// A group of ranks a parameter is partitioned over: its size and this rank's place in it.
+typedef struct {
+    int size, rank;
+} par_group;
+
+// The expert-data-parallel group of this rank with experts split over ep ranks (ep dividing the
+// communicator's size; 0 or 1: every rank).
+par_group par_expert_data_group(const par_comm *c, int ep);
+
 typedef enum { PAR_FSDP_NONE, PAR_FSDP_FULL_SHARD, PAR_FSDP_SHARD_GRAD_OP } par_fsdp;
 typedef enum { PAR_OFFLOAD_NONE, PAR_OFFLOAD_OPTIMIZER, PAR_OFFLOAD_OPTIMIZER_PARAMS } par_offload;
 
@@ -131,6 +156,8 @@ typedef struct {
     bool root_stays;            // the first unit gathered from the forward's start to the backward's end
     bool unit_reduce;           // gradients reduce-scattered per unit when its backward is done; else buckets
     bool reduce_every_backward; // with accumulation: reduced at each micro-batch (else the last only)
+    bool group_buckets;         // a bucket holds one group's gradients, closed where the group changes
+                                // (DeepSpeed's stage 3); else the groups share it, each part reduced apart
 } par_strategy;
 
 const par_strategy *par_strategy_of(int stage, par_fsdp fsdp);
@@ -151,6 +178,7 @@ typedef struct {
     // adds zeros to its bucket's reduction and gets its .grad from it, as DDP's
     // find_unused_parameters=True; false: it is an error.
     bool find_unused;
+    int ep; // expert parallelism over this many ranks (0 or 1: none): the expert-data-parallel groups
 } par_zero_config;
 
 // The parameters gathered together in stage 3, a module of the model (a decoder block, the
@@ -164,11 +192,12 @@ typedef struct {
 typedef struct par_zero par_zero;
 
 // Shards the parameters (params[n]: each once, in the model's order, the frozen ones too) over
-// c. For stage 3 the parameters must have been made without storage (ag_ctx_defer_params) and
-// get their shards from par_zero_materialize. Installs the leaf hooks on ctx
-// (ag_ctx_set_leaf_hooks), which must outlive it. The units are copied.
+// c, each over its group (groups[n]; NULL: every one PAR_GROUP_DATA). For stage 3 the parameters
+// must have been made without storage (ag_ctx_defer_params) and get their shards from
+// par_zero_materialize. Installs the leaf hooks on ctx (ag_ctx_set_leaf_hooks), which must
+// outlive it. The units are copied.
 int par_zero_new(par_zero **out, const par_zero_config *cfg, par_comm *c, ag_ctx *ctx, ag_tensor *const *params,
-                 size_t n, const par_unit *units, size_t nunits, ag_err *err);
+                 size_t n, const par_group_kind *groups, const par_unit *units, size_t nunits, ag_err *err);
 void par_zero_free(par_zero *z); // NULL is ignored; frees shards, buckets, gathered storage, host copies
 const par_strategy *par_zero_strategy(const par_zero *z);
 

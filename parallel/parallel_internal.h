@@ -12,6 +12,8 @@ struct par_comm {
 
 // One collective of `bytes` counted (what a simulated rank does instead of moving them).
 void par_count(par_comm *c, par_collective k, uint64_t bytes, double seconds);
+// The same over a group of `ranks` of the communicator (an expert-data-parallel group).
+void par_count_over(par_comm *c, par_collective k, uint64_t bytes, int ranks, double seconds);
 
 // The transport: MPI_COMM_WORLD. Each returns 0, or -1 with MPI's message in err.
 int par_mpi_world(par_comm *c, ag_err *err);

@@ -25,12 +25,17 @@ static int new_bucket(par_zero *z, const size_t *order, size_t n, ag_err *err) {
     return 0;
 }
 
-// DDP's assignment: what trains in reverse parameter order, a bucket closed once it reaches the cap.
+// DDP's assignment: what trains in reverse parameter order, a bucket closed once it reaches the cap
+// (or, group_buckets, before a parameter of another group).
 static int by_size(par_zero *z, size_t *order, ag_err *err) {
     size_t bytes = 0, k = 0;
     for (size_t i = z->n; i-- > 0;) {
         const zslot *s = &z->slots[i];
         if (!s->trains) continue;
+        if (k && z->st->group_buckets && s->grp != z->slots[order[k - 1]].grp) {
+            if (new_bucket(z, order, k, err) != 0) return -1;
+            k = bytes = 0;
+        }
         order[k++] = i;
         bytes += s->numel * z->reduce_bytes;
         if (bytes >= z->cfg.bucket_bytes) {
@@ -138,13 +143,31 @@ static int give_grad(par_zero *z, zslot *s, ag_err *err) {
     return -1;
 }
 
+// A simulated rank counts what a real bucket's reduction moves: each group's part of the bucket
+// reduced over its own ranks (a bucket of dense parameters alone: one call over every rank).
+static void count_reduction(par_zero *z, const zbucket *b, par_collective k) {
+    for (int g = 0; g < PAR_NGROUPS; g++) {
+        uint64_t elems = 0;
+        for (size_t j = 0; j < b->n; j++) {
+            const zslot *s = &z->slots[b->slots[j]];
+            if (s->grp != &z->groups[g]) continue;
+            if (z->st->stage == 0) elems += s->numel;
+            for (int q = 0; z->st->stage > 0 && q < s->grp->size; q++) elems += par_part_cap(z, s, q);
+        }
+        if (elems) par_count_over(z->comm, k, elems * z->reduce_bytes, z->groups[g].size, 0);
+    }
+}
+
 // Every gradient of the bucket final: the reduction, this rank's results into place, the bucket freed.
 static int reduce_bucket(par_zero *z, zbucket *b, ag_err *err) {
     const float inv = 1.0f / (float)z->N;
     float *buf = b->buf.data;
     int rc = 0;
     if (z->st->stage == 0) {
-        rc = par_all_reduce_sum(z->comm, buf, b->elems, z->reduce_bytes, err);
+        if (par_real(z))
+            rc = par_all_reduce_sum(z->comm, buf, b->elems, z->reduce_bytes, err);
+        else
+            count_reduction(z, b, PAR_ALL_REDUCE);
         for (size_t j = 0, at = 0; rc == 0 && j < b->n; at += z->slots[b->slots[j]].numel, j++) {
             zslot *s = &z->slots[b->slots[j]];
             if ((rc = give_grad(z, s, err)) == 0)
@@ -158,7 +181,7 @@ static int reduce_bucket(par_zero *z, zbucket *b, ag_err *err) {
             }
             rc = par_reduce_scatter_sum(z->comm, buf, z->counts, z->reduce_bytes, err);
         } else { // counted whole, as a real bucket's reduce-scatter moves it
-            par_count(z->comm, PAR_REDUCE_SCATTER, (uint64_t)b->elems * z->reduce_bytes, 0);
+            count_reduction(z, b, PAR_REDUCE_SCATTER);
         }
         for (size_t j = 0, at = 0; rc == 0 && j < b->n; j++) {
             zslot *s = &z->slots[b->slots[j]];

@@ -10,7 +10,9 @@ static size_t clip(size_t v, size_t hi) { return v < hi ? v : hi; }
 
 size_t par_part_lo(const zslot *s, int q) { return clip((size_t)q * s->stride, s->numel); }
 size_t par_part_len(const zslot *s, int q) { return clip(par_part_lo(s, q) + s->stride, s->numel) - par_part_lo(s, q); }
-size_t par_part_cap(const par_zero *z, const zslot *s, int q) { return z->st->dim0 ? s->stride : par_part_len(s, q); }
+size_t par_part_cap(const par_zero *z, const zslot *s, int q) {
+    return !z->st->dim0 ? par_part_len(s, q) : q < s->grp->size ? s->stride : 0;
+}
 
 bool par_real(const par_zero *z) { return !par_is_simulated(z->comm) && z->N > 1; }
 
@@ -36,20 +38,21 @@ int par_alloc(mp_block *b, size_t bytes, mp_category cat, const ag_tensor *p, co
 }
 
 // A slot's geometry: its elements (a quantised weight's storage bytes), their sizes gathered and
-// in the shard, a rank's part.
-static void shape_slot(par_zero *z, zslot *s, ag_tensor *p) {
+// in the shard, a rank's part of it over its group (a rank past the group's size has none).
+static void shape_slot(par_zero *z, zslot *s, ag_tensor *p, const par_group *grp) {
     bool bytes = p->bits < 16 && p->ndim > 1;
     s->p = p;
+    s->grp = grp;
     s->trains = p->requires_grad;
     s->bucket = -1;
     s->numel = bytes ? (size_t)ag_param_storage_bytes(p) : (size_t)p->numel;
     s->gsize = bytes ? 1 : (size_t)p->bits / 8;
     s->ssize = s->trains && z->cfg.shard_bits ? (size_t)z->cfg.shard_bits / 8 : s->gsize;
-    size_t N = (size_t)z->N, rows = bytes ? s->numel : (size_t)p->shape[0], per = rows ? s->numel / rows : 1;
+    size_t N = (size_t)grp->size, rows = bytes ? s->numel : (size_t)p->shape[0], per = rows ? s->numel / rows : 1;
     s->stride = z->st->dim0 ? (rows + N - 1) / N * per : (s->numel + N - 1) / N;
-    s->lo = par_part_lo(s, z->rank);
-    s->hi = s->lo + par_part_len(s, z->rank);
-    s->held = par_part_cap(z, s, z->rank);
+    s->lo = par_part_lo(s, grp->rank);
+    s->hi = s->lo + par_part_len(s, grp->rank);
+    s->held = par_part_cap(z, s, grp->rank);
 }
 
 static int make_units(par_zero *z, const par_unit *units, size_t nunits, ag_err *err) {
@@ -101,7 +104,8 @@ static void make_view(ag_tensor *v, const ag_tensor *p, void *data, size_t n, in
     v->own_bits = p->own_bits; // its state of its own dtype too
 }
 
-static int setup(par_zero *z, ag_tensor *const *params, size_t n, const par_unit *units, size_t nunits, ag_err *err) {
+static int setup(par_zero *z, ag_tensor *const *params, size_t n, const par_group_kind *groups, const par_unit *units,
+                 size_t nunits, ag_err *err) {
     z->slots = calloc(n ? n : 1, sizeof *z->slots);
     z->opt = calloc(n ? n : 1, sizeof *z->opt);
     z->counts = par_real(z) ? calloc(2 * (size_t)z->N, sizeof *z->counts) : NULL;
@@ -117,7 +121,8 @@ static int setup(par_zero *z, ag_tensor *const *params, size_t n, const par_unit
                        ag_tensor_name(params[i]));
             return -1;
         }
-        shape_slot(z, &z->slots[z->n++], params[i]);
+        par_group_kind g = groups && z->cfg.ep > 1 ? groups[i] : PAR_GROUP_DATA;
+        shape_slot(z, &z->slots[z->n++], params[i], &z->groups[g]);
     }
     if (z->st->stage == 3 && make_units(z, units, nunits, err) != 0) return -1;
     if (par_make_buckets(z, err) != 0) return -1; // FSDP's follow the units
@@ -150,6 +155,9 @@ static bool config_ok(const par_zero_config *c, ag_err *err) {
         bad = "the parameters offload with stage 3 (or FSDP)";
     else if (c->fsdp && c->offload == PAR_OFFLOAD_OPTIMIZER)
         bad = "FSDP's CPUOffloadPolicy moves the parameters with the optimizer (optimizer+params)";
+    else if (c->ep < 0 || (c->ep > 1 && c->fsdp))
+        bad = "expert parallelism shards the experts over their data-parallel group under ZeRO (FSDP's is not "
+              "modelled)";
     if (bad)
         ag_err_set(err, "zero: stage %d, FSDP %s, offload %s, prefetch %d, bucket %zu bytes: %s", c->stage,
                    par_fsdp_name(c->fsdp), par_offload_name(c->offload), c->prefetch, c->bucket_bytes, bad);
@@ -170,13 +178,24 @@ static bool real_dtypes_ok(ag_tensor *const *params, size_t n, ag_err *err) {
 }
 
 int par_zero_new(par_zero **out, const par_zero_config *cfg, par_comm *c, ag_ctx *ctx, ag_tensor *const *params,
-                 size_t n, const par_unit *units, size_t nunits, ag_err *err) {
+                 size_t n, const par_group_kind *groups, const par_unit *units, size_t nunits, ag_err *err) {
     *out = NULL;
     if (!cfg || !c || !ctx) {
         ag_err_set(err, "zero: no setting, communicator or context");
         return -1;
     }
     if (!config_ok(cfg, err) || !real_dtypes_ok(params, n, err)) return -1;
+    if (cfg->ep > 1 && (par_size(c) % cfg->ep != 0 || !par_is_simulated(c))) {
+        ag_err_set(err, "zero: experts over %d of %d ranks: %s", cfg->ep, par_size(c),
+                   par_is_simulated(c) ? "the ranks must be a multiple of it"
+                                       : "the expert-data-parallel groups are simulated only (membill plan --ep)");
+        return -1;
+    }
+    for (size_t i = 0; groups && i < n; i++)
+        if ((unsigned)groups[i] >= PAR_NGROUPS) {
+            ag_err_set(err, "zero: %s has no group of ranks (%d)", ag_tensor_name(params[i]), (int)groups[i]);
+            return -1;
+        }
     par_zero *z = calloc(1, sizeof *z);
     if (!z) {
         ag_err_set(err, "out of memory");
@@ -188,6 +207,8 @@ int par_zero_new(par_zero **out, const par_zero_config *cfg, par_comm *c, ag_ctx
     z->ctx = ctx;
     z->N = par_size(c);
     z->rank = par_rank(c);
+    z->groups[PAR_GROUP_DATA] = (par_group){z->N, z->rank};
+    z->groups[PAR_GROUP_EXPERT_DATA] = par_expert_data_group(c, cfg->ep);
     z->grad_bytes = (size_t)ag_ctx_precision(ctx).grad_bits / 8;
     for (size_t i = 0; i < n; i++) // parameters of their own dtype (float32 adapters): gradients of it
         if (params[i]->requires_grad) {
@@ -197,7 +218,7 @@ int par_zero_new(par_zero **out, const par_zero_config *cfg, par_comm *c, ag_ctx
     z->reduce_bytes = cfg->reduce_bits ? (size_t)cfg->reduce_bits / 8 : z->grad_bytes;
     z->sync = true;
     z->bw_unit = -1;
-    if (setup(z, params, n, units, nunits, err) != 0) {
+    if (setup(z, params, n, groups, units, nunits, err) != 0) {
         par_zero_free(z);
         return -1;
     }

@@ -10,9 +10,10 @@ typedef struct {
     ag_tensor *p;
     bool trains;           // requires_grad: reduced and stepped
     size_t numel;          // elements (bytes of the storage for a quantised weight)
+    const par_group *grp;  // the ranks it is partitioned over (every rank, or its experts' data group)
     size_t gsize;          // bytes of one element gathered (the parameter's storage)
     size_t ssize;          // bytes of one element of this rank's shard
-    size_t stride;         // a rank's part: ceil(numel / N) elements (FSDP: whole rows)
+    size_t stride;         // a rank's part: ceil(numel / its group's size) elements (FSDP: whole rows)
     size_t lo, hi;         // this rank's part [lo, hi), clipped to the parameter
     size_t held;           // elements this rank's shard holds: hi - lo (FSDP: stride, padded)
     int bucket;            // -1: none (frozen)
@@ -43,6 +44,7 @@ struct par_zero {
     par_comm *comm;
     ag_ctx *ctx;
     int N, rank;
+    par_group groups[PAR_NGROUPS];   // every rank; this rank's expert-data-parallel group
     size_t grad_bytes, reduce_bytes; // of a gradient element, and of one reduced
     bool sync;                       // the coming backward is the step's last
     zslot *slots;

@@ -269,6 +269,11 @@ void ag_blas_account(double t0, int calls, double flops);
 void ag_vec_add(ag_buf dst, ag_buf a, ag_buf b, int64_t n);
 void ag_vec_mul_into(ag_buf dst, bool fresh, ag_buf a, ag_buf b, int64_t n);
 void ag_vec_acc(ag_buf dst, bool fresh, ag_buf src, int64_t n);
+// dst[r, :] (+)= x[r, :] s[r] over rows of C: each row times its own factor (a gate, a routing
+// weight), in float32.
+void ag_rows_scale(ag_buf dst, bool fresh, ag_buf x, ag_buf s, int64_t rows, int64_t C);
+// x[r, :] . y[r, :] in float32: the gradient of a row's factor from the row it scaled.
+float ag_row_dot(ag_buf x, ag_buf y, int64_t r, int64_t C);
 // y[r, :] += b for every row r of y[M, out] (nn.Linear's addmm), rounded once.
 void ag_linear_bias_forward(ag_buf y, ag_buf b, int64_t M, int64_t out);
 // db[out] (+)= the column sums of dy[M, out], in float32 (a linear's bias gradient).

@@ -94,6 +94,24 @@ int64_t ag_argmax(const float *x, int64_t n) {
     return best;
 }
 
+void ag_rows_scale(ag_buf dst, bool fresh, ag_buf x, ag_buf s, int64_t rows, int64_t C) {
+    float xb[C], ob[C];
+    for (int64_t i = 0; i < rows; i++) {
+        const float f = ag_get(s.p, s.t, i);
+        const float *v = ag_rd(x, i * C, C, xb);
+        float *o = fresh ? ag_wr(dst, i * C, ob) : ag_rw(dst, i * C, C, ob);
+        for (int64_t j = 0; j < C; j++) o[j] = fresh ? v[j] * f : o[j] + v[j] * f;
+        ag_wr_end(dst, i * C, C, o);
+    }
+}
+
+float ag_row_dot(ag_buf x, ag_buf y, int64_t r, int64_t C) {
+    float xb[C], yb[C], sum = 0.0f;
+    const float *a = ag_rd(x, r * C, C, xb), *b = ag_rd(y, r * C, C, yb);
+    for (int64_t j = 0; j < C; j++) sum += a[j] * b[j];
+    return sum;
+}
+
 // db[out] (+)= the sum over the M rows of dy[M, out] (in float32): the bias needs nothing saved.
 void ag_linear_bias_forward(ag_buf y, ag_buf b, int64_t M, int64_t out) {
     float bb[out], yb[out];

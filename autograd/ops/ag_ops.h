@@ -48,6 +48,7 @@ typedef struct {
 struct ag_kv_cache {
     int64_t B;
     int Hkv, D;
+    int Dv;     // the values' head size: D, or DeepSeek's v_head_dim (ag_kv_cache_new_dv)
     ag_dtype t; // the activations' dtype
     mp_category cat;
     char k_label[AG_LABEL_MAX], v_label[AG_LABEL_MAX];

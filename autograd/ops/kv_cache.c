@@ -33,11 +33,17 @@ ag_kv_cache *ag_kv_cache_new(ag_ctx *ctx, const char *site, mp_category cat, int
         ag_fail(ctx, AG_ERR_NOMEM, "kv cache %s: out of memory", s.base);
         return NULL;
     }
-    c->B = B, c->Hkv = Hkv, c->D = D, c->cat = cat;
+    c->B = B, c->Hkv = Hkv, c->D = D, c->Dv = D, c->cat = cat;
     c->t = ag_dtype_of_bits(ctx->dtype.act_bits, ctx->dtype.fp16);
     bool cache = cat == MP_CACHE;
     ag_label(c->k_label, s.base, cache ? "k_cache" : "keys");
     ag_label(c->v_label, s.base, cache ? "v_cache" : "values");
+    return c;
+}
+
+ag_kv_cache *ag_kv_cache_new_dv(ag_ctx *ctx, const char *site, mp_category cat, int64_t B, int Hkv, int D, int Dv) {
+    ag_kv_cache *c = ag_kv_cache_new(ctx, site, cat, B, Hkv, D > Dv ? D : Dv);
+    if (c) c->D = D, c->Dv = Dv < 0 ? 0 : Dv;
     return c;
 }
 
@@ -53,11 +59,18 @@ void ag_kv_cache_free(ag_kv_cache *c) {
 
 static bool append_shapes(ag_ctx *ctx, const ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v) {
     char sk[64], sv[64];
+    if (c->Dv == 0 && !v && k->ndim == 3 && k->shape[0] == c->B && k->shape[2] == (int64_t)c->Hkv * c->D)
+        return true; // keys alone (DeepSeek's latent cache)
+    if (!v) return ag_fail(ctx, AG_ERR_ARG, "kv cache append %s: v is NULL", c->k_label);
     bool ok = k->ndim == 3 && v->ndim == 3 && k->shape[0] == c->B && k->shape[2] == (int64_t)c->Hkv * c->D &&
-              v->shape[0] == k->shape[0] && v->shape[1] == k->shape[1] && v->shape[2] == k->shape[2];
-    if (!ok)
+              v->shape[0] == k->shape[0] && v->shape[1] == k->shape[1] && v->shape[2] == (int64_t)c->Hkv * c->Dv;
+    if (!ok && c->Dv == c->D)
         ag_fail(ctx, AG_ERR_SHAPE, "kv cache append %s: k %s, v %s (expected both [%lld, t, %lld])", c->k_label,
                 ag_shape_str(k, sk), ag_shape_str(v, sv), (long long)c->B, (long long)c->Hkv * c->D);
+    else if (!ok)
+        ag_fail(ctx, AG_ERR_SHAPE, "kv cache append %s: k %s, v %s (expected [%lld, t, %lld] and [%lld, t, %lld])",
+                c->k_label, ag_shape_str(k, sk), ag_shape_str(v, sv), (long long)c->B, (long long)c->Hkv * c->D,
+                (long long)c->B, (long long)c->Hkv * c->Dv);
     return ok;
 }
 
@@ -97,8 +110,7 @@ static bool append_cat(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const ag
 
 bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const ag_tensor *v) {
     if (!ctx || ctx->status != AG_OK) return false;
-    if (!c || !k || !v)
-        return ag_fail(ctx, AG_ERR_ARG, "kv cache append: %s is NULL", !c ? "the cache" : !k ? "k" : "v");
+    if (!c || !k) return ag_fail(ctx, AG_ERR_ARG, "kv cache append: %s is NULL", !c ? "the cache" : "k");
     if (!ag_kv_no_grad(ctx, "kv cache append", c->k_label) || !append_shapes(ctx, c, k, v)) return false;
     if (c->n == c->cap) { // the list of chunks grows, never the chunks
         size_t cap = c->cap ? 2 * c->cap : 64;
@@ -107,17 +119,23 @@ bool ag_kv_cache_append(ag_ctx *ctx, ag_kv_cache *c, const ag_tensor *k, const a
         c->chunks = grown;
         c->cap = cap;
     }
-    if (AG_FW(ctx->fw, kv_cache_cat) && c->n > 0) return append_cat(ctx, c, k, v);
+    if (AG_FW(ctx->fw, kv_cache_cat) && c->n > 0) {
+        if (c->Dv != c->D)
+            return ag_fail(ctx, AG_ERR_ARG,
+                           "kv cache %s: values of a head size of their own grow by chunks only "
+                           "(torch.cat's growth is not modelled for them)",
+                           c->k_label);
+        return append_cat(ctx, c, k, v);
+    }
     kv_chunk ch = {.t = k->shape[1]};
-    size_t bytes = (size_t)k->numel * sizeof(float);
-    if (!ag_alloc_block(ctx, &ch.k, bytes, c->cat, c->k_label)) return false;
-    if (!ag_alloc_block(ctx, &ch.v, bytes, c->cat, c->v_label)) {
+    if (!ag_alloc_block(ctx, &ch.k, (size_t)k->numel * sizeof(float), c->cat, c->k_label)) return false;
+    if (v && !ag_alloc_block(ctx, &ch.v, (size_t)v->numel * sizeof(float), c->cat, c->v_label)) {
         mp_free(&ch.k);
         return false;
     }
     if (!mp_is_meta()) {
         ag_to_heads((ag_buf){ch.k.data, c->t}, ag_buf_of(k), c->B, ch.t, c->Hkv, c->Hkv, c->D);
-        ag_to_heads((ag_buf){ch.v.data, c->t}, ag_buf_of(v), c->B, ch.t, c->Hkv, c->Hkv, c->D);
+        if (v) ag_to_heads((ag_buf){ch.v.data, c->t}, ag_buf_of(v), c->B, ch.t, c->Hkv, c->Hkv, c->Dv);
     }
     c->chunks[c->n++] = ch;
     c->tokens += ch.t;
@@ -143,8 +161,8 @@ uint64_t ag_kv_cache_bytes(const ag_kv_cache *c, uint64_t *usable) {
 }
 
 bool ag_kv_cache_read(const ag_kv_cache *c, bool values, float *dst) {
-    if (!c || !dst || mp_is_meta()) return false;
-    int64_t row = (int64_t)c->D, off = 0;
+    if (!c || !dst || mp_is_meta() || (values && c->Dv == 0)) return false;
+    int64_t row = (int64_t)(values ? c->Dv : c->D), off = 0;
     for (size_t i = 0; i < c->n; i++) {
         const kv_chunk *ch = &c->chunks[i];
         ag_buf src = {values ? ch->v.data : ch->k.data, c->t};

@@ -2,6 +2,7 @@
 // MixtralSparseMoeBlock and Qwen2/3MoeSparseMoeBlock: softmax in float32, topk, `/=` their sum
 // when norm_topk_prob, `.to(hidden_states.dtype)`). Backward: the weights' gradient back through
 // the renormalisation, the top-k selection and the softmax to the logits.
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,11 +34,55 @@ static void route_row(const float *z, int E, int k, bool renorm, bool topk_first
     for (int j = 0; renorm && j < k; j++) w[j] /= sum;
 }
 
+// DeepSeek-V3's row: p = sigmoid(z); the groups by their two best choices p + bias; the top-k of
+// the choices within the chosen groups (0 elsewhere, as masked_fill leaves them); w = p[sel],
+// renormalised, scaled.
+static void route_row_group(const float *z, int E, int k, bool renorm, const ag_moe_sigmoid_group *g, float *p,
+                            int32_t *sel, float *w) {
+    const int G = g->n_group, per = E / G;
+    float choice[E], gscore[G];
+    for (int e = 0; e < E; e++) {
+        p[e] = 1.0f / (1.0f + expf(-z[e]));
+        choice[e] = p[e] + (g->bias ? g->bias[e] : 0.0f);
+    }
+    for (int i = 0; i < G; i++) {
+        int32_t two[2];
+        ag_moe_topk(choice + i * per, per, 2, two);
+        gscore[i] = choice[i * per + two[0]] + choice[i * per + two[1]];
+    }
+    int32_t groups[G];
+    ag_moe_topk(gscore, G, g->topk_group, groups);
+    bool keep[G];
+    memset(keep, 0, sizeof keep);
+    for (int j = 0; j < g->topk_group; j++) keep[groups[j]] = true;
+    for (int e = 0; e < E; e++)
+        if (!keep[e / per]) choice[e] = 0.0f;
+    ag_moe_topk(choice, E, k, sel);
+    double sum = 1e-20;
+    for (int j = 0; j < k; j++) sum += (w[j] = p[sel[j]]);
+    for (int j = 0; j < k; j++) w[j] = (renorm ? (float)(w[j] / sum) : w[j]) * g->scaling;
+}
+
+// dz from dw[k] through w = scaling v / (Σ v + 1e-20) (renorm) or scaling v, v = p[sel], p = sigmoid(z).
+static void back_row_group(const float *p, const int32_t *sel, const float *dw, int E, int k, bool renorm,
+                           float scaling, float *dp) {
+    double sum = 1e-20, dot = 0.0;
+    for (int j = 0; j < k; j++) sum += p[sel[j]];
+    for (int j = 0; j < k; j++) dot += (double)dw[j] * p[sel[j]] / sum;
+    memset(dp, 0, (size_t)E * sizeof *dp);
+    for (int j = 0; j < k; j++) {
+        const float s = p[sel[j]];
+        const double dv = renorm ? (dw[j] - dot) / sum : dw[j];
+        dp[sel[j]] += (float)(dv * scaling) * s * (1.0f - s);
+    }
+}
+
 typedef struct {
     ag_buf z, w, p; // p: float32 [N, E] ([N, k] when topk_first)
     int E, k;
     bool renorm, topk_first;
     int32_t *sel;
+    const ag_moe_sigmoid_group *group;
 } fwd_args;
 
 static void fwd_part(void *arg, int64_t lo, int64_t hi, int thread) {
@@ -47,7 +92,10 @@ static void fwd_part(void *arg, int64_t lo, int64_t hi, int thread) {
     for (int64_t t = lo; t < hi; t++) {
         const float *z = ag_rd(a->z, t * a->E, a->E, zb);
         const int64_t width = a->topk_first ? a->k : a->E;
-        route_row(z, a->E, a->k, a->renorm, a->topk_first, (float *)a->p.p + t * width, a->sel + t * a->k, wv);
+        if (a->group)
+            route_row_group(z, a->E, a->k, a->renorm, a->group, (float *)a->p.p + t * a->E, a->sel + t * a->k, wv);
+        else
+            route_row(z, a->E, a->k, a->renorm, a->topk_first, (float *)a->p.p + t * width, a->sel + t * a->k, wv);
         for (int j = 0; j < a->k; j++) ag_set(a->w.p, a->w.t, t * a->k + j, wv[j]);
     }
 }
@@ -71,6 +119,8 @@ typedef struct {
     ag_buf dw, dz;
     bool fresh, renorm, topk_first;
     int E, k;
+    bool group;
+    float scaling;
 } bwd_args;
 
 // topk_first: dz[sel[j]] = p_j (dw_j - Σ p dw), zero elsewhere (p: the k weights).
@@ -87,7 +137,9 @@ static void bwd_part(void *arg, int64_t lo, int64_t hi, int thread) {
     float dw[a->k], dp[a->E], ob[a->E];
     for (int64_t t = lo; t < hi; t++) {
         for (int j = 0; j < a->k; j++) dw[j] = ag_get(a->dw.p, a->dw.t, t * a->k + j);
-        if (a->topk_first)
+        if (a->group)
+            back_row_group(a->p + t * a->E, a->sel + t * a->k, dw, a->E, a->k, a->renorm, a->scaling, dp);
+        else if (a->topk_first)
             back_row_topk_first(a->p + t * a->k, a->sel + t * a->k, dw, a->E, a->k, dp);
         else
             back_row(a->p + t * a->E, a->sel + t * a->k, dw, a->E, a->k, a->renorm, dp);
@@ -145,8 +197,8 @@ static void route_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
         free(dw);
         return;
     }
-    bwd_args a = {ag_f32(st->probs), st->sel,        ag_buf_f32(dw), ag_dst_buf(&d), d.fresh,
-                  st->renorm,        st->topk_first, st->E,          st->k};
+    bwd_args a = {ag_f32(st->probs), st->sel, ag_buf_f32(dw), ag_dst_buf(&d), d.fresh,
+                  st->renorm,        st->topk_first, st->E, st->k, st->group, st->scaling};
     ag_parallel_for(st->N, AG_PAR_GRAIN_EXP / st->E + 1, bwd_part, &a);
     free(dw);
 }
@@ -230,8 +282,25 @@ ag_tensor *ag_moe_route(ag_ctx *ctx, const char *site, ag_tensor *logits, const 
         return NULL;
     }
     ag_moe_route_state st = {
-        .N = N, .E = E, .k = k, .renorm = o->renorm && !o->topk_first, .topk_first = o->topk_first};
+        .N = N, .E = E, .k = k, .renorm = o->renorm && !o->topk_first, .topk_first = o->topk_first,
+        .group = o->group != NULL, .scaling = o->group ? o->group->scaling : 1.0f};
     ag_tensor *w = NULL;
+    const ag_moe_sigmoid_group *g = o->group;
+    if (g && (o->topk_first || g->n_group < 1 || E % g->n_group != 0 || E / g->n_group < 2 || g->topk_group < 1 ||
+              g->topk_group > g->n_group || g->topk_group * (E / g->n_group) < k)) {
+        ag_fail(ctx, AG_ERR_ARG,
+                "moe_route %s: %d experts in %d groups, %d of them chosen, top-k %d (expected groups of at least 2 "
+                "experts holding at least top-k between the chosen ones)",
+                s.base, E, g ? g->n_group : 0, g ? g->topk_group : 0, k);
+        return NULL;
+    }
+    if (g && AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER) {
+        ag_fail(ctx, AG_ERR_ARG,
+                "moe_route %s: sigmoid scores with group-limited top-k (deepseek_v3's router) run under the lean "
+                "framework only (transformers' DeepseekV3TopkRouter is not modelled op by op)",
+                s.base);
+        return NULL;
+    }
     if (o->topk_first && AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER) {
         ag_fail(ctx, AG_ERR_ARG,
                 "moe_route %s: top-k then softmax (gpt_oss's router) runs under the lean framework only (transformers' "
@@ -251,7 +320,7 @@ ag_tensor *ag_moe_route(ag_ctx *ctx, const char *site, ag_tensor *logits, const 
     if (w && real && !(st.sel = malloc((size_t)(N * k) * sizeof *st.sel)))
         ag_fail(ctx, AG_ERR_NOMEM, "moe_route %s: out of memory", s.base);
     if (w && st.sel) {
-        fwd_args a = {ag_buf_of(logits), ag_buf_of(w), ag_buf_of(st.probs), E, k, st.renorm, st.topk_first, st.sel};
+        fwd_args a = {ag_buf_of(logits), ag_buf_of(w), ag_buf_of(st.probs), E, k, st.renorm, st.topk_first, st.sel, g};
         ag_parallel_for(N, AG_PAR_GRAIN_EXP / E + 1, fwd_part, &a);
     }
     bool ok = w && ctx->status == AG_OK && fill_routing(ctx, s.base, r, N, E, k, st.sel, o->assumed);

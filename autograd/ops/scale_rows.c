@@ -18,23 +18,11 @@ static void scale_rows_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     if (want_s && AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER &&
         !ag_alloc_shaped(ctx, &whole, 2, (int64_t[]){rows, C}, ag_type_traits_of(n->grad_dtype)->bits, l))
         return;
-    if (ag_grad_get(ctx, n, 0, &dx) && dx.needed && !mp_is_meta()) {
-        float ob[C], ib[C];
-        ag_buf d = ag_dst_buf(&dx);
-        for (int64_t i = 0; i < rows; i++) {
-            float f = ag_get(st->s->data, st->s->dtype, i);
-            const float *g = ag_rd(dy, i * C, C, ib);
-            float *o = dx.fresh ? ag_wr(d, i * C, ob) : ag_rw(d, i * C, C, ob);
-            for (int64_t j = 0; j < C; j++) o[j] = dx.fresh ? g[j] * f : o[j] + g[j] * f;
-            ag_wr_end(d, i * C, C, o);
-        }
-    }
+    if (ag_grad_get(ctx, n, 0, &dx) && dx.needed && !mp_is_meta())
+        ag_rows_scale(ag_dst_buf(&dx), dx.fresh, dy, ag_buf_of(st->s), rows, C);
     if (want_s && ag_grad_get(ctx, n, 1, &ds) && ds.needed && !mp_is_meta()) {
-        float xb[C], ib[C];
         for (int64_t i = 0; i < rows; i++) {
-            const float *g = ag_rd(dy, i * C, C, ib), *x = ag_rd(ag_buf_of(st->x), i * C, C, xb);
-            float sum = 0.0f;
-            for (int64_t j = 0; j < C; j++) sum += g[j] * x[j];
+            const float sum = ag_row_dot(dy, ag_buf_of(st->x), i, C);
             ag_set(ds.data, ds.dtype, i, ds.fresh ? sum : ag_get(ds.data, ds.dtype, i) + sum);
         }
     }
@@ -58,16 +46,7 @@ ag_tensor *ag_scale_rows(ag_ctx *ctx, const char *site, ag_tensor *x, ag_tensor 
     }
     ag_tensor *y = ag_tensor_promoted(ctx, x, s, st.out);
     if (!y) return NULL;
-    if (!mp_is_meta()) {
-        float xb[C], ob[C];
-        for (int64_t i = 0; i < n; i++) {
-            float f = ag_get(s->data, s->dtype, i);
-            const float *v = ag_rd(ag_buf_of(x), i * C, C, xb);
-            float *o = ag_wr(ag_buf_of(y), i * C, ob);
-            for (int64_t j = 0; j < C; j++) o[j] = v[j] * f;
-            ag_wr_end(ag_buf_of(y), i * C, C, o);
-        }
-    }
+    if (!mp_is_meta()) ag_rows_scale(ag_buf_of(y), true, ag_buf_of(x), ag_buf_of(s), n, C);
     if (!ag_any_needs_grad(ctx, 2, ins)) return y;
     ag_node *node = ag_record(ctx, &scale_rows_op, st.base, y, 2, ins);
     if (!node) {

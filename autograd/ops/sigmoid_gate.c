@@ -15,17 +15,7 @@ static void sigmoid_gate_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
     const char *base = mp_site_name(n->site);
     char l[AG_LABEL_MAX];
     if (!ag_grad_get(ctx, n, 1, &dx)) return; // MulBackward: d(x) = dy sig first
-    if (dx.needed && !mp_is_meta()) {
-        float ob[C], ib[C];
-        ag_buf d = ag_dst_buf(&dx);
-        for (int64_t i = 0; i < N; i++) {
-            float s = ag_get(st->sig->data, st->sig->dtype, i);
-            const float *g = ag_rd(dy, i * C, C, ib);
-            float *o = dx.fresh ? ag_wr(d, i * C, ob) : ag_rw(d, i * C, C, ob);
-            for (int64_t j = 0; j < C; j++) o[j] = dx.fresh ? g[j] * s : o[j] + g[j] * s;
-            ag_wr_end(d, i * C, C, o);
-        }
-    }
+    if (dx.needed && !mp_is_meta()) ag_rows_scale(ag_dst_buf(&dx), dx.fresh, dy, ag_buf_of(st->sig), N, C);
     if (n->in[0].kind == AG_EDGE_NONE) return;
     if (AG_FW(ctx->fw, moe) == AG_MOE_HF_EAGER) { // dy x whole, its sum [N, 1] (SigmoidBackward's input), then its own
         ag_label(l, base, "grad_gate_whole");
@@ -36,16 +26,12 @@ static void sigmoid_gate_backward(ag_ctx *ctx, ag_node *n, const void *dout) {
         mp_free(&whole);
         if (!ok) return;
     }
-    if (ag_grad_get(ctx, n, 0, &dg) && dg.needed && !mp_is_meta()) {
-        float xb[C], ib[C];
+    if (ag_grad_get(ctx, n, 0, &dg) && dg.needed && !mp_is_meta())
         for (int64_t i = 0; i < N; i++) {
-            float s = ag_get(st->sig->data, st->sig->dtype, i), sum = 0.0f;
-            const float *g = ag_rd(dy, i * C, C, ib), *x = ag_rd(ag_buf_of(st->x), i * C, C, xb);
-            for (int64_t j = 0; j < C; j++) sum += g[j] * x[j];
-            float v = sum * s * (1.0f - s);
+            const float s = ag_get(st->sig->data, st->sig->dtype, i);
+            const float v = ag_row_dot(dy, ag_buf_of(st->x), i, C) * s * (1.0f - s);
             ag_set(dg.data, dg.dtype, i, dg.fresh ? v : ag_get(dg.data, dg.dtype, i) + v);
         }
-    }
     mp_free(&dsig);
 }
 
@@ -73,16 +59,9 @@ ag_tensor *ag_sigmoid_gate(ag_ctx *ctx, const char *site, ag_tensor *g, ag_tenso
         return NULL;
     }
     if (!mp_is_meta()) {
-        float xb[C], ob[C];
-        for (int64_t i = 0; i < N; i++) {
-            float v = 1.0f / (1.0f + expf(-ag_get(g->data, g->dtype, i)));
-            ag_set(sig->data, sig->dtype, i, v);
-            v = ag_get(sig->data, sig->dtype, i); // as rounded
-            const float *xv = ag_rd(ag_buf_of(x), i * C, C, xb);
-            float *o = ag_wr(ag_buf_of(y), i * C, ob);
-            for (int64_t j = 0; j < C; j++) o[j] = v * xv[j];
-            ag_wr_end(ag_buf_of(y), i * C, C, o);
-        }
+        for (int64_t i = 0; i < N; i++) // the gate as rounded to its dtype scales the row
+            ag_set(sig->data, sig->dtype, i, 1.0f / (1.0f + expf(-ag_get(g->data, g->dtype, i))));
+        ag_rows_scale(ag_buf_of(y), true, ag_buf_of(x), ag_buf_of(sig), N, C);
     }
     ag_node *n = ag_any_needs_grad(ctx, 2, ins) ? ag_record(ctx, &sigmoid_gate_op, s.base, y, 2, ins) : NULL;
     if (!n) {

@@ -64,6 +64,7 @@ typedef struct {
     const char *lora_targets, *base_dtype, *adapter, *save_adapter, *adapter_dtype;
     bool lora;
     const char *routing, *routing_out;
+    const char *mla_cache; // --mla-cache: "expanded" or "latent"
     const char *device, *gpu, *cuda_alloc_conf, *seq_lens, *snapshot, *against;
     double memory_fraction;
     bool list_gpus;
@@ -267,7 +268,7 @@ int cli_lora_from_options(const cli_options *o, cli_lora *l, ag_err *err);
 // The frozen base's linear weights under base_dtype over the run's dtype; false for none.
 bool cli_lora_base_dtype(const cli_lora *l, const cli_dtype *d, ag_precision *out);
 // "LoRA r 8, alpha 16 (scale 2), dropout 0, targets q_proj,v_proj" (and the base's dtype).
-const char *cli_lora_text(const cli_lora *l, char *buf, size_t len);
+const char *cli_lora_text(const llama_config *cfg, const cli_lora *l, char *buf, size_t len);
 // PEFT's print_trainable_parameters line and the frozen share, for a model of cfg under l.
 void cli_lora_params_text(FILE *f, const llama_config *cfg, const cli_lora *l);
 // The adapters' weights, gradients and optimizer state by site (each category at its own peak),
@@ -288,6 +289,14 @@ void cli_routing_attach(const cli_routing *r, llama_model *m);
 void cli_routing_free(cli_routing *r);
 // The report's routing line ("routing: balanced (...)") for a mixture of experts; nothing else.
 void cli_routing_text(FILE *f, const llama_config *c, const cli_routing *r, bool meta);
+// deepseek_v3's num_nextn_predict_layers, not billed: a line of the report (cli_routing_text
+// prints it), and run.mtp_layers_not_billed in the JSON; nothing when the config has none.
+void cli_mtp_text(FILE *f, const llama_config *c);
+void cli_mtp_json(struct json_t *run, const llama_config *c);
+// deepseek_v3's generation cache (--mla-cache): a line of an inference report and run.mla_cache;
+// nothing for other families.
+void cli_mla_cache_text(FILE *f, const llama_config *c);
+void cli_mla_cache_json(struct json_t *run, const llama_config *c);
 // "balanced", "worst", "file" or "measured", for the JSON report.
 const char *cli_routing_name(const cli_routing *r, bool meta);
 int cli_routing_writer(FILE *f, void *routing, ag_err *err); // arg: the llama_routing to write

@@ -156,7 +156,7 @@ static void print_lora_table(FILE *f, const compare_cmd *c) {
             "prompt + %ld new\n",
             c->tr.cfg.name, c->tr.batch, c->tr.seq_len, optim_kind_name(c->tr.ocfg.kind), c->ir.batch, c->ir.seq_len,
             c->ir.new_tokens);
-    fprintf(f, "%s; QLoRA: the same adapters on a %s base\n", cli_lora_text(&c->lora.lora, t, sizeof t),
+    fprintf(f, "%s; QLoRA: the same adapters on a %s base\n", cli_lora_text(&c->lora.cfg, &c->lora.lora, t, sizeof t),
             c->qlora.lora.base_dtype);
     cli_lora_params_text(f, &c->lora.cfg, &c->lora.lora);
     const double inf = (double)c->s[3].total.total;

@@ -95,11 +95,9 @@ void cli_explain_train(FILE *f, const llama_config *c, long B, long T, const opt
         "             autograd engine's out-of-place gradient sums; at the total peak it held %s, on top of\n"
         "             the four copies and the activations\n",
         mp_format_bytes(x, sizeof x, at_peak));
-    fprintf(f,
-            "  cache      none in training; inference keeps 2 x %lld layers x %lld kv heads x %lld x 4 = %llu bytes a "
-            "token\n",
-            (long long)c->layers, (long long)c->kv_heads, (long long)c->head_dim,
-            (unsigned long long)(2 * c->layers * c->kv_heads * c->head_dim * 4));
+    char kf[160];
+    fprintf(f, "  cache      none in training; inference keeps %s x 4 = %llu bytes a token\n",
+            llama_kv_cache_formula(c, kf, sizeof kf), (unsigned long long)(llama_kv_cache_elems_per_token(c) * 4));
     uint64_t four = cf.weights + cf.gradients + cf.optimizer;
     fprintf(f, "\n  the lessons' claims:\n");
     fprintf(f, "    training needs about four times the weights before activations: %.3f x here (%s)\n",

@@ -149,7 +149,7 @@ static int act_bytes(const infer_run *r) { return r->dtype.name ? r->dtype.act_b
 
 static uint64_t cache_per_token(const infer_run *r) {
     const llama_config *c = &r->cfg;
-    return (uint64_t)(2 * c->layers * c->kv_heads * c->head_dim * act_bytes(r));
+    return llama_kv_cache_elems_per_token(c) * (uint64_t)act_bytes(r);
 }
 
 // The tokens of the forwards that ran (fewer than asked when end-of-text stopped them) a second.
@@ -183,6 +183,8 @@ static json_t *infer_json(const void *arg, bool failed) {
     json_object_set_new(run, "new_tokens", json_integer(r->new_tokens));
     json_object_set_new(run, "cache", json_boolean(r->use_cache));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    cli_mtp_json(run, &r->cfg);
+    cli_mla_cache_json(run, &r->cfg);
     if (r->cfg.moe.experts > 0)
         json_object_set_new(run, "routing", json_string(cli_routing_name(&r->routing, r->meta)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
@@ -252,15 +254,16 @@ static void infer_text(FILE *f, const void *arg, bool failed) {
     fprintf(f, "framework: %s; attention: %s\n", cli_framework_text(r->framework, r->cfg.family, fw, sizeof fw),
             cli_attention_text(r->attention));
     cli_routing_text(f, &r->cfg, &r->routing, r->meta);
+    cli_mla_cache_text(f, &r->cfg);
     cli_text_line(f, &r->text);
     fputc('\n', f);
     if (failed) fprintf(f, "(FAILED after %lld of %ld forwards: see below)\n\n", (long long)st->steps, r->new_tokens);
     mp_report_text(f);
     cli_breakdown_text(f, (long)r->cfg.layers);
     uint64_t per = cache_per_token(r);
-    fprintf(f, "\n  KV cache: 2 x %lld layers x %lld kv heads x %lld x %d bytes = %llu bytes a token per row\n",
-            (long long)r->cfg.layers, (long long)r->cfg.kv_heads, (long long)r->cfg.head_dim, act_bytes(r),
-            (unsigned long long)per);
+    char kf[160];
+    fprintf(f, "\n  KV cache: %s x %d bytes = %llu bytes a token per row\n",
+            llama_kv_cache_formula(&r->cfg, kf, sizeof kf), act_bytes(r), (unsigned long long)per);
     if (r->use_cache && st->steps > 0) {
         const int64_t *s0 = st->cache_shape[0], *s1 = st->cache_shape[st->steps - 1];
         fprintf(f, "    after the prompt %s, each block's keys (%lld, %lld, %lld, %lld)\n",

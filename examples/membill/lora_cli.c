@@ -52,11 +52,11 @@ bool cli_lora_base_dtype(const cli_lora *l, const cli_dtype *d, ag_precision *ou
     return true;
 }
 
-const char *cli_lora_text(const cli_lora *l, char *buf, size_t len) {
+const char *cli_lora_text(const llama_config *cfg, const cli_lora *l, char *buf, size_t len) {
     char t[128];
     int n = snprintf(buf, len, "LoRA r %lld, alpha %g (scale %g), dropout %g, targets %s", (long long)l->cfg.rank,
                      l->cfg.alpha, l->cfg.alpha / (double)l->cfg.rank, l->cfg.dropout,
-                     llama_lora_targets_text(l->cfg.targets, t, sizeof t));
+                     llama_lora_targets_text(llama_lora_targets_of(cfg, l->cfg.targets), t, sizeof t));
     if (l->base_dtype && n > 0 && (size_t)n < len)
         snprintf(buf + n, len - (size_t)n, "; frozen base's linear weights in %s", l->base_dtype);
     return buf;
@@ -110,13 +110,12 @@ static size_t lora_rows(lora_row *rows, uint64_t rest[3]) {
 }
 
 void cli_lora_bill_text(FILE *f, const llama_config *cfg, const cli_lora *l) {
-    (void)cfg;
     static lora_row rows[LORA_ROWS];
     uint64_t rest[3] = {0, 0, 0}, tot[3] = {0, 0, 0};
     size_t n = lora_rows(rows, rest);
     char a[64], b[64], c[64], t[256];
     fprintf(f, "\n  %s: the adapters by site, each category at its own peak (summed over blocks)\n",
-            cli_lora_text(l, t, sizeof t));
+            cli_lora_text(cfg, l, t, sizeof t));
     fprintf(f, "    %-46s %-16s %-16s %-16s\n", "site", "weight", "gradient", "optimizer");
     for (size_t i = 0; i < n; i++) {
         fprintf(f, "    %-46s %-16s %-16s %-16s\n", rows[i].site, cli_commas(a, sizeof a, rows[i].bytes[0]),
@@ -146,7 +145,8 @@ json_t *cli_lora_json(const llama_config *cfg, const cli_lora *l) {
     json_object_set_new(o, "alpha", json_real(l->cfg.alpha));
     json_object_set_new(o, "scale", json_real(l->cfg.alpha / (double)l->cfg.rank));
     json_object_set_new(o, "dropout", json_real(l->cfg.dropout));
-    json_object_set_new(o, "targets", json_string(llama_lora_targets_text(l->cfg.targets, t, sizeof t)));
+    json_object_set_new(o, "targets",
+                        json_string(llama_lora_targets_text(llama_lora_targets_of(cfg, l->cfg.targets), t, sizeof t)));
     json_object_set_new(o, "base_dtype", l->base_dtype ? json_string(l->base_dtype) : json_null());
     json_object_set_new(o, "adapter_dtype", json_string(l->cfg.adapter_bits == 32 ? "float32" : "base"));
     json_object_set_new(o, "adapter", l->adapter[0] ? json_string(l->adapter) : json_null());

@@ -60,7 +60,7 @@ static const opt_spec specs[] = {
      "the Hugging Face cache alone, never the Hub (as HF_HUB_OFFLINE=1)"},
     {"--config", "FILE", T_PATH, OFF(config), RUNS | PL, NULL, 0, NULL, 0, 0, NULL,
      "a Hugging Face config.json (model_type llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma2, "
-     "gemma3_text or gpt_oss) instead of a preset"},
+     "gemma3_text, phi3, gpt_oss or deepseek_v3) instead of a preset"},
     {"--weights", "PATH", T_PATH, OFF(weights), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "a .safetensors file, a model.safetensors.index.json (sharded), or a folder with config.json and "
      "model.safetensors or the index (default: random init)"},
@@ -106,8 +106,8 @@ static const opt_spec specs[] = {
     {"--lora-alpha", "A", T_DOUBLE, OFF(lora_alpha), TR | CO | PL, "8", 0, NULL, LLAMA_LORA_MIN_ALPHA,
      LLAMA_LORA_MAX_ALPHA, NULL, "LoRA's lora_alpha: the adapter's update is scaled by A / R"},
     {"--lora-targets", "LIST", T_STR, OFF(lora_targets), TR | CO | PL, "q_proj,v_proj", 0, NULL, 0, 0, NULL,
-     "the linear layers that get adapters, PEFT's names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj) "
-     "or all-linear"},
+     "the linear layers that get adapters, PEFT's names (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; "
+     "phi3: qkv_proj,o_proj,gate_up_proj,down_proj) or all-linear"},
     {"--lora-dropout", "P", T_DOUBLE, OFF(lora_dropout), TR | CO | PL, "0", 0, NULL, 0, 0.999, NULL,
      "dropout on each adapter's input (PEFT's lora_dropout), with the mask it keeps for backward"},
     {"--base-dtype", "NAME", T_CHOICE, OFF(base_dtype), TR | CO | PL, NULL, 0, NULL, 0, 0, "nf4|int4|int8",
@@ -129,6 +129,9 @@ static const opt_spec specs[] = {
      "a real run's routing of a mixture of experts: the tokens each expert got, layer by layer (for --routing)"},
     {"--no-cache", NULL, T_FLAG, OFF(no_cache), IN | CO, NULL, 0, NULL, 0, 0, NULL,
      "recompute the whole sequence at every decode step instead of keeping a KV cache"},
+    {"--mla-cache", "KIND", T_CHOICE, OFF(mla_cache), IN | CO | PL, "expanded", 0, NULL, 0, 0, "expanded|latent",
+     "deepseek_v3's KV cache: expanded (transformers': every head's keys and values after kv_b_proj) or latent "
+     "(DeepSeek's own: the compressed kv and the rope key a token, kv_b_proj absorbed into the attention)"},
     {"--meta", NULL, T_FLAG, OFF(meta), RUNS, NULL, 0, NULL, 0, 0, NULL,
      "shapes only: the same allocations and bill, no data, no compute"},
     {"--dtype", "NAME", T_CHOICE, OFF(dtype), TR | IN | PL, "fp32", 0, NULL, 0, 0,
@@ -151,7 +154,8 @@ static const opt_spec specs[] = {
      "--device-memory"},
     {"--ep", "N", T_LONG, OFF(ep), PL, "1", 0, NULL, 1, 1 << 16, NULL,
      "expert parallelism: a mixture of experts' experts split over N of the --gpus (all-to-all of the routed "
-     "tokens), the rest data-parallel; the plan bills one rank"},
+     "tokens), the rest data-parallel; --zero 1 to 3 shard each rank's experts over the --gpus / N ranks that "
+     "hold the same ones; the plan bills one rank"},
     {"--zero", "S", T_LONG, OFF(zero), TR | PL, "0", 0, NULL, 0, 3, NULL,
      "ZeRO stage: 0 DDP, 1 shards optimizer state, 2 also gradients, 3 also weights (train: a real sharded step "
      "under mpirun, MPI build)"},

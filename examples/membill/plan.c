@@ -404,7 +404,8 @@ int cmd_plan(const cli_options *o) {
     if (rc == 0 && s.gpus == 0) { // --gpus auto
         ans.gpus_auto = true;
         if (plan_min_gpus(&s, device, &ans.min_gpus, &err) != 0) rc = EXIT_RUN_FAILED;
-        s.gpus = ans.min_gpus ? ans.min_gpus : PLAN_MAX_GPUS;
+        long most = PLAN_MAX_GPUS / plan_gpus_step(&s) * plan_gpus_step(&s); // the search's last
+        s.gpus = ans.min_gpus ? ans.min_gpus : most > 0 ? most : plan_gpus_step(&s);
         cli_device_set_gpus(&s.dev, s.gpus);
     }
     if (rc == 0 && device && !s.seq_lens && plan_fit(&s, device, &ans.fit, &err) != 0) rc = EXIT_RUN_FAILED;

@@ -123,6 +123,8 @@ gpu_share plan_per_gpu(const plan_setting *s, const plan_bill *b);
 // change first.
 int plan_fit(const plan_setting *s, uint64_t device, plan_fit_result *f, ag_err *err);
 int plan_min_gpus(const plan_setting *s, uint64_t device, long *out, ag_err *err);
+// What a number of GPUs is a multiple of: --ep's ranks (an expert-parallel group each), else 1.
+static inline long plan_gpus_step(const plan_setting *s) { return s->ep > 1 ? s->ep : 1; }
 int plan_suggest(const plan_setting *s, uint64_t device, plan_suggestion *out, int *n, ag_err *err);
 
 llama_dtype_bytes plan_dtype_bytes(const plan_setting *s);

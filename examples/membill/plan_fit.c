@@ -75,27 +75,29 @@ int plan_fit(const plan_setting *s, uint64_t device, plan_fit_result *f, ag_err 
 // bisection, so that N fits and N - 1 does not (0: none does).
 int plan_min_gpus(const plan_setting *s, uint64_t device, long *out, ag_err *err) {
     plan_setting at = *s;
+    const long step = plan_gpus_step(s); // counted in multiples of it
     bool ok = false;
     long bad = 0, good = 1;
     for (;; good *= 2) {
-        at.gpus = good;
+        at.gpus = good * step;
         if (fits(&at, s->batch, s->seq_len, device, &ok, NULL, err) != 0) return -1;
         if (ok) break;
         bad = good;
-        if (good >= PLAN_MAX_GPUS) {
+        if (good * step >= PLAN_MAX_GPUS) {
             *out = 0;
             return 0;
         }
     }
     while (good - bad > 1) {
-        at.gpus = bad + (good - bad) / 2;
+        long k = bad + (good - bad) / 2;
+        at.gpus = k * step;
         if (fits(&at, s->batch, s->seq_len, device, &ok, NULL, err) != 0) return -1;
         if (ok)
-            good = at.gpus;
+            good = k;
         else
-            bad = at.gpus;
+            bad = k;
     }
-    *out = good;
+    *out = good * step;
     return 0;
 }
 

@@ -36,10 +36,47 @@ static uint64_t infer_weight_bytes(const plan_setting *s) {
 // Tokens the cache holds at the end: the prompt, and every new token but the last (only chosen).
 long plan_cache_tokens(const plan_setting *s) { return s->seq_len + s->new_tokens - 1; }
 
+// The routed experts' parameters of every sparse layer (all the experts, whatever --ep).
+static uint64_t expert_params(const llama_config *c) {
+    uint64_t e = 0;
+    for (size_t i = 0, n = llama_param_count_tensors(c); i < n; i++) {
+        llama_param_info p;
+        if (llama_param_info_of(c, i, &p) != 0 || p.expert < 0 || p.buffer) continue;
+        uint64_t k = 1;
+        for (int d = 0; d < p.ndim; d++) k *= (uint64_t)p.shape[d];
+        e += k;
+    }
+    return e;
+}
+
+// Under --ep the rank holds the dense parameters D and its experts' X = E / ep; the sharded
+// states are split over N for D and over the M = N / ep ranks of its expert-data-parallel group
+// for X: stage 0 (w+g+K)(D+X); 1 (w+g)(D+X) + K(D/N + X/M); 2 w(D+X) + (g+K)(D/N + X/M);
+// 3 (w+g+K)(D/N + X/M).
+static uint64_t zero_formula_ep(const plan_setting *s, const llama_dtype_bytes *d, uint64_t P, char *text, size_t len) {
+    static const char *const forms[] = {
+        "(%llu + %llu + K)(Psi_d + Psi_e)", "(%llu + %llu)(Psi_d + Psi_e) + K(Psi_d/N + Psi_e/M)",
+        "%llu(Psi_d + Psi_e) + (%llu + K)(Psi_d/N + Psi_e/M)", "(%llu + %llu + K)(Psi_d/N + Psi_e/M)"};
+    const uint64_t N = (uint64_t)s->gpus, M = N / (uint64_t)s->ep, X = expert_params(&s->cfg) / (uint64_t)s->ep,
+                   D = P - X * (uint64_t)s->ep, w = d->weight, g = d->gradient, k = d->optimizer;
+    int at = snprintf(text, len, forms[s->zero], (unsigned long long)w, (unsigned long long)g);
+    if (at > 0 && (size_t)at < len)
+        snprintf(text + at, len - (size_t)at,
+                 ", K = %llu, Psi_d = %llu dense parameters, Psi_e = %llu of this rank's experts, M = N / ep = %llu",
+                 (unsigned long long)k, (unsigned long long)D, (unsigned long long)X, (unsigned long long)M);
+    switch (s->zero) {
+    case 0: return (w + g + k) * (D + X);
+    case 1: return (w + g) * (D + X) + k * D / N + k * X / M;
+    case 2: return w * (D + X) + (g + k) * D / N + (g + k) * X / M;
+    default: return (w + g + k) * D / N + (w + g + k) * X / M;
+    }
+}
+
 // ZeRO's model states a device holds (ZeRO paper, section 5: Psi parameters, K bytes of
 // optimizer state each, N devices): stage 0 (w+g+K)Psi; 1 wPsi + gPsi + KPsi/N; 2 wPsi +
 // (g+K)Psi/N; 3 (w+g+K)Psi/N. The paper's mixed-precision Adam has w = g = 2, K = 12.
 static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *dt, uint64_t P, char *text, size_t len) {
+    if (s->ep > 1 && !s->lora.cfg.rank && !s->infer && !s->fsdp) return zero_formula_ep(s, dt, P, text, len);
     llama_dtype_bytes fsdp = *dt; // FSDP's mixed precision: float32 shards and gradient shards, no master
     if (s->fsdp && s->dt.master) fsdp.weight = 4, fsdp.gradient = 4, fsdp.optimizer -= 4;
     const llama_dtype_bytes *d = s->fsdp ? &fsdp : dt;
@@ -56,7 +93,9 @@ static uint64_t zero_formula(const plan_setting *s, const llama_dtype_bytes *dt,
             "B + %lluA + (%llu + K)A/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes",
             "(B + (%llu + %llu + K)A)/N, K = %llu, A = %llu adapter parameters, B = the frozen base's %llu bytes"};
         llama_lora_closed_form lf;
-        plan_lora_closed_form(s, &lf);
+        plan_setting rank = *s; // --ep: the frozen base of the rank, its own experts
+        if (s->ep > 1) rank.cfg.moe.ep = s->ep;
+        plan_lora_closed_form(&rank, &lf);
         const uint64_t A = lf.adapter_params;
         uint64_t aw, ag, ak;
         lora_element_bytes(&lf, &aw, &ag, &ak);
@@ -78,8 +117,12 @@ static void text_states(FILE *out, const plan_view *v) {
     char f[200], x[64], y[64];
     unsigned long long P = (unsigned long long)v->cf->params;
     llama_dtype_bytes d = plan_dtype_bytes(s);
-    snprintf(f, sizeof f, "P x %llu = %llu x %llu (%s)", (unsigned long long)d.weight, P, (unsigned long long)d.weight,
-             s->dt.weight_bits == 32 ? "float32" : "16-bit");
+    const unsigned long long buf = (unsigned long long)(v->cf->weights / d.weight) - P; // deepseek_v3's buffers
+    int nw = snprintf(f, sizeof f, "P x %llu = %llu x %llu (%s)", (unsigned long long)d.weight, P,
+                      (unsigned long long)d.weight, s->dt.weight_bits == 32 ? "float32" : "16-bit");
+    if (buf && nw > 0 && (size_t)nw < sizeof f)
+        snprintf(f + nw, sizeof f - (size_t)nw, ", + %llu x %llu (buffers: e_score_correction_bias)", buf,
+                 (unsigned long long)d.weight);
     row(out, "weight", b->peak[MP_WEIGHT], v->cf->weights, f);
     // a routing that leaves experts without tokens: P' and P'' the parameters some token reached
     bool idle = v->cf->grad_params != v->cf->params || v->cf->state_params != v->cf->params;
@@ -200,6 +243,10 @@ static uint64_t deepspeed_formula(const plan_setting *s, uint64_t P, char *text,
     uint64_t N = (uint64_t)s->gpus;
     if (s->fsdp) {
         snprintf(text, len, "none for FSDP (DeepSpeed's estimators are ZeRO's)");
+        return 0;
+    }
+    if (s->ep > 1) {
+        snprintf(text, len, "none for --ep (its estimators take one data-parallel group, not the experts' own)");
         return 0;
     }
     if (s->lora.cfg.rank && s->zero > 0) { // the frozen base B at its own bytes, the adapters A in its terms
@@ -457,8 +504,10 @@ static void text_states_lora(FILE *out, const plan_view *v) {
                  mp_format_bytes(y, sizeof y, af.act_head));
     else if (!af.closed)
         snprintf(f, sizeof f, "%s",
-                 s->cfg.ff_norms ? "Gemma's norms and soft-caps under LoRA are not in the closed form"
-                                 : "autocast's 16-bit casts are not in the closed form");
+                 s->cfg.ff_norms          ? "Gemma's norms and soft-caps under LoRA are not in the closed form"
+                 : s->cfg.moe.experts > 0 ? "a sparse block's router and experts under LoRA are not in the closed form"
+                 : s->cfg.fused_proj      ? "phi3's fused projections under LoRA are not in the closed form"
+                                          : "autocast's 16-bit casts are not in the closed form");
     else
         snprintf(f, sizeof f, "block 0 %s + %lld blocks x %s + head %s (frozen base: no input kept for its weights)%s",
                  mp_format_bytes(x, sizeof x, af.act_first_block), (long long)s->cfg.layers - 1,
@@ -471,7 +520,7 @@ static void text_states_lora(FILE *out, const plan_view *v) {
     row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
     fprintf(out, "  %-11s %-36s step 2, the steady state; step 1 peak %s\n", "total peak",
             mp_format_bytes(x, sizeof x, b->total), mp_format_bytes(y, sizeof y, b->first_step));
-    fprintf(out, "\n  %s\n", cli_lora_text(&s->lora, t, sizeof t));
+    fprintf(out, "\n  %s\n", cli_lora_text(&s->cfg, &s->lora, t, sizeof t));
     cli_lora_params_text(out, &s->cfg, &s->lora);
     uint64_t four = lf.adapter_weights + lf.gradients + lf.optimizer;
     fprintf(out, "  four copies of what trains: %s = %.3f x the adapters; the frozen base adds %s\n",
@@ -501,16 +550,27 @@ static void report_train_text(FILE *out, const plan_view *v) {
                 "over %ld; all-to-all: %s sent by a rank a step\n",
                 (long long)s->cfg.moe.experts, s->ep, (long long)(s->cfg.moe.experts / s->ep), s->gpus,
                 mp_format_bytes(x, sizeof x, plan_all_to_all_bytes(s)));
+        static const char *const sharded[] = {"", "optimizer state", "optimizer state and gradients",
+                                              "weights, gradients and optimizer state"};
+        if (s->zero > 0)
+            fprintf(out,
+                    "  %s: the dense parameters' %s sharded over all %ld ranks, each rank's experts' over the %ld "
+                    "that hold the same experts (DeepSpeed's expert-data-parallel group)\n",
+                    plan_strategy_name(s), sharded[s->zero], s->gpus, s->gpus / s->ep);
     }
     if (v->hub) cli_hub_text(out, v->hub);
     if (v->gpus_auto) {
         char d[96];
         plan_device_text(d, sizeof d, v->device);
+        const long step = plan_gpus_step(s), less = v->min_gpus - step;
+        char of[48] = "";
+        if (step > 1) snprintf(of, sizeof of, " (a multiple of --ep %ld)", step);
         if (v->min_gpus)
             fprintf(out,
-                    "--gpus auto: %ld GPU%s of %s (%s, batch %ld each), the fewest whose rank fits; %ld do%s not\n",
-                    v->min_gpus, v->min_gpus > 1 ? "s" : "", d, plan_strategy_name(s), s->batch, v->min_gpus - 1,
-                    v->min_gpus - 1 == 1 ? "es" : "");
+                    "--gpus auto: %ld GPU%s of %s (%s, batch %ld each), the fewest%s whose rank fits; %ld do%s "
+                    "not\n",
+                    v->min_gpus, v->min_gpus > 1 ? "s" : "", d, plan_strategy_name(s), s->batch, of, less,
+                    less == 1 ? "es" : "");
         else
             fprintf(out,
                     "--gpus auto: no number of GPUs up to %d of %s fits this setting (%s); the bill below is %d's\n",
@@ -545,6 +605,8 @@ static void report_infer_text(FILE *out, const plan_view *v) {
         s->cfg.name, P, s->batch, s->seq_len, s->new_tokens, s->new_tokens > 1 ? "s" : "", s->dt.long_name,
         plan_weight_dtype_name(&s->dt));
     fprintf(out, "measured: the generation's own code (prefill, decode, KV cache) run on shapes alone (meta mode)\n");
+    cli_mla_cache_text(out, &s->cfg);
+    cli_mtp_text(out, &s->cfg);
     if (v->hub) cli_hub_text(out, v->hub);
     text_answer(out, v);
     fputc('\n', out);
@@ -558,9 +620,9 @@ static void report_infer_text(FILE *out, const plan_view *v) {
     if (s->dt.weight_bits < 16 && !s->dt.group)
         snprintf(f, sizeof f, "P x 1 (no scales billed), norms at %d bits", s->dt.act_bits);
     row(out, "weight", b->peak[MP_WEIGHT], infer_weight_bytes(s), f);
-    snprintf(f, sizeof f, "2 x %lld layers x %lld kv heads x %lld x %d bytes x %ld tokens x batch %ld",
-             (long long)s->cfg.layers, (long long)s->cfg.kv_heads, (long long)s->cfg.head_dim, s->dt.act_bits / 8,
-             plan_cache_tokens(s), s->batch);
+    char kf[160];
+    snprintf(f, sizeof f, "%s x %d bytes x %ld tokens x batch %ld", llama_kv_cache_formula(&s->cfg, kf, sizeof kf),
+             s->dt.act_bits / 8, plan_cache_tokens(s), s->batch);
     row(out, "cache", b->peak[MP_CACHE], v->cf->kv_cache, f);
     row(out, "activation", b->peak[MP_ACTIVATION], 0, "the prefill's peak (the logits of every prompt position)");
     row(out, "temporary", b->peak[MP_TEMPORARY], 0, TEMPORARY_TEXT);
@@ -644,7 +706,7 @@ static void rank_json(json_t *pg, const plan_view *v) {
         json_object_set_new(c, par_collective_name(k), e);
     }
     json_object_set_new(pg, "collectives_per_step", c);
-    char f[160];
+    char f[256];
     llama_dtype_bytes d = plan_dtype_bytes(s);
     uint64_t paper = zero_formula(s, &d, v->cf->params, f, sizeof f);
     json_object_set_new(pg, "zero_paper", formula_json(paper, f, paper_why));
@@ -655,6 +717,8 @@ static void rank_json(json_t *pg, const plan_view *v) {
     json_object_set_new(pg, "offload",
                         s->offload ? json_string(par_offload_name((par_offload)s->offload)) : json_null());
     json_object_set_new(pg, "largest_layer_params", json_integer((json_int_t)largest_layer(&s->cfg)));
+    // --ep: the ranks a rank's experts are data-parallel (and sharded) over
+    json_object_set_new(pg, "expert_data_parallel_ranks", s->ep > 1 ? json_integer(s->gpus / s->ep) : json_null());
 }
 
 static json_t *per_gpu_json(const gpu_share *g, bool infer) {
@@ -733,6 +797,8 @@ static json_t *run_json(const plan_setting *s) {
     json_object_set_new(run, "weight_dtype", json_string(plan_weight_dtype_name(&s->dt)));
     json_object_set_new(run, "meta", json_true());
     json_object_set_new(run, "framework", json_string(cli_framework_name(s->framework)));
+    cli_mtp_json(run, &s->cfg);
+    if (s->infer) cli_mla_cache_json(run, &s->cfg);
     if (s->cfg.moe.experts > 0) json_object_set_new(run, "routing", json_string(cli_routing_name(&s->routing, true)));
     if (s->ep > 1) {
         json_object_set_new(run, "ep", json_integer(s->ep));

@@ -198,14 +198,16 @@ bool cli_check_combinations(const cli_options *o) {
         bad = "--tokenizer reads --prompt or --prompt-file: give one of them";
     else if (o->cmd == CLI_COMPARE && o->tokens && strchr(o->tokens, ';'))
         bad = "compare trains on one prompt repeated over --batch: give one prompt";
-    else if (o->ep > 1 && (o->gpus < o->ep || o->gpus % o->ep != 0))
+    else if (o->ep > 1 && o->gpus != 0 && (o->gpus < o->ep || o->gpus % o->ep != 0))
         snprintf(buf, sizeof buf,
-                 "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a number, a multiple of it", o->ep,
+                 "--ep %ld splits the experts over %ld of the --gpus: --gpus must be a multiple of it (or auto)", o->ep,
                  o->ep),
             bad = buf;
-    else if (o->ep > 1 && (o->zero > 0 || o->fsdp || o->offload || o->infer))
-        bad = "--ep plans a data-parallel training step (--zero 0): its experts sharded by ZeRO or FSDP as well, and a "
-              "generation, are not modelled";
+    else if (o->ep > 1 && o->fsdp)
+        bad = "--ep shards each rank's experts over their expert-data-parallel group under --zero (DeepSpeed's): "
+              "--fsdp with experts split is not modelled";
+    else if (o->ep > 1 && o->infer)
+        bad = "--ep plans a training step: a generation with its experts split is not modelled";
     else if (cli_given(o, "--routing") && o->cmd != CLI_PLAN && !o->meta)
         bad = "--routing sets how a meta run routes its tokens; a real run routes by its routers (--routing-out "
               "records their choices): add --meta";
@@ -299,6 +301,14 @@ int cli_load_config(const cli_options *o, llama_config *cfg, char *st_path, size
                            *mean ? mean : " (membill plan --list names them)");
             return EXIT_USAGE;
         }
+    }
+    if (o->mla_cache && strcmp(o->mla_cache, "latent") == 0) {
+        if (cfg->mla.kv_lora_rank <= 0) {
+            ag_err_set(err, "--mla-cache latent: model_type \"%s\" has no latent attention (deepseek_v3 has)",
+                       llama_family_name(cfg->family));
+            return EXIT_USAGE;
+        }
+        cfg->mla.latent_cache = true;
     }
     // a Hub id's files are one checkpoint: its config is the checkpoint's own
     return st_path[0] && !cfg_from_weights[0] && !o->hub ? check_weights_file(o, cfg, st_path, err) : 0;

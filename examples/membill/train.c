@@ -213,6 +213,7 @@ json_t *cli_train_json(const cli_options *o, const train_run *r, bool failed) {
     json_object_set_new(run, "steps", json_integer(r->nsteps));
     json_object_set_new(run, "optimizer", json_string(optim_kind_name(r->ocfg.kind)));
     json_object_set_new(run, "framework", json_string(cli_framework_name(r->framework)));
+    cli_mtp_json(run, &r->cfg);
     if (r->cfg.moe.experts > 0)
         json_object_set_new(run, "routing", json_string(cli_routing_name(&r->routing, r->meta)));
     json_object_set_new(run, "attention", json_string(cli_attention_name(r->attention)));
@@ -333,7 +334,7 @@ void cli_train_text(FILE *f, const cli_options *o, const train_run *r, bool fail
                 r->grad_accum, r->batch, r->grad_accum);
     char lt[256];
     if (r->lora.cfg.rank) {
-        fprintf(f, "%s%s%s\n", cli_lora_text(&r->lora, lt, sizeof lt), r->lora.adapter[0] ? "; loaded from " : "",
+        fprintf(f, "%s%s%s\n", cli_lora_text(&r->cfg, &r->lora, lt, sizeof lt), r->lora.adapter[0] ? "; loaded from " : "",
                 r->lora.adapter);
         cli_lora_params_text(f, &r->cfg, &r->lora);
     }

@@ -24,11 +24,30 @@ void cli_zero_from_options(const cli_options *o, cli_zero *z) {
 // FSDP over 16-bit weights with a float32 master (mixed precision) is MixedPrecisionPolicy(
 // param_dtype=16-bit, reduce_dtype=float32) over float32 shards.
 static par_zero_config config_of(const train_run *r, const cli_zero *zc) {
-    par_zero_config c = {
-        zc->stage, (par_fsdp)zc->fsdp,    zc->bucket_bytes, zc->prefetch, (par_offload)zc->offload, 0,
-        0,         r->cfg.moe.experts > 0}; // an expert no token reached adds zeros (find_unused_parameters)
+    par_zero_config c = {.stage = zc->stage,
+                         .fsdp = (par_fsdp)zc->fsdp,
+                         .bucket_bytes = zc->bucket_bytes,
+                         .prefetch = zc->prefetch,
+                         .offload = (par_offload)zc->offload,
+                         // an expert no token reached adds zeros (find_unused_parameters)
+                         .find_unused = r->cfg.moe.experts > 0,
+                         // plan --ep: this rank's experts sharded over their expert-data-parallel group
+                         .ep = r->cfg.moe.ep > 1 ? (int)r->cfg.moe.ep : 0};
     if (zc->fsdp && r->dtype.master) c.shard_bits = c.reduce_bits = 32;
     return c;
+}
+
+// Each parameter's group of ranks: a routed expert's (this rank's own, under --ep) is
+// partitioned over its expert-data-parallel group, everything else over every rank (the
+// adapters are the dense projections': LoRA does not reach the experts).
+static par_group_kind *groups_of(const llama_model *m, ag_err *err) {
+    par_group_kind *g = calloc(m->nparams + m->nadapters + 1, sizeof *g);
+    if (!g) ag_err_set(err, "out of memory");
+    for (size_t i = 0; g && i < m->nparams; i++) {
+        llama_param_info info;
+        if (llama_param_info_of(&m->cfg, i, &info) == 0 && info.expert >= 0) g[i] = PAR_GROUP_EXPERT_DATA;
+    }
+    return g;
 }
 
 // The model's modules, one unit per part of the forward. ZeRO-3: the embedding, each block with
@@ -113,11 +132,14 @@ static int build(train_run *r, cli_zero *zc, ag_ctx *ctx, llama_model **m, par_z
     // Every parameter, the frozen ones first as the model holds them, then the adapters.
     ag_tensor **all = rc == 0 ? malloc(((*m)->nparams + (*m)->nadapters + 1) * sizeof *all) : NULL;
     if (rc == 0 && !all) ag_err_set(err, "out of memory"), rc = -1;
+    par_group_kind *groups = rc == 0 ? groups_of(*m, err) : NULL;
+    if (rc == 0 && !groups) rc = -1;
     if (rc == 0) {
         memcpy(all, (*m)->params, (*m)->nparams * sizeof *all);
         if ((*m)->nadapters) memcpy(all + (*m)->nparams, (*m)->adapters, (*m)->nadapters * sizeof *all);
-        rc = par_zero_new(z, &zcfg, zc->comm, ctx, all, (*m)->nparams + (*m)->nadapters, mu->units, mu->n, err);
+        rc = par_zero_new(z, &zcfg, zc->comm, ctx, all, (*m)->nparams + (*m)->nadapters, groups, mu->units, mu->n, err);
     }
+    free(groups);
     free(all);
     fill_arg fa = {r, *m};
     if (rc == 0) rc = par_zero_materialize(*z, fill, &fa, err);

@@ -269,10 +269,10 @@ static void test_plan_closed_form_sweep(void **state) {
     (void)state;
     // the tiny configs first (128 positions), then Qwen2 (biases), Qwen3 (q/k norms), Mistral's
     // window, Llama 3.1's rope_scaling, then the presets
-    enum { TINY = 10 };
+    enum { TINY = 11 };
     static const char *const tiny_names[TINY] = {"tiny_tied",    "tiny_mha",     "tiny_qwen2",     "tiny_qwen3",
                                                  "tiny_mistral", "tiny_mixtral", "tiny_qwen2_moe", "tiny_qwen3_moe",
-                                                 "tiny_gemma2",  "tiny_gemma3"};
+                                                 "tiny_gemma2",  "tiny_gemma3",  "tiny_phi3"};
     static const char *const configs[] = {"qwen2.5-0.5b", "qwen3-0.6b", "llama-3.1-8b"};
     char tiny[TINY + 3][256];
     for (int i = 0; i < TINY; i++)
@@ -293,7 +293,9 @@ static void test_plan_closed_form_sweep(void **state) {
                             tiny[10],
                             tiny[11],
                             tiny[12],
+                            tiny[13],
                             "--model smollm2-135m",
+                            "--model phi-3-mini",
                             "--model gemma-2-9b",
                             "--model gemma-3-1b",
                             "--model mixtral-8x7b",
@@ -309,9 +311,10 @@ static void test_plan_closed_form_sweep(void **state) {
         for (int m = 0; m < nmodels; m++)
             for (int l = 0; l < 4; l++) {
                 char a[512];
-                if (m < TINY && l > 0) continue;                                  // the tiny configs have 128 positions
-                if (ck && strstr(models[m], "tiny_mixtral")) continue;            // its aux loss refuses checkpointing
-                if (l == 3 && !strcmp(models[m], "--model llama-2-7b")) continue; // Llama-2 has 4,096
+                if (m < TINY && l > 0) continue;                       // the tiny configs have 128 positions
+                if (ck && strstr(models[m], "tiny_mixtral")) continue; // its aux loss refuses checkpointing
+                if (l == 3 && (!strcmp(models[m], "--model llama-2-7b") || !strcmp(models[m], "--model phi-3-mini")))
+                    continue; // Llama-2 and Phi-3-mini have 4,096
                 // The closed form is the lean framework's (what fused kernels keep).
                 snprintf(a, sizeof a, "%s --seq-len %s --batch 2%s --framework lean", models[m], lens[l],
                          ck ? " --checkpointing" : "");
@@ -372,6 +375,60 @@ static void test_plan_closed_form_gpt_oss(void **state) {
         if (fabs(closed - meta) > 4) fail_msg("%s: closed %g meta %g", a, closed, meta);
         json_decref(root);
     }
+}
+
+// deepseek_v3's closed form (the latent attention's saved set, the sigmoid router's float32
+// scores, the shared experts, the bias buffers billed as weight) against the meta bill, under the
+// lean framework; with checkpointing a sparse block is not closed (null).
+static void test_plan_closed_form_deepseek_v3(void **state) {
+    (void)state;
+    char tiny[256], a[512];
+    snprintf(tiny, sizeof tiny, "--config %s/tiny_deepseek_v3/config.json --seq-len 25", MEMBILL_GOLDEN_DIR);
+    const char *runs[] = {tiny, "--model deepseek-v3 --seq-len 25", "--model deepseek-v3 --seq-len 1024"};
+    for (size_t r = 0; r < sizeof runs / sizeof *runs; r++)
+        for (int ck = 0; ck < 2; ck++) {
+            snprintf(a, sizeof a, "%s --batch 2 --framework lean%s", runs[r], ck ? " --checkpointing" : "");
+            json_t *root = plan_json(a);
+            json_int_t p = jint(root, "closed_form", "parameters");
+            assert_int_equal(cat_peak(root, "weight"), jint(root, "closed_form", "weight"));
+            assert_true(cat_peak(root, "weight") > 4 * p); // the e_score_correction_bias buffers
+            if (ck) {
+                assert_true(json_is_null(json_object_get(json_object_get(root, "closed_form"), "activation")));
+            } else {
+                double meta = (double)cat_peak(root, "activation"),
+                       closed = (double)jint(root, "closed_form", "activation");
+                if (fabs(closed - meta) > 4) fail_msg("%s: closed %g meta %g", a, closed, meta);
+            }
+            json_decref(root);
+        }
+}
+
+// num_nextn_predict_layers (DeepSeek-V3's multi-token prediction) is not billed, and the report
+// says so in one line and in run.mtp_layers_not_billed; a config without it says nothing.
+static void test_deepseek_v3_mtp_said(void **state) {
+    (void)state;
+    char tiny[512];
+    snprintf(tiny, sizeof tiny, "plan --framework lean --config %s/tiny_deepseek_v3/config.json", MEMBILL_GOLDEN_DIR);
+    const char *runs[] = {"plan --framework lean --model deepseek-v3", tiny};
+    for (int i = 0; i < 2; i++) {
+        run_result r;
+        membill(&r, runs[i]);
+        assert_int_equal(r.code, 0);
+        const char *line = strstr(r.out, "mtp: num_nextn_predict_layers 1 (the multi-token-prediction module) is not "
+                                         "billed\n");
+        assert_true(i == 0 ? line != NULL : line == NULL && !strstr(r.out, "mtp:"));
+        json_t *root = plan_json(runs[i] + 5);
+        const json_t *n = json_object_get(json_object_get(root, "run"), "mtp_layers_not_billed");
+        assert_true(i == 0 ? json_integer_value(n) == 1 : n == NULL);
+        json_decref(root);
+    }
+}
+
+// --mla-cache latent on a family without latent attention is a usage error naming the option.
+static void test_mla_cache_refused(void **state) {
+    (void)state;
+    expect_failure("infer --meta --model smollm2-135m --mla-cache latent", 2, "--mla-cache latent");
+    expect_failure("infer --meta --model smollm2-135m --mla-cache compressed", 2, "--mla-cache");
 }
 
 // Gemma 2 under LoRA: its norms and soft-caps are not walked by the LoRA closed form, which says so
@@ -1095,6 +1152,9 @@ int main(void) {
         cmocka_unit_test(test_plan_closed_form_sweep),
         cmocka_unit_test(test_plan_closed_form_qwen_loss),
         cmocka_unit_test(test_plan_closed_form_gpt_oss),
+        cmocka_unit_test(test_plan_closed_form_deepseek_v3),
+        cmocka_unit_test(test_deepseek_v3_mtp_said),
+        cmocka_unit_test(test_mla_cache_refused),
         cmocka_unit_test(test_plan_closed_form_routing),
         cmocka_unit_test(test_plan_gemma2_lora_not_closed),
         cmocka_unit_test(test_plan_zero_and_fit),

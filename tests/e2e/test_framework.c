@@ -293,6 +293,64 @@ static void meta_equals_real_tiny(void **state) {
     }
 }
 
+// A tiny config of this family with one key-value head per query head (no repeat_kv copies).
+static const char *write_mha_config(const char *family) {
+    static char path[2][256];
+    char *p = path[strcmp(family, "phi3") == 0];
+    snprintf(p, 256, "%s/mha_%s.json", cli_run_dir, family);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "{\"model_type\": \"%s\", \"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2, "
+            "\"num_attention_heads\": 4, \"num_key_value_heads\": 4, \"vocab_size\": 300, "
+            "\"tie_word_embeddings\": false, \"rms_norm_eps\": 1e-05}\n",
+            family);
+    fclose(f);
+    return p;
+}
+
+static int64_t saved_after_forward(const char *args) {
+    json_t *j = cli_run_json(args);
+    int64_t n = num(json_array_get(json_object_get(j, "steps"), 0), "saved_after_forward_bytes");
+    json_decref(j);
+    return n;
+}
+
+// Phi-3: the fused projections' parts, meta and real alike under every framework (batch 1 and 2,
+// grouped and not: repeat_kv's copies, or v itself kept by the context's product), with the
+// window, flash and checkpointing.
+static void meta_equals_real_phi3(void **state) {
+    (void)state;
+    char a[512];
+    static const char *const opts[] = {"--seq-len 9", "--seq-len 9 --batch 2", "--seq-len 40 --attention flash",
+                                       "--seq-len 9 --checkpointing"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(a, sizeof a, "--config %s/tiny_phi3/config.json %s", MEMBILL_GOLDEN_DIR, opts[i]);
+        meta_equals_real_at(a);
+    }
+    snprintf(a, sizeof a, "--config %s --seq-len 9", write_mha_config("phi3"));
+    meta_equals_real_at(a);
+}
+
+// What the split keeps, against the same model unfused (llama, the same sizes), batch 1 without
+// grouping: under pytorch, v is a view of qkv_proj's output kept by the context's product, so the
+// whole output stays (q's and k's parts too: 2 layers x 9 tokens x (64 + 64) x 4 bytes more);
+// gate and up keep gate_up_proj's output, the two tensors the unfused MLP keeps. Under lean, v is
+// copied out: the same saved set as the unfused model.
+static void phi3_split_keeps(void **state) {
+    (void)state;
+    char a[1024];
+    const char *phi3 = write_mha_config("phi3"), *llama = write_mha_config("llama");
+    static const char *const fws[] = {"pytorch", "lean"};
+    for (int f = 0; f < 2; f++) {
+        snprintf(a, sizeof a, "train --meta --framework %s --config %s --seq-len 9", fws[f], phi3);
+        int64_t fused = saved_after_forward(a);
+        snprintf(a, sizeof a, "train --meta --framework %s --config %s --seq-len 9", fws[f], llama);
+        int64_t apart = saved_after_forward(a);
+        assert_int_equal(fused - apart, f == 0 ? 2 * 9 * (64 + 64) * 4 : 0);
+    }
+}
+
 // The mixtures of experts: every bill follows the routing, so the meta run takes the real one's.
 static void meta_equals_real_moe(void **state) {
     (void)state;
@@ -341,6 +399,63 @@ static void meta_equals_real_gpt_oss(void **state) {
         membill(&r, a);
         assert_int_equal(r.code, 1);
         if (!strstr(r.err, "gpt_oss") || !strstr(r.err, refused[i][1])) fail_msg("%s: %s", refused[i][0], r.err);
+    }
+}
+
+// deepseek_v3 (latent attention, the sigmoid router with group-limited top-k, shared experts, a
+// dense first layer) runs under lean with eager attention: meta == real under the recorded
+// routing, training (with checkpointing too) and generation; the PyTorch frameworks and flash
+// refused by name.
+static void meta_equals_real_deepseek_v3(void **state) {
+    (void)state;
+    char a[512];
+    for (int ck = 0; ck < 2; ck++) {
+        snprintf(a, sizeof a, "--config %s/tiny_deepseek_v3/config.json --seq-len 23 --batch 2%s", MEMBILL_GOLDEN_DIR,
+                 ck ? " --checkpointing" : "");
+        meta_equals_real_fws(a, true, 2);
+    }
+    // a generation over transformers' expanded cache and over the latent one: meta == real under
+    // the recorded routing, each cache to the byte
+    static const char *const cats[] = {"weight", "activation", "cache", "temporary"};
+    for (int run = 0; run < 4; run++) { // each cache in float32, then in bfloat16 (16-bit probabilities)
+        const int latent = run % 2;
+        const char *mc = latent ? "latent" : "expanded", *dt = run < 2 ? "fp32" : "bf16";
+        snprintf(a, sizeof a,
+                 "infer --framework lean --config %s/tiny_deepseek_v3/config.json --seq-len 9 --new-tokens 5 --batch 2 "
+                 "--mla-cache %s --dtype %s --routing-out %s/routing.json",
+                 MEMBILL_GOLDEN_DIR, mc, dt, cli_run_dir);
+        json_t *real = cli_run_json(a);
+        snprintf(a, sizeof a,
+                 "infer --meta --framework lean --config %s/tiny_deepseek_v3/config.json --seq-len 9 --new-tokens 5 "
+                 "--batch 2 --mla-cache %s --dtype %s --routing %s/routing.json",
+                 MEMBILL_GOLDEN_DIR, mc, dt, cli_run_dir);
+        json_t *meta = cli_run_json(a);
+        for (int c = 0; c < 4; c++) assert_int_equal(cat_peak(meta, cats[c]), cat_peak(real, cats[c]));
+        // 3 layers x 2 rows x 13 tokens x: 4 heads x (nope 8 + rope 4 keys, 10 values), or the latent
+        // 16 + the rope key 4; x 4 bytes
+        const int per = latent ? 16 + 4 : 4 * (12 + 10);
+        const int bytes = run < 2 ? 4 : 2;
+        assert_int_equal(cat_peak(real, "cache"), 3 * 2 * 13 * per * bytes);
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(real, "cache"), "bytes_per_token")),
+                         3 * per * bytes);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(real, "run"), "mla_cache")), mc);
+        json_decref(real);
+        json_decref(meta);
+    }
+    static const char *const refused[][2] = {
+        {"train --framework pytorch", "DeepseekV3Attention"},
+        {"train --framework pytorch-1.13", "DeepseekV3Attention"},
+        {"train --framework lean --attention flash", "--attention"},
+        {"infer --framework lean --attention flash", "--attention"},
+        {"train --framework lean --lora-rank 2", "q_proj"},
+        {"train --framework lean --lora-rank 2 --lora-targets o_proj --base-dtype nf4", "--base-dtype"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(a, sizeof a, "%s --config %s/tiny_deepseek_v3/config.json --seq-len 9", refused[i][0],
+                 MEMBILL_GOLDEN_DIR);
+        static run_result r;
+        membill(&r, a);
+        assert_int_equal(r.code, 1);
+        if (!strstr(r.err, "DeepseekV3") || !strstr(r.err, refused[i][1])) fail_msg("%s: %s", refused[i][0], r.err);
     }
 }
 
@@ -483,14 +598,15 @@ static void meta_equals_real_smollm2(void **state) {
 // (MEMBILL_HEAVY set, label heavy) the real SmolLM2-135M runs.
 int main(void) {
     const struct CMUnitTest quick[] = {
-        cmocka_unit_test(golden_fp32_forloop),  cmocka_unit_test(golden_fp32_foreach),
-        cmocka_unit_test(golden_heads),         cmocka_unit_test(golden_checkpointing),
-        cmocka_unit_test(golden_16_bit),        cmocka_unit_test(golden_qwen3),
-        cmocka_unit_test(lean_unchanged),       cmocka_unit_test(meta_equals_real_tiny),
-        cmocka_unit_test(meta_equals_real_moe), cmocka_unit_test(golden_mixtral),
-        cmocka_unit_test(same_losses),          cmocka_unit_test(meta_equals_real_gpt_oss),
-        cmocka_unit_test(flash_memory_meta),    cmocka_unit_test(torch20_foreach_temporaries),
-        cmocka_unit_test(bf16_autocast_casts_nothing_in_bf16),
+        cmocka_unit_test(golden_fp32_forloop),   cmocka_unit_test(golden_fp32_foreach),
+        cmocka_unit_test(golden_heads),          cmocka_unit_test(golden_checkpointing),
+        cmocka_unit_test(golden_16_bit),         cmocka_unit_test(golden_qwen3),
+        cmocka_unit_test(lean_unchanged),        cmocka_unit_test(meta_equals_real_tiny),
+        cmocka_unit_test(meta_equals_real_phi3), cmocka_unit_test(phi3_split_keeps),
+        cmocka_unit_test(meta_equals_real_moe),  cmocka_unit_test(golden_mixtral),
+        cmocka_unit_test(same_losses),           cmocka_unit_test(meta_equals_real_gpt_oss),
+        cmocka_unit_test(flash_memory_meta),     cmocka_unit_test(torch20_foreach_temporaries),
+        cmocka_unit_test(bf16_autocast_casts_nothing_in_bf16), cmocka_unit_test(meta_equals_real_deepseek_v3),
     };
     const struct CMUnitTest heavy[] = {cmocka_unit_test(meta_equals_real_smollm2), cmocka_unit_test(flash_memory_real)};
     if (getenv("MEMBILL_HEAVY")) return cmocka_run_group_tests(heavy, cli_run_make_dir, cli_run_remove_dir);

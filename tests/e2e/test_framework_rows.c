@@ -76,6 +76,7 @@ static const char *const lines[] = {
     "infer --meta --config CONFIG --seq-len 5 --new-tokens 3 --framework pytorch",
     "plan --config CONFIG --seq-len 9 --framework pytorch --lora-rank 4 --lora-dropout 0.1",
     "train --meta --config MOE --seq-len 9 --framework pytorch-1.13",
+    "train --meta --model phi-3-mini --seq-len 9 --framework pytorch",
 };
 
 // Refused settings read the rows too: flash where the framework has no SDPA, autocast where it

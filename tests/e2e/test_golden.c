@@ -108,6 +108,7 @@ typedef struct {
     llama_model *m;
     llama_st_file *g;
     uint64_t nparams; // llama_param_count(cfg)
+    uint64_t buffers; // llama_buffer_count(cfg): deepseek_v3's correction bias, weight but no parameter
     int32_t ids[B * T];
 } run;
 
@@ -134,9 +135,10 @@ static void run_open(run *r, const char *folder, const char *weights) {
     golden_path(path, sizeof path, folder, "config.json");
     if (llama_config_load(&cfg, path, &err) != 0) fail_msg("%s", err.msg);
     r->nparams = llama_param_count(&cfg);
+    r->buffers = llama_buffer_count(&cfg);
     assert_true(r->nparams > 0);
     if (llama_model_new(&r->m, r->ctx, &cfg, &err) != 0) fail_msg("%s", err.msg);
-    assert_int_equal(live(MP_WEIGHT), 4 * r->nparams);
+    assert_int_equal(live(MP_WEIGHT), 4 * (r->nparams + r->buffers));
     golden_path(path, sizeof path, folder, weights);
     if (llama_model_load(r->m, path, &err) != 0) fail_msg("%s", err.msg);
     r->g = golden_open(folder);
@@ -157,13 +159,13 @@ static float forward_backward_opts(run *r, const llama_forward_opts *opts) {
     ag_err err = {{0}};
     ag_tensor *loss = llama_forward_loss_opts(r->ctx, r->m, opts, r->ids, B, T, &err);
     if (!loss) fail_msg("%s", err.msg);
-    assert_int_equal(live(MP_WEIGHT), 4 * r->nparams);
+    assert_int_equal(live(MP_WEIGHT), 4 * (r->nparams + r->buffers));
     assert_int_equal(live(MP_GRADIENT), 0);
     assert_true(live(MP_ACTIVATION) > 0); // what the tape saved
     if (ag_backward(r->ctx, loss) != AG_OK) fail_msg("backward: %s", ag_ctx_error(r->ctx));
     float l = ag_f32(loss)[0];
     ag_release(loss);
-    assert_int_equal(live(MP_WEIGHT), 4 * r->nparams);
+    assert_int_equal(live(MP_WEIGHT), 4 * (r->nparams + r->buffers));
     // every parameter the loss reached has its gradient (an expert no token reached has none)
     uint64_t reached = 0;
     for (size_t i = 0; i < r->m->nparams; i++) reached += r->m->params[i]->grad ? (uint64_t)r->m->params[i]->numel : 0;
@@ -242,6 +244,16 @@ static void test_gpt_oss_grads(void **s) {
                        a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER);
 }
 
+// deepseek_v3 (tests/reference/deepseek_ref.py): latent attention (low-rank q and kv, RoPE on
+// de-interleaved parts, a value head of its own, yarn's mscale on the scale), sigmoid routing with
+// group-limited top-k and the correction bias, shared experts, a dense first layer. The lean
+// framework with eager attention runs it (the others are refused: test_framework.c).
+static void test_deepseek_v3_grads(void **s) {
+    (void)s;
+    check_grads_as("tiny_deepseek_v3", "model.safetensors", "loss", "grad.", W_LOSS, W_GRAD, AG_FRAMEWORK_LEAN,
+                   AG_ATTENTION_EAGER);
+}
+
 // Gemma 2 (tests/golden/tiny_gemma2, tests/reference/gemma_ref.py): (1 + w) norms around each
 // sub-block, GeLU-tanh, the embeddings scaled, query_pre_attn_scalar, both soft-caps, sliding and
 // full layers alternating; eager attention under every framework, with and without checkpointing
@@ -264,6 +276,25 @@ static void test_gemma2_grads(void **s) {
     ag_err err = {{0}};
     assert_null(llama_forward_loss(r.ctx, r.m, r.ids, B, T, &err));
     assert_non_null(strstr(err.msg, "soft-cap"));
+    run_close(&r);
+}
+
+// Phi-3 (tests/golden/tiny_phi3, tests/reference/phi3_ref.py): the fused qkv_proj sliced into q,
+// k and v, the fused gate_up_proj chunked into gate and up, a window on every layer; every
+// framework (each splits the fused outputs its own way), eager and flash, and with checkpointing.
+// tests/golden/tiny_phi3_longrope: rope_scaling longrope past original_max_position_embeddings.
+static void test_phi3_grads(void **s) {
+    (void)s;
+    for (int g = 0; g < 2; g++)
+        for (ag_framework fw = AG_FRAMEWORK_LEAN; fw <= AG_FRAMEWORK_PYTORCH_113; fw++)
+            for (int a = 0; a < (fw == AG_FRAMEWORK_PYTORCH_113 ? 1 : 2); a++)
+                check_grads_as(g ? "tiny_phi3_longrope" : "tiny_phi3", "model.safetensors", "loss", "grad.", W_LOSS,
+                               W_GRAD, fw, a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER);
+    run r;
+    run_open(&r, "tiny_phi3", "model.safetensors");
+    float l = forward_backward_opts(&r, &(llama_forward_opts){.checkpointing = true});
+    check_loss(l, golden_scalar(r.g, "loss", 0), W_LOSS, "loss");
+    check_params(r.m, r.g, "grad.", true, GRAD_TOL, W_GRAD);
     run_close(&r);
 }
 
@@ -488,8 +519,9 @@ int main(void) {
         cmocka_unit_test(test_untied_adamw),       cmocka_unit_test(test_tied_sgdm),
         cmocka_unit_test(test_untied_sgdm),        cmocka_unit_test(test_detects_wrong_batch),
         cmocka_unit_test(test_tied_checkpointing), cmocka_unit_test(test_family_grads),
-        cmocka_unit_test(test_gpt_oss_grads),      cmocka_unit_test(test_rope_logits),
+        cmocka_unit_test(test_gpt_oss_grads), cmocka_unit_test(test_deepseek_v3_grads),      cmocka_unit_test(test_rope_logits),
         cmocka_unit_test(test_rope_logits),        cmocka_unit_test(test_gemma2_grads),
+        cmocka_unit_test(test_phi3_grads),
     };
     return cmocka_run_group_tests(tests, NULL, print_worst);
 }

@@ -137,6 +137,88 @@ static void grads_as(ag_framework fw) {
     run_close(&r);
 }
 
+// Phi-3 (tests/golden/tiny_phi3_lora, tests/reference/phi3_ref.py): a target is the fused matrix
+// as PEFT sees it (qkv_proj, gate_up_proj: B as wide as the fused output, its output split with the
+// base's), loaded from PEFT's files; loss and every adapter's gradient under every framework, meta
+// equal to real. all-linear is phi3's four linears; the default targets (q_proj, v_proj), which a
+// phi3 block lacks, are refused by name (PEFT has no default for phi3).
+static void test_phi3_fused_targets(void **s) {
+    (void)s;
+    ag_err err = {{0}};
+    llama_lora_config l;
+    char base[64];
+    const char *dir = MEMBILL_GOLDEN_DIR "/tiny_phi3_lora";
+    if (llama_adapter_read_config(dir, &l, base, sizeof base, &err) != 0) fail_msg("%s", err.msg);
+    assert_int_equal(l.targets, (1u << LLAMA_PROJ_QKV) | (1u << LLAMA_PROJ_O) | (1u << LLAMA_PROJ_GATE_UP) |
+                                    (1u << LLAMA_PROJ_DOWN));
+    for (ag_framework fw = AG_FRAMEWORK_LEAN; fw <= AG_FRAMEWORK_PYTORCH_113; fw++) {
+        uint64_t bill[2][MP_OTHER] = {{0}};
+        for (int meta = 1; meta >= 0; meta--) {
+            assert_int_equal(mp_init(&(mp_options){.meta = meta}), MP_OK);
+            ag_ctx *ctx = ag_ctx_new();
+            ag_ctx_set_framework(ctx, fw);
+            llama_config cfg;
+            llama_model *m;
+            load_config(&cfg, "tiny_phi3");
+            if (llama_model_new(&m, ctx, &cfg, &err) != 0) fail_msg("%s", err.msg);
+            if (!meta && llama_model_load(m, MEMBILL_GOLDEN_DIR "/tiny_phi3/model.safetensors", &err) != 0)
+                fail_msg("%s", err.msg);
+            if (llama_model_add_lora(m, ctx, &l, 7, &err) != 0) fail_msg("%s", err.msg);
+            assert_int_equal(m->nadapters, 2 * 4 * cfg.layers);
+            assert_int_equal(adapter_params(m), llama_lora_param_count(&cfg, &l));
+            if (!meta && llama_adapter_load(m, dir, &err) != 0) fail_msg("%s", err.msg);
+            run r = {.ctx = ctx, .m = m};
+            if (!meta) {
+                if (llama_st_open(&r.g, MEMBILL_GOLDEN_DIR "/tiny_phi3_lora/golden.safetensors", &err) != 0)
+                    fail_msg("%s", err.msg);
+                golden_ids_of(r.g, r.ids, B, T);
+            }
+            float loss = step_forward_backward(&r);
+            for (int c = 0; c < MP_OTHER; c++) bill[meta][c] = mp_get_counter(c).peak;
+            if (!meta) {
+                size_t n;
+                float *want = golden_f32(r.g, "loss", &n);
+                assert_true(fabs(loss - want[0]) <= 1e-5 * fabs(want[0]));
+                free(want);
+                for (size_t i = 0; i < m->nadapters; i++) {
+                    char key[256];
+                    snprintf(key, sizeof key, "grad.base_model.model.%s", ag_tensor_name(m->adapters[i]));
+                    float *g = golden_f32(r.g, key, &n);
+                    assert_int_equal(n, (size_t)m->adapters[i]->numel);
+                    double mx = 0, diff = 0;
+                    for (size_t j = 0; j < n; j++)
+                        mx = fmax(mx, fabs(g[j])), diff = fmax(diff, fabs(g[j] - ag_f32(m->adapters[i]->grad)[j]));
+                    if (!(mx > 0) || diff > TOL * mx) fail_msg("%s: max diff %.3g, max|golden| %.3g", key, diff, mx);
+                    free(g);
+                }
+            }
+            llama_st_close(r.g);
+            llama_model_free(m);
+            ag_ctx_free(ctx);
+            mp_shutdown();
+        }
+        for (int c = 0; c < MP_OTHER; c++) assert_int_equal(bill[1][c], bill[0][c]);
+    }
+    // all-linear: phi3's four; q_proj and v_proj (the default) refused by name
+    assert_int_equal(mp_init(&(mp_options){.meta = true}), MP_OK);
+    ag_ctx *ctx = ag_ctx_new();
+    llama_config cfg;
+    llama_model *m;
+    load_config(&cfg, "tiny_phi3");
+    if (llama_model_new(&m, ctx, &cfg, &err) != 0) fail_msg("%s", err.msg);
+    llama_lora_config d = all_linear(RANK);
+    d.targets = LLAMA_LORA_DEFAULT_TARGETS;
+    assert_int_equal(llama_model_add_lora(m, ctx, &d, 7, &err), -1);
+    assert_non_null(strstr(err.msg, "q_proj,v_proj are no module of Phi3ForCausalLM"));
+    assert_non_null(strstr(err.msg, "PEFT has no default targets for phi3"));
+    d = all_linear(RANK);
+    assert_int_equal(llama_model_add_lora(m, ctx, &d, 7, &err), 0);
+    assert_int_equal(m->lora.cfg.targets, l.targets);
+    llama_model_free(m);
+    ag_ctx_free(ctx);
+    mp_shutdown();
+}
+
 static void test_grads_lean(void **s) {
     (void)s;
     grads_as(AG_FRAMEWORK_LEAN);
@@ -319,10 +401,15 @@ static void test_targets(void **s) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_targets),          cmocka_unit_test(test_grads_lean),
-        cmocka_unit_test(test_grads_pytorch),    cmocka_unit_test(test_two_adam_steps),
-        cmocka_unit_test(test_meta_equals_real), cmocka_unit_test(test_frozen_saves_less),
-        cmocka_unit_test(test_save_reload),      cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_targets),
+        cmocka_unit_test(test_grads_lean),
+        cmocka_unit_test(test_phi3_fused_targets),
+        cmocka_unit_test(test_grads_pytorch),
+        cmocka_unit_test(test_two_adam_steps),
+        cmocka_unit_test(test_meta_equals_real),
+        cmocka_unit_test(test_frozen_saves_less),
+        cmocka_unit_test(test_save_reload),
+        cmocka_unit_test(test_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

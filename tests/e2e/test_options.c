@@ -37,6 +37,7 @@ static const char *value_for(const char *opt, const char *value) {
     if (strcmp(opt, "--lora-targets") == 0) return "q_proj";
     if (strcmp(opt, "--fsdp") == 0) return "full-shard";
     if (strcmp(opt, "--offload") == 0) return "optimizer";
+    if (strcmp(opt, "--mla-cache") == 0) return "latent";
     if (strcmp(value, "K") == 0) return "2";
     if (strcmp(value, "R") == 0 || strcmp(value, "A") == 0) return "2";
     if (strcmp(value, "P") == 0) return "0.1";

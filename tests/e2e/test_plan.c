@@ -60,8 +60,9 @@ static void test_headline_is_train_step_2_for_every_preset(void **state) {
     for (int p = 0; p < n; p++)
         for (size_t k = 0; k < sizeof settings / sizeof *settings; k++) {
             char a[512];
-            // gpt-oss runs under the lean framework alone (docs/models.md)
-            const char *fw = strncmp(names[p], "gpt-oss", 7) == 0 ? " --framework lean" : "";
+            // gpt-oss and deepseek-v3 run under the lean framework alone (docs/models.md)
+            const char *fw =
+                strncmp(names[p], "gpt-oss", 7) == 0 || strncmp(names[p], "deepseek", 8) == 0 ? " --framework lean" : "";
             assert_true(snprintf(a, sizeof a, "plan --model %s %s%s", names[p], settings[k], fw) < (int)sizeof a);
             json_t *plan = cli_run_json(a);
             assert_true(snprintf(a, sizeof a, "train --meta --steps 2 --model %s %s%s", names[p], settings[k], fw) <
@@ -90,6 +91,23 @@ static void test_headline_is_train_step_2_for_every_preset(void **state) {
             json_decref(plan);
             json_decref(train);
         }
+}
+
+// Phi-3-mini (the every-preset test above plans it too): the class, the count to the unit, and LoRA
+// r 16 on all-linear, which on phi3 is the fused qkv_proj and gate_up_proj with o_proj and
+// down_proj: PEFT's print_trainable_parameters for it says 25,165,824 of 3,846,245,376.
+static void test_phi3_mini(void **state) {
+    (void)state;
+    json_t *plan = cli_run_json("plan --model phi-3-mini --seq-len 256 --lora-rank 16 --lora-targets all-linear");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(plan, "model"), "class")), "Phi3ForCausalLM");
+    assert_int_equal(jget(plan, "model", "parameters"), 3821079552LL);
+    assert_int_equal(jget(plan, "lora", "trainable_params"), 25165824LL);
+    assert_int_equal(jget(plan, "lora", "all_params"), 3846245376LL);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(plan, "lora"), "targets")),
+                        "o_proj,down_proj,qkv_proj,gate_up_proj");
+    // the adapters' float32 gradients alone: none for the frozen base
+    assert_int_equal(jget(json_object_get(plan, "categories"), "gradient", "peak_bytes"), 4 * 25165824LL);
+    json_decref(plan);
 }
 
 // A ZeRO device's share of a category's live bytes, rounded up.
@@ -309,11 +327,31 @@ static void test_expert_parallel(void **state) {
     assert_non_null(strstr(r.err, "no experts"));
 }
 
+// LoRA's closed form walks dense blocks only: over a mixture of experts it gives no activation
+// figure and says why, where a dense model's equals the meta bill.
+static void test_lora_closed_form_dense_only(void **state) {
+    (void)state;
+    json_t *moe = cli_run_json("plan --model qwen1.5-moe-a2.7b --lora-rank 8 --seq-len 64");
+    json_t *dense = cli_run_json("plan --model mistral-7b --lora-rank 8 --seq-len 64");
+    assert_true(json_is_null(json_object_get(json_object_get(moe, "closed_form"), "activation")));
+    assert_int_equal(jget(json_object_get(dense, "closed_form"), "activation", NULL),
+                     jget(json_object_get(dense, "categories"), "activation", "peak_bytes"));
+    json_decref(moe), json_decref(dense);
+    static run_result r;
+    membill(&r, "plan --model qwen1.5-moe-a2.7b --lora-rank 8 --seq-len 64");
+    assert_non_null(strstr(r.out, "a sparse block's router and experts under LoRA are not in the closed form"));
+    // the routing line names what a token runs through: Qwen1.5-MoE-A2.7B's 2.7B (4 of 60 experts,
+    // the shared one, attention and both embeddings)
+    assert_non_null(strstr(r.out, "60 experts, 4 a token (2,689,173,504 of the 14,315,784,192 parameters active"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_expert_parallel),
         cmocka_unit_test(test_class_named),
+        cmocka_unit_test(test_lora_closed_form_dense_only),
         cmocka_unit_test(test_headline_is_train_step_2_for_every_preset),
+        cmocka_unit_test(test_phi3_mini),
         cmocka_unit_test(test_device_share_is_step_2_replayed),
         cmocka_unit_test(test_text_and_infer),
         cmocka_unit_test(test_answer_first),

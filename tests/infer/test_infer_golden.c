@@ -129,6 +129,35 @@ static void test_gpt_oss(void **s) {
     attention = AG_ATTENTION_EAGER;
 }
 
+// deepseek_v3 (tests/reference/deepseek_ref.py): the latent attention over transformers' expanded
+// cache (keys at nope + rope, values at v_head_dim) and over DeepSeek's latent one (kv_b_proj
+// absorbed), the sigmoid router: the reference's greedy tokens with either cache and without one;
+// a left-padded batch of two rows gives each row's tokens alone (the pads hidden from the keys).
+static void test_deepseek_v3(void **s) {
+    (void)s;
+    check_solo("tiny_deepseek_v3");
+    it_run r;
+    it_open_golden(&r, "tiny_deepseek_v3");
+    int32_t *ids = it_golden_ids(&r, "input_ids", 2, T), *want = it_golden_ids(&r, "greedy", 1, N);
+    for (int latent = 0; latent < 2; latent++) {
+        r.m->cfg.mla.latent_cache = latent;
+        int32_t got[2 * N], solo[N], batch[2 * T], mask[2 * T];
+        generate(&r, true, ids, NULL, 1, T, got);
+        it_assert_ids(got, want, N, latent ? "greedy with the latent cache" : "greedy with the expanded cache");
+        for (int j = 0; j < T; j++) { // row 1: its last 4 tokens, left-padded
+            batch[j] = ids[j], mask[j] = 1;
+            batch[T + j] = j < 3 ? 0 : ids[T + j], mask[T + j] = j >= 3;
+        }
+        generate(&r, true, batch, mask, 2, T, got);
+        it_assert_ids(got, want, N, "row 0 of a padded batch");
+        generate(&r, true, ids + T + 3, NULL, 1, T - 3, solo);
+        it_assert_ids(got + N, solo, N, "row 1 of a padded batch against its prompt alone");
+    }
+    free(ids);
+    free(want);
+    it_close(&r);
+}
+
 // Gemma 2 (tests/reference/gemma_ref.py's greedy tokens): the embeddings scaled, the cached
 // attention's scale and soft-cap, the final soft-cap; eager under both frameworks (flash refuses a
 // soft-cap by name).
@@ -151,11 +180,38 @@ static void test_gemma2(void **s) {
     it_close(&r);
 }
 
+// Phi-3 (tests/reference/phi3_ref.py's greedy tokens): the fused projections split in the cached
+// forward, the window; longrope's long factors (a prompt past the original context), with and
+// without the cache, eager and flash, lean and pytorch. A generation crossing the original context
+// is refused.
+static void test_phi3(void **s) {
+    (void)s;
+    for (int a = 0; a < 2; a++) {
+        attention = a ? AG_ATTENTION_FLASH : AG_ATTENTION_EAGER;
+        check_solo("tiny_phi3");
+        check_solo("tiny_phi3_longrope");
+    }
+    attention = AG_ATTENTION_EAGER;
+    it_run r;
+    it_open_golden(&r, "tiny_phi3_longrope");
+    ag_ctx_set_framework(r.ctx, AG_FRAMEWORK_PYTORCH);
+    int32_t *ids = it_golden_ids(&r, "input_ids", 2, T), *want = it_golden_ids(&r, "greedy", 1, N), got[N];
+    generate(&r, true, ids, NULL, 1, T, got);
+    it_assert_ids(got, want, N, "greedy under --framework pytorch");
+    ag_err err = {{0}};
+    assert_int_equal(llama_generate(r.ctx, r.m, NULL, ids, NULL, 1, 3, 4, got, NULL, &err), -1);
+    assert_non_null(strstr(err.msg, "longrope"));
+    free(ids);
+    free(want);
+    it_close(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tied_solo),    cmocka_unit_test(test_untied_solo),  cmocka_unit_test(test_tied_batch),
         cmocka_unit_test(test_untied_batch), cmocka_unit_test(test_mask_matters), cmocka_unit_test(test_families),
-        cmocka_unit_test(test_gpt_oss),      cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_gpt_oss),      cmocka_unit_test(test_gemma2),       cmocka_unit_test(test_phi3),
+        cmocka_unit_test(test_deepseek_v3),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

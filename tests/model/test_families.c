@@ -2,6 +2,7 @@
 // parameters, names and shapes from the table, expert counts on dense families refused, and the
 // families not modelled yet refused by name.
 #include <jansson.h>
+#include <math.h>
 
 #include "model_internal.h"
 #include "test_util.h"
@@ -192,27 +193,80 @@ static void test_experts_on_dense_family(void **state) {
     TU_MENTIONS(err.msg, "final_logit_softcapping", "Qwen2ForCausalLM");
 }
 
-// The families whose forward is not modelled: refused by name, as configs and as presets, and
-// left out of the preset list.
-static void test_unmodelled_refused(void **state) {
+// phi3: fused projections, no window unless given (then on every layer), its dropout fields
+// refused unless 0, rope_scaling longrope (its lists checked, the attention factor, the short
+// factors within the original context and the long ones past it); phi-3-mini runs.
+static void test_phi3_config(void **state) {
     (void)state;
-    static const char *const types[] = {"phi3", "deepseek_v3"};
     llama_config c;
     ag_err err = {{0}};
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        char text[512];
-        snprintf(text, sizeof text, HEAD "\"model_type\":\"%s\"}", types[t]);
-        assert_int_equal(parse(text, &c, &err), -1);
-        TU_MENTIONS(err.msg, types[t], "not modelled yet");
-        assert_int_equal(llama_config_parse_any(&c, text, strlen(text), "config.json", &err), 0);
-        assert_false(llama_family_modelled(c.family));
+    assert_int_equal(parse(HEAD "\"model_type\":\"phi3\"}", &c, &err), 0);
+    assert_true(c.fused_proj && c.sliding_window == 0);
+    assert_int_equal(parse(HEAD "\"model_type\":\"phi3\",\"sliding_window\":2047}", &c, &err), 0);
+    for (int64_t i = 0; i < c.layers; i++) assert_int_equal(llama_layer_window(&c, i), 2047);
+    assert_int_equal(parse(HEAD "\"model_type\":\"phi3\",\"resid_pdrop\":0.1}", &c, &err), -1);
+    TU_MENTIONS(err.msg, "resid_pdrop", "dropout");
+#define LONGROPE(shortf)                                                                                               \
+    HEAD "\"model_type\":\"phi3\",\"max_position_embeddings\":131072,\"original_max_position_embeddings\":4096,"       \
+         "\"rope_scaling\":{\"type\":\"longrope\",\"short_factor\":" shortf ",\"long_factor\":[2,2,2,2,2,2,2,4]}}"
+    assert_int_equal(parse(LONGROPE("[1,1,1,1,1,1,1]"), &c, &err), -1);
+    TU_MENTIONS(err.msg, "short_factor", "head_dim / 2 = 8");
+    assert_int_equal(parse(LONGROPE("[1,1,1,1,1,1,1,0]"), &c, &err), -1);
+    TU_MENTIONS(err.msg, "short_factor", "item 7");
+    assert_int_equal(parse(LONGROPE("[1,1,1,1,1,1,1,3]"), &c, &err), 0);
+    llama_rope_prepare(&c);
+    const double want = sqrt(1.0 + log(32.0) / log(4096.0)); // factor 131072 / 4096
+    assert_true(fabs(c.rope.scale - want) < 1e-6);
+    ag_rope_freqs s = llama_rope_freqs_at(&c, 4096), l = llama_rope_freqs_at(&c, 4097);
+    const double last = 1.0 / pow(10000.0, 14.0 / 16.0);
+    assert_true(fabs(s.inv_freq[7] - last / 3) < 1e-6 * last && fabs(l.inv_freq[7] - last / 4) < 1e-6 * last);
+    assert_true(s.inv_freq[0] == 1.0f && l.inv_freq[0] == 0.5f && s.scale == l.scale);
+    assert_int_equal(llama_config_preset(&c, "phi-3-mini", &err), 0);
+    assert_string_equal(llama_family_class(c.family), "Phi3ForCausalLM");
+    assert_int_equal(llama_layer_window(&c, 31), 2047);
+}
+
+// deepseek_v3: DeepseekV3Config's routing defaults (n_group 8, topk_group 4, routed_scaling_factor
+// 2.5, norm_topk_prob, rope_interleave), the attention scale with yarn's mscale, what is refused by
+// name; the preset listed.
+static void test_deepseek_v3(void **state) {
+    (void)state;
+    llama_config c;
+    ag_err err = {{0}};
+#define DS_HEAD                                                                                                        \
+    "{\"hidden_size\":64,\"intermediate_size\":96,\"num_hidden_layers\":4,\"num_attention_heads\":4,\"vocab_size\":"   \
+    "100,"                                                                                                             \
+    "\"model_type\":\"deepseek_v3\",\"n_routed_experts\":16"
+#define DS DS_HEAD ",\"num_key_value_heads\":4,\"num_experts_per_tok\":2"
+    assert_int_equal(parse(DS "}", &c, &err), 0);
+    assert_true(c.moe.router == LLAMA_ROUTER_SIGMOID_GROUP && c.moe.n_group == 8 && c.moe.topk_group == 4);
+    assert_true(c.moe.routed_scaling == 2.5 && c.moe.norm_topk_prob && c.mla.rope_interleave);
+    assert_true(llama_mla_scale(&c) == (float)(1.0 / sqrt(192.0))); // no rope_scaling: (128 + 64)^-1/2
+    assert_int_equal(parse(DS ",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":40,\"mscale\":1,\"mscale_all_dim\":1,"
+                              "\"original_max_position_embeddings\":4096}}",
+                           &c, &err),
+                     0);
+    const double m = 0.1 * log(40.0) + 1.0;
+    assert_true(fabsf(llama_mla_scale(&c) - (float)(m * m / sqrt(192.0))) < 1e-7f);
+    static const char *const refused[][2] = {
+        {DS ",\"attention_bias\":true}", "attention_bias"},
+        {DS_HEAD ",\"num_key_value_heads\":2}", "num_key_value_heads"},
+        {DS ",\"n_group\":3}", "n_group"},
+        {DS_HEAD ",\"num_key_value_heads\":4,\"n_group\":8,\"topk_group\":1,\"num_experts_per_tok\":4}", "n_group"},
+        {DS ",\"qk_rope_head_dim\":7}", "qk_rope_head_dim"},
+        {DS ",\"qk_nope_head_dim\":0}", "qk_nope_head_dim"},
+        {DS ",\"routed_scaling_factor\":0}", "routed_scaling_factor"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        assert_int_equal(parse(refused[i][0], &c, &err), -1);
+        TU_MENTIONS(err.msg, refused[i][1], "field");
     }
-    static const char *const presets[] = {"phi-3-mini", "deepseek-v3"};
-    for (size_t p = 0; p < sizeof presets / sizeof presets[0]; p++) {
-        assert_int_equal(llama_config_preset(&c, presets[p], &err), -1);
-        TU_MENTIONS(err.msg, "not modelled yet", "ForCausalLM");
-        for (size_t i = 0; i < llama_preset_count(); i++) assert_string_not_equal(llama_preset_name(i), presets[p]);
-    }
+#undef DS
+#undef DS_HEAD
+    assert_int_equal(llama_config_preset(&c, "deepseek-v3", &err), 0);
+    bool listed = false;
+    for (size_t i = 0; i < llama_preset_count(); i++) listed |= strcmp(llama_preset_name(i), "deepseek-v3") == 0;
+    assert_true(listed);
 }
 
 // gpt_oss: GptOssConfig's defaults (a window of 128 on every other layer, sliding first; the
@@ -300,11 +354,11 @@ static void test_gemma2_config(void **state) {
     assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\"}", &c, &err), 0);
     assert_true(c.qk_norm && c.ff_norms && c.attn_softcap == 0.0 && c.final_softcap == 0.0 && c.rope_theta == 1e6);
     assert_true(c.window_period == 6 && c.vocab == 100);
-    for (int64_t i = 0; i < 4; i++) assert_true(llama_layer_rope_freqs(&c, i).theta == 10000.0f); // all slide
+    for (int64_t i = 0; i < 4; i++) assert_true(llama_layer_rope_freqs(&c, i, 1).theta == 10000.0f); // all slide
     assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"sliding_window_pattern\":3}", &c, &err), 0);
     for (int64_t i = 0; i < 4; i++) {
         assert_int_equal(llama_layer_window(&c, i), i == 2 ? 0 : 4096);
-        assert_true(llama_layer_rope_freqs(&c, i).theta == (i == 2 ? 1e6f : 10000.0f));
+        assert_true(llama_layer_rope_freqs(&c, i, 1).theta == (i == 2 ? 1e6f : 10000.0f));
     }
     assert_true(llama_attention_scale(&c) == 0.0f); // 256 = head_dim: the plain scale
     assert_int_equal(parse(HEAD "\"model_type\":\"gemma3_text\",\"layer_types\":[\"sliding_attention\","
@@ -416,13 +470,10 @@ static void test_routing(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_published_counts),
-        cmocka_unit_test(test_names),
-        cmocka_unit_test(test_sparse_layers),
-        cmocka_unit_test(test_experts_on_dense_family),
-        cmocka_unit_test(test_unmodelled_refused),
-        cmocka_unit_test(test_gpt_oss),
-        cmocka_unit_test(test_routing),
+        cmocka_unit_test(test_published_counts),   cmocka_unit_test(test_names),
+        cmocka_unit_test(test_sparse_layers),      cmocka_unit_test(test_experts_on_dense_family),
+        cmocka_unit_test(test_gpt_oss),            cmocka_unit_test(test_phi3_config),
+        cmocka_unit_test(test_deepseek_v3),        cmocka_unit_test(test_routing),
         cmocka_unit_test(test_gemma2_config),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

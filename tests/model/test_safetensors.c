@@ -335,6 +335,20 @@ static void test_check_params(void **state) {
     TU_MENTIONS(err.msg, "unexpected tensor", "model.layers.0.self_attn.rotary_emb.inv_freq");
     assert_int_equal(check(path, &tiny, true, &err), 0);
 
+    // phi3: the fused qkv_proj [(heads + 2 kv_heads) x head_dim, hidden] one row too many, named with
+    // both shapes; a Llama checkpoint (q_proj, k_proj...) is not a phi3 one
+    llama_config phi = tiny;
+    phi.family = LLAMA_FAMILY_PHI3, phi.fused_proj = true;
+    write_params(path, &phi, DROP_NONE, DROP_NONE, NULL);
+    assert_int_equal(check(path, &phi, false, &err), 0);
+    write_params(path, &phi, DROP_NONE, 2, NULL);
+    assert_int_equal(check(path, &phi, false, &err), -1);
+    TU_MENTIONS(err.msg, "model.layers.0.self_attn.qkv_proj.weight", "[17, 8]", "[16, 8]");
+    assert_null(strchr(err.msg, '\n'));
+    write_params(path, &tiny, DROP_NONE, DROP_NONE, NULL);
+    assert_int_equal(check(path, &phi, false, &err), -1);
+    TU_MENTIONS(err.msg, "qkv_proj.weight", "missing");
+
     // an invalid config is refused before any lookup
     llama_config bad = tiny;
     bad.kv_heads = 3;

@@ -585,6 +585,20 @@ def padded_positions(attention_mask):
 
 
 @torch.no_grad()
+def greedy_uncached(logits_of, prompt, n):
+    """generate(do_sample=False) of n tokens, each from logits_of(the whole sequence so far) [B, t,
+    V] (the uncached path: a cache's own answer must equal it); the tokens [B, n] and the least
+    margin between the best and the second logit."""
+    seq, margin = prompt, float("inf")
+    with torch.no_grad():
+        for _ in range(n):
+            last = logits_of(seq)[:, -1]
+            top = last.topk(2, dim=-1).values
+            margin = min(margin, (top[:, 0] - top[:, 1]).min().item())
+            seq = torch.cat([seq, last.argmax(dim=-1, keepdim=True)], dim=1)
+    return seq[:, prompt.shape[1]:], margin
+
+
 def greedy_generate(cfg, params, prompt, n_new, attention_mask=None, use_cache=True,
                     return_margins=False):
     """New token ids [B, n_new] after prompt [B, T] (left padded when a mask is given).
