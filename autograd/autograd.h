@@ -186,10 +186,17 @@ bool ag_ctx_fail(ag_ctx *ctx, const char *msg);
 // Memory semantics: the same math, with what a framework allocates, keeps for backward and frees.
 // LEAN is membill's minimal saved sets (what fused kernels keep); PYTORCH is PyTorch's eager ops as
 // Hugging Face transformers composes them, on current PyTorch; PYTORCH_113 the same on PyTorch
-// 1.13; PYTORCH_20 1.13's row on PyTorch 2.0. Each is one row of fields (framework.c): every
+// 1.13; PYTORCH_20 1.13's row on PyTorch 2.0; PYTORCH_20_QWEN that row with Qwen (v1)'s own loss
+// (its remote code, modeling_qwen.py, makes it, not transformers'). Each is one row of fields (framework.c): every
 // decision a framework makes is a field, and ops, the model, the closed form, the optimizer and the command read the row, never the name.
-typedef enum { AG_FRAMEWORK_LEAN, AG_FRAMEWORK_PYTORCH, AG_FRAMEWORK_PYTORCH_113, AG_FRAMEWORK_PYTORCH_20 } ag_framework;
-#define AG_NFRAMEWORKS 4
+typedef enum {
+    AG_FRAMEWORK_LEAN,
+    AG_FRAMEWORK_PYTORCH,
+    AG_FRAMEWORK_PYTORCH_113,
+    AG_FRAMEWORK_PYTORCH_20,
+    AG_FRAMEWORK_PYTORCH_20_QWEN
+} ag_framework;
+#define AG_NFRAMEWORKS 5
 
 // What RMSNorm keeps for backward: x and a float32 rstd a row (a fused norm); HF: also x * rstd
 // (the weight's mul) and w * x (the next linear's input), and x.to(float32) in a 16-bit model;
@@ -212,8 +219,11 @@ typedef enum { AG_KV_READ, AG_KV_REPEAT_KV } ag_kv_heads;
 typedef enum { AG_FLASH_FUSED, AG_FLASH_SDPA } ag_flash_ops;
 // The loss: logits and a float32 log-sum-exp a row (FUSED), or transformers' ForCausalLMLoss
 // (HF): a float32 log_softmax of every row, the padded int64 labels, nll_loss's total_weight,
-// and the dense gradients of nll_loss and log_softmax in backward.
-typedef enum { AG_LOSS_FUSED, AG_LOSS_HF } ag_loss_ops;
+// and the dense gradients of nll_loss and log_softmax in backward; or SHIFTED, Qwen (v1)'s
+// modeling_qwen.py (QWenLMHeadModel.forward): CrossEntropyLoss on lm_logits[..., :-1, :].contiguous()
+// in the logits' own dtype (no upcast; autocast's float32 cast where it runs), SliceBackward's
+// zeros of the whole logits in backward.
+typedef enum { AG_LOSS_FUSED, AG_LOSS_HF, AG_LOSS_SHIFTED } ag_loss_ops;
 // The causal mask the model makes: none (the attention applies the pattern), transformers 4.4x's
 // [T, T + 1] (target length T + 1 without an attention mask), or current transformers' [B, 1, T, T]
 // (a second one for Qwen's sliding layers).

@@ -126,6 +126,36 @@ static const ag_framework_row rows[AG_NFRAMEWORKS] = {
             .node_sum_out_of_place = true,
             .fused_split = AG_FUSED_SPLIT_HF,
         },
+    [AG_FRAMEWORK_PYTORCH_20_QWEN] =
+        {
+            .name = "pytorch-2.0-qwen",
+            .text = "pytorch-2.0-qwen (the pytorch-2.0 row with Qwen (v1)'s own loss, modeling_qwen.py's)",
+            .brief = "pytorch-2.0 with Qwen (v1)'s loss on the logits' own dtype",
+            .typed_tensors = true,
+            .leaf_sum_out_of_place = true,
+            .rmsnorm = AG_RMSNORM_HF_SQUARES,
+            .attention = AG_ATTENTION_OPS_HF_EAGER,
+            .kv_heads = AG_KV_REPEAT_KV,
+            .flash = AG_FLASH_SDPA,
+            .flash_available = true,
+            .loss = AG_LOSS_SHIFTED,
+            .dropout_mask = true,
+            .dequantize_whole = true,
+            .autocast = true,
+            .kv_cache_cat = true,
+            .prefill_last_logits = true,
+            .mask = AG_MASK_T_T1,
+            .rope_tables = true,
+            .output_cache = true,
+            .output_holds_hidden = true,
+            .checkpoint_args = AG_CKPT_ARGS_SAVED,
+            .checkpoint_rng_state = true,
+            .adam_foreach = AG_FOREACH_20,
+            .zero_grad_first = true,
+            .moe = AG_MOE_HF_EAGER,
+            .node_sum_out_of_place = true,
+            .fused_split = AG_FUSED_SPLIT_HF,
+        },
 };
 
 const ag_framework_row *ag_framework_row_of(ag_framework f) { return (unsigned)f < AG_NFRAMEWORKS ? &rows[f] : NULL; }
@@ -191,7 +221,11 @@ static const field_text texts[AG_FW_NFIELDS] = {
                      "the next-token loss",
                      {"logits and a float32 log-sum-exp a row kept",
                       "ForCausalLMLoss: a float32 log_softmax of every row, the padded int64 labels and "
-                      "total_weight kept; nll_loss's and log_softmax's dense gradients in backward"}},
+                      "total_weight kept; nll_loss's and log_softmax's dense gradients in backward",
+                      "Qwen (v1)'s CrossEntropyLoss on lm_logits[..., :-1, :].contiguous() in the logits' own dtype "
+                      "(a copy when batch > 1; float32 under autocast): its log_softmax and the shifted int64 labels "
+                      "kept; nll_loss's and log_softmax's gradients, then SliceBackward's zeros of the whole "
+                      "logits, in backward"}},
     [AG_FWF_dropout_mask] = {"dropout_mask",
                              "dropout (LoRA's)",
                              {"the mask drawn again in backward", "a one-byte mask an element kept"}},

@@ -172,7 +172,9 @@ void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_
     const uint64_t B = (uint64_t)batch, T = (uint64_t)seq, BT = B * T, H = (uint64_t)c->hidden, V = (uint64_t)c->vocab,
                    D = (uint64_t)c->head_dim, L = (uint64_t)c->layers, a = d->activation;
     cf_walk w = {c, l, BT, B, T, a, ag_framework_row_of(fw), flash, checkpointing, 0, false, 0, 0, 0};
-    const bool hf_loss = AG_FW(w.fw, loss) == AG_LOSS_HF;
+    const ag_loss_ops loss = AG_FW(w.fw, loss);
+    const bool hf_loss = loss == AG_LOSS_HF;
+    const uint64_t N = B * (T - 1);
     // Gemma 2's norms around each sub-block and its soft-caps, phi3's fused projections, a sparse
     // block's router and experts under adapters are not walked here: said, not guessed
     out->closed = !checkpointing && !c->ff_norms && !c->fused_proj && c->moe.experts <= 0;
@@ -198,6 +200,11 @@ void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_
         // ForCausalLMLoss: the float32 log_softmax kept, nll_loss's dense float32 gradient and
         // log_softmax's (or the logits' float32 one), the loss, total_weight and d(loss)
         w.saved += 3 * BT * V * 4 + 12;
+    else if (loss == AG_LOSS_SHIFTED)
+        // Qwen (v1)'s: log_softmax of the N shifted rows kept, nll_loss's and log_softmax's
+        // gradients in the logits' dtype (total_weight gone with NllLossBackward), the loss and
+        // d(loss); SliceBackward's [B, T, V] comes once the first two are freed (2 N V a at most)
+        w.saved += 3 * N * V * a + 2 * a;
     else
         // the logits, kept by the loss, and their gradient; a float32 log-sum-exp per predicting
         // row; the loss and d(loss)
@@ -219,6 +226,14 @@ void llama_closed_form_lora_activations(const llama_config *c, const llama_lora_
             out->act_forward_end = blocks + cache_first + (L - 1) * cache_block + norm_saved +
                                    (AG_FW(w.fw, output_holds_hidden) ? BT * H * a : 0) + BT * V * a +
                                    (a < 4 ? BT * V * 4 : 0) + 8 * (B > 1 ? BT : B * (T + 1)) + BT * V * 4 + 8 +
+                                   (w.tables ? 2 * T * D * a : 0);
+            if (out->act_forward_end > out->activations) out->activations = out->act_forward_end;
+        } else if (loss == AG_LOSS_SHIFTED) {
+            // the same moment for Qwen (v1)'s loss: the logits, their shifted copy and int64
+            // labels when batch > 1, log_softmax, the loss and total_weight
+            out->act_forward_end = blocks + cache_first + (L - 1) * cache_block + norm_saved +
+                                   (AG_FW(w.fw, output_holds_hidden) ? BT * H * a : 0) + BT * V * a +
+                                   (B > 1 ? N * V * a + 8 * N : 0) + N * V * a + 2 * a +
                                    (w.tables ? 2 * T * D * a : 0);
             if (out->act_forward_end > out->activations) out->activations = out->act_forward_end;
         }

@@ -36,6 +36,8 @@ ag_tensor *ag_attention_flash_checked(ag_ctx *ctx, const ag_site *s, ag_tensor *
 
 // cross_entropy_hf.c: ag_cross_entropy under PYTORCH semantics (inputs already checked).
 ag_tensor *ag_cross_entropy_hf(ag_ctx *ctx, const ag_site *s, ag_tensor *logits, const int32_t *ids, bool rec);
+// cross_entropy_shifted.c: ag_cross_entropy as Qwen (v1)'s modeling_qwen.py makes it (inputs checked).
+ag_tensor *ag_cross_entropy_shifted(ag_ctx *ctx, const ag_site *s, ag_tensor *logits, const int32_t *ids, bool rec);
 
 // kv_cache.c: one layer's cache, read by the cached attention chunk by chunk.
 typedef struct {

@@ -137,8 +137,11 @@ ag_tensor *ag_cross_entropy(ag_ctx *ctx, const char *site, ag_tensor *logits, co
     ag_site s;
     ag_site_parse(&s, site);
     if (!ce_check(ctx, s.base, logits, ids)) return NULL;
-    if (AG_FW(ctx->fw, loss) == AG_LOSS_HF)
-        return ag_cross_entropy_hf(ctx, &s, logits, ids, ag_any_needs_grad(ctx, 1, ins));
+    switch (AG_FW(ctx->fw, loss)) {
+    case AG_LOSS_HF: return ag_cross_entropy_hf(ctx, &s, logits, ids, ag_any_needs_grad(ctx, 1, ins));
+    case AG_LOSS_SHIFTED: return ag_cross_entropy_shifted(ctx, &s, logits, ids, ag_any_needs_grad(ctx, 1, ins));
+    case AG_LOSS_FUSED: break;
+    }
     int64_t B = logits->shape[0], T = logits->shape[1], V = logits->shape[2], N = B * (T - 1);
     char label[AG_LABEL_MAX];
     ag_label(label, s.base, "lse");

@@ -341,6 +341,21 @@ static void test_plan_closed_form_sweep(void **state) {
             }
 }
 
+// Qwen (v1)'s loss (--framework pytorch-2.0-qwen) in plan's closed form: the head's moment (its
+// log_softmax and two gradients in the logits' dtype) and the forward's end (the shifted copies
+// at batch 2) against the meta bill, to the byte, float32 and bf16.
+static void test_plan_closed_form_qwen_loss(void **state) {
+    (void)state;
+    static const char *const runs[] = {"", "--batch 2", "--dtype bf16", "--dtype bf16 --batch 2"};
+    for (int r = 0; r < 4; r++) {
+        char a[256];
+        snprintf(a, sizeof a, "--seq-len 64 --lora-rank 8 --framework pytorch-2.0-qwen %s", runs[r]);
+        json_t *root = plan_json(a);
+        assert_int_equal(jint(root, "closed_form", "activation"), cat_peak(root, "activation"));
+        json_decref(root);
+    }
+}
+
 // gpt_oss's closed form (the router's float32 softmax over the k it chose, the stacked experts'
 // gate_up gradient) against the meta bill, under the lean framework, eager and flash.
 static void test_plan_closed_form_gpt_oss(void **state) {
@@ -1135,6 +1150,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_budget_stops_the_run),
         cmocka_unit_test(test_plan_closed_form_sweep),
+        cmocka_unit_test(test_plan_closed_form_qwen_loss),
         cmocka_unit_test(test_plan_closed_form_gpt_oss),
         cmocka_unit_test(test_plan_closed_form_deepseek_v3),
         cmocka_unit_test(test_deepseek_v3_mtp_said),
