@@ -103,6 +103,10 @@ bool ag_check_inputs(ag_ctx *ctx, const char *op, const char *site, int n, ag_te
 
 // tensor.c
 ag_tensor *ag_tensor_like(ag_ctx *ctx, const ag_tensor *t, mp_category cat, const char *label);
+// A tensor's header of that shape (numel, one reference) with no storage, for the constructors of
+// a tensor, a deferred parameter and a view to fill in; NULL (the context failed, naming what
+// and label) when out of memory. The shape is the caller's to check.
+ag_tensor *ag_tensor_header(ag_ctx *ctx, int ndim, const int64_t *shape, const char *what, const char *label);
 // bytes: the float32 size of the data; billed at the context's dtype for the category (the
 // same size in real runs, which are float32 only).
 // A block of `bytes` float32 bytes, billed at the category's dtype in meta mode.

@@ -12,15 +12,8 @@ static ag_tensor *deferred_param(ag_ctx *ctx, int ndim, const int64_t *shape, co
         ag_fail(ctx, AG_ERR_SHAPE, "parameter %s: %d dimensions, expected 1 to %d", label, ndim, AG_MAX_DIMS);
         return NULL;
     }
-    ag_tensor *t = calloc(1, sizeof *t);
-    if (!t) {
-        ag_fail(ctx, AG_ERR_NOMEM, "out of memory for parameter %s", label);
-        return NULL;
-    }
-    t->ndim = ndim;
-    t->numel = 1;
-    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i], t->numel *= shape[i];
-    t->refcount = 1;
+    ag_tensor *t = ag_tensor_header(ctx, ndim, shape, "parameter", label);
+    if (!t) return NULL;
     // What ag_tensor_new would make of it now (its dtype, and the bytes its storage takes), so
     // that its storage is billed as made, whatever the context's dtype is when it comes.
     t->bits = own_bits                                   ? own_bits

@@ -144,6 +144,19 @@ bool ag_alloc_shaped(ag_ctx *ctx, mp_block *b, int ndim, const int64_t *shape, i
     return alloc_described(ctx, b, (size_t)(numel * (uint64_t)bits / 8), MP_ACTIVATION, label, detail);
 }
 
+ag_tensor *ag_tensor_header(ag_ctx *ctx, int ndim, const int64_t *shape, const char *what, const char *label) {
+    ag_tensor *t = calloc(1, sizeof *t);
+    if (!t) {
+        ag_fail(ctx, AG_ERR_NOMEM, "out of memory for %s %s", what, label);
+        return NULL;
+    }
+    t->ndim = ndim;
+    t->numel = 1;
+    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i], t->numel *= shape[i];
+    t->refcount = 1;
+    return t;
+}
+
 // fp32: billed at 4 bytes an element whatever the dtype (statistics autocast keeps in float32).
 // bits 0: the category's size under the context's dtype (ag_billed_bytes).
 static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_category cat, const char *site, int bits) {
@@ -151,11 +164,8 @@ static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
     const char *label = site && *site ? site : "anon";
     int64_t numel = 0;
     if (!shape_ok(ctx, ndim, shape, label, &numel)) return NULL;
-    ag_tensor *t = calloc(1, sizeof *t);
-    if (!t) {
-        ag_fail(ctx, AG_ERR_NOMEM, "out of memory for tensor %s", label);
-        return NULL;
-    }
+    ag_tensor *t = ag_tensor_header(ctx, ndim, shape, "tensor", label);
+    if (!t) return NULL;
     uint64_t bytes = bits ? (uint64_t)numel * (uint64_t)bits / 8 : ag_billed_bytes(ctx, ndim, shape, cat, label);
     char detail[AG_LABEL_MAX];
     int ebits = bits ? bits : category_bits(ctx, cat);
@@ -165,11 +175,7 @@ static ag_tensor *tensor_new(ag_ctx *ctx, int ndim, const int64_t *shape, mp_cat
         free(t);
         return NULL;
     }
-    t->ndim = ndim;
-    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i];
-    t->numel = numel;
     t->data = t->block.data;
-    t->refcount = 1;
     t->bits = ebits;
     t->dtype = ag_dtype_of_bits(t->bits, ctx->dtype.fp16);
     if (t->dtype == AG_Q4 && ctx->dtype.nf4) t->dtype = AG_NF4; // billed at its layout above

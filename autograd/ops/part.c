@@ -40,20 +40,13 @@ static const ag_op part_op = {.name = "part", .backward = part_backward, .nsaved
 // A tensor of that shape viewing base's elements from offset: no block of its own, base retained.
 static ag_tensor *view_new(ag_ctx *ctx, ag_tensor *base, int64_t offset, int ndim, const int64_t *shape,
                            const char *label) {
-    ag_tensor *t = calloc(1, sizeof *t);
-    if (!t) {
-        ag_fail(ctx, AG_ERR_NOMEM, "out of memory for tensor %s", label);
-        return NULL;
-    }
-    t->ndim = ndim;
-    t->numel = 1;
-    for (int i = 0; i < ndim; i++) t->shape[i] = shape[i], t->numel *= shape[i];
+    ag_tensor *t = ag_tensor_header(ctx, ndim, shape, "tensor", label);
+    if (!t) return NULL;
     t->dtype = base->dtype;
     t->bits = base->bits;
     t->data = base->data ? (char *)base->data + bytes_of(base->dtype, offset) : NULL;
     t->block = (mp_block){.category = base->block.category, .site = mp_site_id(label)};
     t->site = t->block.site;
-    t->refcount = 1;
     t->base = ag_retain(base);
     return t;
 }
